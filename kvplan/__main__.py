@@ -1,0 +1,3 @@
+from kvplan.cli.app import run
+
+run()

@@ -1,0 +1,42 @@
+"""The `kvplan` command line. Each command lives in its own module; heavy imports
+(vLLM, torch, HTTP clients) happen inside the commands that need them, never here."""
+
+from __future__ import annotations
+
+import typer
+
+from kvplan import __version__
+from kvplan.cli import catalog_cmd, size_cmd
+
+app = typer.Typer(
+    name="kvplan",
+    help="KV-cache capacity planner and benchmark harness for vLLM deployments.\n\n"
+    "Will this model, at this context and concurrency, fit on these GPUs without preemption?",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"kvplan {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+) -> None:
+    """kvplan: plan, check and benchmark vLLM KV-cache capacity."""
+
+
+app.command("size")(size_cmd.size)
+app.command("gpus")(catalog_cmd.gpus)
+app.command("models")(catalog_cmd.models)
+app.command("schema")(catalog_cmd.schema)
+
+
+def run() -> None:  # console-script entry point
+    app()

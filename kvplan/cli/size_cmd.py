@@ -1,0 +1,199 @@
+"""`kvplan size`: the planner's answer for one model on one set of GPUs."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from kvplan.cli.common import parse_overrides, print_json, user_errors
+from kvplan.plan.schema import Settings, SizePlan
+from kvplan.units import format_bytes, format_tokens, parse_bytes, parse_fraction, parse_tokens
+
+EXAMPLES = """
+Examples:
+
+  kvplan size meta-llama/Llama-3.1-8B --ctx 32k --gpu 4090
+
+  kvplan size Qwen/Qwen3-32B --ctx 16k --gpu 2xH100 --concurrency 32 --kv-cache-dtype fp8
+
+  kvplan size deepseek-ai/DeepSeek-V3 --gpu 8xH200 --ctx 128k --json
+
+  kvplan size ./my-model/ --gpu-mem 24GiB --prompt 2k --output 512 -c 16 --shared-prefix 1k
+
+  kvplan size openai/gpt-oss-120b --gpu H100 --kv-memory 5.38GiB --vllm-version 0.11.0
+"""
+
+
+def _opt_tokens(value: Optional[str], what: str) -> Optional[int]:
+    return None if value is None else parse_tokens(value, what)
+
+
+@user_errors
+def size(
+    model: str = typer.Argument(..., help="Hub id (org/name), local folder/config.json, or bundled profile."),
+    ctx: Optional[str] = typer.Option(None, "--ctx", "--max-model-len", help="Context length (max_model_len): 32k, 131072."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU: H100, 4090, 4xH100, or auto (NVML)."),
+    gpus: Optional[int] = typer.Option(None, "--gpus", help="Number of GPUs (same as the Nx prefix of --gpu)."),
+    gpu_mem: Optional[str] = typer.Option(None, "--gpu-mem", help="Memory of a GPU not in the catalog: 24GiB."),
+    tp: Optional[int] = typer.Option(None, "--tp", "--tensor-parallel-size", help="Tensor parallel size (default: all GPUs / pp)."),
+    pp: int = typer.Option(1, "--pp", "--pipeline-parallel-size", help="Pipeline parallel size."),
+    kv_cache_dtype: str = typer.Option("auto", "--kv-cache-dtype", "--kv-dtype", help="auto, bfloat16, float16, fp8, fp8_e5m2, fp8_ds_mla, nvfp4..."),
+    block_size: Optional[int] = typer.Option(None, "--block-size", help="KV block size in tokens (default 16; MLA 64)."),
+    util: Optional[str] = typer.Option(None, "--gpu-memory-utilization", "--util", help="Fraction of GPU memory vLLM may use (default by version: 0.9, 0.92 from 0.20)."),
+    kv_memory: Optional[str] = typer.Option(None, "--kv-memory", "--kv-cache-memory", help="KV cache bytes per GPU, as vLLM's --kv-cache-memory-bytes: 12GiB."),
+    weights_memory: Optional[str] = typer.Option(None, "--weights-memory", help="Loaded weights per GPU, if known (vLLM's 'Model loading took')."),
+    concurrency: int = typer.Option(1, "--concurrency", "-c", help="Requests served at once."),
+    prompt: Optional[str] = typer.Option(None, "--prompt", help="Prompt tokens per request (default: requests fill the context)."),
+    output: Optional[str] = typer.Option(None, "--output", help="Output tokens per request."),
+    shared_prefix: Optional[str] = typer.Option(None, "--shared-prefix", help="Prefix tokens all requests share (prefix caching)."),
+    max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", help="vLLM's max_num_seqs (default by GPU: 256 or 1024)."),
+    max_num_batched_tokens: Optional[str] = typer.Option(None, "--max-num-batched-tokens", help="vLLM's max_num_batched_tokens (default by GPU)."),
+    enforce_eager: bool = typer.Option(False, "--enforce-eager", help="No CUDA graphs (vLLM --enforce-eager)."),
+    disable_hybrid: bool = typer.Option(False, "--disable-hybrid-kv-cache-manager", help="Size sliding/chunked layers as full attention."),
+    blocks_override: Optional[int] = typer.Option(None, "--num-gpu-blocks-override", help="Pin the block count, as vLLM's flag."),
+    usage: str = typer.Option("serve", "--usage", help="serve (vllm serve) or llm (offline LLM class): picks vLLM's defaults."),
+    vllm_version: Optional[str] = typer.Option(None, "--vllm-version", help="Accounting rules of this vLLM release (default: newest known)."),
+    revision: Optional[str] = typer.Option(None, "--revision", help="Hub revision of the config."),
+    source: str = typer.Option("auto", "--source", help="auto (local, Hub, bundled), local, hub or bundled."),
+    offline: bool = typer.Option(False, "--offline", help="Do not contact the Hub (HF_HUB_OFFLINE=1 does the same)."),
+    set_: Optional[list[str]] = typer.Option(None, "--set", help="Override a config field: --set num_key_value_heads=8 (repeatable)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document (schema: kvplan schema)."),
+) -> None:
+    """Size the KV cache of MODEL on GPUs: bytes per token, pool, tokens, concurrency, verdict.
+
+    Exit code 0: fits; 1: does not fit at the asked context x concurrency; 2: bad input.
+    """
+    from kvplan.deploy import load_model, plan_deployment, select_gpus
+    from kvplan.errors import KvplanError
+
+    if source not in ("auto", "local", "hub", "bundled"):
+        raise KvplanError(f"invalid --source {source!r}", "use auto, local, hub or bundled")
+    if usage not in ("serve", "llm"):
+        raise KvplanError(f"invalid --usage {usage!r}", "use serve or llm")
+    if kv_cache_dtype != "auto":
+        from kvplan.model.dtypes import kv_dtype
+
+        kv_dtype(kv_cache_dtype)  # validate early, with the list of names
+    for name, value in (("--concurrency", concurrency), ("--pp", pp), ("--tp", tp), ("--gpus", gpus),
+                        ("--block-size", block_size), ("--max-num-seqs", max_num_seqs),
+                        ("--num-gpu-blocks-override", blocks_override)):
+        if value is not None and value <= 0:
+            raise KvplanError(f"invalid {name}: {value} must be greater than 0")
+    selection = select_gpus(gpu, gpus, gpu_mem)
+    if tp is None:
+        tp = max(1, selection.count // pp)
+    settings = Settings(
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
+        kv_cache_dtype=kv_cache_dtype,
+        block_size=block_size,
+        max_model_len=_opt_tokens(ctx, "context length"),
+        gpu_memory_utilization=None if util is None else parse_fraction(util, "gpu memory utilization"),
+        kv_cache_memory_bytes=None if kv_memory is None else parse_bytes(kv_memory, "KV cache memory"),
+        num_gpu_blocks_override=blocks_override,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=_opt_tokens(max_num_batched_tokens, "max_num_batched_tokens"),
+        enforce_eager=enforce_eager,
+        hybrid_kv_cache_manager=False if disable_hybrid else None,
+        usage_context=usage,
+        weights_bytes=None if weights_memory is None else parse_bytes(weights_memory, "weights memory"),
+        concurrency=concurrency,
+        prompt_tokens=_opt_tokens(prompt, "prompt length"),
+        output_tokens=None if output is None else (0 if output.strip() == "0" else parse_tokens(output, "output length")),
+        shared_prefix_tokens=0 if shared_prefix is None else parse_tokens(shared_prefix, "shared prefix"),
+    )
+    resolved = load_model(model, revision, source, True if offline else None, parse_overrides(set_))
+    plan = plan_deployment(resolved, selection, settings, vllm_version)
+    if as_json:
+        print_json(plan)
+    else:
+        render(plan)
+    raise typer.Exit(0 if plan.fits else 1)
+
+
+def render(plan: SizePlan) -> None:
+    """The human report: inputs, per-token cost, budget terms, pool, table, verdict."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    gpus = f"{plan.gpu_count}x {plan.gpu}" if plan.gpu_count > 1 else plan.gpu
+    par = f"TP {plan.tensor_parallel_size}" + (f", PP {plan.pipeline_parallel_size}" if plan.pipeline_parallel_size > 1 else "")
+    if plan.replicas > 1:
+        par += f", {plan.replicas} replicas"
+    console.print(f"[bold]{plan.model}[/] on [bold]{gpus}[/] ({par}), vLLM {plan.vllm_version} rules")
+    console.print(f"  config: {plan.model_source} - {plan.model_source_detail}")
+    console.print(
+        f"  attention: {plan.attention}; KV dtype {plan.kv_cache_dtype}; block {plan.block_size} tokens; "
+        f"context {format_tokens(plan.max_model_len)}"
+    )
+    console.print()
+    console.print(
+        f"KV bytes per token: [bold]{plan.kv_bytes_per_token:,}[/] (model)  "
+        f"{plan.kv_bytes_per_token_per_device:,.0f} per GPU  "
+        f"{plan.kv_bytes_per_token_all_devices:,.0f} over all GPUs"
+    )
+    groups = ", ".join(
+        f"{g.layers}x {g.kind} ({g.detail})" + (f" +{g.padding_layers} pad" if g.padding_layers else "")
+        for g in plan.kv_groups
+    )
+    console.print(f"KV groups per GPU: {groups}; one block = {format_bytes(plan.block_bytes)}")
+    console.print()
+
+    budget = Table(title="KV budget per GPU", title_justify="left", show_edge=False)
+    budget.add_column("term")
+    budget.add_column("GiB", justify="right")
+    budget.add_column("range", justify="right")
+    budget.add_column("how", style="dim")
+    for term in plan.memory_terms:
+        sign = {1: "", -1: "- ", 0: ""}[term.sign]
+        rng = "" if term.low_bytes == term.high_bytes else f"{term.low_bytes / 2**30:.2f}-{term.high_bytes / 2**30:.2f}"
+        budget.add_row(term.name, f"{sign}{term.bytes / 2**30:.2f}", rng, term.how)
+    rng = f"{plan.available_kv_bytes_low / 2**30:.2f}-{plan.available_kv_bytes_high / 2**30:.2f}"
+    budget.add_row("[bold]= available KV cache[/]", f"[bold]{plan.available_kv_bytes / 2**30:.2f}[/]",
+                   rng if plan.available_kv_bytes_low != plan.available_kv_bytes_high else "", "")
+    console.print(budget)
+    console.print(f"weights: {format_bytes(plan.weights_total_bytes)} in all ({plan.weights_source})")
+    console.print()
+    console.print(
+        f"Pool: [bold]{plan.num_blocks:,}[/] blocks -> vLLM would print "
+        f"[bold]\"KV cache size: {plan.kv_cache_tokens:,} tokens\"[/] and "
+        f"[bold]\"Maximum concurrency for {plan.max_model_len:,} tokens per request: {plan.max_concurrency:.2f}x\"[/]"
+    )
+    console.print(
+        f"Requests of {plan.request_tokens:,} tokens hold {plan.blocks_per_request:,} blocks each: "
+        f"[bold]{plan.max_concurrency_at_request:,}[/] fit at once; at concurrency {plan.concurrency} "
+        f"the longest request that fits is {plan.max_context_at_concurrency:,} tokens"
+    )
+    if plan.table:
+        _render_table(console, plan)
+    console.print()
+    color = "green" if plan.fits else "red"
+    console.print(f"[bold {color}]{'FITS' if plan.fits else 'DOES NOT FIT'}[/]: {plan.verdict}")
+    for s in plan.suggestions:
+        mark = "[green]fits[/]" if s.fits else "[red]still short[/]"
+        console.print(f"  - {s.change} ({s.flags}): {s.result} [{mark}]")
+    for note in plan.notes:
+        console.print(f"[yellow]note:[/] {note}")
+    console.print(f"\n[dim]{plan.vllm_serve_command}[/]")
+
+
+def _render_table(console, plan: SizePlan) -> None:
+    from rich.table import Table
+
+    contexts = sorted({c.context_tokens for c in plan.table})
+    levels = sorted({c.concurrency for c in plan.table})
+    cells = {(c.context_tokens, c.concurrency): c for c in plan.table}
+    table = Table(title="Share of the KV pool (context x concurrent requests)", title_justify="left", show_edge=False)
+    table.add_column("context")
+    for level in levels:
+        table.add_column(str(level), justify="right")
+    for ctx in contexts:
+        row = []
+        for level in levels:
+            cell = cells[(ctx, level)]
+            pct = f"{cell.pool_fraction:.0%}" if cell.pool_fraction < 10 else ">999%"
+            row.append(f"[green]{pct}[/]" if cell.fits else f"[red]{pct}[/]")
+        table.add_row(format_tokens(ctx), *row)
+    console.print(table)

@@ -1,0 +1,571 @@
+"""config.json (as data) -> Architecture: a list of layer specs plus weight counts.
+
+This module is the only place in kvplan that looks at ``model_type`` or at a config's
+field names. Everything downstream sums over :class:`~kvplan.model.layers.LayerSpec`.
+
+Rules follow vLLM's `vllm/config/model.py` (0.11.0): ``get_total_num_kv_heads``,
+``get_head_size``, ``get_sliding_window``; and the per-model files under
+`vllm/model_executor/models/` for which layers slide, chunk, or keep recurrent state.
+Config files are parsed as JSON; no code from a model repository is ever run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvplan.errors import KvplanError
+from kvplan.model.dtypes import WEIGHT_DTYPE_BYTES
+from kvplan.model.layers import (
+    MLA,
+    ChunkedLocal,
+    MLAIndexer,
+    FullAttention,
+    LayerSpec,
+    MambaState,
+    SlidingWindow,
+)
+from kvplan.model.weights import NO_QUANTIZATION, ParamCounts, Quantization, int_group_bytes
+
+# `ModelConfig.is_deepseek_mla` (vllm/config/model.py): these use MLA when kv_lora_rank is set.
+MLA_MODEL_TYPES = {
+    "deepseek_v2",
+    "deepseek_v3",
+    "deepseek_v32",
+    "deepseek_mtp",
+    "kimi_k2",
+    "kimi_vl",
+    "longcat_flash",
+    "glm4_moe_lite",
+    "mistral_large_3",
+}
+
+# Architectures whose MLP is a plain up/down pair rather than a gated (SwiGLU) triple.
+NON_GATED_MLP_TYPES = {
+    "falcon",
+    "RefinedWeb",
+    "RefinedWebModel",
+    "gpt2",
+    "gpt_bigcode",
+    "gpt_neox",
+    "gptj",
+    "opt",
+    "bloom",
+    "mpt",
+    "phi",
+    "starcoder2",
+    "nemotron_h",  # squared-ReLU up/down MLP
+}
+
+# Defaults of transformers' config classes that a config.json may leave out. Read as data,
+# a config only has what its file says, so these fill what the model code relies on.
+CONFIG_CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma": {"tie_word_embeddings": True},
+    "gemma2": {"tie_word_embeddings": True},
+    "gemma3": {"tie_word_embeddings": True},
+    "gemma3_text": {
+        "tie_word_embeddings": True,
+        "vocab_size": 262208,
+        "max_position_embeddings": 131072,
+        "sliding_window_pattern": 6,
+    },
+    "falcon": {"tie_word_embeddings": True},
+    "RefinedWeb": {"tie_word_embeddings": True},
+    "RefinedWebModel": {"tie_word_embeddings": True},
+    "gpt2": {"tie_word_embeddings": True},
+}
+
+_TEXT_CONFIG_KEYS = ("text_config", "language_config", "llm_config", "thinker_config")
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """What kvplan needs to know about a model, independent of how it is deployed."""
+
+    model_type: str
+    architectures: tuple[str, ...]
+    num_hidden_layers: int
+    hidden_size: int
+    vocab_size: int
+    num_attention_heads: int
+    max_position_embeddings: int | None
+    # One spec per KV-holding layer, in layer order (a parallel hybrid layer adds two).
+    layers: tuple[LayerSpec, ...]
+    # Index of the decoder layer each spec belongs to (for pipeline-parallel splits).
+    layer_index: tuple[int, ...]
+    params: ParamCounts
+    model_dtype: str  # activation dtype vLLM runs in ("auto" dtype resolution)
+    quantization: Quantization
+    # The checkpoint's own KV-cache scheme, read by vLLM >= 0.19.1 for kv dtype "auto".
+    checkpoint_kv_dtype: str | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def model_dtype_bytes(self) -> int:
+        return WEIGHT_DTYPE_BYTES.get(self.model_dtype, 2)
+
+    @property
+    def kinds(self) -> list[str]:
+        """Distinct layer kinds in order of first appearance."""
+        seen: list[str] = []
+        for spec in self.layers:
+            if spec.kind not in seen:
+                seen.append(spec.kind)
+        return seen
+
+    @property
+    def attention_label(self) -> str:
+        """Short human label: GQA, MQA, MHA, MLA, hybrid SWA, hybrid Mamba..."""
+        kinds = set(self.kinds)
+        if "mamba" in kinds:
+            return "hybrid (attention + recurrent state)"
+        if kinds == {"mla"}:
+            return "MLA"
+        base = "attention"
+        attn = [s for s in self.layers if isinstance(s, FullAttention)]
+        if attn:
+            kv = attn[0].num_kv_heads
+            base = "MQA" if kv == 1 else "MHA" if kv == self.num_attention_heads else "GQA"
+        if "sliding_window" in kinds:
+            return f"{base} + sliding window" if "full_attention" in kinds else f"{base}, sliding window"
+        if "chunked_local" in kinds:
+            return f"{base} + chunked local"
+        return base
+
+
+class _Fields:
+    """Reads config fields by their many names, recording what was missing."""
+
+    def __init__(self, text: dict[str, Any], top: dict[str, Any]):
+        self.text = text
+        self.top = top
+        self.missing: list[str] = []
+
+    def get(self, *names: str, default: Any = None) -> Any:
+        for name in names:
+            for source in (self.text, self.top):
+                if source.get(name) is not None:
+                    return source[name]
+        return default
+
+    def need(self, *names: str) -> Any:
+        value = self.get(*names)
+        if value is None:
+            self.missing.append(names[0])
+            return 0
+        return value
+
+
+def text_config(config: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's ``hf_text_config``: the language model's part of a multimodal config."""
+    for key in _TEXT_CONFIG_KEYS:
+        sub = config.get(key)
+        if isinstance(sub, dict) and ("num_hidden_layers" in sub or "hidden_size" in sub):
+            return sub
+    return config
+
+
+def total_kv_heads(f: _Fields, model_type: str, num_heads: int) -> int:
+    """``ModelConfig.get_total_num_kv_heads`` (vllm/config/model.py)."""
+    falcon_new_arch = model_type in ("falcon", "RefinedWeb", "RefinedWebModel") and f.get(
+        "new_decoder_architecture", default=False
+    )
+    if not falcon_new_arch and f.get("multi_query", default=False):
+        return 1
+    attn_config = f.get("attn_config")
+    if model_type in ("mpt", "dbrx") and isinstance(attn_config, dict):
+        return attn_config.get("kv_n_heads") or num_heads
+    for name in ("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num"):
+        value = f.get(name)
+        if value is not None:
+            return int(value)
+    return num_heads
+
+
+def head_size(f: _Fields, model_type: str, hidden: int, num_heads: int) -> int:
+    """``ModelConfig.get_head_size`` for non-MLA attention (vllm/config/model.py)."""
+    if model_type == "zamba2" and f.get("attention_head_dim"):
+        return int(f.get("attention_head_dim"))
+    for name in ("head_dim", "attention_head_dim", "hidden_size_per_head", "kv_channels"):
+        value = f.get(name)
+        if value is not None:
+            return int(value)
+    if not num_heads:
+        return 0
+    return hidden // num_heads
+
+
+def _sliding_window(f: _Fields) -> int | None:
+    """``get_hf_config_sliding_window``: Qwen2's ``use_sliding_window: false`` turns it off."""
+    if f.get("use_sliding_window") is False:
+        return None
+    window = f.get("sliding_window")
+    return int(window) if isinstance(window, int) and window > 0 else None
+
+
+def layer_kinds(f: _Fields, model_type: str, num_layers: int) -> list[str]:
+    """Per decoder layer: full | sliding | chunked | mamba | attention+mamba | mla | none.
+
+    Explicit per-layer lists win (``layer_types``, ``layers_block_type``,
+    ``hybrid_override_pattern``, ``attn_type_list``); otherwise the model family's
+    rule from vLLM's model file, and transformers' config defaults where the file
+    relies on them.
+    """
+    n = num_layers
+    if model_type in MLA_MODEL_TYPES and f.get("kv_lora_rank") is not None:
+        return ["mla"] * n
+    if model_type == "nemotron_h" or f.get("hybrid_override_pattern"):
+        pattern = f.need("hybrid_override_pattern")
+        if pattern and len(pattern) != n:
+            raise KvplanError(f"hybrid_override_pattern has {len(pattern)} entries for {n} layers")
+        # 'M' Mamba-2, '*' attention, '-' MLP and 'E' MoE hold no cache.
+        return [{"M": "mamba", "*": "full"}.get(c, "none") for c in (pattern or "")]
+    if model_type == "falcon_h1":
+        return ["attention+mamba"] * n  # attention and Mamba-2 in parallel in every layer
+    if model_type == "gpt_oss":
+        # vLLM's gpt_oss.py ignores layer_types: even layer indices slide.
+        return ["sliding" if i % 2 == 0 else "full" for i in range(n)]
+    layer_types = f.get("layer_types") or f.get("layers_block_type")
+    if isinstance(layer_types, list) and layer_types:
+        if len(layer_types) != n:
+            raise KvplanError(f"layer_types has {len(layer_types)} entries for {n} layers")
+        mapping = {
+            "full_attention": "full",
+            "attention": "full",
+            "sliding_attention": "sliding",
+            "chunked_attention": "chunked",
+            "linear_attention": "mamba",
+            "mamba": "mamba",
+            "mamba2": "mamba",
+            "conv": "mamba",
+            "hybrid": "attention+mamba",  # zamba2: Mamba-2 plus a shared attention block
+        }
+        kinds = [mapping.get(str(t).lower()) for t in layer_types]
+        if None in kinds:
+            unknown = sorted({str(t) for t, k in zip(layer_types, kinds) if k is None})
+            raise KvplanError(f"unknown layer type(s) {', '.join(unknown)} in layer_types")
+        return kinds  # type: ignore[return-value]
+    if model_type == "jamba":
+        period, offset = f.need("attn_layer_period"), f.get("attn_layer_offset", default=0)
+        return ["full" if period and i % period == offset else "mamba" for i in range(n)]
+    if model_type == "qwen3_next":
+        interval = f.get("full_attention_interval", default=4)
+        return ["full" if (i + 1) % interval == 0 else "mamba" for i in range(n)]
+    if f.get("attn_type_list"):  # MiniMax: 1 = softmax attention, 0 = lightning (linear)
+        return ["full" if t == 1 else "mamba" for t in f.get("attn_type_list")]
+    if model_type == "gemma2":
+        # transformers' Gemma2Config default layer_types: even layers slide.
+        return ["sliding" if i % 2 == 0 else "full" for i in range(n)]
+    if model_type in ("gemma3", "gemma3_text", "cohere2"):
+        pattern = f.get("sliding_window_pattern", default=6 if model_type != "cohere2" else 4)
+        return ["sliding" if (i + 1) % pattern else "full" for i in range(n)]
+    if f.get("attention_chunk_size"):
+        # Llama 4: RoPE layers (no_rope_layers[i] == 1) use chunked local attention; the
+        # default (transformers' Llama4TextConfig) makes every 4th layer a global NoPE layer.
+        no_rope = f.get("no_rope_layers")
+        if not no_rope:
+            interval = f.get("no_rope_layer_interval", default=4)
+            no_rope = [int((i + 1) % interval != 0) for i in range(n)]
+        return ["chunked" if no_rope[i] else "full" for i in range(n)]
+    window = _sliding_window(f)
+    if window is not None:
+        max_window_layers = f.get("max_window_layers")
+        if f.get("use_sliding_window") and max_window_layers is not None:
+            return ["sliding" if i >= max_window_layers else "full" for i in range(n)]
+        return ["sliding"] * n  # Mistral-v0.1 style: one window for every layer
+    return ["full"] * n
+
+
+def _recurrent_spec(f: _Fields, model_type: str, hidden: int, num_heads: int, conv_bytes: int) -> MambaState:
+    """The recurrent-state spec of one non-attention layer, per vLLM's shape calculator."""
+    ssm_bytes = 4 if str(f.get("mamba_ssm_cache_dtype", default="")).startswith("float32") else conv_bytes
+    if model_type == "qwen3_next" or f.get("linear_num_value_heads"):
+        dims = {
+            "k_heads": f.need("linear_num_key_heads"),
+            "v_heads": f.need("linear_num_value_heads"),
+            "k_dim": f.need("linear_key_head_dim"),
+            "v_dim": f.need("linear_value_head_dim"),
+            "d_conv": f.need("linear_conv_kernel_dim"),
+        }
+        return MambaState("gated_delta_net", tuple(dims.items()), conv_bytes, ssm_bytes)
+    if f.get("attn_type_list"):  # MiniMax lightning attention
+        head_dim = f.get("head_dim") or hidden // num_heads
+        dims = {"n_heads": num_heads, "head_dim": head_dim}
+        return MambaState("linear_attention", tuple(dims.items()), conv_bytes, ssm_bytes)
+    if model_type == "lfm2" or f.get("conv_L_cache"):
+        dims = {"hidden": hidden, "d_conv": f.need("conv_L_cache")}
+        return MambaState("short_conv", tuple(dims.items()), conv_bytes, ssm_bytes)
+    if model_type == "jamba" or f.get("mamba_d_state") and not f.get("mamba_n_heads"):
+        expand = f.get("mamba_expand", default=2)
+        dims = {
+            "d_inner": expand * hidden,
+            "d_state": f.need("mamba_d_state"),
+            "d_conv": f.get("mamba_d_conv", default=4),
+        }
+        return MambaState("mamba1", tuple(dims.items()), conv_bytes, ssm_bytes)
+    # Mamba-2 (Nemotron-H, Granite 4 hybrids, Falcon-H1, Zamba2, Bamba).
+    n_heads = f.need("mamba_num_heads", "mamba_n_heads", "n_mamba_heads")
+    head_dim = f.need("mamba_head_dim", "mamba_d_head")
+    intermediate = f.get("mamba_d_ssm") or (n_heads * head_dim if n_heads and head_dim else 0)
+    dims = {
+        "n_heads": n_heads,
+        "head_dim": head_dim,
+        "intermediate": intermediate,
+        "n_groups": f.get("n_groups", "mamba_n_groups", "mamba_ngroups", default=1),
+        "d_state": f.need("ssm_state_size", "mamba_d_state"),
+        "d_conv": f.get("conv_kernel", "mamba_d_conv", default=4),
+    }
+    return MambaState("mamba2", tuple(dims.items()), conv_bytes, ssm_bytes)
+
+
+def _model_dtype(f: _Fields) -> str:
+    """vLLM's ``--dtype auto``: the config's dtype, float32 checkpoints served in bf16."""
+    dtype = str(f.get("torch_dtype", "dtype", default="bfloat16")).replace("torch.", "")
+    if dtype in ("float32", "float"):
+        return "bfloat16"
+    return dtype if dtype in WEIGHT_DTYPE_BYTES else "bfloat16"
+
+
+def _quantization(top: dict[str, Any], f: _Fields) -> tuple[Quantization, str | None]:
+    """The checkpoint's weight scheme and, if declared, its KV-cache scheme."""
+    qc = top.get("quantization_config") or f.get("quantization_config")
+    if not isinstance(qc, dict):
+        return NO_QUANTIZATION, None
+    method = str(qc.get("quant_method", "")).lower()
+    kv_dtype = None
+    kv_scheme = qc.get("kv_cache_scheme")
+    if isinstance(kv_scheme, dict) and kv_scheme.get("num_bits") == 8:
+        kv_dtype = "fp8"
+    if str(qc.get("kv_cache_quant_algo", "")).upper() == "FP8":
+        kv_dtype = "fp8"
+    if method in ("fp8", "fbgemm_fp8", "ptpc_fp8"):
+        return Quantization(method, 1.0 + 4 / (128 * 128), note="fp8 weights"), kv_dtype
+    if method in ("gptq", "awq", "gptq_marlin", "awq_marlin", "auto-round"):
+        bits = int(qc.get("bits", qc.get("w_bit", 4)))
+        group = int(qc.get("group_size", qc.get("q_group_size", 128)))
+        return Quantization(method, int_group_bytes(bits, group), note=f"int{bits}, group {group}"), kv_dtype
+    if method == "mxfp4":
+        # gpt-oss: only the MoE experts are MXFP4 (modules_to_not_convert lists the rest).
+        keep = frozenset({"attention", "mlp", "recurrent"})
+        return Quantization("mxfp4", 0.5 + 1 / 32, unquantized_roles=keep, note="mxfp4 experts"), kv_dtype
+    if method == "compressed-tensors":
+        groups = qc.get("config_groups") or {}
+        bits, group_size = 8, 0
+        for group in groups.values():
+            weights = (group or {}).get("weights") or {}
+            bits = int(weights.get("num_bits", bits))
+            group_size = int(weights.get("group_size") or 0)
+            break
+        bpp = 1.0 if bits == 8 else int_group_bytes(bits, group_size)
+        return Quantization(method, bpp, note=f"{bits}-bit weights"), kv_dtype
+    if method == "modelopt":
+        algo = str(qc.get("quant_algo", "FP8")).upper()
+        bpp = 0.5 + 1 / 16 if "FP4" in algo else 1.0
+        return Quantization(method, bpp, note=algo), kv_dtype
+    if method == "bitsandbytes":
+        bpp = 0.5 + 4 / 64 if qc.get("load_in_4bit") else 1.0
+        return Quantization(method, bpp, note="bitsandbytes"), kv_dtype
+    raise KvplanError(
+        f"unsupported quantization method {method!r} in quantization_config",
+        "pass --weights-memory to give the loaded weight size directly",
+    )
+
+
+def _moe_layers(f: _Fields, model_type: str, n: int) -> list[bool]:
+    """Which decoder layers are mixture-of-experts layers."""
+    num_experts = f.get("n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
+    if not num_experts or num_experts <= 1:
+        return [False] * n
+    first_dense = f.get("first_k_dense_replace", default=0)
+    freq = f.get("moe_layer_freq", default=1)
+    step = f.get("decoder_sparse_step", "interleave_moe_layer_step", default=1) or 1
+    only_mlp = set(f.get("mlp_only_layers", default=[]) or [])
+    if model_type == "jamba":
+        period, offset = f.get("expert_layer_period", default=2), f.get("expert_layer_offset", default=1)
+        return [i % period == offset for i in range(n)]
+    if isinstance(f.get("moe_layers"), list):
+        moe = set(f.get("moe_layers"))
+        return [i in moe for i in range(n)]
+    return [
+        i >= first_dense and i % freq == 0 and (i + 1) % step == 0 and i not in only_mlp for i in range(n)
+    ]
+
+
+def _count_params(
+    f: _Fields, model_type: str, kinds: list[str], hidden: int, num_heads: int, kv_heads: int, head: int
+) -> ParamCounts:
+    """Parameters of the loaded model, by role (an estimate from the config)."""
+    n = len(kinds)
+    vocab = f.get("vocab_size", "padded_vocab_size", default=0)
+    inter = f.get("intermediate_size", "ffn_hidden_size", "n_inner", default=4 * hidden)
+    gated = model_type not in NON_GATED_MLP_TYPES
+    mlp_mats = 3 if gated else 2
+    tied = bool(f.get("tie_word_embeddings", default=False))
+    attn = mlp = experts = recurrent = other = 0
+
+    # Attention projections per attention layer.
+    if f.get("kv_lora_rank") is not None and "mla" in kinds:
+        q_lora = f.get("q_lora_rank")
+        nope, rope = f.get("qk_nope_head_dim", default=128), f.get("qk_rope_head_dim", default=64)
+        v_head, kv_lora = f.get("v_head_dim", default=128), f.get("kv_lora_rank")
+        q = hidden * q_lora + q_lora * num_heads * (nope + rope) if q_lora else hidden * num_heads * (nope + rope)
+        per_attn = q + hidden * (kv_lora + rope) + kv_lora * num_heads * (nope + v_head) + num_heads * v_head * hidden
+    else:
+        per_attn = hidden * head * (num_heads * 2 + kv_heads * 2)
+    num_attn = sum(1 for k in kinds if k in ("full", "sliding", "chunked", "mla", "attention+mamba"))
+    attn = per_attn * num_attn
+
+    # MLPs: dense or mixture of experts.
+    moe = _moe_layers(f, model_type, n)
+    num_experts = f.get("n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts", default=0)
+    expert_inter = f.get("moe_intermediate_size", default=inter)
+    dense_inter = f.get("intermediate_size_mlp", default=inter) if model_type.startswith("llama4") else inter
+    # Shared experts: n_shared_experts of expert size (DeepSeek) or one of its own size (Qwen).
+    shared = f.get("n_shared_experts", "num_shared_experts", default=0) or 0
+    shared_inter = f.get("shared_expert_intermediate_size", "shared_intermediate_size", default=0) or 0
+    if model_type.startswith("llama4"):
+        shared_inter = inter  # one shared expert of intermediate_size in every MoE layer
+    if model_type == "nemotron_h":  # '-' dense MLP layer, 'E' MoE layer, others none
+        mlp_kinds = [{"-": "dense", "E": "moe"}.get(c) for c in f.get("hybrid_override_pattern", default="")]
+    else:
+        mlp_kinds = ["moe" if is_moe else "dense" for is_moe in moe]
+    for mlp_kind in mlp_kinds:
+        if mlp_kind == "moe":
+            experts += num_experts * mlp_mats * hidden * expert_inter
+            experts += shared * mlp_mats * hidden * expert_inter + mlp_mats * hidden * shared_inter
+            other += hidden * num_experts  # router
+        elif mlp_kind == "dense":
+            mlp += mlp_mats * hidden * dense_inter
+
+    # Recurrent layers: input/output projections (the conv kernels and A/D are tiny).
+    for kind in kinds:
+        if "mamba" not in kind:
+            continue
+        if f.get("linear_num_value_heads"):
+            kh, vh = f.get("linear_num_key_heads", default=0), f.get("linear_num_value_heads", default=0)
+            kd, vd = f.get("linear_key_head_dim", default=0), f.get("linear_value_head_dim", default=0)
+            recurrent += hidden * (2 * kh * kd + 2 * vh * vd + 2 * vh) + vh * vd * hidden
+        elif f.get("attn_type_list"):
+            recurrent += 4 * hidden * num_heads * head
+        else:
+            m_heads = f.get("mamba_num_heads", "mamba_n_heads", default=0) or 0
+            d_inner = f.get("mamba_d_ssm") or m_heads * (f.get("mamba_head_dim", "mamba_d_head", default=0) or 0)
+            d_inner = d_inner or f.get("mamba_expand", "expand", default=2) * hidden
+            groups_state = 2 * (f.get("n_groups", "mamba_n_groups", default=1) or 1) * (
+                f.get("ssm_state_size", "mamba_d_state", default=0) or 0
+            )
+            # in_proj -> (z, x, B, C, dt), out_proj back to hidden
+            recurrent += hidden * (2 * d_inner + (groups_state + m_heads if m_heads else 0)) + d_inner * hidden
+    embedding = vocab * hidden
+    lm_head = 0 if tied else vocab * hidden
+    other += (2 * n + 1) * hidden  # norms
+    return ParamCounts(embedding, lm_head, attn, mlp, experts, recurrent, other)
+
+
+def parse_architecture(config: dict[str, Any], overrides: dict[str, Any] | None = None) -> Architecture:
+    """Read a config.json dict into an :class:`Architecture`, or raise a clear error.
+
+    ``overrides`` patch fields of the language-model config (``--set key=value``).
+    """
+    if not isinstance(config, dict):
+        raise KvplanError("config.json is not a JSON object")
+    top = dict(config)
+    text = dict(text_config(config))
+    family_type = str(text.get("model_type") or top.get("model_type") or "")
+    for key, value in CONFIG_CLASS_DEFAULTS.get(family_type, {}).items():
+        text.setdefault(key, value)
+    if overrides:
+        text.update(overrides)
+        if text is not config:
+            top.update(overrides)
+    f = _Fields(text, top)
+    model_type = str(text.get("model_type") or top.get("model_type") or "")
+    archs = tuple(top.get("architectures") or text.get("architectures") or ())
+
+    hidden = f.need("hidden_size", "n_embd", "d_model", "dim")
+    num_layers = f.need("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+    num_heads = f.need("num_attention_heads", "n_head", "num_heads", "n_heads")
+    if f.missing:
+        fields = ", ".join(f.missing)
+        raise KvplanError(
+            f"cannot read the architecture{f' of model_type {model_type!r}' if model_type else ''}: "
+            f"missing {fields}",
+            "add them with --set, e.g. " + " ".join(f"--set {m}=N" for m in f.missing),
+        )
+    for name, value in (("hidden_size", hidden), ("num_hidden_layers", num_layers), ("num_attention_heads", num_heads)):
+        if not isinstance(value, int) or value <= 0:
+            raise KvplanError(f"invalid {name} in config: {value!r}", f"fix it with --set {name}=N")
+
+    kinds = layer_kinds(f, model_type, num_layers)
+    kv_heads = total_kv_heads(f, model_type, num_heads)
+    head = head_size(f, model_type, hidden, num_heads)
+    if "mla" not in kinds and (kv_heads <= 0 or head <= 0):
+        raise KvplanError(f"invalid attention shape in config: {kv_heads} KV heads of size {head}")
+    dtype = _model_dtype(f)
+    conv_bytes = WEIGHT_DTYPE_BYTES.get(dtype, 2)
+    window = _sliding_window(f) or f.get("sliding_window") or 0
+    notes: list[str] = []
+
+    specs: list[LayerSpec] = []
+    index: list[int] = []
+    for i, kind in enumerate(kinds):
+        if kind == "mla":
+            latent = f.need("kv_lora_rank") + (f.get("qk_rope_head_dim", default=0) or 0)
+            new = [MLA(latent_size=latent)]
+            if f.get("index_head_dim"):  # DeepSeek-V3.2's sparse-attention indexer cache
+                new.append(MLAIndexer(latent_size=int(f.get("index_head_dim"))))
+        elif kind == "full":
+            new = [FullAttention(kv_heads, head)]
+        elif kind == "sliding":
+            if not window:
+                raise KvplanError("a sliding-window layer has no sliding_window size", "add --set sliding_window=N")
+            new = [SlidingWindow(kv_heads, head, window=int(window))]
+        elif kind == "chunked":
+            new = [ChunkedLocal(kv_heads, head, chunk=int(f.get("attention_chunk_size")))]
+        elif kind == "mamba":
+            new = [_recurrent_spec(f, model_type, hidden, num_heads, conv_bytes)]
+        elif kind == "attention+mamba":
+            new = [FullAttention(kv_heads, head), _recurrent_spec(f, model_type, hidden, num_heads, conv_bytes)]
+        else:
+            new = []
+        specs.extend(new)
+        index.extend([i] * len(new))
+    if f.missing:
+        raise KvplanError(
+            f"cannot read the layers of model_type {model_type!r}: missing {', '.join(dict.fromkeys(f.missing))}",
+            "add them with --set, e.g. " + " ".join(f"--set {m}=N" for m in dict.fromkeys(f.missing)),
+        )
+
+    # Layers that reuse another layer's KV (Gemma 3n's num_kv_shared_layers) own no cache.
+    shared = int(f.get("num_kv_shared_layers", default=0) or 0)
+    if shared:
+        keep = [j for j, i in enumerate(index) if i < num_layers - shared]
+        specs, index = [specs[j] for j in keep], [index[j] for j in keep]
+        notes.append(f"{shared} layers share another layer's KV and hold none of their own")
+    if f.get("num_nextn_predict_layers"):
+        notes.append(
+            f"{f.get('num_nextn_predict_layers')} MTP draft layer(s) in the checkpoint are not loaded "
+            "unless speculative decoding is on"
+        )
+    if not specs:
+        raise KvplanError(f"model_type {model_type!r} has no attention or state layers to size")
+
+    quant, ckpt_kv = _quantization(top, f)
+    params = _count_params(f, model_type, kinds, hidden, num_heads, kv_heads, head)
+    max_pos = f.get("max_position_embeddings", "n_positions", "seq_length", "max_seq_len", "n_ctx")
+    return Architecture(
+        model_type=model_type or "unknown",
+        architectures=archs,
+        num_hidden_layers=num_layers,
+        hidden_size=hidden,
+        vocab_size=int(f.get("vocab_size", "padded_vocab_size", default=0) or 0),
+        num_attention_heads=num_heads,
+        max_position_embeddings=int(max_pos) if isinstance(max_pos, int) else None,
+        layers=tuple(specs),
+        layer_index=tuple(index),
+        params=params,
+        model_dtype=dtype,
+        quantization=quant,
+        checkpoint_kv_dtype=ckpt_kv,
+        notes=tuple(notes),
+    )

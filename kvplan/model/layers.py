@@ -1,0 +1,286 @@
+"""One small spec class per kind of KV-holding layer, as vLLM's `kv_cache_interface.py`.
+
+An :class:`~kvplan.model.arch.Architecture` is a list of these. Each spec is *logical*
+(whole-model head counts); :meth:`per_rank` gives the slice one tensor-parallel rank holds,
+and everything after that (page size, blocks a request pins) is per device, exactly as
+vLLM computes it on each worker. Nothing downstream asks which model it is.
+
+Sources (vLLM, `vllm/v1/kv_cache_interface.py` at v0.11.0 unless noted):
+- ``AttentionSpec.page_size_bytes = 2 * block_size * num_kv_heads * head_size * dtype``;
+  0.19+ writes the 2 as ``head_size + head_size_v``.
+- ``FullAttentionSpec.max_memory_usage_bytes = cdiv(max_model_len, block_size) * page``.
+- ``SlidingWindowSpec``: ``(cdiv(min(window - 1 + max_num_batched_tokens, max_model_len),
+  block_size) + 1) * page`` (the +1: the window need not start on a block boundary).
+- ``ChunkedLocalAttentionSpec``: ``cdiv(min(chunk + max_num_batched_tokens, max_model_len),
+  block_size) * page``.
+- ``MLAAttentionSpec``: one latent "head" of ``kv_lora_rank + qk_rope_head_dim``, no factor
+  2, replicated on every TP rank (`model_executor/layers/mla.py`).
+- ``MambaSpec``: one state slot per request whose page is the sum of its state tensors
+  (`model_executor/layers/mamba/mamba_utils.py`, ``MambaStateShapeCalculator``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import ClassVar
+
+from kvplan.errors import KvplanError
+from kvplan.model.dtypes import KVDtype
+from kvplan.units import cdiv
+
+
+@dataclass(frozen=True)
+class RequestContext:
+    """What, besides its length, decides the blocks one request pins (set by the vLLM rules).
+
+    ``inflight_tokens``: tokens scheduled but not yet retired, which sliding-window and
+    chunked layers keep on top of their window (``max_num_batched_tokens``; twice that with
+    0.33's async scheduling). ``state_pages``: pages one recurrent layer holds per request
+    (1; 2 in 0.33's default ``align`` prefix-caching mode, 3 for Mamba-2 there).
+    """
+
+    inflight_tokens: int
+    state_pages: int = 1
+    mamba2_extra_pages: int = 0
+
+
+def _kv_heads_per_rank(total_kv_heads: int, tp: int) -> int:
+    """vLLM's ``ModelConfig.get_num_kv_heads``: ``max(1, total // tp)``.
+
+    Models assert ``total % tp == 0`` or ``tp % total == 0``; in the second case each KV
+    head is replicated on ``tp // total`` ranks (`models/llama.py`).
+    """
+    if total_kv_heads % tp != 0 and tp % total_kv_heads != 0:
+        raise KvplanError(
+            f"tensor parallel size {tp} does not divide the {total_kv_heads} KV heads "
+            f"(nor do they divide it)",
+            "vLLM requires kv_heads % tp == 0 or tp % kv_heads == 0",
+        )
+    return max(1, total_kv_heads // tp)
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """Base class: a layer that keeps per-request state in vLLM's KV cache."""
+
+    kind: ClassVar[str] = "layer"
+    # True for specs whose memory grows with the tokens a request holds.
+    grows_with_tokens: ClassVar[bool] = True
+
+    def per_rank(self, tp: int) -> LayerSpec:
+        raise NotImplementedError
+
+    def bytes_per_token(self, dtype: KVDtype) -> float:
+        """KV bytes one token costs in this layer (0 for fixed-size state)."""
+        raise NotImplementedError
+
+    def page_bytes(self, block_size: int, dtype: KVDtype) -> int:
+        """Bytes of one block of this layer (vLLM's ``page_size_bytes``)."""
+        raise NotImplementedError
+
+    def blocks_for_request(self, num_tokens: int, block_size: int, ctx: RequestContext) -> int:
+        """Blocks one request holding ``num_tokens`` pins in this layer, by vLLM's rule."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class FullAttention(LayerSpec):
+    """Full causal attention (MHA, GQA, MQA): KV grows with every token."""
+
+    kind: ClassVar[str] = "full_attention"
+    num_kv_heads: int
+    head_size: int
+    head_size_v: int | None = None  # differs from head_size in a few models
+
+    @property
+    def value_size(self) -> int:
+        return self.head_size if self.head_size_v is None else self.head_size_v
+
+    def per_rank(self, tp: int) -> FullAttention:
+        return replace(self, num_kv_heads=_kv_heads_per_rank(self.num_kv_heads, tp))
+
+    def bytes_per_token(self, dtype: KVDtype) -> float:
+        return self.num_kv_heads * (self.head_size + self.value_size) * dtype.bytes_per_element
+
+    def page_bytes(self, block_size: int, dtype: KVDtype) -> int:
+        return int(math.ceil(block_size * self.bytes_per_token(dtype)))
+
+    def blocks_for_request(self, num_tokens: int, block_size: int, ctx: RequestContext) -> int:
+        return cdiv(num_tokens, block_size)
+
+    def describe(self) -> str:
+        return f"{self.num_kv_heads} KV heads x {self.head_size}"
+
+
+@dataclass(frozen=True)
+class SlidingWindow(FullAttention):
+    """Sliding-window attention: a request keeps only its last ``window`` tokens' KV."""
+
+    kind: ClassVar[str] = "sliding_window"
+    window: int = 0
+
+    def blocks_for_request(self, num_tokens: int, block_size: int, ctx: RequestContext) -> int:
+        # vLLM keeps the last window-1 computed tokens plus the tokens in flight.
+        kept = min(self.window - 1 + ctx.inflight_tokens, num_tokens)
+        return cdiv(kept, block_size) + 1
+
+    def describe(self) -> str:
+        return f"{super().describe()}, window {self.window:,}"
+
+
+@dataclass(frozen=True)
+class ChunkedLocal(FullAttention):
+    """Chunked local attention (Llama 4's RoPE layers): attends within fixed chunks."""
+
+    kind: ClassVar[str] = "chunked_local"
+    chunk: int = 0
+
+    def blocks_for_request(self, num_tokens: int, block_size: int, ctx: RequestContext) -> int:
+        return cdiv(min(self.chunk + ctx.inflight_tokens, num_tokens), block_size)
+
+    def describe(self) -> str:
+        return f"{super().describe()}, chunk {self.chunk:,}"
+
+
+@dataclass(frozen=True)
+class MLA(LayerSpec):
+    """Multi-head latent attention (DeepSeek V2/V3, Kimi K2): one compressed latent.
+
+    Stores ``kv_lora_rank + qk_rope_head_dim`` values per token, with no K/V factor 2,
+    and the latent is replicated on every tensor-parallel rank.
+    """
+
+    kind: ClassVar[str] = "mla"
+    latent_size: int  # kv_lora_rank + qk_rope_head_dim
+
+    def per_rank(self, tp: int) -> MLA:
+        return self  # replicated, not sharded
+
+    def bytes_per_token(self, dtype: KVDtype) -> float:
+        if dtype.mla_token_bytes is not None:
+            return dtype.mla_token_bytes
+        return self.latent_size * dtype.bytes_per_element
+
+    def page_bytes(self, block_size: int, dtype: KVDtype) -> int:
+        return int(math.ceil(block_size * self.bytes_per_token(dtype)))
+
+    def blocks_for_request(self, num_tokens: int, block_size: int, ctx: RequestContext) -> int:
+        return cdiv(num_tokens, block_size)
+
+    def describe(self) -> str:
+        return f"latent {self.latent_size}"
+
+
+@dataclass(frozen=True)
+class MLAIndexer(MLA):
+    """DeepSeek-V3.2's sparse-attention indexer keys: a second MLA-type cache per layer,
+    always uint8: ``index_head_dim + index_head_dim // 128 * 4`` bytes per token
+    (fp8 values plus one fp32 scale per 128), `models/deepseek_v2.py` (0.11.0)."""
+
+    kind: ClassVar[str] = "mla_indexer"
+
+    def bytes_per_token(self, dtype: KVDtype) -> float:
+        return self.latent_size + self.latent_size // 128 * 4
+
+    def describe(self) -> str:
+        return f"indexer keys {self.latent_size}"
+
+
+# --- Recurrent state (Mamba, linear attention): one slot per request ------------------
+
+
+@dataclass(frozen=True)
+class StateShapes:
+    """Per-rank state tensors of one recurrent layer: shapes and element bytes."""
+
+    shapes: tuple[tuple[int, ...], ...]
+    element_bytes: tuple[int, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(math.prod(s) * b for s, b in zip(self.shapes, self.element_bytes))
+
+
+def _divide(total: int, tp: int, what: str) -> int:
+    if total % tp:
+        raise KvplanError(f"tensor parallel size {tp} does not divide {what} ({total})")
+    return total // tp
+
+
+@dataclass(frozen=True)
+class MambaState(LayerSpec):
+    """A recurrent layer's fixed-size state (conv + SSM / linear-attention state).
+
+    ``variant`` names vLLM's shape calculator; the dims are whole-model values and
+    :meth:`shapes` divides them per rank as `MambaStateShapeCalculator` does.
+    """
+
+    kind: ClassVar[str] = "mamba"
+    grows_with_tokens: ClassVar[bool] = False
+    variant: str  # mamba1 | mamba2 | gated_delta_net | linear_attention | short_conv
+    dims: tuple[tuple[str, int], ...]
+    conv_bytes: int = 2  # conv state element size (model dtype by default)
+    ssm_bytes: int = 2  # temporal/SSM state element size (mamba_ssm_cache_dtype)
+    tp: int = 1
+
+    def dim(self, name: str) -> int:
+        return dict(self.dims)[name]
+
+    def per_rank(self, tp: int) -> MambaState:
+        shaped = replace(self, tp=tp)
+        shaped.shapes()  # validate divisibility now, with a clear error
+        return shaped
+
+    def shapes(self) -> StateShapes:
+        d, tp = dict(self.dims), self.tp
+        if self.variant == "mamba1":
+            # conv (d_inner/tp, d_conv-1), ssm (d_inner/tp, d_state)
+            d_inner = _divide(d["d_inner"], tp, "mamba d_inner")
+            conv, ssm = (d_inner, d["d_conv"] - 1), (d_inner, d["d_state"])
+        elif self.variant == "mamba2":
+            # Groups are replicated when they don't divide by tp (extra_groups_for_head_shards).
+            n_groups = d["n_groups"]
+            if n_groups % tp:
+                n_groups = n_groups * tp  # replicate so each rank holds a whole group
+            conv_dim = d["intermediate"] + 2 * n_groups * d["d_state"]
+            conv = (_divide(conv_dim, tp, "mamba2 conv dim"), d["d_conv"] - 1)
+            ssm = (_divide(d["n_heads"], tp, "mamba heads"), d["head_dim"], d["d_state"])
+        elif self.variant == "gated_delta_net":
+            conv_dim = 2 * d["k_heads"] * d["k_dim"] + d["v_heads"] * d["v_dim"]
+            conv = (_divide(conv_dim, tp, "linear-attention conv dim"), d["d_conv"] - 1)
+            ssm = (_divide(d["v_heads"], tp, "linear value heads"), d["k_dim"], d["v_dim"])
+        elif self.variant == "linear_attention":
+            # MiniMax lightning attention: (heads/tp, head_dim, head_dim), no conv state.
+            heads = _divide(d["n_heads"], tp, "linear-attention heads")
+            return StateShapes(((heads, d["head_dim"], d["head_dim"]),), (self.ssm_bytes,))
+        elif self.variant == "short_conv":
+            # LFM2: conv state (hidden/tp, L_cache-1) only.
+            hidden = _divide(d["hidden"], tp, "short-conv hidden size")
+            return StateShapes(((hidden, d["d_conv"] - 1),), (self.conv_bytes,))
+        else:  # pragma: no cover - the config reader only builds the variants above
+            raise KvplanError(f"unknown recurrent state variant {self.variant!r}")
+        return StateShapes((conv, ssm), (self.conv_bytes, self.ssm_bytes))
+
+    def state_bytes(self) -> int:
+        return self.shapes().total_bytes
+
+    def bytes_per_token(self, dtype: KVDtype) -> float:
+        return 0.0
+
+    def page_bytes(self, block_size: int, dtype: KVDtype) -> int:
+        return self.state_bytes()
+
+    def blocks_for_request(self, num_tokens: int, block_size: int, ctx: RequestContext) -> int:
+        return ctx.state_pages + (ctx.mamba2_extra_pages if self.variant == "mamba2" else 0)
+
+    def describe(self) -> str:
+        return f"{self.variant} state {self.state_bytes():,} B/request"
+
+
+def group_key(spec: LayerSpec) -> tuple:
+    """Layers with equal specs share a KV cache group (vLLM groups by spec equality)."""
+    return (type(spec).__name__, spec)

@@ -1,0 +1,162 @@
+"""Find a model's config.json: a local path, the Hugging Face Hub, or a bundled profile.
+
+Order: a local folder or file; the Hub through ``huggingface_hub`` (config.json only;
+honours ``HF_TOKEN``, ``HF_HUB_OFFLINE`` and the hub cache, with a 10 s network timeout);
+a snapshot bundled in ``profiles/models/``. A gated, missing or unreachable repo falls back
+to the bundled profile with a note. The file is parsed as JSON data: no remote code runs.
+``huggingface_hub`` is imported only when the Hub is actually consulted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from kvplan.errors import KvplanError
+
+MODELS_DIR = Path(__file__).resolve().parent.parent.parent / "profiles" / "models"
+HUB_TIMEOUT_S = 10
+_REPO_ID_RE = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A raw config and where it came from."""
+
+    name: str
+    config: dict[str, Any]
+    source: str  # local | hub | hub-cache | bundled
+    detail: str  # path, revision or profile source
+    notes: tuple[str, ...] = ()
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """Parse a config.json as data, with errors that say where it is broken."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise KvplanError(f"cannot read {path}: {exc.strerror if isinstance(exc, OSError) else exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise KvplanError(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
+    if not isinstance(data, dict):
+        raise KvplanError(f"{path} does not hold a JSON object")
+    return data
+
+
+@lru_cache(maxsize=1)
+def bundled_index() -> dict[str, Path]:
+    """Lower-cased model id or alias -> bundled profile file."""
+    index: dict[str, Path] = {}
+    for file in sorted(MODELS_DIR.glob("*.json")):
+        try:
+            data = json.loads(file.read_text())
+        except ValueError:
+            continue
+        for name in [data.get("id", ""), *data.get("aliases", [])]:
+            if name:
+                index.setdefault(name.lower(), file)
+    return index
+
+
+def load_bundled(name: str) -> ModelConfig | None:
+    file = bundled_index().get(name.lower())
+    if file is None:
+        return None
+    data = json.loads(file.read_text())
+    detail = f"profiles/models/{file.name} (from {data.get('source', 'unknown source')})"
+    return ModelConfig(data["id"], data["config"], "bundled", detail)
+
+
+def bundled_names() -> list[str]:
+    return sorted({json.loads(f.read_text())["id"] for f in set(bundled_index().values())})
+
+
+def _hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _from_hub(repo_id: str, revision: str | None, offline: bool) -> tuple[Path, str]:
+    """Download (or find in the hub cache) config.json; raise a _HubMiss with the reason."""
+    os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", str(HUB_TIMEOUT_S))
+    os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", str(HUB_TIMEOUT_S))
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    try:
+        path = hf_hub_download(repo_id, "config.json", revision=revision, local_files_only=offline)
+        return Path(path), "hub-cache" if offline else "hub"
+    except LocalEntryNotFoundError:  # a subclass of EntryNotFoundError: catch it first
+        raise _HubMiss("not in the hub cache and the Hub is offline" if offline else "the Hub is unreachable") from None
+    except GatedRepoError:
+        raise _HubMiss("the repo is gated and HF_TOKEN has no access") from None
+    except (RepositoryNotFoundError, RevisionNotFoundError):
+        raise _HubMiss("no such repo or revision on the Hub (or it is private)") from None
+    except EntryNotFoundError:
+        raise _HubMiss("the repo has no config.json") from None
+    except Exception as exc:  # network errors come in many types (httpx, OSError, timeouts)
+        raise _HubMiss(f"the Hub is unreachable ({type(exc).__name__})") from None
+
+
+class _HubMiss(Exception):
+    pass
+
+
+def resolve_model(
+    name: str,
+    revision: str | None = None,
+    source: str = "auto",
+    offline: bool | None = None,
+) -> ModelConfig:
+    """Find ``name``'s config by ``source`` (auto | local | hub | bundled)."""
+    if not name or not name.strip():
+        raise KvplanError("no model given", "pass a Hub id, a local path or a bundled profile name")
+    name = name.strip()
+    path = Path(name).expanduser()
+    if source in ("auto", "local") and (path.exists() or source == "local" or name.startswith((".", "/", "~"))):
+        if path.is_dir():
+            path = path / "config.json"
+        if not path.exists():
+            raise KvplanError(f"no config.json at {path}")
+        return ModelConfig(name, read_config_file(path), "local", str(path))
+
+    notes: list[str] = []
+    offline = _hub_offline() if offline is None else offline
+    if source in ("auto", "hub"):
+        if not _REPO_ID_RE.match(name):
+            if source == "hub":
+                raise KvplanError(f"{name!r} is not a Hub repo id", "use the form org/name")
+        else:
+            try:
+                file, how = _from_hub(name, revision, offline)
+                return ModelConfig(name, read_config_file(file), how, f"{name}@{revision or 'main'}")
+            except _HubMiss as miss:
+                if source == "hub":
+                    raise KvplanError(f"cannot get {name} from the Hub: {miss}") from None
+                notes.append(f"Hub: {miss}; using the bundled profile")
+
+    bundled = load_bundled(name)
+    if bundled is not None:
+        return ModelConfig(bundled.name if bundled.name.lower() == name.lower() else name,
+                           bundled.config, "bundled", bundled.detail, tuple(notes))
+    known = bundled_names()
+    import difflib
+
+    close = difflib.get_close_matches(name.lower(), [k.lower() for k in known], n=3, cutoff=0.5)
+    hint = f"did you mean {', '.join(k for k in known if k.lower() in close)}?" if close else (
+        "see `kvplan models` for the bundled profiles"
+    )
+    reason = notes[0].split(";")[0] if notes else "not a local path or a bundled profile"
+    raise KvplanError(f"cannot find model {name!r} ({reason})", hint)

@@ -1,0 +1,343 @@
+"""The capacity plan: architecture + device + settings -> pool, blocks, tokens, verdict. Pure.
+
+Every formula of the KV budget lives here or in `layout.py`, named after the vLLM code it
+follows. Per device (one TP rank of the most constrained pipeline stage):
+
+    requested  = cuda_total * gpu_memory_utilization        (gpu_worker.determine_available_memory)
+    available  = requested - weights - activation_peak - non_torch [- cuda_graphs, vLLM >= 0.20]
+    num_blocks = available // page_bytes // group_size      (kv_cache_utils.get_num_blocks)
+
+``--kv-memory`` (vLLM's ``--kv-cache-memory-bytes``) replaces ``available``; the engine then
+takes the minimum ``num_blocks`` over all workers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kvplan.errors import KvplanError
+from kvplan.hardware.catalog import Device
+from kvplan.model.arch import Architecture
+from kvplan.model.dtypes import KVDtype, kv_dtype
+from kvplan.model.layers import MLA, ChunkedLocal, LayerSpec, MLAIndexer, RequestContext
+from kvplan.model.weights import weight_bytes
+from kvplan.plan.layout import KVLayout, build_layout, with_tp
+from kvplan.plan.overhead import Estimate, OverheadModel
+from kvplan.plan.schema import Settings
+from kvplan.plan.versions import VllmRules
+from kvplan.units import GiB
+
+DEFAULT_BLOCK_SIZE = 16  # vllm/platforms/cuda.py
+MLA_BLOCK_SIZE = 64  # FlashMLA (Hopper); vLLM forces it for MLA models
+MLA_BLOCK_SIZE_BLACKWELL = 128  # CUTLASS MLA on Blackwell (vLLM >= 0.11)
+
+
+@dataclass(frozen=True)
+class SchedulerLimits:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+
+
+def default_scheduler_limits(device: Device, usage_context: str, rules: VllmRules) -> SchedulerLimits:
+    """vLLM's defaults (`engine/arg_utils.py::_set_default_args`): larger on >= 70 GiB GPUs
+    other than the A100 (a large batch hurt its throughput); 0.33 adds a >= 160 GiB tier
+    where `vllm serve` also batches 16,384 tokens."""
+    total = device.cuda_total_bytes
+    big = total >= 70 * GiB and "a100" not in device.name.lower()
+    if rules.big_gpu_tier and total >= 160 * GiB:
+        return SchedulerLimits(1024, 16384)
+    if usage_context == "llm":
+        return SchedulerLimits(1024 if big else 256, 16384 if big else 8192)
+    return SchedulerLimits(1024 if big else 256, 8192 if big else 2048)
+
+
+def pipeline_stages(num_layers: int, pp: int) -> list[range]:
+    """`vllm.distributed.utils.get_pp_indices`: remainder layers go to the stages before the last."""
+    if pp > num_layers:
+        raise KvplanError(f"pipeline parallel size {pp} exceeds the model's {num_layers} layers")
+    sizes = [num_layers // pp] * pp
+    for i in range(2, num_layers % pp + 2):
+        sizes[-i] += 1
+    stages, start = [], 0
+    for size in sizes:
+        stages.append(range(start, start + size))
+        start += size
+    return stages
+
+
+def resolve_kv_dtype(arch: Architecture, name: str, rules: VllmRules) -> KVDtype:
+    """``auto``: the model's dtype, or (vLLM >= 0.19.1) the checkpoint's KV scheme."""
+    if name == "auto":
+        if rules.sparse_mla_auto_fp8 and any(isinstance(s, MLAIndexer) for s in arch.layers):
+            return kv_dtype("fp8_ds_mla")  # DeepseekV32ForCausalLM.verify_and_update_config, 0.11
+        if rules.auto_kv_reads_checkpoint and arch.checkpoint_kv_dtype:
+            return kv_dtype(arch.checkpoint_kv_dtype)
+        return kv_dtype(arch.model_dtype)
+    dtype = kv_dtype(name)
+    if dtype.mla_token_bytes is not None and not any(isinstance(s, MLA) for s in arch.layers):
+        raise KvplanError(f"--kv-cache-dtype {name} applies only to MLA models")
+    return dtype
+
+
+def default_block_size(arch: Architecture, device: Device, rules: VllmRules) -> int:
+    if any(isinstance(s, MLA) for s in arch.layers):
+        if device.is_blackwell and rules.kv_cache_memory_flag:
+            return MLA_BLOCK_SIZE_BLACKWELL
+        return MLA_BLOCK_SIZE
+    return DEFAULT_BLOCK_SIZE
+
+
+@dataclass(frozen=True)
+class StageBudget:
+    """One pipeline stage's per-device budget and KV layout."""
+
+    stage: int
+    layout: KVLayout
+    requested: int
+    weights: int
+    activation: Estimate
+    non_torch: Estimate
+    cudagraphs: Estimate
+    available: Estimate  # bytes for the KV cache; low/high from the overhead ranges
+    num_blocks: int
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """The engine's view of one deployment (per replica)."""
+
+    arch: Architecture
+    device: Device
+    settings: Settings
+    rules: VllmRules
+    dtype: KVDtype
+    block_size: int
+    max_model_len: int
+    limits: SchedulerLimits
+    stages: tuple[StageBudget, ...]
+    limiting_stage: StageBudget
+    num_blocks: int
+    weights_total: int
+    hybrid_allocator: bool
+    notes: tuple[str, ...]
+
+    @property
+    def layout(self) -> KVLayout:
+        return self.limiting_stage.layout
+
+    @property
+    def request_context(self) -> RequestContext:
+        return RequestContext(
+            inflight_tokens=self.rules.inflight_batches * self.limits.max_num_batched_tokens,
+            state_pages=self.rules.state_pages,
+            mamba2_extra_pages=self.rules.mamba2_extra_pages,
+        )
+
+    @property
+    def usable_blocks(self) -> int:
+        """V1 reserves block 0 as the null block (`block_pool.py`)."""
+        return max(0, self.num_blocks - (1 if self.rules.engine == "v1" else 0))
+
+    def blocks_per_request(self, num_tokens: int) -> int:
+        return self.layout.blocks_per_request(num_tokens, self.request_context)
+
+    @property
+    def max_concurrency_reported(self) -> float:
+        """"Maximum concurrency for L tokens per request: X.XXx" as this version prints it."""
+        if self.rules.token_report == "blocks":
+            return self.num_blocks * self.block_size / self.max_model_len
+        return self.num_blocks / self.blocks_per_request(self.max_model_len)
+
+    @property
+    def kv_cache_tokens_reported(self) -> int:
+        """"GPU KV cache size: N tokens" as this version prints it."""
+        if self.rules.token_report == "blocks":
+            return self.num_blocks * self.block_size
+        if self.rules.token_report == "per_group":
+            return self.num_blocks // self.layout.num_kv_groups * self.layout.min_block_size
+        return int(self.max_concurrency_reported * self.max_model_len)
+
+    def needed_for_max_model_len(self) -> int:
+        """`check_enough_kv_cache_memory`: one max-length request must fit."""
+        return self.layout.max_len_bytes(
+            self.max_model_len, self.request_context, self.rules.max_len_check_counts_padding
+        )
+
+    @property
+    def engine_starts(self) -> bool:
+        return self.num_blocks > 0 and self.needed_for_max_model_len() <= self.limiting_stage.available.bytes
+
+
+def _stage_weights(arch: Architecture, total: int, stage: range, first: bool, last: bool, tp: int) -> int:
+    """Per-device weights of one stage: its share of the layers plus embeddings/LM head."""
+    p = arch.params
+    if p.total == 0:
+        return total // tp
+    scale = total / p.total  # bytes per parameter, averaged over roles
+    layer_params = p.total - p.embedding - p.lm_head
+    share = layer_params * len(stage) / arch.num_hidden_layers
+    share += p.embedding if first else 0
+    share += p.lm_head if last else 0
+    return int(share * scale / tp)
+
+
+def compute_capacity(
+    arch: Architecture,
+    device: Device,
+    settings: Settings,
+    rules: VllmRules,
+    overhead: OverheadModel,
+    weights_total: int | None = None,
+) -> Capacity:
+    """Size the KV cache of one replica of a deployment, as that vLLM release would."""
+    tp, pp = settings.tensor_parallel_size, settings.pipeline_parallel_size
+    notes: list[str] = []
+    if arch.num_attention_heads % tp:
+        raise KvplanError(
+            f"tensor parallel size {tp} does not divide the {arch.num_attention_heads} attention heads",
+            "vLLM requires num_attention_heads % tp == 0",
+        )
+    dtype = resolve_kv_dtype(arch, settings.kv_cache_dtype, rules)
+    block_size = settings.block_size or default_block_size(arch, device, rules)
+    max_model_len = settings.max_model_len or arch.max_position_embeddings
+    if not max_model_len:
+        raise KvplanError("the config gives no max_position_embeddings", "pass the context length with --ctx 32k")
+    if arch.max_position_embeddings and max_model_len > arch.max_position_embeddings:
+        notes.append(
+            f"context {max_model_len:,} exceeds the model's max_position_embeddings "
+            f"{arch.max_position_embeddings:,}; vLLM refuses it unless rope scaling allows it"
+        )
+    defaults = default_scheduler_limits(device, settings.usage_context, rules)
+    batched = settings.max_num_batched_tokens or defaults.max_num_batched_tokens
+    # arg_utils: the default max_num_seqs never exceeds max_num_batched_tokens.
+    limits = SchedulerLimits(settings.max_num_seqs or min(defaults.max_num_seqs, batched), batched)
+    # Before 0.19.1, chunked local attention (Llama 4) turned the hybrid manager off unless
+    # VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1.
+    hybrid = settings.hybrid_kv_cache_manager
+    if hybrid is None:
+        hybrid = rules.chunked_local_uses_hybrid or not any(isinstance(s, ChunkedLocal) for s in arch.layers)
+        if not hybrid:
+            notes.append(
+                "vLLM disables the hybrid KV manager for chunked local attention by default: "
+                "those layers are sized as full attention"
+            )
+    if arch.quantization.method != "none":
+        weights_default = weight_bytes(arch.params, arch.model_dtype_bytes, arch.quantization)
+    else:
+        weights_default = arch.params.total * arch.model_dtype_bytes
+    weights_total = weights_total or weights_default
+
+    util = settings.gpu_memory_utilization or rules.default_gpu_memory_utilization
+    requested = device.cuda_total_bytes * util
+    requested = math.ceil(requested) if rules.requested_memory_ceil else int(requested)
+    stages: list[StageBudget] = []
+    ranges = pipeline_stages(arch.num_hidden_layers, pp)
+    for s, stage in enumerate(ranges):
+        specs: list[LayerSpec] = [spec for spec, i in zip(arch.layers, arch.layer_index) if i in stage]
+        layout = build_layout(with_tp(specs, tp), dtype, block_size, rules, hybrid)
+        last = s == pp - 1
+        if settings.weights_bytes:
+            weights = settings.weights_bytes
+        else:
+            weights = _stage_weights(arch, weights_total, stage, s == 0, last, tp)
+        # The profile run splits max_num_batched_tokens over min(tokens, max_num_seqs) requests.
+        activation = overhead.activation(
+            min(limits.max_num_seqs, limits.max_num_batched_tokens), arch.vocab_size, limits.max_num_batched_tokens,
+            arch.hidden_size, arch.model_dtype_bytes, samples=last,
+        )
+        non_torch = overhead.non_torch(tp * pp)
+        graphs = Estimate.exact(0)
+        if rules.subtracts_cudagraph_memory and not settings.enforce_eager:
+            graphs = overhead.cudagraphs()
+        if settings.kv_cache_memory_bytes:
+            available = Estimate.exact(settings.kv_cache_memory_bytes)
+        else:
+            taken = Estimate.exact(weights) + activation + non_torch + graphs
+            available = Estimate(requested - taken.bytes, requested - taken.high, requested - taken.low)
+        stages.append(
+            StageBudget(s, layout, requested, weights, activation, non_torch, graphs, available,
+                        layout.num_blocks(available.bytes))
+        )
+    limiting = min(stages, key=lambda st: st.num_blocks)
+    num_blocks = settings.num_gpu_blocks_override or limiting.num_blocks
+    if limiting.layout.padding_layers:
+        notes.append(
+            f"vLLM pads the KV groups with {limiting.layout.padding_layers} layer(s) "
+            "('Add N padding layers'): that memory holds no tokens"
+        )
+    if arch.quantization.method != "none" and settings.kv_cache_dtype == "auto" and dtype.bytes_per_element >= 2:
+        notes.append(
+            f"weights are {arch.quantization.method} but the KV cache stays {dtype.name}: "
+            "quantized weights do not shrink the KV cache (try --kv-cache-dtype fp8)"
+        )
+    return Capacity(
+        arch=arch,
+        device=device,
+        settings=settings,
+        rules=rules,
+        dtype=dtype,
+        block_size=limiting.layout.attention_block_size,
+        max_model_len=max_model_len,
+        limits=limits,
+        stages=tuple(stages),
+        limiting_stage=limiting,
+        num_blocks=num_blocks,
+        weights_total=weights_total,
+        hybrid_allocator=hybrid and rules.hybrid_allocator,
+        notes=tuple(notes + list(arch.notes)),
+    )
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Concurrent identical requests; the tokens each holds at its peak."""
+
+    concurrency: int
+    request_tokens: int  # tokens whose KV a request holds at its peak
+    shared_prefix_tokens: int = 0
+
+
+def workload_from(settings: Settings, max_model_len: int) -> Workload:
+    """Prompt + output - 1 tokens: the last sampled token's KV is never written. Without a
+    prompt length, a request fills the whole context (vLLM's own concurrency figure)."""
+    if settings.prompt_tokens is None:
+        tokens = max_model_len
+    else:
+        output = settings.output_tokens or 0
+        if settings.prompt_tokens + output > max_model_len:
+            raise KvplanError(
+                f"prompt {settings.prompt_tokens:,} + output {output:,} tokens exceed the context {max_model_len:,}",
+                "raise --ctx or shorten --prompt/--output",
+            )
+        tokens = settings.prompt_tokens + max(output - 1, 0)
+    if settings.shared_prefix_tokens > tokens:
+        raise KvplanError(f"--shared-prefix {settings.shared_prefix_tokens:,} is longer than a request ({tokens:,} tokens)")
+    return Workload(settings.concurrency, tokens, settings.shared_prefix_tokens)
+
+
+def blocks_needed(cap: Capacity, concurrency: int, tokens: int, shared_prefix: int = 0) -> int:
+    """Blocks ``concurrency`` requests pin at once; shared prefix blocks count once."""
+    per_request = cap.blocks_per_request(tokens)
+    shared = min(cap.layout.shared_prefix_blocks(shared_prefix), per_request)
+    return shared + concurrency * (per_request - shared)
+
+
+def max_concurrency_for(cap: Capacity, tokens: int, shared_prefix: int = 0) -> int:
+    per_request = cap.blocks_per_request(tokens)
+    shared = min(cap.layout.shared_prefix_blocks(shared_prefix), per_request)
+    if per_request - shared <= 0:
+        return cap.limits.max_num_seqs
+    return max(0, (cap.usable_blocks - shared) // (per_request - shared))
+
+
+def max_context_for(cap: Capacity, concurrency: int, upper: int) -> int:
+    """The longest request of which ``concurrency`` fit at once (0 if not even 1 token)."""
+    lo, hi = 0, upper
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if blocks_needed(cap, concurrency, mid) <= cap.usable_blocks:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

@@ -1,0 +1,203 @@
+"""From per-rank layer specs to vLLM's KV-cache groups, pages and block counts. Pure.
+
+Follows `vllm/v1/core/kv_cache_utils.py` (0.11.0 unless noted; quotes in
+docs/vllm-accounting.md section 4):
+
+- One spec for every layer: a single group, ``num_blocks = avail // page // num_layers``.
+- One *type* with different sizes (``UniformTypeKVCacheSpecs``: e.g. MLA plus
+  DeepSeek-V3.2's indexer): a single group whose block spans every layer's page,
+  ``num_blocks = avail // sum(pages)``.
+- Several types (hybrid allocator): ``group_size`` = the fewest layers of any type (0.19.1+:
+  the most, when ``max < 1.5 * min``); each type is dealt round-robin into
+  ``cdiv(count, group_size)`` groups, short groups padded ("Add N padding layers"); all
+  groups share ``group_size`` tensors of one page size: ``num_blocks = avail // page //
+  group_size``. Page sizes must match: attention + recurrent-state models raise the attention
+  block size to ``16 * cdiv(state_page, 16 * attention_page_per_token)`` and pad the state
+  page (``HybridAttentionMambaModelConfig``); 0.19.1+ also unifies attention pages by
+  scaling the smaller pages' block size (``unify_kv_cache_spec_page_size``).
+- Without the hybrid allocator (before 0.9.2, ``--disable-hybrid-kv-cache-manager``, Llama 4's
+  chunked attention before 0.19.1) sliding/chunked layers are sized as full ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvplan.errors import KvplanError
+from kvplan.model.dtypes import KVDtype
+from kvplan.model.layers import MLA, ChunkedLocal, FullAttention, LayerSpec, RequestContext, SlidingWindow
+from kvplan.plan.versions import VllmRules
+from kvplan.units import cdiv
+
+# Attention block sizes must be multiples of this when raised for recurrent state.
+ATTENTION_BLOCK_ALIGNMENT = 16
+
+
+@dataclass(frozen=True)
+class KVGroup:
+    """One KV-cache group: ``num_layers`` real layers of one spec (plus padding)."""
+
+    spec: LayerSpec
+    num_layers: int
+    padding_layers: int
+    block_size: int
+
+    @property
+    def kind(self) -> str:
+        return self.spec.kind
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """How one device's KV memory is cut into blocks."""
+
+    groups: tuple[KVGroup, ...]
+    page_bytes: int  # one layer's block (the largest, for uniform-type layouts)
+    block_bytes: int  # memory one block id takes across the layers it spans
+    dtype: KVDtype
+    # Uniform-type layouts keep one block table for all their specs (vLLM: one group).
+    shared_block_table: bool = False
+
+    @property
+    def num_kv_groups(self) -> int:
+        """vLLM's ``len(kv_cache_config.kv_cache_groups)``."""
+        return 1 if self.shared_block_table else len(self.groups)
+
+    @property
+    def min_block_size(self) -> int:
+        return min(g.block_size for g in self.groups)
+
+    @property
+    def attention_block_size(self) -> int:
+        sizes = [g.block_size for g in self.groups if g.spec.grows_with_tokens]
+        return min(sizes) if sizes else self.min_block_size
+
+    @property
+    def padding_layers(self) -> int:
+        return sum(g.padding_layers for g in self.groups)
+
+    @property
+    def group_size(self) -> int:
+        return self.groups[0].num_layers + self.groups[0].padding_layers
+
+    def num_blocks(self, available_bytes: int) -> int:
+        return max(0, int(available_bytes // self.block_bytes))
+
+    def _group_blocks(self, num_tokens: int, ctx: RequestContext) -> list[int]:
+        return [g.spec.blocks_for_request(num_tokens, g.block_size, ctx) for g in self.groups]
+
+    def blocks_per_request(self, num_tokens: int, ctx: RequestContext) -> int:
+        """Block ids one request of ``num_tokens`` holds, summed over groups."""
+        blocks = self._group_blocks(num_tokens, ctx)
+        return max(blocks) if self.shared_block_table else sum(blocks)
+
+    def max_len_bytes(self, num_tokens: int, ctx: RequestContext, count_padding: bool) -> int:
+        """`check_enough_kv_cache_memory`: KV one request of ``num_tokens`` needs, summed per
+        layer (0.19.1+ counts the padding layers of hybrid groups too)."""
+        total = 0
+        for g, blocks in zip(self.groups, self._group_blocks(num_tokens, ctx)):
+            layers = g.num_layers + (g.padding_layers if count_padding else 0)
+            page = g.spec.page_bytes(g.block_size, self.dtype) if self.shared_block_table else self.page_bytes
+            total += layers * blocks * page
+        return total
+
+    def shared_prefix_blocks(self, prefix_tokens: int) -> int:
+        """Blocks prefix caching shares between requests: only full blocks of full-attention
+        groups (sliding windows move on; recurrent state is per request)."""
+        shared = [prefix_tokens // g.block_size for g in self.groups if g.spec.kind in ("full_attention", "mla")]
+        if not shared:
+            return 0
+        return max(shared) if self.shared_block_table else sum(shared)
+
+    def kv_bytes_per_token(self) -> float:
+        """Bytes per token if every token were kept in every attention layer (the headline)."""
+        return sum(g.spec.bytes_per_token(self.dtype) * g.num_layers for g in self.groups)
+
+
+def _as_full_attention(spec: LayerSpec) -> LayerSpec:
+    if isinstance(spec, (SlidingWindow, ChunkedLocal)):
+        return FullAttention(spec.num_kv_heads, spec.head_size, spec.head_size_v)
+    return spec
+
+
+def _type_key(spec: LayerSpec) -> tuple:
+    """``UniformTypeKVCacheSpecs``: full attention (any size), MLA (any size), one window..."""
+    if isinstance(spec, MLA):
+        return ("mla",)
+    if isinstance(spec, SlidingWindow):
+        return ("sliding", spec.window)
+    if isinstance(spec, ChunkedLocal):
+        return ("chunked", spec.chunk)
+    if isinstance(spec, FullAttention):
+        return ("full",)
+    return ("state", spec)
+
+
+def build_layout(
+    specs: list[LayerSpec],
+    dtype: KVDtype,
+    block_size: int,
+    rules: VllmRules,
+    hybrid_allocator: bool = True,
+) -> KVLayout:
+    """Group one device's layer specs the way vLLM's KV-cache manager does."""
+    if not specs:
+        raise KvplanError("this pipeline stage has no KV-holding layers")
+    if not (rules.hybrid_allocator and hybrid_allocator):
+        specs = [_as_full_attention(s) for s in specs]
+
+    # Hybrid attention + recurrent state: raise the attention block size until one
+    # attention page holds at least one state page, then pad the state pages to match.
+    attention = [s for s in specs if s.grows_with_tokens]
+    states = [s for s in specs if not s.grows_with_tokens]
+    if states and attention:
+        state_page = max(s.page_bytes(block_size, dtype) for s in states)
+        per_token = max(s.bytes_per_token(dtype) for s in attention)
+        needed = ATTENTION_BLOCK_ALIGNMENT * cdiv(state_page, int(ATTENTION_BLOCK_ALIGNMENT * per_token))
+        block_size = max(block_size, needed)
+
+    by_spec: dict[LayerSpec, int] = {}
+    for spec in specs:
+        by_spec[spec] = by_spec.get(spec, 0) + 1
+
+    if len(by_spec) == 1:
+        spec, count = next(iter(by_spec.items()))
+        page = spec.page_bytes(block_size, dtype)
+        return KVLayout((KVGroup(spec, count, 0, block_size),), page, page * count, dtype)
+
+    if len({_type_key(s) for s in by_spec}) == 1:
+        groups = tuple(KVGroup(spec, count, 0, block_size) for spec, count in by_spec.items())
+        pages = [spec.page_bytes(block_size, dtype) * count for spec, count in by_spec.items()]
+        return KVLayout(groups, max(s.page_bytes(block_size, dtype) for s in by_spec), sum(pages), dtype,
+                        shared_block_table=True)
+
+    pages = {spec: spec.page_bytes(block_size, dtype) for spec in by_spec}
+    page = max(pages.values())
+    attention_pages = {p for s, p in pages.items() if s.grows_with_tokens}
+    if len(attention_pages) > 1:
+        if not rules.unify_page_size:
+            raise KvplanError(
+                "attention layers with different page sizes need vLLM >= 0.19.1 (page-size unification)"
+            )
+        if any(page % p for p in attention_pages):
+            raise KvplanError("attention page sizes do not divide each other; vLLM cannot unify them")
+
+    counts = list(by_spec.values())
+    group_size = min(counts)
+    if rules.group_size_rule == "max_if_close" and max(counts) < 1.5 * min(counts):
+        group_size = max(counts)
+
+    groups: list[KVGroup] = []
+    for spec, count in by_spec.items():
+        # unify_kv_cache_spec_page_size: a smaller attention page gets a larger block size.
+        spec_block = block_size * (page // pages[spec]) if spec.grows_with_tokens else block_size
+        num_groups = cdiv(count, group_size)
+        for g in range(num_groups):  # vLLM deals the layers round-robin: layers[g::num_groups]
+            real = len(range(g, count, num_groups))
+            groups.append(KVGroup(spec, real, group_size - real, spec_block))
+    return KVLayout(tuple(groups), page, page * group_size, dtype)
+
+
+def with_tp(specs: list[LayerSpec], tp: int) -> list[LayerSpec]:
+    """The slice of each layer one tensor-parallel rank holds."""
+    return [spec.per_rank(tp) for spec in specs]

@@ -1,0 +1,286 @@
+"""Assemble the answer of `kvplan size`: capacity + workload -> SizePlan. Pure."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from kvplan.errors import KvplanError
+from kvplan.hardware.catalog import Device, GpuSelection
+from kvplan.model.arch import Architecture
+from kvplan.plan.capacity import (
+    Capacity,
+    blocks_needed,
+    compute_capacity,
+    max_concurrency_for,
+    max_context_for,
+    workload_from,
+)
+from kvplan.plan.overhead import OverheadModel
+from kvplan.plan.schema import (
+    ConcurrencyCell,
+    KVGroupInfo,
+    MemoryTerm,
+    Settings,
+    SizePlan,
+    Suggestion,
+)
+from kvplan.plan.versions import VllmRules
+from kvplan.units import format_bytes, format_tokens
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """Which model, and where its config came from (for the report)."""
+
+    name: str
+    source: str  # local | hub | hub-cache | bundled
+    detail: str
+    weights_total: int | None = None  # exact, from safetensors metadata, when known
+    weights_source: str = "estimated from config.json"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    fits: bool
+    reason: str
+    limiting_term: str
+
+
+def verdict_for(cap: Capacity, replicas: int) -> Verdict:
+    """Does the asked concurrency of asked requests fit, and if not, what binds."""
+    s = cap.settings
+    work = workload_from(s, cap.max_model_len)
+    per_replica = -(-work.concurrency // replicas)
+    if cap.num_blocks <= 0:
+        return Verdict(False, "no memory is left for the KV cache after weights and overhead", "weights")
+    if not cap.engine_starts:
+        est = max_context_for(cap, 1, cap.max_model_len)
+        return Verdict(
+            False,
+            f"vLLM will not start: one {cap.max_model_len:,}-token request needs "
+            f"{format_bytes(cap.needed_for_max_model_len())} of KV but "
+            f"{format_bytes(cap.limiting_stage.available.bytes)} is available (max context ~{est:,})",
+            "max_model_len",
+        )
+    need = blocks_needed(cap, per_replica, work.request_tokens, work.shared_prefix_tokens)
+    if need > cap.usable_blocks:
+        fit = max_concurrency_for(cap, work.request_tokens, work.shared_prefix_tokens) * replicas
+        return Verdict(
+            False,
+            f"{work.concurrency} requests of {work.request_tokens:,} tokens need {need:,} blocks per replica; "
+            f"the pool has {cap.usable_blocks:,} usable: {fit} fit at once, the rest wait or are preempted",
+            "KV pool",
+        )
+    if per_replica > cap.limits.max_num_seqs:
+        return Verdict(
+            False,
+            f"{per_replica} requests per replica exceed max_num_seqs {cap.limits.max_num_seqs}: the rest queue",
+            "max_num_seqs",
+        )
+    margin = 1 - need / cap.usable_blocks
+    return Verdict(True, f"fits: {need:,} of {cap.usable_blocks:,} blocks ({margin:.0%} headroom)", "none")
+
+
+def _memory_terms(cap: Capacity) -> list[MemoryTerm]:
+    st = cap.limiting_stage
+    d = cap.device
+    util = cap.settings.gpu_memory_utilization or cap.rules.default_gpu_memory_utilization
+    total_how = "measured cudaMemGetInfo total" if d.cuda_total_measured else "driver total minus the catalog's median driver reserve"
+    terms = [
+        MemoryTerm(name="GPU memory (CUDA total)", bytes=d.cuda_total_bytes, low_bytes=d.cuda_total_bytes,
+                   high_bytes=d.cuda_total_bytes, sign=0, how=total_how),
+    ]
+    if cap.settings.kv_cache_memory_bytes:
+        terms.append(MemoryTerm(name="KV cache memory (--kv-memory)", bytes=st.available.bytes,
+                                low_bytes=st.available.bytes, high_bytes=st.available.bytes, sign=1,
+                                how="given; the budget model is skipped"))
+        return terms
+    terms += [
+        MemoryTerm(name=f"x gpu_memory_utilization {util:g}", bytes=st.requested, low_bytes=st.requested,
+                   high_bytes=st.requested, sign=1, how="vLLM's requested memory"),
+        MemoryTerm(name="weights", bytes=st.weights, low_bytes=st.weights, high_bytes=st.weights, sign=-1,
+                   how="per device"),
+        MemoryTerm(name="activation peak (profile run)", bytes=st.activation.bytes, low_bytes=st.activation.low,
+                   high_bytes=st.activation.high, sign=-1,
+                   how=f"max_num_seqs {cap.limits.max_num_seqs} x vocab logits, "
+                       f"{cap.limits.max_num_batched_tokens} batched tokens"),
+        MemoryTerm(name="non-torch memory", bytes=st.non_torch.bytes, low_bytes=st.non_torch.low,
+                   high_bytes=st.non_torch.high, sign=-1, how="NCCL, cuBLAS, CUDA context growth"),
+    ]
+    if cap.rules.subtracts_cudagraph_memory:
+        how = "--enforce-eager: none" if cap.settings.enforce_eager else "estimated; subtracted from vLLM 0.20"
+        terms.append(MemoryTerm(name="CUDA graphs", bytes=st.cudagraphs.bytes, low_bytes=st.cudagraphs.low,
+                                high_bytes=st.cudagraphs.high, sign=-1, how=how))
+    return terms
+
+
+def _table(cap: Capacity, replicas: int, request_tokens: int, concurrency: int) -> list[ConcurrencyCell]:
+    contexts = sorted({max(1, cap.max_model_len // 8), max(1, cap.max_model_len // 4),
+                       max(1, cap.max_model_len // 2), cap.max_model_len, request_tokens})
+    levels = sorted({1, 2, 4, 8, 16, 32, 64, 128, concurrency})
+    cells = []
+    for ctx in contexts:
+        for c in levels:
+            per_replica = -(-c // replicas)
+            need = blocks_needed(cap, per_replica, ctx)
+            frac = need / cap.usable_blocks if cap.usable_blocks else float("inf")
+            cells.append(ConcurrencyCell(context_tokens=ctx, concurrency=c, blocks_needed=need,
+                                         pool_fraction=round(frac, 4), fits=frac <= 1))
+    return cells
+
+
+def serve_command(model: str, cap: Capacity) -> str:
+    s = cap.settings
+    args = ["vllm", "serve", model, "--max-model-len", str(cap.max_model_len)]
+    if s.tensor_parallel_size > 1:
+        args += ["--tensor-parallel-size", str(s.tensor_parallel_size)]
+    if s.pipeline_parallel_size > 1:
+        args += ["--pipeline-parallel-size", str(s.pipeline_parallel_size)]
+    if s.kv_cache_memory_bytes:
+        args += ["--kv-cache-memory-bytes", str(s.kv_cache_memory_bytes)]
+    elif s.gpu_memory_utilization:
+        args += ["--gpu-memory-utilization", f"{s.gpu_memory_utilization:g}"]
+    if s.kv_cache_dtype != "auto":
+        args += ["--kv-cache-dtype", cap.dtype.name]
+    if s.block_size:
+        args += ["--block-size", str(s.block_size)]
+    if s.max_num_seqs or s.concurrency > cap.limits.max_num_seqs:
+        args += ["--max-num-seqs", str(max(s.max_num_seqs or 0, s.concurrency))]
+    if s.max_num_batched_tokens:
+        args += ["--max-num-batched-tokens", str(s.max_num_batched_tokens)]
+    if s.enforce_eager:
+        args.append("--enforce-eager")
+    return shlex.join(args)
+
+
+def _suggestions(
+    arch: Architecture, gpu: GpuSelection, settings: Settings, rules: VllmRules, overhead: OverheadModel,
+    cap: Capacity, replicas: int, catalog: list[Device], weights_total: int | None,
+) -> list[Suggestion]:
+    """What would fit: each a re-plan with one change."""
+    out: list[Suggestion] = []
+    work = workload_from(settings, cap.max_model_len)
+
+    def attempt(change: str, flags: str, **updates) -> None:
+        device = updates.pop("device", gpu.device)
+        count = updates.pop("count", gpu.count)
+        try:
+            new = settings.model_copy(update=updates)
+            alt = compute_capacity(arch, device, new, rules, overhead, weights_total)
+            v = verdict_for(alt, max(1, count // (new.tensor_parallel_size * new.pipeline_parallel_size)))
+        except (KvplanError, ValueError):
+            return
+        out.append(Suggestion(change=change, flags=flags, result=v.reason, fits=v.fits))
+
+    if cap.dtype.bytes_per_element >= 2:
+        attempt("fp8 KV cache", "--kv-cache-dtype fp8", kv_cache_dtype="fp8")
+    tp = settings.tensor_parallel_size * 2
+    if arch.num_attention_heads % tp == 0:
+        attempt(f"tensor parallel {tp}", f"--tp {tp} (x{tp // settings.tensor_parallel_size} GPUs)",
+                tensor_parallel_size=tp, count=gpu.count * 2)
+    per_replica = -(-work.concurrency // replicas)
+    ctx = max_context_for(cap, per_replica, cap.max_model_len)
+    if 0 < ctx < work.request_tokens:
+        out.append(Suggestion(change="cap the context", flags=f"--ctx {ctx}",
+                              result=f"{work.concurrency} requests of up to {ctx:,} tokens fit", fits=True))
+    conc = max_concurrency_for(cap, work.request_tokens, work.shared_prefix_tokens) * replicas
+    if 0 < conc < work.concurrency:
+        out.append(Suggestion(change="lower the concurrency", flags=f"--concurrency {conc}",
+                              result=f"{conc} requests of {work.request_tokens:,} tokens fit at once", fits=True))
+    for device in sorted(catalog, key=lambda d: d.cuda_total_bytes):
+        if device.cuda_total_bytes <= gpu.device.cuda_total_bytes:
+            continue
+        before = len(out)
+        attempt(f"a bigger GPU: {device.name}", f"--gpu {gpu.count}x{device.name.replace(' ', '')}", device=device)
+        if len(out) > before and out[-1].fits:
+            break
+        if len(out) > before:
+            out.pop()
+    return out
+
+
+def plan_size(
+    ref: ModelRef,
+    arch: Architecture,
+    gpu: GpuSelection,
+    settings: Settings,
+    rules: VllmRules,
+    overhead: OverheadModel,
+    catalog: list[Device] | None = None,
+) -> SizePlan:
+    world = settings.tensor_parallel_size * settings.pipeline_parallel_size
+    if gpu.count < world:
+        raise KvplanError(
+            f"tp {settings.tensor_parallel_size} x pp {settings.pipeline_parallel_size} needs {world} GPUs, "
+            f"{gpu.count} given",
+            f"use --gpu {world}x{gpu.device.name.replace(' ', '')}",
+        )
+    if gpu.count % world:
+        raise KvplanError(f"{gpu.count} GPUs do not split into replicas of tp x pp = {world}")
+    replicas = gpu.count // world
+    cap = compute_capacity(arch, gpu.device, settings, rules, overhead, ref.weights_total)
+    work = workload_from(settings, cap.max_model_len)
+    verdict = verdict_for(cap, replicas)
+    per_replica = -(-work.concurrency // replicas)
+    layout = cap.layout
+    per_device = layout.kv_bytes_per_token()
+    # Logical (unsharded) bytes per token: the figure articles quote.
+    logical = sum(s.bytes_per_token(cap.dtype) for s in arch.layers)
+    all_devices = sum(
+        st.layout.kv_bytes_per_token() for st in cap.stages
+    ) * settings.tensor_parallel_size * replicas
+    suggestions = [] if verdict.fits else _suggestions(
+        arch, gpu, settings, rules, overhead, cap, replicas, catalog or [], ref.weights_total
+    )
+    return SizePlan(
+        model=ref.name,
+        model_source=ref.source,
+        model_source_detail=ref.detail,
+        gpu=gpu.device.name,
+        gpu_count=gpu.count,
+        tensor_parallel_size=settings.tensor_parallel_size,
+        pipeline_parallel_size=settings.pipeline_parallel_size,
+        replicas=replicas,
+        vllm_version=rules.version,
+        attention=arch.attention_label,
+        kv_cache_dtype=cap.dtype.name,
+        kv_bytes_per_token=int(round(logical)),
+        kv_bytes_per_token_per_device=per_device,
+        kv_bytes_per_token_all_devices=all_devices,
+        block_size=cap.block_size,
+        block_bytes=layout.block_bytes,
+        kv_groups=[
+            KVGroupInfo(kind=g.kind, layers=g.num_layers, padding_layers=g.padding_layers,
+                        block_size=g.block_size, detail=g.spec.describe())
+            for g in layout.groups
+        ],
+        memory_terms=_memory_terms(cap),
+        available_kv_bytes=cap.limiting_stage.available.bytes,
+        available_kv_bytes_low=cap.limiting_stage.available.low,
+        available_kv_bytes_high=cap.limiting_stage.available.high,
+        weights_bytes=cap.limiting_stage.weights,
+        weights_total_bytes=cap.weights_total,
+        weights_source=ref.weights_source if not settings.weights_bytes else "given (--weights-memory)",
+        num_blocks=cap.num_blocks,
+        kv_cache_tokens=cap.kv_cache_tokens_reported if cap.num_blocks > 0 else 0,
+        max_model_len=cap.max_model_len,
+        max_concurrency=round(cap.max_concurrency_reported, 4) if cap.num_blocks > 0 else 0.0,
+        request_tokens=work.request_tokens,
+        concurrency=work.concurrency,
+        blocks_per_request=cap.blocks_per_request(work.request_tokens),
+        max_concurrency_at_request=max_concurrency_for(cap, work.request_tokens, work.shared_prefix_tokens) * replicas,
+        max_context_at_concurrency=max_context_for(cap, per_replica, cap.max_model_len),
+        max_num_seqs=cap.limits.max_num_seqs,
+        max_num_batched_tokens=cap.limits.max_num_batched_tokens,
+        fits=verdict.fits,
+        verdict=verdict.reason,
+        limiting_term=verdict.limiting_term,
+        table=_table(cap, replicas, work.request_tokens, work.concurrency) if cap.num_blocks > 0 else [],
+        suggestions=suggestions,
+        vllm_serve_command=serve_command(ref.name, cap),
+        notes=list(cap.notes),
+    )
+
+
+__all__ = ["ModelRef", "plan_size", "serve_command", "verdict_for", "format_tokens"]

@@ -1,0 +1,111 @@
+"""The one place where sizes and token counts are parsed and formatted.
+
+Token counts: ``32k`` = 32,768 (binary k, as every LLM context length is quoted),
+``32768``, ``1m`` = 1,048,576. Byte sizes: ``24GiB``, ``24GB`` (decimal, 24e9),
+``512MiB``, a plain integer of bytes. Fractions: ``0.9`` or ``90%``.
+"""
+
+from __future__ import annotations
+
+import re
+
+from kvplan.errors import KvplanError
+
+KiB = 1024
+MiB = 1024**2
+GiB = 1024**3
+
+_TOKEN_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmM]?)\s*$")
+_TOKEN_SCALE = {"": 1, "k": 1024, "m": 1024**2}
+
+_BYTES_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+_BYTE_SCALE = {
+    "": 1,
+    "b": 1,
+    "kib": KiB,
+    "mib": MiB,
+    "gib": GiB,
+    "tib": 1024**4,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "k": KiB,
+    "m": MiB,
+    "g": GiB,
+    "t": 1024**4,
+}
+
+
+def parse_tokens(text: str | int, what: str = "token count") -> int:
+    """Parse ``32k``/``32K``/``32768``/``128k`` into a positive token count."""
+    if isinstance(text, bool):
+        raise KvplanError(f"invalid {what}: {text!r}")
+    if isinstance(text, int):
+        value = text
+    else:
+        match = _TOKEN_RE.match(str(text))
+        if not match:
+            raise KvplanError(
+                f"invalid {what}: {text!r}", "use a whole number of tokens such as 8192, 32k or 128k"
+            )
+        number, suffix = match.groups()
+        scaled = float(number) * _TOKEN_SCALE[suffix.lower()]
+        if scaled != int(scaled):
+            raise KvplanError(f"invalid {what}: {text!r} is not a whole number of tokens")
+        value = int(scaled)
+    if value <= 0:
+        raise KvplanError(f"invalid {what}: {text!r} must be greater than 0")
+    return value
+
+
+def parse_bytes(text: str | int, what: str = "memory size") -> int:
+    """Parse ``24GiB``, ``24GB``, ``512MiB`` or a plain byte count into bytes (> 0)."""
+    if isinstance(text, bool):
+        raise KvplanError(f"invalid {what}: {text!r}")
+    if isinstance(text, int):
+        value = text
+    else:
+        match = _BYTES_RE.match(str(text))
+        unit = match.group(2).lower() if match else None
+        if not match or unit not in _BYTE_SCALE:
+            raise KvplanError(f"invalid {what}: {text!r}", "use a size such as 24GiB, 80GB or 512MiB")
+        value = int(float(match.group(1)) * _BYTE_SCALE[unit])
+    if value <= 0:
+        raise KvplanError(f"invalid {what}: {text!r} must be greater than 0")
+    return value
+
+
+def parse_fraction(text: str | float, what: str = "fraction") -> float:
+    """Parse ``0.9`` or ``90%`` into a fraction in (0, 1]."""
+    raw = str(text).strip()
+    try:
+        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError:
+        raise KvplanError(f"invalid {what}: {text!r}", "use a number in (0, 1] such as 0.9 or 90%") from None
+    if not 0 < value <= 1:
+        raise KvplanError(f"invalid {what}: {text!r} must be in (0, 1]")
+    return value
+
+
+def format_bytes(num_bytes: float, precision: int = 2) -> str:
+    """Binary units, as vLLM prints them: ``14.99 GiB``."""
+    sign = "-" if num_bytes < 0 else ""
+    value = abs(float(num_bytes))
+    for unit, scale in (("TiB", 1024**4), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if value >= scale:
+            return f"{sign}{value / scale:.{precision}f} {unit}"
+    return f"{sign}{value:.0f} B"
+
+
+def format_tokens(num_tokens: float) -> str:
+    """``131072`` -> ``128k``; other values with thousands separators."""
+    n = int(num_tokens)
+    if n >= 1024 and n % 1024 == 0:
+        return f"{n // 1024:,}k"
+    return f"{n:,}"
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division, as vLLM's ``cdiv``."""
+    return -(-a // b)
