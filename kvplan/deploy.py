@@ -69,5 +69,5 @@ def plan_deployment(
     devices, _ = load_catalog()
     plan = plan_size(ref, model.arch, gpus, settings, rules, overhead or load_overhead(), list(devices.values()))
     if model.config.notes:
-        plan = plan.model_copy(update={"notes": list(model.config.notes) + plan.notes})
+        plan = plan.replace(notes=list(model.config.notes) + plan.notes)
     return plan

@@ -85,10 +85,12 @@ def schema(
 
     Example: kvplan schema size > size.schema.json
     """
+    from pydantic import TypeAdapter
+
     from kvplan.errors import KvplanError
     from kvplan.plan.schema import SizePlan
 
     schemas = {"size": SizePlan}
     if name not in schemas:
         raise KvplanError(f"unknown schema {name!r}", f"choose one of {', '.join(schemas)}")
-    print_json(schemas[name].model_json_schema())
+    print_json(TypeAdapter(schemas[name]).json_schema())

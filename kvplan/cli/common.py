@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import sys
@@ -40,12 +41,20 @@ def user_errors(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def to_jsonable(payload: Any) -> Any:
+    """Pydantic models, the planner's dataclasses (through pydantic's TypeAdapter), or plain data."""
+    if hasattr(payload, "model_dump"):
+        return payload.model_dump(mode="json")
+    if dataclasses.is_dataclass(payload) and not isinstance(payload, type):
+        from pydantic import TypeAdapter
+
+        return TypeAdapter(type(payload)).dump_python(payload, mode="json")
+    return payload
+
+
 def print_json(payload: Any) -> None:
-    """Exactly one JSON document on stdout (pydantic models or plain data)."""
-    if hasattr(payload, "model_dump_json"):
-        sys.stdout.write(payload.model_dump_json(indent=2) + "\n")
-    else:
-        sys.stdout.write(json.dumps(payload, indent=2, default=str) + "\n")
+    """Exactly one JSON document on stdout."""
+    sys.stdout.write(json.dumps(to_jsonable(payload), indent=2, default=str) + "\n")
 
 
 def parse_overrides(pairs: list[str] | None) -> dict[str, Any]:

@@ -1,48 +1,80 @@
-"""Pydantic models: the contract between the planner and its edges, and the --json schema."""
+"""The contract between the planner and its edges, and the --json schema.
+
+These are frozen stdlib dataclasses, validated and serialized by pydantic at the edges
+(``pydantic.TypeAdapter(SizePlan)``: `kvplan schema`, `--json`). Keeping pydantic out of
+the import path keeps `kvplan size` fast (pydantic's import alone costs ~0.15 s); the JSON
+schema is the same.
+"""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+import dataclasses
+from dataclasses import dataclass, field
+
+from kvplan.errors import KvplanError
+
+_MIN_ONE = ("tensor_parallel_size", "pipeline_parallel_size", "block_size", "max_model_len",
+            "kv_cache_memory_bytes", "num_gpu_blocks_override", "max_num_seqs", "max_num_batched_tokens",
+            "weights_bytes", "concurrency", "prompt_tokens")
 
 
-class Settings(BaseModel):
+@dataclass(frozen=True)
+class Settings:
     """How a model is deployed: what `vllm serve` would be given, plus the workload asked."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    tensor_parallel_size: int = Field(1, ge=1)
-    pipeline_parallel_size: int = Field(1, ge=1)
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
     kv_cache_dtype: str = "auto"
-    block_size: int | None = Field(None, ge=1)
-    max_model_len: int | None = Field(None, ge=1)
-    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
-    kv_cache_memory_bytes: int | None = Field(None, gt=0)
-    num_gpu_blocks_override: int | None = Field(None, ge=1)
-    max_num_seqs: int | None = Field(None, ge=1)
-    max_num_batched_tokens: int | None = Field(None, ge=1)
+    block_size: int | None = None
+    max_model_len: int | None = None
+    gpu_memory_utilization: float | None = None
+    kv_cache_memory_bytes: int | None = None
+    num_gpu_blocks_override: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
     enforce_eager: bool = False
     hybrid_kv_cache_manager: bool | None = None  # None: vLLM's default for the model
-    usage_context: str = Field("serve", pattern="^(serve|llm)$")  # `vllm serve` or offline LLM()
-    weights_bytes: int | None = Field(None, gt=0)  # loaded weights per device, if known
+    usage_context: str = "serve"  # `vllm serve` (serve) or the offline LLM class (llm)
+    weights_bytes: int | None = None  # loaded weights per device, if known
     # The workload: concurrent requests of prompt + output tokens, optionally sharing a prefix.
-    concurrency: int = Field(1, ge=1)
-    prompt_tokens: int | None = Field(None, ge=1)
-    output_tokens: int | None = Field(None, ge=0)
-    shared_prefix_tokens: int = Field(0, ge=0)
+    concurrency: int = 1
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    shared_prefix_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        for name in _MIN_ONE:
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise KvplanError(f"invalid {name}: {value!r} must be a whole number >= 1")
+        for name in ("output_tokens", "shared_prefix_tokens"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise KvplanError(f"invalid {name}: {value!r} must be a whole number >= 0")
+        util = self.gpu_memory_utilization
+        if util is not None and not 0 < util <= 1:
+            raise KvplanError(f"invalid gpu_memory_utilization: {util!r} must be in (0, 1]")
+        if self.usage_context not in ("serve", "llm"):
+            raise KvplanError(f"invalid usage_context: {self.usage_context!r} (serve or llm)")
+
+    def replace(self, **changes: object) -> Settings:
+        return dataclasses.replace(self, **changes)
 
 
-class MemoryTerm(BaseModel):
+@dataclass(frozen=True)
+class MemoryTerm:
     """One named term of the per-device KV budget."""
 
     name: str
     bytes: int
     low_bytes: int
     high_bytes: int
-    sign: int = Field(description="+1 adds to the KV budget, -1 takes from it, 0 informative")
+    sign: int  # +1 adds to the KV budget, -1 takes from it, 0 informative
     how: str
 
 
-class KVGroupInfo(BaseModel):
+@dataclass(frozen=True)
+class KVGroupInfo:
     kind: str
     layers: int
     padding_layers: int
@@ -50,7 +82,8 @@ class KVGroupInfo(BaseModel):
     detail: str
 
 
-class ConcurrencyCell(BaseModel):
+@dataclass(frozen=True)
+class ConcurrencyCell:
     context_tokens: int
     concurrency: int
     blocks_needed: int
@@ -58,14 +91,16 @@ class ConcurrencyCell(BaseModel):
     fits: bool
 
 
-class Suggestion(BaseModel):
+@dataclass(frozen=True)
+class Suggestion:
     change: str
     flags: str
     result: str
     fits: bool
 
 
-class SizePlan(BaseModel):
+@dataclass(frozen=True)
+class SizePlan:
     """Everything `kvplan size` answers. Top-level names are stable for scripts."""
 
     model: str
@@ -79,27 +114,27 @@ class SizePlan(BaseModel):
     vllm_version: str
     attention: str
     kv_cache_dtype: str
-    kv_bytes_per_token: int = Field(description="whole model, every attention layer, one token")
+    kv_bytes_per_token: int  # whole model, every attention layer, one token
     kv_bytes_per_token_per_device: float
     kv_bytes_per_token_all_devices: float
     block_size: int
-    block_bytes: int = Field(description="one block id across its group's layers, per device")
+    block_bytes: int  # one block id across its group's layers, per device
     kv_groups: list[KVGroupInfo]
     memory_terms: list[MemoryTerm]
     available_kv_bytes: int
     available_kv_bytes_low: int
     available_kv_bytes_high: int
-    weights_bytes: int = Field(description="loaded weights per device")
+    weights_bytes: int  # loaded weights per device
     weights_total_bytes: int
     weights_source: str
     num_blocks: int
-    kv_cache_tokens: int = Field(description='"GPU KV cache size: N tokens" as that vLLM prints it')
+    kv_cache_tokens: int  # "GPU KV cache size: N tokens" as that vLLM prints it
     max_model_len: int
-    max_concurrency: float = Field(description='"Maximum concurrency for L tokens per request" as printed')
+    max_concurrency: float  # "Maximum concurrency for L tokens per request" as printed
     request_tokens: int
     concurrency: int
     blocks_per_request: int
-    max_concurrency_at_request: int = Field(description="requests of request_tokens that fit at once, per replica x replicas")
+    max_concurrency_at_request: int  # requests of request_tokens that fit at once, per replica x replicas
     max_context_at_concurrency: int
     max_num_seqs: int
     max_num_batched_tokens: int
@@ -109,4 +144,7 @@ class SizePlan(BaseModel):
     table: list[ConcurrencyCell]
     suggestions: list[Suggestion]
     vllm_serve_command: str
-    notes: list[str]
+    notes: list[str] = field(default_factory=list)
+
+    def replace(self, **changes: object) -> SizePlan:
+        return dataclasses.replace(self, **changes)

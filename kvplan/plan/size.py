@@ -166,7 +166,7 @@ def _suggestions(
         device = updates.pop("device", gpu.device)
         count = updates.pop("count", gpu.count)
         try:
-            new = settings.model_copy(update=updates)
+            new = settings.replace(**updates)
             alt = compute_capacity(arch, device, new, rules, overhead, weights_total)
             v = verdict_for(alt, max(1, count // (new.tensor_parallel_size * new.pipeline_parallel_size)))
         except (KvplanError, ValueError):

@@ -1,0 +1,171 @@
+"""`kvplan size` end to end through the real CLI: exit codes, JSON, and the bad-input corpus."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from pydantic import TypeAdapter
+from typer.testing import CliRunner
+
+from kvplan.cli.app import app
+from kvplan.plan.schema import SizePlan
+
+runner = CliRunner()
+
+
+def run(*args):
+    return runner.invoke(app, list(args))
+
+
+def test_seed_command_fits_and_prints_the_numbers():
+    result = run("size", "meta-llama/Llama-3.1-8B", "--ctx", "32k", "--gpu", "4090")
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "131,072" in out and "KV cache size" in out and "vllm serve meta-llama/Llama-3.1-8B" in out
+    assert "bundled" in out
+
+
+def test_json_has_the_contract_fields_and_validates():
+    result = run("size", "meta-llama/Llama-3.1-8B", "--ctx", "32k", "--gpu", "4090", "--json")
+    assert result.exit_code == 0
+    data = json.loads(result.stdout)  # nothing but JSON on stdout
+    for key in ("model", "gpu", "kv_bytes_per_token", "block_size", "num_blocks", "kv_cache_tokens",
+                "available_kv_bytes", "weights_bytes", "max_concurrency", "fits"):
+        assert key in data
+    assert data["kv_bytes_per_token"] == 131_072 and data["block_size"] == 16
+    plan = TypeAdapter(SizePlan).validate_python(data)
+    assert plan.fits is True
+
+
+def test_exit_1_when_it_does_not_fit_with_suggestions():
+    result = run("size", "meta-llama/Llama-3.1-70B", "--ctx", "128k", "--gpu", "H100", "-c", "8", "--json")
+    assert result.exit_code == 1
+    data = json.loads(result.stdout)
+    assert data["fits"] is False and data["suggestions"]
+    assert any("bigger GPU" in s["change"] or "tensor parallel" in s["change"] for s in data["suggestions"])
+
+
+def test_kv_memory_skips_the_budget_and_matches_the_seed_pool():
+    result = run("size", "meta-llama/Llama-3.1-8B", "--gpu", "H100", "--kv-memory", "32GiB", "--ctx", "32k", "--json")
+    data = json.loads(result.stdout)
+    assert data["num_blocks"] == 16_384 and data["max_concurrency"] == 8.0
+
+
+def test_multi_gpu_defaults_tp_to_the_gpu_count():
+    data = json.loads(run("size", "meta-llama/Llama-3.1-70B", "--gpu", "4xH100", "--ctx", "32k", "--json").stdout)
+    assert data["tensor_parallel_size"] == 4 and data["gpu_count"] == 4
+    assert data["kv_bytes_per_token_per_device"] == 327_680 / 4
+
+
+def test_replicas_when_gpus_exceed_tp():
+    data = json.loads(run("size", "meta-llama/Llama-3.1-8B", "--gpu", "4xH100", "--tp", "2", "--ctx", "32k",
+                          "--json").stdout)
+    assert data["replicas"] == 2
+
+
+def test_schema_command_prints_a_json_schema():
+    result = run("schema")
+    assert result.exit_code == 0
+    schema = json.loads(result.stdout)
+    assert "kv_bytes_per_token" in schema["properties"]
+
+
+def test_local_config_folder(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 128256, "max_position_embeddings": 8192}))
+    data = json.loads(run("size", str(tmp_path), "--gpu", "L4", "--json").stdout)
+    assert data["model_source"] == "local"
+    assert data["kv_bytes_per_token"] == 2 * 16 * 8 * 64 * 2  # 32,768
+
+
+def _write(tmp_path, name, content):
+    path = tmp_path / name
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    return str(path)
+
+
+LLAMA = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+         "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 131072}
+
+
+def bad_inputs(tmp_path):
+    """(name, argv) pairs: each must exit 2 with one line on stderr and no traceback."""
+    m = "meta-llama/Llama-3.1-8B"
+    garbage = tmp_path / "binary.json"
+    garbage.write_bytes(b"\xff\xfe\x00\x81 not text")
+    return [
+        ("malformed json", ["size", _write(tmp_path, "bad.json", "{not json"), "--gpu", "H100"]),
+        ("json array", ["size", _write(tmp_path, "arr.json", "[1, 2]"), "--gpu", "H100"]),
+        ("missing layers", ["size", _write(tmp_path, "m1.json", {"model_type": "x", "hidden_size": 8}), "--gpu", "H100"]),
+        ("empty config", ["size", _write(tmp_path, "m2.json", {}), "--gpu", "H100"]),
+        ("unknown model_type", ["size", _write(tmp_path, "m3.json", {"model_type": "foo"}), "--gpu", "H100"]),
+        ("zero layers", ["size", _write(tmp_path, "m4.json", {**LLAMA, "num_hidden_layers": 0}), "--gpu", "H100"]),
+        ("bad layer_types length", ["size", _write(tmp_path, "m5.json", {**LLAMA, "layer_types": ["full_attention"]}),
+                                    "--gpu", "H100"]),
+        ("unknown layer type", ["size", _write(tmp_path, "m6.json", {**LLAMA, "layer_types": ["weird"] * 32}),
+                                "--gpu", "H100"]),
+        ("sliding without window", ["size", _write(tmp_path, "m7.json",
+                                                   {**LLAMA, "layer_types": ["sliding_attention"] * 32}), "--gpu", "H100"]),
+        ("unsupported quantization", ["size", _write(tmp_path, "m8.json",
+                                                     {**LLAMA, "quantization_config": {"quant_method": "weird"}}),
+                                      "--gpu", "H100"]),
+        ("unreadable file", ["size", str(garbage), "--gpu", "H100"]),
+        ("missing local path", ["size", "./no/such/model", "--gpu", "H100"]),
+        ("unknown model", ["size", "nobody/no-such-model-xyz", "--gpu", "H100"]),
+        ("empty model", ["size", " ", "--gpu", "H100"]),
+        ("tp does not divide heads", ["size", m, "--gpu", "3xH100", "--tp", "3"]),
+        ("tp does not divide kv heads", ["size", _write(tmp_path, "m9.json", {**LLAMA, "num_attention_heads": 24,
+                                                                             "num_key_value_heads": 6}),
+                                         "--gpu", "4xH100", "--tp", "4"]),
+        ("zero context", ["size", m, "--gpu", "H100", "--ctx", "0"]),
+        ("negative context", ["size", m, "--gpu", "H100", "--ctx=-5"]),
+        ("context not a number", ["size", m, "--gpu", "H100", "--ctx", "abc"]),
+        ("context bad suffix", ["size", m, "--gpu", "H100", "--ctx", "32q"]),
+        ("fractional context", ["size", m, "--gpu", "H100", "--ctx", "1.5"]),
+        ("unknown gpu", ["size", m, "--gpu", "H900"]),
+        ("no gpu", ["size", m]),
+        ("bad gpu memory unit", ["size", m, "--gpu-mem", "24XB"]),
+        ("negative gpu memory", ["size", m, "--gpu-mem=-3GiB"]),
+        ("utilization above 1", ["size", m, "--gpu", "H100", "--gpu-memory-utilization", "1.5"]),
+        ("utilization not a number", ["size", m, "--gpu", "H100", "--util", "most"]),
+        ("zero kv memory", ["size", m, "--gpu", "H100", "--kv-memory", "0"]),
+        ("unknown kv dtype", ["size", m, "--gpu", "H100", "--kv-cache-dtype", "fp3"]),
+        ("fp8_ds_mla on a non-MLA model", ["size", m, "--gpu", "H100", "--kv-cache-dtype", "fp8_ds_mla"]),
+        ("zero tp", ["size", m, "--gpu", "H100", "--tp", "0"]),
+        ("zero concurrency", ["size", m, "--gpu", "H100", "-c", "0"]),
+        ("zero block size", ["size", m, "--gpu", "H100", "--block-size", "0"]),
+        ("prompt longer than context", ["size", m, "--gpu", "H100", "--ctx", "32k", "--prompt", "40k"]),
+        ("shared prefix longer than request", ["size", m, "--gpu", "H100", "--prompt", "1k", "--output", "10",
+                                               "--shared-prefix", "4k"]),
+        ("bad vllm version", ["size", m, "--gpu", "H100", "--vllm-version", "banana"]),
+        ("bad source", ["size", m, "--gpu", "H100", "--source", "nowhere"]),
+        ("bad usage", ["size", m, "--gpu", "H100", "--usage", "batch"]),
+        ("zero gpus", ["size", m, "--gpu", "0xH100"]),
+        ("gpu counts disagree", ["size", m, "--gpu", "4xH100", "--gpus", "2"]),
+        ("pp beyond layers", ["size", m, "--gpu", "64xH100", "--pp", "64", "--tp", "1"]),
+        ("tp x pp beyond gpus", ["size", m, "--gpu", "H100", "--tp", "2"]),
+        ("bad --set", ["size", m, "--gpu", "H100", "--set", "garbage"]),
+    ]
+
+
+def test_bad_input_corpus(tmp_path):
+    cases = bad_inputs(tmp_path)
+    assert len(cases) >= 30
+    for name, argv in cases:
+        result = run(*argv)
+        assert result.exit_code == 2, f"{name}: exit {result.exit_code}\n{result.output}"
+        err = result.stderr.strip()
+        assert "Traceback" not in result.output, name
+        assert len(err.splitlines()) == 1 and err.startswith("error:"), f"{name}: {err!r}"
+        assert result.stdout == "", f"{name}: stdout not empty"
+
+
+def test_a_real_process_gives_one_line_and_exit_2():
+    # Through the console entry point, as a user runs it (no CliRunner in between).
+    proc = subprocess.run([sys.executable, "-m", "kvplan", "size", "meta-llama/Llama-3.1-8B", "--gpu", "H900"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().startswith("error: unknown GPU 'H900'") and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1

@@ -1,0 +1,169 @@
+"""Config -> layer specs, checked against hand arithmetic from the configs' own fields."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvplan.errors import KvplanError
+from kvplan.model.arch import parse_architecture
+from kvplan.model.dtypes import kv_dtype
+from kvplan.model.layers import MLA, ChunkedLocal, FullAttention, MambaState, MLAIndexer, SlidingWindow
+from kvplan.model.source import load_bundled
+
+BF16 = kv_dtype("bfloat16")
+FP8 = kv_dtype("fp8")
+
+
+def arch_of(name, **overrides):
+    cfg = load_bundled(name)
+    assert cfg is not None, name
+    return parse_architecture(cfg.config, overrides or None)
+
+
+def kv_bytes(arch, dtype=BF16):
+    return sum(s.bytes_per_token(dtype) for s in arch.layers)
+
+
+@pytest.mark.parametrize(
+    "model, expected",
+    [
+        ("meta-llama/Llama-3.1-8B", 2 * 32 * 8 * 128 * 2),  # 131,072 (seed figure)
+        ("meta-llama/Llama-3.1-70B", 2 * 80 * 8 * 128 * 2),  # 327,680
+        ("Qwen/Qwen3-8B", 2 * 36 * 8 * 128 * 2),  # 147,456
+        ("meta-llama/Llama-2-7b-hf", 2 * 32 * 32 * 128 * 2),  # MHA: 524,288
+        ("tiiuae/falcon-7b", 2 * 32 * 1 * (4544 // 71) * 2),  # MQA (multi_query): 8,192
+        ("THUDM/glm-4-9b-chat", 2 * 40 * 2 * 128 * 2),  # multi_query_group_num 2, kv_channels 128
+        ("deepseek-ai/DeepSeek-V3", 61 * (512 + 64) * 2),  # MLA: 70,272, no factor 2
+        ("Qwen/Qwen3-Next-80B-A3B-Thinking", 12 * 2 * 2 * 256 * 2),  # only the 12 full-attention layers
+    ],
+)
+def test_kv_bytes_per_token(model, expected):
+    assert kv_bytes(arch_of(model)) == expected
+
+
+def test_llama_with_32_kv_heads_is_four_times_larger():
+    # The seed's MHA contrast: same dims, 32 KV heads -> 2 x 32 x 32 x 128 x 2 = 524,288.
+    assert kv_bytes(arch_of("meta-llama/Llama-3.1-8B", num_key_value_heads=32)) == 524_288
+
+
+def test_mla_fp8_and_fp8_ds_mla():
+    arch = arch_of("deepseek-ai/DeepSeek-V3")
+    assert kv_bytes(arch, FP8) == 61 * 576 * 1 == 35_136
+    assert kv_bytes(arch, kv_dtype("fp8_ds_mla")) == 61 * 656
+    assert all(isinstance(s, MLA) and s.per_rank(8) == s for s in arch.layers)  # replicated under TP
+
+
+def test_deepseek_v32_adds_an_indexer_cache_per_layer():
+    arch = arch_of("deepseek-ai/DeepSeek-V3.2")
+    indexers = [s for s in arch.layers if isinstance(s, MLAIndexer)]
+    assert len(indexers) == 61
+    # index_head_dim 128 fp8 values + one fp32 scale per 128 = 132 B/token/layer, any KV dtype.
+    assert kv_bytes(arch) == 61 * 576 * 2 + 61 * 132
+
+
+def test_gpt_oss_even_layers_slide():
+    arch = arch_of("openai/gpt-oss-120b")
+    kinds = [type(s) for s in arch.layers]
+    assert kinds[0] is SlidingWindow and kinds[1] is FullAttention
+    assert kinds.count(SlidingWindow) == 18 and kinds.count(FullAttention) == 18
+    assert {s.window for s in arch.layers if isinstance(s, SlidingWindow)} == {128}
+    assert kv_bytes(arch) == 36 * 2 * 8 * 64 * 2  # 73,728
+
+
+def test_gemma3_pattern_default_is_five_local_to_one_global():
+    arch = arch_of("google/gemma-3-27b-it")  # no layer_types: sliding_window_pattern default 6
+    full = [i for i, s in enumerate(arch.layers) if type(s) is FullAttention]
+    assert full == [5, 11, 17, 23, 29, 35, 41, 47, 53, 59]
+    assert sum(isinstance(s, SlidingWindow) for s in arch.layers) == 52
+    assert kv_bytes(arch) == 62 * 2 * 16 * 128 * 2  # 507,904
+
+
+def test_gemma2_alternates_and_mistral_slides_everywhere():
+    gemma2 = arch_of("google/gemma-2-9b-it")
+    assert [type(s) for s in gemma2.layers[:2]] == [SlidingWindow, FullAttention]
+    mistral = arch_of("mistralai/Mistral-7B-v0.1")
+    assert all(isinstance(s, SlidingWindow) and s.window == 4096 for s in mistral.layers)
+
+
+def test_qwen2_use_sliding_window_false_means_full_attention():
+    arch = arch_of("Qwen/Qwen2.5-72B-Instruct")  # sliding_window 131072 but use_sliding_window false
+    assert all(type(s) is FullAttention for s in arch.layers)
+
+
+def test_llama4_chunked_except_every_fourth_layer():
+    arch = arch_of("meta-llama/Llama-4-Scout-17B-16E-Instruct")
+    chunked = [isinstance(s, ChunkedLocal) for s in arch.layers]
+    assert chunked[:4] == [True, True, True, False]  # (i + 1) % 4 == 0 -> NoPE global layer
+    assert sum(chunked) == 36 and arch.layers[0].chunk == 8192
+
+
+def test_jamba_mamba1_state():
+    arch = arch_of("ai21labs/Jamba-v0.1")
+    attention = [i for i, s in enumerate(arch.layers) if isinstance(s, FullAttention)]
+    assert attention == [4, 12, 20, 28]  # attn_layer_period 8, offset 4
+    state = next(s for s in arch.layers if isinstance(s, MambaState))
+    # d_inner = 2 x 4096; conv (8192, 4 - 1) + ssm (8192, 16), bf16
+    assert state.state_bytes() == (8192 * 3 + 8192 * 16) * 2
+
+
+def test_nemotron_h_mamba2_state_and_tp():
+    arch = arch_of("nvidia/Nemotron-H-56B-Base-8K")
+    assert sum(isinstance(s, FullAttention) for s in arch.layers) == 10
+    state = next(s for s in arch.layers if isinstance(s, MambaState))
+    # 256 heads x 64 = 16,384; conv dim 16,384 + 2 x 8 groups x 256 = 20,480
+    assert state.state_bytes() == (20480 * 3 + 256 * 64 * 256) * 2
+    # TP 8: 8 groups divide, conv (20480 / 8, 3), ssm (32, 64, 256)
+    assert state.per_rank(8).state_bytes() == (2560 * 3 + 32 * 64 * 256) * 2
+
+
+def test_qwen3_next_gated_delta_net_state():
+    arch = arch_of("Qwen/Qwen3-Next-80B-A3B-Thinking")
+    state = next(s for s in arch.layers if isinstance(s, MambaState))
+    assert state.variant == "gated_delta_net"
+    # conv dim 2 x 16 x 128 + 32 x 128 = 8,192; ssm (32, 128, 128)
+    assert state.state_bytes() == (8192 * 3 + 32 * 128 * 128) * 2
+
+
+def test_tensor_parallel_splits_and_replicates_kv_heads():
+    layer = arch_of("meta-llama/Llama-3.1-8B").layers[0]
+    assert layer.per_rank(2).num_kv_heads == 4
+    assert layer.per_rank(16).num_kv_heads == 1  # tp > kv heads: replicated
+    with pytest.raises(KvplanError, match="does not divide"):
+        FullAttention(6, 128).per_rank(4)
+
+
+def test_weights_counts_match_published_sizes():
+    # Published parameter counts (model cards); the config-based count must land within 2%.
+    published = {
+        "meta-llama/Llama-3.1-8B": 8.03e9,
+        "meta-llama/Llama-3.1-70B": 70.6e9,
+        "deepseek-ai/DeepSeek-V3": 671e9,
+        "openai/gpt-oss-120b": 117e9,
+        "mistralai/Mixtral-8x7B-v0.1": 46.7e9,
+        "Qwen/Qwen3-30B-A3B": 30.5e9,
+        "google/gemma-2-9b-it": 9.24e9,
+    }
+    for name, params in published.items():
+        assert arch_of(name).params.total == pytest.approx(params, rel=0.02), name
+
+
+def test_missing_fields_are_named_with_the_override():
+    with pytest.raises(KvplanError) as err:
+        parse_architecture({"model_type": "mystery", "hidden_size": 1024})
+    assert "num_hidden_layers" in str(err.value) and "--set" in str(err.value)
+
+
+def test_every_reference_config_gives_a_result_or_a_clear_refusal():
+    data = json.loads((Path(__file__).parent.parent / "data" / "reference-model-configs.json").read_text())
+    results = {}
+    for name, entry in data.items():
+        if name == "missing":
+            continue
+        try:
+            arch = parse_architecture(entry["fields"])
+            results[name] = kv_bytes(arch)
+            assert results[name] > 0
+        except KvplanError as exc:  # a refusal must say what is missing
+            assert str(exc)
+    assert len(results) >= 30
