@@ -18,9 +18,9 @@ from functools import lru_cache
 from pathlib import Path
 
 from kvplan.errors import KvplanError
+from kvplan.paths import PROFILES_DIR
 from kvplan.units import GiB, MiB, parse_bytes
 
-PROFILES_DIR = Path(__file__).resolve().parent.parent.parent / "profiles"
 GPUS_FILE = PROFILES_DIR / "gpus.json"
 
 

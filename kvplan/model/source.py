@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from kvplan.errors import KvplanError
+from kvplan.paths import PROFILES_DIR
 
-MODELS_DIR = Path(__file__).resolve().parent.parent.parent / "profiles" / "models"
+MODELS_DIR = PROFILES_DIR / "models"
 HUB_TIMEOUT_S = 10
 _REPO_ID_RE = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
