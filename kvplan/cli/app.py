@@ -7,6 +7,7 @@ import typer
 
 from kvplan import __version__
 from kvplan.cli import catalog_cmd, size_cmd
+from kvplan.cli import validate_cmd
 
 app = typer.Typer(
     name="kvplan",
@@ -36,6 +37,7 @@ app.command("size")(size_cmd.size)
 app.command("gpus")(catalog_cmd.gpus)
 app.command("models")(catalog_cmd.models)
 app.command("schema")(catalog_cmd.schema)
+app.command("validate", epilog=validate_cmd.VALIDATE_EXAMPLES)(validate_cmd.validate)
 
 
 def run() -> None:  # console-script entry point

@@ -1,31 +1,39 @@
 """The non-KV memory vLLM's profile run finds: activation peak, non-torch memory, CUDA graphs.
 
-Model (per device), from how vLLM profiles (`v1/worker/gpu_model_runner.py::profile_run`):
-the dummy forward of ``max_num_batched_tokens`` tokens is followed by a dummy sampler run
-over ``max_num_seqs`` rows of full-vocabulary logits (fp32 logits, their softmax, sorted
-copies and indices for top-k/top-p). The forward pass's intermediates are freed before the
-sampler runs, so the peak is the sampler's working set plus the retained hidden states:
+Model (per device), from how vLLM profiles (`v1/worker/gpu_model_runner.py::profile_run`,
+docs/vllm-accounting.md section 8): the dummy forward of ``max_num_batched_tokens`` (MNBT)
+tokens split over ``R = min(MNBT, max_num_seqs)`` requests keeps the last hidden state of each
+request and the whole ``[MNBT, hidden]`` output; the forward's intermediates are freed before
+``_dummy_sampler_run`` turns the ``R`` last states into ``[R, vocab]`` logits and samples with
+top-k/top-p (fp32 logits, their softmax, sorted copies and indices). The peak is the sampler's
+working set plus the retained hidden states:
 
-    activation = sampler_bytes_per_logit * max_num_seqs * vocab_size
+    activation = sampler_bytes_per_logit * R * vocab_size
                  + max_num_batched_tokens * hidden_size * dtype_bytes
 
 ``non_torch`` (NCCL, cuBLAS workspaces, the CUDA context's growth) depends on whether ranks
-talk to each other, so it has one value for TP = 1 and one for TP > 1. The coefficients
-are fitted, by `kvplan.validate.fit`, on the public start-up reports only; the fit and its
-residuals are stored in ``profiles/overhead.json``.
+talk to each other, so it has one value for TP = 1 and one for TP > 1. CUDA graphs are
+subtracted only from vLLM 0.20 (``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS``).
+
+The coefficients are fitted by `kvplan.validate.fit` on the public start-up reports only
+(``kvplan validate --fit``); ``profiles/overhead.json`` stores them with the fit's residuals
+and provenance. Ranges: the activation range is the envelope of the fitted reports' ratios
+of measured to modelled sampler memory; the non-torch range is the largest deviation of a
+fitted report from its group's value.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
 from kvplan.errors import KvplanError
+from kvplan.paths import PROFILES_DIR
 from kvplan.units import GiB
 
-OVERHEAD_FILE = Path(__file__).resolve().parent.parent.parent / "profiles" / "overhead.json"
+OVERHEAD_FILE = PROFILES_DIR / "overhead.json"
 
 
 @dataclass(frozen=True)
@@ -49,22 +57,39 @@ class OverheadModel:
     """Fitted coefficients of the overhead model, with their provenance."""
 
     sampler_bytes_per_logit: float
-    sampler_relative_spread: float  # the range printed around the activation estimate
+    # The activation range: sampler memory between (1 - low) and (1 + high) times the estimate.
+    sampler_spread_low: float
+    sampler_spread_high: float
     non_torch_bytes_single: int
     non_torch_bytes_multi: int
     non_torch_spread_bytes: int
     cudagraph_bytes: tuple[int, int, int]  # low, typical, high (subtracted from vLLM 0.20)
     source: str
+    calibration: str | None = None  # set when a user calibration shifted non_torch
+
+    @property
+    def sampler_relative_spread(self) -> float:
+        """The wider side of the activation range (kept for callers that want one number)."""
+        return max(self.sampler_spread_low, self.sampler_spread_high)
+
+    @staticmethod
+    def sampler_logits(max_num_seqs: int, max_num_batched_tokens: int, vocab_size: int) -> int:
+        """``[R, vocab]`` logits of the dummy sampler run, R = min(MNBT, max_num_seqs)."""
+        return min(max_num_seqs, max_num_batched_tokens) * vocab_size
 
     def activation(self, max_num_seqs: int, vocab_size: int, max_num_batched_tokens: int,
                    hidden_size: int, dtype_bytes: int, samples: bool = True) -> Estimate:
-        """The profile run's torch peak increase on one device."""
+        """The profile run's torch peak increase on one device. ``max_num_seqs`` is the number
+        of rows the sampler sees (callers pass min(max_num_seqs, MNBT))."""
         hidden = max_num_batched_tokens * hidden_size * dtype_bytes
         if not samples:  # a pipeline stage before the last runs no sampler
             return Estimate.exact(hidden)
         sampler = self.sampler_bytes_per_logit * max_num_seqs * vocab_size
-        spread = self.sampler_relative_spread * sampler
-        return Estimate(int(sampler + hidden), int(sampler - spread + hidden), int(sampler + spread + hidden))
+        return Estimate(
+            int(sampler + hidden),
+            int(sampler * (1 - self.sampler_spread_low) + hidden),
+            int(sampler * (1 + self.sampler_spread_high) + hidden),
+        )
 
     def non_torch(self, world_size: int) -> Estimate:
         mid = self.non_torch_bytes_single if world_size == 1 else self.non_torch_bytes_multi
@@ -74,20 +99,36 @@ class OverheadModel:
         low, mid, high = self.cudagraph_bytes
         return Estimate(mid, low, high)
 
+    def calibrated(self, offset_bytes: int, label: str) -> OverheadModel:
+        """This model shifted by a measured residual (a user calibration): the difference
+        between what a real start-up measured and what this model predicted for it."""
+        return replace(
+            self,
+            non_torch_bytes_single=self.non_torch_bytes_single + offset_bytes,
+            non_torch_bytes_multi=self.non_torch_bytes_multi + offset_bytes,
+            calibration=label,
+        )
+
+
+def overhead_from_dict(data: dict, source: str) -> OverheadModel:
+    """The model from ``profiles/overhead.json``'s fields (see `kvplan.validate.fit`)."""
+    low, high = data["sampler_spread"]
+    return OverheadModel(
+        sampler_bytes_per_logit=float(data["sampler_bytes_per_logit"]),
+        sampler_spread_low=float(low),
+        sampler_spread_high=float(high),
+        non_torch_bytes_single=int(data["non_torch_gib_single"] * GiB),
+        non_torch_bytes_multi=int(data["non_torch_gib_multi"] * GiB),
+        non_torch_spread_bytes=int(data["non_torch_spread_gib"] * GiB),
+        cudagraph_bytes=tuple(int(x * GiB) for x in data["cudagraph_gib"]),  # type: ignore[arg-type]
+        source=str(data.get("source", source)),
+    )
+
 
 @lru_cache(maxsize=4)
 def load_overhead(path: str | None = None) -> OverheadModel:
     file = Path(path) if path else OVERHEAD_FILE
     try:
-        data = json.loads(file.read_text())
-        return OverheadModel(
-            sampler_bytes_per_logit=float(data["sampler_bytes_per_logit"]),
-            sampler_relative_spread=float(data["sampler_relative_spread"]),
-            non_torch_bytes_single=int(data["non_torch_gib_single"] * GiB),
-            non_torch_bytes_multi=int(data["non_torch_gib_multi"] * GiB),
-            non_torch_spread_bytes=int(data["non_torch_spread_gib"] * GiB),
-            cudagraph_bytes=tuple(int(x * GiB) for x in data["cudagraph_gib"]),  # type: ignore[arg-type]
-            source=str(data.get("source", file.name)),
-        )
+        return overhead_from_dict(json.loads(file.read_text()), file.name)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise KvplanError(f"cannot read the overhead model {file}: {exc}") from None

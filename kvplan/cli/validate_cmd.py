@@ -1,0 +1,188 @@
+"""`kvplan validate` (predictions vs public vLLM start-up reports) and `kvplan calibrate`
+(record a real start-up's measured overhead for later `size` runs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from kvplan.cli.common import print_json, user_errors
+
+VALIDATE_EXAMPLES = """
+Examples:
+
+  kvplan validate                               # the shipped reports, both modes
+
+  kvplan validate my-reports.jsonl --configs ./configs --json
+
+  kvplan validate --mode page                   # page math only (given the reported KV memory)
+
+  kvplan validate --fit                         # refit profiles/overhead.json on the reports, then validate
+"""
+
+CALIBRATE_EXAMPLES = """
+Examples:
+
+  kvplan calibrate runs/2026-07-01-qwen3/       # a bench run folder (reads engine.log)
+
+  kvplan calibrate vllm.log --gpu H100          # a saved start-up log; name the GPU if the log does not
+
+  kvplan calibrate vllm.log --gpu H100 --json
+"""
+
+
+@user_errors
+def validate(
+    reports: Optional[Path] = typer.Argument(None, help="JSON-lines reports file (default: the shipped public reports)."),
+    configs: Optional[Path] = typer.Option(None, "--configs", help="Folder of config.json files (org--name.json or org/name/config.json), tried before the bundled profiles."),
+    mode: str = typer.Option("both", "--mode", help="page (page math from the reported KV memory), full (from GPU and settings), or both."),
+    fit: bool = typer.Option(False, "--fit", help="Refit the overhead model on the reports and write profiles/overhead.json first."),
+    overhead_file: Optional[Path] = typer.Option(None, "--overhead", help="Overhead model JSON to validate (default: profiles/overhead.json)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+) -> None:
+    """Run the planner on every vLLM start-up report and print predicted vs reported figures.
+
+    Page math: KV tokens, blocks and concurrency from the reported available KV memory.
+    Full budget: available KV memory and weights from the GPU and settings alone.
+    Each with the median and p90 absolute % error.
+    """
+    from kvplan.errors import KvplanError
+    from kvplan.plan.overhead import load_overhead
+    from kvplan.validate.fit import run_fit, write_overhead
+    from kvplan.validate.reports import DEFAULT_REPORTS
+    from kvplan.validate.runner import validate as run_validate
+
+    modes = {"both": ("page", "full"), "page": ("page",), "full": ("full",)}.get(mode)
+    if modes is None:
+        raise KvplanError(f"invalid --mode {mode!r}", "use page, full or both")
+    if configs is not None and not configs.is_dir():
+        raise KvplanError(f"--configs {configs} is not a folder")
+    fit_result = None
+    if fit:
+        fit_result = run_fit(reports, configs)
+        written = write_overhead(fit_result, reports or DEFAULT_REPORTS)
+        load_overhead.cache_clear()
+        if not as_json:
+            typer.echo(f"wrote {written}", err=True)
+    overhead = load_overhead(str(overhead_file)) if overhead_file else None
+    if as_json:
+        result = run_validate(reports, configs, overhead, modes)
+        payload = result.model_dump()
+        if fit_result is not None:
+            payload["fit"] = fit_result.model_dump()
+        print_json(payload)
+        return
+    from rich.console import Console
+
+    console = Console(highlight=False)
+    with console.status("running the planner on the reports...") as status:
+        result = run_validate(reports, configs, overhead, modes,
+                              progress=lambda case_id: status.update(f"running the planner on {case_id}..."))
+    if fit_result is not None:
+        render_fit(console, fit_result)
+    render(console, result)
+
+
+def _cell(c, digits: int = 2) -> str:
+    if c is None:
+        return ""
+    fmt = f"{{:,.{digits}f}}"
+    pred = fmt.format(c.predicted) if c.predicted != int(c.predicted) or digits else f"{int(c.predicted):,}"
+    rep = fmt.format(c.reported)
+    err = "" if c.error_pct is None else f" ({c.error_pct:+.2f}%)"
+    color = "green" if c.error_pct is not None and abs(c.error_pct) <= 0.5 else (
+        "yellow" if c.error_pct is not None and abs(c.error_pct) <= 5 else "red")
+    return f"{pred} / {rep}[{color}]{err}[/]"
+
+
+def _int_cell(c) -> str:
+    if c is None:
+        return ""
+    err = "" if c.error_pct is None else f" ({c.error_pct:+.2f}%)"
+    color = "green" if c.error_pct is not None and abs(c.error_pct) <= 0.5 else (
+        "yellow" if c.error_pct is not None and abs(c.error_pct) <= 5 else "red")
+    return f"{int(c.predicted):,} / {int(c.reported):,}[{color}]{err}[/]"
+
+
+def render(console, result) -> None:
+    from rich.table import Table
+
+    pages = [c for c in result.cases if c.mode == "page"]
+    fulls = [c for c in result.cases if c.mode == "full"]
+    if pages:
+        t = Table(title="Page math: the reported available KV memory in, the pool out (predicted / reported)",
+                  title_justify="left", show_edge=False)
+        for col in ("case", "model", "rules", "KV tokens", "blocks", "max concurrency", "rounding bound"):
+            t.add_column(col)
+        for c in pages:
+            bound = f"±{c.rounding_bound_pct:.3f}%" if c.rounding_bound_pct is not None else ""
+            t.add_row(c.case_id, _short(c.model) + (" [dim](hybrid)[/]" if c.hybrid else ""), c.vllm_rules,
+                      _int_cell(c.get("tokens")), _int_cell(c.get("blocks")), _cell(c.get("concurrency")),
+                      bound if c.comparisons else f"[dim]{c.status}[/]")
+        console.print(t)
+        console.print()
+    if fulls:
+        t = Table(title="Full budget: from GPU and settings (predicted / reported; KV range; leave-one-out error)",
+                  title_justify="left", show_edge=False)
+        for col in ("case", "model", "GPU", "rules", "available KV GiB", "range", "LOO", "weights GiB/GPU",
+                    "KV tokens"):
+            t.add_column(col)
+        for c in fulls:
+            kv = c.get("available_kv_gib")
+            rng = "" if kv is None or kv.low is None else (
+                f"{kv.low:.2f}-{kv.high:.2f}" + ("" if kv.in_range else " [red]out[/]"))
+            loo = "" if kv is None or kv.loo_error_pct is None else f"{kv.loo_error_pct:+.2f}%"
+            t.add_row(c.case_id, _short(c.model), c.gpu or "", c.vllm_rules,
+                      _cell(kv) if kv else f"[dim]{c.status}[/]", rng, loo, _cell(c.get("weights_gib")),
+                      _int_cell(c.get("tokens")))
+        console.print(t)
+        console.print()
+    s = Table(title="Absolute % error", title_justify="left", show_edge=False)
+    for col in ("mode", "quantity", "reports", "n", "median", "p90", "max", "LOO median", "LOO p90"):
+        s.add_column(col, justify="right" if col not in ("mode", "quantity", "reports") else "left")
+    for x in result.summaries:
+        if not x.n:
+            continue
+        s.add_row(x.mode, x.quantity, x.subset, str(x.n), f"{x.median_abs_pct:.2f}%", f"{x.p90_abs_pct:.2f}%",
+                  f"{x.max_abs_pct:.2f}%",
+                  "" if x.loo_median_abs_pct is None else f"{x.loo_median_abs_pct:.2f}%",
+                  "" if x.loo_p90_abs_pct is None else f"{x.loo_p90_abs_pct:.2f}%")
+    console.print(s)
+    console.print()
+    for g in result.goals:
+        mark = "[green]met[/]" if g.met else "[red]missed[/]"
+        console.print(f"{mark} {g.name}: {g.target}; got {g.achieved}")
+    console.print()
+    for c in result.cases:
+        reasons = c.limits + [a for a in c.assumptions if "assumed" in a or "config of" in a]
+        if reasons and c.mode == ("page" if pages else "full"):
+            console.print(f"[yellow]{c.case_id}[/]: " + "; ".join(dict.fromkeys(reasons)))
+    for note in result.notes:
+        console.print(f"[dim]note: {note}[/]")
+    console.print(f"[dim]overhead model: {result.overhead_source}[/]")
+
+
+def render_fit(console, fit) -> None:
+    from rich.table import Table
+
+    console.print(
+        f"[bold]Overhead fit[/]: sampler {fit.sampler_bytes_per_logit} B/logit "
+        f"(range -{fit.sampler_spread[0]:.1%} / +{fit.sampler_spread[1]:.1%}), non-torch "
+        f"{fit.non_torch_gib_single} GiB (TP=1) / {fit.non_torch_gib_multi} GiB (TP>1) ± {fit.non_torch_spread_gib}"
+    )
+    t = Table(title="Fit residuals", title_justify="left", show_edge=False)
+    for col in ("case", "used for", "B/logit", "non-torch GiB", "KV residual GiB", "KV error", "left out because"):
+        t.add_column(col)
+    for r in fit.rows:
+        t.add_row(r.case_id, ", ".join(r.used_for), "" if r.bytes_per_logit is None else f"{r.bytes_per_logit:.2f}",
+                  "" if r.non_torch_gib is None else f"{r.non_torch_gib:.3f}",
+                  "" if r.kv_residual_gib is None else f"{r.kv_residual_gib:+.3f}",
+                  "" if r.kv_error_pct is None else f"{r.kv_error_pct:+.2f}%", r.excluded or "")
+    console.print(t)
+    console.print()
+
+
+def _short(model: str) -> str:
+    return model if len(model) <= 34 else model[:31] + "..."

@@ -1,0 +1,1 @@
+"""Validation against public vLLM start-up reports, and the overhead fit."""

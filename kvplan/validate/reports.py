@@ -1,0 +1,113 @@
+"""Public vLLM start-up reports as data: the schema of one report and the loader.
+
+Each line of ``profiles/reports/vllm-startup-reports.jsonl`` is one start-up that someone
+published (an issue, a README, a profiling table), with the figures vLLM printed. The fields
+outside ``kvplan`` are copied verbatim from the source collection; ``null`` means the source
+did not say. The ``kvplan`` object holds curation, each item with the reason written next to
+it: which bundled config stands for a model kvplan does not ship (``config_model``), facts the
+source states only in prose (``reported_activation_gib``, ``usage_context``), the release
+assumed when the report gives none.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kvplan.errors import KvplanError
+from kvplan.paths import PROFILES_DIR
+
+REPORTS_DIR = PROFILES_DIR / "reports"
+DEFAULT_REPORTS = REPORTS_DIR / "vllm-startup-reports.jsonl"
+
+
+class Curation(BaseModel):
+    """What kvplan adds to a report, each with its reason."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    config_model: str | None = None  # the bundled config that stands for `model`
+    config_note: str | None = None
+    config_overrides: dict[str, Any] | None = None  # fields of the real checkpoint's config.json
+    assumed_vllm_version: str | None = None
+    version_note: str | None = None
+    usage_context: str | None = Field(None, pattern="^(serve|llm)$")
+    reported_activation_gib: float | None = None  # "torch peak increase" the source printed
+    reported_non_torch_gib: float | None = None
+    kv_memory_decimals: int = 2  # vLLM prints GiB with 2 decimals
+    speculative_decoding: str | None = None
+    platform: str | None = None  # "rocm" when the source says so
+
+
+class Report(BaseModel):
+    """One published vLLM start-up."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    case_id: str
+    source: str
+    quote: str = ""
+    vllm_version: str | None = None
+    engine: str | None = None
+    model: str
+    gpu: str | None = None
+    gpu_count: int | None = None
+    gpu_total_memory_gib_logged: float | None = None
+    tensor_parallel_size: int | None = None
+    pipeline_parallel_size: int | None = None
+    gpu_memory_utilization: float | None = None
+    max_model_len: int | None = None
+    kv_cache_dtype: str | None = None
+    block_size: int | None = None
+    enforce_eager: bool | None = None
+    reported_kv_tokens: int | None = None
+    reported_gpu_blocks: int | None = None
+    reported_max_concurrency: float | None = None
+    max_concurrency_ctx: int | None = None
+    reported_kv_memory_gib: float | None = None
+    reported_weights_gib: float | None = None
+    notes: str = ""
+    kvplan: Curation = Field(default_factory=Curation)
+
+    @property
+    def config_model(self) -> str:
+        return self.kvplan.config_model or self.model
+
+    @property
+    def version_text(self) -> str | None:
+        return self.vllm_version or self.kvplan.assumed_vllm_version
+
+    @property
+    def kv_rounding_bound_pct(self) -> float | None:
+        """The KV GiB figure is rounded to ``kv_memory_decimals``: half a unit of its last digit,
+        as a share of the value, bounds how close any prediction from it can be."""
+        if not self.reported_kv_memory_gib:
+            return None
+        return 100 * 0.5 * 10 ** -self.kvplan.kv_memory_decimals / self.reported_kv_memory_gib
+
+
+def load_reports(path: str | Path | None = None) -> list[Report]:
+    """Read a JSON-lines reports file (default: the shipped one)."""
+    file = Path(path) if path else DEFAULT_REPORTS
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise KvplanError(f"cannot read reports file {file}: {exc.strerror}") from None
+    reports: list[Report] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            reports.append(Report.model_validate(json.loads(line)))
+        except json.JSONDecodeError as exc:
+            raise KvplanError(f"{file}:{number} is not valid JSON: {exc.msg}") from None
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise KvplanError(f"{file}:{number}: field {where}: {first['msg']}") from None
+    if not reports:
+        raise KvplanError(f"{file} holds no reports")
+    return reports

@@ -1,0 +1,51 @@
+"""Small robust statistics: the error summaries and the fit's estimators. Pure."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+
+
+def percent_error(predicted: float, reported: float) -> float | None:
+    """(predicted - reported) / reported in %, or None when the reported value is 0."""
+    if reported == 0:
+        return None
+    return 100.0 * (predicted - reported) / reported
+
+
+def median(values: Sequence[float]) -> float:
+    return float(statistics.median(values))
+
+
+def nearest_rank(values: Sequence[float], q: float) -> float:
+    """The q-quantile by the nearest-rank method: the smallest value with at least q of the
+    values at or below it. With 10 values, p90 is the 9th smallest; with 7, the largest."""
+    if not values:
+        raise ValueError("no values")
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q * len(ordered)))
+    return float(ordered[rank - 1])
+
+
+def weighted_median(values: Sequence[float], weights: Sequence[float]) -> float:
+    """The lower weighted median: the first value (ascending) at which the cumulative weight
+    reaches half the total. It minimises sum(w_i * |v_i - m|)."""
+    pairs = sorted(zip(values, weights))
+    total = sum(w for _, w in pairs)
+    if not pairs or total <= 0:
+        raise ValueError("no positive weights")
+    cumulative = 0.0
+    for value, weight in pairs:
+        cumulative += weight
+        if cumulative >= total / 2:
+            return float(value)
+    return float(pairs[-1][0])
+
+
+def lad_through_origin(x: Sequence[float], y: Sequence[float]) -> float:
+    """The slope b minimising sum |y_i - b * x_i| (least absolute deviations, no intercept):
+    since |y - b x| = x |y/x - b| for x > 0, it is the x-weighted median of the ratios y/x."""
+    if any(v <= 0 for v in x):
+        raise ValueError("x must be positive")
+    return weighted_median([yi / xi for xi, yi in zip(x, y)], list(x))
