@@ -169,3 +169,13 @@ def test_a_real_process_gives_one_line_and_exit_2():
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("error: unknown GPU 'H900'") and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_gpu_auto_without_a_driver_is_a_clear_error():
+    import shutil
+
+    if shutil.which("nvidia-smi"):
+        pytest.skip("an NVIDIA driver is present: --gpu auto would succeed here")
+    result = run("size", "meta-llama/Llama-3.1-8B", "--gpu", "auto")
+    assert result.exit_code == 2
+    assert "--gpu auto" in result.stderr and len(result.stderr.strip().splitlines()) == 1
