@@ -59,7 +59,12 @@ def plan_deployment(
     settings: Settings,
     vllm_version: str | None = None,
     overhead: OverheadModel | None = None,
+    use_calibration: bool = True,
 ) -> SizePlan:
+    """Plan one deployment. A user calibration (`kvplan calibrate`) for the same GPU, vLLM
+    release and model family shifts the overhead model by its measured residual, and lends
+    its loaded weights to the same model at the same TP; the plan's notes say so. An explicit
+    ``overhead`` model is used as given."""
     rules = rules_for(vllm_version)
     ref = ModelRef(
         name=model.config.name,
@@ -67,7 +72,31 @@ def plan_deployment(
         detail=model.config.detail,
     )
     devices, _ = load_catalog()
-    plan = plan_size(ref, model.arch, gpus, settings, rules, overhead or load_overhead(), list(devices.values()))
-    if model.config.notes:
-        plan = plan.replace(notes=list(model.config.notes) + plan.notes)
+    base = overhead or load_overhead()
+    notes: list[str] = list(model.config.notes)
+    if use_calibration and overhead is None:
+        base, settings, used = _apply_calibration(model, gpus, settings, rules.version, base)
+        notes += used
+    plan = plan_size(ref, model.arch, gpus, settings, rules, base, list(devices.values()))
+    if notes:
+        plan = plan.replace(notes=notes + plan.notes)
     return plan
+
+
+def _apply_calibration(
+    model: ResolvedModel, gpus: GpuSelection, settings: Settings, version: str, base: OverheadModel
+) -> tuple[OverheadModel, Settings, list[str]]:
+    from kvplan.calibration import calibration_file, find_calibration
+    from kvplan.units import GiB
+
+    cal = find_calibration(gpus.device.name, version, model.arch.model_type)
+    if cal is None:
+        return base, settings, []
+    base = base.calibrated(int(round(cal.residual_gib * GiB)), cal.label())
+    note = (f"used calibration {cal.label()} from {calibration_file()}: overhead shifted by "
+            f"{cal.residual_gib:+.3f} GiB (measured {cal.overhead_gib:.3f}, modelled {cal.predicted_overhead_gib:.3f})")
+    same_model = cal.model.lower() == model.config.name.lower()
+    if same_model and cal.tensor_parallel_size == settings.tensor_parallel_size and not settings.weights_bytes:
+        settings = settings.replace(weights_bytes=int(round(cal.weights_gib * GiB)))
+        note += f"; weights {cal.weights_gib} GiB per GPU as measured"
+    return base, settings, [note]

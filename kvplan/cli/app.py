@@ -38,6 +38,7 @@ app.command("gpus")(catalog_cmd.gpus)
 app.command("models")(catalog_cmd.models)
 app.command("schema")(catalog_cmd.schema)
 app.command("validate", epilog=validate_cmd.VALIDATE_EXAMPLES)(validate_cmd.validate)
+app.command("calibrate", epilog=validate_cmd.CALIBRATE_EXAMPLES)(validate_cmd.calibrate)
 
 
 def run() -> None:  # console-script entry point

@@ -186,3 +186,47 @@ def render_fit(console, fit) -> None:
 
 def _short(model: str) -> str:
     return model if len(model) <= 34 else model[:31] + "..."
+
+
+@user_errors
+def calibrate(
+    path: Path = typer.Argument(..., help="A vLLM start-up log, or a bench run folder holding engine.log."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="The GPU the engine ran on (catalog name, or auto); needed unless the log prints it."),
+    model: Optional[str] = typer.Option(None, "--model", help="Hub id or local folder of the model, when the log shows a path kvplan cannot read."),
+    vllm_version: Optional[str] = typer.Option(None, "--vllm-version", help="The release, when the log does not print it."),
+    util: Optional[str] = typer.Option(None, "--gpu-memory-utilization", "--util", help="gpu_memory_utilization the engine used, when the log does not show it."),
+    usage: str = typer.Option("serve", "--usage", help="serve (vllm serve) or llm (offline LLM class): the defaults the engine picked."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+) -> None:
+    """Record a real start-up's measured overhead for (GPU, vLLM version, model family).
+
+    Later `kvplan size` runs with the same GPU, --vllm-version and model family use it and
+    say so in their notes. The profile is $KVPLAN_CONFIG_DIR/calibration.json
+    (default ~/.config/kvplan/calibration.json).
+    """
+    from dataclasses import asdict
+
+    from kvplan.calibration import record_calibration
+    from kvplan.errors import KvplanError
+    from kvplan.units import parse_fraction
+    from kvplan.validate.calibrate import log_path, measure
+
+    if usage not in ("serve", "llm"):
+        raise KvplanError(f"invalid --usage {usage!r}", "use serve or llm")
+    file = log_path(path)
+    try:
+        text = file.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise KvplanError(f"cannot read {file}: {exc.strerror}") from None
+    fraction = None if util is None else parse_fraction(util, "gpu memory utilization")
+    cal = measure(text, str(file), gpu, model, vllm_version, fraction, usage)
+    written = record_calibration(cal)
+    if as_json:
+        print_json(asdict(cal) | {"residual_gib": round(cal.residual_gib, 4), "profile": str(written)})
+        return
+    typer.echo(f"recorded {cal.label()}")
+    typer.echo(f"  requested {cal.requested_gib:.2f} GiB - weights {cal.weights_gib:.2f} - available KV "
+               f"{cal.available_kv_gib:.2f} = overhead {cal.overhead_gib:.3f} GiB per GPU "
+               f"(kvplan's model: {cal.predicted_overhead_gib:.3f}, residual {cal.residual_gib:+.3f})")
+    typer.echo(f"  saved to {written}; `kvplan size` uses it for {cal.gpu} with --vllm-version {cal.vllm_version} "
+               f"and {cal.model_family} models")
