@@ -123,7 +123,8 @@ def render(plan: SizePlan) -> None:
     if plan.replicas > 1:
         par += f", {plan.replicas} replicas"
     console.print(f"[bold]{plan.model}[/] on [bold]{gpus}[/] ({par}), vLLM {plan.vllm_version} rules")
-    console.print(f"  config: {plan.model_source} - {plan.model_source_detail}")
+    detail = plan.model_source_detail.split(" (from ")[0]  # the profile's source URL is in --json
+    console.print(f"  config: {plan.model_source} - {detail}")
     console.print(
         f"  attention: {plan.attention}; KV dtype {plan.kv_cache_dtype}; block {plan.block_size} tokens; "
         f"context {format_tokens(plan.max_model_len)}"
