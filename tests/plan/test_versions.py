@@ -1,0 +1,310 @@
+"""Every rule of kvplan/plan/versions.py, against the vLLM source it follows.
+
+Source lines are cited as path@version (the wheels unpacked for docs/vllm-accounting.md).
+Expected numbers are hand arithmetic from the config fields, written next to each assert.
+"""
+
+from dataclasses import replace
+
+import pytest
+
+from kvplan.errors import KvplanError
+from kvplan.hardware.catalog import Device, find_device
+from kvplan.model.arch import parse_architecture
+from kvplan.model.source import load_bundled
+from kvplan.plan.capacity import compute_capacity, default_block_size, default_scheduler_limits, resolve_kv_dtype
+from kvplan.plan.overhead import load_overhead
+from kvplan.plan.schema import Settings
+from kvplan.plan.versions import NEWEST_KNOWN, parse_version, rules_for
+from kvplan.units import GiB, MiB
+
+OVERHEAD = load_overhead()
+H100 = find_device("H100")
+
+
+def arch(name, **overrides):
+    return parse_architecture(load_bundled(name).config, overrides or None)
+
+
+def cap(model, version, device=H100, **settings):
+    a = model if not isinstance(model, str) else arch(model)
+    return compute_capacity(a, device, Settings(**settings), rules_for(version), OVERHEAD)
+
+
+def gpu(total_bytes: int) -> Device:
+    return Device(name="test GPU", memory_bytes=total_bytes, cuda_total_bytes=total_bytes, cuda_total_measured=True)
+
+
+# --- version strings ------------------------------------------------------------------------
+
+
+def test_version_strings_as_vllm_prints_them():
+    assert parse_version("0.9.1.dev705+g01220ce89") == (0, 9, 1)  # kv003's log
+    assert parse_version("v0.11.0rc2.dev98+g393de22d2") == (0, 11, 0)  # kv040's log
+    assert parse_version("0.15") == (0, 15, 0)
+    assert rules_for(None).version == NEWEST_KNOWN
+    with pytest.raises(KvplanError):
+        parse_version("latest")
+
+
+# --- "GPU KV cache size: N tokens": three formulas --------------------------------------------
+
+# gpt-oss-120b: 36 layers, 18 sliding (window 128) + 18 full, 8 KV heads of 64, bf16.
+# One layer's 16-token page: 16 x 8 x (64 + 64) x 2 B = 32,768 B; 18 layers per group share a
+# block id, so a block is 18 x 32,768 = 589,824 B. 9,798 blocks = 5,779,095,552 B (5.38 GiB).
+GPT_OSS_AVAIL = 9798 * 589_824
+
+
+def test_per_group_tokens_up_to_0_20():
+    # v1/core/kv_cache_utils.py@0.11.0:1080 (and @0.9.2:871):
+    #   num_tokens = num_blocks // len(kv_cache_groups) * min_block_size
+    # 9,798 // 2 groups x 16 = 4,899 x 16 = 78,384.
+    c = cap("openai/gpt-oss-120b", "0.11.0", kv_cache_memory_bytes=GPT_OSS_AVAIL, max_model_len=16000)
+    assert c.layout.block_bytes == 589_824
+    assert c.num_blocks == 9798
+    assert c.kv_cache_tokens_reported == 78_384
+    assert rules_for("0.20.0").token_report == "per_group"
+
+
+def test_concurrency_tokens_from_0_21():
+    # v1/core/kv_cache_utils.py@0.21.0:1708: num_tokens = int(max_concurrency * max_model_len).
+    # Per request at L = 16,000 (H100 serve: max_num_batched_tokens 8,192):
+    #   full:    cdiv(16000, 16) = 1,000 blocks
+    #   sliding: cdiv(min(128 - 1 + 8192, 16000), 16) + 1 = cdiv(8319, 16) + 1 = 520 + 1 = 521
+    # (kv_cache_interface.py SlidingWindowSpec.max_memory_usage_bytes@0.11.0-0.22.0)
+    # 9,798 / 1,521 = 6.44181...; x 16,000 = 103,069.03 -> 103,069.
+    c = cap("openai/gpt-oss-120b", "0.21.0", kv_cache_memory_bytes=GPT_OSS_AVAIL, max_model_len=16000)
+    assert c.blocks_per_request(16000) == 1521
+    assert c.kv_cache_tokens_reported == 103_069
+    assert round(c.max_concurrency_reported, 2) == 6.44
+
+
+def test_0_33_keeps_two_batches_in_flight_for_sliding_layers():
+    # kv_cache_interface.py@0.33.0:938: min(window - 1 + extra + max_in_flight_tokens, L), with
+    # config/vllm.py@0.33.0:601 max_in_flight_tokens = 2 x 8,192 (async scheduling, pp = 1):
+    #   sliding: cdiv(min(127 + 16384, 16000), 16) + 1 = 1,000 + 1 = 1,001; full 1,000.
+    # 9,798 / 2,001 = 4.89655...; x 16,000 = 78,344.8 -> 78,344.
+    c = cap("openai/gpt-oss-120b", "0.33.0", kv_cache_memory_bytes=GPT_OSS_AVAIL, max_model_len=16000)
+    assert c.blocks_per_request(16000) == 2001
+    assert c.kv_cache_tokens_reported == 78_344
+
+
+def test_v0_prints_blocks_times_block_size_and_has_no_null_block():
+    # executor/executor_base.py@0.9.2:116: max_concurrency = num_gpu_blocks * block_size / max_model_len
+    # Llama-3.1-8B: 32 x 2 x 8 x 128 x 2 B x 16 = 2 MiB a block; 1,478 blocks -> 23,648 tokens and
+    # 23,648 / 29,000 = 0.815 -> "0.82x" (kv002, vLLM#10517).
+    c = cap("meta-llama/Llama-3.1-8B", "0.6.0", kv_cache_memory_bytes=1478 * 2 * MiB, max_model_len=29000)
+    assert rules_for("0.6.0").engine == "v0"
+    assert c.num_blocks == 1478
+    assert c.kv_cache_tokens_reported == 23_648
+    assert round(c.max_concurrency_reported, 2) == 0.82
+    assert c.usable_blocks == 1478  # V1's BlockPool pops a null block (block_pool.py@0.11.0:157); V0 does not
+
+
+def test_0_21_tokens_differ_from_blocks_when_the_context_is_not_a_block_multiple():
+    # 100 blocks, L = 1,000: 0.20 prints 100 // 1 x 16 = 1,600; 0.21 prints
+    # int(100 / cdiv(1000, 16) x 1000) = int(100 / 63 x 1000) = int(1587.30) = 1,587.
+    kw = dict(kv_cache_memory_bytes=100 * 2 * MiB, max_model_len=1000)
+    assert cap("meta-llama/Llama-3.1-8B", "0.20.0", **kw).kv_cache_tokens_reported == 1600
+    assert cap("meta-llama/Llama-3.1-8B", "0.21.0", **kw).kv_cache_tokens_reported == 1587
+
+
+# --- the budget ------------------------------------------------------------------------------
+
+
+def test_gpu_memory_utilization_default_0_92_from_0_20():
+    # config/cache.py@0.19.1:41 Field(default=0.9); config/cache.py@0.20.0:66 Field(default=0.92).
+    # 80 GiB = 85,899,345,920 B: x 0.9 = 77,309,411,328; x 0.92 = 79,027,398,246.4 -> ceil 79,027,398,247.
+    assert rules_for("0.19.1").default_gpu_memory_utilization == 0.9
+    assert rules_for("0.20.0").default_gpu_memory_utilization == 0.92
+    kw = dict(max_model_len=8192, enforce_eager=True)
+    assert cap("meta-llama/Llama-3.1-8B", "0.19.1", gpu(80 * GiB), **kw).limiting_stage.requested == 77_309_411_328
+    assert cap("meta-llama/Llama-3.1-8B", "0.20.0", gpu(80 * GiB), **kw).limiting_stage.requested == 79_027_398_247
+
+
+def test_requested_memory_is_rounded_up_from_0_19_1():
+    # gpu_worker.py@0.11.0:183: requested_memory = total_memory * gpu_memory_utilization (a float;
+    # kvplan keeps the whole bytes); v1/worker/utils.py@0.19.1:408: math.ceil(total * util).
+    # (10 GiB + 1 B) x 0.9 = 10,737,418,241 x 0.9 = 9,663,676,416.9 -> 9,663,676,416 / 9,663,676,417.
+    dev = gpu(10 * GiB + 1)
+    kw = dict(max_model_len=4096, gpu_memory_utilization=0.9, enforce_eager=True)
+    assert cap("Qwen/Qwen3-0.6B", "0.11.0", dev, **kw).limiting_stage.requested == 9_663_676_416
+    assert cap("Qwen/Qwen3-0.6B", "0.19.1", dev, **kw).limiting_stage.requested == 9_663_676_417
+
+
+def test_cuda_graph_memory_is_subtracted_from_0_20():
+    # envs.py@0.19.1:1655 VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS default "0"; envs.py@0.20.0:1725
+    # default "1"; gpu_worker.py@0.20.0:379-400 subtracts the estimate unless enforce_eager.
+    # Same util and settings: 0.20's available KV is smaller by exactly the CUDA-graph estimate.
+    kw = dict(max_model_len=8192, gpu_memory_utilization=0.9)
+    before = cap("meta-llama/Llama-3.1-8B", "0.19.1", **kw).limiting_stage
+    after = cap("meta-llama/Llama-3.1-8B", "0.20.0", **kw).limiting_stage
+    assert before.cudagraphs.bytes == 0
+    assert after.cudagraphs.bytes == OVERHEAD.cudagraph_bytes[1]
+    assert before.available.bytes - after.available.bytes == OVERHEAD.cudagraph_bytes[1]
+    eager = cap("meta-llama/Llama-3.1-8B", "0.20.0", enforce_eager=True, **kw).limiting_stage
+    assert eager.available.bytes == before.available.bytes
+
+
+def test_kv_cache_memory_flag_from_0_11():
+    # --kv-cache-memory-bytes exists in CacheConfig from 0.11 (config/cache.py@0.11.0), not in 0.9.2.
+    assert not rules_for("0.9.2").kv_cache_memory_flag
+    assert rules_for("0.11.0").kv_cache_memory_flag
+
+
+# --- hybrid grouping -------------------------------------------------------------------------
+
+# 10 sliding + 8 full layers, 4 KV heads of 128, bf16: a 16-token page is 16 x 4 x 256 x 2 = 32,768 B.
+MIXED = {
+    "model_type": "gemma2", "architectures": ["Gemma2ForCausalLM"], "hidden_size": 1024,
+    "num_hidden_layers": 18, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 128,
+    "intermediate_size": 4096, "vocab_size": 1000, "max_position_embeddings": 4096, "sliding_window": 512,
+    "torch_dtype": "bfloat16",
+    "layer_types": ["sliding_attention"] * 10 + ["full_attention"] * 8,
+}
+
+
+def test_group_size_fewest_layers_before_0_19_1():
+    # v1/core/kv_cache_utils.py@0.11.0:977: group_size = min(len(layers) per type) = 8.
+    # Sliding 10 layers -> cdiv(10, 8) = 2 groups of 5 (+3 padding each); full 8 -> 1 group: 3 groups.
+    # A block is 8 x 32,768 = 262,144 B; 32,768,000 B -> 125 blocks -> 125 // 3 x 16 = 656 tokens.
+    c = cap(parse_architecture(MIXED), "0.11.0", kv_cache_memory_bytes=32_768_000, max_model_len=4096)
+    assert c.layout.num_kv_groups == 3
+    assert c.layout.padding_layers == 6
+    assert c.layout.block_bytes == 262_144
+    assert c.num_blocks == 125
+    assert c.kv_cache_tokens_reported == 656
+
+
+def test_group_size_most_layers_when_close_from_0_19_1():
+    # v1/core/kv_cache_utils.py@0.19.1:1046: if max_num_layers < min_num_layers * 1.5: group_size = max.
+    # 10 < 8 x 1.5 = 12 -> group_size 10: sliding 1 group, full 1 group (8 + 2 padding).
+    # A block is 10 x 32,768 = 327,680 B; 32,768,000 B -> 100 blocks -> 100 // 2 x 16 = 800 tokens.
+    c = cap(parse_architecture(MIXED), "0.19.1", kv_cache_memory_bytes=32_768_000, max_model_len=4096)
+    assert c.layout.num_kv_groups == 2
+    assert c.layout.padding_layers == 2
+    assert c.layout.block_bytes == 327_680
+    assert c.num_blocks == 100
+    assert c.kv_cache_tokens_reported == 800
+
+
+def test_chunked_local_attention_uses_the_hybrid_manager_from_0_19_1():
+    # envs.py@0.11.0:1391 VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE default "0", and
+    # config/__init__.py@0.11.0:520 then disables the hybrid manager: chunked layers become full.
+    # envs.py@0.19.1:1460: default "1".
+    # Llama 4 Scout: 36 chunked (8,192) + 12 NoPE full layers, 8 KV heads of 128:
+    # a page is 16 x 8 x 256 x 2 = 65,536 B.
+    kw = dict(kv_cache_memory_bytes=48 * 65_536 * 1000, max_model_len=32768)
+    old = cap("meta-llama/Llama-4-Scout-17B-16E-Instruct", "0.11.0", **kw)
+    # 0.11: one group of 48 full layers, a block = 48 x 65,536 = 3,145,728 B -> 1,000 blocks.
+    assert not old.hybrid_allocator
+    assert old.layout.num_kv_groups == 1 and old.layout.block_bytes == 3_145_728 and old.num_blocks == 1000
+    assert any("disables the hybrid KV manager" in n for n in old.notes)
+    new = cap("meta-llama/Llama-4-Scout-17B-16E-Instruct", "0.19.1", **kw)
+    # 0.19.1: 36 >= 12 x 1.5, so group_size 12: 3 chunked groups + 1 full, a block = 12 x 65,536
+    # = 786,432 B -> 3,145,728,000 / 786,432 = 4,000 blocks.
+    assert new.hybrid_allocator
+    assert new.layout.num_kv_groups == 4 and new.layout.block_bytes == 786_432 and new.num_blocks == 4000
+
+
+# --- dtypes and block sizes ------------------------------------------------------------------
+
+
+def test_auto_kv_dtype_reads_a_modelopt_checkpoint_from_0_19_1():
+    # utils/torch_utils.py@0.19.1:262-279 get_kv_cache_quant_algo_string: a ModelOpt config's
+    # kv_cache_quant_algo "FP8" turns "auto" into fp8; 0.11 keeps the model dtype.
+    a = arch("meta-llama/Llama-3.1-8B", quantization_config={
+        "quant_method": "modelopt", "quant_algo": "FP8", "kv_cache_quant_algo": "FP8"})
+    assert resolve_kv_dtype(a, "auto", rules_for("0.11.0")).bytes_per_element == 2
+    assert resolve_kv_dtype(a, "auto", rules_for("0.19.1")).bytes_per_element == 1
+
+
+def test_deepseek_v32_auto_is_fp8_ds_mla_only_in_0_11():
+    # models/config.py@0.11.0:408-421 DeepseekV32ForCausalLM.verify_and_update_config sets
+    # cache_dtype = "fp8_ds_mla" for "auto"; gone in 0.19.1 (auto stays bf16).
+    a = arch("deepseek-ai/DeepSeek-V3.2")
+    assert resolve_kv_dtype(a, "auto", rules_for("0.11.0")).name == "fp8_ds_mla"
+    assert resolve_kv_dtype(a, "auto", rules_for("0.19.1")).name != "fp8_ds_mla"
+
+
+def test_mla_block_size_64_on_hopper_128_on_blackwell():
+    # platforms/cuda.py@0.11.0:165-182: FlashMLA 64; CUTLASS MLA (Blackwell) 128.
+    a = arch("deepseek-ai/DeepSeek-V3")
+    assert default_block_size(a, H100, rules_for("0.11.0")) == 64
+    assert default_block_size(a, find_device("B200"), rules_for("0.11.0")) == 128
+    assert default_block_size(arch("meta-llama/Llama-3.1-8B"), H100, rules_for("0.11.0")) == 16
+
+
+def test_scheduler_defaults_and_the_0_33_big_gpu_tier():
+    # engine/arg_utils.py@0.11.0 _set_default_args: >= 70 GiB non-A100: serve 8,192 / LLM 16,384
+    # tokens, 1,024 seqs; else 2,048 / 8,192 and 256. engine/arg_utils.py@0.33.0:2973: >= 160 GiB
+    # (B200) batches 16,384 for `vllm serve` too.
+    def limits(device, usage, version):
+        x = default_scheduler_limits(find_device(device), usage, rules_for(version))
+        return x.max_num_seqs, x.max_num_batched_tokens
+
+    assert limits("H100", "serve", "0.11.0") == (1024, 8192)
+    assert limits("H100", "llm", "0.11.0") == (1024, 16384)
+    assert limits("A100 80GB", "serve", "0.11.0") == (256, 2048)  # "a100" in the name: the small tier
+    assert limits("L4", "llm", "0.11.0") == (256, 8192)
+    assert limits("B200", "serve", "0.22.0") == (1024, 8192)
+    assert limits("B200", "serve", "0.33.0") == (1024, 16384)
+    # An H200 (~140 GiB) stays in the 70 GiB tier in 0.33.
+    assert limits("H200", "serve", "0.33.0") == (1024, 8192)
+
+
+def test_admission_checks_the_whole_prompt_from_0_19_1():
+    # config/scheduler.py@0.19.1:139 scheduler_reserve_full_isl: bool = True.
+    assert not rules_for("0.11.0").admit_full_prompt
+    assert rules_for("0.19.1").admit_full_prompt
+
+
+def test_max_len_check_counts_padding_from_0_19_1():
+    # v1/core/kv_cache_utils.py@0.19.1 _max_memory_usage_bytes_from_groups counts padding layers:
+    # group_size x page x sum(cdiv(maxmem_g, page)). MIXED at L = 4,096 (0.19.1: group_size 10):
+    #   full: cdiv(4096, 16) = 256 pages; sliding (H100 serve batches 8,192 tokens):
+    #   cdiv(min(512 - 1 + 8192, 4096), 16) + 1 = 256 + 1 = 257.  10 x 32,768 x (256 + 257) = 168,099,840 B.
+    # 0.11 sums per real layer: 8 x 256 x 32,768 + 10 x 257 x 32,768 = 67,108,864 + 84,213,760 = 151,322,624.
+    new = cap(parse_architecture(MIXED), "0.19.1", kv_cache_memory_bytes=32_768_000, max_model_len=4096)
+    old = cap(parse_architecture(MIXED), "0.11.0", kv_cache_memory_bytes=32_768_000, max_model_len=4096)
+    assert new.needed_for_max_model_len() == 168_099_840
+    # 0.11 (group_size 8): the padding is not counted.
+    assert old.needed_for_max_model_len() == 151_322_624
+
+
+def test_every_rule_field_is_covered():
+    """A new rule in VllmRules needs a test here: this list is the inventory."""
+    tested = {
+        "version", "engine", "default_gpu_memory_utilization", "subtracts_cudagraph_memory", "token_report",
+        "hybrid_allocator", "group_size_rule", "unify_page_size", "auto_kv_reads_checkpoint",
+        "requested_memory_ceil", "kv_cache_memory_flag", "combined_capacity_line", "chunked_local_uses_hybrid",
+        "inflight_batches", "state_pages", "mamba2_extra_pages", "max_len_check_counts_padding", "big_gpu_tier",
+        "sparse_mla_auto_fp8", "admit_full_prompt",
+    }
+    assert set(rules_for(None).__dataclass_fields__) == tested
+
+
+def test_release_boundaries():
+    # Where each flag flips, as versions.py encodes it (docs/vllm-accounting.md quotes the lines).
+    def flip(field):
+        seq = ["0.8.5", "0.9.2", "0.11.0", "0.15.1", "0.19.1", "0.20.0", "0.21.0", "0.22.0", "0.33.0"]
+        values = [getattr(rules_for(v), field) for v in seq]
+        return [seq[i] for i in range(1, len(seq)) if values[i] != values[i - 1]]
+
+    assert flip("hybrid_allocator") == ["0.9.2"]  # per-group KV specs (v1/core/kv_cache_utils.py@0.9.2)
+    assert flip("unify_page_size") == ["0.19.1"]  # unify_kv_cache_spec_page_size
+    assert flip("group_size_rule") == ["0.19.1"]
+    assert flip("subtracts_cudagraph_memory") == ["0.20.0"]
+    # blocks (V0 and 0.8) -> per_group (0.9) -> int(concurrency x L) (0.21)
+    assert flip("token_report") == ["0.9.2", "0.21.0"]
+    # 0.33: one "KV cache size: N tokens, Maximum concurrency ..." line (kv_cache_utils.py@0.33.0:1128),
+    # recurrent state in "align" mode holds 2 pages (+1 prefill checkpoint for Mamba-2 mixers).
+    assert flip("combined_capacity_line") == ["0.33.0"]
+    assert (rules_for("0.33.0").state_pages, rules_for("0.22.0").state_pages) == (2, 1)
+    assert (rules_for("0.33.0").mamba2_extra_pages, rules_for("0.22.0").mamba2_extra_pages) == (1, 0)
+    assert (rules_for("0.33.0").inflight_batches, rules_for("0.22.0").inflight_batches) == (2, 1)
+
+
+def test_rules_are_a_value_not_shared_state():
+    r = rules_for("0.11.0")
+    assert replace(r, version="x") != r and rules_for("0.11.0") == r
