@@ -8,6 +8,7 @@ import typer
 from kvplan import __version__
 from kvplan.cli import catalog_cmd, size_cmd
 from kvplan.cli import validate_cmd
+from kvplan.cli import check_cmd
 
 app = typer.Typer(
     name="kvplan",
@@ -39,6 +40,8 @@ app.command("models")(catalog_cmd.models)
 app.command("schema")(catalog_cmd.schema)
 app.command("validate", epilog=validate_cmd.VALIDATE_EXAMPLES)(validate_cmd.validate)
 app.command("calibrate", epilog=validate_cmd.CALIBRATE_EXAMPLES)(validate_cmd.calibrate)
+app.command("check", epilog=check_cmd.CHECK_EXAMPLES)(check_cmd.check)
+app.command("check-log", epilog=check_cmd.CHECK_LOG_EXAMPLES)(check_cmd.check_log)
 
 
 def run() -> None:  # console-script entry point

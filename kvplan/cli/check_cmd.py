@@ -1,0 +1,122 @@
+"""`kvplan check` (gate a deployment spec in CI) and `kvplan check-log` (a vLLM log vs the plan)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+import typer
+
+from kvplan.cli.common import error_line, print_json, user_errors
+
+CHECK_EXAMPLES = """
+Examples:
+
+  kvplan check kvplan.yaml
+
+  kvplan check kvplan.yaml --junit reports/kvplan.xml
+
+  kvplan check kvplan.yaml --bench runs/llama-8b-h100 --json
+
+Exit code 0: every deployment fits; 1: at least one does not; 2: the spec is invalid
+(the error names file:line and the key).
+"""
+
+CHECK_LOG_EXAMPLES = """
+Examples:
+
+  kvplan check-log vllm.log
+
+  kvplan check-log vllm.log --gpu H100 --tolerance 0.01
+
+  kvplan check-log engine.log --model ./my-model --json
+
+Exit code 0: every reported number is within --tolerance of the plan; 1: one is not; 2: bad input.
+"""
+
+
+@user_errors
+def check(
+    spec: str = typer.Argument(..., help="The deployment spec (kvplan.yaml)."),
+    junit: Optional[str] = typer.Option(None, "--junit", help="Write JUnit XML here (one test case per deployment)."),
+    bench: Optional[list[str]] = typer.Option(None, "--bench", help="A `kvplan bench` run folder (repeatable): fail deployments whose measured first preemption is below their concurrency."),
+    annotations: Optional[bool] = typer.Option(None, "--github-annotations/--no-github-annotations", help="Print ::error annotations (default: on when GITHUB_ACTIONS=true)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document (annotations then go to stderr)."),
+) -> None:
+    """Check every deployment of a spec against the planner: does it fit, by what margin, what binds."""
+    from kvplan.gate import outputs
+    from kvplan.gate.check import check_spec, read_bench_runs
+    from kvplan.gate.spec import SpecErrors, load_spec
+
+    want_annotations = outputs.annotations_wanted(annotations)
+    stream = sys.stderr if as_json else sys.stdout
+    try:
+        parsed = load_spec(spec)
+        runs = read_bench_runs(bench) if bench else []
+        report = check_spec(parsed, runs)
+    except SpecErrors as errors:
+        for issue in errors.issues:
+            error_line(str(issue))
+        if want_annotations:
+            for line in outputs.annotations_for_issues(errors.issues):
+                stream.write(line + "\n")
+        if junit:
+            outputs.write_file(junit, outputs.junit_xml_for_issues(spec, errors.issues))
+        outputs.append_step_summary(outputs.step_summary_for_issues(spec, errors.issues))
+        raise typer.Exit(2) from None
+
+    if junit:
+        outputs.write_file(junit, outputs.junit_xml(report))
+    outputs.append_step_summary(outputs.step_summary_markdown(report))
+    if as_json:
+        print_json(report)
+    else:
+        outputs.render_table(report)
+    if want_annotations:
+        for line in outputs.annotations(report):
+            stream.write(line + "\n")
+        stream.flush()
+    raise typer.Exit(0 if report.ok else 1)
+
+
+@user_errors
+def check_log(
+    log: str = typer.Argument(..., help="A vLLM start-up log (any release; GPU or CPU build). '-' reads stdin."),
+    tolerance: float = typer.Option(0.02, "--tolerance", help="Largest |error| allowed, as a fraction (0.02 = 2%)."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="The GPU the log came from (H100, 2xH100), when the log does not say: adds the memory budget comparison."),
+    model: Optional[str] = typer.Option(None, "--model", help="Model id or path to plan with, instead of the one in the log."),
+    vllm_version: Optional[str] = typer.Option(None, "--vllm-version", help="Rules of this release, when the log does not print it."),
+    usage: str = typer.Option("serve", "--usage", help="serve (vllm serve) or llm (offline LLM class): vLLM's batch defaults."),
+    gate: str = typer.Option("page", "--gate", help="page: gate blocks, tokens and concurrency given the log's KV memory; all: also weights and the memory budget."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+) -> None:
+    """Parse a vLLM start-up log, re-plan the same settings, and show predicted vs reported numbers."""
+    from kvplan.errors import KvplanError
+    from kvplan.gate.checklog import check_log_text, render
+
+    if not 0 <= tolerance < 1:
+        raise KvplanError(f"invalid --tolerance {tolerance}", "use a fraction such as 0.02")
+    if usage not in ("serve", "llm"):
+        raise KvplanError(f"invalid --usage {usage!r}", "use serve or llm")
+    if gate not in ("page", "all"):
+        raise KvplanError(f"invalid --gate {gate!r}", "use page or all")
+    if log == "-":
+        text = sys.stdin.read()
+    else:
+        try:
+            with open(log, encoding="utf-8", errors="replace") as fh:
+                text = fh.read()
+        except FileNotFoundError:
+            raise KvplanError(f"{log}: no such file") from None
+        except IsADirectoryError:
+            raise KvplanError(f"{log}: is a folder, not a log file") from None
+        except OSError as exc:
+            raise KvplanError(f"cannot read {log}: {exc.strerror}") from None
+    result = check_log_text(text, log, tolerance=tolerance, gpu=gpu, model=model,
+                            vllm_version=vllm_version, usage=usage, gate=gate)
+    if as_json:
+        print_json(result)
+    else:
+        render(result)
+    raise typer.Exit(0 if result.ok else 1)
+

@@ -1,0 +1,358 @@
+"""Evaluate every deployment of a spec with the planner, and optionally against bench runs.
+
+A deployment passes when the planner says it fits (``SizePlan.fits``: the engine starts, the
+asked concurrency of asked requests fits the KV pool and max_num_seqs), the pool stays at least
+``headroom`` free at that load, and no ``kvplan bench`` run measured its first preemption below
+the required concurrency.
+
+Bench run folders (``--bench RUN_DIR``): a folder holding ``summary.json``, or a folder whose
+sub-folders hold one each. Fields read (anything else is ignored):
+
+    model                      string   the model the bench served (id or path)
+    measured_first_preemption  int|null lowest concurrency at which the engine preempted; null = none seen
+    deployment                 string   optional: the spec deployment this run measured
+
+A summary with ``deployment`` applies to that deployment; one without applies to every
+deployment whose model matches (case-insensitive; a path matches by its last components).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from kvplan.errors import KvplanError
+from kvplan.gate.spec import Spec, SpecEntry, SpecErrors, SpecIssue
+
+SUMMARY_FILE = "summary.json"
+
+
+class BenchRun(BaseModel):
+    """What one `kvplan bench` run folder says about preemption."""
+
+    run_dir: str
+    model: str
+    deployment: str | None = None
+    measured_first_preemption: int | None = None
+
+
+class BenchCheck(BaseModel):
+    runs: list[str]
+    measured_first_preemption: int | None = Field(description="lowest over the matching runs; null = none seen")
+    required_concurrency: int
+    passed: bool
+
+
+class DeploymentResult(BaseModel):
+    """One row of `kvplan check`: the verdict on one deployment and why."""
+
+    name: str
+    model: str
+    file: str
+    line: int
+    gpu: str
+    gpu_count: int
+    vllm_version: str
+    context_tokens: int
+    concurrency: int
+    request_tokens: int
+    fits: bool
+    limiting_term: str = Field(description="none | KV pool | max_model_len | weights | max_num_seqs | headroom | bench")
+    reason: str
+    suggestion: str | None = None
+    pool_blocks: int = Field(description="usable KV blocks per replica")
+    blocks_needed: int = Field(description="blocks the asked load pins per replica")
+    pool_used: float | None = Field(description="blocks_needed / pool_blocks (null when the pool is empty)")
+    margin: float | None = Field(description="1 - pool_used: the share of the pool left free at the asked load")
+    headroom: float
+    max_concurrency_at_request: int
+    kv_cache_tokens: int
+    available_kv_gib: float
+    bench: BenchCheck | None = None
+    notes: list[str] = Field(default_factory=list)
+
+
+class CheckReport(BaseModel):
+    """`kvplan check --json`."""
+
+    spec: str
+    ok: bool
+    total: int
+    passed: int
+    failed: int
+    results: list[DeploymentResult]
+    notes: list[str] = Field(default_factory=list)
+
+
+# --- bench runs -------------------------------------------------------------------------------
+
+
+def read_bench_runs(paths: list[str]) -> list[BenchRun]:
+    """Read summary.json of each run folder (or of each sub-folder); bad files are exit-2 errors."""
+    runs: list[BenchRun] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_file() and path.name == SUMMARY_FILE:
+            files = [path]
+        elif (path / SUMMARY_FILE).is_file():
+            files = [path / SUMMARY_FILE]
+        else:
+            files = sorted(path.glob(f"*/{SUMMARY_FILE}")) if path.is_dir() else []
+        if not files:
+            what = "no such folder" if not path.exists() else f"no {SUMMARY_FILE} in it or its sub-folders"
+            raise KvplanError(f"--bench {raw}: {what}", "pass a `kvplan bench` run folder")
+        runs.extend(_read_summary(f) for f in files)
+    return runs
+
+
+def _read_summary(file: Path) -> BenchRun:
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise KvplanError(f"cannot read {file}: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise KvplanError(f"{file}:{exc.lineno}: not valid JSON: {exc.msg}") from None
+    if not isinstance(data, dict):
+        raise KvplanError(f"{file}: expected a JSON object")
+    model = data.get("model")
+    if not isinstance(model, str) or not model:
+        raise KvplanError(f"{file}: model: expected the model name as a string, got {model!r}")
+    if "measured_first_preemption" not in data:
+        raise KvplanError(f"{file}: measured_first_preemption: missing", "an int, or null when none was seen")
+    first = data["measured_first_preemption"]
+    if first is not None and (isinstance(first, bool) or not isinstance(first, int) or first < 1):
+        raise KvplanError(f"{file}: measured_first_preemption: expected an int >= 1 or null, got {first!r}")
+    deployment = data.get("deployment")
+    if deployment is not None and not isinstance(deployment, str):
+        raise KvplanError(f"{file}: deployment: expected a string, got {deployment!r}")
+    return BenchRun(run_dir=str(file.parent), model=model, deployment=deployment, measured_first_preemption=first)
+
+
+def _model_key(name: str) -> tuple[str, ...]:
+    parts = [p for p in re.split(r"[/\\]+", name.strip().lower()) if p and p not in (".", "..", "...")]
+    return tuple(parts[-2:])
+
+
+def _same_model(a: str, b: str) -> bool:
+    ka, kb = _model_key(a), _model_key(b)
+    if not ka or not kb:
+        return False
+    if ka == kb:
+        return True
+    # A local path's last folder against a Hub id's name (".../Llama-3.1-8B" vs "meta-llama/Llama-3.1-8B").
+    return ka[-1] == kb[-1] and (len(ka) == 1 or len(kb) == 1)
+
+
+def match_bench_runs(spec: Spec, runs: list[BenchRun]) -> tuple[dict[str, list[BenchRun]], list[str]]:
+    """Deployment name -> its runs; and notes on runs that match no deployment."""
+    names = {e.deployment.name for e in spec.entries}
+    by_name: dict[str, list[BenchRun]] = {}
+    notes: list[str] = []
+    for run in runs:
+        if run.deployment is not None:
+            if run.deployment in names:
+                by_name.setdefault(run.deployment, []).append(run)
+            else:
+                notes.append(f"bench run {run.run_dir} names deployment {run.deployment!r}, which is not in the spec")
+            continue
+        matched = [e.deployment.name for e in spec.entries if _same_model(e.deployment.model, run.model)]
+        for name in matched:
+            by_name.setdefault(name, []).append(run)
+        if not matched:
+            notes.append(f"bench run {run.run_dir} measured {run.model!r}, which no deployment uses")
+    return by_name, notes
+
+
+# --- planning ---------------------------------------------------------------------------------
+
+_FLAG_TO_KEY = (
+    ("--kv-cache-dtype ", "kv_cache_dtype: "),
+    ("--ctx ", "context: "),
+    ("--concurrency ", "concurrency: "),
+    ("--gpu ", "gpu: "),
+    ("--tp ", "tp: "),
+)
+
+
+def spec_change(flags: str) -> str:
+    """A planner suggestion's CLI flags as spec keys: ``--ctx 12000`` -> ``context: 12000``."""
+    for flag, key in _FLAG_TO_KEY:
+        if flags.startswith(flag):
+            return key + flags[len(flag):]
+    return flags
+
+
+def _field_of(message: str) -> str | None:
+    """Which spec key a planner error is about, for the line number."""
+    text = message.lower()
+    for words, field in ((("prompt", "output"), "prompt"), (("shared-prefix", "shared prefix"), "shared_prefix"),
+                         (("tensor parallel", "tp "), "tp"), (("pipeline",), "pp"), (("gpus", "gpu"), "gpu"),
+                         (("context", "max_position"), "context"), (("dtype",), "kv_cache_dtype")):
+        if any(w in text for w in words):
+            return field
+    return None
+
+
+@dataclass
+class Planner:
+    """Caches models and the overhead model across deployments."""
+
+    file: str
+
+    def __post_init__(self) -> None:
+        from kvplan.plan.overhead import load_overhead
+
+        self.overhead = load_overhead()
+        self.models: dict[str, Any] = {}
+
+    def model(self, entry: SpecEntry):
+        from kvplan.deploy import load_model
+
+        name = entry.deployment.model
+        if name not in self.models:
+            try:
+                self.models[name] = load_model(name)
+            except KvplanError as exc:
+                self.models[name] = exc
+        found = self.models[name]
+        if isinstance(found, KvplanError):
+            raise SpecIssue(self.file, entry.line_of("model"), entry.label("model"), found.message, found.hint)
+        return found
+
+    def evaluate(self, entry: SpecEntry, bench: list[BenchRun]) -> DeploymentResult:
+        from kvplan.deploy import plan_deployment, select_gpus
+        from kvplan.plan.capacity import blocks_needed, compute_capacity, workload_from
+        from kvplan.plan.schema import Settings
+        from kvplan.plan.versions import rules_for
+
+        d = entry.deployment
+        model = self.model(entry)
+        try:
+            gpus = select_gpus(d.gpu, d.gpus, None if d.gpu_mem is None else str(d.gpu_mem))
+        except KvplanError as exc:
+            field = "gpu_mem" if d.gpu is None else "gpu"
+            raise SpecIssue(self.file, entry.line_of(field), entry.label(field), exc.message, exc.hint) from None
+        tp = d.tp or max(1, gpus.count // d.pp)
+        try:
+            settings = Settings(
+                tensor_parallel_size=tp,
+                pipeline_parallel_size=d.pp,
+                kv_cache_dtype=d.kv_cache_dtype,
+                block_size=d.block_size,
+                max_model_len=d.context,
+                gpu_memory_utilization=d.gpu_memory_utilization,
+                kv_cache_memory_bytes=d.kv_cache_memory,
+                max_num_seqs=d.max_num_seqs,
+                max_num_batched_tokens=d.max_num_batched_tokens,
+                enforce_eager=d.enforce_eager,
+                usage_context=d.usage,
+                concurrency=d.concurrency,
+                prompt_tokens=d.prompt,
+                output_tokens=d.output,
+                shared_prefix_tokens=d.shared_prefix,
+            )
+            # As `kvplan size` plans it (user calibrations from `kvplan calibrate` included).
+            plan = plan_deployment(model, gpus, settings, d.vllm_version)
+            # The share of the pool the asked load takes, for the margin and the headroom: blocks per
+            # request come from the KV layout (which no memory term changes), the pool from the plan.
+            rules = rules_for(d.vllm_version)
+            cap = compute_capacity(model.arch, gpus.device, settings, rules, self.overhead)
+            work = workload_from(settings, cap.max_model_len)
+        except KvplanError as exc:
+            field = _field_of(exc.message)
+            raise SpecIssue(self.file, entry.line_of(field), entry.label(field), exc.message, exc.hint) from None
+        replicas = plan.replicas
+        per_replica = -(-d.concurrency // replicas)
+        need = blocks_needed(cap, per_replica, work.request_tokens, work.shared_prefix_tokens)
+        usable = max(0, plan.num_blocks - (1 if rules.engine == "v1" else 0))  # V1's null block
+        used = need / usable if usable > 0 else None
+
+        fits, limiting, reason = plan.fits, plan.limiting_term, plan.verdict
+        suggestion = None
+        if not plan.fits:
+            good = [s for s in plan.suggestions if s.fits] or plan.suggestions
+            if good:
+                suggestion = f"{good[0].change} ({spec_change(good[0].flags)})"
+        elif d.headroom and used is not None and used > 1 - d.headroom:
+            fits, limiting = False, "headroom"
+            reason = (f"the load takes {used:.1%} of the KV pool ({need:,} of {usable:,} blocks); "
+                      f"headroom {d.headroom:.0%} allows at most {1 - d.headroom:.0%}")
+            allowed = int((1 - d.headroom) * usable)
+            one = blocks_needed(cap, 1, work.request_tokens, work.shared_prefix_tokens)
+            each = blocks_needed(cap, 2, work.request_tokens, work.shared_prefix_tokens) - one
+            if each > 0 and allowed >= one:
+                suggestion = f"lower the concurrency (concurrency: {((allowed - one) // each + 1) * replicas})"
+            else:
+                suggestion = "lower the context or the concurrency, or add GPUs"
+        notes = list(plan.notes)
+
+        check = None
+        if bench:
+            measured = [r.measured_first_preemption for r in bench if r.measured_first_preemption is not None]
+            first = min(measured) if measured else None
+            passed = first is None or first >= d.concurrency
+            check = BenchCheck(runs=[r.run_dir for r in bench], measured_first_preemption=first,
+                               required_concurrency=d.concurrency, passed=passed)
+            if not passed:
+                if fits:
+                    reason = (f"the plan fits, but kvplan bench measured the first preemption at concurrency "
+                              f"{first} < the required {d.concurrency}")
+                    limiting = "bench"
+                    suggestion = f"lower the concurrency (concurrency: {first - 1})" if first > 1 else suggestion
+                else:
+                    reason += f"; kvplan bench measured the first preemption at concurrency {first}"
+                fits = False
+            elif first is None:
+                notes.append("bench: no preemption measured in " + ", ".join(check.runs))
+            else:
+                notes.append(f"bench: first preemption at concurrency {first} >= {d.concurrency}")
+
+        return DeploymentResult(
+            name=d.name,
+            model=plan.model,
+            file=self.file,
+            line=entry.line,
+            gpu=plan.gpu,
+            gpu_count=plan.gpu_count,
+            vllm_version=plan.vllm_version,
+            context_tokens=plan.max_model_len,
+            concurrency=d.concurrency,
+            request_tokens=plan.request_tokens,
+            fits=fits,
+            limiting_term=limiting,
+            reason=reason,
+            suggestion=suggestion,
+            pool_blocks=usable,
+            blocks_needed=need,
+            pool_used=None if used is None else round(used, 4),
+            margin=None if used is None else round(1 - used, 4),
+            headroom=d.headroom,
+            max_concurrency_at_request=plan.max_concurrency_at_request,
+            kv_cache_tokens=plan.kv_cache_tokens,
+            available_kv_gib=round(plan.available_kv_bytes / 2**30, 2),
+            bench=check,
+            notes=notes,
+        )
+
+
+def check_spec(spec: Spec, bench_runs: list[BenchRun] | None = None) -> CheckReport:
+    """Plan every deployment; SpecErrors (exit 2) if any cannot be planned (unknown model, ...)."""
+    planner = Planner(spec.file)
+    by_name, notes = match_bench_runs(spec, bench_runs or [])
+    results: list[DeploymentResult] = []
+    issues: list[SpecIssue] = []
+    for entry in spec.entries:
+        try:
+            results.append(planner.evaluate(entry, by_name.get(entry.deployment.name, [])))
+        except SpecIssue as issue:
+            issues.append(issue)
+    if issues:
+        raise SpecErrors(issues)
+    failed = sum(not r.fits for r in results)
+    return CheckReport(spec=spec.file, ok=failed == 0, total=len(results), passed=len(results) - failed,
+                       failed=failed, results=results, notes=notes)

@@ -1,0 +1,386 @@
+"""`kvplan check-log`: re-plan the settings a vLLM start-up log shows and compare, number by number.
+
+Two comparisons:
+- **page math**: the planner is given the log's own KV memory (``--kv-cache-memory-bytes`` when
+  the log shows it, else "Available KV cache memory", printed to 0.01 GiB: both ends of that
+  rounding are planned too), so blocks, tokens and concurrency test the KV layout and vLLM's
+  reporting rules alone. These are gated by ``--tolerance``.
+- **budget**: the planner sizes the pool from the GPU and the settings (weights, activation
+  peak, non-torch memory, CUDA graphs). Reported when the GPU is known (``--gpu``, or the
+  device total printed by V0 logs). Its terms, like the weights (estimated from config.json),
+  are estimates with ranges: gated only with ``--gate all``.
+
+User calibrations (`kvplan calibrate`) are not applied: a log must not be checked against itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from pydantic import BaseModel, Field
+
+from kvplan.errors import KvplanError
+from kvplan.units import GiB
+from kvplan.vllm_log import StartupReport, parse_startup_log
+
+# vLLM prints GiB and concurrency with 2 decimals: a predicted value this close to the reported
+# one is equal as printed, whatever the percentage says.
+PRINT_SLACK = 0.005
+_COUNTED_GPU = re.compile(r"^\s*\d+\s*[x×*]", re.IGNORECASE)  # "2xH100"
+
+
+class Comparison(BaseModel):
+    quantity: str
+    reported: float | None
+    predicted: float | None
+    error_pct: float | None = Field(description="(predicted - reported) / reported x 100")
+    within: bool | None = Field(description="|error| <= tolerance (or equal as printed); null when not compared")
+    gated: bool = Field(description="counts toward the exit code")
+    note: str = ""
+
+
+class Section(BaseModel):
+    mode: str
+    gpu: str
+    comparisons: list[Comparison]
+
+
+class CheckLogResult(BaseModel):
+    """`kvplan check-log --json`."""
+
+    log: str
+    ok: bool
+    tolerance: float
+    gate: str
+    model: str
+    model_source: str
+    vllm_version: str
+    platform: str | None
+    settings: dict[str, object]
+    engine_started: bool
+    predicted_engine_starts: bool | None = None
+    page_math: Section | None
+    budget: Section | None
+    parsed: StartupReport
+    notes: list[str] = Field(default_factory=list)
+
+
+def compare(quantity: str, reported: float | None, predicted: float | None, tolerance: float,
+            gated: bool = True, slack: float = 0.0, band: tuple[float, float] | None = None,
+            note: str = "") -> Comparison:
+    """``band``: the predictions at the low and high ends of a rounded input (the printed GiB)."""
+    if reported is None or predicted is None:
+        return Comparison(quantity=quantity, reported=reported, predicted=predicted, error_pct=None,
+                          within=None, gated=False, note="not in the log" if reported is None else note)
+    if reported == 0:
+        err = 0.0 if predicted == 0 else float("inf")
+    else:
+        err = (predicted - reported) / reported
+    within = abs(err) <= tolerance or abs(predicted - reported) <= slack
+    if not within and band is not None and min(band) <= reported <= max(band):
+        within = True
+        note = (note + "; " if note else "") + "within the rounding of the printed KV memory"
+    pct = round(err * 100, 3) if err != float("inf") else None
+    return Comparison(quantity=quantity, reported=reported, predicted=predicted, error_pct=pct,
+                      within=within, gated=gated, note=note)
+
+
+# --- model ------------------------------------------------------------------------------------
+
+
+def _fallback_names(name: str) -> list[str]:
+    """'/google/gemma-3-27b-it' -> ['google/gemma-3-27b-it', 'gemma-3-27b-it']."""
+    parts = [p for p in name.replace("\\", "/").split("/") if p and p not in (".", "..", "...", "~")]
+    out = []
+    if len(parts) >= 2:
+        out.append("/".join(parts[-2:]))
+    if parts:
+        out.append(parts[-1])
+    return [n for n in out if n != name]
+
+
+def _bundled_by_name(last: str) -> str | None:
+    """``org/<last>`` when a bundled profile (or alias) has ``last`` as its repo name."""
+    from kvplan.model.source import bundled_index
+
+    key = last.lower()
+    for name in bundled_index():
+        org, _, repo = name.rpartition("/")
+        if repo == key and org:
+            return f"{org}/{last}"
+    return None
+
+
+def resolve_log_model(name: str, notes: list[str]):
+    """The log's model: as written, else by its last path components (a path from another machine)."""
+    from kvplan.deploy import load_model
+
+    try:
+        return load_model(name)
+    except KvplanError as first:
+        for candidate in _fallback_names(name):
+            if "/" not in candidate:
+                candidate = _bundled_by_name(candidate) or candidate
+                if "/" not in candidate:
+                    continue
+            try:
+                found = load_model(candidate)
+            except KvplanError:
+                continue
+            notes.append(f"model {name!r} is not readable here; planned with {found.config.name} "
+                         f"({found.config.source}) from its last path components")
+            return found
+        raise KvplanError(f"cannot plan the log's model {name!r}: {first.message}",
+                          "pass --model with a Hub id, a local folder or a bundled profile") from None
+
+
+# --- settings ---------------------------------------------------------------------------------
+
+
+def settings_from_log(r: StartupReport, usage: str, kv_memory_bytes: int | None, override: bool = True):
+    from kvplan.plan.schema import Settings
+
+    return Settings(
+        tensor_parallel_size=r.tensor_parallel_size or 1,
+        pipeline_parallel_size=r.pipeline_parallel_size or 1,
+        kv_cache_dtype=r.kv_cache_dtype or "auto",
+        block_size=r.block_size,
+        max_model_len=r.max_model_len,
+        gpu_memory_utilization=r.gpu_memory_utilization,
+        kv_cache_memory_bytes=kv_memory_bytes,
+        num_gpu_blocks_override=r.num_gpu_blocks_override if override else None,
+        max_num_seqs=r.max_num_seqs,
+        max_num_batched_tokens=r.max_num_batched_tokens,
+        enforce_eager=bool(r.enforce_eager),
+        usage_context=usage,
+    )
+
+
+def _version(r: StartupReport, given: str | None, notes: list[str]) -> str | None:
+    if given:
+        return given
+    if r.vllm_version:
+        return r.vllm_version
+    if r.engine == "v0":
+        notes.append("the log prints no vLLM version; V0 engine lines: planned with vLLM 0.6.0 rules")
+        return "0.6.0"
+    notes.append("the log prints no vLLM version: planned with the newest rules kvplan knows (pass --vllm-version)")
+    return None
+
+
+def _assumed_device(r: StartupReport, notes: list[str]):
+    """A device for page math when no GPU is known: only vLLM's scheduler defaults depend on it."""
+    from kvplan.hardware.catalog import GpuSelection, custom_device
+
+    util = r.gpu_memory_utilization or 0.9
+    total_gib = r.total_memory_gib or ((r.available_kv_gib or 0) + (r.weights_gib or 0)) / util
+    total_gib = max(total_gib, 1.0)
+    name = "CPU" if r.platform == "CPU" else f"assumed {total_gib:.0f} GiB device"
+    if r.platform != "CPU" and not r.total_memory_gib:
+        notes.append(f"no GPU given: vLLM's batch defaults taken for a {total_gib:.0f} GiB device "
+                     "((available KV + weights) / utilization); pass --gpu to also compare the memory budget")
+    world = (r.tensor_parallel_size or 1) * (r.pipeline_parallel_size or 1)
+    return GpuSelection(custom_device(f"{total_gib:.3f}GiB", name), world)
+
+
+# --- the check --------------------------------------------------------------------------------
+
+
+def _capacity_rows(r: StartupReport, plan, plan_free, tolerance: float, gated: bool,
+                   ends: tuple | None = None, ends_free: tuple | None = None) -> list[Comparison]:
+    """Blocks, tokens and concurrency; ``ends``: plans at both ends of the rounded KV memory."""
+
+    def band(plans, attr):
+        return None if not plans else (getattr(plans[0], attr), getattr(plans[1], attr))
+
+    rows = []
+    if r.num_gpu_blocks_override:
+        rows.append(compare("KV blocks before the override", r.num_gpu_blocks_before_override,
+                            plan_free.num_blocks if plan_free else None, tolerance, gated,
+                            band=band(ends_free, "num_blocks")))
+        rows.append(compare("KV blocks", r.num_gpu_blocks, plan.num_blocks, tolerance, gated=False,
+                            note="given (--num-gpu-blocks-override)"))
+    else:
+        rows.append(compare("KV blocks", r.num_gpu_blocks, plan.num_blocks, tolerance, gated,
+                            band=band(ends, "num_blocks")))
+    rows.append(compare("KV cache tokens", r.kv_cache_tokens, plan.kv_cache_tokens, tolerance, gated,
+                        band=band(ends, "kv_cache_tokens")))
+    if r.max_concurrency is not None and r.max_concurrency_tokens not in (None, plan.max_model_len):
+        rows.append(compare("max concurrency", r.max_concurrency, None, tolerance, False,
+                            note=f"the log's L {r.max_concurrency_tokens} is not the planned max_model_len"))
+    else:
+        rows.append(compare(f"max concurrency at {plan.max_model_len:,} tokens", r.max_concurrency,
+                            plan.max_concurrency, tolerance, gated, slack=PRINT_SLACK,
+                            band=band(ends, "max_concurrency")))
+    if r.failed and r.estimated_max_model_len:
+        rows.append(compare("estimated max model length", r.estimated_max_model_len,
+                            plan.max_context_at_concurrency or None, tolerance, gated=False,
+                            note="vLLM's estimate on failure vs the longest request that fits"))
+    return rows
+
+
+def check_log_text(text: str, log_name: str, tolerance: float = 0.02, gpu: str | None = None,
+                   model: str | None = None, vllm_version: str | None = None, usage: str = "serve",
+                   gate: str = "page") -> CheckLogResult:
+    """``gate``: "page" gates the page-math numbers (blocks, tokens, concurrency); "all" also the
+    weights and the memory budget (estimates: see `kvplan validate` for their typical error)."""
+    from kvplan.deploy import plan_deployment, select_gpus
+    from kvplan.plan.overhead import load_overhead
+
+    r = parse_startup_log(text)
+    notes: list[str] = []
+    if not r.has_capacity and not r.failed and r.available_kv_gib is None:
+        raise KvplanError(f"{log_name}: no vLLM KV capacity lines found",
+                          "expected e.g. 'GPU KV cache size: N tokens' or '# GPU blocks: N'; is it a start-up log?")
+    name = model or r.model
+    if not name:
+        raise KvplanError(f"{log_name}: the log does not name the model", "pass --model")
+    resolved = resolve_log_model(name, notes)
+    version = _version(r, vllm_version, notes)
+    overhead = load_overhead()  # no user calibration: see the module docstring
+    if r.max_model_len is None:
+        notes.append("the log does not show max_model_len: planned with the model's maximum")
+
+    world = (r.tensor_parallel_size or 1) * (r.pipeline_parallel_size or 1)
+    selection = None
+    if gpu:
+        selection = select_gpus(gpu, None if _COUNTED_GPU.match(gpu) else world)
+    elif r.total_memory_gib and r.platform != "CPU":
+        selection = select_gpus(None, world, f"{r.total_memory_gib}GiB")
+        notes.append(f"GPU from the log's total_gpu_memory={r.total_memory_gib} GiB")
+
+    def plan_with(sel, kv_bytes, override=True):
+        settings = settings_from_log(r, usage, kv_bytes, override)
+        return plan_deployment(resolved, sel, settings, version, overhead)
+
+    gate_all = gate == "all"
+    page = None
+    plan_for_version = None
+    exact = r.kv_cache_memory_bytes  # --kv-cache-memory-bytes: vLLM's available KV memory, exactly
+    if exact or (r.available_kv_gib is not None and r.available_kv_gib > 0):
+        sel = selection or _assumed_device(r, notes)
+        override = bool(r.num_gpu_blocks_override)
+        kv_bytes = exact or int(round(r.available_kv_gib * GiB))
+        plan = plan_with(sel, kv_bytes)
+        plan_free = plan_with(sel, kv_bytes, override=False) if override else None
+        ends = ends_free = None
+        if not exact:  # the log printed the KV memory rounded to 0.01 GiB: plan both ends
+            lo, hi = (int((r.available_kv_gib + d) * GiB) for d in (-PRINT_SLACK, PRINT_SLACK))
+            ends = (plan_with(sel, max(lo, 1)), plan_with(sel, hi))
+            if override:
+                ends_free = (plan_with(sel, max(lo, 1), override=False), plan_with(sel, hi, override=False))
+        plan_for_version = plan
+        given = (f"given: --kv-cache-memory-bytes {exact:,}" if exact else "given: the log's value")
+        rows = [compare("available KV cache GiB", r.available_kv_gib, round(kv_bytes / GiB, 2), tolerance,
+                        gated=False, slack=PRINT_SLACK, note=given)]
+        rows += _capacity_rows(r, plan, plan_free, tolerance, gated=True, ends=ends, ends_free=ends_free)
+        rows.append(compare("weights GiB per device", r.weights_gib, round(plan.weights_bytes / GiB, 4),
+                            tolerance, gated=gate_all, slack=PRINT_SLACK,
+                            note="" if gate_all else "estimated from the config; gated with --gate all"))
+        page = Section(mode="page math (the log's KV memory given)", gpu=sel.device.name, comparisons=rows)
+    elif r.num_gpu_blocks_override and selection is None:
+        sel = _assumed_device(r, notes)
+        plan = plan_with(sel, None)
+        plan_for_version = plan
+        page = Section(mode="page math (blocks given by the override)", gpu=sel.device.name,
+                       comparisons=_capacity_rows(r, plan, None, tolerance, gated=True))
+    else:
+        notes.append("the log does not print the available KV memory: no page-math comparison")
+
+    budget = None
+    predicted_starts = None
+    if selection is not None and r.platform != "CPU":
+        plan = plan_with(selection, exact)
+        plan_for_version = plan_for_version or plan
+        rows = [compare("available KV cache GiB", r.available_kv_gib, round(plan.available_kv_bytes / GiB, 2),
+                        tolerance, gated=gate_all, slack=PRINT_SLACK)]
+        rows += _capacity_rows(r, plan, None, tolerance, gated=gate_all)
+        rows.append(compare("weights GiB per device", r.weights_gib, round(plan.weights_bytes / GiB, 4),
+                            tolerance, gated=gate_all, slack=PRINT_SLACK))
+        budget = Section(mode="memory budget (from the GPU and settings)",
+                         gpu=f"{selection.count}x {selection.device.name}", comparisons=rows)
+        predicted_starts = plan.limiting_term != "max_model_len" and plan.num_blocks > 0
+        if predicted_starts == r.failed:
+            notes.append(f"vLLM {'failed to start' if r.failed else 'started'}, the budget plan predicted it "
+                         f"{'would' if predicted_starts else 'would not'}")
+    elif r.platform == "CPU":
+        notes.append("CPU engine: kvplan has no CPU memory-budget model; page math only")
+    if page is None and budget is None:
+        raise KvplanError(f"{log_name}: nothing to compare: the log has no available KV memory and no GPU is known",
+                          "pass --gpu H100 (the GPU the log came from)")
+
+    gated = [c for s in (page, budget) if s for c in s.comparisons if c.gated and c.within is not None]
+    ok = all(c.within for c in gated)
+    if not gated:
+        notes.append("no reported number could be compared with the plan")
+    settings = _as_dict(settings_from_log(r, usage, None))
+    return CheckLogResult(
+        log=log_name,
+        ok=ok,
+        tolerance=tolerance,
+        gate=gate,
+        model=resolved.config.name,
+        model_source=resolved.config.source,
+        vllm_version=plan_for_version.vllm_version if plan_for_version else (version or "newest"),
+        platform=r.platform,
+        settings={k: v for k, v in settings.items() if v not in (None, False, "auto") and k != "usage_context"
+                  and k not in ("concurrency", "shared_prefix_tokens")},
+        engine_started=not r.failed,
+        predicted_engine_starts=predicted_starts,
+        page_math=page,
+        budget=budget,
+        parsed=r,
+        notes=notes,
+    )
+
+
+def render(result: CheckLogResult) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    import sys
+
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 140)
+    r = result.parsed
+    console.print(f"[bold]{result.log}[/]: vLLM {r.vllm_version or '?'} ({r.engine or '?'} engine, "
+                  f"{r.platform or '?'}), model {r.model or '?'}")
+    console.print(f"  planned as {result.model} ({result.model_source}), vLLM {result.vllm_version} rules; "
+                  + ", ".join(f"{k}={v}" for k, v in result.settings.items()))
+    if r.failed:
+        console.print(f"  [red]the engine failed to start[/]: {r.failure_message}")
+    for section in (result.page_math, result.budget):
+        if section is None:
+            continue
+        table = Table(title=f"{section.mode} - {section.gpu}", title_justify="left", show_edge=False)
+        for col, justify in (("quantity", "left"), ("reported", "right"), ("predicted", "right"),
+                             ("error", "right"), ("", "left")):
+            table.add_column(col, justify=justify)
+        for c in section.comparisons:
+            if c.within is None:
+                mark = f"[dim]{c.note}[/]"
+            else:
+                ok = "[green]ok[/]" if c.within else ("[red]off[/]" if c.gated else "[yellow]off[/]")
+                mark = ok + ("" if c.gated else " [dim](not gated)[/]") + (f" [dim]{c.note}[/]" if c.note else "")
+            err = "-" if c.error_pct is None else f"{c.error_pct:+.2f}%"
+            table.add_row(c.quantity, _num(c.reported), _num(c.predicted), err, mark)
+        console.print(table)
+    for note in result.notes:
+        console.print(f"[yellow]note:[/] {note}")
+    color = "green" if result.ok else "red"
+    verdict = "within" if result.ok else "outside"
+    console.print(f"[bold {color}]{verdict} the tolerance of {result.tolerance:.1%}[/]")
+
+
+def _as_dict(settings) -> dict[str, object]:
+    if dataclasses.is_dataclass(settings):
+        return dataclasses.asdict(settings)
+    return settings.model_dump()
+
+
+def _num(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if float(value).is_integer() and abs(value) >= 100:
+        return f"{int(value):,}"
+    return f"{value:,.4g}" if abs(value) < 100 else f"{value:,.2f}"

@@ -1,0 +1,241 @@
+"""What `kvplan check` writes: a terminal table, JUnit XML, a GitHub step summary, annotations.
+
+- JUnit: one ``<testcase>`` per deployment (``classname`` = the spec file, ``name`` = the
+  deployment); a deployment that does not fit has a ``<failure>`` whose message is why. An
+  invalid spec gives one ``<testcase name="spec">`` with an ``<error>`` per mistake.
+- ``$GITHUB_STEP_SUMMARY``: a Markdown table appended to that file, only when the variable is set.
+- Annotations: ``::error file=F,line=L,title=T::message`` workflow commands (GitHub reads them
+  from the step's output), one per failing deployment or spec mistake.
+"""
+
+from __future__ import annotations
+
+import os
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from kvplan.gate.check import CheckReport, DeploymentResult
+from kvplan.gate.spec import SpecIssue
+from kvplan.units import format_tokens
+
+# --- text helpers -----------------------------------------------------------------------------
+
+
+def _pct(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.0%}" if abs(value) < 10 else (">999%" if value > 0 else "<-999%")
+
+
+def gpu_label(r: DeploymentResult) -> str:
+    return f"{r.gpu_count}x {r.gpu}" if r.gpu_count > 1 else r.gpu
+
+
+def verdict_label(r: DeploymentResult) -> str:
+    return "fits" if r.fits else "DOES NOT FIT"
+
+
+# --- terminal ---------------------------------------------------------------------------------
+
+
+def _console():
+    """Rich console; CI logs are not terminals (rich would wrap at 80 columns): use 160 there."""
+    import sys
+
+    from rich.console import Console
+
+    wide = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160
+    return Console(highlight=False, width=wide)
+
+
+def render_table(report: CheckReport) -> None:
+    from rich.table import Table
+
+    console = _console()
+    table = Table(title=f"kvplan check {report.spec}", title_justify="left", show_edge=False)
+    for col, justify in (("deployment", "left"), ("model", "left"), ("GPUs", "left"), ("context", "right"),
+                         ("conc.", "right"), ("pool used", "right"), ("margin", "right"), ("verdict", "left"),
+                         ("limiting term", "left"), ("suggested fix", "left")):
+        table.add_column(col, justify=justify, overflow="fold")
+    for r in report.results:
+        color = "green" if r.fits else "red"
+        table.add_row(r.name, r.model, gpu_label(r), format_tokens(r.context_tokens), str(r.concurrency),
+                      _pct(r.pool_used), _pct(r.margin), f"[{color}]{verdict_label(r)}[/]", r.limiting_term,
+                      r.suggestion or "")
+    console.print(table)
+    for r in report.results:
+        if not r.fits:
+            console.print(f"[red]x[/] {r.name} ({r.file}:{r.line}): {r.reason}")
+    for note in report.notes:
+        console.print(f"[yellow]note:[/] {note}")
+    color = "green" if report.ok else "red"
+    console.print(f"[bold {color}]{report.passed} of {report.total} deployments fit[/]")
+
+
+# --- JUnit ------------------------------------------------------------------------------------
+
+
+def junit_xml(report: CheckReport) -> str:
+    suite = ET.Element("testsuite", name="kvplan check", tests=str(report.total), failures=str(report.failed),
+                       errors="0", skipped="0")
+    for r in report.results:
+        case = ET.SubElement(suite, "testcase", classname=_classname(report.spec), name=r.name,
+                             file=r.file, line=str(r.line), time="0")
+        if not r.fits:
+            failure = ET.SubElement(case, "failure", message=r.reason, type=r.limiting_term)
+            failure.text = _failure_text(r)
+        else:
+            out = ET.SubElement(case, "system-out")
+            out.text = r.reason
+    return _document(suite)
+
+
+def junit_xml_for_issues(spec_file: str, issues: list[SpecIssue]) -> str:
+    suite = ET.Element("testsuite", name="kvplan check", tests="1", failures="0", errors="1", skipped="0")
+    case = ET.SubElement(suite, "testcase", classname=_classname(spec_file), name="spec", file=spec_file,
+                         line=str(issues[0].line or 1) if issues else "1", time="0")
+    for issue in issues:
+        err = ET.SubElement(case, "error", message=str(issue), type="invalid spec")
+        err.text = str(issue)
+    return _document(suite)
+
+
+def _classname(spec_file: str) -> str:
+    return "kvplan." + Path(spec_file).name
+
+
+def _failure_text(r: DeploymentResult) -> str:
+    lines = [
+        f"{r.name}: {r.model} on {gpu_label(r)}, vLLM {r.vllm_version} rules",
+        f"context {r.context_tokens:,} tokens, {r.concurrency} concurrent requests of {r.request_tokens:,} tokens",
+        f"why: {r.reason}",
+        f"limiting term: {r.limiting_term}",
+    ]
+    if r.suggestion:
+        lines.append(f"suggested fix: {r.suggestion}")
+    return "\n".join(lines)
+
+
+def _document(suite: ET.Element) -> str:
+    root = ET.Element("testsuites", name="kvplan", tests=suite.get("tests", "0"),
+                      failures=suite.get("failures", "0"), errors=suite.get("errors", "0"))
+    root.append(suite)
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def write_file(path: str, text: str) -> None:
+    from kvplan.errors import KvplanError
+
+    try:
+        target = Path(path)
+        if target.parent != Path("."):
+            target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise KvplanError(f"cannot write {path}: {exc.strerror}") from None
+
+
+# --- GitHub -----------------------------------------------------------------------------------
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def step_summary_markdown(report: CheckReport) -> str:
+    mark = "✅" if report.ok else "❌"
+    out = [
+        f"### {mark} kvplan check `{_md(report.spec)}`: {report.passed} of {report.total} deployments fit",
+        "",
+        "| deployment | model | GPUs | context | concurrency | pool used | margin | verdict | limiting term | suggested fix |",
+        "|---|---|---|--:|--:|--:|--:|---|---|---|",
+    ]
+    for r in report.results:
+        verdict = "✅ fits" if r.fits else "❌ does not fit"
+        out.append(
+            f"| {_md(r.name)} | {_md(r.model)} | {_md(gpu_label(r))} | {format_tokens(r.context_tokens)} | "
+            f"{r.concurrency} | {_pct(r.pool_used)} | {_pct(r.margin)} | {verdict} | {_md(r.limiting_term)} | "
+            f"{_md(r.suggestion or '')} |"
+        )
+    failing = [r for r in report.results if not r.fits]
+    if failing:
+        out.append("")
+        out += [f"- **{_md(r.name)}** (`{_md(r.file)}:{r.line}`): {_md(r.reason)}" for r in failing]
+    for note in report.notes:
+        out.append(f"- note: {_md(note)}")
+    return "\n".join(out) + "\n\n"
+
+
+def step_summary_for_issues(spec_file: str, issues: list[SpecIssue]) -> str:
+    out = [f"### ❌ kvplan check `{_md(spec_file)}`: the spec is invalid", ""]
+    out += [f"- `{_md(str(i))}`" for i in issues]
+    return "\n".join(out) + "\n\n"
+
+
+def append_step_summary(markdown: str, environ: dict[str, str] | None = None) -> bool:
+    """Append to $GITHUB_STEP_SUMMARY if set; True if written."""
+    env = os.environ if environ is None else environ
+    target = env.get("GITHUB_STEP_SUMMARY", "").strip()
+    if not target:
+        return False
+    from kvplan.errors import KvplanError
+
+    try:
+        with open(target, "a", encoding="utf-8") as fh:
+            fh.write(markdown)
+    except OSError as exc:
+        raise KvplanError(f"cannot append to $GITHUB_STEP_SUMMARY ({target}): {exc.strerror}") from None
+    return True
+
+
+def _escape_data(text: str) -> str:
+    # actions/toolkit core/command.ts: escapeData
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _escape_property(text: str) -> str:
+    # actions/toolkit core/command.ts: escapeProperty
+    return _escape_data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def annotation(file: str, line: int | None, title: str, message: str) -> str:
+    props = [f"file={_escape_property(_workspace_relative(file))}"]
+    if line:
+        props.append(f"line={line}")
+    props.append(f"title={_escape_property(title)}")
+    return f"::error {','.join(props)}::{_escape_data(message)}"
+
+
+def _workspace_relative(file: str) -> str:
+    """Annotations need a path relative to the repository root ($GITHUB_WORKSPACE)."""
+    workspace = os.environ.get("GITHUB_WORKSPACE")
+    path = Path(file)
+    if workspace and path.is_absolute():
+        try:
+            return str(path.relative_to(workspace))
+        except ValueError:
+            return file
+    return file
+
+
+def annotations(report: CheckReport) -> list[str]:
+    out = []
+    for r in report.results:
+        if r.fits:
+            continue
+        msg = r.reason + (f" Suggested fix: {r.suggestion}" if r.suggestion else "")
+        out.append(annotation(r.file, r.line, f"kvplan: {r.name} does not fit", msg))
+    return out
+
+
+def annotations_for_issues(issues: list[SpecIssue]) -> list[str]:
+    return [annotation(i.file, i.line, "kvplan: invalid spec", str(i)) for i in issues]
+
+
+def annotations_wanted(flag: bool | None, environ: dict[str, str] | None = None) -> bool:
+    """--github-annotations/--no-github-annotations; by default on inside GitHub Actions."""
+    if flag is not None:
+        return flag
+    env = os.environ if environ is None else environ
+    return env.get("GITHUB_ACTIONS", "").lower() == "true"

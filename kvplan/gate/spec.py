@@ -1,0 +1,409 @@
+"""The deployment spec (``kvplan.yaml``): read, validate, point at the line of every mistake.
+
+Layout::
+
+    defaults:              # optional: keys every deployment inherits
+      vllm_version: "0.11.0"
+    deployments:           # required: a list (a bare top-level list works too)
+      - name: chat
+        model: meta-llama/Llama-3.1-8B-Instruct
+        gpu: 2xH100        # or gpu: H100 with gpus: 2
+        tp: 2
+        context: 32k       # max_model_len
+        concurrency: 16    # required concurrent requests
+        prompt: 2k
+        output: 512
+        headroom: 0.1      # keep 10% of the KV pool free
+
+Each deployment maps onto ``kvplan.plan.schema.Settings`` (the meaning of each field is
+documented there); sizes and token counts are parsed by ``kvplan.units`` only. Every error is a
+``SpecIssue`` with the file, the 1-based line and the field, e.g.
+``kvplan.yaml:12: deployments[1].context: invalid context length: '32q' ...``.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from kvplan.errors import KvplanError
+from kvplan.units import parse_bytes, parse_fraction, parse_tokens
+
+# Canonical key -> other spellings accepted (vLLM's flag names and kvplan size's).
+ALIASES: dict[str, tuple[str, ...]] = {
+    "gpus": ("gpu_count",),
+    "gpu_mem": ("gpu_memory",),
+    "tp": ("tensor_parallel_size",),
+    "pp": ("pipeline_parallel_size",),
+    "context": ("max_model_len", "ctx"),
+    "concurrency": ("required_concurrency",),
+    "prompt": ("prompt_tokens",),
+    "output": ("output_tokens",),
+    "shared_prefix": ("shared_prefix_tokens",),
+    "kv_cache_dtype": ("kv_dtype",),
+    "gpu_memory_utilization": ("util",),
+    "kv_cache_memory": ("kv_cache_memory_bytes", "kv_memory"),
+    "usage": ("usage_context",),
+}
+_CANONICAL = {alias: key for key, aliases in ALIASES.items() for alias in aliases}
+TOP_LEVEL_KEYS = ("defaults", "deployments", "version")
+
+
+class SpecIssue(KvplanError):
+    """One mistake in a spec file, at a line and field."""
+
+    def __init__(self, file: str, line: int | None, field: str | None, message: str, hint: str | None = None):
+        self.file, self.line, self.field = file, line, field
+        where = f"{file}:{line}" if line else file
+        super().__init__(f"{where}: {field}: {message}" if field else f"{where}: {message}", hint)
+
+
+class SpecErrors(KvplanError):
+    """Every mistake found in a spec file (exit code 2)."""
+
+    def __init__(self, issues: list[SpecIssue]):
+        self.issues = issues
+        super().__init__("\n".join(str(i) for i in issues))
+
+
+class Deployment(BaseModel):
+    """One deployment to check. Token counts take ``32k``; sizes ``24GiB``; fractions ``0.9`` or ``90%``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1)
+    model: str = Field(min_length=1, description="Hub id, local path, or bundled profile")
+    gpu: str | None = Field(None, description="H100, 4xH100 (NxNAME); or give gpu_mem")
+    gpus: int | None = Field(None, ge=1, description="GPU count, if gpu has no Nx prefix")
+    gpu_mem: int | None = Field(None, description="memory of a GPU not in the catalog: 24GiB")
+    tp: int | None = Field(None, ge=1, description="tensor parallel size (default: all GPUs / pp)")
+    pp: int = Field(1, ge=1)
+    context: int | None = Field(None, description="max_model_len (default: the model's)")
+    concurrency: int = Field(1, ge=1, description="concurrent requests that must fit")
+    prompt: int | None = None
+    output: int | None = Field(None, ge=0)
+    shared_prefix: int = Field(0, ge=0)
+    kv_cache_dtype: str = "auto"
+    gpu_memory_utilization: float | None = None
+    kv_cache_memory: int | None = None
+    block_size: int | None = Field(None, ge=1)
+    max_num_seqs: int | None = Field(None, ge=1)
+    max_num_batched_tokens: int | None = None
+    enforce_eager: bool = False
+    usage: str = Field("serve", pattern="^(serve|llm)$")
+    vllm_version: str | None = None
+    headroom: float = Field(0.0, description="fraction of the KV pool that must stay free at the asked load")
+
+    @field_validator("context", "prompt", "max_num_batched_tokens", mode="before")
+    @classmethod
+    def _tokens(cls, value: Any, info) -> Any:
+        return None if value is None else _unit(parse_tokens, value, f"{info.field_name} length")
+
+    @field_validator("output", "shared_prefix", mode="before")
+    @classmethod
+    def _tokens_or_zero(cls, value: Any, info) -> Any:
+        if value in (0, "0") or value is None:
+            return value
+        return _unit(parse_tokens, value, f"{info.field_name} length")
+
+    @field_validator("gpu_mem", "kv_cache_memory", mode="before")
+    @classmethod
+    def _bytes(cls, value: Any, info) -> Any:
+        return None if value is None else _unit(parse_bytes, value, info.field_name.replace("_", " "))
+
+    @field_validator("gpu_memory_utilization", mode="before")
+    @classmethod
+    def _fraction(cls, value: Any) -> Any:
+        return None if value is None else _unit(parse_fraction, _number_or_text(value), "gpu_memory_utilization")
+
+    @field_validator("headroom", mode="before")
+    @classmethod
+    def _headroom(cls, value: Any) -> Any:
+        value = _number_or_text(value)
+        if value in (0, "0", "0%"):
+            return 0.0
+        fraction = _unit(parse_fraction, value, "headroom")
+        if fraction >= 1:
+            raise ValueError(f"headroom {value!r} leaves no pool to use (use a fraction below 1, e.g. 0.1)")
+        return fraction
+
+    @field_validator("vllm_version", mode="before")
+    @classmethod
+    def _version(cls, value: Any) -> Any:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            raise ValueError(f"write the version as a quoted string, e.g. \"{value}.0\" (YAML reads {value} as a number)")
+        if isinstance(value, str):
+            from kvplan.plan.versions import parse_version
+
+            _unit(parse_version, value, "vllm_version")
+        return value
+
+    @field_validator("kv_cache_dtype")
+    @classmethod
+    def _kv_dtype(cls, value: str) -> str:
+        if value != "auto":
+            from kvplan.model.dtypes import kv_dtype
+
+            _unit(kv_dtype, value, "kv_cache_dtype")
+        return value
+
+
+def _number_or_text(value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"expected a number, got {type(value).__name__}")
+    return value
+
+
+def _unit(parse, value: Any, what: str) -> Any:
+    """Call a kvplan.units parser; its KvplanError becomes pydantic's ValueError (with the hint)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"expected a number or a string, got {type(value).__name__}")
+    try:
+        if isinstance(value, float) and parse is parse_tokens:
+            if value != int(value):
+                raise KvplanError(f"invalid {what}: {value!r} is not a whole number of tokens")
+            value = int(value)
+        return parse(value, what) if parse in (parse_tokens, parse_bytes, parse_fraction) else parse(value)
+    except KvplanError as exc:
+        raise ValueError(str(exc)) from None
+
+
+@dataclass(frozen=True)
+class SpecEntry:
+    """A validated deployment and where it is written."""
+
+    deployment: Deployment
+    index: int
+    line: int
+    key_lines: dict[str, int]  # canonical field -> line of its key (including inherited defaults)
+    keys_written: dict[str, str]  # canonical field -> the spelling used in the file
+
+    def line_of(self, field: str | None) -> int:
+        return self.key_lines.get(field or "", self.line)
+
+    def label(self, field: str | None = None) -> str:
+        key = self.keys_written.get(field or "", field)
+        return f"deployments[{self.index}]" + (f".{key}" if key else "")
+
+
+@dataclass(frozen=True)
+class Spec:
+    file: str
+    entries: list[SpecEntry]
+
+
+# --- YAML with line numbers -------------------------------------------------------------------
+
+
+def _yaml_loader():
+    import yaml
+
+    return getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def _compose(text: str, file: str):
+    """YAML text -> (node tree, data); syntax errors name their line."""
+    import yaml
+
+    loader_cls = _yaml_loader()
+    try:
+        node = yaml.compose(text, Loader=loader_cls)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        raise SpecErrors([SpecIssue(file, mark.line + 1 if mark else None, None,
+                                    f"not valid YAML: {exc.problem or exc.context}")]) from None
+    except yaml.YAMLError as exc:
+        raise SpecErrors([SpecIssue(file, None, None, f"not valid YAML: {exc}")]) from None
+    if node is None:
+        return None, None
+    loader = loader_cls("")
+    try:
+        data = loader.construct_document(node)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        raise SpecErrors([SpecIssue(file, mark.line + 1 if mark else None, None, f"not valid YAML: {exc.problem}")]) from None
+    finally:
+        loader.dispose()
+    return node, data
+
+
+def _lines(node, file: str, issues: list[SpecIssue]) -> dict[tuple, int]:
+    """Path (keys and list indexes) -> 1-based line; duplicate keys are reported."""
+    import yaml
+
+    lines: dict[tuple, int] = {}
+
+    def walk(n, path: tuple) -> None:
+        lines.setdefault(path, n.start_mark.line + 1)
+        if isinstance(n, yaml.MappingNode):
+            seen: set[str] = set()
+            for key_node, value_node in n.value:
+                key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+                line = key_node.start_mark.line + 1
+                if key in seen:
+                    issues.append(SpecIssue(file, line, _dotted(path + (key,)), "duplicate key"))
+                    continue
+                seen.add(key)
+                lines[path + (key,)] = line
+                walk(value_node, path + (key,))
+        elif isinstance(n, yaml.SequenceNode):
+            for i, item in enumerate(n.value):
+                walk(item, path + (i,))
+
+    walk(node, ())
+    return lines
+
+
+def _dotted(path: tuple) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+# --- validation ------------------------------------------------------------------------------
+
+
+def _canonical_keys(raw: dict, base: tuple, file: str, lines: dict[tuple, int],
+                    issues: list[SpecIssue]) -> tuple[dict[str, Any], dict[str, str], dict[str, int]]:
+    """Rename aliases to canonical keys; unknown and doubled keys become issues."""
+    known = list(Deployment.model_fields) + list(_CANONICAL)
+    values: dict[str, Any] = {}
+    written: dict[str, str] = {}
+    key_lines: dict[str, int] = {}
+    for key, value in raw.items():
+        line = lines.get(base + (key,))
+        if not isinstance(key, str):
+            issues.append(SpecIssue(file, line, _dotted(base), f"key {key!r} is not a name"))
+            continue
+        canonical = _CANONICAL.get(key, key)
+        if canonical not in Deployment.model_fields:
+            close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}?" if close else "see docs/ci-gating.md for the keys"
+            issues.append(SpecIssue(file, line, _dotted(base + (key,)), "unknown key", hint))
+            continue
+        if canonical in values and written[canonical] != key:
+            issues.append(SpecIssue(file, line, _dotted(base + (key,)),
+                                    f"{key!r} and {written[canonical]!r} are the same setting; give one"))
+            continue
+        values[canonical], written[canonical] = value, key
+        if line:
+            key_lines[canonical] = line
+    return values, written, key_lines
+
+
+def _pydantic_errors(exc: ValidationError) -> list[tuple[str | None, str]]:
+    """(canonical field, message) for each pydantic error, in words a spec author reads."""
+    out = []
+    for err in exc.errors(include_url=False):
+        field = str(err["loc"][0]) if err["loc"] else None
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "missing":
+            msg = "required key is missing"
+        elif err["type"] in ("string_type", "int_type", "int_parsing", "float_type", "float_parsing",
+                             "bool_type", "bool_parsing", "int_from_float"):
+            msg = f"{msg} (got {err.get('input')!r})"
+        out.append((field, msg))
+    return out
+
+
+def parse_spec_text(text: str, file: str = "kvplan.yaml") -> Spec:
+    """Validate a spec's text; raise SpecErrors listing every mistake with its line."""
+    node, data = _compose(text, file)
+    issues: list[SpecIssue] = []
+    if data is None:
+        raise SpecErrors([SpecIssue(file, None, None, "the file is empty", "list deployments under 'deployments:'")])
+    lines = _lines(node, file, issues)
+    defaults: dict[str, Any] = {}
+    default_written: dict[str, str] = {}
+    default_lines: dict[str, int] = {}
+    if isinstance(data, list):
+        items, items_path = data, ()
+    elif isinstance(data, dict):
+        for key in data:
+            if key not in TOP_LEVEL_KEYS:
+                close = difflib.get_close_matches(str(key), TOP_LEVEL_KEYS, n=1)
+                hint = f"did you mean {close[0]!r}?" if close else "top-level keys: defaults, deployments"
+                issues.append(SpecIssue(file, lines.get((key,)), str(key), "unknown key", hint))
+        raw_defaults = data.get("defaults") or {}
+        if not isinstance(raw_defaults, dict):
+            issues.append(SpecIssue(file, lines.get(("defaults",)), "defaults", "must be a mapping of keys"))
+        else:
+            defaults, default_written, default_lines = _canonical_keys(raw_defaults, ("defaults",), file, lines, issues)
+            for bad in ("name",):
+                if bad in defaults:
+                    issues.append(SpecIssue(file, default_lines.get(bad), f"defaults.{bad}", "must be set per deployment"))
+        if "deployments" not in data:
+            issues.append(SpecIssue(file, 1, "deployments", "required key is missing", "list the deployments to check"))
+            raise SpecErrors(issues)
+        items, items_path = data["deployments"], ("deployments",)
+    else:
+        raise SpecErrors([SpecIssue(file, 1, None, "expected a mapping with 'deployments:' or a list of deployments")])
+    if not isinstance(items, list):
+        raise SpecErrors(issues + [SpecIssue(file, lines.get(items_path), "deployments", "must be a list")])
+    if not items:
+        raise SpecErrors(issues + [SpecIssue(file, lines.get(items_path), "deployments", "the list is empty")])
+
+    entries: list[SpecEntry] = []
+    names: dict[str, int] = {}
+    for i, raw in enumerate(items):
+        base = items_path + (i,)
+        entry_line = lines.get(base, 1)
+        if not isinstance(raw, dict):
+            issues.append(SpecIssue(file, entry_line, _dotted(base), "must be a mapping (name: ..., model: ...)"))
+            continue
+        before = len(issues)
+        values, written, key_lines = _canonical_keys(raw, base, file, lines, issues)
+        merged = {**defaults, **values}
+        merged_lines = {**default_lines, **key_lines}
+        merged_written = {**default_written, **written}
+        if len(issues) > before:
+            continue
+        try:
+            deployment = Deployment(**merged)
+        except ValidationError as exc:
+            for field, msg in _pydantic_errors(exc):
+                if field in default_written and field not in written:
+                    # A bad inherited default is reported once, at the defaults.
+                    issue = SpecIssue(file, default_lines.get(field), f"defaults.{default_written[field]}", msg)
+                    if any(str(j) == str(issue) for j in issues):
+                        continue
+                else:
+                    key = merged_written.get(field or "", field)
+                    issue = SpecIssue(file, merged_lines.get(field or "", entry_line),
+                                      _dotted(base + ((key,) if key else ())), msg)
+                issues.append(issue)
+            continue
+        if deployment.gpu is None and deployment.gpu_mem is None:
+            issues.append(SpecIssue(file, entry_line, _dotted(base + ("gpu",)), "required key is missing",
+                                    "give gpu: H100 (or 4xH100), or gpu_mem: 24GiB"))
+            continue
+        if deployment.name in names:
+            issues.append(SpecIssue(file, merged_lines.get("name", entry_line), _dotted(base + ("name",)),
+                                    f"name {deployment.name!r} is already used by deployments[{names[deployment.name]}]"))
+            continue
+        names[deployment.name] = i
+        entries.append(SpecEntry(deployment, i, entry_line, merged_lines, merged_written))
+    if issues:
+        raise SpecErrors(issues)
+    return Spec(file, entries)
+
+
+def load_spec(path: str | Path) -> Spec:
+    """Read and validate a spec file (SpecErrors on any mistake, with file:line: field)."""
+    file = str(path)
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecErrors([SpecIssue(file, None, None, "no such file", "pass the path of your kvplan.yaml")]) from None
+    except IsADirectoryError:
+        raise SpecErrors([SpecIssue(file, None, None, "is a folder, not a spec file")]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise SpecErrors([SpecIssue(file, None, None, f"cannot read it: {reason}")]) from None
+    return parse_spec_text(text, file)
