@@ -35,6 +35,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from kvplan.errors import KvplanError
+from kvplan.paths import PROFILES_DIR
 from kvplan.plan.overhead import OVERHEAD_FILE, OverheadModel, overhead_from_dict
 from kvplan.units import GiB
 from kvplan.validate.cases import Case, full_budget, resolve_case
@@ -216,7 +217,7 @@ def fit_reports(reports: list[Report], configs_dir: Path | None = None, leave_ou
 def overhead_document(result: FitResult, reports_file: Path) -> dict:
     """The content of profiles/overhead.json: coefficients first, then how they were made."""
     try:
-        shown = str(reports_file.resolve().relative_to(OVERHEAD_FILE.parent.parent))
+        shown = "profiles/" + reports_file.resolve().relative_to(PROFILES_DIR.resolve()).as_posix()
     except ValueError:
         shown = str(reports_file)
     used = [r.case_id for r in result.rows if r.used_for]

@@ -80,14 +80,6 @@ class Report(BaseModel):
     def version_text(self) -> str | None:
         return self.vllm_version or self.kvplan.assumed_vllm_version
 
-    @property
-    def kv_rounding_bound_pct(self) -> float | None:
-        """The KV GiB figure is rounded to ``kv_memory_decimals``: half a unit of its last digit,
-        as a share of the value, bounds how close any prediction from it can be."""
-        if not self.reported_kv_memory_gib:
-            return None
-        return 100 * 0.5 * 10 ** -self.kvplan.kv_memory_decimals / self.reported_kv_memory_gib
-
 
 def load_reports(path: str | Path | None = None) -> list[Report]:
     """Read a JSON-lines reports file (default: the shipped one)."""

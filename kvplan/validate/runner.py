@@ -125,6 +125,16 @@ def _base(case: Case, mode: str) -> CaseResult:
                       limits=known_limits(case))
 
 
+def _rounding_bound_pct(report: Report, cap: Capacity) -> float | None:
+    """How far the pool computed from a rounded GiB figure can be from the engine's own:
+    half a unit of the printed last digit, plus the one block the floor division can lose,
+    as a share of the pool."""
+    if not report.reported_kv_memory_gib or cap.num_blocks <= 0:
+        return None
+    half_unit = 0.5 * 10 ** -report.kvplan.kv_memory_decimals * GiB
+    return round(100 * (half_unit + cap.layout.block_bytes) / (cap.num_blocks * cap.layout.block_bytes), 3)
+
+
 def page_result(case: Case, overhead: OverheadModel) -> CaseResult:
     res = _base(case, "page")
     if case.problem:
@@ -140,7 +150,7 @@ def page_result(case: Case, overhead: OverheadModel) -> CaseResult:
         "status": "ok" if comps else "nothing to compare",
         "comparisons": comps,
         "hybrid": cap.layout.num_kv_groups > 1,
-        "rounding_bound_pct": case.report.kv_rounding_bound_pct and round(case.report.kv_rounding_bound_pct, 3),
+        "rounding_bound_pct": _rounding_bound_pct(case.report, cap),
         "assumptions": assumptions,
     })
 
@@ -256,8 +266,8 @@ def validate(
         summaries.append(summarize(results, "full", "available_kv_gib", "v1"))
     notes = [
         "error = (predicted - reported) / reported; p90 is the nearest-rank 90th percentile of |error|",
-        "page math: reported GiB values are rounded to 2 decimals (kv013: 1), so a prediction made from them "
-        "can be off by up to rounding_bound_pct even when every rule is right",
+        "page math: reported GiB values are rounded to 2 decimals (kv013: 1), so a pool computed from them can "
+        "be off by up to rounding_bound_pct (half a printed unit plus one block) even when every rule is right",
     ]
     if leave_one_out and "full" in modes:
         notes.append("full budget: loo_* is the error with that report left out of the overhead fit")
