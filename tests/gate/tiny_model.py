@@ -33,6 +33,33 @@ def _vocab() -> dict[str, int]:
     return {tok: i for i, tok in enumerate(special + words)}
 
 
+# config.json fields the planner reads (the builder writes these through LlamaConfig).
+CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": VOCAB_SIZE,
+    "hidden_size": HIDDEN,
+    "intermediate_size": 256,
+    "num_hidden_layers": LAYERS,
+    "num_attention_heads": HEADS,
+    "num_key_value_heads": KV_HEADS,
+    "head_dim": HEAD_DIM,
+    "max_position_embeddings": MAX_POSITIONS,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+
+
+def write_tiny_llama_config(out_dir: str | Path) -> Path:
+    """Only config.json: enough for the planner (no torch needed)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(CONFIG, indent=2))
+    return out
+
+
 def build_tiny_llama(out_dir: str | Path) -> Path:
     """Write config.json, model.safetensors and the tokenizer files into ``out_dir``."""
     import torch
@@ -42,20 +69,8 @@ def build_tiny_llama(out_dir: str | Path) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(SEED)
-    config = LlamaConfig(
-        vocab_size=VOCAB_SIZE,
-        hidden_size=HIDDEN,
-        intermediate_size=256,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS,
-        num_key_value_heads=KV_HEADS,
-        head_dim=HEAD_DIM,
-        max_position_embeddings=MAX_POSITIONS,
-        bos_token_id=1,
-        eos_token_id=2,
-        tie_word_embeddings=False,
-        torch_dtype="bfloat16",
-    )
+    fields = {k: v for k, v in CONFIG.items() if k not in ("architectures", "model_type")}
+    config = LlamaConfig(**fields)
     model = LlamaForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(out, safe_serialization=True)
 
