@@ -75,7 +75,7 @@ def plan_deployment(
     base = overhead or load_overhead()
     notes: list[str] = list(model.config.notes)
     if use_calibration and overhead is None:
-        base, settings, used = _apply_calibration(model, gpus, settings, rules.version, base)
+        base, ref, used = _apply_calibration(model, gpus, settings, rules.version, base, ref)
         notes += used
     plan = plan_size(ref, model.arch, gpus, settings, rules, base, list(devices.values()))
     if notes:
@@ -84,19 +84,24 @@ def plan_deployment(
 
 
 def _apply_calibration(
-    model: ResolvedModel, gpus: GpuSelection, settings: Settings, version: str, base: OverheadModel
-) -> tuple[OverheadModel, Settings, list[str]]:
+    model: ResolvedModel, gpus: GpuSelection, settings: Settings, version: str, base: OverheadModel, ref: ModelRef
+) -> tuple[OverheadModel, ModelRef, list[str]]:
+    from dataclasses import replace
+
     from kvplan.calibration import calibration_file, find_calibration
     from kvplan.units import GiB
 
     cal = find_calibration(gpus.device.name, version, model.arch.model_type)
     if cal is None:
-        return base, settings, []
+        return base, ref, []
     base = base.calibrated(int(round(cal.residual_gib * GiB)), cal.label())
     note = (f"used calibration {cal.label()} from {calibration_file()}: overhead shifted by "
             f"{cal.residual_gib:+.3f} GiB (measured {cal.overhead_gib:.3f}, modelled {cal.predicted_overhead_gib:.3f})")
     same_model = cal.model.lower() == model.config.name.lower()
-    if same_model and cal.tensor_parallel_size == settings.tensor_parallel_size and not settings.weights_bytes:
-        settings = settings.replace(weights_bytes=int(round(cal.weights_gib * GiB)))
+    if (same_model and cal.tensor_parallel_size == settings.tensor_parallel_size
+            and settings.pipeline_parallel_size == 1 and not settings.weights_bytes):
+        # The loaded weights per GPU, as the whole model's bytes (the planner divides by TP).
+        total = int(round(cal.weights_gib * GiB)) * cal.tensor_parallel_size
+        ref = replace(ref, weights_total=total, weights_source=f"measured by kvplan calibrate ({cal.weights_gib} GiB per GPU)")
         note += f"; weights {cal.weights_gib} GiB per GPU as measured"
-    return base, settings, [note]
+    return base, ref, [note]

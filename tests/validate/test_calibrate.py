@@ -67,6 +67,7 @@ def test_size_reproduces_the_log_after_calibrating(config_dir, a100_log):
     # The engine printed 19.28 GiB -> 9,871 blocks of 2 MiB -> "GPU KV cache size: 157,936 tokens".
     assert plan["available_kv_bytes"] / GiB == pytest.approx(19.28, abs=0.001)
     assert plan["kv_cache_tokens"] == 157_936
+    assert plan["weights_source"] == "measured by kvplan calibrate (14.99 GiB per GPU)"
 
 
 def test_other_releases_and_families_do_not_use_it(config_dir, a100_log):
