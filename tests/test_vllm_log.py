@@ -1,13 +1,15 @@
 """kvplan.vllm_log: real vLLM start-up text in, the numbers it printed out.
 
-Every expected value below is read off the quoted text itself. The quotes marked kvNNN are
-verbatim from shared/reference/vllm-startup-reports.jsonl (public issues and logs, condensed by
-their collector with " / " and "..."); the others are real log lines from public logs (source in a
+Every expected value below is read off the quoted text itself. The quotes kvNNN are verbatim
+from shared/reference/vllm-startup-reports.jsonl (public issues and logs, condensed by their
+collector with " / " and "..."), copied with their sources to tests/gate/data/startup-quotes.json;
+the others are real log lines from public logs (source in a
 comment) or from the vLLM CPU engine run on this machine (tests/gate/data/).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -16,32 +18,8 @@ from kvplan.vllm_log import StartupReport, parse_non_default_args, parse_startup
 
 DATA = Path(__file__).resolve().parent / "gate" / "data"
 
-KV001 = (
-    "total_gpu_memory=23.58GiB ... kv_cache_size=3.81GiB gpu_memory_utilization=0.90 / GPU blocks: 1952, "
-    "# CPU blocks: 2048 / Maximum concurrency for 20000 tokens per request: 1.56x"
-)
-KV002 = (
-    "kv_cache_size=2.89GiB gpu_memory_utilization=0.90 / # GPU blocks: 1478, # CPU blocks: 2048 / Maximum "
-    "concurrency for 29000 tokens per request: 0.82x / ... maximum number of tokens that can be stored in KV "
-    "cache (23648)"
-)
-KV003 = (
-    "[gpu_worker.py:232] Available KV cache memory: 51.63 GiB / [kv_cache_utils.py:716] GPU KV cache size: "
-    "410,128 tokens / Maximum concurrency for 131,072 tokens per request: 3.13x"
-)
-KV040 = (
-    "Initializing a V1 LLM engine (v0.11.0rc2.dev98+g393de22d2) ... model='/google/gemma-3-27b-it' ... "
-    "max_seq_len=4096 ... Model loading took 51.7891 GiB / Available KV cache memory: 109.86 GiB / Add 8 "
-    "padding layers, may waste at most 15.38% KV cache memory / GPU KV cache size: 205,696 tokens / Maximum "
-    "concurrency for 4,096 tokens per request: 50.05x / num_gpu_blocks is: 89994"
-)
-KV043 = (
-    "non-default args: {'disable_log_stats': True, 'enforce_eager': True, 'model': "
-    "'.../Meta-Llama-3.1-8B-Instruct'} ... Using max model len 131072 ... Initializing a V1 LLM engine "
-    "(v0.15.1) ... Model loading took 14.99 GiB memory / Available KV cache memory: 19.28 GiB / GPU KV cache "
-    "size: 157,936 tokens / Maximum concurrency for 131,072 tokens per request: 1.20x"
-)
-
+QUOTES = json.loads((DATA / "startup-quotes.json").read_text())["quotes"]
+KV001, KV002, KV003, KV040, KV043 = (QUOTES[k]["quote"] for k in ("kv001", "kv002", "kv003", "kv040", "kv043"))
 
 def test_kv001_v0_profiling_line_and_gpu_blocks():
     r = parse_startup_log(KV001)

