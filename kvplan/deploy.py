@@ -94,14 +94,14 @@ def _apply_calibration(
     cal = find_calibration(gpus.device.name, version, model.arch.model_type)
     if cal is None:
         return base, ref, []
-    base = base.calibrated(int(round(cal.residual_gib * GiB)), cal.label())
+    base = base.calibrated(round(cal.residual_gib * GiB), cal.label())
     note = (f"used calibration {cal.label()} from {calibration_file()}: overhead shifted by "
             f"{cal.residual_gib:+.3f} GiB (measured {cal.overhead_gib:.3f}, modelled {cal.predicted_overhead_gib:.3f})")
     same_model = cal.model.lower() == model.config.name.lower()
     if (same_model and cal.tensor_parallel_size == settings.tensor_parallel_size
             and settings.pipeline_parallel_size == 1 and not settings.weights_bytes):
         # The loaded weights per GPU, as the whole model's bytes (the planner divides by TP).
-        total = int(round(cal.weights_gib * GiB)) * cal.tensor_parallel_size
+        total = round(cal.weights_gib * GiB) * cal.tensor_parallel_size
         ref = replace(ref, weights_total=total, weights_source=f"measured by kvplan calibrate ({cal.weights_gib} GiB per GPU)")
         note += f"; weights {cal.weights_gib} GiB per GPU as measured"
     return base, ref, [note]

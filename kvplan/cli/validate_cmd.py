@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -35,11 +34,11 @@ Examples:
 
 @user_errors
 def validate(
-    reports: Optional[Path] = typer.Argument(None, help="JSON-lines reports file (default: the shipped public reports)."),
-    configs: Optional[Path] = typer.Option(None, "--configs", help="Folder of config.json files (org--name.json or org/name/config.json), tried before the bundled profiles."),
+    reports: Path | None = typer.Argument(None, help="JSON-lines reports file (default: the shipped public reports)."),
+    configs: Path | None = typer.Option(None, "--configs", help="Folder of config.json files (org--name.json or org/name/config.json), tried before the bundled profiles."),
     mode: str = typer.Option("both", "--mode", help="page (page math from the reported KV memory), full (from GPU and settings), or both."),
     fit: bool = typer.Option(False, "--fit", help="Refit the overhead model on the reports and write profiles/overhead.json first."),
-    overhead_file: Optional[Path] = typer.Option(None, "--overhead", help="Overhead model JSON to validate (default: profiles/overhead.json)."),
+    overhead_file: Path | None = typer.Option(None, "--overhead", help="Overhead model JSON to validate (default: profiles/overhead.json)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
     """Run the planner on every vLLM start-up report and print predicted vs reported figures.
@@ -191,10 +190,10 @@ def _short(model: str) -> str:
 @user_errors
 def calibrate(
     path: Path = typer.Argument(..., help="A vLLM start-up log, or a bench run folder holding engine.log."),
-    gpu: Optional[str] = typer.Option(None, "--gpu", help="The GPU the engine ran on (catalog name, or auto); needed unless the log prints it."),
-    model: Optional[str] = typer.Option(None, "--model", help="Hub id or local folder of the model, when the log shows a path kvplan cannot read."),
-    vllm_version: Optional[str] = typer.Option(None, "--vllm-version", help="The release, when the log does not print it."),
-    util: Optional[str] = typer.Option(None, "--gpu-memory-utilization", "--util", help="gpu_memory_utilization the engine used, when the log does not show it."),
+    gpu: str | None = typer.Option(None, "--gpu", help="The GPU the engine ran on (catalog name, or auto); needed unless the log prints it."),
+    model: str | None = typer.Option(None, "--model", help="Hub id or local folder of the model, when the log shows a path kvplan cannot read."),
+    vllm_version: str | None = typer.Option(None, "--vllm-version", help="The release, when the log does not print it."),
+    util: str | None = typer.Option(None, "--gpu-memory-utilization", "--util", help="gpu_memory_utilization the engine used, when the log does not show it."),
     usage: str = typer.Option("serve", "--usage", help="serve (vllm serve) or llm (offline LLM class): the defaults the engine picked."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:

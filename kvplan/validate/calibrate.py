@@ -75,7 +75,7 @@ def measure(
     if log.total_memory_gib:
         device = replace(device, cuda_total_bytes=int(log.total_memory_gib * GiB), cuda_total_measured=True)
     util = gpu_memory_utilization or log.gpu_memory_utilization
-    weights = int(round(log.weights_gib * GiB))
+    weights = round(log.weights_gib * GiB)
     settings = Settings(
         tensor_parallel_size=log.tensor_parallel_size or 1,
         pipeline_parallel_size=log.pipeline_parallel_size or 1,

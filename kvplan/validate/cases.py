@@ -162,7 +162,7 @@ def page_math(case: Case, overhead: OverheadModel) -> Capacity | None:
     device = case.device or _stand_in_device(case.report)
     if case.arch is None or kv is None or device is None:
         return None
-    settings = case.settings.replace(kv_cache_memory_bytes=int(round(kv * GiB)))
+    settings = case.settings.replace(kv_cache_memory_bytes=round(kv * GiB))
     return compute_capacity(case.arch, device, settings, case.rules, overhead)
 
 

@@ -136,18 +136,18 @@ def build_row(case: Case) -> FitRow:
         cap = full_budget(case, _ZERO)
         assert cap is not None
         rows = min(cap.limits.max_num_seqs, cap.limits.max_num_batched_tokens)
-        row = row.model_copy(update=dict(
-            sampler_rows=rows,
-            vocab_size=case.arch.vocab_size,
-            max_num_batched_tokens=cap.limits.max_num_batched_tokens,
-            hidden_gib=cap.limits.max_num_batched_tokens * case.arch.hidden_size * case.arch.model_dtype_bytes / GiB,
-            requested_gib=(case.requested_bytes or 0) / GiB,
-        ))
-    row = row.model_copy(update=dict(
-        weights_gib=r.reported_weights_gib,
-        kv_gib=r.reported_kv_memory_gib,
-        activation_gib=r.kvplan.reported_activation_gib,
-    ))
+        row = row.model_copy(update={
+            "sampler_rows": rows,
+            "vocab_size": case.arch.vocab_size,
+            "max_num_batched_tokens": cap.limits.max_num_batched_tokens,
+            "hidden_gib": cap.limits.max_num_batched_tokens * case.arch.hidden_size * case.arch.model_dtype_bytes / GiB,
+            "requested_gib": (case.requested_bytes or 0) / GiB,
+        })
+    row = row.model_copy(update={
+        "weights_gib": r.reported_weights_gib,
+        "kv_gib": r.reported_kv_memory_gib,
+        "activation_gib": r.kvplan.reported_activation_gib,
+    })
     if reason is None:
         overhead = row.requested_gib - row.weights_gib - row.kv_gib  # type: ignore[operator]
         row = row.model_copy(update={"overhead_gib": overhead})
@@ -195,16 +195,16 @@ def fit_rows(rows: list[FitRow], leave_out: str | None = None) -> FitResult:
         nt_own = r.overhead_gib - activation  # type: ignore[operator]
         predicted = r.requested_gib - r.weights_gib - modelled(r) - nt[group(r)]  # type: ignore[operator]
         per_logit = (r.activation_gib - r.hidden_gib) * GiB / r.logits if r.activation_gib is not None else None
-        out.append(r.model_copy(update=dict(
-            used_for=used,
-            bytes_per_logit=None if per_logit is None else round(per_logit, 3),
-            modelled_activation_gib=round(modelled(r), 4),
-            non_torch_gib=round(nt_own, 4),
-            non_torch_residual_gib=round(nt_own - nt[group(r)], 4),
-            predicted_kv_gib=round(predicted, 4),
-            kv_residual_gib=round(r.kv_gib - predicted, 4),  # type: ignore[operator]
-            kv_error_pct=round(100 * (predicted - r.kv_gib) / r.kv_gib, 3),  # type: ignore[operator]
-        )))
+        out.append(r.model_copy(update={
+            "used_for": used,
+            "bytes_per_logit": None if per_logit is None else round(per_logit, 3),
+            "modelled_activation_gib": round(modelled(r), 4),
+            "non_torch_gib": round(nt_own, 4),
+            "non_torch_residual_gib": round(nt_own - nt[group(r)], 4),
+            "predicted_kv_gib": round(predicted, 4),
+            "kv_residual_gib": round(r.kv_gib - predicted, 4),  # type: ignore[operator]
+            "kv_error_pct": round(100 * (predicted - r.kv_gib) / r.kv_gib, 3),  # type: ignore[operator]
+        }))
     return FitResult(sampler_bytes_per_logit=b, sampler_spread=spread, non_torch_gib_single=nt["single"],
                      non_torch_gib_multi=nt["multi"], non_torch_spread_gib=nt_spread, rows=out)
 

@@ -266,8 +266,8 @@ def validate(
         summaries.append(summarize(results, "full", "available_kv_gib", "v1"))
     notes = [
         "error = (predicted - reported) / reported; p90 is the nearest-rank 90th percentile of |error|",
-        "page math: reported GiB values are rounded to 2 decimals (kv013: 1), so a pool computed from them can "
-        "be off by up to rounding_bound_pct (half a printed unit plus one block) even when every rule is right",
+        ("page math: reported GiB values are rounded to 2 decimals (kv013: 1), so a pool computed from them can "
+         "be off by up to rounding_bound_pct (half a printed unit plus one block) even when every rule is right"),
     ]
     if leave_one_out and "full" in modes:
         notes.append("full budget: loo_* is the error with that report left out of the overhead fit")

@@ -104,7 +104,7 @@ def test_v0_prints_blocks_times_block_size_and_has_no_null_block():
 def test_0_21_tokens_differ_from_blocks_when_the_context_is_not_a_block_multiple():
     # 100 blocks, L = 1,000: 0.20 prints 100 // 1 x 16 = 1,600; 0.21 prints
     # int(100 / cdiv(1000, 16) x 1000) = int(100 / 63 x 1000) = int(1587.30) = 1,587.
-    kw = dict(kv_cache_memory_bytes=100 * 2 * MiB, max_model_len=1000)
+    kw = {"kv_cache_memory_bytes": 100 * 2 * MiB, "max_model_len": 1000}
     assert cap("meta-llama/Llama-3.1-8B", "0.20.0", **kw).kv_cache_tokens_reported == 1600
     assert cap("meta-llama/Llama-3.1-8B", "0.21.0", **kw).kv_cache_tokens_reported == 1587
 
@@ -117,7 +117,7 @@ def test_gpu_memory_utilization_default_0_92_from_0_20():
     # 80 GiB = 85,899,345,920 B: x 0.9 = 77,309,411,328; x 0.92 = 79,027,398,246.4 -> ceil 79,027,398,247.
     assert rules_for("0.19.1").default_gpu_memory_utilization == 0.9
     assert rules_for("0.20.0").default_gpu_memory_utilization == 0.92
-    kw = dict(max_model_len=8192, enforce_eager=True)
+    kw = {"max_model_len": 8192, "enforce_eager": True}
     assert cap("meta-llama/Llama-3.1-8B", "0.19.1", gpu(80 * GiB), **kw).limiting_stage.requested == 77_309_411_328
     assert cap("meta-llama/Llama-3.1-8B", "0.20.0", gpu(80 * GiB), **kw).limiting_stage.requested == 79_027_398_247
 
@@ -127,7 +127,7 @@ def test_requested_memory_is_rounded_up_from_0_19_1():
     # kvplan keeps the whole bytes); v1/worker/utils.py@0.19.1:408: math.ceil(total * util).
     # (10 GiB + 1 B) x 0.9 = 10,737,418,241 x 0.9 = 9,663,676,416.9 -> 9,663,676,416 / 9,663,676,417.
     dev = gpu(10 * GiB + 1)
-    kw = dict(max_model_len=4096, gpu_memory_utilization=0.9, enforce_eager=True)
+    kw = {"max_model_len": 4096, "gpu_memory_utilization": 0.9, "enforce_eager": True}
     assert cap("Qwen/Qwen3-0.6B", "0.11.0", dev, **kw).limiting_stage.requested == 9_663_676_416
     assert cap("Qwen/Qwen3-0.6B", "0.19.1", dev, **kw).limiting_stage.requested == 9_663_676_417
 
@@ -136,7 +136,7 @@ def test_cuda_graph_memory_is_subtracted_from_0_20():
     # envs.py@0.19.1:1655 VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS default "0"; envs.py@0.20.0:1725
     # default "1"; gpu_worker.py@0.20.0:379-400 subtracts the estimate unless enforce_eager.
     # Same util and settings: 0.20's available KV is smaller by exactly the CUDA-graph estimate.
-    kw = dict(max_model_len=8192, gpu_memory_utilization=0.9)
+    kw = {"max_model_len": 8192, "gpu_memory_utilization": 0.9}
     before = cap("meta-llama/Llama-3.1-8B", "0.19.1", **kw).limiting_stage
     after = cap("meta-llama/Llama-3.1-8B", "0.20.0", **kw).limiting_stage
     assert before.cudagraphs.bytes == 0
@@ -194,7 +194,7 @@ def test_chunked_local_attention_uses_the_hybrid_manager_from_0_19_1():
     # envs.py@0.19.1:1460: default "1".
     # Llama 4 Scout: 36 chunked (8,192) + 12 NoPE full layers, 8 KV heads of 128:
     # a page is 16 x 8 x 256 x 2 = 65,536 B.
-    kw = dict(kv_cache_memory_bytes=48 * 65_536 * 1000, max_model_len=32768)
+    kw = {"kv_cache_memory_bytes": 48 * 65_536 * 1000, "max_model_len": 32768}
     old = cap("meta-llama/Llama-4-Scout-17B-16E-Instruct", "0.11.0", **kw)
     # 0.11: one group of 48 full layers, a block = 48 x 65,536 = 3,145,728 B -> 1,000 blocks.
     assert not old.hybrid_allocator

@@ -9,10 +9,10 @@ import pytest
 
 from kvplan.model.arch import parse_architecture
 from kvplan.model.source import load_bundled
+from kvplan.plan.overhead import load_overhead
 from kvplan.validate.cases import page_math, resolve_case
 from kvplan.validate.reports import DEFAULT_REPORTS, load_reports
 from kvplan.validate.runner import validate
-from kvplan.plan.overhead import load_overhead
 
 
 @pytest.fixture(scope="module")
