@@ -65,6 +65,7 @@ class BenchConfig(BaseModel):
     max_concurrency: int | None = None
     include_levels: list[int] = Field(default_factory=list)  # also measured by an automatic sweep
     requests_per_stream: int = 3
+    warmup: bool = True  # one unrecorded round before the first point
     scrape_interval_s: float = 0.05
     request_timeout_s: float = 300.0
     startup_timeout_s: float = 900.0
@@ -136,6 +137,7 @@ class BenchSummary(BaseModel):
     predicted_first_kv_wait: int | None = None
     predicted_first_preemption: int | None = None
     engine_command: str | None = None
+    metrics_error: str | None = None  # set when the server's /metrics could not be read
     workload: str
     capacity: dict[str, Any]
     planner: dict[str, Any] | None = None
@@ -196,6 +198,7 @@ class BenchRun:
         self._next_index = 0
         self._request_rows: list[dict[str, Any]] = []
         self.summary_obj: BenchSummary | None = None
+        self.metrics_error: str | None = None  # the server has no readable /metrics
         self.onsets: dict[str, Onset | None] = {"first_kv_wait": None, "first_preemption": None}
 
     # ---------------------------------------------------------------- engine and capacity
@@ -294,11 +297,12 @@ class BenchRun:
 
     async def _point_async(self, concurrency: int, seq: int, first_index: int, started_at: str) -> PointResult:
         stop = StopSignal()
-        try:
-            before = await scrape_once(self.base_url)
-        except Exception as exc:  # noqa: BLE001
-            before = None
-            stop.stop(self._dead_reason() or f"cannot read {self.base_url}/metrics ({type(exc).__name__}: {exc})")
+        before = None
+        if self.metrics_error is None:
+            try:
+                before = await scrape_once(self.base_url)
+            except Exception as exc:  # noqa: BLE001 - it answered at the start: the server is gone or broken
+                stop.stop(self._dead_reason() or f"cannot read {self.base_url}/metrics ({type(exc).__name__}: {exc})")
         t0 = time.perf_counter()
         during: list[Snapshot] = []
         scraping = asyncio.Event()
@@ -409,7 +413,8 @@ class BenchRun:
         def run_point(c: int) -> PointOutcome:
             return self._point(c).outcome()
 
-        self._warm_up()
+        if self.cfg.warmup:
+            self._warm_up()
         if self.cfg.sweep:
             sweep = Sweep(run_point, max(self.cfg.sweep), known)
             sweep.levels(self.cfg.sweep)
@@ -500,6 +505,7 @@ class BenchRun:
             predicted_first_kv_wait=rule["first_kv_wait"] if rule else None,
             predicted_first_preemption=rule["first_preemption"] if rule else None,
             engine_command=cmd,
+            metrics_error=self.metrics_error,
             workload=self.workload.describe(),
             capacity=dataclasses.asdict(self.capacity),
             planner=self.planner,
@@ -527,8 +533,10 @@ class BenchRun:
             self._discover_model()
             try:
                 snap = asyncio.run(scrape_once(self.base_url))
-            except Exception:  # noqa: BLE001 - a server without /metrics can still be benched
+            except Exception as exc:  # noqa: BLE001 - a server without /metrics can still be benched
                 snap = None
+                self.metrics_error = f"{type(exc).__name__}: {exc}"
+                self.view.message(f"no server metrics ({self.metrics_error}): onsets cannot be measured")
             self._read_capacity(snap)
             self._predict()
             self._planner()

