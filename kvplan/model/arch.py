@@ -19,10 +19,10 @@ from kvplan.model.dtypes import WEIGHT_DTYPE_BYTES
 from kvplan.model.layers import (
     MLA,
     ChunkedLocal,
-    MLAIndexer,
     FullAttention,
     LayerSpec,
     MambaState,
+    MLAIndexer,
     SlidingWindow,
 )
 from kvplan.model.weights import NO_QUANTIZATION, ParamCounts, Quantization, int_group_bytes
@@ -94,6 +94,9 @@ class Architecture:
     # Index of the decoder layer each spec belongs to (for pipeline-parallel splits).
     layer_index: tuple[int, ...]
     params: ParamCounts
+    # Widest per-token MLP intermediate (dense intermediate, or experts_per_token x expert
+    # intermediate + shared experts): what a forward pass's activations scale with.
+    mlp_activation_width: int
     model_dtype: str  # activation dtype vLLM runs in ("auto" dtype resolution)
     quantization: Quantization
     # The checkpoint's own KV-cache scheme, read by vLLM >= 0.19.1 for kv dtype "auto".
@@ -462,6 +465,20 @@ def _count_params(
     return ParamCounts(embedding, lm_head, attn, mlp, experts, recurrent, other)
 
 
+def _mlp_activation_width(f: _Fields, model_type: str, num_layers: int, hidden: int) -> int:
+    inter = f.get("intermediate_size", "ffn_hidden_size", "n_inner", default=4 * hidden) or 0
+    if model_type.startswith("llama4"):
+        inter = f.get("intermediate_size_mlp", default=inter)
+    if not any(_moe_layers(f, model_type, num_layers)):
+        return int(inter)
+    top_k = f.get("num_experts_per_tok", "experts_per_token", "moe_topk", default=1) or 1
+    expert = f.get("moe_intermediate_size", default=inter)
+    shared = (f.get("n_shared_experts", "num_shared_experts", default=0) or 0) * expert
+    shared += f.get("shared_expert_intermediate_size", "shared_intermediate_size", default=0) or 0
+    dense = inter if f.get("first_k_dense_replace") else 0
+    return int(max(dense, top_k * expert + shared))
+
+
 def parse_architecture(config: dict[str, Any], overrides: dict[str, Any] | None = None) -> Architecture:
     """Read a config.json dict into an :class:`Architecture`, or raise a clear error.
 
@@ -564,6 +581,7 @@ def parse_architecture(config: dict[str, Any], overrides: dict[str, Any] | None 
         layers=tuple(specs),
         layer_index=tuple(index),
         params=params,
+        mlp_activation_width=_mlp_activation_width(f, model_type, num_layers, hidden),
         model_dtype=dtype,
         quantization=quant,
         checkpoint_kv_dtype=ckpt_kv,

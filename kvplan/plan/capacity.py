@@ -14,7 +14,7 @@ takes the minimum ``num_blocks`` over all workers.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvplan.errors import KvplanError
 from kvplan.hardware.catalog import Device
@@ -39,10 +39,15 @@ class SchedulerLimits:
     max_num_batched_tokens: int
 
 
-def default_scheduler_limits(device: Device, usage_context: str, rules: VllmRules) -> SchedulerLimits:
+def default_scheduler_limits(
+    device: Device, usage_context: str, rules: VllmRules, max_model_len: int = 0
+) -> SchedulerLimits:
     """vLLM's defaults (`engine/arg_utils.py::_set_default_args`): larger on >= 70 GiB GPUs
     other than the A100 (a large batch hurt its throughput); 0.33 adds a >= 160 GiB tier
-    where `vllm serve` also batches 16,384 tokens."""
+    where `vllm serve` also batches 16,384 tokens. The V0 engine had chunked prefill off up
+    to 32K contexts and then batched a whole context: ``max(max_model_len, 2048)``."""
+    if rules.engine == "v0":
+        return SchedulerLimits(256, max(max_model_len, 2048) if max_model_len <= 32768 else 2048)
     total = device.cuda_total_bytes
     big = total >= 70 * GiB and "a100" not in device.name.lower()
     if rules.big_gpu_tier and total >= 160 * GiB:
@@ -169,6 +174,22 @@ class Capacity:
         return self.num_blocks > 0 and self.needed_for_max_model_len() <= self.limiting_stage.available.bytes
 
 
+def with_draft_layers(arch: Architecture, count: int) -> Architecture:
+    """The target plus ``count`` draft layers shaped like its last attention layer: vLLM gives
+    an EAGLE/MTP draft's attention layers KV pages in the same pool (on the last stage)."""
+    growing = [s for s in arch.layers if s.grows_with_tokens]
+    if not growing:
+        raise KvplanError("--draft-layers needs a model with attention layers")
+    per_layer = (arch.params.total - arch.params.embedding - arch.params.lm_head) // arch.num_hidden_layers
+    params = replace(arch.params, other=arch.params.other + count * per_layer)
+    return replace(
+        arch,
+        layers=arch.layers + (growing[-1],) * count,
+        layer_index=arch.layer_index + (arch.num_hidden_layers - 1,) * count,
+        params=params,
+    )
+
+
 def _stage_weights(arch: Architecture, total: int, stage: range, first: bool, last: bool, tp: int) -> int:
     """Per-device weights of one stage: its share of the layers plus embeddings/LM head."""
     p = arch.params
@@ -193,6 +214,9 @@ def compute_capacity(
     """Size the KV cache of one replica of a deployment, as that vLLM release would."""
     tp, pp = settings.tensor_parallel_size, settings.pipeline_parallel_size
     notes: list[str] = []
+    if settings.draft_layers:
+        arch = with_draft_layers(arch, settings.draft_layers)
+        notes.append(f"{settings.draft_layers} speculative draft layer(s) share the KV pool")
     if arch.num_attention_heads % tp:
         raise KvplanError(
             f"tensor parallel size {tp} does not divide the {arch.num_attention_heads} attention heads",
@@ -208,7 +232,7 @@ def compute_capacity(
             f"context {max_model_len:,} exceeds the model's max_position_embeddings "
             f"{arch.max_position_embeddings:,}; vLLM refuses it unless rope scaling allows it"
         )
-    defaults = default_scheduler_limits(device, settings.usage_context, rules)
+    defaults = default_scheduler_limits(device, settings.usage_context, rules, max_model_len)
     batched = settings.max_num_batched_tokens or defaults.max_num_batched_tokens
     # arg_utils: the default max_num_seqs never exceeds max_num_batched_tokens.
     limits = SchedulerLimits(settings.max_num_seqs or min(defaults.max_num_seqs, batched), batched)
@@ -244,7 +268,7 @@ def compute_capacity(
         # The profile run splits max_num_batched_tokens over min(tokens, max_num_seqs) requests.
         activation = overhead.activation(
             min(limits.max_num_seqs, limits.max_num_batched_tokens), arch.vocab_size, limits.max_num_batched_tokens,
-            arch.hidden_size, arch.model_dtype_bytes, samples=last,
+            arch.hidden_size, arch.model_dtype_bytes, samples=last, mlp_width=arch.mlp_activation_width // tp,
         )
         non_torch = overhead.non_torch(tp * pp)
         graphs = Estimate.exact(0)

@@ -6,10 +6,18 @@ tokens split over ``R = min(MNBT, max_num_seqs)`` requests keeps the last hidden
 request and the whole ``[MNBT, hidden]`` output; the forward's intermediates are freed before
 ``_dummy_sampler_run`` turns the ``R`` last states into ``[R, vocab]`` logits and samples with
 top-k/top-p (fp32 logits, their softmax, sorted copies and indices). The peak is the sampler's
-working set plus the retained hidden states:
+working set plus the retained hidden states, unless the forward pass itself peaks higher:
 
-    activation = sampler_bytes_per_logit * R * vocab_size
-                 + max_num_batched_tokens * hidden_size * dtype_bytes
+    sampler    = sampler_bytes_per_logit * R * vocab_size + MNBT * hidden_size * dtype_bytes
+    forward    = MNBT * (3 * mlp_width + 3 * hidden_size) * dtype_bytes
+    activation = max(sampler, forward)
+
+The forward term is read off the model code, not fitted: an MLP turns ``[T, hidden]`` into
+``[T, 2 * intermediate]`` (gate_up_proj), then ``[T, intermediate]`` (SiluAndMul), next to the
+residual, normed and output hidden states (`model_executor/models/llama.py::LlamaMLP`; fused
+MoE's caches are ``[T * top_k, 2N]`` and ``[T * top_k, N]``). It dominates where the sampler
+is small: the V0 engine profiled ``max_model_len`` tokens at once (Llama-3.1-8B at 20,000
+tokens: 20,000 x (3 x 14,336 + 3 x 4,096) x 2 B = 2.06 GiB; the log measured 2.07 GiB).
 
 ``non_torch`` (NCCL, cuBLAS workspaces, the CUDA context's growth) depends on whether ranks
 talk to each other, so it has one value for TP = 1 and one for TP > 1. CUDA graphs are
@@ -78,17 +86,19 @@ class OverheadModel:
         return min(max_num_seqs, max_num_batched_tokens) * vocab_size
 
     def activation(self, max_num_seqs: int, vocab_size: int, max_num_batched_tokens: int,
-                   hidden_size: int, dtype_bytes: int, samples: bool = True) -> Estimate:
+                   hidden_size: int, dtype_bytes: int, samples: bool = True, mlp_width: int = 0) -> Estimate:
         """The profile run's torch peak increase on one device. ``max_num_seqs`` is the number
-        of rows the sampler sees (callers pass min(max_num_seqs, MNBT))."""
+        of rows the sampler sees (callers pass min(max_num_seqs, MNBT)); ``mlp_width`` the
+        per-rank, per-token MLP intermediate width."""
         hidden = max_num_batched_tokens * hidden_size * dtype_bytes
+        forward = max_num_batched_tokens * (3 * mlp_width + 3 * hidden_size) * dtype_bytes if mlp_width else 0
         if not samples:  # a pipeline stage before the last runs no sampler
-            return Estimate.exact(hidden)
+            return Estimate.exact(max(hidden, forward))
         sampler = self.sampler_bytes_per_logit * max_num_seqs * vocab_size
         return Estimate(
-            int(sampler + hidden),
-            int(sampler * (1 - self.sampler_spread_low) + hidden),
-            int(sampler * (1 + self.sampler_spread_high) + hidden),
+            int(max(sampler + hidden, forward)),
+            int(max(sampler * (1 - self.sampler_spread_low) + hidden, forward)),
+            int(max(sampler * (1 + self.sampler_spread_high) + hidden, forward)),
         )
 
     def non_torch(self, world_size: int) -> Estimate:

@@ -36,6 +36,9 @@ class Settings:
     hybrid_kv_cache_manager: bool | None = None  # None: vLLM's default for the model
     usage_context: str = "serve"  # `vllm serve` (serve) or the offline LLM class (llm)
     weights_bytes: int | None = None  # loaded weights per device, if known
+    # Speculative decoding: KV-holding layers of the draft model (EAGLE: 1; MTP: its layers),
+    # shaped like the target's last attention layer and sharing its pool.
+    draft_layers: int = 0
     # The workload: concurrent requests of prompt + output tokens, optionally sharing a prefix.
     concurrency: int = 1
     prompt_tokens: int | None = None
@@ -47,7 +50,7 @@ class Settings:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise KvplanError(f"invalid {name}: {value!r} must be a whole number >= 1")
-        for name in ("output_tokens", "shared_prefix_tokens"):
+        for name in ("output_tokens", "shared_prefix_tokens", "draft_layers"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 0):
                 raise KvplanError(f"invalid {name}: {value!r} must be a whole number >= 0")

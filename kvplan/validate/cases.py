@@ -138,6 +138,7 @@ def resolve_case(report: Report, configs_dir: Path | None = None) -> Case:
         gpu_memory_utilization=util,
         enforce_eager=bool(report.enforce_eager),
         usage_context=usage,
+        draft_layers=int(getattr(cur, "draft_layers", 0) or 0),
     )
     device, gpu_notes = device_for(report)
     assumptions += gpu_notes
@@ -180,8 +181,8 @@ def known_limits(case: Case) -> list[str]:
     """What kvplan's model leaves out for this report, said up front."""
     out: list[str] = []
     cur = case.report.kvplan
-    if cur.speculative_decoding:
-        out.append(f"{cur.speculative_decoding} speculative decoding: draft-model KV layers and weights are not modelled")
+    if cur.speculative_decoding and not getattr(cur, "draft_layers", 0):
+        out.append(f"{cur.speculative_decoding} speculative decoding: draft-model KV layers are not modelled")
     if case.is_v0:
         out.append("V0 engine: its profile peak is the forward pass over max_num_batched_tokens, not the V1 "
                    "sampler peak the overhead model describes")

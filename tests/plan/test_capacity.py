@@ -76,7 +76,7 @@ def test_gpt_oss_120b_token_formula_by_version():
     rounded = capacity("openai/gpt-oss-120b", version="0.11.0", kv_cache_memory_bytes=int(5.38 * GiB),
                        max_model_len=131072)
     assert rounded.kv_cache_tokens_reported == 9_793 // 2 * 16
-    # vLLM >= 0.21 prints int(concurrency x max_model_len) instead: 9,798 / (8,192 full + 
+    # vLLM >= 0.21 prints int(concurrency x max_model_len) instead: 9,798 / (8,192 full +
     # cdiv(min(127 + 8192, 131072), 16) + 1 = 521 sliding blocks) x 131,072.
     new = capacity("openai/gpt-oss-120b", version="0.21.0", kv_cache_memory_bytes=9_798 * 589_824,
                    max_model_len=131072)
@@ -162,3 +162,12 @@ def test_custom_device_memory():
     cap = compute_capacity(arch("meta-llama/Llama-3.1-8B"), dev, Settings(max_model_len=8192),
                            rules_for("0.11.0"), OVERHEAD)
     assert cap.limiting_stage.requested == int(24 * GiB * 0.9)
+
+
+def test_speculative_draft_layers_share_the_pool():
+    # EAGLE: one draft layer shaped like the target's: 33 x 16 x 8 x 128 x 2 x 2 B = 2,162,688 B
+    # per block; kv003's 51.63 GiB -> 25,633 blocks x 16 = 410,128 tokens (what vLLM printed).
+    cap = capacity("meta-llama/Llama-3.1-8B", version="0.9.1", draft_layers=1,
+                   kv_cache_memory_bytes=int(51.63 * GiB), max_model_len=131072)
+    assert cap.layout.block_bytes == 2_162_688
+    assert cap.kv_cache_tokens_reported == 410_128

@@ -31,6 +31,17 @@ def test_a_stage_before_the_last_runs_no_sampler():
     assert MODEL.activation(1024, 128_256, 8192, 4096, 2, samples=False) == Estimate.exact(67_108_864)
 
 
+def test_the_forward_pass_peaks_when_the_sampler_is_small():
+    # V0 profiled max_model_len tokens at once: Llama-3.1-8B at 20,000 tokens holds
+    # [T, 2 x 14,336] + [T, 14,336] MLP activations and 3 x [T, 4,096] hidden states in bf16:
+    # 20,000 x (3 x 14,336 + 3 x 4,096) x 2 = 2,211,840,000 B = 2.06 GiB (the log: 2.07 GiB).
+    est = MODEL.activation(256, 128_256, 20_000, 4096, 2, mlp_width=14_336)
+    assert est == Estimate.exact(2_211_840_000)
+    # With 8,192 tokens the sampler's 1,024 x 128,256 logits dominate again.
+    big = MODEL.activation(1024, 128_256, 8192, 4096, 2, mlp_width=14_336)
+    assert big.bytes == 5_253_365_760 + 67_108_864
+
+
 def test_sampler_rows_are_min_of_batched_tokens_and_max_num_seqs():
     # gpu_model_runner.py::_dummy_run@0.11.0: num_reqs = min(num_tokens, max_num_seqs).
     assert OverheadModel.sampler_logits(1024, 8192, 1000) == 1024 * 1000

@@ -21,7 +21,8 @@ def test_json_is_one_document_with_the_tables():
 def test_human_table_names_the_misses():
     r = runner.invoke(app, ["validate", "--mode", "page"], env={"COLUMNS": "200"})
     assert r.exit_code == 0, r.output
-    assert "Page math" in r.stdout and "kv003" in r.stdout and "eagle" in r.stdout
+    assert "Page math" in r.stdout and "kv003" in r.stdout and "410,128 / 410,128" in r.stdout
+    assert "V0 engine" in r.stdout  # the limits kvplan states up front
     assert "Full budget" not in r.stdout
 
 

@@ -7,7 +7,6 @@ import json
 
 import pytest
 
-from kvplan.model.arch import parse_architecture
 from kvplan.model.source import load_bundled
 from kvplan.plan.overhead import load_overhead
 from kvplan.validate.cases import page_math, resolve_case
@@ -62,19 +61,17 @@ def test_every_page_math_miss_but_eagle_is_within_the_rounding_bound(result):
         assert abs(c.get("blocks").error_pct) <= c.rounding_bound_pct, c.case_id
 
 
-def test_kv003_misses_by_one_eagle_layer(result):
-    # 51.63 GiB / 2 MiB = 26,434.6 -> 26,434 blocks x 16 = 422,944 tokens, 3.1% above the 410,128
-    # printed. The EAGLE draft adds one Llama layer with the same KV shape: 33 layers make a
-    # 16-token block 2,162,688 B; 51.63 GiB / 2,162,688 = 25,633.5 -> 25,633 x 16 = 410,128 exactly.
+def test_kv003_eagle_draft_layer(result):
+    # The EAGLE draft adds one Llama layer with the target's KV shape (the report's curation:
+    # draft_layers 1): 33 layers make a 16-token block 2,162,688 B; 51.63 GiB / 2,162,688 =
+    # 25,633.5 -> 25,633 x 16 = 410,128 tokens, what the engine printed.
     c = case(result, "kv003", "page")
-    assert c.get("tokens").predicted == 422_944
-    assert c.get("tokens").error_pct == pytest.approx(3.125, abs=1e-3)
-    assert any("eagle" in x for x in c.limits)
+    assert c.get("tokens").predicted == 410_128 == c.get("tokens").reported
+    # Without the draft layer: 51.63 GiB / 2 MiB = 26,434.6 -> 26,434 x 16 = 422,944 (3.1% high).
     report = next(r for r in load_reports() if r.case_id == "kv003")
-    with_draft = resolve_case(report)
-    arch33 = parse_architecture(load_bundled("meta-llama/Llama-3.1-8B").config, {"num_hidden_layers": 33})
-    cap = page_math(with_draft.__class__(**{**with_draft.__dict__, "arch": arch33}), load_overhead())
-    assert cap.kv_cache_tokens_reported == 410_128
+    plain = resolve_case(report)
+    plain = plain.__class__(**{**plain.__dict__, "settings": plain.settings.replace(draft_layers=0)})
+    assert page_math(plain, load_overhead()).kv_cache_tokens_reported == 422_944
 
 
 def test_full_budget_llama_8b_on_h100(result):
@@ -99,8 +96,9 @@ def test_no_gpu_and_known_limits_are_reported_not_hidden(result):
 def test_goals_as_the_shipped_reports_give_them(result):
     goals = {g.name: g for g in result.goals}
     page = goals["page math: KV tokens"]
-    assert not page.met and "5/6" in page.achieved and "kv003" in page.achieved
-    assert not goals["full budget: available KV memory (all reports)"].met  # the two V0 reports
+    assert page.met and "6/6" in page.achieved
+    # All reports, the two V0 ones included: the forward-pass term brings them to +6.9% / +8.8%.
+    assert goals["full budget: available KV memory (all reports)"].met
     assert goals["full budget: available KV memory (V1-engine reports)"].met
     full = next(s for s in result.summaries if s.mode == "full" and s.quantity == "available_kv_gib" and s.subset == "all")
     assert full.n == 13 and full.median_abs_pct <= 5
