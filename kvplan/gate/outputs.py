@@ -53,19 +53,19 @@ def render_table(report: CheckReport) -> None:
 
     console = _console()
     table = Table(title=f"kvplan check {report.spec}", title_justify="left", show_edge=False)
-    for col, justify in (("deployment", "left"), ("model", "left"), ("GPUs", "left"), ("context", "right"),
+    for col, justify in (("deployment", "left"), ("GPUs", "left"), ("context", "right"),
                          ("conc.", "right"), ("pool used", "right"), ("margin", "right"), ("verdict", "left"),
                          ("limiting term", "left"), ("suggested fix", "left")):
         table.add_column(col, justify=justify, overflow="fold")
     for r in report.results:
         color = "green" if r.fits else "red"
-        table.add_row(r.name, r.model, gpu_label(r), format_tokens(r.context_tokens), str(r.concurrency),
+        table.add_row(r.name, gpu_label(r), format_tokens(r.context_tokens), str(r.concurrency),
                       _pct(r.pool_used), _pct(r.margin), f"[{color}]{verdict_label(r)}[/]", r.limiting_term,
                       r.suggestion or "")
     console.print(table)
     for r in report.results:
         if not r.fits:
-            console.print(f"[red]x[/] {r.name} ({r.file}:{r.line}): {r.reason}")
+            console.print(f"[red]x[/] {r.name} ({r.file}:{r.line}, {r.model}): {r.reason}")
     for note in report.notes:
         console.print(f"[yellow]note:[/] {note}")
     color = "green" if report.ok else "red"
