@@ -45,8 +45,8 @@ def write_spec(path: Path, n: int) -> None:
             f"    concurrency: {1 + (i * 7) % 48}\n"
             f"    prompt: 2k\n"
             f"    output: 512\n"
-            + (f"    shared_prefix: 1k\n" if i % 3 == 0 else "")
-            + (f"    headroom: 0.1\n" if i % 4 == 0 else "")
+            + ("    shared_prefix: 1k\n" if i % 3 == 0 else "")
+            + ("    headroom: 0.1\n" if i % 4 == 0 else "")
         )
     path.write_text("".join(lines))
 

@@ -123,10 +123,8 @@ def _line_of(text: str, pos: int, whole: bool = False, limit: int = 240) -> str:
 
 
 def _last(pattern: re.Pattern[str], text: str) -> re.Match[str] | None:
-    found = None
-    for found in pattern.finditer(text):
-        pass
-    return found
+    matches = list(pattern.finditer(text))
+    return matches[-1] if matches else None
 
 
 # --- patterns -------------------------------------------------------------------------------
@@ -244,8 +242,8 @@ def _coerce(field: str, value: Any) -> Any:
     if isinstance(value, str) and value.replace(",", "").isdigit():
         return int(value.replace(",", ""))
     if field == "kv_cache_memory_bytes" and isinstance(value, str):
-        from kvplan.units import parse_bytes
         from kvplan.errors import KvplanError
+        from kvplan.units import parse_bytes
 
         try:
             return parse_bytes(value)
@@ -337,9 +335,7 @@ def parse_startup_log(text: str) -> StartupReport:
 
     # Weights and memory.
     m = _last(_WEIGHTS, text)
-    if m:
-        put("weights_gib", float(m.group(1)), m.start())
-    elif (m := _last(_V0_MODEL_WEIGHTS_TAKE, text)) is not None:
+    if m or (m := _last(_V0_MODEL_WEIGHTS_TAKE, text)) is not None:
         put("weights_gib", float(m.group(1)), m.start())
     m = _last(_V0_PROFILE_TOTAL, text)
     if m:

@@ -347,10 +347,10 @@ def check_log_text(text: str, log_name: str, tolerance: float = 0.02, gpu: str |
 
 
 def render(result: CheckLogResult) -> None:
+    import sys
+
     from rich.console import Console
     from rich.table import Table
-
-    import sys
 
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 140)
     r = result.parsed
