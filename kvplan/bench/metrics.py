@@ -166,6 +166,7 @@ class PointMetrics:
     peak_waiting: float | None = None
     peak_waiting_capacity: float | None = None
     peak_kv_usage: float | None = None
+    peak_in_engine: float | None = None  # max of running + waiting in one scrape
     prompt_tokens: float | None = None
     generation_tokens: float | None = None
     prefix_queries: float | None = None
@@ -201,6 +202,9 @@ def summarize(before: Snapshot, during: list[Snapshot], after: Snapshot) -> Poin
     pm.peak_waiting = _peak(s.get("waiting") for s in every)
     pm.peak_waiting_capacity = _peak(s.waiting_by_reason.get("capacity") for s in every)
     pm.peak_kv_usage = _peak(s.get("kv_usage") for s in every)
+    pm.peak_in_engine = _peak(
+        (s.get("running") or 0.0) + (s.get("waiting") or 0.0) if s.get("running") is not None else None for s in every
+    )
     for key in ("prompt_tokens", "generation_tokens", "prefix_queries", "prefix_hits"):
         setattr(pm, key, _delta(after, before, key))
     ttft = after.histograms.get("ttft")

@@ -98,6 +98,9 @@ def markdown(summary: Any) -> str:
             f"| {_ms(pt.itl.get('p50'))} | {_ms(pt.itl.get('p99'))} | {_ms(pt.tpot.get('p50'))} "
             f"| {_ms(pt.e2e.get('p99'))} | {_num(pt.throughput_tok_s, ',.0f')} | {pt.requests_ok}/{pt.requests} |"
         )
+    for pt in s.points:
+        for note in pt.notes:
+            lines.append(f"\nConcurrency {pt.concurrency}: {note}.")
     failed = [pt for pt in s.points if pt.status != "ok"]
     for pt in failed:
         lines.append(f"\nPoint at concurrency {pt.concurrency} failed: {pt.error}")

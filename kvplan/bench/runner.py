@@ -116,6 +116,7 @@ class PointResult(BaseModel):
     preempted: bool
     label: str
     predicted: dict[str, Any] | None = None
+    notes: list[str] = Field(default_factory=list)
 
     def outcome(self) -> PointOutcome:
         return PointOutcome(self.concurrency, self.waited_for_kv, self.preempted, self.status != "ok")
@@ -379,6 +380,12 @@ class BenchRun:
                 "kv_fill": round(self.rule.kv_fill(concurrency), 4),
                 "label": self.rule.label(concurrency),
             }
+        notes = []
+        seen = server.get("peak_in_engine")
+        if status == "ok" and seen is not None and seen < min(concurrency, self.cfg.max_num_seqs or concurrency):
+            notes.append(f"the engine was seen holding at most {seen:.0f} of the {concurrency} requests at once "
+                         "(short requests, a slow API server or scrapes too far apart): the load may not have "
+                         "reached this concurrency inside the engine")
         self._request_rows = [dict(r.to_json(), concurrency=concurrency, seq=seq) for r in records]
         return PointResult(
             seq=seq,
@@ -403,6 +410,7 @@ class BenchRun:
             preempted=preempted,
             label=measured_label(outcome, self.cfg.max_num_seqs),
             predicted=predicted,
+            notes=notes,
         )
 
     # ---------------------------------------------------------------- the sweep

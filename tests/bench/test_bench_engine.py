@@ -1,0 +1,98 @@
+"""`kvplan bench --url` against one real vLLM CPU engine (shared by the module): the capacity it
+reports, and the measured onsets against the planner's block rule on that capacity."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+from bench_helpers import BLOCK_SIZE, POOL_BLOCKS, bench_env, engine_required, kvplan_cmd
+
+from kvplan.bench.engine import capacity_from_cache_info, parse_capacity_log
+from kvplan.bench.metrics import scrape_once
+from kvplan.plan.blocks import BlockRule
+
+pytestmark = [pytest.mark.engine, engine_required]
+
+
+def _bench(url: str, out, *args: str, timeout: float = 600) -> dict:
+    proc = subprocess.run(kvplan_cmd("--url", url, "--out", str(out), "--json", *args),
+                          capture_output=True, text=True, timeout=timeout, env=bench_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    return json.loads(proc.stdout)
+
+
+def _rule(summary: dict, prompt: int, output: int) -> BlockRule:
+    """The planner's rule on the capacity the engine reported (not on the flags we gave)."""
+    cap = summary["capacity"]
+    return BlockRule(num_blocks=cap["num_blocks"], block_size=cap["block_size"], prompt_tokens=prompt,
+                     output_tokens=output, max_num_seqs=1 << 30)
+
+
+def test_engine_reports_the_pinned_pool(cpu_engine):
+    import asyncio
+
+    log_cap = parse_capacity_log(cpu_engine.log_path.read_text())
+    metrics_cap = capacity_from_cache_info(asyncio.run(scrape_once(cpu_engine.cfg.base_url)).cache_info)
+    # 17 blocks x 32 tokens = 544 tokens ("CPU KV cache size: 544 tokens"); the null block is counted.
+    for cap in (log_cap, metrics_cap):
+        assert (cap.num_blocks, cap.block_size, cap.kv_cache_tokens) == (POOL_BLOCKS, BLOCK_SIZE, 544)
+
+
+def test_onsets_coincide_prompt_64_output_64(cpu_engine, tmp_path):
+    s = _bench(cpu_engine.cfg.base_url, tmp_path, "--prompt", "64", "--output", "64")
+    rule = _rule(s, 64, 64)
+    # By hand: usable = 17 - 1 = 16 blocks; a request peaks at cdiv(64 + 64 - 1, 32) = 4 blocks and is
+    # admitted with cdiv(64, 32) = 2 free; 16 // 2 = 8 can start together, 8 x 4 > 16, so they preempt.
+    # Four fit (4 x 4 = 16): the fifth waits for KV and is preempted: both onsets at 16 // 4 + 1 = 5.
+    assert (rule.first_kv_wait, rule.first_preemption) == (5, 5)
+    assert s["measured_first_kv_wait"] == rule.first_kv_wait
+    assert s["measured_first_preemption"] == rule.first_preemption
+    assert s["predicted_first_preemption"] == rule.first_preemption
+    by_c = {p["concurrency"]: p for p in s["points"]}
+    assert by_c[4]["server"]["preemptions"] == 0 and by_c[5]["server"]["preemptions"] > 0
+    assert all(p["status"] == "ok" and p["requests_failed"] == 0 for p in s["points"])
+    assert s["measured"]["agrees_with_prediction"] == {"first_kv_wait": True, "first_preemption": True}
+
+
+def test_waits_without_preemption_prompt_40_output_24(cpu_engine, tmp_path):
+    # Output that fits in the prompt's last block: requests wait, never preempt. (Prompt 60 and
+    # output 4 follow the same rule, but four decode steps are shorter than the time the API server
+    # of a 2-core machine takes to hand nine requests to the engine, so they rarely overlap.)
+    s = _bench(cpu_engine.cfg.base_url, tmp_path, "--prompt", "40", "--output", "24")
+    rule = _rule(s, 40, 24)
+    # By hand: a request is admitted with cdiv(40, 32) = 2 blocks and peaks at cdiv(40 + 24 - 1, 32) = 2:
+    # it never grows past what admission reserved. 16 // 2 = 8 run at once, the ninth waits, and
+    # 8 x 2 = 16 <= 16: never a preemption.
+    assert (rule.first_kv_wait, rule.first_preemption) == (9, None)
+    assert s["measured_first_kv_wait"] == rule.first_kv_wait
+    assert s["measured_first_preemption"] is None
+    top = s["measured"]["first_preemption"]["searched_up_to"]
+    assert top >= 2 * rule.first_kv_wait  # searched well past the KV-wait onset
+    assert max(p["concurrency"] for p in s["points"]) == top
+    assert all(p["server"]["preemptions"] == 0 for p in s["points"])
+    assert {p["concurrency"]: p["waited_for_kv"] for p in s["points"]}[8] is False
+
+
+def test_resume_runs_only_the_missing_points(cpu_engine, tmp_path):
+    s = _bench(cpu_engine.cfg.base_url, tmp_path, "--sweep", "1,2", "--prompt", "32", "--output", "8")
+    run = next(tmp_path.iterdir())
+    lines = (run / "points.jsonl").read_text().splitlines()
+    assert [json.loads(x)["concurrency"] for x in lines] == [1, 2]
+    (run / "points.jsonl").write_text(lines[0] + "\n")  # as if the run had stopped after the first point
+    resumed = _bench(cpu_engine.cfg.base_url, tmp_path, "--resume", str(run))
+    points = [json.loads(x) for x in (run / "points.jsonl").read_text().splitlines()]
+    assert [p["concurrency"] for p in points] == [1, 2]
+    assert points[0] == json.loads(lines[0])  # the finished point is kept as it was
+    assert [p["concurrency"] for p in resumed["points"]] == [1, 2]
+    assert s["points"][0]["started_at"] == resumed["points"][0]["started_at"]
+
+
+def test_chat_completions(cpu_engine, tmp_path):
+    s = _bench(cpu_engine.cfg.base_url, tmp_path, "--api", "chat", "--sweep", "2", "--prompt", "16", "--output", "4",
+               "--no-warmup")
+    (point,) = s["points"]
+    assert point["requests_ok"] == 6 and point["output_tokens"] == 6 * 4  # ignore_eos: exactly max_tokens
+    assert point["ttft"]["p50"] > 0
