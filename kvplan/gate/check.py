@@ -11,6 +11,8 @@ sub-folders hold one each. Fields read (anything else is ignored):
     model                      string   the model the bench served (id or path)
     measured_first_preemption  int|null lowest concurrency at which the engine preempted; null = none seen
     deployment                 string   optional: the spec deployment this run measured
+    status                     string   optional: "complete" (default), "interrupted" or "failed"; a null
+                                        first preemption of a run that did not complete proves nothing
 
 A summary with ``deployment`` applies to that deployment; one without applies to every
 deployment whose model matches (case-insensitive; a path matches by its last components).
@@ -39,6 +41,7 @@ class BenchRun(BaseModel):
     model: str
     deployment: str | None = None
     measured_first_preemption: int | None = None
+    status: str = "complete"
 
 
 class BenchCheck(BaseModel):
@@ -130,7 +133,11 @@ def _read_summary(file: Path) -> BenchRun:
     deployment = data.get("deployment")
     if deployment is not None and not isinstance(deployment, str):
         raise KvplanError(f"{file}: deployment: expected a string, got {deployment!r}")
-    return BenchRun(run_dir=str(file.parent), model=model, deployment=deployment, measured_first_preemption=first)
+    status = data.get("status", "complete")
+    if not isinstance(status, str):
+        raise KvplanError(f"{file}: status: expected a string, got {status!r}")
+    return BenchRun(run_dir=str(file.parent), model=model, deployment=deployment, measured_first_preemption=first,
+                    status=status)
 
 
 def _model_key(name: str) -> tuple[str, ...]:
@@ -296,6 +303,9 @@ class Planner:
             measured = [r.measured_first_preemption for r in bench if r.measured_first_preemption is not None]
             first = min(measured) if measured else None
             passed = first is None or first >= d.concurrency
+            unfinished = [r.run_dir for r in bench if r.status != "complete"]
+            if unfinished and first is None:
+                notes.append("bench: no preemption measured, but these runs did not complete: " + ", ".join(unfinished))
             check = BenchCheck(runs=[r.run_dir for r in bench], measured_first_preemption=first,
                                required_concurrency=d.concurrency, passed=passed)
             if not passed:
@@ -307,7 +317,7 @@ class Planner:
                 else:
                     reason += f"; kvplan bench measured the first preemption at concurrency {first}"
                 fits = False
-            elif first is None:
+            elif first is None and not unfinished:
                 notes.append("bench: no preemption measured in " + ", ".join(check.runs))
             else:
                 notes.append(f"bench: first preemption at concurrency {first} >= {d.concurrency}")

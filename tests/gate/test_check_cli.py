@@ -229,6 +229,16 @@ def test_bench_without_preemption_or_above_passes_matching_by_model(tmp_path):
     assert any("Qwen/Qwen3-8B" in n and "no deployment uses" in n for n in report["notes"])
 
 
+def test_bench_run_that_did_not_complete_is_not_evidence(tmp_path):
+    path = write(tmp_path, only("fits14"))
+    bench = run_dir(tmp_path / "runs", "cut", model="meta-llama/Llama-3.1-8B-Instruct", status="interrupted",
+                    measured_first_preemption=None)
+    result = run(["check", str(path), "--bench", str(bench), "--json"])
+    assert result.exit_code == 0
+    notes = json.loads(result.stdout)["results"][0]["notes"]
+    assert any("did not complete" in n for n in notes)
+
+
 @pytest.mark.parametrize("summary, message", [
     ({"model": "m", "measured_first_preemption": "x"}, "measured_first_preemption: expected an int >= 1 or null"),
     ({"model": "m"}, "measured_first_preemption: missing"),
