@@ -23,6 +23,9 @@ from kvplan.plan.versions import rules_for
 class ResolvedModel:
     config: ModelConfig
     arch: Architecture
+    # Exact loaded weight bytes (whole model) from the Hub's safetensors headers, when online.
+    weights_total: int | None = None
+    weights_source: str = "estimated from config.json"
 
 
 def load_model(
@@ -33,7 +36,16 @@ def load_model(
     overrides: dict[str, Any] | None = None,
 ) -> ResolvedModel:
     config = resolve_model(name, revision=revision, source=source, offline=offline)
-    return ResolvedModel(config, parse_architecture(config.config, overrides))
+    arch = parse_architecture(config.config, overrides)
+    if config.source == "hub" and not overrides:
+        from kvplan.model.hub_weights import hub_weights
+
+        exact = hub_weights(name, revision, arch.num_hidden_layers)
+        if exact is not None and exact.loaded_bytes > 0:
+            skipped = f", {exact.skipped_bytes / 2**30:.2f} GiB of MTP layers left out" if exact.skipped_bytes else ""
+            return ResolvedModel(config, arch, exact.loaded_bytes,
+                                 f"safetensors headers on the Hub ({exact.tensors:,} tensors{skipped})")
+    return ResolvedModel(config, arch)
 
 
 def select_gpus(gpu: str | None, gpus: int | None = None, gpu_mem: str | None = None) -> GpuSelection:
@@ -70,6 +82,8 @@ def plan_deployment(
         name=model.config.name,
         source=model.config.source,
         detail=model.config.detail,
+        weights_total=model.weights_total,
+        weights_source=model.weights_source,
     )
     devices, _ = load_catalog()
     base = overhead or load_overhead()

@@ -41,11 +41,15 @@ def sum_tensors(tensors: Iterable[tuple[str, tuple[int, int]]], num_hidden_layer
 def hub_weights(repo_id: str, revision: str | None, num_hidden_layers: int) -> CheckpointWeights | None:
     """Read the safetensors headers of ``repo_id``; None when unavailable (offline, no safetensors...)."""
     os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", "10")
+    from kvplan.model.source import HUB_TIMEOUT_S, call_with_deadline, quiet_hub_logs
+
+    quiet_hub_logs()
     try:
         from huggingface_hub import HfApi
 
-        meta = HfApi().get_safetensors_metadata(repo_id, revision=revision)
-    except Exception:  # offline, gated, not a safetensors repo, network errors: fall back to the estimate
+        meta = call_with_deadline(lambda: HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None)
+                                  .get_safetensors_metadata(repo_id, revision=revision), HUB_TIMEOUT_S)
+    except Exception:  # offline, gated, not a safetensors repo, network errors, timeout: use the estimate
         return None
     pairs = (
         (name, tuple(info.data_offsets))

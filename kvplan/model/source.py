@@ -93,11 +93,61 @@ def _hub_cache_dir() -> Path:
     return Path(xdg).expanduser() / "huggingface" / "hub"
 
 
+def hub_reachable(timeout_s: float = 3.0) -> bool:
+    """A TCP connect to the Hub endpoint: huggingface_hub itself retries for ~30 s when offline."""
+    import socket
+    from urllib.parse import urlparse
+
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    try:
+        with socket.create_connection((url.hostname or "huggingface.co", url.port or 443), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def call_with_deadline(fn, seconds: float):
+    """Run ``fn`` in a daemon thread; TimeoutError if it is not done in ``seconds``.
+
+    huggingface_hub retries transient errors with back-off; a planner must answer within ~10 s
+    whatever the network does. An abandoned call dies with the process."""
+    import threading
+
+    box: dict[str, object] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # handed to the caller below
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise TimeoutError(f"no answer in {seconds:.0f} s")
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box["value"]
+
+
+def quiet_hub_logs() -> None:
+    """huggingface_hub logs retries as warnings on stderr; kvplan reports the outcome itself."""
+    import logging
+
+    logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
+
+
 def _from_hub(repo_id: str, revision: str | None, offline: bool) -> tuple[Path, str]:
     """Download (or find in the hub cache) config.json; raise a _HubMiss with the reason."""
     if offline and not (_hub_cache_dir() / ("models--" + repo_id.replace("/", "--"))).is_dir():
         # Nothing cached: skip importing huggingface_hub (a tenth of a second) altogether.
         raise _HubMiss("not in the hub cache and the Hub is offline")
+    if not offline and not hub_reachable():
+        try:
+            return _from_hub(repo_id, revision, offline=True)  # the cache may still have it
+        except _HubMiss:
+            raise _HubMiss("the Hub is unreachable and the model is not in the hub cache") from None
     os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", str(HUB_TIMEOUT_S))
     os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", str(HUB_TIMEOUT_S))
     from huggingface_hub import hf_hub_download
@@ -109,9 +159,16 @@ def _from_hub(repo_id: str, revision: str | None, offline: bool) -> tuple[Path, 
         RevisionNotFoundError,
     )
 
+    quiet_hub_logs()
     try:
-        path = hf_hub_download(repo_id, "config.json", revision=revision, local_files_only=offline)
+        path = call_with_deadline(
+            lambda: hf_hub_download(repo_id, "config.json", revision=revision, local_files_only=offline,
+                                    endpoint=os.environ.get("HF_ENDPOINT") or None),
+            HUB_TIMEOUT_S,
+        )
         return Path(path), "hub-cache" if offline else "hub"
+    except TimeoutError:
+        raise _HubMiss(f"the Hub did not answer within {HUB_TIMEOUT_S} s") from None
     except LocalEntryNotFoundError:  # a subclass of EntryNotFoundError: catch it first
         raise _HubMiss("not in the hub cache and the Hub is offline" if offline else "the Hub is unreachable") from None
     except GatedRepoError:

@@ -50,3 +50,70 @@ def test_at_least_30_bundled_profiles_each_with_a_source():
         assert data["source"] and isinstance(data["config"], dict), file.name
     assert load_bundled("openai/gpt-oss-20b").config["model_type"] == "gpt_oss"
     assert os.environ["HF_HUB_OFFLINE"] == "1"
+
+
+def _serve(handler_cls):
+    import http.server
+    import threading
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler_cls)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def _online_against(monkeypatch, server):
+    """Point huggingface_hub at a loopback server and lift the suite's offline switch for it."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
+
+
+def test_a_hub_that_never_answers_falls_back_within_the_deadline(monkeypatch):
+    # A loopback "Hub" that accepts connections and never replies: the planner must not wait
+    # for huggingface_hub's retries, only for its own deadline.
+    import http.server
+    import time
+
+    import kvplan.model.source as source
+
+    class Hang(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self):  # noqa: N802 - http.server's naming
+            time.sleep(30)
+
+        do_GET = do_HEAD
+
+        def log_message(self, *args):
+            pass
+
+    server = _serve(Hang)
+    _online_against(monkeypatch, server)
+    monkeypatch.setattr(source, "HUB_TIMEOUT_S", 1)
+    start = time.monotonic()
+    found = source.resolve_model("meta-llama/Llama-3.1-8B", offline=False)
+    assert time.monotonic() - start < 5
+    assert found.source == "bundled" and any("did not answer" in n for n in found.notes)
+    server.shutdown()
+
+
+def test_a_hub_error_falls_back_to_the_bundled_profile(monkeypatch):
+    import http.server
+
+    import kvplan.model.source as source
+
+    class Missing(http.server.BaseHTTPRequestHandler):
+        def do_HEAD(self):  # noqa: N802
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_GET = do_HEAD
+
+        def log_message(self, *args):
+            pass
+
+    server = _serve(Missing)
+    _online_against(monkeypatch, server)
+    found = source.resolve_model("meta-llama/Llama-3.1-8B", offline=False)
+    assert found.source == "bundled" and found.notes
+    server.shutdown()
