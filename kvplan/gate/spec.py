@@ -139,7 +139,7 @@ class Deployment(BaseModel):
         if isinstance(value, str):
             from kvplan.plan.versions import parse_version
 
-            _unit(parse_version, value, "vllm_version")
+            _check(parse_version, value)
         return value
 
     @field_validator("kv_cache_dtype")
@@ -148,7 +148,7 @@ class Deployment(BaseModel):
         if value != "auto":
             from kvplan.model.dtypes import kv_dtype
 
-            _unit(kv_dtype, value, "kv_cache_dtype")
+            _check(kv_dtype, value)
         return value
 
 
@@ -159,15 +159,21 @@ def _number_or_text(value: Any) -> Any:
 
 
 def _unit(parse, value: Any, what: str) -> Any:
-    """Call a kvplan.units parser; its KvplanError becomes pydantic's ValueError (with the hint)."""
+    """``parse(value, what)`` (a kvplan.units parser); its KvplanError becomes pydantic's ValueError."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ValueError(f"expected a number or a string, got {type(value).__name__}")
+    if isinstance(value, float) and parse is parse_tokens and value == int(value):
+        value = int(value)  # YAML's 32768.0
     try:
-        if isinstance(value, float) and parse is parse_tokens:
-            if value != int(value):
-                raise KvplanError(f"invalid {what}: {value!r} is not a whole number of tokens")
-            value = int(value)
-        return parse(value, what) if parse in (parse_tokens, parse_bytes, parse_fraction) else parse(value)
+        return parse(value, what)
+    except KvplanError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _check(validate, value: str) -> None:
+    """A one-argument validator (vLLM version, KV dtype name) whose KvplanError becomes a ValueError."""
+    try:
+        validate(value)
     except KvplanError as exc:
         raise ValueError(str(exc)) from None
 
@@ -259,7 +265,8 @@ def _lines(node, file: str, issues: list[SpecIssue]) -> dict[tuple, int]:
 
 
 def _dotted(path: tuple) -> str:
-    out = ""
+    """("deployments", 2, "context") -> deployments[2].context (a bare list reads the same)."""
+    out = "deployments" if path and isinstance(path[0], int) else ""
     for part in path:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out
