@@ -88,6 +88,7 @@ def check_log(
     vllm_version: Optional[str] = typer.Option(None, "--vllm-version", help="Rules of this release, when the log does not print it."),
     usage: str = typer.Option("serve", "--usage", help="serve (vllm serve) or llm (offline LLM class): vLLM's batch defaults."),
     gate: str = typer.Option("page", "--gate", help="page: gate blocks, tokens and concurrency given the log's KV memory; all: also weights and the memory budget."),
+    draft_layers: Optional[int] = typer.Option(None, "--draft-layers", help="Speculative decoding draft layers sharing the pool (default: 1 when the log shows EAGLE, else 0)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
     """Parse a vLLM start-up log, re-plan the same settings, and show predicted vs reported numbers."""
@@ -113,7 +114,7 @@ def check_log(
         except OSError as exc:
             raise KvplanError(f"cannot read {log}: {exc.strerror}") from None
     result = check_log_text(text, log, tolerance=tolerance, gpu=gpu, model=model,
-                            vllm_version=vllm_version, usage=usage, gate=gate)
+                            vllm_version=vllm_version, usage=usage, gate=gate, draft_layers=draft_layers)
     if as_json:
         print_json(result)
     else:

@@ -138,10 +138,23 @@ def resolve_log_model(name: str, notes: list[str]):
 # --- settings ---------------------------------------------------------------------------------
 
 
-def settings_from_log(r: StartupReport, usage: str, kv_memory_bytes: int | None, override: bool = True):
+def draft_layers_from_log(r: StartupReport, notes: list[str] | None = None) -> int:
+    """EAGLE-style speculative decoding (``speculative_config`` in the non-default args) adds one
+    draft decoder layer whose KV shares the pool; other methods are not modelled."""
+    spec = str(r.non_default_args.get("speculative_config") or "").lower()
+    if "eagle" in spec:
+        if notes is not None:
+            notes.append("speculative_config uses EAGLE: one draft layer shares the KV pool (--draft-layers 1)")
+        return 1
+    return 0
+
+
+def settings_from_log(r: StartupReport, usage: str, kv_memory_bytes: int | None, override: bool = True,
+                      draft_layers: int | None = None):
     from kvplan.plan.schema import Settings
 
     return Settings(
+        draft_layers=draft_layers_from_log(r) if draft_layers is None else draft_layers,
         tensor_parallel_size=r.tensor_parallel_size or 1,
         pipeline_parallel_size=r.pipeline_parallel_size or 1,
         kv_cache_dtype=r.kv_cache_dtype or "auto",
@@ -222,7 +235,7 @@ def _capacity_rows(r: StartupReport, plan, plan_free, tolerance: float, gated: b
 
 def check_log_text(text: str, log_name: str, tolerance: float = 0.02, gpu: str | None = None,
                    model: str | None = None, vllm_version: str | None = None, usage: str = "serve",
-                   gate: str = "page") -> CheckLogResult:
+                   gate: str = "page", draft_layers: int | None = None) -> CheckLogResult:
     """``gate``: "page" gates the page-math numbers (blocks, tokens, concurrency); "all" also the
     weights and the memory budget (estimates: see `kvplan validate` for their typical error)."""
     from kvplan.deploy import plan_deployment, select_gpus
@@ -238,6 +251,8 @@ def check_log_text(text: str, log_name: str, tolerance: float = 0.02, gpu: str |
         raise KvplanError(f"{log_name}: the log does not name the model", "pass --model")
     resolved = resolve_log_model(name, notes)
     version = _version(r, vllm_version, notes)
+    if draft_layers is None:
+        draft_layers = draft_layers_from_log(r, notes)
     overhead = load_overhead()  # no user calibration: see the module docstring
     if r.max_model_len is None:
         notes.append("the log does not show max_model_len: planned with the model's maximum")
@@ -251,7 +266,7 @@ def check_log_text(text: str, log_name: str, tolerance: float = 0.02, gpu: str |
         notes.append(f"GPU from the log's total_gpu_memory={r.total_memory_gib} GiB")
 
     def plan_with(sel, kv_bytes, override=True):
-        settings = settings_from_log(r, usage, kv_bytes, override)
+        settings = settings_from_log(r, usage, kv_bytes, override, draft_layers)
         return plan_deployment(resolved, sel, settings, version, overhead)
 
     gate_all = gate == "all"
@@ -325,7 +340,7 @@ def check_log_text(text: str, log_name: str, tolerance: float = 0.02, gpu: str |
     ok = all(c.within for c in gated)
     if not gated:
         notes.append("no reported number could be compared with the plan")
-    settings = _as_dict(settings_from_log(r, usage, None))
+    settings = _as_dict(settings_from_log(r, usage, None, draft_layers=draft_layers))
     return CheckLogResult(
         log=log_name,
         ok=ok,

@@ -81,6 +81,24 @@ def test_kv003_eagle_draft_kv_is_outside_the_tolerance(tmp_path):
     # 51.63 GiB / 2 MiB = 26,434.6 -> 26,434 blocks x 16 = 422,944 tokens vs 410,128 printed: +3.125%
     assert (t["reported"], t["predicted"], t["error_pct"], t["within"]) == (410_128, 422_944, 3.125, False)
     assert check_log(tmp_path, KV003, *args, "--tolerance", "0.05").exit_code == 0
+    # Told about the draft layer (the log's speculative_config shows EAGLE, but this quote is cut):
+    # 33 layers x 65,536 B per block -> 51.63 GiB / 2,162,688 B = 25,633 x 16 = 410,128, exact.
+    with_draft = check_log(tmp_path, KV003, *args, "--draft-layers", "1")
+    assert with_draft.exit_code == 0, with_draft.output
+    t = rows(json.loads(with_draft.stdout)["page_math"])["KV cache tokens"]
+    assert (t["predicted"], t["within"]) == (410_128, True)
+
+
+def test_eagle_in_the_non_default_args_adds_the_draft_layer():
+    from kvplan.gate.checklog import draft_layers_from_log
+    from kvplan.vllm_log import parse_startup_log
+
+    log = ("INFO 06-20 10:00:00 [cli_args.py:1] non-default args: {'model': 'meta-llama/Llama-3.1-8B', "
+           "'speculative_config': {'method': 'eagle', 'model': 'yuhuili/EAGLE-LLaMA3.1-Instruct-8B', "
+           "'num_speculative_tokens': 3}}\n")
+    notes: list[str] = []
+    assert draft_layers_from_log(parse_startup_log(log), notes) == 1 and notes
+    assert draft_layers_from_log(parse_startup_log("non-default args: {'model': 'x'}\n")) == 0
 
 
 def test_kv001_v0_blocks_and_budget_from_the_logged_total(tmp_path):
