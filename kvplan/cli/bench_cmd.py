@@ -278,26 +278,35 @@ def render(summary) -> None:
                           f"[{'green' if ok else 'red'}]{'agrees' if ok else 'differs'}[/]")
         else:
             console.print(f"  {name}: measured {measured}")
-    table = Table(show_edge=False)
-    for col in ("c", "predicted", "measured", "preempt", "peak wait", "KV pred", "KV peak",
-                "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "E2E p99", "tok/s", "ok"):
-        table.add_column(col, justify="right")
+    table = Table(show_edge=False, pad_edge=False)
+    for col in ("c", "KV pressure", "preempt", "wait", "KV fill", "TTFT ms", "ITL ms", "E2E ms", "tok/s"):
+        table.add_column(col, justify="right", no_wrap=True)
+    table.add_row("", "measured (planned)", "", "peak", "peak (plan)", "p50/p99", "p50/p99", "p99", "", style="dim")
 
     def ms(v):
-        return "-" if v is None else f"{v * 1000:.0f}ms"
+        return "-" if v is None else f"{v * 1000:.0f}"
 
+    short = {"KV-limited": "KV", "admission-limited": "admission", "neither": "-", "failed": "failed"}
     for p in summary.points:
         srv = p.server or {}
         pr = p.predicted or {}
+        label = short.get(p.label, p.label)
+        if pr and p.status == "ok":
+            planned = short.get(pr.get("label"), pr.get("label"))
+            label = f"{label} ({planned})" if planned == label else f"[red]{label} ({planned})[/]"
+        elif p.status != "ok":
+            label = "[red]failed[/]"
+        kv = "-" if srv.get("peak_kv_usage") is None else f"{srv['peak_kv_usage']:.0%}"
+        if pr.get("kv_fill") is not None:
+            kv += f" ({pr['kv_fill']:.0%})"
         table.add_row(
-            str(p.concurrency), pr.get("label", "-"), p.label if p.status == "ok" else "[red]failed[/]",
-            f"{srv.get('preemptions') or 0:.0f}", f"{srv.get('peak_waiting') or 0:.0f}",
-            "-" if pr.get("kv_fill") is None else f"{pr['kv_fill']:.0%}",
-            "-" if srv.get("peak_kv_usage") is None else f"{srv['peak_kv_usage']:.0%}",
-            ms(p.ttft.get("p50")), ms(p.ttft.get("p99")), ms(p.itl.get("p50")), ms(p.itl.get("p99")),
+            str(p.concurrency), label, f"{srv.get('preemptions') or 0:.0f}", f"{srv.get('peak_waiting') or 0:.0f}", kv,
+            f"{ms(p.ttft.get('p50'))}/{ms(p.ttft.get('p99'))}", f"{ms(p.itl.get('p50'))}/{ms(p.itl.get('p99'))}",
             ms(p.e2e.get("p99")), "-" if p.throughput_tok_s is None else f"{p.throughput_tok_s:,.0f}",
-            f"{p.requests_ok}/{p.requests}",
         )
     console.print(table)
+    for p in summary.points:
+        if p.status != "ok":
+            console.print(f"[red]concurrency {p.concurrency} failed:[/] {p.error}")
     console.print(f"[dim]run folder: {summary.run_dir}[/]")
 

@@ -126,3 +126,36 @@ def test_attach_without_metrics_still_measures_latency(tmp_path):
     assert summary["metrics_error"] and summary["model"] == "fake"
     assert [p["requests_ok"] for p in summary["points"]] == [3, 6]  # 3 requests per stream
     assert all(p["ttft"]["p50"] >= 0.01 for p in summary["points"])
+
+
+def test_no_model_and_no_spec_file(tmp_path):
+    proc = subprocess.run(kvplan_cmd(), capture_output=True, text=True, timeout=120, env=bench_env(), cwd=tmp_path)
+    assert proc.returncode == 2
+    assert _one_line_error(proc) == ("error: no MODEL given and no ./kvplan.yaml here "
+                                     "(pass a model, --url, or --resume RUN_DIR)")
+
+
+def test_spec_deployments_become_engine_settings(tmp_path):
+    from kvplan.cli.bench_cmd import _spec_deployments
+
+    spec = tmp_path / "kvplan.yaml"
+    spec.write_text(
+        "deployments:\n"
+        "  - name: tiny\n"
+        "    model: tests/fixtures/tiny-llama\n"
+        "    gpu: H100\n"
+        "    context: 512\n"
+        "    concurrency: 6\n"
+        "    prompt: 64\n"
+        "    output: 64\n"
+        "    block_size: 32\n"
+        "    kv_cache_memory: 64MiB\n"
+        "    max_num_seqs: 16\n"
+        "    enforce_eager: true\n"
+    )
+    ((name, engine, workload, gpu, level),) = _spec_deployments(spec)
+    assert (name, gpu, level) == ("tiny", "H100", 6)
+    assert engine["model"] == "tests/fixtures/tiny-llama" and engine["max_model_len"] == 512
+    assert engine["kv_cache_memory_bytes"] == 64 * 2**20 and engine["block_size"] == 32
+    assert engine["max_num_seqs"] == 16 and engine["enforce_eager"] is True
+    assert workload == {"prompt_tokens": 64, "output_tokens": 64}
