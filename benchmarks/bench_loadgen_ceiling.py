@@ -19,7 +19,6 @@ import os
 import resource
 import socket
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
