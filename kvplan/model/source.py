@@ -163,7 +163,7 @@ def _from_hub(repo_id: str, revision: str | None, offline: bool) -> tuple[Path, 
     try:
         path = call_with_deadline(
             lambda: hf_hub_download(repo_id, "config.json", revision=revision, local_files_only=offline,
-                                    endpoint=os.environ.get("HF_ENDPOINT") or None),
+                                    cache_dir=_hub_cache_dir(), endpoint=os.environ.get("HF_ENDPOINT") or None),
             HUB_TIMEOUT_S,
         )
         return Path(path), "hub-cache" if offline else "hub"
