@@ -18,8 +18,9 @@ Definitions (all times in seconds, measured by the client; the README states the
 - **output tokens** = the server's ``usage.completion_tokens`` (else the chunks counted).
 - **useful throughput** = output tokens of completed requests / the point's wall time.
 
-aiohttp gets a connector limited to the concurrency and a large read buffer: the 64 KiB
-default breaks SSE lines of long contexts (vllm#39963).
+aiohttp gets a connector limited to the concurrency, one connection per request (no keep-alive
+race with the server), and a large read buffer: the 64 KiB default breaks SSE lines of long
+contexts (vllm#39963).
 """
 
 from __future__ import annotations
@@ -220,7 +221,11 @@ async def run_closed_loop(
     def clock() -> float:
         return time.perf_counter() - t0
 
-    connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=concurrency, force_close=False)
+    # One connection per request (force_close): a closed loop sends the next request the moment the
+    # previous response ends, which is exactly the race in which uvicorn's keep-alive timer drops a
+    # connection holding a new request (uvicorn#824; seen here as "Server disconnected" seconds after
+    # sending). A loopback connect costs ~0.1 ms and counts in TTFT, as it does for a new user.
+    connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=concurrency, force_close=True)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=request_timeout_s)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout, read_bufsize=READ_BUFSIZE) as session:
 

@@ -230,7 +230,10 @@ def _run(runs: list, as_json: bool, check: bool) -> None:
             summary = run.execute()
         except KeyboardInterrupt:
             view.close()
-            error_line(f"interrupted; finished points kept in {store.path} (continue with --resume {store.path})")
+            if run.points:
+                error_line(f"interrupted; finished points kept in {store.path} (continue with --resume {store.path})")
+            else:
+                error_line(f"interrupted before any point finished (run folder: {store.path})")
             raise typer.Exit(130) from None
         except Exception:
             view.close()
