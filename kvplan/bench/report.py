@@ -128,17 +128,25 @@ def plot_png(summary: Any) -> bytes | None:
         return None
     xs = [p.concurrency for p in points]
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+    log_x = max(xs) / max(1, min(xs)) >= 16
+    ax2 = ax.twinx()
+    ax.set_zorder(ax2.get_zorder() + 1)  # the lines over the bars
+    ax.patch.set_visible(False)
+    pre = [(p.server or {}).get("preemptions") or 0 for p in points]
+    widths = [0.08 * x for x in xs] if log_x else [0.4] * len(xs)
+    ax2.bar(xs, pre, width=widths, alpha=0.3, color="tab:red", label="preemptions")
+    ax2.set_ylabel("preemptions in the point")
     ax.plot(xs, [p.ttft["p50"] * 1000 for p in points], "o-", label="TTFT p50")
     ax.plot(xs, [p.ttft["p99"] * 1000 for p in points], "s-", label="TTFT p99")
     ax.set_xlabel("concurrent streams")
     ax.set_ylabel("TTFT (ms)")
-    if max(xs) / max(1, min(xs)) >= 16:
+    if log_x:
+        from matplotlib.ticker import ScalarFormatter
+
         ax.set_xscale("log", base=2)
-    ax2 = ax.twinx()
-    pre = [(p.server or {}).get("preemptions") or 0 for p in points]
-    ax2.bar(xs, pre, width=[max(0.4, 0.25 * x) if ax.get_xscale() == "log" else 0.5 for x in xs],
-            alpha=0.3, color="tab:red", label="preemptions")
-    ax2.set_ylabel("preemptions in the point")
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.set_xticks(xs)
+        ax.tick_params(axis="x", labelsize=8)
     pred = summary.prediction or {}
     if pred.get("first_kv_wait"):
         ax.axvline(pred["first_kv_wait"], color="tab:orange", linestyle="--", label=f"predicted first KV wait ({pred['first_kv_wait']})")
