@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def run_level(url: str, model: str, streams: int, per_stream: int, prompt: int, output: int, first: int):
+def run_level(url: str, model: str, streams: int, per_stream: int, prompt: int, output: int, first: int,
+              keep_alive: bool = False):
     from kvplan.bench.loadgen import run_closed_loop
     from kvplan.bench.metrics import scrape_once
     from kvplan.bench.stats import describe
@@ -34,7 +35,8 @@ def run_level(url: str, model: str, streams: int, per_stream: int, prompt: int, 
 
     w = Workload(prompt_tokens=prompt, output_tokens=output, nonce=str(time.time_ns()))
     before = asyncio.run(scrape_once(url))
-    result = asyncio.run(run_closed_loop(url, model, "completions", streams, per_stream, w.request, first))
+    result = asyncio.run(run_closed_loop(url, model, "completions", streams, per_stream, w.request, first,
+                                         keep_alive=keep_alive))
     time.sleep(0.2)  # the last request's stats reach the API server's registry
     after = asyncio.run(scrape_once(url))
     ok = [r for r in result.records if r.ok]
@@ -50,6 +52,7 @@ def main() -> None:
     ap.add_argument("--streams", default="1,16,64")
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--output", type=int, default=32)
+    ap.add_argument("--keep-alive", action="store_true", help="reuse connections (default: one per request)")
     ap.add_argument("--requests", type=int, default=128, help="about this many requests per level (>= 2 per stream)")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -75,17 +78,18 @@ def main() -> None:
         model = json.load(urllib.request.urlopen(url + "/v1/models"))["data"][0]["id"]
         run_level(url, model, 8, 1, args.prompt, args.output, 10**6)  # warm-up, not shown
         print(f"prompt {args.prompt}, output {args.output}; TTFT in ms (client: from the scheduled time)")
-        print(f"{'streams':>8} {'requests':>9} {'client mean':>12} {'server mean':>12} {'diff':>7} "
+        print(f"{'streams':>8} {'requests':>9} {'client mean':>12} {'server mean':>12} {'diff':>7} {'diff ms':>8} "
               f"{'client p50':>11} {'client p99':>11}")
         first = 2 * 10**6
         for streams in (int(x) for x in args.streams.split(",")):
             per_stream = max(2, args.requests // streams)
-            ok, n, client, server = run_level(url, model, streams, per_stream, args.prompt, args.output, first)
+            ok, n, client, server = run_level(url, model, streams, per_stream, args.prompt, args.output, first,
+                                              args.keep_alive)
             first += n
             c, s = client["mean"], server.mean
             diff = (c - s) / s if c and s else float("nan")
             print(f"{streams:>8} {ok:>5}/{n:<3} {c * 1000:>12.2f} {s * 1000:>12.2f} {diff:>+7.1%} "
-                  f"{client['p50'] * 1000:>11.2f} {client['p99'] * 1000:>11.2f}")
+                  f"{(c - s) * 1000:>+8.2f} {client['p50'] * 1000:>11.2f} {client['p99'] * 1000:>11.2f}")
     finally:
         if launcher is not None:
             launcher.stop()

@@ -207,6 +207,7 @@ async def run_closed_loop(
     request_timeout_s: float = 300.0,
     stop: StopSignal | None = None,
     on_request_done: Callable[[RequestRecord], None] | None = None,
+    keep_alive: bool = False,
 ) -> LoadResult:
     """``concurrency`` streams x ``requests_per_stream`` requests; request ``k`` of stream ``s``
     is number ``first_index + k * concurrency + s`` of the run."""
@@ -225,7 +226,8 @@ async def run_closed_loop(
     # previous response ends, which is exactly the race in which uvicorn's keep-alive timer drops a
     # connection holding a new request (uvicorn#824; seen here as "Server disconnected" seconds after
     # sending). A loopback connect costs ~0.1 ms and counts in TTFT, as it does for a new user.
-    connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=concurrency, force_close=True)
+    connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=concurrency,
+                                     force_close=not keep_alive)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=request_timeout_s)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout, read_bufsize=READ_BUFSIZE) as session:
 
