@@ -21,6 +21,7 @@ class FakeBehaviour:
     die_after_chunks: int | None = None  # close the connection abruptly after this many chunks
     chunk_padding: int = 0  # bytes of padding in each chunk's text (long SSE lines)
     metrics: bool = True
+    cache_info: str | None = None  # labels of vllm:cache_config_info, e.g. 'num_gpu_blocks="17",block_size="32"'
     in_flight: int = 0
     max_in_flight: int = 0
     requests: int = 0
@@ -100,7 +101,10 @@ class FakeServer:
 
         if not self.behaviour.metrics:
             return web.Response(status=404)
-        return web.Response(text=METRICS.format(running=float(self.behaviour.in_flight)))
+        text = METRICS.format(running=float(self.behaviour.in_flight))
+        if self.behaviour.cache_info:
+            text += f"# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{{{self.behaviour.cache_info}}} 1.0\n"
+        return web.Response(text=text)
 
     async def _completions(self, request):
         from aiohttp import web

@@ -159,3 +159,17 @@ def test_spec_deployments_become_engine_settings(tmp_path):
     assert engine["kv_cache_memory_bytes"] == 64 * 2**20 and engine["block_size"] == 32
     assert engine["max_num_seqs"] == 16 and engine["enforce_eager"] is True
     assert workload == {"prompt_tokens": 64, "output_tokens": 64}
+
+
+def test_check_fails_when_a_measured_onset_differs(tmp_path):
+    # A server that reports a 17-block pool of 32 but never preempts nor queues (the fake one):
+    # the rule predicts both onsets at 5 (16 usable // cdiv(64 + 64 - 1, 32) = 4 blocks + 1), the
+    # sweep measures none, and --check turns the difference into exit code 1.
+    behaviour = FakeBehaviour(cache_info='block_size="32",num_gpu_blocks="17"')
+    with FakeServer(behaviour) as srv:
+        proc = _cli(["--url", srv.url, "--sweep", "4,5", "--prompt", "64", "--output", "64", "--out", str(tmp_path),
+                     "--requests-per-stream", "1", "--no-warmup", "--check", "--json"])
+    assert proc.returncode == 1, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["predicted_first_preemption"] == 5 and summary["measured_first_preemption"] is None
+    assert summary["measured"]["agrees_with_prediction"] == {"first_kv_wait": False, "first_preemption": False}
