@@ -145,7 +145,8 @@ _V0_UTIL = re.compile(r"gpu_memory_utilization ?[=(] ?" + _FLOAT)
 _CPU_KV_SET = re.compile(r"(Explicitly|Auto) set \(" + _FLOAT + r"/" + _FLOAT + r"\) GiB for KV cache")
 
 _V0_BLOCKS = re.compile(r"#? ?(\w+) blocks: " + _NUM + r", # CPU blocks: " + _NUM)
-_V1_GPU_BLOCKS = re.compile(r"# GPU blocks: " + _NUM + r"(?!, # CPU)")  # _NUM ends with \\b
+# (?!,?\d) stops the match from backtracking into a shorter prefix of "7,290" when the V0 tail follows.
+_V1_GPU_BLOCKS = re.compile(r"# GPU blocks: " + _NUM + r"(?!,?\d)(?!, # CPU)")
 _OVERRIDE = re.compile(r"Overriding num_gpu_blocks=" + _NUM + r" with num_gpu_blocks_override=" + _NUM)
 _NUM_GPU_BLOCKS_IS = re.compile(r"num_gpu_blocks is: " + _NUM)
 _KV_TOKENS = re.compile(r"(?:\b([A-Z]{2,4}(?: \+ host)?) )?KV cache size: " + _NUM + r" tokens")

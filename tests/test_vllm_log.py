@@ -208,3 +208,9 @@ def test_odd_text_gives_an_empty_report(text):
     r = parse_startup_log(text)
     assert isinstance(r, StartupReport)
     assert not r.has_capacity and r.vllm_version is None
+
+
+def test_v0_block_counts_with_thousands_separators_are_read_whole():
+    # "# GPU blocks: 7,290, # CPU blocks: 2048" must give 7,290, not the "7" before the comma.
+    assert parse_startup_log("INFO [executor_base.py] # GPU blocks: 7,290, # CPU blocks: 2048").num_gpu_blocks == 7290
+    assert parse_startup_log("INFO [gpu_worker.py] # GPU blocks: 4,096").num_gpu_blocks == 4096

@@ -13,8 +13,8 @@ Capacity read-back prefers ``vllm:cache_config_info`` (labels ``num_gpu_blocks``
 
 from __future__ import annotations
 
+import contextlib
 import os
-import re
 import shlex
 import signal
 import socket
@@ -282,10 +282,8 @@ class EngineLauncher:
 
 
 def _signal_group(pgid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _group_alive(pgid: int) -> bool:
@@ -343,39 +341,20 @@ def _int(text: str) -> int:
     return int(text.replace(",", "").replace("_", ""))
 
 
-# vLLM V0: "# GPU blocks: N, # CPU blocks: M" (0.9.2 on CUDA prints "# cuda blocks"); early V1: "# GPU blocks: N".
-_RE_V0_BLOCKS = re.compile(r"#\s*(?:GPU|gpu|cuda|CUDA|xpu|XPU|hpu|HPU|npu|NPU|tpu|TPU)\s+blocks:\s*([\d,]+)")
-# V1: "Overriding num_gpu_blocks=4096 with num_gpu_blocks_override=17" (kv_cache_utils.py@0.32.0)
-_RE_OVERRIDE = re.compile(r"Overriding num_gpu_blocks=([\d,]+) with num_gpu_blocks_override=([\d,]+)")
-# V1: "GPU KV cache size: 34,952 tokens", "CPU KV cache size: 544 tokens", "GPU + host KV cache size: ..."
-_RE_TOKENS = re.compile(r"\b([A-Z]{2,5}(?: \+ host)?) KV cache size:\s*([\d,]+)\s*tokens")
-# "Maximum concurrency for 8,192 tokens per request: 4.27x"
-_RE_CONCURRENCY = re.compile(r"Maximum concurrency for\s*([\d,]+)\s*tokens per request:\s*([\d.]+)x")
-_RE_BLOCK_SIZE_ARG = re.compile(r"'block_size':\s*(\d+)")
-
-
 def parse_capacity_log(text: str) -> EngineCapacity:
-    """Capacity from start-up log lines (the last match of each kind wins)."""
-    num_blocks = block_size = tokens = conc_len = None
-    conc = None
-    for m in _RE_V0_BLOCKS.finditer(text):
-        num_blocks = _int(m.group(1))
-    for m in _RE_OVERRIDE.finditer(text):
-        num_blocks = _int(m.group(2))
-    for m in _RE_TOKENS.finditer(text):
-        tokens = _int(m.group(2))
-    for m in _RE_CONCURRENCY.finditer(text):
-        conc_len, conc = _int(m.group(1)), float(m.group(2))
-    for m in _RE_BLOCK_SIZE_ARG.finditer(text):  # the "non-default args: {...}" line
-        block_size = int(m.group(1))
-    if num_blocks is None and tokens is not None and block_size:
+    """Capacity from the engine's start-up log, read by `kvplan.vllm_log` (every format)."""
+    from kvplan.vllm_log import parse_startup_log
+
+    r = parse_startup_log(text)
+    num_blocks, tokens = r.num_gpu_blocks, r.kv_cache_tokens
+    if num_blocks is None and tokens is not None and r.block_size and tokens % r.block_size == 0:
         # Before 0.21 the tokens line is num_blocks * block_size for a uniform model
         # (docs/vllm-accounting.md 5.2); from 0.21 it is int(concurrency * max_model_len).
         # Only trust the division when it is exact.
-        if tokens % block_size == 0:
-            num_blocks = tokens // block_size
-    found = any(v is not None for v in (num_blocks, tokens, conc))
-    return EngineCapacity(num_blocks, block_size, tokens, conc, conc_len, "log" if found else "")
+        num_blocks = tokens // r.block_size
+    found = any(v is not None for v in (num_blocks, tokens, r.max_concurrency))
+    return EngineCapacity(num_blocks, r.block_size, tokens, r.max_concurrency, r.max_concurrency_tokens,
+                          "log" if found else "")
 
 
 def capacity_from_cache_info(labels: dict[str, str]) -> EngineCapacity:

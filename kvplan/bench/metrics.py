@@ -17,6 +17,7 @@ and after it (counters and histograms, as deltas).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -258,7 +259,5 @@ async def scrape_during(
                 pass
             wait = interval_s - (time.perf_counter() - start)
             if wait > 0:
-                try:
+                with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(stop.wait(), wait)
-                except asyncio.TimeoutError:
-                    pass

@@ -149,7 +149,8 @@ def plot_png(summary: Any) -> bytes | None:
         ax.tick_params(axis="x", labelsize=8)
     pred = summary.prediction or {}
     if pred.get("first_kv_wait"):
-        ax.axvline(pred["first_kv_wait"], color="tab:orange", linestyle="--", label=f"predicted first KV wait ({pred['first_kv_wait']})")
+        ax.axvline(pred["first_kv_wait"], color="tab:orange", linestyle="--",
+                   label=f"predicted first KV wait ({pred['first_kv_wait']})")
     if pred.get("first_preemption"):
         ax.axvline(pred["first_preemption"], color="tab:red", linestyle=":", linewidth=2,
                    label=f"predicted first preemption ({pred['first_preemption']})")

@@ -6,9 +6,7 @@ from __future__ import annotations
 import typer
 
 from kvplan import __version__
-from kvplan.cli import catalog_cmd, size_cmd
-from kvplan.cli import validate_cmd
-from kvplan.cli import check_cmd
+from kvplan.cli import bench_cmd, catalog_cmd, check_cmd, size_cmd, validate_cmd
 
 app = typer.Typer(
     name="kvplan",
@@ -42,7 +40,7 @@ app.command("validate", epilog=validate_cmd.VALIDATE_EXAMPLES)(validate_cmd.vali
 app.command("calibrate", epilog=validate_cmd.CALIBRATE_EXAMPLES)(validate_cmd.calibrate)
 app.command("check", epilog=check_cmd.CHECK_EXAMPLES)(check_cmd.check)
 app.command("check-log", epilog=check_cmd.CHECK_LOG_EXAMPLES)(check_cmd.check_log)
-from kvplan.cli import bench_cmd; app.command("bench", epilog=bench_cmd.EXAMPLES)(bench_cmd.bench)  # noqa: E402,E702
+app.command("bench", epilog=bench_cmd.EXAMPLES)(bench_cmd.bench)
 
 
 def run() -> None:  # console-script entry point

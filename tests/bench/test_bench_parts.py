@@ -263,9 +263,9 @@ def test_capacity_line_formats(line, blocks, tokens):
 
 def test_tokens_line_gives_blocks_only_when_the_division_is_exact():
     # 34,952 tokens / 16 = 2,184.5 (0.21+ prints int(concurrency x len)): no block count from it.
-    text = "'block_size': 16}\nGPU KV cache size: 34,952 tokens"
-    assert parse_capacity_log(text).num_blocks is None
-    assert parse_capacity_log("'block_size': 16}\nGPU KV cache size: 34,944 tokens").num_blocks == 2184
+    args = "INFO 05-01 [utils.py:1] non-default args: {'model': 'x', 'block_size': 16}\n"
+    assert parse_capacity_log(args + "GPU KV cache size: 34,952 tokens").num_blocks is None
+    assert parse_capacity_log(args + "GPU KV cache size: 34,944 tokens").num_blocks == 2184
 
 
 # ----------------------------------------------------------------------------- engine command
