@@ -1,9 +1,8 @@
 """The contract between the planner and its edges, and the --json schema.
 
 These are frozen stdlib dataclasses, validated and serialized by pydantic at the edges
-(``pydantic.TypeAdapter(SizePlan)``: `kvplan schema`, `--json`). Keeping pydantic out of
-the import path keeps `kvplan size` fast (pydantic's import alone costs ~0.15 s); the JSON
-schema is the same.
+(``pydantic.TypeAdapter(SizePlan)``: `kvplan schema`, `--json`): the planner builds them
+without paying for validation it does not need, and the JSON schema is the same.
 """
 
 from __future__ import annotations
