@@ -328,6 +328,10 @@ class BenchRun:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         dead = self._dead_reason()
+        if aborted and not dead and self.launcher is not None:
+            # The client can see the connections drop before the killed engine is reaped:
+            # give the process a moment, so the point names the real cause.
+            dead = await self._wait_dead(2.0)
         if dead:
             aborted = dead
         after = None
@@ -345,6 +349,15 @@ class BenchRun:
                 stop.stop(reason)
                 return
             await asyncio.sleep(0.2)
+
+    async def _wait_dead(self, seconds: float) -> str | None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            reason = self._dead_reason()
+            if reason:
+                return reason
+            await asyncio.sleep(0.05)
+        return None
 
     def _dead_reason(self) -> str | None:
         if self.launcher is None or self.launcher.alive():
