@@ -119,3 +119,51 @@ def _apply_calibration(
         ref = replace(ref, weights_total=total, weights_source=f"measured by kvplan calibrate ({cal.weights_gib} GiB per GPU)")
         note += f"; weights {cal.weights_gib} GiB per GPU as measured"
     return base, ref, [note]
+
+
+# --- models named in vLLM logs (check-log, calibrate) ----------------------------------------
+
+
+def _fallback_names(name: str) -> list[str]:
+    """'/google/gemma-3-27b-it' -> ['google/gemma-3-27b-it', 'gemma-3-27b-it']."""
+    parts = [p for p in name.replace("\\", "/").split("/") if p and p not in (".", "..", "...", "~")]
+    out = []
+    if len(parts) >= 2:
+        out.append("/".join(parts[-2:]))
+    if parts:
+        out.append(parts[-1])
+    return [n for n in out if n != name]
+
+
+def _bundled_by_name(last: str) -> str | None:
+    """``org/<last>`` when a bundled profile (or alias) has ``last`` as its repo name."""
+    from kvplan.model.source import bundled_index
+
+    key = last.lower()
+    for name in bundled_index():
+        org, _, repo = name.rpartition("/")
+        if repo == key and org:
+            return f"{org}/{last}"
+    return None
+
+
+def load_model_from_log(name: str, notes: list[str]) -> ResolvedModel:
+    """A model named in an engine log: as written, else by its last path components (the log
+    may show a path on another machine, '/models/google/gemma-3-27b-it')."""
+    try:
+        return load_model(name)
+    except KvplanError as first:
+        for candidate in _fallback_names(name):
+            if "/" not in candidate:
+                candidate = _bundled_by_name(candidate) or candidate
+                if "/" not in candidate:
+                    continue
+            try:
+                found = load_model(candidate)
+            except KvplanError:
+                continue
+            notes.append(f"model {name!r} is not readable here; planned with {found.config.name} "
+                         f"({found.config.source}) from its last path components")
+            return found
+        raise KvplanError(f"cannot plan the log's model {name!r}: {first.message}",
+                          "pass --model with a Hub id, a local folder or a bundled profile") from None

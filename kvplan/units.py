@@ -15,7 +15,7 @@ KiB = 1024
 MiB = 1024**2
 GiB = 1024**3
 
-_TOKEN_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmM]?)\s*$")
+_TOKEN_RE = re.compile(r"^\s*(\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?)\s*([kKmM]?)\s*$")
 _TOKEN_SCALE = {"": 1, "k": 1024, "m": 1024**2}
 
 _BYTES_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
@@ -37,8 +37,8 @@ _BYTE_SCALE = {
 }
 
 
-def parse_tokens(text: str | int, what: str = "token count") -> int:
-    """Parse ``32k``/``32K``/``32768``/``128k`` into a positive token count."""
+def parse_tokens(text: str | int, what: str = "token count", allow_zero: bool = False) -> int:
+    """Parse ``32k``/``32K``/``32768``/``32,768``/``128k`` into a positive token count."""
     if isinstance(text, bool):
         raise KvplanError(f"invalid {what}: {text!r}")
     if isinstance(text, int):
@@ -50,11 +50,11 @@ def parse_tokens(text: str | int, what: str = "token count") -> int:
                 f"invalid {what}: {text!r}", "use a whole number of tokens such as 8192, 32k or 128k"
             )
         number, suffix = match.groups()
-        scaled = float(number) * _TOKEN_SCALE[suffix.lower()]
+        scaled = float(number.replace(",", "")) * _TOKEN_SCALE[suffix.lower()]
         if scaled != int(scaled):
             raise KvplanError(f"invalid {what}: {text!r} is not a whole number of tokens")
         value = int(scaled)
-    if value <= 0:
+    if value < 0 or (value == 0 and not allow_zero):
         raise KvplanError(f"invalid {what}: {text!r} must be greater than 0")
     return value
 
@@ -70,6 +70,9 @@ def parse_bytes(text: str | int, what: str = "memory size") -> int:
         unit = match.group(2).lower() if match else None
         if not match or unit not in _BYTE_SCALE:
             raise KvplanError(f"invalid {what}: {text!r}", "use a size such as 24GiB, 80GB or 512MiB")
+        if not unit and float(match.group(1)) < MiB:
+            # "24" is far more likely 24 GiB than 24 bytes: make the user say which.
+            raise KvplanError(f"invalid {what}: {text!r} has no unit", f"write {match.group(1)}GiB, or a whole byte count")
         value = int(float(match.group(1)) * _BYTE_SCALE[unit])
     if value <= 0:
         raise KvplanError(f"invalid {what}: {text!r} must be greater than 0")

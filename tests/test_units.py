@@ -6,7 +6,8 @@ from kvplan.units import GiB, MiB, cdiv, format_bytes, format_tokens, parse_byte
 
 @pytest.mark.parametrize(
     "text, expected",
-    [("32k", 32768), ("32K", 32768), ("32768", 32768), ("128k", 131072), ("1m", 1048576), ("0.5k", 512), (4096, 4096)],
+    [("32k", 32768), ("32K", 32768), ("32768", 32768),
+     ("32,768", 32768), ("128k", 131072), ("1m", 1048576), ("0.5k", 512), (4096, 4096)],
 )
 def test_parse_tokens(text, expected):
     assert parse_tokens(text) == expected
@@ -20,14 +21,14 @@ def test_parse_tokens_rejects_nonsense(text):
 
 @pytest.mark.parametrize(
     "text, expected",
-    [("24GiB", 24 * GiB), ("24GB", 24 * 10**9), ("512MiB", 512 * MiB), ("1.5GiB", int(1.5 * GiB)), ("1024", 1024),
+    [("24GiB", 24 * GiB), ("24GB", 24 * 10**9), ("512MiB", 512 * MiB), ("1.5GiB", int(1.5 * GiB)), ("67108864", 67108864),
      ("80 gb", 80 * 10**9)],
 )
 def test_parse_bytes(text, expected):
     assert parse_bytes(text) == expected
 
 
-@pytest.mark.parametrize("text", ["24XB", "GiB", "-3GiB", "0", "twelve", ""])
+@pytest.mark.parametrize("text", ["24XB", "GiB", "-3GiB", "0", "twelve", "", "24", "80"])
 def test_parse_bytes_rejects_nonsense(text):
     with pytest.raises(KvplanError):
         parse_bytes(text)

@@ -32,7 +32,7 @@ def main(
     """kvplan: plan, check and benchmark vLLM KV-cache capacity."""
 
 
-app.command("size")(size_cmd.size)
+app.command("size", epilog=size_cmd.EXAMPLES)(size_cmd.size)
 app.command("gpus")(catalog_cmd.gpus)
 app.command("models")(catalog_cmd.models)
 app.command("schema")(catalog_cmd.schema)
@@ -43,5 +43,25 @@ app.command("check-log", epilog=check_cmd.CHECK_LOG_EXAMPLES)(check_cmd.check_lo
 app.command("bench", epilog=bench_cmd.EXAMPLES)(bench_cmd.bench)
 
 
-def run() -> None:  # console-script entry point
-    app()
+def run() -> None:
+    """Console-script entry point: usage errors (a bad option value) are one line and exit 2,
+    like every other input error, instead of click's multi-line box."""
+    import sys
+
+    from typer._click import exceptions as click_exceptions
+
+    from kvplan.cli.common import error_line
+
+    try:
+        code = app(standalone_mode=False)
+    except click_exceptions.NoArgsIsHelpError as exc:  # `kvplan` alone: the help, as usual
+        typer.echo(exc.ctx.get_help())
+        sys.exit(0)
+    except click_exceptions.UsageError as exc:
+        command = exc.ctx.command_path if exc.ctx else "kvplan"
+        error_line(f"{exc.format_message()} (see `{command} --help`)")
+        sys.exit(2)
+    except typer.Abort:
+        error_line("interrupted")
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from kvplan.cli.common import error_line, print_json, user_errors
+from kvplan.cli.common import error_line, make_console, print_json, user_errors
 
 EXAMPLES = """
 Examples:
@@ -257,10 +257,9 @@ def _stderr_tty() -> bool:
 
 def render(summary) -> None:
     """The table at the end (human output)."""
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console(highlight=False)
+    console = make_console()
     cap = summary.capacity or {}
     pred = summary.prediction or {}
     planner = summary.planner or {}

@@ -30,8 +30,9 @@ def gpus(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> N
     if as_json:
         print_json(rows)
         return
-    from rich.console import Console
     from rich.table import Table
+
+    from kvplan.cli.common import make_console
 
     table = Table(show_edge=False)
     for col in ("GPU", "driver MiB", "CUDA total GiB", "GB/s", "BF16 TFLOP/s"):
@@ -40,7 +41,7 @@ def gpus(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> N
         total = f"{r['cuda_total_gib']:.2f}" + ("" if r["cuda_total_measured"] else "*")
         table.add_row(r["name"], f"{r['memory_mib']:,}", total, f"{r['bandwidth_gbps'] or '-'}",
                       f"{r['bf16_dense_tflops'] or '-'}")
-    console = Console()
+    console = make_console()
     console.print(table)
     console.print("* estimated: driver total minus the median reserve of the measured rows")
 
@@ -66,31 +67,41 @@ def models(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) ->
     if as_json:
         print_json(rows)
         return
-    from rich.console import Console
     from rich.table import Table
+
+    from kvplan.cli.common import make_console
 
     table = Table(show_edge=False)
     for col in ("model", "attention", "KV B/token", "params (B)"):
         table.add_column(col, justify="left" if col in ("model", "attention") else "right")
     for r in rows:
         table.add_row(r["model"], r["attention"], f"{r['kv_bytes_per_token']:,}", f"{r['params_b']:,}")
-    Console().print(table)
+    make_console().print(table)
+
+
+SCHEMAS = {
+    "size": ("kvplan.plan.schema", "SizePlan"),
+    "check": ("kvplan.gate.check", "CheckReport"),
+    "check-log": ("kvplan.gate.checklog", "CheckLogResult"),
+    "validate": ("kvplan.validate.runner", "Validation"),
+}
 
 
 @user_errors
 def schema(
-    name: str = typer.Argument("size", help="Which schema: size (more come with other commands)."),
+    name: str = typer.Argument("size", help=f"Which command's --json output: {', '.join(SCHEMAS)}."),
 ) -> None:
     """Print the JSON Schema of a command's --json output.
 
     Example: kvplan schema size > size.schema.json
     """
+    import importlib
+
     from pydantic import TypeAdapter
 
     from kvplan.errors import KvplanError
-    from kvplan.plan.schema import SizePlan
 
-    schemas = {"size": SizePlan}
-    if name not in schemas:
-        raise KvplanError(f"unknown schema {name!r}", f"choose one of {', '.join(schemas)}")
-    print_json(TypeAdapter(schemas[name]).json_schema())
+    if name not in SCHEMAS:
+        raise KvplanError(f"unknown schema {name!r}", f"choose one of {', '.join(SCHEMAS)}")
+    module, cls = SCHEMAS[name]
+    print_json(TypeAdapter(getattr(importlib.import_module(module), cls)).json_schema())

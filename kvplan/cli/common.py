@@ -52,6 +52,17 @@ def to_jsonable(payload: Any) -> Any:
     return payload
 
 
+def make_console(stderr: bool = False):
+    """A rich console that does not wrap at 80 columns when output goes to a file or CI log."""
+    import os
+
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    width = None if stream.isatty() else int(os.environ.get("COLUMNS") or 160)
+    return Console(highlight=False, width=width, stderr=stderr)
+
+
 def print_json(payload: Any) -> None:
     """Exactly one JSON document on stdout."""
     sys.stdout.write(json.dumps(to_jsonable(payload), indent=2, default=str) + "\n")

@@ -102,8 +102,8 @@ def size(
         draft_layers=draft_layers,
         concurrency=concurrency,
         prompt_tokens=_opt_tokens(prompt, "prompt length"),
-        output_tokens=None if output is None else (0 if output.strip() == "0" else parse_tokens(output, "output length")),
-        shared_prefix_tokens=0 if shared_prefix is None else parse_tokens(shared_prefix, "shared prefix"),
+        output_tokens=None if output is None else parse_tokens(output, "output length", allow_zero=True),
+        shared_prefix_tokens=0 if shared_prefix is None else parse_tokens(shared_prefix, "shared prefix", allow_zero=True),
     )
     resolved = load_model(model, revision, source, True if offline else None, parse_overrides(set_))
     plan = plan_deployment(resolved, selection, settings, vllm_version)
@@ -116,10 +116,11 @@ def size(
 
 def render(plan: SizePlan) -> None:
     """The human report: inputs, per-token cost, budget terms, pool, table, verdict."""
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console(highlight=False)
+    from kvplan.cli.common import make_console
+
+    console = make_console()
     gpus = f"{plan.gpu_count}x {plan.gpu}" if plan.gpu_count > 1 else plan.gpu
     par = f"TP {plan.tensor_parallel_size}" + (f", PP {plan.pipeline_parallel_size}" if plan.pipeline_parallel_size > 1 else "")
     if plan.replicas > 1:
@@ -137,11 +138,7 @@ def render(plan: SizePlan) -> None:
         f"{plan.kv_bytes_per_token_per_device:,.0f} per GPU  "
         f"{plan.kv_bytes_per_token_all_devices:,.0f} over all GPUs"
     )
-    groups = ", ".join(
-        f"{g.layers}x {g.kind} ({g.detail})" + (f" +{g.padding_layers} pad" if g.padding_layers else "")
-        for g in plan.kv_groups
-    )
-    console.print(f"KV groups per GPU: {groups}; one block = {format_bytes(plan.block_bytes)}")
+    console.print(f"KV groups per GPU: {describe_groups(plan)}; one block = {format_bytes(plan.block_bytes)}")
     console.print()
 
     budget = Table(title="KV budget per GPU", title_justify="left", show_edge=False)
@@ -165,9 +162,9 @@ def render(plan: SizePlan) -> None:
         f"[bold]\"Maximum concurrency for {plan.max_model_len:,} tokens per request: {plan.max_concurrency:.2f}x\"[/]"
     )
     console.print(
-        f"Requests of {plan.request_tokens:,} tokens hold {plan.blocks_per_request:,} blocks each: "
+        f"Requests of {_n(plan.request_tokens, 'token')} hold {_n(plan.blocks_per_request, 'block')} each: "
         f"[bold]{plan.max_concurrency_at_request:,}[/] fit at once; at concurrency {plan.concurrency} "
-        f"the longest request that fits is {plan.max_context_at_concurrency:,} tokens"
+        f"the longest request that fits is {_n(plan.max_context_at_concurrency, 'token')}"
     )
     if plan.table:
         _render_table(console, plan)
@@ -179,7 +176,28 @@ def render(plan: SizePlan) -> None:
         console.print(f"  - {s.change} ({s.flags}): {s.result} [{mark}]")
     for note in plan.notes:
         console.print(f"[yellow]note:[/] {note}")
-    console.print(f"\n[dim]{plan.vllm_serve_command}[/]")
+    label = "vLLM command" if plan.fits else "vLLM command for these settings (does not fit as is)"
+    console.print(f"\n{label}:")
+    console.print(plan.vllm_serve_command, soft_wrap=True, style="dim", markup=False)
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count:,} {noun}" + ("" if count == 1 else "s")
+
+
+def describe_groups(plan: SizePlan) -> str:
+    """``6 groups of 9 sliding_window (...), 1 group of 10 full_attention``: identical groups once."""
+    seen: dict[tuple, int] = {}
+    for g in plan.kv_groups:
+        key = (g.kind, g.detail, g.layers + g.padding_layers, g.block_size)
+        seen[key] = seen.get(key, 0) + 1
+    parts = []
+    for (kind, detail, size, _block), count in seen.items():
+        layers = sum(g.layers for g in plan.kv_groups if (g.kind, g.detail) == (kind, detail))
+        head = f"{layers} {kind} layers ({detail})"
+        parts.append(head if count == 1 and len(plan.kv_groups) == 1 else f"{head} in {_n(count, 'group')} of {size}")
+    padding = sum(g.padding_layers for g in plan.kv_groups)
+    return ", ".join(parts) + (f", {padding} padding layers" if padding else "")
 
 
 def _render_table(console, plan: SizePlan) -> None:

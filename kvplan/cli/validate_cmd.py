@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from kvplan.cli.common import print_json, user_errors
+from kvplan.cli.common import make_console, print_json, user_errors
 
 VALIDATE_EXAMPLES = """
 Examples:
@@ -73,9 +73,8 @@ def validate(
             payload["fit"] = fit_result.model_dump()
         print_json(payload)
         return
-    from rich.console import Console
 
-    console = Console(highlight=False)
+    console = make_console()
     with console.status("running the planner on the reports...") as status:
         result = run_validate(reports, configs, overhead, modes,
                               progress=lambda case_id: status.update(f"running the planner on {case_id}..."))

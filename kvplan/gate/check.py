@@ -177,21 +177,21 @@ def match_bench_runs(spec: Spec, runs: list[BenchRun]) -> tuple[dict[str, list[B
 
 # --- planning ---------------------------------------------------------------------------------
 
-_FLAG_TO_KEY = (
-    ("--kv-cache-dtype ", "kv_cache_dtype: "),
-    ("--ctx ", "context: "),
-    ("--concurrency ", "concurrency: "),
-    ("--gpu ", "gpu: "),
-    ("--tp ", "tp: "),
-)
+_SETTING_TO_KEY = {
+    "kv_cache_dtype": "kv_cache_dtype",
+    "max_model_len": "context",
+    "concurrency": "concurrency",
+    "gpu": "gpu",
+    "tensor_parallel_size": "tp",
+    "max_num_seqs": "max_num_seqs",
+}
 
 
-def spec_change(flags: str) -> str:
-    """A planner suggestion's CLI flags as spec keys: ``--ctx 12000`` -> ``context: 12000``."""
-    for flag, key in _FLAG_TO_KEY:
-        if flags.startswith(flag):
-            return key + flags[len(flag):]
-    return flags
+def spec_change(updates: dict[str, str], flags: str = "") -> str:
+    """A planner suggestion as spec keys: {"max_model_len": "12000"} -> ``context: 12000``."""
+    if not updates:
+        return flags
+    return ", ".join(f"{_SETTING_TO_KEY.get(k, k)}: {v}" for k, v in updates.items())
 
 
 def _field_of(message: str) -> str | None:
@@ -284,7 +284,7 @@ class Planner:
         if not plan.fits:
             good = [s for s in plan.suggestions if s.fits] or plan.suggestions
             if good:
-                suggestion = f"{good[0].change} ({spec_change(good[0].flags)})"
+                suggestion = f"{good[0].change} ({spec_change(good[0].updates, good[0].flags)})"
         elif d.headroom and used is not None and used > 1 - d.headroom:
             fits, limiting = False, "headroom"
             reason = (f"the load takes {used:.1%} of the KV pool ({need:,} of {usable:,} blocks); "

@@ -20,6 +20,7 @@ import re
 
 from pydantic import BaseModel, Field
 
+from kvplan.deploy import load_model_from_log as resolve_log_model
 from kvplan.errors import KvplanError
 from kvplan.units import GiB
 from kvplan.vllm_log import StartupReport, parse_startup_log
@@ -87,52 +88,6 @@ def compare(quantity: str, reported: float | None, predicted: float | None, tole
 
 
 # --- model ------------------------------------------------------------------------------------
-
-
-def _fallback_names(name: str) -> list[str]:
-    """'/google/gemma-3-27b-it' -> ['google/gemma-3-27b-it', 'gemma-3-27b-it']."""
-    parts = [p for p in name.replace("\\", "/").split("/") if p and p not in (".", "..", "...", "~")]
-    out = []
-    if len(parts) >= 2:
-        out.append("/".join(parts[-2:]))
-    if parts:
-        out.append(parts[-1])
-    return [n for n in out if n != name]
-
-
-def _bundled_by_name(last: str) -> str | None:
-    """``org/<last>`` when a bundled profile (or alias) has ``last`` as its repo name."""
-    from kvplan.model.source import bundled_index
-
-    key = last.lower()
-    for name in bundled_index():
-        org, _, repo = name.rpartition("/")
-        if repo == key and org:
-            return f"{org}/{last}"
-    return None
-
-
-def resolve_log_model(name: str, notes: list[str]):
-    """The log's model: as written, else by its last path components (a path from another machine)."""
-    from kvplan.deploy import load_model
-
-    try:
-        return load_model(name)
-    except KvplanError as first:
-        for candidate in _fallback_names(name):
-            if "/" not in candidate:
-                candidate = _bundled_by_name(candidate) or candidate
-                if "/" not in candidate:
-                    continue
-            try:
-                found = load_model(candidate)
-            except KvplanError:
-                continue
-            notes.append(f"model {name!r} is not readable here; planned with {found.config.name} "
-                         f"({found.config.source}) from its last path components")
-            return found
-        raise KvplanError(f"cannot plan the log's model {name!r}: {first.message}",
-                          "pass --model with a Hub id, a local folder or a bundled profile") from None
 
 
 # --- settings ---------------------------------------------------------------------------------

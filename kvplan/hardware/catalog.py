@@ -100,7 +100,7 @@ def find_device(name: str) -> Device:
     close = difflib.get_close_matches(key, list(aliases), n=3, cutoff=0.6)
     names = list(dict.fromkeys(devices[aliases[c]].name for c in close))
     hint = f"did you mean {', '.join(names)}?" if names else "see `kvplan gpus` for the catalog"
-    raise KvplanError(f"unknown GPU {name!r}", f"{hint} Or give its memory with --gpu-mem 24GiB")
+    raise KvplanError(f"unknown GPU {name!r}", f"{hint}; or give its memory with --gpu-mem 24GiB")
 
 
 _COUNT_RE = re.compile(r"^\s*(\d+)\s*[x×*]\s*(.+)$", re.IGNORECASE)

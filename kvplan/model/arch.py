@@ -89,6 +89,8 @@ class Architecture:
     vocab_size: int
     num_attention_heads: int
     max_position_embeddings: int | None
+    # vLLM's derived max_model_len: the default context, and the most it accepts.
+    max_model_len_limit: int | None
     # One spec per KV-holding layer, in layer order (a parallel hybrid layer adds two).
     layers: tuple[LayerSpec, ...]
     # Index of the decoder layer each spec belongs to (for pipeline-parallel splits).
@@ -124,16 +126,53 @@ class Architecture:
             return "hybrid (attention + recurrent state)"
         if kinds == {"mla"}:
             return "MLA"
+        if kinds == {"mla", "mla_indexer"}:
+            return "MLA + sparse-attention indexer"
         base = "attention"
         attn = [s for s in self.layers if isinstance(s, FullAttention)]
         if attn:
             kv = attn[0].num_kv_heads
             base = "MQA" if kv == 1 else "MHA" if kv == self.num_attention_heads else "GQA"
         if "sliding_window" in kinds:
-            return f"{base} + sliding window" if "full_attention" in kinds else f"{base}, sliding window"
+            return f"{base} + sliding window" if "full_attention" in kinds else f"{base}, sliding window on every layer"
         if "chunked_local" in kinds:
             return f"{base} + chunked local"
         return base
+
+
+# Fields read as whole numbers: a string, float, bool or list there is a broken config (or a
+# mistyped --set), refused with the field's name rather than read as something else.
+INTEGER_FIELDS = frozenset([
+    "hidden_size", "n_embd", "d_model", "dim", "num_hidden_layers", "n_layer", "num_layers", "n_layers",
+    "num_attention_heads", "n_head", "num_heads", "n_heads", "num_key_value_heads", "n_head_kv",
+    "num_kv_heads", "multi_query_group_num", "head_dim", "attention_head_dim", "hidden_size_per_head",
+    "kv_channels", "vocab_size", "padded_vocab_size", "intermediate_size", "ffn_hidden_size", "n_inner",
+    "moe_intermediate_size", "intermediate_size_mlp", "shared_expert_intermediate_size",
+    "shared_intermediate_size", "n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts",
+    "num_experts_per_tok", "experts_per_token", "moe_topk", "n_shared_experts", "num_shared_experts",
+    "first_k_dense_replace", "moe_layer_freq", "decoder_sparse_step", "interleave_moe_layer_step",
+    "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "index_head_dim",
+    "attention_chunk_size", "sliding_window_pattern", "max_window_layers", "attn_layer_period",
+    "attn_layer_offset", "expert_layer_period", "expert_layer_offset", "full_attention_interval",
+    "mamba_d_state", "mamba_d_conv", "mamba_expand", "mamba_num_heads", "mamba_n_heads", "n_mamba_heads",
+    "mamba_head_dim", "mamba_d_head", "n_groups", "mamba_n_groups", "mamba_ngroups", "ssm_state_size",
+    "conv_kernel", "mamba_d_ssm", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+    "linear_value_head_dim", "linear_conv_kernel_dim", "conv_L_cache", "num_kv_shared_layers",
+    "num_nextn_predict_layers", "max_position_embeddings", "n_positions", "seq_length", "max_seq_len", "n_ctx",
+    "no_rope_layer_interval",
+])
+
+# Model types whose layout rules kvplan knows (others are read as a plain decoder, with a note).
+KNOWN_MODEL_TYPES = frozenset([
+    "llama", "llama4", "llama4_text", "mistral", "mistral3", "mixtral", "qwen2", "qwen2_moe", "qwen3",
+    "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_text", "gemma", "gemma2", "gemma3", "gemma3_text", "cohere",
+    "cohere2", "phi3", "phi", "granite", "granitemoe", "granitemoehybrid", "falcon", "RefinedWeb",
+    "RefinedWebModel", "falcon_h1", "chatglm", "glm", "glm4", "glm4_moe", "gpt_oss", "gpt2", "gpt_bigcode",
+    "gpt_neox", "gptj", "opt", "bloom", "mpt", "dbrx", "starcoder2", "deepseek", "deepseek_v2", "deepseek_v3",
+    "deepseek_v32", "deepseek_mtp", "kimi_k2", "kimi_vl", "longcat_flash", "jamba", "nemotron", "nemotron_h",
+    "zamba2", "bamba", "lfm2", "minimax", "minimax_text_01", "minimax_m1", "olmo", "olmo2", "exaone",
+    "internlm2", "baichuan",
+])
 
 
 class _Fields:
@@ -147,8 +186,14 @@ class _Fields:
     def get(self, *names: str, default: Any = None) -> Any:
         for name in names:
             for source in (self.text, self.top):
-                if source.get(name) is not None:
-                    return source[name]
+                value = source.get(name)
+                if value is not None:
+                    if name in INTEGER_FIELDS and (isinstance(value, bool) or not isinstance(value, int)):
+                        raise KvplanError(
+                            f"invalid {name} in config: {value!r} (expected a whole number)",
+                            f"fix it with --set {name}=N",
+                        )
+                    return value
         return default
 
     def need(self, *names: str) -> Any:
@@ -324,9 +369,7 @@ def _recurrent_spec(f: _Fields, model_type: str, hidden: int, num_heads: int, co
 def _model_dtype(f: _Fields) -> str:
     """vLLM's ``--dtype auto``: the config's dtype, float32 checkpoints served in bf16."""
     dtype = str(f.get("torch_dtype", "dtype", default="bfloat16")).replace("torch.", "")
-    if dtype in ("float32", "float"):
-        return "bfloat16"
-    return dtype if dtype in WEIGHT_DTYPE_BYTES else "bfloat16"
+    return "float16" if dtype in ("float16", "half") else "bfloat16"  # fp32/fp8 checkpoints run in bf16
 
 
 def _quantization(top: dict[str, Any], f: _Fields) -> tuple[Quantization, str | None]:
@@ -465,6 +508,30 @@ def _count_params(
     return ParamCounts(embedding, lm_head, attn, mlp, experts, recurrent, other)
 
 
+_MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+                  "max_sequence_length", "max_seq_length", "seq_len")
+
+
+def derived_max_model_len(f: _Fields, model_type: str) -> int | None:
+    """``_get_and_verify_max_len`` (vllm/config/model.py): the smallest length key, scaled by
+    RoPE scaling except for su/longrope/llama3 (and Gemma 3); YaRN scales its original length."""
+    lengths = [f.get(k) for k in _MAX_LEN_KEYS]
+    lengths = [v for v in lengths if isinstance(v, int) and not isinstance(v, bool) and v > 0]
+    if not lengths:
+        return None
+    derived = float(min(lengths))
+    rope = f.get("rope_scaling")
+    if isinstance(rope, dict) and "gemma3" not in model_type:
+        rope_type = str(rope.get("rope_type") or rope.get("type") or "default")
+        if rope_type not in ("su", "longrope", "llama3", "default", "mrope"):
+            factor = rope.get("factor", 1.0)
+            if rope_type == "yarn" and rope.get("original_max_position_embeddings"):
+                derived = float(rope["original_max_position_embeddings"])
+            if isinstance(factor, (int, float)):
+                derived *= factor
+    return int(derived)
+
+
 def _mlp_activation_width(f: _Fields, model_type: str, num_layers: int, hidden: int) -> int:
     inter = f.get("intermediate_size", "ffn_hidden_size", "n_inner", default=4 * hidden) or 0
     if model_type.startswith("llama4"):
@@ -484,6 +551,17 @@ def parse_architecture(config: dict[str, Any], overrides: dict[str, Any] | None 
 
     ``overrides`` patch fields of the language-model config (``--set key=value``).
     """
+    try:
+        return _parse_architecture(config, overrides)
+    except KvplanError:
+        raise
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError, ZeroDivisionError) as exc:
+        # A config whose fields have shapes no released model uses: say so, never a traceback.
+        raise KvplanError(f"cannot read this config: unexpected field contents ({type(exc).__name__}: {exc})",
+                          "check the config's fields, or patch them with --set field=value") from None
+
+
+def _parse_architecture(config: dict[str, Any], overrides: dict[str, Any] | None) -> Architecture:
     if not isinstance(config, dict):
         raise KvplanError("config.json is not a JSON object")
     top = dict(config)
@@ -491,12 +569,21 @@ def parse_architecture(config: dict[str, Any], overrides: dict[str, Any] | None 
     family_type = str(text.get("model_type") or top.get("model_type") or "")
     for key, value in CONFIG_CLASS_DEFAULTS.get(family_type, {}).items():
         text.setdefault(key, value)
+    notes: list[str] = []
     if overrides:
+        unknown = sorted(k for k in overrides if k not in text and k not in top and k not in INTEGER_FIELDS)
+        if unknown:
+            notes.append(f"--set {', '.join(unknown)}: not a field of this config or one kvplan reads; no effect")
         text.update(overrides)
         if text is not config:
             top.update(overrides)
     f = _Fields(text, top)
     model_type = str(text.get("model_type") or top.get("model_type") or "")
+    if model_type not in KNOWN_MODEL_TYPES:
+        notes.append(
+            f"model_type {model_type or '(none)'!r} has no layout rules in kvplan: read as a plain decoder from "
+            "its fields; check the layer kinds"
+        )
     archs = tuple(top.get("architectures") or text.get("architectures") or ())
 
     hidden = f.need("hidden_size", "n_embd", "d_model", "dim")
@@ -520,8 +607,8 @@ def parse_architecture(config: dict[str, Any], overrides: dict[str, Any] | None 
         raise KvplanError(f"invalid attention shape in config: {kv_heads} KV heads of size {head}")
     dtype = _model_dtype(f)
     conv_bytes = WEIGHT_DTYPE_BYTES.get(dtype, 2)
-    window = _sliding_window(f) or f.get("sliding_window") or 0
-    notes: list[str] = []
+    raw_window = f.get("sliding_window")
+    window = _sliding_window(f) or (raw_window if isinstance(raw_window, int) and not isinstance(raw_window, bool) else 0)
 
     specs: list[LayerSpec] = []
     index: list[int] = []
@@ -570,6 +657,7 @@ def parse_architecture(config: dict[str, Any], overrides: dict[str, Any] | None 
     quant, ckpt_kv = _quantization(top, f)
     params = _count_params(f, model_type, kinds, hidden, num_heads, kv_heads, head)
     max_pos = f.get("max_position_embeddings", "n_positions", "seq_length", "max_seq_len", "n_ctx")
+    limit = derived_max_model_len(f, model_type)
     return Architecture(
         model_type=model_type or "unknown",
         architectures=archs,
@@ -578,6 +666,7 @@ def parse_architecture(config: dict[str, Any], overrides: dict[str, Any] | None 
         vocab_size=int(f.get("vocab_size", "padded_vocab_size", default=0) or 0),
         num_attention_heads=num_heads,
         max_position_embeddings=int(max_pos) if isinstance(max_pos, int) else None,
+        max_model_len_limit=limit,
         layers=tuple(specs),
         layer_index=tuple(index),
         params=params,

@@ -23,6 +23,9 @@ class KVDtype:
     bytes_per_element: float
     # Packed layouts whose size is not elements x bytes (fp8_ds_mla): bytes per token per layer.
     mla_token_bytes: int | None = None
+    # Per-token-head quantization keeps one fp32 scale per head for K and one for V
+    # (``AttentionSpec.page_size_bytes@0.20``: 2 x block x heads x 4 B).
+    head_scale_bytes: int = 0
 
     def __str__(self) -> str:
         return self.name
@@ -32,32 +35,31 @@ class KVDtype:
 _KV_DTYPES: dict[str, KVDtype] = {
     "bfloat16": KVDtype("bfloat16", 2),
     "float16": KVDtype("float16", 2),
-    "float32": KVDtype("float32", 4),
     "fp8": KVDtype("fp8", 1),
     "fp8_e4m3": KVDtype("fp8_e4m3", 1),
     "fp8_e5m2": KVDtype("fp8_e5m2", 1),
     "fp8_inc": KVDtype("fp8_inc", 1),
     "fp8_ds_mla": KVDtype("fp8_ds_mla", 1, mla_token_bytes=656),
-    "int8": KVDtype("int8", 1),
-    # 4-bit caches: half a byte per element plus one fp8 scale per 16 elements (nvfp4's
-    # block layout); vLLM 0.33 packs them into uint8 pages of this size.
+    "nvfp4_ds_mla": KVDtype("nvfp4_ds_mla", 0.5, mla_token_bytes=352),
+    "fp8_per_token_head": KVDtype("fp8_per_token_head", 1, head_scale_bytes=4),
+    "int8_per_token_head": KVDtype("int8_per_token_head", 1, head_scale_bytes=4),
+    # 4-bit caches (vLLM 0.33): nvfp4 holds h/2 bytes of values plus h/16 bytes of fp8 block
+    # scales per head vector; int4 per-token-head h/2 bytes plus a 4-byte scale.
     "nvfp4": KVDtype("nvfp4", 0.5 + 1 / 16),
-    "int4": KVDtype("int4", 0.5),
+    "int4_per_token_head": KVDtype("int4_per_token_head", 0.5, head_scale_bytes=4),
 }
 
 _KV_ALIASES = {
     "bf16": "bfloat16",
     "fp16": "float16",
     "half": "float16",
-    "fp32": "float32",
-    "float": "float32",
     "e4m3": "fp8_e4m3",
     "e5m2": "fp8_e5m2",
     "fp4": "nvfp4",
     "nvfp4_kv": "nvfp4",
 }
 
-KV_DTYPE_CHOICES = ("auto", *sorted(_KV_DTYPES), *sorted(_KV_ALIASES))
+KV_DTYPE_CHOICES = ("auto", *_KV_DTYPES)
 
 # Weight dtypes as config.json's torch_dtype / dtype spells them.
 WEIGHT_DTYPE_BYTES = {
@@ -77,11 +79,6 @@ def kv_dtype(name: str) -> KVDtype:
     key = _KV_ALIASES.get(key, key)
     if key in _KV_DTYPES:
         return _KV_DTYPES[key]
-    # vLLM 0.33 family names such as nvfp4_e2m1 or fp8_per_token_head: size by prefix.
-    for prefix in ("nvfp4", "fp8", "int8", "int4"):
-        if key.startswith(prefix):
-            return KVDtype(key, _KV_DTYPES[prefix].bytes_per_element)
-    raise KvplanError(
-        f"unknown KV cache dtype {name!r}",
-        "choose one of auto, bfloat16, float16, fp8, fp8_e4m3, fp8_e5m2, fp8_ds_mla, nvfp4",
-    )
+    if key == "nvfp4_4over6":  # same page as nvfp4 (vLLM 0.33)
+        return KVDtype(key, _KV_DTYPES["nvfp4"].bytes_per_element)
+    raise KvplanError(f"unknown KV cache dtype {name!r}", f"choose one of {', '.join(KV_DTYPE_CHOICES)}")

@@ -104,7 +104,8 @@ class FullAttention(LayerSpec):
         return replace(self, num_kv_heads=_kv_heads_per_rank(self.num_kv_heads, tp))
 
     def bytes_per_token(self, dtype: KVDtype) -> float:
-        return self.num_kv_heads * (self.head_size + self.value_size) * dtype.bytes_per_element
+        per_head = (self.head_size + self.value_size) * dtype.bytes_per_element + 2 * dtype.head_scale_bytes
+        return self.num_kv_heads * per_head
 
     def page_bytes(self, block_size: int, dtype: KVDtype) -> int:
         return int(math.ceil(block_size * self.bytes_per_token(dtype)))

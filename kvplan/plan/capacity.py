@@ -93,6 +93,19 @@ def default_block_size(arch: Architecture, device: Device, rules: VllmRules) -> 
     return DEFAULT_BLOCK_SIZE
 
 
+def check_block_size(block_size: int, rules: VllmRules) -> None:
+    """vLLM's ``BlockSize`` choices: 1, 8, 16, 32, 64, 128 up to 0.11; from 0.19 backends take
+    multiples of 16 (FlashInfer up to 1024)."""
+    if rules.unify_page_size:
+        ok = block_size in (1, 8) or (block_size % 16 == 0 and block_size <= 1024)
+        allowed = "1, 8 or a multiple of 16 up to 1024"
+    else:
+        ok = block_size in (1, 8, 16, 32, 64, 128)
+        allowed = "1, 8, 16, 32, 64 or 128"
+    if not ok:
+        raise KvplanError(f"invalid block size {block_size} for vLLM {rules.version}", f"use {allowed}")
+
+
 @dataclass(frozen=True)
 class StageBudget:
     """One pipeline stage's per-device budget and KV layout."""
@@ -170,8 +183,16 @@ class Capacity:
         )
 
     @property
+    def context_too_long(self) -> bool:
+        """vLLM refuses a max_model_len above the model's derived maximum (unless
+        VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 is set, at the user's risk)."""
+        limit = self.arch.max_model_len_limit
+        return bool(limit) and self.max_model_len > limit
+
+    @property
     def engine_starts(self) -> bool:
-        return self.num_blocks > 0 and self.needed_for_max_model_len() <= self.limiting_stage.available.bytes
+        return (not self.context_too_long and self.num_blocks > 0
+                and self.needed_for_max_model_len() <= self.limiting_stage.available.bytes)
 
 
 def with_draft_layers(arch: Architecture, count: int) -> Architecture:
@@ -222,16 +243,26 @@ def compute_capacity(
             f"tensor parallel size {tp} does not divide the {arch.num_attention_heads} attention heads",
             "vLLM requires num_attention_heads % tp == 0",
         )
+    if rules.note:
+        notes.append(rules.note)
     dtype = resolve_kv_dtype(arch, settings.kv_cache_dtype, rules)
     block_size = settings.block_size or default_block_size(arch, device, rules)
-    max_model_len = settings.max_model_len or arch.max_position_embeddings
+    if settings.block_size is not None:
+        check_block_size(settings.block_size, rules)
+        if any(isinstance(s, MLA) for s in arch.layers) and settings.block_size != default_block_size(arch, device, rules):
+            # platforms/cuda.py: FlashMLA (CUTLASS MLA on Blackwell) forces its block size.
+            block_size = default_block_size(arch, device, rules)
+            notes.append(f"vLLM's MLA backend forces block size {block_size} (asked {settings.block_size})")
+    if (settings.max_num_seqs and settings.max_num_batched_tokens
+            and settings.max_num_batched_tokens < settings.max_num_seqs):
+        raise KvplanError(
+            f"max_num_batched_tokens ({settings.max_num_batched_tokens}) is below max_num_seqs "
+            f"({settings.max_num_seqs}): vLLM refuses that",
+            "raise --max-num-batched-tokens or lower --max-num-seqs",
+        )
+    max_model_len = settings.max_model_len or arch.max_model_len_limit
     if not max_model_len:
         raise KvplanError("the config gives no max_position_embeddings", "pass the context length with --ctx 32k")
-    if arch.max_position_embeddings and max_model_len > arch.max_position_embeddings:
-        notes.append(
-            f"context {max_model_len:,} exceeds the model's max_position_embeddings "
-            f"{arch.max_position_embeddings:,}; vLLM refuses it unless rope scaling allows it"
-        )
     defaults = default_scheduler_limits(device, settings.usage_context, rules, max_model_len)
     batched = settings.max_num_batched_tokens or defaults.max_num_batched_tokens
     # arg_utils: the default max_num_seqs never exceeds max_num_batched_tokens.
@@ -355,12 +386,12 @@ def max_concurrency_for(cap: Capacity, tokens: int, shared_prefix: int = 0) -> i
     return max(0, (cap.usable_blocks - shared) // (per_request - shared))
 
 
-def max_context_for(cap: Capacity, concurrency: int, upper: int) -> int:
+def max_context_for(cap: Capacity, concurrency: int, upper: int, shared_prefix: int = 0) -> int:
     """The longest request of which ``concurrency`` fit at once (0 if not even 1 token)."""
     lo, hi = 0, upper
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if blocks_needed(cap, concurrency, mid) <= cap.usable_blocks:
+        if blocks_needed(cap, concurrency, mid, min(shared_prefix, mid)) <= cap.usable_blocks:
             lo = mid
         else:
             hi = mid - 1

@@ -96,9 +96,12 @@ class ConcurrencyCell:
 @dataclass(frozen=True)
 class Suggestion:
     change: str
-    flags: str
+    flags: str  # as `kvplan size` / `vllm serve` options
     result: str
     fits: bool
+    # The same change by setting name (max_model_len, concurrency, kv_cache_dtype, gpu,
+    # tensor_parallel_size, max_num_seqs), for tools that write it elsewhere (kvplan.yaml).
+    updates: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

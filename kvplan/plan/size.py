@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import shlex
 from dataclasses import dataclass
 
@@ -52,6 +53,13 @@ def verdict_for(cap: Capacity, replicas: int) -> Verdict:
     s = cap.settings
     work = workload_from(s, cap.max_model_len)
     per_replica = -(-work.concurrency // replicas)
+    if cap.context_too_long:
+        return Verdict(
+            False,
+            f"vLLM refuses --max-model-len {cap.max_model_len:,}: the model's maximum is "
+            f"{cap.arch.max_model_len_limit:,} (max_position_embeddings, with its RoPE scaling)",
+            "max_model_len",
+        )
     if cap.num_blocks <= 0:
         return Verdict(False, "no memory is left for the KV cache after weights and overhead", "weights")
     if not cap.engine_starts:
@@ -62,6 +70,14 @@ def verdict_for(cap: Capacity, replicas: int) -> Verdict:
             f"{format_bytes(cap.needed_for_max_model_len())} of KV but "
             f"{format_bytes(cap.limiting_stage.available.bytes)} is available (max context ~{est:,})",
             "max_model_len",
+        )
+    asked_kv = s.kv_cache_memory_bytes
+    if asked_kv and asked_kv + cap.limiting_stage.weights > cap.device.cuda_total_bytes:
+        return Verdict(
+            False,
+            f"--kv-memory {format_bytes(asked_kv)} plus {format_bytes(cap.limiting_stage.weights)} of weights exceed "
+            f"the GPU's {format_bytes(cap.device.cuda_total_bytes)}: vLLM cannot allocate it",
+            "KV memory",
         )
     need = blocks_needed(cap, per_replica, work.request_tokens, work.shared_prefix_tokens)
     if need > cap.usable_blocks:
@@ -79,14 +95,26 @@ def verdict_for(cap: Capacity, replicas: int) -> Verdict:
             "max_num_seqs",
         )
     margin = 1 - need / cap.usable_blocks
-    return Verdict(True, f"fits: {need:,} of {cap.usable_blocks:,} blocks ({margin:.0%} headroom)", "none")
+    headroom = f"{math.floor(margin * 100)}%"  # floor: never claim 100% with a block in use
+    noun = "request" if work.concurrency == 1 else "requests"
+    return Verdict(
+        True,
+        f"{work.concurrency} {noun} of {work.request_tokens:,} tokens pin {need:,} of {cap.usable_blocks:,} usable "
+        f"blocks per replica ({headroom} headroom)",
+        "none",
+    )
 
 
 def _memory_terms(cap: Capacity) -> list[MemoryTerm]:
     st = cap.limiting_stage
     d = cap.device
     util = cap.settings.gpu_memory_utilization or cap.rules.default_gpu_memory_utilization
-    total_how = "measured cudaMemGetInfo total" if d.cuda_total_measured else "driver total minus the catalog's median driver reserve"
+    if d.source == "--gpu-mem":
+        total_how = "given by --gpu-mem"
+    elif d.cuda_total_measured:
+        total_how = "measured cudaMemGetInfo total"
+    else:
+        total_how = "driver total minus the catalog's median driver reserve"
     terms = [
         MemoryTerm(name="GPU memory (CUDA total)", bytes=d.cuda_total_bytes, low_bytes=d.cuda_total_bytes,
                    high_bytes=d.cuda_total_bytes, sign=0, how=total_how),
@@ -115,7 +143,9 @@ def _memory_terms(cap: Capacity) -> list[MemoryTerm]:
     return terms
 
 
-def _table(cap: Capacity, replicas: int, request_tokens: int, concurrency: int) -> list[ConcurrencyCell]:
+def _table(cap: Capacity, replicas: int, request_tokens: int, concurrency: int,
+           shared_prefix: int = 0) -> list[ConcurrencyCell]:
+    """Each cell: ``c`` requests of ``ctx`` tokens, sharing the asked prefix where it fits."""
     contexts = sorted({max(1, cap.max_model_len // 8), max(1, cap.max_model_len // 4),
                        max(1, cap.max_model_len // 2), cap.max_model_len, request_tokens})
     levels = sorted({1, 2, 4, 8, 16, 32, 64, 128, concurrency})
@@ -123,16 +153,19 @@ def _table(cap: Capacity, replicas: int, request_tokens: int, concurrency: int) 
     for ctx in contexts:
         for c in levels:
             per_replica = -(-c // replicas)
-            need = blocks_needed(cap, per_replica, ctx)
+            need = blocks_needed(cap, per_replica, ctx, min(shared_prefix, ctx))
             frac = need / cap.usable_blocks if cap.usable_blocks else float("inf")
             cells.append(ConcurrencyCell(context_tokens=ctx, concurrency=c, blocks_needed=need,
                                          pool_fraction=round(frac, 4), fits=frac <= 1))
     return cells
 
 
-def serve_command(model: str, cap: Capacity) -> str:
+def serve_command(model: str, cap: Capacity, replicas: int = 1) -> str:
+    """The `vllm serve` line for these settings (one per data-parallel group of GPUs)."""
     s = cap.settings
     args = ["vllm", "serve", model, "--max-model-len", str(cap.max_model_len)]
+    if replicas > 1:
+        args += ["--data-parallel-size", str(replicas)]
     if s.tensor_parallel_size > 1:
         args += ["--tensor-parallel-size", str(s.tensor_parallel_size)]
     if s.pipeline_parallel_size > 1:
@@ -144,60 +177,90 @@ def serve_command(model: str, cap: Capacity) -> str:
     if s.kv_cache_dtype != "auto":
         args += ["--kv-cache-dtype", cap.dtype.name]
     if s.block_size:
-        args += ["--block-size", str(s.block_size)]
+        args += ["--block-size", str(cap.block_size)]
+    if s.num_gpu_blocks_override:
+        args += ["--num-gpu-blocks-override", str(s.num_gpu_blocks_override)]
     if s.max_num_seqs or s.concurrency > cap.limits.max_num_seqs:
         args += ["--max-num-seqs", str(max(s.max_num_seqs or 0, s.concurrency))]
     if s.max_num_batched_tokens:
         args += ["--max-num-batched-tokens", str(s.max_num_batched_tokens)]
     if s.enforce_eager:
         args.append("--enforce-eager")
-    return shlex.join(args)
+    if s.hybrid_kv_cache_manager is False:
+        args.append("--disable-hybrid-kv-cache-manager")
+    line = shlex.join(args)
+    if s.draft_layers:
+        line += "  # plus your --speculative-config (its draft layers share this KV pool)"
+    return line
+
+
+def gpu_flag(device: Device, count: int) -> str:
+    """``--gpu`` value the catalog reads back: ``2xA100-40GB-SXM``."""
+    return f"{count}x{device.name.replace(' ', '-')}"
 
 
 def _suggestions(
     arch: Architecture, gpu: GpuSelection, settings: Settings, rules: VllmRules, overhead: OverheadModel,
     cap: Capacity, replicas: int, catalog: list[Device], weights_total: int | None,
 ) -> list[Suggestion]:
-    """What would fit: each a re-plan with one change."""
+    """What would fit: each a re-plan with one change, its verdict from the planner itself."""
     out: list[Suggestion] = []
     work = workload_from(settings, cap.max_model_len)
+    pool_pinned = settings.num_gpu_blocks_override is not None
+    limit = min(cap.max_model_len, cap.arch.max_model_len_limit or cap.max_model_len)
 
-    def attempt(change: str, flags: str, **updates) -> None:
-        device = updates.pop("device", gpu.device)
-        count = updates.pop("count", gpu.count)
+    def attempt(change: str, flags: str, updates: dict[str, str], **changes) -> None:
+        device = changes.pop("device", gpu.device)
+        count = changes.pop("count", gpu.count)
         try:
-            new = settings.replace(**updates)
+            new = settings.replace(**changes)
             alt = compute_capacity(arch, device, new, rules, overhead, weights_total)
             v = verdict_for(alt, max(1, count // (new.tensor_parallel_size * new.pipeline_parallel_size)))
         except (KvplanError, ValueError):
             return
-        out.append(Suggestion(change=change, flags=flags, result=v.reason, fits=v.fits))
+        out.append(Suggestion(change=change, flags=flags, result=v.reason, fits=v.fits, updates=updates))
 
-    if cap.dtype.bytes_per_element >= 2:
-        attempt("fp8 KV cache", "--kv-cache-dtype fp8", kv_cache_dtype="fp8")
-    tp = settings.tensor_parallel_size * 2
-    if arch.num_attention_heads % tp == 0:
-        attempt(f"tensor parallel {tp}", f"--tp {tp} (x{tp // settings.tensor_parallel_size} GPUs)",
-                tensor_parallel_size=tp, count=gpu.count * 2)
     per_replica = -(-work.concurrency // replicas)
-    ctx = max_context_for(cap, per_replica, cap.max_model_len)
-    if 0 < ctx < work.request_tokens:
-        out.append(Suggestion(change="cap the context", flags=f"--ctx {ctx}",
-                              result=f"{work.concurrency} requests of up to {ctx:,} tokens fit", fits=True))
-    conc = max_concurrency_for(cap, work.request_tokens, work.shared_prefix_tokens) * replicas
-    if 0 < conc < work.concurrency:
-        out.append(Suggestion(change="lower the concurrency", flags=f"--concurrency {conc}",
-                              result=f"{conc} requests of {work.request_tokens:,} tokens fit at once", fits=True))
-    for device in sorted(catalog, key=lambda d: d.cuda_total_bytes):
-        if device.cuda_total_bytes <= gpu.device.cuda_total_bytes:
-            continue
-        before = len(out)
-        attempt(f"a bigger GPU: {device.name}", f"--gpu {gpu.count}x{device.name.replace(' ', '')}", device=device)
-        if len(out) > before and out[-1].fits:
-            break
-        if len(out) > before:
-            out.pop()
-    return out
+    # The longest context at which the asked concurrency fits (and vLLM accepts and starts).
+    ctx = max_context_for(cap, per_replica if settings.prompt_tokens is None else 1, limit)
+    if cap.context_too_long or not cap.engine_starts or settings.prompt_tokens is None:
+        ctx = min(ctx, limit)
+        if ctx >= 256 and ctx < cap.max_model_len and (settings.prompt_tokens or 0) + (settings.output_tokens or 0) <= ctx:
+            attempt("cap the context", f"--ctx {ctx}", {"max_model_len": str(ctx)}, max_model_len=ctx)
+    if cap.context_too_long:  # nothing else helps a context vLLM refuses
+        return out
+    if not pool_pinned and cap.dtype.bytes_per_element >= 2:
+        attempt("fp8 KV cache", "--kv-cache-dtype fp8", {"kv_cache_dtype": "fp8"}, kv_cache_dtype="fp8")
+    tp = settings.tensor_parallel_size * 2
+    if not pool_pinned and arch.num_attention_heads % tp == 0:
+        count = gpu.count * 2
+        attempt(f"tensor parallel {tp} on {count} GPUs", f"--gpu {gpu_flag(gpu.device, count)} --tp {tp}",
+                {"gpu": gpu_flag(gpu.device, count), "tensor_parallel_size": str(tp)},
+                tensor_parallel_size=tp, count=count)
+    if cap.engine_starts:
+        conc = max_concurrency_for(cap, work.request_tokens, work.shared_prefix_tokens) * replicas
+        if 0 < conc < work.concurrency:
+            n = min(conc, cap.limits.max_num_seqs * replicas)
+            noun = "request" if n == 1 else "requests"
+            out.append(Suggestion(change="lower the concurrency", flags=f"--concurrency {n}",
+                                  result=f"{n} {noun} of {work.request_tokens:,} tokens fit at once", fits=True,
+                                  updates={"concurrency": str(n)}))
+        if per_replica > cap.limits.max_num_seqs and conc >= work.concurrency:
+            attempt("raise max_num_seqs", f"--max-num-seqs {per_replica}", {"max_num_seqs": str(per_replica)},
+                    max_num_seqs=per_replica)
+    if not pool_pinned:
+        for device in sorted(catalog, key=lambda d: d.cuda_total_bytes):
+            if device.cuda_total_bytes <= gpu.device.cuda_total_bytes:
+                continue
+            before = len(out)
+            flag = gpu_flag(device, gpu.count)
+            attempt(f"a bigger GPU: {device.name}", f"--gpu {flag}", {"gpu": flag}, device=device)
+            if len(out) > before and out[-1].fits:
+                break
+            if len(out) > before:
+                out.pop()
+    fitting = [sug for sug in out if sug.fits]
+    return fitting or out  # the changes that fit; failing that, how close each one gets
 
 
 def plan_size(
@@ -214,7 +277,7 @@ def plan_size(
         raise KvplanError(
             f"tp {settings.tensor_parallel_size} x pp {settings.pipeline_parallel_size} needs {world} GPUs, "
             f"{gpu.count} given",
-            f"use --gpu {world}x{gpu.device.name.replace(' ', '')}",
+            f"use --gpu {gpu_flag(gpu.device, world)}",
         )
     if gpu.count % world:
         raise KvplanError(f"{gpu.count} GPUs do not split into replicas of tp x pp = {world}")
@@ -270,15 +333,16 @@ def plan_size(
         concurrency=work.concurrency,
         blocks_per_request=cap.blocks_per_request(work.request_tokens),
         max_concurrency_at_request=max_concurrency_for(cap, work.request_tokens, work.shared_prefix_tokens) * replicas,
-        max_context_at_concurrency=max_context_for(cap, per_replica, cap.max_model_len),
+        max_context_at_concurrency=max_context_for(cap, per_replica, cap.max_model_len, work.shared_prefix_tokens),
         max_num_seqs=cap.limits.max_num_seqs,
         max_num_batched_tokens=cap.limits.max_num_batched_tokens,
         fits=verdict.fits,
         verdict=verdict.reason,
         limiting_term=verdict.limiting_term,
-        table=_table(cap, replicas, work.request_tokens, work.concurrency) if cap.num_blocks > 0 else [],
+        table=_table(cap, replicas, work.request_tokens, work.concurrency, work.shared_prefix_tokens)
+        if cap.num_blocks > 0 else [],
         suggestions=suggestions,
-        vllm_serve_command=serve_command(ref.name, cap),
+        vllm_serve_command=serve_command(ref.name, cap, replicas),
         notes=list(cap.notes),
     )
 

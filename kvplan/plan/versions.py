@@ -60,6 +60,8 @@ class VllmRules:
     # 0.19.1+); before, only its first prefill chunk had to fit.
     admit_full_prompt: bool
 
+    note: str | None = None  # when the asked release is outside what kvplan has read
+
     @property
     def label(self) -> str:
         return f"vLLM {self.version}"
@@ -74,6 +76,10 @@ def parse_version(text: str) -> tuple[int, int, int]:
     return int(major), int(minor), int(patch or 0)
 
 
+def text_of(v: tuple[int, int, int]) -> str:
+    return ".".join(map(str, v))
+
+
 def rules_for(version: str | None = None) -> VllmRules:
     """The rules of ``version`` (default: the newest release kvplan knows)."""
     v = parse_version(version or NEWEST_KNOWN)
@@ -84,7 +90,13 @@ def rules_for(version: str | None = None) -> VllmRules:
     else:
         token_report = "concurrency"
     newest_era = v >= (0, 33, 0)
+    note = None
+    if v > parse_version(NEWEST_KNOWN):
+        note = f"vLLM {text_of(v)} is newer than any release kvplan has read ({NEWEST_KNOWN}): its rules assumed"
+    elif v < (0, 6, 0):
+        note = f"vLLM {text_of(v)} is older than any release kvplan has read (0.6): V0 rules assumed"
     return VllmRules(
+        note=note,
         version=".".join(map(str, v)),
         engine="v0" if v < (0, 8, 0) else "v1",
         default_gpu_memory_utilization=0.92 if v >= (0, 20, 0) else 0.9,

@@ -41,7 +41,7 @@ def measure(
     usage_context: str = "serve",
 ) -> Calibration:
     """The calibration one start-up log supports, or a one-line error saying what is missing."""
-    from kvplan.deploy import load_model, select_gpus
+    from kvplan.deploy import load_model_from_log, select_gpus
     from kvplan.plan.capacity import compute_capacity
     from kvplan.plan.overhead import load_overhead
     from kvplan.plan.schema import Settings
@@ -64,11 +64,9 @@ def measure(
     name = model or log.model
     if not name:
         raise KvplanError(f"{source} does not name the model", "pass --model org/name")
-    try:
-        resolved = load_model(name)
-    except KvplanError as exc:
-        raise KvplanError(f"cannot read the config of {name!r} from the log: {exc.message}",
-                          "pass --model with its Hub id or a local folder") from None
+    # A path from the engine's machine falls back to the bundled profile by its last components;
+    # the recorded model is the one actually planned (resolved.config.name).
+    resolved = load_model_from_log(name, [])
     if not gpu:
         raise KvplanError(f"{source} does not name the GPU", "pass --gpu H100 (or auto)")
     device = select_gpus(gpu).device

@@ -147,6 +147,14 @@ def bad_inputs(tmp_path):
         ("pp beyond layers", ["size", m, "--gpu", "64xH100", "--pp", "64", "--tp", "1"]),
         ("tp x pp beyond gpus", ["size", m, "--gpu", "H100", "--tp", "2"]),
         ("bad --set", ["size", m, "--gpu", "H100", "--set", "garbage"]),
+        ("--set with a string for a count", ["size", m, "--gpu", "H100", "--set", "num_key_value_heads=abc"]),
+        ("--set with a fraction for a count", ["size", m, "--gpu", "H100", "--set", "num_key_value_heads=4.5"]),
+        ("config with a list for a count", ["size", _write(tmp_path, "m10.json", {**LLAMA, "head_dim": [1]}),
+                                            "--gpu", "H100"]),
+        ("memory without a unit", ["size", m, "--gpu-mem", "24"]),
+        ("block size vLLM refuses", ["size", m, "--gpu", "H100", "--block-size", "7"]),
+        ("batched tokens below max_num_seqs", ["size", m, "--gpu", "H100", "--max-num-seqs", "256",
+                                               "--max-num-batched-tokens", "16"]),
     ]
 
 
@@ -179,3 +187,30 @@ def test_gpu_auto_without_a_driver_is_a_clear_error():
     result = run("size", "meta-llama/Llama-3.1-8B", "--gpu", "auto")
     assert result.exit_code == 2
     assert "--gpu auto" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("argv", [["-c", "1.5"], ["--nope"], ["--tp", "two"]])
+def test_option_type_errors_are_one_line_too(argv):
+    # Click's own usage errors, through the real entry point: one line, exit 2.
+    proc = subprocess.run([sys.executable, "-m", "kvplan", "size", "meta-llama/Llama-3.1-8B", "--gpu", "H100", *argv],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "kvplan size --help" in lines[0]
+
+
+def test_context_beyond_the_model_does_not_fit_and_the_fix_respects_the_limit():
+    data = json.loads(run("size", "meta-llama/Llama-3.1-8B", "--gpu", "H100", "--ctx", "200k", "--json").stdout)
+    assert data["fits"] is False and data["limiting_term"] == "max_model_len"
+    assert data["suggestions"][0]["updates"] == {"max_model_len": "131072"}
+
+
+def test_tensor_parallel_suggestion_names_the_gpus_it_needs():
+    data = json.loads(run("size", "meta-llama/Llama-3.1-8B", "--gpu", "4090", "--ctx", "32k", "-c", "2",
+                          "--json").stdout)
+    tp = next(s for s in data["suggestions"] if s["change"].startswith("tensor parallel"))
+    assert tp["fits"] and tp["flags"] == "--gpu 2xRTX-4090 --tp 2"
+    assert tp["updates"] == {"gpu": "2xRTX-4090", "tensor_parallel_size": "2"}
+    # The flag reads back: the suggested command fits.
+    again = run("size", "meta-llama/Llama-3.1-8B", "--ctx", "32k", "-c", "2", *tp["flags"].split())
+    assert again.exit_code == 0

@@ -171,3 +171,43 @@ def test_speculative_draft_layers_share_the_pool():
                    kv_cache_memory_bytes=int(51.63 * GiB), max_model_len=131072)
     assert cap.layout.block_bytes == 2_162_688
     assert cap.kv_cache_tokens_reported == 410_128
+
+
+def test_a_context_beyond_the_model_is_refused():
+    # Llama-3.1-8B: max_position_embeddings 131,072 (no rope_scaling in the bundled subset).
+    cap = capacity("meta-llama/Llama-3.1-8B", max_model_len=200_000)
+    assert cap.context_too_long and not cap.engine_starts
+
+
+def test_yarn_scaling_raises_the_limit():
+    # _get_and_verify_max_len: YaRN's original 32,768 x factor 4 = 131,072.
+    a = arch("Qwen/Qwen3-8B", rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                            "original_max_position_embeddings": 32768})
+    assert a.max_model_len_limit == 131_072
+    assert arch("Qwen/Qwen3-8B").max_model_len_limit == 40_960
+
+
+def test_block_sizes_vllm_accepts():
+    import pytest as _pytest
+
+    from kvplan.errors import KvplanError
+
+    with _pytest.raises(KvplanError, match="block size 7"):
+        capacity("meta-llama/Llama-3.1-8B", block_size=7, max_model_len=8192)
+    with _pytest.raises(KvplanError):
+        capacity("meta-llama/Llama-3.1-8B", version="0.11.0", block_size=256, max_model_len=8192)
+    assert capacity("meta-llama/Llama-3.1-8B", block_size=256, max_model_len=8192).block_size == 256
+    # MLA: the backend forces 64 whatever was asked.
+    forced = capacity("deepseek-ai/DeepSeek-V3", device="H200", tensor_parallel_size=8, block_size=16,
+                      kv_cache_memory_bytes=40 * GiB, max_model_len=8192)
+    assert forced.block_size == 64 and any("forces block size 64" in n for n in forced.notes)
+
+
+def test_per_token_head_scales_are_counted():
+    from kvplan.model.dtypes import kv_dtype
+
+    layer = arch("meta-llama/Llama-3.1-8B").layers[0]
+    # int4 per-token-head: (128 + 128) x 0.5 B + 2 x 4 B of scales = 136 B per KV head (vLLM: h + 8).
+    assert layer.bytes_per_token(kv_dtype("int4_per_token_head")) == 8 * 136
+    # nvfp4: 2 x (128 / 2 + 128 / 16) = 144 B per KV head.
+    assert layer.bytes_per_token(kv_dtype("nvfp4")) == 8 * 144

@@ -279,9 +279,15 @@ def test_every_rule_field_is_covered():
         "hybrid_allocator", "group_size_rule", "unify_page_size", "auto_kv_reads_checkpoint",
         "requested_memory_ceil", "kv_cache_memory_flag", "combined_capacity_line", "chunked_local_uses_hybrid",
         "inflight_batches", "state_pages", "mamba2_extra_pages", "max_len_check_counts_padding", "big_gpu_tier",
-        "sparse_mla_auto_fp8", "admit_full_prompt",
+        "sparse_mla_auto_fp8", "admit_full_prompt", "note",
     }
     assert set(rules_for(None).__dataclass_fields__) == tested
+
+
+def test_releases_outside_what_kvplan_has_read_are_named():
+    assert rules_for(None).note is None and rules_for("0.11.0").note is None
+    assert "newer than any release" in rules_for("9.9.9").note
+    assert "older than any release" in rules_for("0.5.0").note
 
 
 def test_release_boundaries():
