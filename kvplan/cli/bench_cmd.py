@@ -137,6 +137,10 @@ def bench(
         if not url.startswith(("http://", "https://")):
             raise KvplanError(f"invalid --url {url!r}", "use http://host:port")
         cfg = BenchConfig(url=url, **common)
+        from kvplan.bench.engine import http_get
+
+        if http_get(url.rstrip("/") + "/v1/models", timeout_s=5)[0] == 0:  # before a run folder exists
+            raise KvplanError(f"nothing answers at {url.rstrip('/')}", "start vLLM there, or check --url (scheme, host, port)")
         _run([(st.RunStore(st.new_run_dir(out, model_name or "server")), cfg, [])], as_json, check)
         return
     if port < 0 or port > 65535:

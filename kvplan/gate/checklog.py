@@ -87,9 +87,6 @@ def compare(quantity: str, reported: float | None, predicted: float | None, tole
                       within=within, gated=gated, note=note)
 
 
-# --- model ------------------------------------------------------------------------------------
-
-
 # --- settings ---------------------------------------------------------------------------------
 
 

@@ -91,6 +91,7 @@ def test_url_pointing_at_nothing(tmp_path):
     assert proc.returncode == 2
     assert _one_line_error(proc) == f"error: nothing answers at http://127.0.0.1:{port} " \
                                     "(start vLLM there, or check --url (scheme, host, port))"
+    assert list(tmp_path.iterdir()) == []  # no run folder for a run that never started
 
 
 def test_port_taken(tmp_path):
