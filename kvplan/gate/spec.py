@@ -135,7 +135,7 @@ class Deployment(BaseModel):
     @classmethod
     def _version(cls, value: Any) -> Any:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            raise ValueError(f"write the version as a quoted string, e.g. \"{value}.0\" (YAML reads {value} as a number)")
+            raise ValueError(f"quote the version: YAML read it as the number {value} (write e.g. vllm_version: \"0.11.0\")")
         if isinstance(value, str):
             from kvplan.plan.versions import parse_version
 

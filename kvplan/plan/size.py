@@ -99,7 +99,8 @@ def verdict_for(cap: Capacity, replicas: int) -> Verdict:
     noun = "request" if work.concurrency == 1 else "requests"
     return Verdict(
         True,
-        f"{work.concurrency} {noun} of {work.request_tokens:,} tokens pin {need:,} of {cap.usable_blocks:,} usable "
+        f"{work.concurrency} {noun} of {work.request_tokens:,} tokens {'pins' if work.concurrency == 1 else 'pin'} "
+        f"{need:,} of {cap.usable_blocks:,} usable "
         f"blocks per replica ({headroom} headroom)",
         "none",
     )

@@ -96,7 +96,7 @@ def test_unknown_kv_dtype_and_numeric_version():
     assert issue.startswith("kvplan.yaml:17: deployments[1].kv_cache_dtype: ")
     # YAML reads 0.10 as the number 0.1: refuse it rather than plan for the wrong release.
     (issue,) = issues_of(GOOD.replace('vllm_version: "0.11.0"', "vllm_version: 0.10"))
-    assert issue.startswith("kvplan.yaml:2: defaults.vllm_version: write the version as a quoted string")
+    assert issue.startswith("kvplan.yaml:2: defaults.vllm_version: quote the version: YAML read it as the number")
 
 
 def test_several_mistakes_are_all_reported():
