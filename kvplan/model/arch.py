@@ -378,12 +378,16 @@ def _quantization(top: dict[str, Any], f: _Fields) -> tuple[Quantization, str | 
     if not isinstance(qc, dict):
         return NO_QUANTIZATION, None
     method = str(qc.get("quant_method", "")).lower()
+    # vLLM >= 0.19.1 resolves "auto" through the checkpoint's KV scheme for ModelOpt checkpoints
+    # only (`resolve_kv_cache_dtype_string`); compressed-tensors, AWQ and GPTQ stay "auto".
     kv_dtype = None
-    kv_scheme = qc.get("kv_cache_scheme")
-    if isinstance(kv_scheme, dict) and kv_scheme.get("num_bits") == 8:
-        kv_dtype = "fp8"
-    if str(qc.get("kv_cache_quant_algo", "")).upper() == "FP8":
-        kv_dtype = "fp8"
+    if method.startswith("modelopt"):
+        kv_scheme = qc.get("kv_cache_scheme")
+        algo = str(qc.get("kv_cache_quant_algo", "")).upper()
+        if isinstance(kv_scheme, dict) and kv_scheme.get("num_bits") == 8 or algo == "FP8":
+            kv_dtype = "fp8"
+        elif isinstance(kv_scheme, dict) and kv_scheme.get("num_bits") == 4 or algo == "NVFP4":
+            kv_dtype = "nvfp4"
     if method in ("fp8", "fbgemm_fp8", "ptpc_fp8"):
         return Quantization(method, 1.0 + 4 / (128 * 128), note="fp8 weights"), kv_dtype
     if method in ("gptq", "awq", "gptq_marlin", "awq_marlin", "auto-round"):

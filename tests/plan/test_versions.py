@@ -217,6 +217,11 @@ def test_auto_kv_dtype_reads_a_modelopt_checkpoint_from_0_19_1():
         "quant_method": "modelopt", "quant_algo": "FP8", "kv_cache_quant_algo": "FP8"})
     assert resolve_kv_dtype(a, "auto", rules_for("0.11.0")).bytes_per_element == 2
     assert resolve_kv_dtype(a, "auto", rules_for("0.19.1")).bytes_per_element == 1
+    # Only ModelOpt checkpoints: a compressed-tensors kv_cache_scheme leaves "auto" at the model dtype.
+    ct = arch("meta-llama/Llama-3.1-8B", quantization_config={
+        "quant_method": "compressed-tensors", "kv_cache_scheme": {"num_bits": 8, "type": "float"},
+        "config_groups": {"g": {"weights": {"num_bits": 8}}}})
+    assert resolve_kv_dtype(ct, "auto", rules_for("0.33.0")).bytes_per_element == 2
 
 
 def test_deepseek_v32_auto_is_fp8_ds_mla_only_in_0_11():
