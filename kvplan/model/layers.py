@@ -76,12 +76,13 @@ class LayerSpec:
         raise NotImplementedError
 
     def page_bytes(self, block_size: int, dtype: KVDtype) -> int:
-        """Bytes of one block of this layer (vLLM's ``page_size_bytes``)."""
-        raise NotImplementedError
+        """Bytes of one block of this layer (vLLM's ``page_size_bytes``): ``block_size`` tokens."""
+        return int(math.ceil(block_size * self.bytes_per_token(dtype)))
 
     def blocks_for_request(self, num_tokens: int, block_size: int, ctx: RequestContext) -> int:
-        """Blocks one request holding ``num_tokens`` pins in this layer, by vLLM's rule."""
-        raise NotImplementedError
+        """Blocks one request holding ``num_tokens`` pins in this layer, by vLLM's rule
+        (every token kept, unless a kind keeps fewer)."""
+        return cdiv(num_tokens, block_size)
 
     def describe(self) -> str:
         raise NotImplementedError
@@ -106,12 +107,6 @@ class FullAttention(LayerSpec):
     def bytes_per_token(self, dtype: KVDtype) -> float:
         per_head = (self.head_size + self.value_size) * dtype.bytes_per_element + 2 * dtype.head_scale_bytes
         return self.num_kv_heads * per_head
-
-    def page_bytes(self, block_size: int, dtype: KVDtype) -> int:
-        return int(math.ceil(block_size * self.bytes_per_token(dtype)))
-
-    def blocks_for_request(self, num_tokens: int, block_size: int, ctx: RequestContext) -> int:
-        return cdiv(num_tokens, block_size)
 
     def describe(self) -> str:
         return f"{self.num_kv_heads} KV heads x {self.head_size}"
@@ -165,12 +160,6 @@ class MLA(LayerSpec):
         if dtype.mla_token_bytes is not None:
             return dtype.mla_token_bytes
         return self.latent_size * dtype.bytes_per_element
-
-    def page_bytes(self, block_size: int, dtype: KVDtype) -> int:
-        return int(math.ceil(block_size * self.bytes_per_token(dtype)))
-
-    def blocks_for_request(self, num_tokens: int, block_size: int, ctx: RequestContext) -> int:
-        return cdiv(num_tokens, block_size)
 
     def describe(self) -> str:
         return f"latent {self.latent_size}"
