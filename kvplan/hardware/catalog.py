@@ -38,6 +38,13 @@ class Device:
     source: str = ""
 
     @property
+    def platform(self):
+        """The attention backends' block-size rules for this device (kvplan.plan.layout)."""
+        from kvplan.plan.layout import CPU, CUDA
+
+        return CPU if self.vendor == "cpu" else CUDA
+
+    @property
     def is_blackwell(self) -> bool:
         return self.name.upper().startswith(("B200", "B100", "GB200", "RTX 5090", "B300"))
 

@@ -16,64 +16,16 @@ from typing import Any
 
 from kvplan.errors import KvplanError
 from kvplan.model.dtypes import WEIGHT_DTYPE_BYTES
+from kvplan.model.families import Family, family_for, sliding_window_size
 from kvplan.model.layers import (
     MLA,
     ChunkedLocal,
     FullAttention,
     LayerSpec,
-    MambaState,
     MLAIndexer,
     SlidingWindow,
 )
 from kvplan.model.weights import NO_QUANTIZATION, ParamCounts, Quantization, int_group_bytes
-
-# `ModelConfig.is_deepseek_mla` (vllm/config/model.py): these use MLA when kv_lora_rank is set.
-MLA_MODEL_TYPES = {
-    "deepseek_v2",
-    "deepseek_v3",
-    "deepseek_v32",
-    "deepseek_mtp",
-    "kimi_k2",
-    "kimi_vl",
-    "longcat_flash",
-    "glm4_moe_lite",
-    "mistral_large_3",
-}
-
-# Architectures whose MLP is a plain up/down pair rather than a gated (SwiGLU) triple.
-NON_GATED_MLP_TYPES = {
-    "falcon",
-    "RefinedWeb",
-    "RefinedWebModel",
-    "gpt2",
-    "gpt_bigcode",
-    "gpt_neox",
-    "gptj",
-    "opt",
-    "bloom",
-    "mpt",
-    "phi",
-    "starcoder2",
-    "nemotron_h",  # squared-ReLU up/down MLP
-}
-
-# Defaults of transformers' config classes that a config.json may leave out. Read as data,
-# a config only has what its file says, so these fill what the model code relies on.
-CONFIG_CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
-    "gemma": {"tie_word_embeddings": True},
-    "gemma2": {"tie_word_embeddings": True},
-    "gemma3": {"tie_word_embeddings": True},
-    "gemma3_text": {
-        "tie_word_embeddings": True,
-        "vocab_size": 262208,
-        "max_position_embeddings": 131072,
-        "sliding_window_pattern": 6,
-    },
-    "falcon": {"tie_word_embeddings": True},
-    "RefinedWeb": {"tie_word_embeddings": True},
-    "RefinedWebModel": {"tie_word_embeddings": True},
-    "gpt2": {"tie_word_embeddings": True},
-}
 
 _TEXT_CONFIG_KEYS = ("text_config", "language_config", "llm_config", "thinker_config")
 
@@ -104,6 +56,13 @@ class Architecture:
     # The checkpoint's own KV-cache scheme, read by vLLM >= 0.19.1 for kv dtype "auto".
     checkpoint_kv_dtype: str | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # Where the layer specs come from: "kvplan rules", "unverified: read as a plain decoder",
+    # or "vLLM X (exact)" when learned from the installed engine (kvplan.vllm.engine_layout).
+    layout_source: str = "kvplan rules"
+
+    @property
+    def layout_verified(self) -> bool:
+        return not self.layout_source.startswith("unverified")
 
     @property
     def model_dtype_bytes(self) -> int:
@@ -161,19 +120,6 @@ INTEGER_FIELDS = frozenset([
     "num_nextn_predict_layers", "max_position_embeddings", "n_positions", "seq_length", "max_seq_len", "n_ctx",
     "no_rope_layer_interval",
 ])
-
-# Model types whose layout rules kvplan knows (others are read as a plain decoder, with a note).
-KNOWN_MODEL_TYPES = frozenset([
-    "llama", "llama4", "llama4_text", "mistral", "mistral3", "mixtral", "qwen2", "qwen2_moe", "qwen3",
-    "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_text", "gemma", "gemma2", "gemma3", "gemma3_text", "cohere",
-    "cohere2", "phi3", "phi", "granite", "granitemoe", "granitemoehybrid", "falcon", "RefinedWeb",
-    "RefinedWebModel", "falcon_h1", "chatglm", "glm", "glm4", "glm4_moe", "gpt_oss", "gpt2", "gpt_bigcode",
-    "gpt_neox", "gptj", "opt", "bloom", "mpt", "dbrx", "starcoder2", "deepseek", "deepseek_v2", "deepseek_v3",
-    "deepseek_v32", "deepseek_mtp", "kimi_k2", "kimi_vl", "longcat_flash", "jamba", "nemotron", "nemotron_h",
-    "zamba2", "bamba", "lfm2", "minimax", "minimax_text_01", "minimax_m1", "olmo", "olmo2", "exaone",
-    "internlm2", "baichuan",
-])
-
 
 class _Fields:
     """Reads config fields by their many names, recording what was missing."""
@@ -241,129 +187,6 @@ def head_size(f: _Fields, model_type: str, hidden: int, num_heads: int) -> int:
     if not num_heads:
         return 0
     return hidden // num_heads
-
-
-def _sliding_window(f: _Fields) -> int | None:
-    """``get_hf_config_sliding_window``: Qwen2's ``use_sliding_window: false`` turns it off."""
-    if f.get("use_sliding_window") is False:
-        return None
-    window = f.get("sliding_window")
-    return int(window) if isinstance(window, int) and window > 0 else None
-
-
-def layer_kinds(f: _Fields, model_type: str, num_layers: int) -> list[str]:
-    """Per decoder layer: full | sliding | chunked | mamba | attention+mamba | mla | none.
-
-    Explicit per-layer lists win (``layer_types``, ``layers_block_type``,
-    ``hybrid_override_pattern``, ``attn_type_list``); otherwise the model family's
-    rule from vLLM's model file, and transformers' config defaults where the file
-    relies on them.
-    """
-    n = num_layers
-    if model_type in MLA_MODEL_TYPES and f.get("kv_lora_rank") is not None:
-        return ["mla"] * n
-    if model_type == "nemotron_h" or f.get("hybrid_override_pattern"):
-        pattern = f.need("hybrid_override_pattern")
-        if pattern and len(pattern) != n:
-            raise KvplanError(f"hybrid_override_pattern has {len(pattern)} entries for {n} layers")
-        # 'M' Mamba-2, '*' attention, '-' MLP and 'E' MoE hold no cache.
-        return [{"M": "mamba", "*": "full"}.get(c, "none") for c in (pattern or "")]
-    if model_type == "falcon_h1":
-        return ["attention+mamba"] * n  # attention and Mamba-2 in parallel in every layer
-    if model_type == "gpt_oss":
-        # vLLM's gpt_oss.py ignores layer_types: even layer indices slide.
-        return ["sliding" if i % 2 == 0 else "full" for i in range(n)]
-    layer_types = f.get("layer_types") or f.get("layers_block_type")
-    if isinstance(layer_types, list) and layer_types:
-        if len(layer_types) != n:
-            raise KvplanError(f"layer_types has {len(layer_types)} entries for {n} layers")
-        mapping = {
-            "full_attention": "full",
-            "attention": "full",
-            "sliding_attention": "sliding",
-            "chunked_attention": "chunked",
-            "linear_attention": "mamba",
-            "mamba": "mamba",
-            "mamba2": "mamba",
-            "conv": "mamba",
-            "hybrid": "attention+mamba",  # zamba2: Mamba-2 plus a shared attention block
-        }
-        kinds = [mapping.get(str(t).lower()) for t in layer_types]
-        if None in kinds:
-            unknown = sorted({str(t) for t, k in zip(layer_types, kinds) if k is None})
-            raise KvplanError(f"unknown layer type(s) {', '.join(unknown)} in layer_types")
-        return kinds  # type: ignore[return-value]
-    if model_type == "jamba":
-        period, offset = f.need("attn_layer_period"), f.get("attn_layer_offset", default=0)
-        return ["full" if period and i % period == offset else "mamba" for i in range(n)]
-    if model_type == "qwen3_next":
-        interval = f.get("full_attention_interval", default=4)
-        return ["full" if (i + 1) % interval == 0 else "mamba" for i in range(n)]
-    if f.get("attn_type_list"):  # MiniMax: 1 = softmax attention, 0 = lightning (linear)
-        return ["full" if t == 1 else "mamba" for t in f.get("attn_type_list")]
-    if model_type == "gemma2":
-        # transformers' Gemma2Config default layer_types: even layers slide.
-        return ["sliding" if i % 2 == 0 else "full" for i in range(n)]
-    if model_type in ("gemma3", "gemma3_text", "cohere2"):
-        pattern = f.get("sliding_window_pattern", default=6 if model_type != "cohere2" else 4)
-        return ["sliding" if (i + 1) % pattern else "full" for i in range(n)]
-    if f.get("attention_chunk_size"):
-        # Llama 4: RoPE layers (no_rope_layers[i] == 1) use chunked local attention; the
-        # default (transformers' Llama4TextConfig) makes every 4th layer a global NoPE layer.
-        no_rope = f.get("no_rope_layers")
-        if not no_rope:
-            interval = f.get("no_rope_layer_interval", default=4)
-            no_rope = [int((i + 1) % interval != 0) for i in range(n)]
-        return ["chunked" if no_rope[i] else "full" for i in range(n)]
-    window = _sliding_window(f)
-    if window is not None:
-        max_window_layers = f.get("max_window_layers")
-        if f.get("use_sliding_window") and max_window_layers is not None:
-            return ["sliding" if i >= max_window_layers else "full" for i in range(n)]
-        return ["sliding"] * n  # Mistral-v0.1 style: one window for every layer
-    return ["full"] * n
-
-
-def _recurrent_spec(f: _Fields, model_type: str, hidden: int, num_heads: int, conv_bytes: int) -> MambaState:
-    """The recurrent-state spec of one non-attention layer, per vLLM's shape calculator."""
-    ssm_bytes = 4 if str(f.get("mamba_ssm_cache_dtype", default="")).startswith("float32") else conv_bytes
-    if model_type == "qwen3_next" or f.get("linear_num_value_heads"):
-        dims = {
-            "k_heads": f.need("linear_num_key_heads"),
-            "v_heads": f.need("linear_num_value_heads"),
-            "k_dim": f.need("linear_key_head_dim"),
-            "v_dim": f.need("linear_value_head_dim"),
-            "d_conv": f.need("linear_conv_kernel_dim"),
-        }
-        return MambaState("gated_delta_net", tuple(dims.items()), conv_bytes, ssm_bytes)
-    if f.get("attn_type_list"):  # MiniMax lightning attention
-        head_dim = f.get("head_dim") or hidden // num_heads
-        dims = {"n_heads": num_heads, "head_dim": head_dim}
-        return MambaState("linear_attention", tuple(dims.items()), conv_bytes, ssm_bytes)
-    if model_type == "lfm2" or f.get("conv_L_cache"):
-        dims = {"hidden": hidden, "d_conv": f.need("conv_L_cache")}
-        return MambaState("short_conv", tuple(dims.items()), conv_bytes, ssm_bytes)
-    if model_type == "jamba" or f.get("mamba_d_state") and not f.get("mamba_n_heads"):
-        expand = f.get("mamba_expand", default=2)
-        dims = {
-            "d_inner": expand * hidden,
-            "d_state": f.need("mamba_d_state"),
-            "d_conv": f.get("mamba_d_conv", default=4),
-        }
-        return MambaState("mamba1", tuple(dims.items()), conv_bytes, ssm_bytes)
-    # Mamba-2 (Nemotron-H, Granite 4 hybrids, Falcon-H1, Zamba2, Bamba).
-    n_heads = f.need("mamba_num_heads", "mamba_n_heads", "n_mamba_heads")
-    head_dim = f.need("mamba_head_dim", "mamba_d_head")
-    intermediate = f.get("mamba_d_ssm") or (n_heads * head_dim if n_heads and head_dim else 0)
-    dims = {
-        "n_heads": n_heads,
-        "head_dim": head_dim,
-        "intermediate": intermediate,
-        "n_groups": f.get("n_groups", "mamba_n_groups", "mamba_ngroups", default=1),
-        "d_state": f.need("ssm_state_size", "mamba_d_state"),
-        "d_conv": f.get("conv_kernel", "mamba_d_conv", default=4),
-    }
-    return MambaState("mamba2", tuple(dims.items()), conv_bytes, ssm_bytes)
 
 
 def _model_dtype(f: _Fields) -> str:
@@ -448,7 +271,7 @@ def _count_params(
     n = len(kinds)
     vocab = f.get("vocab_size", "padded_vocab_size", default=0)
     inter = f.get("intermediate_size", "ffn_hidden_size", "n_inner", default=4 * hidden)
-    gated = model_type not in NON_GATED_MLP_TYPES
+    gated = family_for(model_type, allow_unverified=True)[0].gated_mlp
     mlp_mats = 3 if gated else 2
     tied = bool(f.get("tie_word_embeddings", default=False))
     attn = mlp = experts = recurrent = other = 0
@@ -550,28 +373,40 @@ def _mlp_activation_width(f: _Fields, model_type: str, num_layers: int, hidden: 
     return int(max(dense, top_k * expert + shared))
 
 
-def parse_architecture(config: dict[str, Any], overrides: dict[str, Any] | None = None) -> Architecture:
+def parse_architecture(
+    config: dict[str, Any], overrides: dict[str, Any] | None = None, allow_unverified: bool = False
+) -> Architecture:
     """Read a config.json dict into an :class:`Architecture`, or raise a clear error.
 
-    ``overrides`` patch fields of the language-model config (``--set key=value``).
+    ``overrides`` patch fields of the language-model config (``--set key=value``). A
+    ``model_type`` with no family rules is refused unless ``allow_unverified``.
     """
     try:
-        return _parse_architecture(config, overrides)
+        return _parse_architecture(config, overrides, allow_unverified)
     except KvplanError:
         raise
-    except (TypeError, ValueError, KeyError, AttributeError, IndexError, ZeroDivisionError) as exc:
+    except RecursionError:
+        raise KvplanError("cannot read this config: it is nested too deeply") from None
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError, ZeroDivisionError, OverflowError) as exc:
         # A config whose fields have shapes no released model uses: say so, never a traceback.
         raise KvplanError(f"cannot read this config: unexpected field contents ({type(exc).__name__}: {exc})",
                           "check the config's fields, or patch them with --set field=value") from None
 
 
-def _parse_architecture(config: dict[str, Any], overrides: dict[str, Any] | None) -> Architecture:
+# Upper bounds far above any released model: larger values are typos or hostile input, and
+# would cost unbounded time or memory to plan.
+MAX_LAYERS = 10_000
+MAX_DIM = 1 << 24
+
+
+def _parse_architecture(config: dict[str, Any], overrides: dict[str, Any] | None, allow_unverified: bool) -> Architecture:
     if not isinstance(config, dict):
         raise KvplanError("config.json is not a JSON object")
     top = dict(config)
     text = dict(text_config(config))
     family_type = str(text.get("model_type") or top.get("model_type") or "")
-    for key, value in CONFIG_CLASS_DEFAULTS.get(family_type, {}).items():
+    family, verified = family_for(family_type, allow_unverified)
+    for key, value in family.config_defaults.items():
         text.setdefault(key, value)
     notes: list[str] = []
     if overrides:
@@ -583,10 +418,12 @@ def _parse_architecture(config: dict[str, Any], overrides: dict[str, Any] | None
             top.update(overrides)
     f = _Fields(text, top)
     model_type = str(text.get("model_type") or top.get("model_type") or "")
-    if model_type not in KNOWN_MODEL_TYPES:
+    if model_type != family_type:  # --set model_type=...
+        family, verified = family_for(model_type, allow_unverified)
+    if not verified:
         notes.append(
-            f"model_type {model_type or '(none)'!r} has no layout rules in kvplan: read as a plain decoder from "
-            "its fields; check the layer kinds"
+            f"UNVERIFIED LAYOUT: model_type {model_type or '(none)'!r} has no layout rules in kvplan; read as a "
+            "plain decoder from its fields (--layout engine asks the installed vLLM instead)"
         )
     archs = tuple(top.get("architectures") or text.get("architectures") or ())
 
@@ -603,27 +440,45 @@ def _parse_architecture(config: dict[str, Any], overrides: dict[str, Any] | None
     for name, value in (("hidden_size", hidden), ("num_hidden_layers", num_layers), ("num_attention_heads", num_heads)):
         if not isinstance(value, int) or value <= 0:
             raise KvplanError(f"invalid {name} in config: {value!r}", f"fix it with --set {name}=N")
+    if num_layers > MAX_LAYERS:
+        raise KvplanError(f"invalid num_hidden_layers in config: {num_layers:,} (more than {MAX_LAYERS:,})")
+    _check_dims(f)
 
-    kinds = layer_kinds(f, model_type, num_layers)
+    kinds = family.kinds(f, num_layers)
     kv_heads = total_kv_heads(f, model_type, num_heads)
     head = head_size(f, model_type, hidden, num_heads)
-    if "mla" not in kinds and (kv_heads <= 0 or head <= 0):
-        raise KvplanError(f"invalid attention shape in config: {kv_heads} KV heads of size {head}")
+    if any(k in ("full", "sliding", "chunked", "attention+mamba", "global") for k in kinds) and (
+            kv_heads <= 0 or head <= 0):
+        raise KvplanError(f"invalid attention shape in config: {kv_heads} KV heads of size {head}",
+                          "fix num_key_value_heads / head_dim with --set")
     dtype = _model_dtype(f)
     conv_bytes = WEIGHT_DTYPE_BYTES.get(dtype, 2)
+    ssm_dtype = family.ssm_dtype(f)
+    ssm_bytes = conv_bytes if ssm_dtype == "auto" else _state_dtype_bytes(ssm_dtype)
     raw_window = f.get("sliding_window")
-    window = _sliding_window(f) or (raw_window if isinstance(raw_window, int) and not isinstance(raw_window, bool) else 0)
+    window = sliding_window_size(f) or (
+        raw_window if isinstance(raw_window, int) and not isinstance(raw_window, bool) else 0)
+
+    def state_spec() -> LayerSpec:
+        if family.state is None:
+            raise KvplanError(f"model_type {model_type!r} lists recurrent layers, but kvplan has no state rule for it",
+                              "try --layout engine")
+        return family.state(f, hidden, num_heads, conv_bytes, ssm_bytes)
 
     specs: list[LayerSpec] = []
     index: list[int] = []
     for i, kind in enumerate(kinds):
         if kind == "mla":
             latent = f.need("kv_lora_rank") + (f.get("qk_rope_head_dim", default=0) or 0)
+            if latent <= 0:
+                raise KvplanError(f"invalid MLA latent size in config: kv_lora_rank + qk_rope_head_dim = {latent}")
             new = [MLA(latent_size=latent)]
             if f.get("index_head_dim"):  # DeepSeek-V3.2's sparse-attention indexer cache
                 new.append(MLAIndexer(latent_size=int(f.get("index_head_dim"))))
         elif kind == "full":
             new = [FullAttention(kv_heads, head)]
+        elif kind == "global":
+            new = [FullAttention(*_gemma4_global_shape(f, kv_heads))]
         elif kind == "sliding":
             if not window:
                 raise KvplanError("a sliding-window layer has no sliding_window size", "add --set sliding_window=N")
@@ -631,9 +486,9 @@ def _parse_architecture(config: dict[str, Any], overrides: dict[str, Any] | None
         elif kind == "chunked":
             new = [ChunkedLocal(kv_heads, head, chunk=int(f.get("attention_chunk_size")))]
         elif kind == "mamba":
-            new = [_recurrent_spec(f, model_type, hidden, num_heads, conv_bytes)]
+            new = [state_spec()]
         elif kind == "attention+mamba":
-            new = [FullAttention(kv_heads, head), _recurrent_spec(f, model_type, hidden, num_heads, conv_bytes)]
+            new = [FullAttention(kv_heads, head), state_spec()]
         else:
             new = []
         specs.extend(new)
@@ -679,4 +534,50 @@ def _parse_architecture(config: dict[str, Any], overrides: dict[str, Any] | None
         quantization=quant,
         checkpoint_kv_dtype=ckpt_kv,
         notes=tuple(notes),
+        layout_source="kvplan rules" if verified else "unverified: read as a plain decoder",
     )
+
+
+_STATE_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "half": 2}
+
+
+def _state_dtype_bytes(name: str) -> int:
+    """Bytes of one element of a recurrent state dtype (vLLM's ``MambaDType``)."""
+    if name not in _STATE_DTYPE_BYTES:
+        raise KvplanError(f"invalid SSM state dtype {name!r}", "use float32, bfloat16 or float16")
+    return _STATE_DTYPE_BYTES[name]
+
+
+def _gemma4_global_shape(f: _Fields, kv_heads: int) -> tuple[int, int]:
+    """Gemma 4's full-attention layers (`Gemma4TextConfig.__post_init__`): head size
+    ``global_head_dim`` (default 512) and, when ``attention_k_eq_v``, the
+    ``num_global_key_value_heads`` KV heads."""
+    head = f.get("global_head_dim", default=512)
+    heads = kv_heads
+    if f.get("attention_k_eq_v", default=False) and f.get("num_global_key_value_heads") is not None:
+        heads = f.get("num_global_key_value_heads")
+    if head <= 0 or heads <= 0:
+        raise KvplanError(f"invalid Gemma 4 global attention shape: {heads} KV heads of size {head}")
+    return heads, head
+
+
+def _check_dims(f: _Fields) -> None:
+    """Every whole-number size the config gives must be positive and plausible: a zero or
+    negative head count, window or rank is a broken config, never planned as real."""
+    for name in sorted(INTEGER_FIELDS):
+        value = f.get(name)
+        if value is None or name in _MAY_BE_ZERO:
+            continue
+        if value <= 0 or value > (MAX_DIM if name not in _LENGTH_FIELDS else 1 << 40):
+            raise KvplanError(f"invalid {name} in config: {value:,}", f"fix it with --set {name}=N")
+
+
+# Fields where 0 is meaningful (an offset, "none of them", "no dense layers first").
+_MAY_BE_ZERO = frozenset([
+    "attn_layer_offset", "expert_layer_offset", "first_k_dense_replace", "num_kv_shared_layers",
+    "n_shared_experts", "num_shared_experts", "num_nextn_predict_layers", "max_window_layers",
+    "shared_expert_intermediate_size", "shared_intermediate_size", "q_lora_rank", "qk_rope_head_dim",
+    "qk_nope_head_dim", "moe_layer_freq", "decoder_sparse_step", "interleave_moe_layer_step",
+])
+_LENGTH_FIELDS = frozenset(["max_position_embeddings", "n_positions", "seq_length", "max_seq_len", "n_ctx",
+                            "vocab_size", "padded_vocab_size", "attention_chunk_size"])

@@ -35,14 +35,18 @@ class RequestContext:
     """What, besides its length, decides the blocks one request pins (set by the vLLM rules).
 
     ``inflight_tokens``: tokens scheduled but not yet retired, which sliding-window and
-    chunked layers keep on top of their window (``max_num_batched_tokens``; twice that with
-    0.33's async scheduling). ``state_pages``: pages one recurrent layer holds per request
-    (1; 2 in 0.33's default ``align`` prefix-caching mode, 3 for Mamba-2 there).
+    chunked layers keep on top of their window (vLLM's ``max_in_flight_tokens``:
+    ``max_num_batched_tokens`` times the batches in flight, 2 with async scheduling).
+    ``mamba_align``: vLLM's ``mamba_cache_mode == "align"`` (prefix caching on a model with
+    recurrent state), where one recurrent layer holds 2 state pages per request plus its
+    prefill checkpoints (``MambaSpec.max_memory_usage_bytes``); otherwise 1.
     """
 
     inflight_tokens: int
-    state_pages: int = 1
-    mamba2_extra_pages: int = 0
+    mamba_align: bool = False
+    # Decode context parallel: a block of a sharded attention layer holds block_size x dcp
+    # tokens (`AttentionSpec.max_num_blocks_per_req`, `resolve_dcp_kv_block_size`).
+    kv_shards: int = 1
 
 
 def _kv_heads_per_rank(total_kv_heads: int, tp: int) -> int:
@@ -58,6 +62,16 @@ def _kv_heads_per_rank(total_kv_heads: int, tp: int) -> int:
             "vLLM requires kv_heads % tp == 0 or tp % kv_heads == 0",
         )
     return max(1, total_kv_heads // tp)
+
+
+def _require_positive(spec: object, *names: str) -> None:
+    """A spec's sizes are whole numbers > 0 (a zero or negative size is a broken config)."""
+    for name in names:
+        value = getattr(spec, name, None)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise KvplanError(f"invalid {name} of a {spec.kind} layer: {value!r} (must be a whole number > 0)")
 
 
 @dataclass(frozen=True)
@@ -82,7 +96,7 @@ class LayerSpec:
     def blocks_for_request(self, num_tokens: int, block_size: int, ctx: RequestContext) -> int:
         """Blocks one request holding ``num_tokens`` pins in this layer, by vLLM's rule
         (every token kept, unless a kind keeps fewer)."""
-        return cdiv(num_tokens, block_size)
+        return cdiv(num_tokens, block_size * ctx.kv_shards)
 
     def describe(self) -> str:
         raise NotImplementedError
@@ -96,6 +110,9 @@ class FullAttention(LayerSpec):
     num_kv_heads: int
     head_size: int
     head_size_v: int | None = None  # differs from head_size in a few models
+
+    def __post_init__(self) -> None:
+        _require_positive(self, "num_kv_heads", "head_size", "head_size_v", "window", "chunk")
 
     @property
     def value_size(self) -> int:
@@ -152,6 +169,9 @@ class MLA(LayerSpec):
 
     kind: ClassVar[str] = "mla"
     latent_size: int  # kv_lora_rank + qk_rope_head_dim
+
+    def __post_init__(self) -> None:
+        _require_positive(self, "latent_size")
 
     def per_rank(self, tp: int) -> MLA:
         return self  # replicated, not sharded
@@ -211,11 +231,27 @@ class MambaState(LayerSpec):
 
     kind: ClassVar[str] = "mamba"
     grows_with_tokens: ClassVar[bool] = False
-    variant: str  # mamba1 | mamba2 | gated_delta_net | linear_attention | short_conv
+    variant: str  # one of VARIANTS
     dims: tuple[tuple[str, int], ...]
     conv_bytes: int = 2  # conv state element size (model dtype by default)
     ssm_bytes: int = 2  # temporal/SSM state element size (mamba_ssm_cache_dtype)
     tp: int = 1
+
+    VARIANTS: ClassVar[tuple[str, ...]] = (
+        "mamba1", "mamba2", "gated_delta_net", "kda", "linear_attention", "short_conv")
+    # Prefill checkpoint pages the mixer adds in align mode: Mamba-2 exports the
+    # block-boundary state from inside a forward pass
+    # (`mamba_mixer2.py::get_kv_cache_spec`, num_prefill_checkpoint_blocks=1).
+    CHECKPOINT_PAGES: ClassVar[dict[str, int]] = {"mamba2": 1}
+    # Variants whose temporal state follows --mamba-ssm-cache-dtype.
+    SSM_DTYPE_VARIANTS: ClassVar[tuple[str, ...]] = ("mamba1", "mamba2", "gated_delta_net", "kda")
+
+    def __post_init__(self) -> None:
+        if self.variant not in self.VARIANTS:
+            raise KvplanError(f"unknown recurrent state variant {self.variant!r}")
+        for name, value in self.dims:
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise KvplanError(f"invalid {name} of a {self.variant} layer: {value!r} (must be a whole number > 0)")
 
     def dim(self, name: str) -> int:
         return dict(self.dims)[name]
@@ -232,10 +268,11 @@ class MambaState(LayerSpec):
             d_inner = _divide(d["d_inner"], tp, "mamba d_inner")
             conv, ssm = (d_inner, d["d_conv"] - 1), (d_inner, d["d_state"])
         elif self.variant == "mamba2":
-            # Groups are replicated when they don't divide by tp (extra_groups_for_head_shards).
+            # Groups are replicated when they don't divide by tp: extra_groups_for_head_shards
+            # adds tp - n_groups of them (mamba_utils.py).
             n_groups = d["n_groups"]
             if n_groups % tp:
-                n_groups = n_groups * tp  # replicate so each rank holds a whole group
+                n_groups = n_groups + (tp - n_groups)
             conv_dim = d["intermediate"] + 2 * n_groups * d["d_state"]
             conv = (_divide(conv_dim, tp, "mamba2 conv dim"), d["d_conv"] - 1)
             ssm = (_divide(d["n_heads"], tp, "mamba heads"), d["head_dim"], d["d_state"])
@@ -243,6 +280,12 @@ class MambaState(LayerSpec):
             conv_dim = 2 * d["k_heads"] * d["k_dim"] + d["v_heads"] * d["v_dim"]
             conv = (_divide(conv_dim, tp, "linear-attention conv dim"), d["d_conv"] - 1)
             ssm = (_divide(d["v_heads"], tp, "linear value heads"), d["k_dim"], d["v_dim"])
+        elif self.variant == "kda":
+            # Kimi Delta Attention (`MambaStateShapeCalculator.kda_state_shape`): conv over
+            # q, k, v projections; recurrent state (heads/tp, head_dim, head_dim).
+            conv_dim = d["heads"] * d["head_dim"] + 2 * d["k_heads"] * d["k_dim"]
+            conv = (_divide(conv_dim, tp, "KDA conv dim"), d["d_conv"] - 1)
+            ssm = (_divide(d["heads"], tp, "KDA heads"), d["head_dim"], d["head_dim"])
         elif self.variant == "linear_attention":
             # MiniMax lightning attention: (heads/tp, head_dim, head_dim), no conv state.
             heads = _divide(d["n_heads"], tp, "linear-attention heads")
@@ -251,7 +294,7 @@ class MambaState(LayerSpec):
             # LFM2: conv state (hidden/tp, L_cache-1) only.
             hidden = _divide(d["hidden"], tp, "short-conv hidden size")
             return StateShapes(((hidden, d["d_conv"] - 1),), (self.conv_bytes,))
-        else:  # pragma: no cover - the config reader only builds the variants above
+        else:  # pragma: no cover - __post_init__ admits only VARIANTS
             raise KvplanError(f"unknown recurrent state variant {self.variant!r}")
         return StateShapes((conv, ssm), (self.conv_bytes, self.ssm_bytes))
 
@@ -265,7 +308,9 @@ class MambaState(LayerSpec):
         return self.state_bytes()
 
     def blocks_for_request(self, num_tokens: int, block_size: int, ctx: RequestContext) -> int:
-        return ctx.state_pages + (ctx.mamba2_extra_pages if self.variant == "mamba2" else 0)
+        if ctx.mamba_align:
+            return 2 + self.CHECKPOINT_PAGES.get(self.variant, 0)
+        return 1
 
     def describe(self) -> str:
         return f"{self.variant} state {self.state_bytes():,} B/request"

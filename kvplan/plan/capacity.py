@@ -20,7 +20,7 @@ from kvplan.errors import KvplanError
 from kvplan.hardware.catalog import Device
 from kvplan.model.arch import Architecture
 from kvplan.model.dtypes import KVDtype, kv_dtype
-from kvplan.model.layers import MLA, ChunkedLocal, LayerSpec, MLAIndexer, RequestContext
+from kvplan.model.layers import MLA, ChunkedLocal, LayerSpec, MambaState, MLAIndexer, RequestContext
 from kvplan.model.weights import weight_bytes
 from kvplan.plan.layout import KVLayout, build_layout, with_tp
 from kvplan.plan.overhead import Estimate, OverheadModel
@@ -86,11 +86,14 @@ def resolve_kv_dtype(arch: Architecture, name: str, rules: VllmRules) -> KVDtype
 
 
 def default_block_size(arch: Architecture, device: Device, rules: VllmRules) -> int:
+    platform = device.platform
     if any(isinstance(s, MLA) for s in arch.layers):
+        if platform.mla_block_size:
+            return platform.mla_block_size
         if device.is_blackwell and rules.kv_cache_memory_flag:
             return MLA_BLOCK_SIZE_BLACKWELL
         return MLA_BLOCK_SIZE
-    return DEFAULT_BLOCK_SIZE
+    return platform.default_block_size
 
 
 def check_block_size(block_size: int, rules: VllmRules) -> None:
@@ -145,11 +148,33 @@ class Capacity:
         return self.limiting_stage.layout
 
     @property
+    def async_scheduling(self) -> bool:
+        """`VllmConfig.__post_init__`: on by default from 0.32, except with pipeline parallel
+        (the V1 model runner does not support it there)."""
+        if self.settings.async_scheduling is not None:
+            return self.settings.async_scheduling
+        return self.rules.async_scheduling_default and self.settings.pipeline_parallel_size == 1
+
+    @property
+    def batches_in_flight(self) -> int:
+        """`VllmConfig.max_concurrent_batches`: 2 with async scheduling (pp 1), else pp
+        (before 0.32 one batch was counted)."""
+        if self.async_scheduling and self.settings.pipeline_parallel_size == 1:
+            return 2
+        return self.settings.pipeline_parallel_size if self.rules.async_scheduling_default else 1
+
+    @property
+    def mamba_align(self) -> bool:
+        """`MambaModelConfig.verify_and_update_config`: prefix caching (on by default) puts
+        recurrent state in "align" mode."""
+        return self.rules.mamba_align_with_prefix_caching and self.settings.enable_prefix_caching is not False
+
+    @property
     def request_context(self) -> RequestContext:
         return RequestContext(
-            inflight_tokens=self.rules.inflight_batches * self.limits.max_num_batched_tokens,
-            state_pages=self.rules.state_pages,
-            mamba2_extra_pages=self.rules.mamba2_extra_pages,
+            inflight_tokens=self.batches_in_flight * self.limits.max_num_batched_tokens,
+            mamba_align=self.mamba_align,
+            kv_shards=self.settings.decode_context_parallel_size,
         )
 
     @property
@@ -193,6 +218,16 @@ class Capacity:
     def engine_starts(self) -> bool:
         return (not self.context_too_long and self.num_blocks > 0
                 and self.needed_for_max_model_len() <= self.limiting_stage.available.bytes)
+
+
+def with_state_dtype(specs: list[LayerSpec], ssm_dtype: str) -> list[LayerSpec]:
+    """``--mamba-ssm-cache-dtype`` other than auto sets the SSM (temporal) state dtype of
+    Mamba / gated-delta-net / KDA layers (`MambaStateDtypeCalculator`)."""
+    if ssm_dtype == "auto":
+        return specs
+    size = {"float32": 4, "bfloat16": 2, "float16": 2}[ssm_dtype]
+    return [replace(s, ssm_bytes=size) if isinstance(s, MambaState) and s.variant in MambaState.SSM_DTYPE_VARIANTS
+            else s for s in specs]
 
 
 def with_draft_layers(arch: Architecture, count: int) -> Architecture:
@@ -249,9 +284,14 @@ def compute_capacity(
     block_size = settings.block_size or default_block_size(arch, device, rules)
     if settings.block_size is not None:
         check_block_size(settings.block_size, rules)
-        if any(isinstance(s, MLA) for s in arch.layers) and settings.block_size != default_block_size(arch, device, rules):
-            # platforms/cuda.py: FlashMLA (CUTLASS MLA on Blackwell) forces its block size.
-            block_size = default_block_size(arch, device, rules)
+        forced = default_block_size(arch, device, rules)
+        user_choice = rules.mla_block_size_from_user and not device.platform.mla_block_size
+        if any(isinstance(s, MLA) for s in arch.layers) and settings.block_size != forced and not (
+                user_choice and settings.block_size % 16 == 0):
+            # platforms/cuda.py: FlashMLA (CUTLASS MLA on Blackwell) forces its block size; from
+            # 0.32 an explicit size picks an MLA backend that accepts it (FlashAttention MLA:
+            # multiples of 16). The CPU MLA kernel takes 16 only.
+            block_size = forced
             notes.append(f"vLLM's MLA backend forces block size {block_size} (asked {settings.block_size})")
     if (settings.max_num_seqs and settings.max_num_batched_tokens
             and settings.max_num_batched_tokens < settings.max_num_seqs):
@@ -290,7 +330,8 @@ def compute_capacity(
     ranges = pipeline_stages(arch.num_hidden_layers, pp)
     for s, stage in enumerate(ranges):
         specs: list[LayerSpec] = [spec for spec, i in zip(arch.layers, arch.layer_index) if i in stage]
-        layout = build_layout(with_tp(specs, tp), dtype, block_size, rules, hybrid)
+        layout = build_layout(with_state_dtype(with_tp(specs, tp), settings.mamba_ssm_cache_dtype), dtype,
+                              block_size, rules, hybrid, device.platform)
         last = s == pp - 1
         if settings.weights_bytes:
             weights = settings.weights_bytes

@@ -21,6 +21,7 @@ docs/vllm-accounting.md section 4):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from kvplan.errors import KvplanError
@@ -29,8 +30,52 @@ from kvplan.model.layers import MLA, ChunkedLocal, FullAttention, LayerSpec, Req
 from kvplan.plan.versions import VllmRules
 from kvplan.units import cdiv
 
-# Attention block sizes must be multiples of this when raised for recurrent state.
+# Attention block sizes were rounded to multiples of this when raised for recurrent state
+# before vLLM aligned them to the attention backend's kernel block (see `hybrid_block_size`).
 ATTENTION_BLOCK_ALIGNMENT = 16
+
+
+@dataclass(frozen=True)
+class Platform:
+    """What the attention backends of one platform impose on block sizes.
+
+    ``kernel_block``: the smallest kernel block of the default attention backend
+    (``get_supported_kernel_block_sizes``): FlashAttention and Triton take multiples of 16
+    on CUDA/ROCm, the CPU backend multiples of 32 (`v1/attention/backends/cpu_attn.py`).
+    ``default_block_size``: ``CacheConfig.DEFAULT_BLOCK_SIZE`` (16) on GPUs; the CPU
+    platform picks 128 (`platforms/cpu.py::check_and_update_config`).
+    ``mla_block_size``: the block size the platform's MLA backend forces, if any (the CPU MLA
+    kernel compiles only for 16).
+    """
+
+    name: str
+    kernel_block: int
+    default_block_size: int
+    mla_block_size: int | None = None
+
+
+CUDA = Platform("cuda", kernel_block=16, default_block_size=16)
+CPU = Platform("cpu", kernel_block=32, default_block_size=128, mla_block_size=16)
+
+
+def hybrid_block_size(state_page: int, attention_bytes_per_token: float, block_size: int, platform: Platform,
+                      rules: VllmRules, mla: bool = False) -> int:
+    """The attention block size that makes one attention page hold a whole state page.
+
+    Newer releases (`Platform._align_hybrid_block_size`): align to ``max(kernel block,
+    configured block size)`` (128 at least for MLA hybrids), then to the kernel block.
+    Earlier ones (`HybridAttentionMambaModelConfig`): a multiple of 16.
+    """
+    per_token = int(math.ceil(attention_bytes_per_token))
+    if not rules.hybrid_block_aligns_to_kernel:
+        needed = ATTENTION_BLOCK_ALIGNMENT * cdiv(state_page, ATTENTION_BLOCK_ALIGNMENT * per_token)
+        return max(block_size, needed)
+    align = max(platform.kernel_block, block_size)
+    if mla:
+        align = max(align, 128)
+    needed = align * cdiv(state_page, align * per_token)
+    needed = platform.kernel_block * cdiv(needed, platform.kernel_block)
+    return max(block_size, needed)
 
 
 @dataclass(frozen=True)
@@ -139,6 +184,7 @@ def build_layout(
     block_size: int,
     rules: VllmRules,
     hybrid_allocator: bool = True,
+    platform: Platform = CUDA,
 ) -> KVLayout:
     """Group one device's layer specs the way vLLM's KV-cache manager does."""
     if not specs:
@@ -152,9 +198,10 @@ def build_layout(
     states = [s for s in specs if not s.grows_with_tokens]
     if states and attention:
         state_page = max(s.page_bytes(block_size, dtype) for s in states)
-        per_token = max(s.bytes_per_token(dtype) for s in attention)
-        needed = ATTENTION_BLOCK_ALIGNMENT * cdiv(state_page, int(ATTENTION_BLOCK_ALIGNMENT * per_token))
-        block_size = max(block_size, needed)
+        # vLLM sizes the attention page from the model config's head size and KV heads,
+        # i.e. the first attention layer's shape.
+        block_size = hybrid_block_size(state_page, attention[0].bytes_per_token(dtype), block_size, platform,
+                                       rules, mla=isinstance(attention[0], MLA))
 
     by_spec: dict[LayerSpec, int] = {}
     for spec in specs:

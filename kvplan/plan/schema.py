@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from kvplan.errors import KvplanError
 
-_MIN_ONE = ("tensor_parallel_size", "pipeline_parallel_size", "block_size", "max_model_len",
+_MIN_ONE = ("tensor_parallel_size", "pipeline_parallel_size", "decode_context_parallel_size", "block_size", "max_model_len",
             "kv_cache_memory_bytes", "num_gpu_blocks_override", "max_num_seqs", "max_num_batched_tokens",
             "weights_bytes", "concurrency", "prompt_tokens")
 
@@ -35,6 +35,12 @@ class Settings:
     hybrid_kv_cache_manager: bool | None = None  # None: vLLM's default for the model
     usage_context: str = "serve"  # `vllm serve` (serve) or the offline LLM class (llm)
     weights_bytes: int | None = None  # loaded weights per device, if known
+    # None: vLLM's default (on in V1). Off turns Mamba prefix caching ("align" mode) off too.
+    enable_prefix_caching: bool | None = None
+    # None: vLLM's default for the release (on from 0.32 unless pipeline parallel).
+    async_scheduling: bool | None = None
+    mamba_ssm_cache_dtype: str = "auto"  # vLLM's --mamba-ssm-cache-dtype
+    decode_context_parallel_size: int = 1  # vLLM's --decode-context-parallel-size
     # Speculative decoding: KV-holding layers of the draft model (EAGLE: 1; MTP: its layers),
     # shaped like the target's last attention layer and sharing its pool.
     draft_layers: int = 0
@@ -56,6 +62,9 @@ class Settings:
         util = self.gpu_memory_utilization
         if util is not None and not 0 < util <= 1:
             raise KvplanError(f"invalid gpu_memory_utilization: {util!r} must be in (0, 1]")
+        if self.mamba_ssm_cache_dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise KvplanError(f"invalid mamba_ssm_cache_dtype: {self.mamba_ssm_cache_dtype!r} "
+                              "(auto, float32, bfloat16 or float16)")
         if self.usage_context not in ("serve", "llm"):
             raise KvplanError(f"invalid usage_context: {self.usage_context!r} (serve or llm)")
 

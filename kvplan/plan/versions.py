@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from kvplan.errors import KvplanError
 
 NEWEST_KNOWN = "0.33.0"
-KNOWN_VERSIONS = ("0.6.0", "0.8.5", "0.9.2", "0.11.0", "0.15.1", "0.19.1", "0.20.0", "0.21.0", "0.22.0", "0.33.0")
+KNOWN_VERSIONS = ("0.6.0", "0.8.5", "0.9.2", "0.11.0", "0.15.1", "0.19.1", "0.20.0", "0.21.0", "0.22.0", "0.32.0", "0.33.0")
 
 _VERSION_RE = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")
 
@@ -45,13 +45,19 @@ class VllmRules:
     combined_capacity_line: bool  # "..., Maximum concurrency ..." on one line (0.33)
     # VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE defaults to 1 from 0.19.1.
     chunked_local_uses_hybrid: bool
-    # Sliding/chunked layers keep this many batches of max_num_batched_tokens in flight:
-    # 1 up to 0.22; 2 in 0.33 (async scheduling on by default, pp = 1).
-    inflight_batches: int
-    # Recurrent-state pages per request: 1; 0.33's default "align" prefix-caching mode
-    # holds 2, and Mamba-2 mixers one prefill checkpoint more.
-    state_pages: int
-    mamba2_extra_pages: int
+    # Async scheduling on by default (`VllmConfig.__post_init__`): sliding/chunked layers
+    # then keep 2 batches of max_num_batched_tokens in flight (`max_concurrent_batches`).
+    async_scheduling_default: bool
+    # Prefix caching on a model with recurrent state sets mamba_cache_mode "align"
+    # (`MambaModelConfig.verify_and_update_config`): 2 state pages per request plus the
+    # mixer's prefill checkpoints, instead of 1.
+    mamba_align_with_prefix_caching: bool
+    # Hybrid attention block raised to a multiple of max(kernel block, --block-size)
+    # (`Platform._align_hybrid_block_size`) rather than of 16.
+    hybrid_block_aligns_to_kernel: bool
+    # An explicit --block-size on an MLA model picks an MLA backend that accepts it
+    # (FlashAttention MLA: multiples of 16) instead of being forced to FlashMLA's 64.
+    mla_block_size_from_user: bool
     max_len_check_counts_padding: bool  # _max_memory_usage_bytes_from_groups, 0.19.1+
     big_gpu_tier: bool  # >= 160 GiB GPUs: 16384 batched tokens for `vllm serve` too (0.33)
     # DeepSeek-V3.2 forces fp8_ds_mla for "auto" in 0.11 (removed by 0.19.1).
@@ -110,9 +116,10 @@ def rules_for(version: str | None = None) -> VllmRules:
         kv_cache_memory_flag=v >= (0, 11, 0),
         combined_capacity_line=newest_era,
         chunked_local_uses_hybrid=v >= (0, 19, 1),
-        inflight_batches=2 if newest_era else 1,
-        state_pages=2 if newest_era else 1,
-        mamba2_extra_pages=1 if newest_era else 0,
+        async_scheduling_default=v >= (0, 32, 0),
+        mamba_align_with_prefix_caching=v >= (0, 32, 0),
+        hybrid_block_aligns_to_kernel=v >= (0, 32, 0),
+        mla_block_size_from_user=v >= (0, 32, 0),
         max_len_check_counts_padding=v >= (0, 19, 1),
         big_gpu_tier=newest_era,
         sparse_mla_auto_fp8=(0, 11, 0) <= v < (0, 19, 0),

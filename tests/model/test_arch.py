@@ -111,10 +111,11 @@ def test_nemotron_h_mamba2_state_and_tp():
     arch = arch_of("nvidia/Nemotron-H-56B-Base-8K")
     assert sum(isinstance(s, FullAttention) for s in arch.layers) == 10
     state = next(s for s in arch.layers if isinstance(s, MambaState))
-    # 256 heads x 64 = 16,384; conv dim 16,384 + 2 x 8 groups x 256 = 20,480
-    assert state.state_bytes() == (20480 * 3 + 256 * 64 * 256) * 2
+    # 256 heads x 64 = 16,384; conv dim 16,384 + 2 x 8 groups x 256 = 20,480. The conv state is
+    # bf16; the SSM state float32 (NemotronHForCausalLMConfig's default; the config names none).
+    assert state.state_bytes() == 20480 * 3 * 2 + 256 * 64 * 256 * 4
     # TP 8: 8 groups divide, conv (20480 / 8, 3), ssm (32, 64, 256)
-    assert state.per_rank(8).state_bytes() == (2560 * 3 + 32 * 64 * 256) * 2
+    assert state.per_rank(8).state_bytes() == 2560 * 3 * 2 + 32 * 64 * 256 * 4
 
 
 def test_qwen3_next_gated_delta_net_state():
@@ -150,8 +151,43 @@ def test_weights_counts_match_published_sizes():
 
 def test_missing_fields_are_named_with_the_override():
     with pytest.raises(KvplanError) as err:
-        parse_architecture({"model_type": "mystery", "hidden_size": 1024})
+        parse_architecture({"model_type": "llama", "hidden_size": 1024})
     assert "num_hidden_layers" in str(err.value) and "--set" in str(err.value)
+
+
+def test_unknown_model_type_is_refused_unless_opted_in():
+    config = {"model_type": "mystery", "hidden_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 8}
+    with pytest.raises(KvplanError, match="no layout rules for model_type 'mystery'") as err:
+        parse_architecture(config)
+    assert "--layout engine" in str(err.value) and "--allow-unverified-layout" in str(err.value)
+    arch = parse_architecture(config, allow_unverified=True)
+    assert not arch.layout_verified and any("UNVERIFIED LAYOUT" in n for n in arch.notes)
+    assert parse_architecture({**config, "model_type": "llama"}).layout_verified
+
+
+def test_unknown_layer_kind_is_refused():
+    config = {"model_type": "llama", "hidden_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 8,
+              "layer_types": ["full_attention", "quantum_attention"]}
+    with pytest.raises(KvplanError, match="unknown layer type.*quantum_attention"):
+        parse_architecture(config)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("num_key_value_heads", 0), ("num_key_value_heads", -8), ("head_dim", -128), ("num_hidden_layers", 10**7),
+    ("head_dim", 10**12), ("num_attention_heads", 0),
+])
+def test_impossible_sizes_are_refused_naming_the_field(field, value):
+    config = {"model_type": "llama", "hidden_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 8,
+              field: value}
+    with pytest.raises(KvplanError, match=field):
+        parse_architecture(config)
+
+
+def test_zero_mla_ranks_are_refused():
+    config = json.loads(json.dumps(load_bundled("deepseek-ai/DeepSeek-V3").config))
+    config.update(kv_lora_rank=0, qk_rope_head_dim=0)
+    with pytest.raises(KvplanError, match="kv_lora_rank"):
+        parse_architecture(config)
 
 
 def test_every_reference_config_gives_a_result_or_a_clear_refusal():

@@ -283,7 +283,8 @@ def test_every_rule_field_is_covered():
         "version", "engine", "default_gpu_memory_utilization", "subtracts_cudagraph_memory", "token_report",
         "hybrid_allocator", "group_size_rule", "unify_page_size", "auto_kv_reads_checkpoint",
         "requested_memory_ceil", "kv_cache_memory_flag", "combined_capacity_line", "chunked_local_uses_hybrid",
-        "inflight_batches", "state_pages", "mamba2_extra_pages", "max_len_check_counts_padding", "big_gpu_tier",
+        "async_scheduling_default", "mamba_align_with_prefix_caching", "hybrid_block_aligns_to_kernel",
+        "mla_block_size_from_user", "max_len_check_counts_padding", "big_gpu_tier",
         "sparse_mla_auto_fp8", "admit_full_prompt", "note",
     }
     assert set(rules_for(None).__dataclass_fields__) == tested
@@ -311,9 +312,12 @@ def test_release_boundaries():
     # 0.33: one "KV cache size: N tokens, Maximum concurrency ..." line (kv_cache_utils.py@0.33.0:1128),
     # recurrent state in "align" mode holds 2 pages (+1 prefill checkpoint for Mamba-2 mixers).
     assert flip("combined_capacity_line") == ["0.33.0"]
-    assert (rules_for("0.33.0").state_pages, rules_for("0.22.0").state_pages) == (2, 1)
-    assert (rules_for("0.33.0").mamba2_extra_pages, rules_for("0.22.0").mamba2_extra_pages) == (1, 0)
-    assert (rules_for("0.33.0").inflight_batches, rules_for("0.22.0").inflight_batches) == (2, 1)
+    # 0.32 (vllm/config/vllm.py@0.32.0 `max_concurrent_batches`, models/config.py `MambaModelConfig`,
+    # platforms/interface.py `_align_hybrid_block_size`, platforms/cuda.py backend choice by block size).
+    seq32 = ["0.22.0", "0.32.0", "0.33.0"]
+    for field in ("async_scheduling_default", "mamba_align_with_prefix_caching", "hybrid_block_aligns_to_kernel",
+                  "mla_block_size_from_user"):
+        assert [getattr(rules_for(v), field) for v in seq32] == [False, True, True], field
 
 
 def test_rules_are_a_value_not_shared_state():

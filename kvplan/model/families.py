@@ -1,0 +1,362 @@
+"""One table from ``model_type`` to the rules vLLM's model file follows for its KV cache.
+
+As vLLM's model registry maps an architecture to its implementation, :data:`FAMILIES` maps
+a config's ``model_type`` to a :class:`Family`: which decoder layers hold which kind of
+cache (:func:`Family.kinds`), how a recurrent layer's state is shaped (``state``), how the
+SSM state dtype resolves, and any per-layer attention shape of its own. Adding a family is
+one entry here (and a twin test in tests/vllm/); a ``model_type`` absent from the table is
+refused, never guessed (``kvplan size --allow-unverified-layout`` reads it as a plain
+decoder and says so).
+
+Sources: vLLM 0.32.0 unless noted, `vllm/model_executor/models/<file>.py` of each family,
+`vllm/model_executor/models/config.py` for the config hooks, and
+`vllm/model_executor/layers/mamba/mamba_utils.py` for state shapes and dtypes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+from kvplan.errors import KvplanError
+from kvplan.model.layers import MambaState
+
+# Per decoder layer, one of:
+#   full | sliding | chunked | mla | mamba | attention+mamba | global (Gemma 4 full layers) | none
+LayerKind = str
+
+
+class Fields(Protocol):  # kvplan.model.arch._Fields
+    def get(self, *names: str, default: Any = None) -> Any: ...
+    def need(self, *names: str) -> Any: ...
+
+
+# --- layer-kind rules -----------------------------------------------------------------
+
+_LAYER_TYPE_NAMES = {
+    "full_attention": "full",
+    "attention": "full",
+    "sliding_attention": "sliding",
+    "chunked_attention": "chunked",
+    "linear_attention": "mamba",
+    "mamba": "mamba",
+    "mamba2": "mamba",
+    "conv": "mamba",
+    "hybrid": "attention+mamba",  # zamba2: Mamba-2 plus a shared attention block
+}
+
+
+def _explicit_layer_types(f: Fields, n: int) -> list[LayerKind] | None:
+    """``layer_types`` (or ``layers_block_type``) when the config lists every layer."""
+    layer_types = f.get("layer_types") or f.get("layers_block_type")
+    if not (isinstance(layer_types, list) and layer_types):
+        return None
+    if len(layer_types) != n:
+        raise KvplanError(f"layer_types has {len(layer_types)} entries for {n} layers")
+    kinds = [_LAYER_TYPE_NAMES.get(str(t).lower()) for t in layer_types]
+    if None in kinds:
+        unknown = sorted({str(t) for t, k in zip(layer_types, kinds) if k is None})
+        raise KvplanError(f"unknown layer type(s) {', '.join(unknown)} in layer_types",
+                          "kvplan has no rules for this layer kind; try --layout engine")
+    return kinds  # type: ignore[return-value]
+
+
+def sliding_window_size(f: Fields) -> int | None:
+    """``get_hf_config_sliding_window``: Qwen2's ``use_sliding_window: false`` turns it off."""
+    if f.get("use_sliding_window") is False:
+        return None
+    window = f.get("sliding_window")
+    return int(window) if isinstance(window, int) and not isinstance(window, bool) and window > 0 else None
+
+
+def decoder_kinds(f: Fields, n: int) -> list[LayerKind]:
+    """A plain decoder: explicit ``layer_types``, else Llama 4's chunked RoPE layers, else one
+    sliding window (Mistral v0.1, Qwen2's ``max_window_layers``), else full attention."""
+    explicit = _explicit_layer_types(f, n)
+    if explicit is not None:
+        return explicit
+    if f.get("attention_chunk_size"):
+        # Llama 4: RoPE layers (no_rope_layers[i] == 1) use chunked local attention; the
+        # default (transformers' Llama4TextConfig) makes every 4th layer a global NoPE layer.
+        no_rope = f.get("no_rope_layers")
+        if not no_rope:
+            interval = f.get("no_rope_layer_interval", default=4)
+            no_rope = [int((i + 1) % interval != 0) for i in range(n)]
+        if len(no_rope) != n:
+            raise KvplanError(f"no_rope_layers has {len(no_rope)} entries for {n} layers")
+        return ["chunked" if no_rope[i] else "full" for i in range(n)]
+    if sliding_window_size(f) is not None:
+        max_window_layers = f.get("max_window_layers")
+        if f.get("use_sliding_window") and max_window_layers is not None:
+            return ["sliding" if i >= max_window_layers else "full" for i in range(n)]
+        return ["sliding"] * n
+    return ["full"] * n
+
+
+def mla_kinds(f: Fields, n: int) -> list[LayerKind]:
+    """``ModelConfig.is_deepseek_mla``: MLA on every layer when ``kv_lora_rank`` is set."""
+    return ["mla"] * n if f.get("kv_lora_rank") is not None else decoder_kinds(f, n)
+
+
+def every_other_sliding(f: Fields, n: int) -> list[LayerKind]:
+    """gpt-oss (`gpt_oss.py` ignores layer_types) and Gemma 2 (transformers' default): even
+    layer indices slide."""
+    explicit = None if f.get("model_type") == "gpt_oss" else _explicit_layer_types(f, n)
+    return explicit or ["sliding" if i % 2 == 0 else "full" for i in range(n)]
+
+
+def pattern_sliding(default_pattern: int) -> Callable[[Fields, int], list[LayerKind]]:
+    """Gemma 3 / Cohere 2: every ``sliding_window_pattern``-th layer is global."""
+
+    def kinds(f: Fields, n: int) -> list[LayerKind]:
+        explicit = _explicit_layer_types(f, n)
+        if explicit is not None:
+            return explicit
+        pattern = f.get("sliding_window_pattern", default=default_pattern)
+        if pattern <= 0:
+            raise KvplanError(f"invalid sliding_window_pattern in config: {pattern}")
+        return ["sliding" if (i + 1) % pattern else "full" for i in range(n)]
+
+    return kinds
+
+
+def gemma4_kinds(f: Fields, n: int) -> list[LayerKind]:
+    """transformers' Gemma4TextConfig: ``layer_types`` (default 5 sliding : 1 full), the last
+    layer forced to full attention; full layers use the global head shape."""
+    kinds = _explicit_layer_types(f, n) or ["sliding" if (i + 1) % 6 else "full" for i in range(n)]
+    kinds[-1] = "full"
+    if any(k not in ("full", "sliding") for k in kinds):
+        raise KvplanError("Gemma 4 layer_types must be sliding_attention or full_attention")
+    return ["global" if k == "full" else k for k in kinds]
+
+
+def nemotron_h_kinds(f: Fields, n: int) -> list[LayerKind]:
+    """``hybrid_override_pattern``: 'M' Mamba-2, '*' attention; '-' MLP and 'E' MoE hold no cache."""
+    pattern = f.get("hybrid_override_pattern")
+    if pattern is None:
+        explicit = _explicit_layer_types(f, n)
+        if explicit is not None:
+            return explicit
+        f.need("hybrid_override_pattern")
+        return []
+    if not isinstance(pattern, str) or len(pattern) != n:
+        raise KvplanError(f"hybrid_override_pattern must be a string of {n} layer codes")
+    return [{"M": "mamba", "*": "full"}.get(c, "none") for c in pattern]
+
+
+def jamba_kinds(f: Fields, n: int) -> list[LayerKind]:
+    explicit = _explicit_layer_types(f, n)
+    if explicit is not None:
+        return explicit
+    period, offset = f.need("attn_layer_period"), f.get("attn_layer_offset", default=0)
+    return ["full" if period and i % period == offset else "mamba" for i in range(n)]
+
+
+def interval_kinds(f: Fields, n: int) -> list[LayerKind]:
+    """Qwen3-Next / Qwen3.5: ``layer_types``, else every ``full_attention_interval``-th layer
+    is full attention and the rest gated delta net."""
+    explicit = _explicit_layer_types(f, n)
+    if explicit is not None:
+        return explicit
+    interval = f.get("full_attention_interval", default=4)
+    if interval <= 0:
+        raise KvplanError(f"invalid full_attention_interval in config: {interval}")
+    return ["full" if (i + 1) % interval == 0 else "mamba" for i in range(n)]
+
+
+def minimax_kinds(f: Fields, n: int) -> list[LayerKind]:
+    """MiniMax-Text-01: ``attn_type_list`` 1 = softmax attention, 0 = lightning (linear)."""
+    types = f.get("attn_type_list")
+    if not isinstance(types, list) or len(types) != n:
+        return decoder_kinds(f, n)
+    return ["full" if t == 1 else "mamba" for t in types]
+
+
+def falcon_h1_kinds(f: Fields, n: int) -> list[LayerKind]:
+    return ["attention+mamba"] * n  # attention and Mamba-2 in parallel in every layer
+
+
+def kimi_linear_kinds(f: Fields, n: int) -> list[LayerKind]:
+    """`KimiLinearConfig.is_kda_layer`: layer i is KDA when i + 1 is in
+    ``linear_attn_config.kda_layers``; the others are MLA."""
+    cfg = f.get("linear_attn_config")
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("kda_layers"), list):
+        raise KvplanError("kimi_linear config has no linear_attn_config.kda_layers")
+    kda = set(cfg["kda_layers"])
+    return ["mamba" if i + 1 in kda else "mla" for i in range(n)]
+
+
+# --- recurrent state rules ---------------------------------------------------------------
+
+
+def mamba1_state(f: Fields, hidden: int, num_heads: int, conv: int, ssm: int) -> MambaState:
+    """Jamba / Mamba-1: ``mamba1_state_shape(d_inner = expand x hidden, d_state, d_conv)``."""
+    dims = {
+        "d_inner": f.get("mamba_expand", "expand", default=2) * hidden,
+        "d_state": f.need("mamba_d_state", "state_size"),
+        "d_conv": f.get("mamba_d_conv", "conv_kernel", default=4),
+    }
+    return MambaState("mamba1", tuple(dims.items()), conv, ssm)
+
+
+def mamba2_state(f: Fields, hidden: int, num_heads: int, conv: int, ssm: int) -> MambaState:
+    """Nemotron-H, Granite 4 hybrids, Falcon-H1, Zamba2, Bamba: ``mamba2_state_shape``."""
+    n_heads = f.need("mamba_num_heads", "mamba_n_heads", "n_mamba_heads")
+    head_dim = f.need("mamba_head_dim", "mamba_d_head")
+    intermediate = f.get("mamba_d_ssm") or (n_heads * head_dim if n_heads and head_dim else 0)
+    if not f.get("mamba_d_ssm") and f.get("mamba_expand") and not (n_heads and head_dim):
+        intermediate = f.get("mamba_expand") * hidden
+    dims = {
+        "n_heads": n_heads,
+        "head_dim": head_dim,
+        "intermediate": intermediate,
+        "n_groups": f.get("n_groups", "mamba_n_groups", "mamba_ngroups", default=1),
+        "d_state": f.need("ssm_state_size", "mamba_d_state"),
+        "d_conv": f.get("conv_kernel", "mamba_d_conv", default=4),
+    }
+    return MambaState("mamba2", tuple(dims.items()), conv, ssm)
+
+
+def gated_delta_net_state(f: Fields, hidden: int, num_heads: int, conv: int, ssm: int) -> MambaState:
+    """Qwen3-Next / Qwen3.5: ``gated_delta_net_state_shape``."""
+    dims = {
+        "k_heads": f.need("linear_num_key_heads"),
+        "v_heads": f.need("linear_num_value_heads"),
+        "k_dim": f.need("linear_key_head_dim"),
+        "v_dim": f.need("linear_value_head_dim"),
+        "d_conv": f.need("linear_conv_kernel_dim"),
+    }
+    return MambaState("gated_delta_net", tuple(dims.items()), conv, ssm)
+
+
+def kda_state(f: Fields, hidden: int, num_heads: int, conv: int, ssm: int) -> MambaState:
+    """Kimi Delta Attention: ``kda_state_shape(num_heads, head_dim, short_conv_kernel_size)``
+    from ``linear_attn_config`` (`models/kimi_k3/nvidia/model.py`)."""
+    cfg = f.get("linear_attn_config") or {}
+    heads, head_dim = cfg.get("num_heads"), cfg.get("head_dim")
+    dims = {
+        "heads": heads,
+        "head_dim": head_dim,
+        "k_heads": cfg.get("num_k_heads") or heads,
+        "k_dim": cfg.get("head_k_dim") or head_dim,
+        "d_conv": cfg.get("short_conv_kernel_size", 4),
+    }
+    return MambaState("kda", tuple(dims.items()), conv, ssm)
+
+
+def lightning_state(f: Fields, hidden: int, num_heads: int, conv: int, ssm: int) -> MambaState:
+    """MiniMax lightning attention: ``linear_attention_state_shape`` in the conv (cache) dtype."""
+    head_dim = f.get("head_dim") or hidden // num_heads
+    return MambaState("linear_attention", (("n_heads", num_heads), ("head_dim", head_dim)), conv, conv)
+
+
+def short_conv_state(f: Fields, hidden: int, num_heads: int, conv: int, ssm: int) -> MambaState:
+    """LFM2: a conv state of (hidden / tp, L_cache - 1) only."""
+    return MambaState("short_conv", (("hidden", hidden), ("d_conv", f.need("conv_L_cache"))), conv, conv)
+
+
+StateRule = Callable[[Fields, int, int, int, int], MambaState]
+
+
+# --- SSM state dtype ("auto" resolution) ------------------------------------------------
+
+
+def ssm_dtype_follows_conv(f: Fields) -> str:
+    """`MambaStateDtypeCalculator._mamba_state_dtype`: "auto" is the conv state's dtype."""
+    return "auto"
+
+
+def ssm_dtype_from_mamba_ssm_dtype(f: Fields) -> str:
+    """Qwen3.5 (`Qwen3_5ForConditionalGenerationConfig`): the config's ``mamba_ssm_dtype``."""
+    return str(f.get("mamba_ssm_dtype", default="auto"))
+
+
+def ssm_dtype_nemotron_h(f: Fields) -> str:
+    """`NemotronHForCausalLMConfig`: the config's ``mamba_ssm_cache_dtype``, else float32."""
+    return str(f.get("mamba_ssm_cache_dtype", default="float32"))
+
+
+def ssm_dtype_float32(f: Fields) -> str:
+    """KDA (`kda_state_dtype`): "auto" keeps the recurrent state in float32."""
+    return "float32"
+
+
+@dataclass(frozen=True)
+class Family:
+    """The KV-cache rules of one model family, as vLLM's model file implements them."""
+
+    kinds: Callable[[Fields, int], list[LayerKind]] = decoder_kinds
+    state: StateRule | None = None  # shape of a recurrent layer's state
+    ssm_dtype: Callable[[Fields], str] = ssm_dtype_follows_conv
+    # Defaults of transformers' config class that a config.json may leave out.
+    config_defaults: dict[str, Any] = field(default_factory=dict)
+    gated_mlp: bool = True  # False: a plain up/down MLP pair (weights estimate)
+    vllm_file: str = ""  # the vLLM model file these rules follow
+
+
+_DECODER = Family(vllm_file="llama.py")
+_NON_GATED = Family(gated_mlp=False)
+_MLA = Family(kinds=mla_kinds, vllm_file="deepseek_v2.py")
+_TIED = {"tie_word_embeddings": True}
+
+FAMILIES: dict[str, Family] = {
+    # Plain decoders: full attention, or one window, or explicit layer_types.
+    **{t: _DECODER for t in (
+        "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "cohere", "phi3",
+        "granite", "granitemoe", "chatglm", "glm", "glm4", "glm4_moe", "dbrx", "deepseek", "nemotron",
+        "olmo", "olmo2", "exaone", "internlm2", "baichuan", "minimax_m2",
+        "mistral3", "llama4", "llama4_text",
+    )},
+    "gemma": Family(config_defaults=_TIED),
+    "gemma2": Family(kinds=every_other_sliding, config_defaults=_TIED),
+    "gemma3": Family(kinds=pattern_sliding(6), config_defaults=_TIED),
+    "gemma3_text": Family(kinds=pattern_sliding(6), config_defaults={
+        **_TIED, "vocab_size": 262208, "max_position_embeddings": 131072, "sliding_window_pattern": 6}),
+    "gemma4": Family(kinds=gemma4_kinds, config_defaults={**_TIED, "sliding_window": 512}, vllm_file="gemma4.py"),
+    "gemma4_text": Family(kinds=gemma4_kinds, config_defaults={**_TIED, "sliding_window": 512}, vllm_file="gemma4.py"),
+    "cohere2": Family(kinds=pattern_sliding(4)),
+    "gpt_oss": Family(kinds=every_other_sliding, vllm_file="gpt_oss.py"),
+    **{t: Family(gated_mlp=False, config_defaults=_TIED) for t in ("falcon", "RefinedWeb", "RefinedWebModel")},
+    "gpt2": Family(gated_mlp=False, config_defaults=_TIED),
+    **{t: _NON_GATED for t in ("gpt_bigcode", "gpt_neox", "gptj", "opt", "bloom", "mpt", "phi", "starcoder2")},
+    # Multi-head latent attention.
+    **{t: _MLA for t in (
+        "deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_mtp", "kimi_k2", "kimi_vl", "longcat_flash",
+        "glm4_moe_lite", "mistral_large_3", "glm_moe_dsa",
+    )},
+    # Attention + recurrent state.
+    "jamba": Family(kinds=jamba_kinds, state=mamba1_state, vllm_file="jamba.py"),
+    "nemotron_h": Family(kinds=nemotron_h_kinds, state=mamba2_state, ssm_dtype=ssm_dtype_nemotron_h,
+                         gated_mlp=False, vllm_file="nemotron_h.py"),
+    "granitemoehybrid": Family(state=mamba2_state, vllm_file="granitemoehybrid.py"),
+    "bamba": Family(state=mamba2_state, vllm_file="bamba.py"),
+    "zamba2": Family(state=mamba2_state, vllm_file="zamba2.py"),
+    "falcon_h1": Family(kinds=falcon_h1_kinds, state=mamba2_state, vllm_file="falcon_h1.py"),
+    "qwen3_next": Family(kinds=interval_kinds, state=gated_delta_net_state, vllm_file="qwen3_next.py"),
+    **{t: Family(kinds=interval_kinds, state=gated_delta_net_state, ssm_dtype=ssm_dtype_from_mamba_ssm_dtype,
+                 vllm_file="qwen3_5.py")
+       for t in ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")},
+    **{t: Family(kinds=minimax_kinds, state=lightning_state, vllm_file="minimax_text_01.py")
+       for t in ("minimax", "minimax_text_01", "minimax_m1")},
+    "lfm2": Family(state=short_conv_state, vllm_file="lfm2.py"),
+    "lfm2_moe": Family(state=short_conv_state, vllm_file="lfm2_moe.py"),
+    "kimi_linear": Family(kinds=kimi_linear_kinds, state=kda_state, ssm_dtype=ssm_dtype_float32,
+                          vllm_file="models/kimi_k3/nvidia/model.py"),
+}
+
+# Read as a plain decoder only when the user opts in (--allow-unverified-layout).
+UNVERIFIED = Family()
+
+
+def family_for(model_type: str, allow_unverified: bool = False) -> tuple[Family, bool]:
+    """The family of ``model_type`` and whether its layout is verified (in the table)."""
+    family = FAMILIES.get(model_type)
+    if family is not None:
+        return family, True
+    if allow_unverified:
+        return UNVERIFIED, False
+    raise KvplanError(
+        f"kvplan has no layout rules for model_type {model_type or '(none)'!r}",
+        "learn it from the installed vLLM with --layout engine, or plan it as a plain decoder "
+        "with --allow-unverified-layout (the verdict is then marked unverified)",
+    )
