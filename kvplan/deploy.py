@@ -34,9 +34,18 @@ def load_model(
     source: str = "auto",
     offline: bool | None = None,
     overrides: dict[str, Any] | None = None,
+    allow_unverified: bool = False,
+    layout: str = "rules",
+    vllm_version: str | None = None,
 ) -> ResolvedModel:
+    """``layout="engine"`` replaces kvplan's layer specs with the ones the installed vLLM
+    builds for a shrunk twin of the config (kvplan.vllm.engine_layout; cached)."""
     config = resolve_model(name, revision=revision, source=source, offline=offline)
-    arch = parse_architecture(config.config, overrides)
+    arch = parse_architecture(config.config, overrides, allow_unverified=allow_unverified or layout == "engine")
+    if layout == "engine":
+        from kvplan.vllm.engine_layout import engine_architecture
+
+        arch = engine_architecture(config.config, overrides, arch, vllm_version)
     if config.source == "hub" and not overrides:
         from kvplan.model.hub_weights import hub_weights
 

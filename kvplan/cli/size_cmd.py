@@ -59,6 +59,12 @@ def size(
     source: str = typer.Option("auto", "--source", help="auto (local, Hub, bundled), local, hub or bundled."),
     offline: bool = typer.Option(False, "--offline", help="Do not contact the Hub (HF_HUB_OFFLINE=1 does the same)."),
     set_: Optional[list[str]] = typer.Option(None, "--set", help="Override a config field: --set num_key_value_heads=8 (repeatable)."),
+    prefix_caching: Optional[bool] = typer.Option(None, "--enable-prefix-caching/--no-enable-prefix-caching", "--prefix-caching/--no-prefix-caching", help="vLLM's prefix caching (default on; off also turns Mamba 'align' state caching off)."),
+    async_scheduling: Optional[bool] = typer.Option(None, "--async-scheduling/--no-async-scheduling", help="vLLM's async scheduling (default on from 0.32 unless --pp > 1): 2 batches in flight."),
+    mamba_ssm_cache_dtype: str = typer.Option("auto", "--mamba-ssm-cache-dtype", help="SSM state dtype of Mamba / linear-attention layers: auto, float32, bfloat16, float16."),
+    dcp: int = typer.Option(1, "--decode-context-parallel-size", "--dcp", help="vLLM's decode context parallel size (a block holds block_size x DCP tokens)."),
+    layout: str = typer.Option("rules", "--layout", help="rules (kvplan's, per model family) or engine (ask the installed vLLM; needs the [engine] extra)."),
+    allow_unverified: bool = typer.Option(False, "--allow-unverified-layout", help="Plan a model_type kvplan has no rules for as a plain decoder (marked UNVERIFIED)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document (schema: kvplan schema)."),
 ) -> None:
     """Size the KV cache of MODEL on GPUs: bytes per token, pool, tokens, concurrency, verdict.
@@ -72,13 +78,15 @@ def size(
         raise KvplanError(f"invalid --source {source!r}", "use auto, local, hub or bundled")
     if usage not in ("serve", "llm"):
         raise KvplanError(f"invalid --usage {usage!r}", "use serve or llm")
+    if layout not in ("rules", "engine"):
+        raise KvplanError(f"invalid --layout {layout!r}", "use rules or engine")
     if kv_cache_dtype != "auto":
         from kvplan.model.dtypes import kv_dtype
 
         kv_dtype(kv_cache_dtype)  # validate early, with the list of names
     for name, value in (("--concurrency", concurrency), ("--pp", pp), ("--tp", tp), ("--gpus", gpus),
                         ("--block-size", block_size), ("--max-num-seqs", max_num_seqs),
-                        ("--num-gpu-blocks-override", blocks_override)):
+                        ("--num-gpu-blocks-override", blocks_override), ("--decode-context-parallel-size", dcp)):
         if value is not None and value <= 0:
             raise KvplanError(f"invalid {name}: {value} must be greater than 0")
     selection = select_gpus(gpu, gpus, gpu_mem)
@@ -104,8 +112,13 @@ def size(
         prompt_tokens=_opt_tokens(prompt, "prompt length"),
         output_tokens=None if output is None else parse_tokens(output, "output length", allow_zero=True),
         shared_prefix_tokens=0 if shared_prefix is None else parse_tokens(shared_prefix, "shared prefix", allow_zero=True),
+        enable_prefix_caching=prefix_caching,
+        async_scheduling=async_scheduling,
+        mamba_ssm_cache_dtype=mamba_ssm_cache_dtype,
+        decode_context_parallel_size=dcp,
     )
-    resolved = load_model(model, revision, source, True if offline else None, parse_overrides(set_))
+    resolved = load_model(model, revision, source, True if offline else None, parse_overrides(set_),
+                          allow_unverified=allow_unverified, layout=layout, vllm_version=vllm_version)
     plan = plan_deployment(resolved, selection, settings, vllm_version)
     if as_json:
         print_json(plan)
@@ -116,6 +129,7 @@ def size(
 
 def render(plan: SizePlan) -> None:
     """The human report: inputs, per-token cost, budget terms, pool, table, verdict."""
+    from rich.markup import escape
     from rich.table import Table
 
     from kvplan.cli.common import make_console
@@ -128,6 +142,8 @@ def render(plan: SizePlan) -> None:
     console.print(f"[bold]{plan.model}[/] on [bold]{gpus}[/] ({par}), vLLM {plan.vllm_version} rules")
     detail = plan.model_source_detail.split(" (from ")[0]  # the profile's source URL is in --json
     console.print(f"  config: {plan.model_source} - {detail}")
+    layout_style = "bold red" if plan.layout_source.startswith("unverified") else "default"
+    console.print(f"  layout: [{layout_style}]{escape(plan.layout_source)}[/]")
     console.print(
         f"  attention: {plan.attention}; KV dtype {plan.kv_cache_dtype}; block {plan.block_size} tokens; "
         f"context {format_tokens(plan.max_model_len)}"

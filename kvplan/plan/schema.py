@@ -159,6 +159,9 @@ class SizePlan:
     suggestions: list[Suggestion]
     vllm_serve_command: str
     notes: list[str] = field(default_factory=list)
+    # "kvplan rules", "vLLM 0.32.0 (exact)" (learned from the installed engine), or
+    # "unverified: ..." (an unknown model_type planned as a plain decoder on request).
+    layout_source: str = "kvplan rules"
 
     def replace(self, **changes: object) -> SizePlan:
         return dataclasses.replace(self, **changes)

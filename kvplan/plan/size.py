@@ -189,6 +189,14 @@ def serve_command(model: str, cap: Capacity, replicas: int = 1) -> str:
         args.append("--enforce-eager")
     if s.hybrid_kv_cache_manager is False:
         args.append("--disable-hybrid-kv-cache-manager")
+    if s.enable_prefix_caching is not None:
+        args.append("--enable-prefix-caching" if s.enable_prefix_caching else "--no-enable-prefix-caching")
+    if s.async_scheduling is not None:
+        args.append("--async-scheduling" if s.async_scheduling else "--no-async-scheduling")
+    if s.mamba_ssm_cache_dtype != "auto":
+        args += ["--mamba-ssm-cache-dtype", s.mamba_ssm_cache_dtype]
+    if s.decode_context_parallel_size > 1:
+        args += ["--decode-context-parallel-size", str(s.decode_context_parallel_size)]
     line = shlex.join(args)
     if s.draft_layers:
         line += "  # plus your --speculative-config (its draft layers share this KV pool)"
@@ -338,13 +346,14 @@ def plan_size(
         max_num_seqs=cap.limits.max_num_seqs,
         max_num_batched_tokens=cap.limits.max_num_batched_tokens,
         fits=verdict.fits,
-        verdict=verdict.reason,
+        verdict=verdict.reason if arch.layout_verified else f"UNVERIFIED LAYOUT ({arch.layout_source}): {verdict.reason}",
         limiting_term=verdict.limiting_term,
         table=_table(cap, replicas, work.request_tokens, work.concurrency, work.shared_prefix_tokens)
         if cap.num_blocks > 0 else [],
         suggestions=suggestions,
         vllm_serve_command=serve_command(ref.name, cap, replicas),
         notes=list(cap.notes),
+        layout_source=arch.layout_source,
     )
 
 
