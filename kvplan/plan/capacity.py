@@ -48,6 +48,8 @@ def default_scheduler_limits(
     to 32K contexts and then batched a whole context: ``max(max_model_len, 2048)``."""
     if rules.engine == "v0":
         return SchedulerLimits(256, max(max_model_len, 2048) if max_model_len <= 32768 else 2048)
+    if device.platform.default_limits:
+        return SchedulerLimits(*device.platform.default_limits)
     total = device.cuda_total_bytes
     big = total >= 70 * GiB and "a100" not in device.name.lower()
     if rules.big_gpu_tier and total >= 160 * GiB:
@@ -151,6 +153,8 @@ class Capacity:
     def async_scheduling(self) -> bool:
         """`VllmConfig.__post_init__`: on by default from 0.32, except with pipeline parallel
         (the V1 model runner does not support it there)."""
+        if not self.device.platform.async_scheduling:
+            return False  # platforms/cpu.py turns it off
         if self.settings.async_scheduling is not None:
             return self.settings.async_scheduling
         return self.rules.async_scheduling_default and self.settings.pipeline_parallel_size == 1
@@ -167,7 +171,14 @@ class Capacity:
     def mamba_align(self) -> bool:
         """`MambaModelConfig.verify_and_update_config`: prefix caching (on by default) puts
         recurrent state in "align" mode."""
-        return self.rules.mamba_align_with_prefix_caching and self.settings.enable_prefix_caching is not False
+        return self.rules.mamba_align_with_prefix_caching and self.prefix_caching
+
+    @property
+    def prefix_caching(self) -> bool:
+        """On unless turned off, or forced off (MLA on the CPU platform)."""
+        if self.device.platform.mla_whole_prompt and any(isinstance(s, MLA) for s in self.arch.layers):
+            return False
+        return self.settings.enable_prefix_caching is not False
 
     @property
     def request_context(self) -> RequestContext:
@@ -305,6 +316,8 @@ def compute_capacity(
         raise KvplanError("the config gives no max_position_embeddings", "pass the context length with --ctx 32k")
     defaults = default_scheduler_limits(device, settings.usage_context, rules, max_model_len)
     batched = settings.max_num_batched_tokens or defaults.max_num_batched_tokens
+    if device.platform.mla_whole_prompt and any(isinstance(s, MLA) for s in arch.layers):
+        batched = max(max_model_len, 2048)  # platforms/cpu.py: no chunked prefill for MLA
     # arg_utils: the default max_num_seqs never exceeds max_num_batched_tokens.
     limits = SchedulerLimits(settings.max_num_seqs or min(defaults.max_num_seqs, batched), batched)
     # Before 0.19.1, chunked local attention (Llama 4) turned the hybrid manager off unless
@@ -415,13 +428,13 @@ def workload_from(settings: Settings, max_model_len: int) -> Workload:
 def blocks_needed(cap: Capacity, concurrency: int, tokens: int, shared_prefix: int = 0) -> int:
     """Blocks ``concurrency`` requests pin at once; shared prefix blocks count once."""
     per_request = cap.blocks_per_request(tokens)
-    shared = min(cap.layout.shared_prefix_blocks(shared_prefix), per_request)
+    shared = min(cap.layout.shared_prefix_blocks(shared_prefix), per_request) if cap.prefix_caching else 0
     return shared + concurrency * (per_request - shared)
 
 
 def max_concurrency_for(cap: Capacity, tokens: int, shared_prefix: int = 0) -> int:
     per_request = cap.blocks_per_request(tokens)
-    shared = min(cap.layout.shared_prefix_blocks(shared_prefix), per_request)
+    shared = min(cap.layout.shared_prefix_blocks(shared_prefix), per_request) if cap.prefix_caching else 0
     if per_request - shared <= 0:
         return cap.limits.max_num_seqs
     return max(0, (cap.usable_blocks - shared) // (per_request - shared))

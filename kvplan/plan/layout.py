@@ -45,17 +45,25 @@ class Platform:
     ``default_block_size``: ``CacheConfig.DEFAULT_BLOCK_SIZE`` (16) on GPUs; the CPU
     platform picks 128 (`platforms/cpu.py::check_and_update_config`).
     ``mla_block_size``: the block size the platform's MLA backend forces, if any (the CPU MLA
-    kernel compiles only for 16).
+    kernel compiles only for 16). The CPU platform also turns async scheduling off, and for
+    MLA models prefix caching and chunked prefill too (a whole prompt per step:
+    ``max_num_batched_tokens = max(max_model_len, 2048)``); its scheduler defaults are 128
+    sequences and 2,048 batched tokens.
     """
 
     name: str
     kernel_block: int
     default_block_size: int
     mla_block_size: int | None = None
+    async_scheduling: bool = True
+    mla_whole_prompt: bool = False
+    default_limits: tuple[int, int] | None = None  # (max_num_seqs, max_num_batched_tokens)
 
 
 CUDA = Platform("cuda", kernel_block=16, default_block_size=16)
-CPU = Platform("cpu", kernel_block=32, default_block_size=128, mla_block_size=16)
+# The reference (non-AMX) CPU MLA path; x86 CPUs with AMX tiles use AMX MLA instead.
+CPU = Platform("cpu", kernel_block=32, default_block_size=128, mla_block_size=16, async_scheduling=False,
+               mla_whole_prompt=True, default_limits=(128, 2048))
 
 
 def hybrid_block_size(state_page: int, attention_bytes_per_token: float, block_size: int, platform: Platform,
