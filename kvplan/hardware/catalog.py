@@ -36,12 +36,16 @@ class Device:
     bf16_dense_tflops: float | None = None
     vendor: str = "nvidia"
     source: str = ""
+    # The attention backends' block-size rules (kvplan.plan.layout.Platform); None: by vendor.
+    platform_rules: object | None = None
 
     @property
     def platform(self):
         """The attention backends' block-size rules for this device (kvplan.plan.layout)."""
         from kvplan.plan.layout import CPU, CUDA
 
+        if self.platform_rules is not None:
+            return self.platform_rules
         return CPU if self.vendor == "cpu" else CUDA
 
     @property
