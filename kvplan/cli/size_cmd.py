@@ -172,11 +172,8 @@ def render(plan: SizePlan) -> None:
     console.print(budget)
     console.print(f"weights: {format_bytes(plan.weights_total_bytes)} in all ({plan.weights_source})")
     console.print()
-    console.print(
-        f"Pool: [bold]{plan.num_blocks:,}[/] blocks -> vLLM would print "
-        f"[bold]\"KV cache size: {plan.kv_cache_tokens:,} tokens\"[/] and "
-        f"[bold]\"Maximum concurrency for {plan.max_model_len:,} tokens per request: {plan.max_concurrency:.2f}x\"[/]"
-    )
+    printed = " and ".join(f"[bold]\"{escape(line)}\"[/]" for line in plan.vllm_startup_lines)
+    console.print(f"Pool: [bold]{plan.num_blocks:,}[/] blocks -> vLLM would print {printed}")
     console.print(
         f"Requests of {_n(plan.request_tokens, 'token')} hold {_n(plan.blocks_per_request, 'block')} each: "
         f"[bold]{plan.max_concurrency_at_request:,}[/] fit at once; at concurrency {plan.concurrency} "

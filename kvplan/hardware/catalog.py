@@ -49,6 +49,11 @@ class Device:
         return CPU if self.vendor == "cpu" else CUDA
 
     @property
+    def is_hopper(self) -> bool:
+        """SM90: H100, H200, H800, H20, GH200."""
+        return self.name.upper().startswith(("H100", "H200", "H800", "H20", "GH200"))
+
+    @property
     def is_blackwell(self) -> bool:
         return self.name.upper().startswith(("B200", "B100", "GB200", "RTX 5090", "B300"))
 

@@ -11,7 +11,7 @@ Config files are parsed as JSON; no code from a model repository is ever run.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvplan.errors import KvplanError
@@ -453,8 +453,15 @@ def _parse_architecture(config: dict[str, Any], overrides: dict[str, Any] | None
                           "fix num_key_value_heads / head_dim with --set")
     dtype = _model_dtype(f)
     conv_bytes = WEIGHT_DTYPE_BYTES.get(dtype, 2)
-    ssm_dtype = family.ssm_dtype(f)
-    ssm_bytes = conv_bytes if ssm_dtype == "auto" else _state_dtype_bytes(ssm_dtype)
+    from kvplan.model.families import SSM_HINT_FIELDS
+
+    ssm_hint = f.get(SSM_HINT_FIELDS[family.ssm_policy]) if family.ssm_policy in SSM_HINT_FIELDS else None
+    if ssm_hint is not None:
+        ssm_hint = str(ssm_hint)
+        _state_dtype_bytes(ssm_hint)  # refuse an unknown dtype now, naming it
+    # As the newest release resolves it; capacity re-resolves it for the release asked.
+    newest = {"nemotron_h": ssm_hint or "float32", "qwen3_5": ssm_hint, "float32": "float32"}.get(family.ssm_policy)
+    ssm_bytes = _state_dtype_bytes(newest) if newest else conv_bytes
     raw_window = f.get("sliding_window")
     window = sliding_window_size(f) or (
         raw_window if isinstance(raw_window, int) and not isinstance(raw_window, bool) else 0)
@@ -463,7 +470,8 @@ def _parse_architecture(config: dict[str, Any], overrides: dict[str, Any] | None
         if family.state is None:
             raise KvplanError(f"model_type {model_type!r} lists recurrent layers, but kvplan has no state rule for it",
                               "try --layout engine")
-        return family.state(f, hidden, num_heads, conv_bytes, ssm_bytes)
+        spec = family.state(f, hidden, num_heads, conv_bytes, ssm_bytes)
+        return replace(spec, ssm_policy=family.ssm_policy, ssm_hint=ssm_hint, all_mode_capable=family.mamba_all_mode)
 
     specs: list[LayerSpec] = []
     index: list[int] = []

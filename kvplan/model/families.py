@@ -259,26 +259,13 @@ StateRule = Callable[[Fields, int, int, int, int], MambaState]
 
 
 # --- SSM state dtype ("auto" resolution) ------------------------------------------------
-
-
-def ssm_dtype_follows_conv(f: Fields) -> str:
-    """`MambaStateDtypeCalculator._mamba_state_dtype`: "auto" is the conv state's dtype."""
-    return "auto"
-
-
-def ssm_dtype_from_mamba_ssm_dtype(f: Fields) -> str:
-    """Qwen3.5 (`Qwen3_5ForConditionalGenerationConfig`): the config's ``mamba_ssm_dtype``."""
-    return str(f.get("mamba_ssm_dtype", default="auto"))
-
-
-def ssm_dtype_nemotron_h(f: Fields) -> str:
-    """`NemotronHForCausalLMConfig`: the config's ``mamba_ssm_cache_dtype``, else float32."""
-    return str(f.get("mamba_ssm_cache_dtype", default="float32"))
-
-
-def ssm_dtype_float32(f: Fields) -> str:
-    """KDA (`kda_state_dtype`): "auto" keeps the recurrent state in float32."""
-    return "float32"
+# A family names its policy; the release's rules resolve it (kvplan.plan.capacity.state_ssm_bytes):
+#   "conv": "auto" is the conv state's dtype (`MambaStateDtypeCalculator._mamba_state_dtype`);
+#   "nemotron_h": the config's mamba_ssm_cache_dtype, else the release's default
+#       (`NemotronHForCausalLMConfig.DEFAULT_MAMBA_SSM_CACHE_DTYPE`);
+#   "qwen3_5": the config's mamba_ssm_dtype (`Qwen3_5ForConditionalGenerationConfig`);
+#   "float32": KDA's recurrent state (`kda_state_dtype`).
+SSM_HINT_FIELDS = {"nemotron_h": "mamba_ssm_cache_dtype", "qwen3_5": "mamba_ssm_dtype"}
 
 
 @dataclass(frozen=True)
@@ -287,7 +274,9 @@ class Family:
 
     kinds: Callable[[Fields, int], list[LayerKind]] = decoder_kinds
     state: StateRule | None = None  # shape of a recurrent layer's state
-    ssm_dtype: Callable[[Fields], str] = ssm_dtype_follows_conv
+    ssm_policy: str = "conv"  # how "auto" resolves the SSM state dtype (see above)
+    # vLLM 0.26-0.27 give these models Mamba cache mode "all" with prefix caching.
+    mamba_all_mode: bool = False
     # Defaults of transformers' config class that a config.json may leave out.
     config_defaults: dict[str, Any] = field(default_factory=dict)
     gated_mlp: bool = True  # False: a plain up/down MLP pair (weights estimate)
@@ -325,22 +314,21 @@ FAMILIES: dict[str, Family] = {
         "glm4_moe_lite", "mistral_large_3", "glm_moe_dsa",
     )},
     # Attention + recurrent state.
-    "jamba": Family(kinds=jamba_kinds, state=mamba1_state, vllm_file="jamba.py"),
-    "nemotron_h": Family(kinds=nemotron_h_kinds, state=mamba2_state, ssm_dtype=ssm_dtype_nemotron_h,
-                         gated_mlp=False, vllm_file="nemotron_h.py"),
-    "granitemoehybrid": Family(state=mamba2_state, vllm_file="granitemoehybrid.py"),
+    "jamba": Family(kinds=jamba_kinds, state=mamba1_state, mamba_all_mode=True, vllm_file="jamba.py"),
+    "nemotron_h": Family(kinds=nemotron_h_kinds, state=mamba2_state, ssm_policy="nemotron_h", gated_mlp=False,
+                         mamba_all_mode=True, vllm_file="nemotron_h.py"),
+    "granitemoehybrid": Family(state=mamba2_state, mamba_all_mode=True, vllm_file="granitemoehybrid.py"),
     "bamba": Family(state=mamba2_state, vllm_file="bamba.py"),
-    "zamba2": Family(state=mamba2_state, vllm_file="zamba2.py"),
-    "falcon_h1": Family(kinds=falcon_h1_kinds, state=mamba2_state, vllm_file="falcon_h1.py"),
+    "zamba2": Family(state=mamba2_state, mamba_all_mode=True, vllm_file="zamba2.py"),
+    "falcon_h1": Family(kinds=falcon_h1_kinds, state=mamba2_state, mamba_all_mode=True, vllm_file="falcon_h1.py"),
     "qwen3_next": Family(kinds=interval_kinds, state=gated_delta_net_state, vllm_file="qwen3_next.py"),
-    **{t: Family(kinds=interval_kinds, state=gated_delta_net_state, ssm_dtype=ssm_dtype_from_mamba_ssm_dtype,
-                 vllm_file="qwen3_5.py")
+    **{t: Family(kinds=interval_kinds, state=gated_delta_net_state, ssm_policy="qwen3_5", vllm_file="qwen3_5.py")
        for t in ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")},
     **{t: Family(kinds=minimax_kinds, state=lightning_state, vllm_file="minimax_text_01.py")
        for t in ("minimax", "minimax_text_01", "minimax_m1")},
     "lfm2": Family(state=short_conv_state, vllm_file="lfm2.py"),
     "lfm2_moe": Family(state=short_conv_state, vllm_file="lfm2_moe.py"),
-    "kimi_linear": Family(kinds=kimi_linear_kinds, state=kda_state, ssm_dtype=ssm_dtype_float32,
+    "kimi_linear": Family(kinds=kimi_linear_kinds, state=kda_state, ssm_policy="float32",
                           vllm_file="models/kimi_k3/nvidia/model.py"),
 }
 

@@ -44,6 +44,10 @@ class RequestContext:
 
     inflight_tokens: int
     mamba_align: bool = False
+    # vLLM 0.26-0.27 "all" mode for models that support it: a state page per block.
+    mamba_all: bool = False
+    # Variants whose mixer adds a prefill checkpoint page in align mode, by release/device.
+    checkpoint_variants: frozenset = frozenset()
     # Decode context parallel: a block of a sharded attention layer holds block_size x dcp
     # tokens (`AttentionSpec.max_num_blocks_per_req`, `resolve_dcp_kv_block_size`).
     kv_shards: int = 1
@@ -234,15 +238,15 @@ class MambaState(LayerSpec):
     variant: str  # one of VARIANTS
     dims: tuple[tuple[str, int], ...]
     conv_bytes: int = 2  # conv state element size (model dtype by default)
-    ssm_bytes: int = 2  # temporal/SSM state element size (mamba_ssm_cache_dtype)
+    ssm_bytes: int = 2  # temporal/SSM state element size, as the newest release resolves it
     tp: int = 1
+    # How older releases resolve "auto" (kvplan.model.families): policy and the config's value.
+    ssm_policy: str = "conv"
+    ssm_hint: str | None = None
+    all_mode_capable: bool = False  # the family gets Mamba cache mode "all" in 0.26-0.27
 
     VARIANTS: ClassVar[tuple[str, ...]] = (
         "mamba1", "mamba2", "gated_delta_net", "kda", "linear_attention", "short_conv")
-    # Prefill checkpoint pages the mixer adds in align mode: Mamba-2 exports the
-    # block-boundary state from inside a forward pass
-    # (`mamba_mixer2.py::get_kv_cache_spec`, num_prefill_checkpoint_blocks=1).
-    CHECKPOINT_PAGES: ClassVar[dict[str, int]] = {"mamba2": 1}
     # Variants whose temporal state follows --mamba-ssm-cache-dtype.
     SSM_DTYPE_VARIANTS: ClassVar[tuple[str, ...]] = ("mamba1", "mamba2", "gated_delta_net", "kda")
 
@@ -308,8 +312,12 @@ class MambaState(LayerSpec):
         return self.state_bytes()
 
     def blocks_for_request(self, num_tokens: int, block_size: int, ctx: RequestContext) -> int:
-        if ctx.mamba_align:
-            return 2 + self.CHECKPOINT_PAGES.get(self.variant, 0)
+        if ctx.mamba_all and self.all_mode_capable:
+            return cdiv(num_tokens, block_size)
+        if ctx.mamba_align or (ctx.mamba_all and not self.all_mode_capable):
+            # 2 pages, plus the mixer's prefill checkpoint where it exports one (Mamba-2:
+            # `mamba_mixer2.py::get_kv_cache_spec`, num_prefill_checkpoint_blocks=1).
+            return 2 + (1 if self.variant in ctx.checkpoint_variants else 0)
         return 1
 
     def describe(self) -> str:

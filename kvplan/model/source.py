@@ -37,15 +37,11 @@ class ModelConfig:
 
 
 def read_config_file(path: Path) -> dict[str, Any]:
-    """Parse a config.json as data, with errors that say where it is broken."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise KvplanError(f"cannot read {path}: {exc.strerror if isinstance(exc, OSError) else exc}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise KvplanError(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
+    """Parse a config.json as data, with errors that say where it is broken (regular files only,
+    16 MiB at most, UTF-8, nesting capped, no NaN/Infinity)."""
+    from kvplan.paths import load_user_json
+
+    data = load_user_json(path, "", limit=16 * 1024 * 1024)
     if not isinstance(data, dict):
         raise KvplanError(f"{path} does not hold a JSON object")
     return data

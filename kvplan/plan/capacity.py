@@ -98,10 +98,25 @@ def default_block_size(arch: Architecture, device: Device, rules: VllmRules) -> 
     return platform.default_block_size
 
 
+def mla_block_size(asked: int, arch: Architecture, device: Device, rules: VllmRules) -> int:
+    """The block size an MLA model runs with when ``--block-size`` is given: the platform's
+    forced size (FlashMLA 64 up to 0.10; the CPU MLA kernel 16); in 0.11-0.17 the asked size
+    if FlashMLA (multiples of 64) or CUTLASS MLA (multiples of 128, Blackwell) takes it
+    (sparse MLA stays 64); from 0.18 any multiple of 16 (the backend selector skips MLA
+    backends that cannot take it: FlashAttention MLA takes multiples of 16)."""
+    forced = default_block_size(arch, device, rules)
+    if device.platform.mla_block_size or rules.mla_block_size_rule == "forced":
+        return forced
+    if rules.mla_block_size_rule == "backend_multiple":
+        sparse = any(isinstance(s, MLAIndexer) for s in arch.layers)
+        return asked if not sparse and asked % forced == 0 else forced
+    return asked if asked % 16 == 0 else forced
+
+
 def check_block_size(block_size: int, rules: VllmRules) -> None:
-    """vLLM's ``BlockSize`` choices: 1, 8, 16, 32, 64, 128 up to 0.11; from 0.19 backends take
+    """vLLM's ``BlockSize`` choices: 1, 8, 16, 32, 64, 128 up to 0.11; by 0.19.1 backends take
     multiples of 16 (FlashInfer up to 1024)."""
-    if rules.unify_page_size:
+    if rules.block_size_multiple_of_16:
         ok = block_size in (1, 8) or (block_size % 16 == 0 and block_size <= 1024)
         allowed = "1, 8 or a multiple of 16 up to 1024"
     else:
@@ -161,30 +176,49 @@ class Capacity:
 
     @property
     def batches_in_flight(self) -> int:
-        """`VllmConfig.max_concurrent_batches`: 2 with async scheduling (pp 1), else pp
-        (before 0.32 one batch was counted)."""
+        """`VllmConfig.max_concurrent_batches` (0.26+ sizes sliding/chunked layers with it):
+        2 with async scheduling at pp 1, else pp. Before 0.26, one batch."""
+        if not self.rules.inflight_counts_concurrent_batches:
+            return 1
         if self.async_scheduling and self.settings.pipeline_parallel_size == 1:
             return 2
-        return self.settings.pipeline_parallel_size if self.rules.async_scheduling_default else 1
+        return self.settings.pipeline_parallel_size
 
     @property
-    def mamba_align(self) -> bool:
-        """`MambaModelConfig.verify_and_update_config`: prefix caching (on by default) puts
-        recurrent state in "align" mode."""
-        return self.rules.mamba_align_with_prefix_caching and self.prefix_caching
+    def has_state(self) -> bool:
+        return any(not s.grows_with_tokens for s in self.arch.layers)
 
     @property
     def prefix_caching(self) -> bool:
-        """On unless turned off, or forced off (MLA on the CPU platform)."""
+        """On unless turned off; off by default for attention + state models before 0.26
+        (`is_prefix_caching_supported`); forced off for MLA on the CPU platform."""
         if self.device.platform.mla_whole_prompt and any(isinstance(s, MLA) for s in self.arch.layers):
             return False
-        return self.settings.enable_prefix_caching is not False
+        if self.settings.enable_prefix_caching is not None:
+            return self.settings.enable_prefix_caching
+        return self.rules.hybrid_prefix_caching_default or not self.has_state
+
+    @property
+    def mamba_cache_mode(self) -> str:
+        """vLLM's ``mamba_cache_mode``: "none" without prefix caching (or before 0.15.1);
+        "align" with it; "all" in 0.26-0.27 for the families that support it."""
+        if not (self.has_state and self.prefix_caching) or self.rules.mamba_prefix_caching == "off":
+            return "none"
+        if self.rules.mamba_prefix_caching == "all_for_supported":
+            return "all"
+        return "align"
 
     @property
     def request_context(self) -> RequestContext:
+        checkpoints = {"mamba2"} if self.rules.mamba2_checkpoint_page else set()
+        if self.rules.gdn_checkpoint_page_on_hopper and self.device.is_hopper:
+            checkpoints.add("gated_delta_net")  # FlashInfer GDN prefill, the auto choice on SM90
+        mode = self.mamba_cache_mode
         return RequestContext(
             inflight_tokens=self.batches_in_flight * self.limits.max_num_batched_tokens,
-            mamba_align=self.mamba_align,
+            mamba_align=mode == "align",
+            mamba_all=mode == "all",
+            checkpoint_variants=frozenset(checkpoints),
             kv_shards=self.settings.decode_context_parallel_size,
         )
 
@@ -231,14 +265,33 @@ class Capacity:
                 and self.needed_for_max_model_len() <= self.limiting_stage.available.bytes)
 
 
-def with_state_dtype(specs: list[LayerSpec], ssm_dtype: str) -> list[LayerSpec]:
-    """``--mamba-ssm-cache-dtype`` other than auto sets the SSM (temporal) state dtype of
-    Mamba / gated-delta-net / KDA layers (`MambaStateDtypeCalculator`)."""
-    if ssm_dtype == "auto":
-        return specs
-    size = {"float32": 4, "bfloat16": 2, "float16": 2}[ssm_dtype]
-    return [replace(s, ssm_bytes=size) if isinstance(s, MambaState) and s.variant in MambaState.SSM_DTYPE_VARIANTS
-            else s for s in specs]
+_STATE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def state_ssm_bytes(state: MambaState, rules: VllmRules, asked: str = "auto") -> int:
+    """The SSM (temporal) state's element size as the release resolves it
+    (`MambaStateDtypeCalculator`, the model's config hook in `models/config.py`):
+    ``--mamba-ssm-cache-dtype`` when given (gated delta net: from 0.17); else the family's
+    "auto" policy (kvplan.model.families)."""
+    if state.variant not in MambaState.SSM_DTYPE_VARIANTS:
+        return state.ssm_bytes
+    if asked != "auto" and (state.variant != "gated_delta_net" or rules.gdn_respects_ssm_dtype):
+        return _STATE_BYTES[asked]
+    if state.ssm_policy == "nemotron_h":
+        dtype = state.ssm_hint or rules.nemotron_h_ssm_default
+    elif state.ssm_policy == "qwen3_5":
+        dtype = state.ssm_hint if rules.qwen35_reads_mamba_ssm_dtype else None
+    elif state.ssm_policy == "float32":
+        dtype = "float32"
+    else:
+        dtype = None
+    return _STATE_BYTES.get(dtype, state.conv_bytes) if dtype else state.conv_bytes
+
+
+def with_state_dtype(specs: list[LayerSpec], rules: VllmRules, asked: str = "auto") -> list[LayerSpec]:
+    """The specs with each recurrent state's SSM dtype resolved for this release."""
+    return [replace(s, ssm_bytes=state_ssm_bytes(s, rules, asked)) if isinstance(s, MambaState) else s
+            for s in specs]
 
 
 def with_draft_layers(arch: Architecture, count: int) -> Architecture:
@@ -295,15 +348,10 @@ def compute_capacity(
     block_size = settings.block_size or default_block_size(arch, device, rules)
     if settings.block_size is not None:
         check_block_size(settings.block_size, rules)
-        forced = default_block_size(arch, device, rules)
-        user_choice = rules.mla_block_size_from_user and not device.platform.mla_block_size
-        if any(isinstance(s, MLA) for s in arch.layers) and settings.block_size != forced and not (
-                user_choice and settings.block_size % 16 == 0):
-            # platforms/cuda.py: FlashMLA (CUTLASS MLA on Blackwell) forces its block size; from
-            # 0.32 an explicit size picks an MLA backend that accepts it (FlashAttention MLA:
-            # multiples of 16). The CPU MLA kernel takes 16 only.
-            block_size = forced
-            notes.append(f"vLLM's MLA backend forces block size {block_size} (asked {settings.block_size})")
+        if any(isinstance(s, MLA) for s in arch.layers):
+            block_size = mla_block_size(settings.block_size, arch, device, rules)
+            if block_size != settings.block_size:
+                notes.append(f"vLLM's MLA backend forces block size {block_size} (asked {settings.block_size})")
     if (settings.max_num_seqs and settings.max_num_batched_tokens
             and settings.max_num_batched_tokens < settings.max_num_seqs):
         raise KvplanError(
@@ -343,8 +391,8 @@ def compute_capacity(
     ranges = pipeline_stages(arch.num_hidden_layers, pp)
     for s, stage in enumerate(ranges):
         specs: list[LayerSpec] = [spec for spec, i in zip(arch.layers, arch.layer_index) if i in stage]
-        layout = build_layout(with_state_dtype(with_tp(specs, tp), settings.mamba_ssm_cache_dtype), dtype,
-                              block_size, rules, hybrid, device.platform)
+        layout = build_layout(with_state_dtype(with_tp(specs, tp), rules, settings.mamba_ssm_cache_dtype), dtype,
+                              block_size, rules, hybrid, device.platform, device.is_blackwell)
         last = s == pp - 1
         if settings.weights_bytes:
             weights = settings.weights_bytes
@@ -370,6 +418,11 @@ def compute_capacity(
         )
     limiting = min(stages, key=lambda st: st.num_blocks)
     num_blocks = settings.num_gpu_blocks_override or limiting.num_blocks
+    if rules.mamba_prefix_caching == "all_for_supported" and any(
+            isinstance(s, MambaState) and s.all_mode_capable for s in arch.layers):
+        notes.append(f"vLLM {rules.version} keeps this model's recurrent state in 'all' mode with prefix caching: "
+                     "a state page per block is counted, but that mode's block alignment to the Mamba chunk size "
+                     "is not modelled (pass --no-enable-prefix-caching, or plan another release)")
     if limiting.layout.padding_layers:
         notes.append(
             f"vLLM pads the KV groups with {limiting.layout.padding_layers} layer(s) "

@@ -7,16 +7,16 @@ docs/vllm-accounting.md section 4):
 - One *type* with different sizes (``UniformTypeKVCacheSpecs``: e.g. MLA plus
   DeepSeek-V3.2's indexer): a single group whose block spans every layer's page,
   ``num_blocks = avail // sum(pages)``.
-- Several types (hybrid allocator): ``group_size`` = the fewest layers of any type (0.19.1+:
-  the most, when ``max < 1.5 * min``); each type is dealt round-robin into
+- Several types (hybrid allocator): ``group_size`` = the fewest layers of any type (0.12+:
+  the most, when ``max < 1.25 * min``; 1.5 from 0.18); each type is dealt round-robin into
   ``cdiv(count, group_size)`` groups, short groups padded ("Add N padding layers"); all
   groups share ``group_size`` tensors of one page size: ``num_blocks = avail // page //
   group_size``. Page sizes must match: attention + recurrent-state models raise the attention
-  block size to ``16 * cdiv(state_page, 16 * attention_page_per_token)`` and pad the state
-  page (``HybridAttentionMambaModelConfig``); 0.19.1+ also unifies attention pages by
-  scaling the smaller pages' block size (``unify_kv_cache_spec_page_size``).
+  block size until a page holds a state page (:func:`hybrid_block_size`) and pad the state
+  page; 0.12+ also unifies attention pages by scaling the smaller pages' block size
+  (``unify_kv_cache_spec_page_size``).
 - Without the hybrid allocator (before 0.9.2, ``--disable-hybrid-kv-cache-manager``, Llama 4's
-  chunked attention before 0.19.1) sliding/chunked layers are sized as full ones.
+  chunked attention before 0.14) sliding/chunked layers are sized as full ones.
 """
 
 from __future__ import annotations
@@ -67,22 +67,31 @@ CPU = Platform("cpu", kernel_block=32, default_block_size=128, mla_block_size=16
 
 
 def hybrid_block_size(state_page: int, attention_bytes_per_token: float, block_size: int, platform: Platform,
-                      rules: VllmRules, mla: bool = False) -> int:
-    """The attention block size that makes one attention page hold a whole state page.
+                      rules: VllmRules, mla: bool = False, head_size: int = 0, blackwell: bool = False) -> int:
+    """The attention block size that makes one attention page hold a whole state page:
+    ``A * cdiv(state_page, A * attention_page_per_token)``, where the alignment A is
 
-    Newer releases (`Platform._align_hybrid_block_size`): align to ``max(kernel block,
-    configured block size)`` (128 at least for MLA hybrids), then to the kernel block.
-    Earlier ones (`HybridAttentionMambaModelConfig`): a multiple of 16.
+    - 16 up to 0.11.0 (`HybridAttentionMambaModelConfig`);
+    - 0.11.1-0.19: 64 for MLA (FlashMLA), 128 for CUTLASS MLA (Blackwell), 32 for head size
+      256 on Blackwell, else 16 (`models/config.py`);
+    - 0.20+: ``max(the attention backend's kernel block, --block-size)``, at least 128 for MLA
+      hybrids from 0.27.1, then rounded to the kernel block (`Platform._align_hybrid_block_size`).
     """
     per_token = int(math.ceil(attention_bytes_per_token))
-    if not rules.hybrid_block_aligns_to_kernel:
-        needed = ATTENTION_BLOCK_ALIGNMENT * cdiv(state_page, ATTENTION_BLOCK_ALIGNMENT * per_token)
-        return max(block_size, needed)
-    align = max(platform.kernel_block, block_size)
-    if mla:
-        align = max(align, 128)
-    needed = align * cdiv(state_page, align * per_token)
-    needed = platform.kernel_block * cdiv(needed, platform.kernel_block)
+    if rules.hybrid_block_alignment == "kernel":
+        align = max(platform.kernel_block, block_size)
+        if mla and rules.mla_hybrid_block_min_128:
+            align = max(align, 128)
+        needed = align * cdiv(state_page, align * per_token)
+        needed = platform.kernel_block * cdiv(needed, platform.kernel_block)
+    else:
+        align = ATTENTION_BLOCK_ALIGNMENT
+        if rules.hybrid_block_alignment == "model":
+            if mla:
+                align = 128 if blackwell else 64
+            elif head_size == 256 and blackwell:
+                align = 32
+        needed = align * cdiv(state_page, align * per_token)
     return max(block_size, needed)
 
 
@@ -146,7 +155,7 @@ class KVLayout:
 
     def max_len_bytes(self, num_tokens: int, ctx: RequestContext, count_padding: bool) -> int:
         """`check_enough_kv_cache_memory`: KV one request of ``num_tokens`` needs, summed per
-        layer (0.19.1+ counts the padding layers of hybrid groups too)."""
+        layer (0.14+ counts the padding layers of hybrid groups too)."""
         total = 0
         for g, blocks in zip(self.groups, self._group_blocks(num_tokens, ctx)):
             layers = g.num_layers + (g.padding_layers if count_padding else 0)
@@ -193,6 +202,7 @@ def build_layout(
     rules: VllmRules,
     hybrid_allocator: bool = True,
     platform: Platform = CUDA,
+    blackwell: bool = False,
 ) -> KVLayout:
     """Group one device's layer specs the way vLLM's KV-cache manager does."""
     if not specs:
@@ -208,8 +218,10 @@ def build_layout(
         state_page = max(s.page_bytes(block_size, dtype) for s in states)
         # vLLM sizes the attention page from the model config's head size and KV heads,
         # i.e. the first attention layer's shape.
-        block_size = hybrid_block_size(state_page, attention[0].bytes_per_token(dtype), block_size, platform,
-                                       rules, mla=isinstance(attention[0], MLA))
+        first = attention[0]
+        block_size = hybrid_block_size(state_page, first.bytes_per_token(dtype), block_size, platform, rules,
+                                       mla=isinstance(first, MLA), head_size=getattr(first, "head_size", 0),
+                                       blackwell=blackwell)
 
     by_spec: dict[LayerSpec, int] = {}
     for spec in specs:
@@ -232,14 +244,15 @@ def build_layout(
     if len(attention_pages) > 1:
         if not rules.unify_page_size:
             raise KvplanError(
-                "attention layers with different page sizes need vLLM >= 0.19.1 (page-size unification)"
+                "attention layers with different page sizes need vLLM >= 0.12 (page-size unification)"
             )
         if any(page % p for p in attention_pages):
             raise KvplanError("attention page sizes do not divide each other; vLLM cannot unify them")
 
     counts = list(by_spec.values())
     group_size = min(counts)
-    if rules.group_size_rule == "max_if_close" and max(counts) < 1.5 * min(counts):
+    factor = rules.group_size_close_factor
+    if factor is not None and max(counts) < factor * min(counts):
         group_size = max(counts)
 
     groups: list[KVGroup] = []

@@ -162,6 +162,8 @@ class SizePlan:
     # "kvplan rules", "vLLM 0.32.0 (exact)" (learned from the installed engine), or
     # "unverified: ..." (an unknown model_type planned as a plain decoder on request).
     layout_source: str = "kvplan rules"
+    # The capacity line(s) vLLM logs at start-up, as this release words them.
+    vllm_startup_lines: list[str] = field(default_factory=list)
 
     def replace(self, **changes: object) -> SizePlan:
         return dataclasses.replace(self, **changes)

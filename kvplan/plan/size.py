@@ -354,7 +354,19 @@ def plan_size(
         vllm_serve_command=serve_command(ref.name, cap, replicas),
         notes=list(cap.notes),
         layout_source=arch.layout_source,
+        vllm_startup_lines=startup_lines(cap),
     )
+
+
+def startup_lines(cap: Capacity) -> list[str]:
+    """"GPU KV cache size: N tokens" and "Maximum concurrency for L tokens per request: X.XXx":
+    two lines up to 0.27, one from 0.28 (`_report_kv_cache_config`)."""
+    if cap.num_blocks <= 0:
+        return []
+    tokens = f"GPU KV cache size: {cap.kv_cache_tokens_reported:,} tokens"
+    concurrency = (f"Maximum concurrency for {cap.max_model_len:,} tokens per request: "
+                   f"{cap.max_concurrency_reported:.2f}x")
+    return [f"{tokens}, {concurrency}"] if cap.rules.combined_capacity_line else [tokens, concurrency]
 
 
 __all__ = ["ModelRef", "plan_size", "serve_command", "verdict_for", "format_tokens"]

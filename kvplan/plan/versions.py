@@ -2,9 +2,9 @@
 
 Each field is a rule that changed across releases; `rules_for` picks the set for a version
 string such as ``0.11.0``, ``v0.9.1.dev705+g01220ce89`` or ``0.11.0rc2.dev98``. Every rule
-was read in vLLM's own source (wheels 0.9.2, 0.11.0, 0.19.1, 0.20.0, 0.21.0, 0.22.0, 0.33.0);
-docs/vllm-accounting.md quotes the lines. Releases in between were not read: a change
-dated "from 0.33" may have landed anywhere after 0.22.
+was read in vLLM's own source: the wheels of 0.9.2 and of every minor release from 0.10 to
+0.33 (the last patch of each, plus 0.11.0, 0.11.1, 0.14.0 and 0.20.1); docs/vllm-accounting.md
+quotes the lines and dates each rule to the first release that has it.
 """
 
 from __future__ import annotations
@@ -15,55 +15,88 @@ from dataclasses import dataclass
 from kvplan.errors import KvplanError
 
 NEWEST_KNOWN = "0.33.0"
-KNOWN_VERSIONS = ("0.6.0", "0.8.5", "0.9.2", "0.11.0", "0.15.1", "0.19.1", "0.20.0", "0.21.0", "0.22.0", "0.32.0", "0.33.0")
+KNOWN_VERSIONS = (
+    "0.6.0", "0.8.5", "0.9.2", "0.10.2", "0.11.0", "0.11.1", "0.11.2", "0.12.0", "0.13.0", "0.14.0", "0.14.1",
+    "0.15.1", "0.16.0", "0.17.1", "0.18.1", "0.19.1", "0.20.0", "0.20.1", "0.20.2", "0.21.0", "0.22.0", "0.22.1",
+    "0.23.0", "0.24.0", "0.25.1", "0.26.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0",
+)
 
 _VERSION_RE = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")
 
 
 @dataclass(frozen=True)
 class VllmRules:
-    """The accounting rules one vLLM release follows."""
+    """The accounting rules one vLLM release follows.
+
+    Each field names the release that introduced it, as read in that release's wheel
+    (docs/vllm-accounting.md, "Rules by release", quotes the lines). Where only a minor's last
+    patch was read (0.18.1 for 0.18, 0.14.1 and 0.14.0 for 0.14), the rule is dated to the
+    minor: it may have landed in any of its patches.
+    """
 
     version: str
     engine: str  # "v0" (legacy engine, no null block) or "v1"
-    # gpu_memory_utilization default: 0.9, 0.92 from 0.20.0 (config/cache.py).
+    # gpu_memory_utilization default: 0.9, 0.92 from 0.20 (config/cache.py).
     default_gpu_memory_utilization: float
-    # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to 1 from 0.20.0 (envs.py).
+    # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to 1 from 0.20 (envs.py).
     subtracts_cudagraph_memory: bool
     # "GPU KV cache size" tokens: "blocks" = num_blocks * block_size (V0, 0.8);
-    # "per_group" = num_blocks // num_groups * min_block_size (0.9-0.20);
-    # "concurrency" = int(max_concurrency * max_model_len) (0.21+, _report_kv_cache_config).
+    # "per_group" = num_blocks // num_groups * min_block_size (0.9 to 0.20.0);
+    # "concurrency" = int(max_concurrency * max_model_len) (0.20.1+, _report_kv_cache_config).
     token_report: str
     hybrid_allocator: bool  # per-group specs from 0.9.2; before, SWA was sized as full
-    # group_size: fewest layers of any type; from 0.19.1 the most when max < 1.5 * min.
-    group_size_rule: str
-    unify_page_size: bool  # unify_kv_cache_spec_page_size, 0.19.1+
-    # auto KV dtype reads a ModelOpt checkpoint's kv_cache_quant_algo (0.19.1+).
+    # group_size: the fewest layers of any type; from 0.12 the most when max < factor * min
+    # (1.25 in 0.12-0.17, 1.5 from 0.18); None before 0.12.
+    group_size_close_factor: float | None
+    unify_page_size: bool  # unify_kv_cache_spec_page_size, 0.12+
+    # Block sizes: BlockSize literal (1, 8, 16, 32, 64, 128) up to 0.11; multiples of 16 up to
+    # 1024 by 0.19.1 (the release read; earlier minors not checked for this).
+    block_size_multiple_of_16: bool
+    # auto KV dtype reads a ModelOpt checkpoint's kv_cache_quant_algo (0.14+).
     auto_kv_reads_checkpoint: bool
-    requested_memory_ceil: bool  # math.ceil(total * util), 0.19.1+
+    requested_memory_ceil: bool  # math.ceil(total * util), 0.14+
     kv_cache_memory_flag: bool  # --kv-cache-memory-bytes exists (0.11+)
-    combined_capacity_line: bool  # "..., Maximum concurrency ..." on one line (0.33)
-    # VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE defaults to 1 from 0.19.1.
+    combined_capacity_line: bool  # "..., Maximum concurrency ..." on one line (0.28+)
+    # VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE defaults to 1 from 0.14.
     chunked_local_uses_hybrid: bool
-    # Async scheduling on by default (`VllmConfig.__post_init__`): sliding/chunked layers
-    # then keep 2 batches of max_num_batched_tokens in flight (`max_concurrent_batches`).
+    # Async scheduling on by default (`VllmConfig.__post_init__`, 0.14+; off with pp > 1).
     async_scheduling_default: bool
-    # Prefix caching on a model with recurrent state sets mamba_cache_mode "align"
-    # (`MambaModelConfig.verify_and_update_config`): 2 state pages per request plus the
-    # mixer's prefill checkpoints, instead of 1.
-    mamba_align_with_prefix_caching: bool
-    # Hybrid attention block raised to a multiple of max(kernel block, --block-size)
-    # (`Platform._align_hybrid_block_size`) rather than of 16.
-    hybrid_block_aligns_to_kernel: bool
-    # An explicit --block-size on an MLA model picks an MLA backend that accepts it
-    # (FlashAttention MLA: multiples of 16) instead of being forced to FlashMLA's 64.
-    mla_block_size_from_user: bool
-    max_len_check_counts_padding: bool  # _max_memory_usage_bytes_from_groups, 0.19.1+
-    big_gpu_tier: bool  # >= 160 GiB GPUs: 16384 batched tokens for `vllm serve` too (0.33)
-    # DeepSeek-V3.2 forces fp8_ds_mla for "auto" in 0.11 (removed by 0.19.1).
+    # Sliding/chunked layers keep `max_in_flight_tokens` = max_concurrent_batches x
+    # max_num_batched_tokens (2 batches with async scheduling, pp without) from 0.26; before,
+    # one batch (`SlidingWindowSpec.max_admission_blocks_per_request`).
+    inflight_counts_concurrent_batches: bool
+    # Recurrent state and prefix caching (`MambaModelConfig`, `mamba_cache_mode`):
+    # "off": state is never prefix-cached (1 page a request; up to 0.15.0, prefix caching is
+    #   forced or defaulted off for hybrids); "align": with prefix caching on, 2 pages plus the
+    #   mixer's prefill checkpoints (0.15.1+); "all_for_supported": 0.26-0.27 give the models
+    #   that support it (Mamba-2 hybrids, Jamba) "all" mode, a state page per block.
+    mamba_prefix_caching: str
+    # Prefix caching on by default for hybrid (attention + state) models, 0.26+.
+    hybrid_prefix_caching_default: bool
+    mamba2_checkpoint_page: bool  # Mamba-2 mixers add a prefill checkpoint page, 0.32+
+    # Qwen gated delta net adds one with the FlashInfer prefill backend (auto on SM90), 0.33+.
+    gdn_checkpoint_page_on_hopper: bool
+    # Hybrid attention block raised to hold a state page, aligned to A
+    # (`_align_hybrid_block_size`): "16" (up to 0.11.0); "model" (0.11.1-0.19: 64 for MLA,
+    # 128 for CUTLASS MLA, 32 for head size 256 on Blackwell, else 16); "kernel" (0.20+:
+    # max(the backend's kernel block, --block-size)).
+    hybrid_block_alignment: str
+    mla_hybrid_block_min_128: bool  # A >= 128 for MLA hybrids, 0.27.1+
+    # An explicit --block-size on an MLA model: "forced" to FlashMLA's 64 (up to 0.10);
+    # "backend_multiple": kept if a multiple of 64 (FlashMLA) or 128 (CUTLASS) (0.11-0.17);
+    # "user": a backend that takes it is chosen (FlashAttention MLA: multiples of 16), 0.18+.
+    mla_block_size_rule: str
+    # mamba_ssm_cache_dtype "auto" for Nemotron-H: the config's value, else this default
+    # (None: the model dtype, up to 0.12; float16 in 0.13-0.19; float32 from 0.20).
+    nemotron_h_ssm_default: str | None
+    qwen35_reads_mamba_ssm_dtype: bool  # the config's mamba_ssm_dtype, 0.17+
+    gdn_respects_ssm_dtype: bool  # --mamba-ssm-cache-dtype applies to gated delta net, 0.17+
+    max_len_check_counts_padding: bool  # _max_memory_usage_bytes_from_groups, 0.14+
+    big_gpu_tier: bool  # >= 160 GiB GPUs: 16384 batched tokens for `vllm serve` too (0.28+)
+    # DeepSeek-V3.2 forces fp8_ds_mla for "auto" in 0.11.0 only.
     sparse_mla_auto_fp8: bool
     # A waiting request is admitted only if its whole prompt fits (scheduler_reserve_full_isl,
-    # 0.19.1+); before, only its first prefill chunk had to fit.
+    # 0.19+); before, only its first prefill chunk had to fit.
     admit_full_prompt: bool
 
     note: str | None = None  # when the asked release is outside what kvplan has read
@@ -91,11 +124,16 @@ def rules_for(version: str | None = None) -> VllmRules:
     v = parse_version(version or NEWEST_KNOWN)
     if v < (0, 9, 0):
         token_report = "blocks"
-    elif v < (0, 21, 0):
+    elif v < (0, 20, 1):
         token_report = "per_group"
     else:
         token_report = "concurrency"
-    newest_era = v >= (0, 33, 0)
+    if v < (0, 15, 1):
+        mamba_prefix_caching = "off"
+    elif (0, 26, 0) <= v < (0, 28, 0):
+        mamba_prefix_caching = "all_for_supported"
+    else:
+        mamba_prefix_caching = "align"
     note = None
     if v > parse_version(NEWEST_KNOWN):
         note = f"vLLM {text_of(v)} is newer than any release kvplan has read ({NEWEST_KNOWN}): its rules assumed"
@@ -109,19 +147,28 @@ def rules_for(version: str | None = None) -> VllmRules:
         subtracts_cudagraph_memory=v >= (0, 20, 0),
         token_report=token_report,
         hybrid_allocator=v >= (0, 9, 2),
-        group_size_rule="max_if_close" if v >= (0, 19, 1) else "min",
-        unify_page_size=v >= (0, 19, 1),
-        auto_kv_reads_checkpoint=v >= (0, 19, 1),
-        requested_memory_ceil=v >= (0, 19, 1),
+        group_size_close_factor=None if v < (0, 12, 0) else 1.25 if v < (0, 18, 0) else 1.5,
+        unify_page_size=v >= (0, 12, 0),
+        block_size_multiple_of_16=v >= (0, 19, 1),
+        auto_kv_reads_checkpoint=v >= (0, 14, 0),
+        requested_memory_ceil=v >= (0, 14, 0),
         kv_cache_memory_flag=v >= (0, 11, 0),
-        combined_capacity_line=newest_era,
-        chunked_local_uses_hybrid=v >= (0, 19, 1),
-        async_scheduling_default=v >= (0, 32, 0),
-        mamba_align_with_prefix_caching=v >= (0, 32, 0),
-        hybrid_block_aligns_to_kernel=v >= (0, 32, 0),
-        mla_block_size_from_user=v >= (0, 32, 0),
-        max_len_check_counts_padding=v >= (0, 19, 1),
-        big_gpu_tier=newest_era,
-        sparse_mla_auto_fp8=(0, 11, 0) <= v < (0, 19, 0),
-        admit_full_prompt=v >= (0, 19, 1),
+        combined_capacity_line=v >= (0, 28, 0),
+        chunked_local_uses_hybrid=v >= (0, 14, 0),
+        async_scheduling_default=v >= (0, 14, 0),
+        inflight_counts_concurrent_batches=v >= (0, 26, 0),
+        mamba_prefix_caching=mamba_prefix_caching,
+        hybrid_prefix_caching_default=v >= (0, 26, 0),
+        mamba2_checkpoint_page=v >= (0, 32, 0),
+        gdn_checkpoint_page_on_hopper=v >= (0, 33, 0),
+        hybrid_block_alignment="16" if v < (0, 11, 1) else "model" if v < (0, 20, 0) else "kernel",
+        mla_hybrid_block_min_128=v >= (0, 27, 1),
+        mla_block_size_rule="forced" if v < (0, 11, 0) else "backend_multiple" if v < (0, 18, 0) else "user",
+        nemotron_h_ssm_default=None if v < (0, 13, 0) else "float16" if v < (0, 20, 0) else "float32",
+        qwen35_reads_mamba_ssm_dtype=v >= (0, 17, 0),
+        gdn_respects_ssm_dtype=v >= (0, 17, 0),
+        max_len_check_counts_padding=v >= (0, 14, 0),
+        big_gpu_tier=v >= (0, 28, 0),
+        sparse_mla_auto_fp8=(0, 11, 0) <= v < (0, 11, 1),
+        admit_full_prompt=v >= (0, 19, 0),
     )

@@ -203,3 +203,49 @@ def test_every_reference_config_gives_a_result_or_a_clear_refusal():
         except KvplanError as exc:  # a refusal must say what is missing
             assert str(exc)
     assert len(results) >= 30
+
+
+def test_gemma4_full_layers_use_the_global_head_shape():
+    # google/gemma-4-26B-A4B (config.json): 30 layers, 25 sliding (8 KV heads x 256, window 1,024),
+    # 5 full with attention_k_eq_v: num_global_key_value_heads 2 x global_head_dim 512.
+    arch = arch_of("google/gemma-4-26B-A4B")
+    sliding = [s for s in arch.layers if isinstance(s, SlidingWindow)]
+    full = [s for s in arch.layers if type(s) is FullAttention]
+    assert (len(sliding), len(full)) == (25, 5)
+    assert (sliding[0].num_kv_heads, sliding[0].head_size, sliding[0].window) == (8, 256, 1024)
+    assert (full[0].num_kv_heads, full[0].head_size) == (2, 512)
+    # 25 x 8 x 256 x 2 (K, V) x 2 B + 5 x 2 x 512 x 2 x 2 B = 204,800 + 20,480
+    assert kv_bytes(arch) == 225_280
+
+
+def test_gemma4_without_k_eq_v_keeps_the_kv_heads_and_forces_the_last_layer_full():
+    config = {"model_type": "gemma4_text", "hidden_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8,
+              "num_key_value_heads": 4, "head_dim": 64, "global_head_dim": 128, "num_global_key_value_heads": 1,
+              "sliding_window": 256, "layer_types": ["sliding_attention"] * 4}
+    arch = parse_architecture(config)
+    full = [s for s in arch.layers if type(s) is FullAttention]
+    # transformers forces the last layer to full attention; without attention_k_eq_v the
+    # global layers keep num_key_value_heads (Gemma4TextConfig.__post_init__).
+    assert len(full) == 1 and (full[0].num_kv_heads, full[0].head_size) == (4, 128)
+
+
+def test_kimi_linear_kda_state_and_mla_layers():
+    config = {"model_type": "kimi_linear", "hidden_size": 2304, "num_hidden_layers": 4, "num_attention_heads": 32,
+              "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128,
+              "linear_attn_config": {"kda_layers": [1, 2, 3], "full_attn_layers": [4], "num_heads": 32,
+                                     "head_dim": 128, "short_conv_kernel_size": 4}}
+    arch = parse_architecture(config)
+    states = [s for s in arch.layers if isinstance(s, MambaState)]
+    mla = [s for s in arch.layers if isinstance(s, MLA)]
+    assert (len(states), len(mla)) == (3, 1) and mla[0].latent_size == 576
+    # kda_state_shape: conv (3, 32 x 128 + 2 x 32 x 128 = 12,288) in bf16; recurrent state
+    # (32, 128, 128) in float32 (kda_state_dtype: "auto" is float32).
+    assert states[0].state_bytes() == 3 * 12288 * 2 + 32 * 128 * 128 * 4
+
+
+def test_qwen35_ssm_state_follows_mamba_ssm_dtype():
+    base = arch_of("Qwen/Qwen3.5-27B")
+    state = next(s for s in base.layers if isinstance(s, MambaState))
+    assert state.ssm_bytes == 4  # the config says mamba_ssm_dtype: float32
+    patched = arch_of("Qwen/Qwen3.5-27B", mamba_ssm_dtype="bfloat16")
+    assert next(s for s in patched.layers if isinstance(s, MambaState)).ssm_bytes == 2

@@ -197,17 +197,19 @@ def test_block_sizes_vllm_accepts():
     with _pytest.raises(KvplanError):
         capacity("meta-llama/Llama-3.1-8B", version="0.11.0", block_size=256, max_model_len=8192)
     assert capacity("meta-llama/Llama-3.1-8B", block_size=256, max_model_len=8192).block_size == 256
-    # MLA up to 0.22: FlashMLA forces 64 whatever was asked.
-    forced = capacity("deepseek-ai/DeepSeek-V3", device="H200", version="0.22.0", tensor_parallel_size=8,
-                      block_size=16, kv_cache_memory_bytes=40 * GiB, max_model_len=8192)
+    # MLA, by release (platforms/cuda.py; backends' get_supported_kernel_block_sizes):
+    def mla(version, asked):
+        return capacity("deepseek-ai/DeepSeek-V3", device="H200", version=version, tensor_parallel_size=8,
+                        block_size=asked, kv_cache_memory_bytes=40 * GiB, max_model_len=8192)
+
+    forced = mla("0.10.2", 128)  # FlashMLA forces 64 whatever was asked
     assert forced.block_size == 64 and any("forces block size 64" in n for n in forced.notes)
-    # From 0.32 an explicit size picks an MLA backend that takes it (FlashAttention MLA: multiples
-    # of 16, v1/attention/backends/mla/flashattn_mla.py); a size no MLA backend takes is still forced.
-    chosen = capacity("deepseek-ai/DeepSeek-V3", device="H200", version="0.32.0", tensor_parallel_size=8,
-                      block_size=16, kv_cache_memory_bytes=40 * GiB, max_model_len=8192)
-    assert chosen.block_size == 16
-    odd = capacity("deepseek-ai/DeepSeek-V3", device="H200", version="0.32.0", tensor_parallel_size=8,
-                   block_size=8, kv_cache_memory_bytes=40 * GiB, max_model_len=8192)
+    assert mla("0.17.1", 16).block_size == 64  # 0.11-0.17: kept only as a multiple of FlashMLA's 64
+    assert mla("0.17.1", 128).block_size == 128
+    # From 0.18 an explicit size picks an MLA backend that takes it (FlashAttention MLA: multiples
+    # of 16, v1/attention/backends/mla/flashattn_mla.py); a size no MLA backend takes is forced.
+    assert mla("0.18.1", 16).block_size == 16
+    odd = mla("0.32.0", 8)
     assert odd.block_size == 64
 
 

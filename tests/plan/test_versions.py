@@ -6,6 +6,8 @@ Expected numbers are hand arithmetic from the config fields, written next to eac
 
 from dataclasses import replace
 
+from pathlib import Path
+
 import pytest
 
 from kvplan.errors import KvplanError
@@ -281,13 +283,25 @@ def test_every_rule_field_is_covered():
     """A new rule in VllmRules needs a test here: this list is the inventory."""
     tested = {
         "version", "engine", "default_gpu_memory_utilization", "subtracts_cudagraph_memory", "token_report",
-        "hybrid_allocator", "group_size_rule", "unify_page_size", "auto_kv_reads_checkpoint",
-        "requested_memory_ceil", "kv_cache_memory_flag", "combined_capacity_line", "chunked_local_uses_hybrid",
-        "async_scheduling_default", "mamba_align_with_prefix_caching", "hybrid_block_aligns_to_kernel",
-        "mla_block_size_from_user", "max_len_check_counts_padding", "big_gpu_tier",
-        "sparse_mla_auto_fp8", "admit_full_prompt", "note",
+        "hybrid_allocator", "group_size_close_factor", "unify_page_size", "block_size_multiple_of_16",
+        "auto_kv_reads_checkpoint", "requested_memory_ceil", "kv_cache_memory_flag", "combined_capacity_line",
+        "chunked_local_uses_hybrid", "async_scheduling_default", "inflight_counts_concurrent_batches",
+        "mamba_prefix_caching", "hybrid_prefix_caching_default", "mamba2_checkpoint_page",
+        "gdn_checkpoint_page_on_hopper", "hybrid_block_alignment", "mla_hybrid_block_min_128", "mla_block_size_rule",
+        "nemotron_h_ssm_default", "qwen35_reads_mamba_ssm_dtype", "gdn_respects_ssm_dtype",
+        "max_len_check_counts_padding", "big_gpu_tier", "sparse_mla_auto_fp8", "admit_full_prompt", "note",
     }
     assert set(rules_for(None).__dataclass_fields__) == tested
+
+
+def test_every_rule_field_is_read_by_the_planner():
+    """A rule field nothing reads is dead: every field name must appear in the planner's code."""
+    import kvplan
+
+    root = Path(kvplan.__file__).parent
+    code = "".join(p.read_text() for p in root.rglob("*.py") if p.name != "versions.py")
+    unread = [f for f in rules_for(None).__dataclass_fields__ if f not in ("version", "note") and f"rules.{f}" not in code]
+    assert unread == []
 
 
 def test_releases_outside_what_kvplan_has_read_are_named():
@@ -297,27 +311,38 @@ def test_releases_outside_what_kvplan_has_read_are_named():
 
 
 def test_release_boundaries():
-    # Where each flag flips, as versions.py encodes it (docs/vllm-accounting.md quotes the lines).
-    def flip(field):
-        seq = ["0.8.5", "0.9.2", "0.11.0", "0.15.1", "0.19.1", "0.20.0", "0.21.0", "0.22.0", "0.33.0"]
-        values = [getattr(rules_for(v), field) for v in seq]
-        return [seq[i] for i in range(1, len(seq)) if values[i] != values[i - 1]]
+    """Where each rule flips, over every release read (docs/vllm-accounting.md, "Rules by release",
+    quotes the lines; a minor read only at its last patch is dated to the minor)."""
+    from kvplan.plan.versions import KNOWN_VERSIONS
 
-    assert flip("hybrid_allocator") == ["0.9.2"]  # per-group KV specs (v1/core/kv_cache_utils.py@0.9.2)
-    assert flip("unify_page_size") == ["0.19.1"]  # unify_kv_cache_spec_page_size
-    assert flip("group_size_rule") == ["0.19.1"]
-    assert flip("subtracts_cudagraph_memory") == ["0.20.0"]
-    # blocks (V0 and 0.8) -> per_group (0.9) -> int(concurrency x L) (0.21)
-    assert flip("token_report") == ["0.9.2", "0.21.0"]
-    # 0.33: one "KV cache size: N tokens, Maximum concurrency ..." line (kv_cache_utils.py@0.33.0:1128),
-    # recurrent state in "align" mode holds 2 pages (+1 prefill checkpoint for Mamba-2 mixers).
-    assert flip("combined_capacity_line") == ["0.33.0"]
-    # 0.32 (vllm/config/vllm.py@0.32.0 `max_concurrent_batches`, models/config.py `MambaModelConfig`,
-    # platforms/interface.py `_align_hybrid_block_size`, platforms/cuda.py backend choice by block size).
-    seq32 = ["0.22.0", "0.32.0", "0.33.0"]
-    for field in ("async_scheduling_default", "mamba_align_with_prefix_caching", "hybrid_block_aligns_to_kernel",
-                  "mla_block_size_from_user"):
-        assert [getattr(rules_for(v), field) for v in seq32] == [False, True, True], field
+    def flips(field):
+        values = [getattr(rules_for(v), field) for v in KNOWN_VERSIONS]
+        return [(KNOWN_VERSIONS[i], values[i]) for i in range(1, len(values)) if values[i] != values[i - 1]]
+
+    assert flips("hybrid_allocator") == [("0.9.2", True)]  # per-group KV specs (kv_cache_utils.py@0.9.2)
+    assert flips("unify_page_size") == [("0.12.0", True)]  # unify_kv_cache_spec_page_size
+    assert flips("group_size_close_factor") == [("0.12.0", 1.25), ("0.18.1", 1.5)]
+    assert flips("subtracts_cudagraph_memory") == [("0.20.0", True)]
+    # blocks (V0 and 0.8) -> per_group (0.9) -> int(concurrency x L) (0.20.1)
+    assert flips("token_report") == [("0.9.2", "per_group"), ("0.20.1", "concurrency")]
+    assert flips("combined_capacity_line") == [("0.28.0", True)]
+    assert flips("big_gpu_tier") == [("0.28.0", True)]
+    for field in ("auto_kv_reads_checkpoint", "requested_memory_ceil", "chunked_local_uses_hybrid",
+                  "max_len_check_counts_padding", "async_scheduling_default"):
+        assert flips(field) == [("0.14.0", True)], field
+    assert flips("inflight_counts_concurrent_batches") == [("0.26.0", True)]
+    assert flips("hybrid_prefix_caching_default") == [("0.26.0", True)]
+    assert flips("mamba_prefix_caching") == [("0.15.1", "align"), ("0.26.0", "all_for_supported"),
+                                             ("0.28.0", "align")]
+    assert flips("mamba2_checkpoint_page") == [("0.32.0", True)]
+    assert flips("gdn_checkpoint_page_on_hopper") == [("0.33.0", True)]
+    assert flips("hybrid_block_alignment") == [("0.11.1", "model"), ("0.20.0", "kernel")]
+    assert flips("mla_hybrid_block_min_128") == [("0.27.1", True)]
+    assert flips("mla_block_size_rule") == [("0.11.0", "backend_multiple"), ("0.18.1", "user")]
+    assert flips("nemotron_h_ssm_default") == [("0.13.0", "float16"), ("0.20.0", "float32")]
+    assert flips("qwen35_reads_mamba_ssm_dtype") == [("0.17.1", True)]
+    assert flips("sparse_mla_auto_fp8") == [("0.11.0", True), ("0.11.1", False)]
+    assert flips("admit_full_prompt") == [("0.19.1", True)]
 
 
 def test_rules_are_a_value_not_shared_state():
