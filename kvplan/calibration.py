@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from kvplan.errors import KvplanError
+from kvplan.paths import load_user_json
 
 CONFIG_DIR_ENV = "KVPLAN_CONFIG_DIR"
 SCHEMA = 1
@@ -56,6 +57,18 @@ class Calibration:
     source: str  # the log it came from
     recorded_at: str  # ISO time
 
+    def check(self) -> None:
+        """TypeError/ValueError naming the first field of the wrong type (a hand-edited profile)."""
+        import math
+
+        for f in fields(self):
+            value = getattr(self, f.name)
+            kind = {"str": str, "int": int, "float": (int, float)}[str(f.type)]
+            if isinstance(value, bool) or not isinstance(value, kind):
+                raise TypeError(f"{f.name}: expected {f.type}, got {value!r:.60}")
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{f.name}: {value} is not a finite number")
+
     @property
     def residual_gib(self) -> float:
         return self.overhead_gib - self.predicted_overhead_gib
@@ -75,10 +88,19 @@ def load_calibrations(path: Path | None = None) -> list[Calibration]:
     if not file.exists():
         return []
     try:
-        data = json.loads(file.read_text(encoding="utf-8"))
+        data = load_user_json(file, "calibration profile")
         names = {f.name for f in fields(Calibration)}
-        return [Calibration(**{k: v for k, v in row.items() if k in names}) for row in data["calibrations"]]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        rows = data["calibrations"]
+        if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
+            raise TypeError("calibrations: expected a list of objects")
+        out = [Calibration(**{k: v for k, v in row.items() if k in names}) for row in rows]
+        for entry in out:
+            entry.check()
+        return out
+    except KvplanError as exc:
+        raise KvplanError(f"cannot read the calibration profile {file}: {exc.message}",
+                          f"fix or delete it (set {CONFIG_DIR_ENV} to use another folder)") from None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise KvplanError(f"cannot read the calibration profile {file}: {exc}",
                           f"fix or delete it (set {CONFIG_DIR_ENV} to use another folder)") from None
 

@@ -1,14 +1,29 @@
-"""One exception type for input a user can fix.
+"""One exception type for input a user can fix, and the exit codes of every command.
 
-The CLI edge turns it into exit code 2 and a single line on stderr; nothing else
-in kvplan prints tracebacks at users.
+The CLI edge turns KvplanError into exit code 2 and a single line on stderr; anything else
+that escapes a command is an internal error (exit 3), also one line, with the traceback only
+behind ``kvplan --debug`` (or ``KVPLAN_DEBUG=1``). Nothing in kvplan prints tracebacks at users.
 """
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """What a kvplan exit status means (CI reads 1 as "does not fit" only)."""
+
+    OK = 0
+    DOES_NOT_FIT = 1  # also: a bench run failed or --check found a difference
+    BAD_INPUT = 2
+    INTERNAL = 3
+    INTERRUPTED = 130
 
 
 class KvplanError(Exception):
     """Bad input or an environment problem the user can act on (exit code 2)."""
 
-    exit_code = 2
+    exit_code = int(ExitCode.BAD_INPUT)
 
     def __init__(self, message: str, hint: str | None = None):
         super().__init__(message)

@@ -15,10 +15,14 @@ KiB = 1024
 MiB = 1024**2
 GiB = 1024**3
 
-_TOKEN_RE = re.compile(r"^\s*(\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?)\s*([kKmM]?)\s*$")
+# Bounded digit runs: a 400-digit "number" is refused by the pattern, never turned into inf.
+_TOKEN_RE = re.compile(r"^\s*(\d{1,3}(?:,\d{3}){1,5}|\d{1,20}(?:\.\d{1,9})?)\s*([kKmM]?)\s*$", re.ASCII)
+MAX_TOKENS = 2**40  # far beyond any context; keeps every product of token counts exact
+MAX_BYTES = 2**60  # 1 EiB
+MAX_TEXT = 100  # characters of a size or count worth reading
 _TOKEN_SCALE = {"": 1, "k": 1024, "m": 1024**2}
 
-_BYTES_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+_BYTES_RE = re.compile(r"^\s*(\d{1,19}(?:\.\d{1,9})?)\s*([a-zA-Z]{0,3})\s*$", re.ASCII)
 _BYTE_SCALE = {
     "": 1,
     "b": 1,
@@ -44,10 +48,10 @@ def parse_tokens(text: str | int, what: str = "token count", allow_zero: bool = 
     if isinstance(text, int):
         value = text
     else:
-        match = _TOKEN_RE.match(str(text))
+        match = _TOKEN_RE.match(str(text)) if len(str(text)) <= MAX_TEXT else None
         if not match:
             raise KvplanError(
-                f"invalid {what}: {text!r}", "use a whole number of tokens such as 8192, 32k or 128k"
+                f"invalid {what}: {_show(text)}", "use a whole number of tokens such as 8192, 32k or 128k"
             )
         number, suffix = match.groups()
         scaled = float(number.replace(",", "")) * _TOKEN_SCALE[suffix.lower()]
@@ -55,7 +59,9 @@ def parse_tokens(text: str | int, what: str = "token count", allow_zero: bool = 
             raise KvplanError(f"invalid {what}: {text!r} is not a whole number of tokens")
         value = int(scaled)
     if value < 0 or (value == 0 and not allow_zero):
-        raise KvplanError(f"invalid {what}: {text!r} must be greater than 0")
+        raise KvplanError(f"invalid {what}: {_show(text)} must be greater than 0")
+    if value > MAX_TOKENS:
+        raise KvplanError(f"invalid {what}: {_show(text)} is too large (at most {MAX_TOKENS:,} tokens)")
     return value
 
 
@@ -66,16 +72,18 @@ def parse_bytes(text: str | int, what: str = "memory size") -> int:
     if isinstance(text, int):
         value = text
     else:
-        match = _BYTES_RE.match(str(text))
+        match = _BYTES_RE.match(str(text)) if len(str(text)) <= MAX_TEXT else None
         unit = match.group(2).lower() if match else None
         if not match or unit not in _BYTE_SCALE:
-            raise KvplanError(f"invalid {what}: {text!r}", "use a size such as 24GiB, 80GB or 512MiB")
+            raise KvplanError(f"invalid {what}: {_show(text)}", "use a size such as 24GiB, 80GB or 512MiB")
         if not unit and float(match.group(1)) < MiB:
             # "24" is far more likely 24 GiB than 24 bytes: make the user say which.
             raise KvplanError(f"invalid {what}: {text!r} has no unit", f"write {match.group(1)}GiB, or a whole byte count")
         value = int(float(match.group(1)) * _BYTE_SCALE[unit])
     if value <= 0:
-        raise KvplanError(f"invalid {what}: {text!r} must be greater than 0")
+        raise KvplanError(f"invalid {what}: {_show(text)} must be greater than 0")
+    if value > MAX_BYTES:
+        raise KvplanError(f"invalid {what}: {_show(text)} is too large (at most 1 EiB)")
     return value
 
 
@@ -83,11 +91,37 @@ def parse_fraction(text: str | float, what: str = "fraction") -> float:
     """Parse ``0.9`` or ``90%`` into a fraction in (0, 1]."""
     raw = str(text).strip()
     try:
+        if len(raw) > MAX_TEXT or isinstance(text, bool):
+            raise ValueError
+        if not raw.isascii():
+            raise ValueError
         value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
     except ValueError:
-        raise KvplanError(f"invalid {what}: {text!r}", "use a number in (0, 1] such as 0.9 or 90%") from None
-    if not 0 < value <= 1:
-        raise KvplanError(f"invalid {what}: {text!r} must be in (0, 1]")
+        raise KvplanError(f"invalid {what}: {_show(text)}", "use a number in (0, 1] such as 0.9 or 90%") from None
+    if not 0 < value <= 1:  # also refuses nan
+        raise KvplanError(f"invalid {what}: {_show(text)} must be in (0, 1]")
+    return value
+
+
+def _show(text: object) -> str:
+    """A value for an error message: repr, cut to a readable length."""
+    shown = repr(text)
+    return shown if len(shown) <= 60 else shown[:57] + "..."
+
+
+def check_positive(value: float | int | None, what: str, allow_zero: bool = False, maximum: float | None = None):
+    """``value`` if it is a finite number > 0 (>= 0 with allow_zero) and <= maximum; else one clear
+    KvplanError. NaN fails every comparison, so it is refused here, not passed on as "positive"."""
+    import math
+
+    if value is None:
+        return value
+    ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+          and (value >= 0 if allow_zero else value > 0) and (maximum is None or value <= maximum))
+    if not ok:
+        bound = ">= 0" if allow_zero else "> 0"
+        limit = f" and at most {maximum:g}" if maximum is not None else ""
+        raise KvplanError(f"invalid {what}: {_show(value)} (use a finite number {bound}{limit})")
     return value
 
 

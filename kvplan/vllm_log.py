@@ -57,9 +57,89 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-_ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_NUM = r"(\d+(?:,\d{3})*)\b"  # integers, with thousands separators from vLLM 0.8 on
-_FLOAT = r"(-?\d+(?:\.\d+)?)"
+_ANSI_RE = re.compile(r"\x1b\[[0-9;]{0,32}[A-Za-z]")
+# Bounded digit runs that cannot start inside a longer number: every pattern stays linear on a line
+# of digits, and a 4000-digit "number" is not read at all (instead of overflowing int()).
+_NUM = r"(?<![\d,])(\d{1,3}(?:,\d{3}){1,6}|\d{1,18})(?![\d,]?\d)"  # thousands separators from vLLM 0.8 on
+_FLOAT = r"(?<![\d.])(-?\d{1,18}(?:\.\d{1,18})?)(?![\d.]?\d)"
+MAX_LINE = 64 * 1024  # characters of one log line that are read (vLLM's longest lines are a few KB)
+MAX_KEPT_LINES = 4000  # relevant lines kept from a huge log (the last ones: the last start-up wins)
+
+# A line is worth parsing only when it holds one of these (a 100 MB log keeps a few lines).
+_KEYWORDS = (
+    "LLM engine", "version", "non-default args", "max model len", "detected platform", "took",
+    "KV cache", "kv_cache_size", "total_gpu_memory", "model weights take", "gpu_memory_utilization",
+    "blocks", "num_gpu_blocks", "Maximum concurrency", "padding layers", "maximum model length",
+    "max seq len", "maximum number of tokens",
+)
+
+# --- secrets ---------------------------------------------------------------------------------------
+_SECRET_NAMES = r"(?:api[-_]?key|hf[-_]?token|access[-_]?token|auth[-_]?token|secret(?:[-_]?key)?|password|passwd|token)"
+_SECRET_PATTERNS = (
+    # user:password@ in URLs
+    (re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.\-]{0,15}://)[^/\s:@'\"]{1,256}(?::[^/\s@'\"]{0,256})?@"), r"\1***@"),
+    # --api-key X, --hf-token=X, --token X (not --max-num-batched-tokens)
+    (re.compile(r"(?i)(--?(?:[\w\-]{0,40}[-_])?" + _SECRET_NAMES + r")(=|\s{1,8})(?!\*\*\*)[^\s'\",]{1,4096}"), r"\1\2***"),
+    # 'api_key': ['X'], hf_token='X', "token": "X", api_key=X
+    (re.compile(r"(?i)(['\"]?\b(?:[\w]{0,40}_)?" + _SECRET_NAMES + r"['\"]?\s{0,4}[:=]\s{0,4}\[?\s{0,4})(['\"]?)"
+                r"(?!\*\*\*|None\b|null\b)[^'\"\s,}\]\)]{1,4096}"), r"\1\2***"),
+    (re.compile(r"\bhf_[A-Za-z0-9]{20,200}"), "hf_***"),
+    (re.compile(r"(?i)\b(Bearer|Basic)\s{1,4}[A-Za-z0-9._~+/=\-]{4,4096}"), r"\1 ***"),
+)
+
+
+def redact(text: str) -> str:
+    """``text`` with secrets masked: URL credentials, ``--api-key``/``--hf-token`` style arguments,
+    ``api_key=``/``hf_token:`` values, Hugging Face tokens and bearer tokens become ``***``."""
+    if not isinstance(text, str) or not text:
+        return text
+    for pattern, repl in _SECRET_PATTERNS:
+        text = pattern.sub(repl, text)
+    return text
+
+
+def redact_data(value: Any) -> Any:
+    """``redact`` applied to every string in JSON-like data (keys named like secrets mask their value)."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            if isinstance(k, str) and re.fullmatch(r"(?i)(?:[\w\-]{0,40}[-_])?" + _SECRET_NAMES, k) and v not in (None, "", False):
+                out[k] = "***"
+            else:
+                out[k] = redact_data(v)
+        return out
+    if isinstance(value, (list, tuple)):
+        items = []
+        after_flag = False  # ["--api-key", "K"]: the value after a secret flag
+        for v in value:
+            items.append("***" if after_flag and isinstance(v, str) else redact_data(v))
+            after_flag = isinstance(v, str) and re.fullmatch(r"(?i)--?(?:[\w\-]{0,40}[-_])?" + _SECRET_NAMES, v) is not None
+        return items if isinstance(value, list) else tuple(items)
+    return value
+
+
+def relevant_lines(lines, max_line: int = MAX_LINE, keep: int = MAX_KEPT_LINES) -> str:
+    """The lines of a log that any pattern here can use, each cut to ``max_line`` characters, the
+    last ``keep`` of them: bounded memory and linear time whatever the log holds."""
+    from collections import deque
+
+    kept: deque[str] = deque(maxlen=keep)
+    for line in lines:
+        if len(line) > max_line:
+            line = line[:max_line]
+        if any(word in line for word in _KEYWORDS):
+            kept.append(line.rstrip("\r\n"))
+    return "\n".join(kept)
+
+
+def read_startup_log(path: str, what: str = "log") -> str:
+    """The parseable part of a log file, streamed (a 100 MB log is read in bounded memory); the file
+    must be a regular file (never a device or FIFO). Errors are KvplanError naming the file."""
+    from kvplan.paths import iter_user_lines
+
+    return relevant_lines(iter_user_lines(path, what, max_line=MAX_LINE))
 
 
 class StartupReport(BaseModel):
@@ -144,14 +224,14 @@ _V0_MODEL_WEIGHTS_TAKE = re.compile(r"model weights take " + _FLOAT + r" ?GiB")
 _V0_UTIL = re.compile(r"gpu_memory_utilization ?[=(] ?" + _FLOAT)
 _CPU_KV_SET = re.compile(r"(Explicitly|Auto) set \(" + _FLOAT + r"/" + _FLOAT + r"\) GiB for KV cache")
 
-_V0_BLOCKS = re.compile(r"#? ?(\w+) blocks: " + _NUM + r", # CPU blocks: " + _NUM)
+_V0_BLOCKS = re.compile(r"#? ?(?<!\w)(\w{1,16}) blocks: " + _NUM + r", # CPU blocks: " + _NUM)
 # (?!,?\d) stops the match from backtracking into a shorter prefix of "7,290" when the V0 tail follows.
 _V1_GPU_BLOCKS = re.compile(r"# GPU blocks: " + _NUM + r"(?!,?\d)(?!, # CPU)")
 _OVERRIDE = re.compile(r"Overriding num_gpu_blocks=" + _NUM + r" with num_gpu_blocks_override=" + _NUM)
 _NUM_GPU_BLOCKS_IS = re.compile(r"num_gpu_blocks is: " + _NUM)
 _KV_TOKENS = re.compile(r"(?:\b([A-Z]{2,4}(?: \+ host)?) )?KV cache size: " + _NUM + r" tokens")
 _CONCURRENCY = re.compile(r"Maximum concurrency for " + _NUM + r" tokens per request: " + _FLOAT + r"x")
-_PADDING = re.compile(r"Add (\d+) padding layers")
+_PADDING = re.compile(r"Add (\d{1,9}) padding layers")
 
 _EST_MAX_LEN = re.compile(r"the estimated maximum model length is " + _NUM)
 _MAX_SEQ_LEN_FAIL = re.compile(r"max seq len \(" + _NUM + r"\)")
@@ -162,9 +242,9 @@ _V0_TOKENS_FAIL = re.compile(r"maximum number of tokens that can be stored in KV
 
 # Keys of the engine config dump (VllmConfig.__str__, config/vllm.py) -> report field.
 _CONFIG_KEYS: dict[str, tuple[str, str]] = {
-    "max_seq_len": ("max_model_len", r"(\d+)"),
-    "tensor_parallel_size": ("tensor_parallel_size", r"(\d+)"),
-    "pipeline_parallel_size": ("pipeline_parallel_size", r"(\d+)"),
+    "max_seq_len": ("max_model_len", r"(\d{1,18})(?!\d)"),
+    "tensor_parallel_size": ("tensor_parallel_size", r"(\d{1,9})(?!\d)"),
+    "pipeline_parallel_size": ("pipeline_parallel_size", r"(\d{1,9})(?!\d)"),
     "kv_cache_dtype": ("kv_cache_dtype", r"([\w.]+)"),
     "dtype": ("dtype", r"([\w.]+)"),
     "enforce_eager": ("enforce_eager", r"(True|False)"),
@@ -205,7 +285,7 @@ def _balanced_braces(text: str, start: int) -> str | None:
     return None
 
 
-_PAIR_RE = re.compile(r"'(\w+)': ('(?:[^'\\]|\\.)*'|\"[^\"]*\"|True|False|None|-?\d+(?:\.\d+)?(?:e-?\d+)?)")
+_PAIR_RE = re.compile(r"'(\w{1,64})': ('(?:[^'\\]|\\.)*'|\"[^\"]*\"|True|False|None|-?\d+(?:\.\d+)?(?:e-?\d+)?)")
 
 
 def parse_non_default_args(body: str) -> dict[str, Any]:
@@ -275,6 +355,8 @@ def _engine_from(version: str | None, text: str) -> str | None:
 
 def parse_startup_log(text: str) -> StartupReport:
     """Parse a vLLM start-up log (any release from 0.6 to 0.33; GPU or CPU build)."""
+    if len(text) > MAX_LINE or text.count("\n") > MAX_KEPT_LINES:
+        text = relevant_lines(text.splitlines())
     text = _ANSI_RE.sub("", text.replace("\r\n", "\n"))
     r: dict[str, Any] = {}
     src: dict[str, str] = {}
@@ -282,8 +364,8 @@ def parse_startup_log(text: str) -> StartupReport:
     def put(field: str, value: Any, pos: int) -> None:
         if value is None:
             return
-        r[field] = value
-        src[field] = _line_of(text, pos)
+        r[field] = redact(value) if isinstance(value, str) else value
+        src[field] = redact(_line_of(text, pos))
 
     # Settings the user passed: lowest precedence, overwritten by the effective config below.
     args: dict[str, Any] = {}
@@ -407,7 +489,7 @@ def parse_startup_log(text: str) -> StartupReport:
     fail = _last(_KV_NEEDED, text) or _last(_V0_TOKENS_FAIL, text) or _last(_EST_MAX_LEN, text)
     if fail:
         r["failed"] = True
-        r["failure_message"] = _line_of(text, fail.start(), whole=True, limit=600)
+        r["failure_message"] = redact(_line_of(text, fail.start(), whole=True, limit=600))
         mm = _last(_MAX_SEQ_LEN_FAIL, text)
         if mm and "max_model_len" not in r:
             put("max_model_len", _int(mm.group(1)), mm.start())
@@ -415,7 +497,7 @@ def parse_startup_log(text: str) -> StartupReport:
     if r.get("engine") is None:
         r["engine"] = _engine_from(r.get("vllm_version"), text)
     r = {k: v for k, v in r.items() if v is not None}
-    return StartupReport(non_default_args=args, sources=src, **r)
+    return StartupReport(non_default_args=redact_data(args), sources=src, **r)
 
 
-__all__ = ["StartupReport", "parse_startup_log", "parse_non_default_args"]
+__all__ = ["StartupReport", "parse_startup_log", "parse_non_default_args", "read_startup_log", "redact", "redact_data"]

@@ -14,6 +14,7 @@ Capacity read-back prefers ``vllm:cache_config_info`` (labels ``num_gpu_blocks``
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shlex
 import signal
@@ -133,6 +134,32 @@ def build_command(cfg: EngineConfig, prefix: list[str]) -> list[str]:
     return cmd
 
 
+# Engine flags whose value is a secret -> the environment variable vLLM (or huggingface_hub) reads instead.
+SECRET_FLAGS = {"--api-key": "VLLM_API_KEY", "--hf-token": "HF_TOKEN"}
+
+
+def secret_args_to_env(args) -> tuple[list[str], dict[str, str]]:
+    """``--api-key K`` / ``--hf-token=T`` taken out of the engine's arguments into its environment,
+    so vLLM neither shows them in ``ps`` nor prints them in its "non-default args" log line."""
+    out: list[str] = []
+    env: dict[str, str] = {}
+    items = list(args)
+    i = 0
+    while i < len(items):
+        arg = items[i]
+        flag, eq, value = arg.partition("=")
+        name = SECRET_FLAGS.get(flag.replace("_", "-"))
+        if name and eq:
+            env[name] = value
+        elif name and i + 1 < len(items):
+            env[name] = items[i + 1]
+            i += 1
+        else:
+            out.append(arg)
+        i += 1
+    return out, env
+
+
 def port_is_free(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         try:
@@ -150,11 +177,17 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def tail(path: Path, lines: int = 15, width: int = 300) -> str:
     """The last lines of a log file (each cut to ``width`` characters)."""
+    from kvplan.paths import open_user_file
+    from kvplan.vllm_log import redact
+
     try:
-        text = path.read_text(errors="replace")
-    except OSError:
+        with open_user_file(path, "", limit=None) as fh:  # the end only: a huge log is never read whole
+            size = fh.seek(0, 2)
+            fh.seek(max(0, size - 256 * 1024))
+            text = fh.read().decode("utf-8", errors="replace")
+    except (OSError, KvplanError):
         return ""
-    kept = [line[:width] for line in text.splitlines() if line.strip()][-lines:]
+    kept = [redact(line[:width]) for line in text.splitlines() if line.strip()][-lines:]
     return "\n".join(kept)
 
 
@@ -200,12 +233,18 @@ class EngineLauncher:
                 "stop what listens there, pick another --port, or attach to it with --url",
             )
         prefix = list(self.cfg.engine_cmd) or server_prefix()
-        self.command = build_command(self.cfg, prefix)
+        args, secret_env = secret_args_to_env(self.cfg.extra_args)
+        self.command = build_command(dataclasses.replace(self.cfg, extra_args=tuple(args)), prefix)
         env = dict(os.environ)
         env.update(dict(self.cfg.env))
+        env.update(secret_env)  # the engine reads them from its environment: never on its command line or in its log
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        log.write(f"# kvplan: {shlex.join(self.command)}\n".encode())
+        from kvplan.bench.store import _open_nofollow
+
+        log = os.fdopen(_open_nofollow(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND), "ab")
+        from kvplan.vllm_log import redact
+
+        log.write(f"# kvplan: {redact(shlex.join(self.command))}\n".encode())
         log.flush()
         try:
             self.proc = subprocess.Popen(
@@ -322,6 +361,7 @@ class EngineCapacity:
     max_concurrency: float | None = None
     max_concurrency_len: int | None = None
     source: str = ""
+    vllm_version: str | None = None  # as the engine logged it
 
     def merged(self, other: EngineCapacity) -> EngineCapacity:
         """Fill the fields this one lacks from ``other``."""
@@ -334,6 +374,7 @@ class EngineCapacity:
             if self.max_concurrency_len is not None
             else other.max_concurrency_len,
             source="+".join(s for s in (self.source, other.source) if s),
+            vllm_version=self.vllm_version or other.vllm_version,
         )
 
 
@@ -354,7 +395,7 @@ def parse_capacity_log(text: str) -> EngineCapacity:
         num_blocks = tokens // r.block_size
     found = any(v is not None for v in (num_blocks, tokens, r.max_concurrency))
     return EngineCapacity(num_blocks, r.block_size, tokens, r.max_concurrency, r.max_concurrency_tokens,
-                          "log" if found else "")
+                          "log" if found else "", r.vllm_version)
 
 
 def capacity_from_cache_info(labels: dict[str, str]) -> EngineCapacity:

@@ -17,9 +17,14 @@ def write_reports(store: st.RunStore, summary: Any) -> None:
     except ImportError:
         png = None
     if png is not None:
+        import os
+
         tmp = store.path / (st.PLOT_FILE + ".tmp")
-        tmp.write_bytes(png)
-        tmp.replace(store.path / st.PLOT_FILE)
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        with os.fdopen(st._open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "wb") as fh:
+            fh.write(png)
+        os.replace(tmp, store.path / st.PLOT_FILE)
 
 
 def _ms(seconds: float | None) -> str:

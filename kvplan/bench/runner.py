@@ -249,8 +249,10 @@ class BenchRun:
             cap = capacity_from_cache_info(snap.cache_info)
         if self.launcher is not None:
             try:
-                log_cap = parse_capacity_log(self.store.engine_log.read_text(errors="replace"))
-            except OSError:
+                from kvplan.vllm_log import read_startup_log
+
+                log_cap = parse_capacity_log(read_startup_log(str(self.store.engine_log), "engine log"))
+            except (OSError, KvplanError):
                 log_cap = EngineCapacity(None, None, None)
             cap = cap.merged(log_cap) if cap.source else log_cap.merged(cap)
         self.capacity = cap
@@ -265,7 +267,8 @@ class BenchRun:
         else:
             prompt, output = w.prompt_tokens, w.output_tokens
         try:
-            self.rule = block_rule(self.capacity.num_blocks, self.capacity.block_size, prompt, output, self.cfg.max_num_seqs)
+            self.rule = block_rule(self.capacity.num_blocks, self.capacity.block_size, prompt, output,
+                                   self.cfg.max_num_seqs, self.capacity.vllm_version)
         except KvplanError:
             self.rule = None
         self.rule_exact = w.identical

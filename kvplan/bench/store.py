@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from kvplan.errors import KvplanError
+from kvplan.vllm_log import redact, redact_data
 
 RUN_FILE = "run.json"
 POINTS_FILE = "points.jsonl"
@@ -63,13 +64,15 @@ class RunStore:
         return self.path / ENGINE_LOG
 
     def write_run(self, data: dict[str, Any]) -> None:
-        _atomic_write(self.path / RUN_FILE, json.dumps(data, indent=2, default=str) + "\n")
+        _atomic_write(self.path / RUN_FILE, json.dumps(redact_data(data), indent=2, default=str) + "\n")
 
     def read_run(self) -> dict[str, Any]:
-        try:
-            return json.loads((self.path / RUN_FILE).read_text())
-        except (OSError, ValueError) as exc:
-            raise KvplanError(f"cannot read {self.path / RUN_FILE}: {exc}") from None
+        from kvplan.paths import load_user_json
+
+        data = load_user_json(self.path / RUN_FILE)
+        if not isinstance(data, dict):
+            raise KvplanError(f"{self.path / RUN_FILE}: expected a JSON object")
+        return data
 
     def append_point(self, point: dict[str, Any]) -> None:
         _append(self.path / POINTS_FILE, [point])
@@ -91,30 +94,69 @@ class RunStore:
 
 
 def _append(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Append JSON lines: never through a symlink planted in the run folder; a torn last line (a
+    crash mid-write) is repaired first, so the new lines are never glued onto it."""
     if not rows:
         return
-    data = "".join(json.dumps(row, default=str, separators=(",", ":")) + "\n" for row in rows)
-    with open(path, "a", encoding="utf-8") as fh:
-        fh.write(data)
+    data = "".join(json.dumps(redact_data(row), default=str, separators=(",", ":")) + "\n" for row in rows)
+    fd = _open_nofollow(path, os.O_RDWR | os.O_CREAT)
+    with os.fdopen(fd, "r+b") as fh:
+        end = fh.seek(0, os.SEEK_END)
+        if end:
+            fh.seek(max(0, end - 65536))
+            tail = fh.read()
+            if not tail.endswith(b"\n"):
+                cut = tail.rfind(b"\n")
+                fragment = tail[cut + 1:]
+                try:
+                    json.loads(fragment)
+                    fh.write(b"\n")  # a whole record without its newline: keep it
+                except ValueError:
+                    if cut < 0 and end > len(tail):
+                        fh.write(b"\n")  # a torn line longer than we looked at: end it, readers skip it
+                    else:
+                        fh.truncate(end - len(fragment))  # drop the torn fragment
+        fh.seek(0, os.SEEK_END)
+        fh.write(data.encode("utf-8"))
         fh.flush()
         os.fsync(fh.fileno())
 
 
+def _open_nofollow(path: Path, flags: int) -> int:
+    try:
+        return os.open(path, flags | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0), 0o644)
+    except OSError as exc:
+        if os.path.islink(path):
+            raise KvplanError(f"{path} is a symlink: kvplan never writes through a link in a run folder",
+                              "remove it, or start a new run") from None
+        raise KvplanError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    from kvplan.paths import MAX_LINE_CHARS, iter_user_lines, parse_json_text
+
     if not path.is_file():
         return []
     out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in iter_user_lines(path, "", limit=None, max_line=16 * MAX_LINE_CHARS):
         if not line.strip():
             continue
         try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue  # a line torn by a crash
+            row = parse_json_text(line, str(path))
+        except KvplanError:
+            continue  # a line torn by a crash, or not kvplan's
+        if isinstance(row, dict):
+            out.append(row)
     return out
 
 
 def _atomic_write(path: Path, text: str) -> None:
+    """Write a whole file by rename: the temporary file is created fresh (never through a planted
+    symlink) and the rename replaces a link at ``path`` instead of following it."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
+    if os.path.lexists(tmp):
+        os.unlink(tmp)
+    fd = _open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(redact(text))
     os.replace(tmp, path)

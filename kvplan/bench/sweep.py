@@ -65,9 +65,17 @@ def measured_label(outcome: PointOutcome, max_num_seqs: int | None) -> str:
 
 
 def block_rule(num_blocks: int, block_size: int, prompt_tokens: int, output_tokens: int,
-               max_num_seqs: int | None) -> BlockRule:
-    """The planner's rule on the engine's reported pool (vLLM >= 0.19.1: the whole prompt must fit)."""
+               max_num_seqs: int | None, vllm_version: str | None = None) -> BlockRule:
+    """The planner's rule on the engine's reported pool, by the engine's release (the newest
+    known when it did not say): from 0.19 the whole prompt must fit to be admitted."""
+    from kvplan.plan.versions import rules_for
+
+    try:
+        rules = rules_for(vllm_version)
+    except KvplanError:
+        rules = rules_for(None)
     return BlockRule(
+        admit_full_prompt=rules.admit_full_prompt,
         num_blocks=num_blocks,
         block_size=block_size,
         prompt_tokens=prompt_tokens,

@@ -14,7 +14,6 @@ line: ``{"prompt_tokens": 512, "output_tokens": 128}`` (cycled if the run needs 
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from dataclasses import dataclass, field
@@ -127,28 +126,38 @@ def _text_words(key: str, n: int) -> list[str]:
     return [rng.choice(_WORDS) for _ in range(n)]
 
 
+MAX_TRACE_TOKENS = 1 << 24  # 16M tokens in one request
+MAX_TRACE_REQUESTS = 1_000_000
+
+
 def load_trace(path: Path) -> tuple[tuple[int, int], ...]:
     """Read a JSONL trace: one ``{"prompt_tokens": P, "output_tokens": M}`` per line."""
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as exc:
-        raise KvplanError(f"cannot read trace {path}: {exc.strerror or exc}") from None
+    from kvplan.paths import parse_json_text, read_user_text
+
+    lines = read_user_text(path, "trace").splitlines()
     out: list[tuple[int, int]] = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
+        row = parse_json_text(line, f"{path}:{number}")
         try:
-            row = json.loads(line)
-            prompt = int(row.get("prompt_tokens", row.get("input_tokens")))
-            output = int(row.get("output_tokens", row.get("max_tokens")))
+            prompt = row.get("prompt_tokens", row.get("input_tokens"))
+            output = row.get("output_tokens", row.get("max_tokens"))
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in (prompt, output)):
+                raise TypeError
         except (ValueError, TypeError, AttributeError):
             raise KvplanError(
                 f"{path}:{number}: not a trace line",
-                'use one JSON object a line: {"prompt_tokens": 512, "output_tokens": 128}',
+                'use one JSON object a line with whole numbers: {"prompt_tokens": 512, "output_tokens": 128}',
             ) from None
         if prompt < 1 or output < 1:
             raise KvplanError(f"{path}:{number}: prompt_tokens and output_tokens must be >= 1")
+        if prompt > MAX_TRACE_TOKENS or output > MAX_TRACE_TOKENS:
+            raise KvplanError(f"{path}:{number}: {max(prompt, output):,} tokens is more than any engine serves "
+                              f"(at most {MAX_TRACE_TOKENS:,})")
         out.append((prompt, output))
+        if len(out) > MAX_TRACE_REQUESTS:
+            raise KvplanError(f"trace {path} has more than {MAX_TRACE_REQUESTS:,} requests")
     if not out:
         raise KvplanError(f"trace {path} has no requests")
     return tuple(out)

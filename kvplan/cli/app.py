@@ -25,9 +25,18 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
+def _debug(value: bool) -> None:
+    if value:
+        from kvplan.cli import common
+
+        common.DEBUG = True
+
+
 @app.callback()
 def main(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+    debug: bool = typer.Option(False, "--debug", callback=_debug, is_eager=True,
+                               help="On an internal error, print the traceback (also KVPLAN_DEBUG=1)."),
 ) -> None:
     """kvplan: plan, check and benchmark vLLM KV-cache capacity."""
 
@@ -43,25 +52,60 @@ app.command("check-log", epilog=check_cmd.CHECK_LOG_EXAMPLES)(check_cmd.check_lo
 app.command("bench", epilog=bench_cmd.EXAMPLES)(bench_cmd.bench)
 
 
-def run() -> None:
-    """Console-script entry point: usage errors (a bad option value) are one line and exit 2,
-    like every other input error, instead of click's multi-line box."""
+def main_exit_code(argv: list[str] | None = None) -> int:
+    """Run the CLI on ``argv`` (default: sys.argv[1:]) and return the exit status instead of exiting.
+
+    The one edge every command goes through: usage errors (a bad option value) are one line and
+    exit 2, like every other input error, instead of click's multi-line box; any exception a
+    command did not turn into a KvplanError is an internal error: one line, exit 3, and the
+    traceback only with ``--debug`` or KVPLAN_DEBUG=1."""
     import sys
 
     from typer._click import exceptions as click_exceptions
 
+    from kvplan.cli import common
     from kvplan.cli.common import error_line
+    from kvplan.errors import ExitCode, KvplanError
 
+    args = list(sys.argv[1:] if argv is None else argv)
+    common.DEBUG = common.debug_from_env() or "--debug" in args[: args.index("--") if "--" in args else len(args)]
     try:
-        code = app(standalone_mode=False)
+        code = app(args=args, prog_name="kvplan", standalone_mode=False)
     except click_exceptions.NoArgsIsHelpError as exc:  # `kvplan` alone: the help, as usual
         typer.echo(exc.ctx.get_help())
-        sys.exit(0)
+        return ExitCode.OK
     except click_exceptions.UsageError as exc:
         command = exc.ctx.command_path if exc.ctx else "kvplan"
         error_line(f"{exc.format_message()} (see `{command} --help`)")
-        sys.exit(2)
-    except typer.Abort:
+        return ExitCode.BAD_INPUT
+    except click_exceptions.ClickException as exc:  # e.g. a file option click could not open
+        error_line(exc.format_message())
+        return ExitCode.BAD_INPUT
+    except (typer.Abort, KeyboardInterrupt):
         error_line("interrupted")
-        sys.exit(130)
-    sys.exit(code if isinstance(code, int) else 0)
+        return ExitCode.INTERRUPTED
+    except KvplanError as exc:  # raised outside a command's own guard (a callback, a parser)
+        common.report_error(exc)
+        return exc.exit_code
+    except SystemExit as exc:
+        code = exc.code
+    except BaseException as exc:  # noqa: BLE001 - the last guard: never a traceback by default
+        common.report_internal_error(exc)
+        return ExitCode.INTERNAL
+    if code is None:
+        return ExitCode.OK
+    if isinstance(code, int):
+        return code
+    error_line(str(code))
+    return ExitCode.BAD_INPUT
+
+
+def run() -> None:
+    """Console-script entry point (``kvplan``)."""
+    import contextlib
+    import sys
+
+    code = main_exit_code()
+    with contextlib.suppress(OSError, ValueError):  # stdout closed or a broken pipe (`kvplan ... | head`)
+        sys.stdout.flush()
+    sys.exit(code)

@@ -90,12 +90,20 @@ def bench(
     from kvplan.bench.sweep import parse_levels
     from kvplan.bench.workload import load_trace
     from kvplan.errors import KvplanError
-    from kvplan.units import parse_bytes, parse_fraction
+    from kvplan.units import check_positive, parse_bytes, parse_fraction
 
+    try:
+        engine_prefix = shlex.split(engine_cmd) if engine_cmd else []
+    except ValueError as exc:
+        raise KvplanError(f"invalid --engine-cmd {engine_cmd!r:.200}: {exc}", "quote it as a shell would") from None
+    if engine_cmd is not None and not engine_prefix:
+        raise KvplanError("invalid --engine-cmd: it is empty")
     if resume is not None:
         store, cfg, previous = resume_state(resume)
         if url:
             cfg = cfg.model_copy(update={"url": url, "engine": None})
+        elif cfg.engine is not None:
+            cfg = _trusted_engine(cfg, resume, engine_prefix, list(engine_arg or []))
         _run([(store, cfg, previous)], as_json, check)
         return
 
@@ -104,8 +112,12 @@ def bench(
                         ("--requests-per-stream", requests_per_stream)):
         if value is not None and value <= 0:
             raise KvplanError(f"invalid {name}: {value} must be greater than 0")
-    if scrape_interval <= 0 or request_timeout <= 0 or startup_timeout <= 0:
-        raise KvplanError("--scrape-interval, --request-timeout and --startup-timeout must be greater than 0")
+    # NaN fails every comparison: check_positive refuses it (and inf) instead of passing it on.
+    check_positive(scrape_interval, "--scrape-interval", maximum=3600)
+    check_positive(request_timeout, "--request-timeout", maximum=7 * 86400)
+    check_positive(startup_timeout, "--startup-timeout", maximum=7 * 86400)
+    check_positive(spread, "--spread", allow_zero=True, maximum=100)
+    check_positive(shared_prefix, "--shared-prefix", allow_zero=True, maximum=1)
     levels = parse_levels(sweep)
     workload = {
         "prompt_tokens": _tokens(prompt, "prompt length"),
@@ -161,7 +173,7 @@ def bench(
         enable_prefix_caching=prefix_caching,
         enforce_eager=enforce_eager,
         extra_args=list(engine_arg or []),
-        engine_cmd=shlex.split(engine_cmd) if engine_cmd else [],
+        engine_cmd=engine_prefix,
     )
     if model is not None:
         cfg = BenchConfig(engine=dict(engine, model=model), **common)
@@ -176,6 +188,33 @@ def bench(
         cfg = BenchConfig(engine=merged, include_levels=[level] if levels is None else [], deployment=name, **cfg_common)
         runs.append((st.RunStore(st.new_run_dir(out, name)), cfg, []))
     _run(runs, as_json, check)
+
+
+def _trusted_engine(cfg, run_dir: Path, engine_cmd: list[str], engine_args: list[str]):
+    """A run folder is data: the engine command, pass-through args and environment stored in
+    run.json are run again only when the user restates them (``--engine-cmd``, ``--engine-arg``);
+    masked secrets are taken from the restated values, never from the file."""
+    import shlex
+
+    from kvplan.errors import KvplanError
+    from kvplan.vllm_log import redact, redact_data
+
+    engine = dict(cfg.engine or {})
+    stored_cmd = [str(a) for a in engine.get("engine_cmd") or []]
+    stored_args = [str(a) for a in engine.get("extra_args") or []]
+    if engine.get("env"):
+        raise KvplanError(f"cannot resume {run_dir}: its run.json sets an engine environment",
+                          "kvplan never takes an environment from a run folder; start a new run")
+    if stored_cmd and redact_data(engine_cmd) != stored_cmd and redact(shlex.join(engine_cmd)) != shlex.join(stored_cmd):
+        raise KvplanError(f"cannot resume {run_dir}: its run.json asks to run the engine command {shlex.join(stored_cmd)!r:.300}",
+                          "a run folder is data: restate the command with --engine-cmd to run it")
+    if not stored_cmd and engine_cmd:
+        raise KvplanError(f"cannot resume {run_dir} with --engine-cmd: the run used the default engine command")
+    if stored_args and redact_data(engine_args) != stored_args and redact(shlex.join(engine_args)) != shlex.join(stored_args):
+        raise KvplanError(f"cannot resume {run_dir}: its run.json passes the engine {shlex.join(stored_args)!r:.300}",
+                          "a run folder is data: restate them with --engine-arg to use them")
+    engine.update(engine_cmd=engine_cmd, extra_args=engine_args, env=[])
+    return cfg.model_copy(update={"engine": engine})
 
 
 def _spec_deployments(path: Path) -> list[tuple[str, dict, dict, str | None, int]]:
@@ -225,6 +264,8 @@ def _run(runs: list, as_json: bool, check: bool) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _sigterm)
+    if hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, _sigterm)  # the terminal went away: stop cleanly, keep the points
     summaries = []
     exit_code = 0
     for store, cfg, previous in runs:

@@ -101,18 +101,12 @@ def check_log(
         raise KvplanError(f"invalid --usage {usage!r}", "use serve or llm")
     if gate not in ("page", "all"):
         raise KvplanError(f"invalid --gate {gate!r}", "use page or all")
+    from kvplan.vllm_log import read_startup_log, relevant_lines
+
     if log == "-":
-        text = sys.stdin.read()
+        text = relevant_lines(sys.stdin)  # streamed: a huge log on stdin stays in bounded memory
     else:
-        try:
-            with open(log, encoding="utf-8", errors="replace") as fh:
-                text = fh.read()
-        except FileNotFoundError:
-            raise KvplanError(f"{log}: no such file") from None
-        except IsADirectoryError:
-            raise KvplanError(f"{log}: is a folder, not a log file") from None
-        except OSError as exc:
-            raise KvplanError(f"cannot read {log}: {exc.strerror}") from None
+        text = read_startup_log(log, "")
     result = check_log_text(text, log, tolerance=tolerance, gpu=gpu, model=model,
                             vllm_version=vllm_version, usage=usage, gate=gate, draft_layers=draft_layers)
     if as_json:

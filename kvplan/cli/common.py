@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
+import re
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -14,12 +16,88 @@ from kvplan.errors import KvplanError
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+#: Set by ``kvplan --debug`` or KVPLAN_DEBUG=1: internal errors print their traceback.
+DEBUG = False
+
+# C0 controls but tab, DEL, C1 controls (ESC starts terminal sequences, OSC-8 links, cursor moves).
+_CONTROL_RE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+
+
+def debug_from_env() -> bool:
+    import os
+
+    return os.environ.get("KVPLAN_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def printable(text: object, limit: int = 2000) -> str:
+    """``text`` safe for one terminal line: control characters (newlines, ESC) shown as escapes,
+    at most ``limit`` characters."""
+    out = _CONTROL_RE.sub(lambda m: repr(m.group())[1:-1], str(text))
+    return out if len(out) <= limit else out[: limit - 3] + "..."
+
+
+def esc(text: object) -> str:
+    """A value for a rich console line that holds markup: ``[/]`` in a name is printed, not
+    interpreted; control characters are escaped."""
+    from rich.markup import escape
+
+    return escape(printable(text))
+
+
 def error_line(message: str) -> None:
-    """One line on stderr, in red when it is a terminal."""
-    if sys.stderr.isatty():
-        sys.stderr.write(f"\x1b[31merror:\x1b[0m {message}\n")
+    """One line on stderr, in red when it is a terminal (the message's control characters,
+    newlines included, are escaped: a name cannot add a line or move the cursor)."""
+    text = printable(message)
+    try:
+        if sys.stderr.isatty():
+            sys.stderr.write(f"\x1b[31merror:\x1b[0m {text}\n")
+        else:
+            sys.stderr.write(f"error: {text}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):  # stderr closed: nothing more can be said
+        pass
+
+
+def report_error(exc: KvplanError) -> None:
+    """A KvplanError on stderr: one line (one per issue for a list of issues); an engine's log
+    tail, when it carries one, follows on its own lines."""
+    issues = getattr(exc, "issues", None)
+    if issues:
+        for issue in issues:
+            error_line(str(issue))
+        return
+    tail = getattr(exc, "log_tail", "")
+    if tail:
+        error_line(exc.message if not exc.hint else f"{exc.message} ({exc.hint})")
+        try:
+            for line in str(tail).splitlines()[-40:]:
+                sys.stderr.write("  " + printable(line, 400) + "\n")
+        except (OSError, ValueError):
+            pass
+        return
+    error_line(str(exc))
+
+
+def report_internal_error(exc: BaseException) -> None:
+    """An exception no command turned into a KvplanError: one line (exit 3), the traceback only
+    with --debug / KVPLAN_DEBUG=1."""
+    kinds = {
+        RecursionError: "input nested too deeply",
+        MemoryError: "out of memory",
+        OverflowError: "a number is too large",
+        UnicodeError: "text that is not valid UTF-8",
+    }
+    what = next((text for kind, text in kinds.items() if isinstance(exc, kind)), None)
+    detail = printable(str(exc), 300)
+    head = f"internal error: {type(exc).__name__}" + (f" ({what})" if what else "") + (f": {detail}" if detail else "")
+    if DEBUG or debug_from_env():
+        import traceback
+
+        with contextlib.suppress(OSError, ValueError):
+            traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+        error_line(head)
     else:
-        sys.stderr.write(f"error: {message}\n")
+        error_line(head + " (run with --debug for the traceback; please report it)")
 
 
 def user_errors(func: F) -> F:
@@ -32,7 +110,7 @@ def user_errors(func: F) -> F:
         try:
             return func(*args, **kwargs)
         except KvplanError as exc:
-            error_line(str(exc))
+            report_error(exc)
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
             error_line("interrupted")
@@ -75,8 +153,14 @@ def parse_overrides(pairs: list[str] | None) -> dict[str, Any]:
         key, sep, raw = pair.partition("=")
         if not sep or not key.strip():
             raise KvplanError(f"invalid --set {pair!r}", "use --set field=value, e.g. --set head_dim=128")
+        from kvplan.paths import MAX_DEPTH, json_depth
+
+        if len(raw) > 100_000 or json_depth(raw) > MAX_DEPTH:
+            raise KvplanError(f"invalid --set {key.strip()[:60]}=...: the value is too long or nested too deeply")
         try:
-            out[key.strip()] = json.loads(raw)
+            out[key.strip()] = json.loads(raw, parse_constant=lambda name: (_ for _ in ()).throw(ValueError(name)))
         except ValueError:
+            if raw.strip().lstrip("-+").isdigit() or raw.strip() in ("NaN", "Infinity", "-Infinity"):
+                raise KvplanError(f"invalid --set {pair[:80]!r}", "use a finite number of at most 4300 digits") from None
             out[key.strip()] = raw
     return out

@@ -212,10 +212,9 @@ def calibrate(
     if usage not in ("serve", "llm"):
         raise KvplanError(f"invalid --usage {usage!r}", "use serve or llm")
     file = log_path(path)
-    try:
-        text = file.read_text(encoding="utf-8", errors="replace")
-    except OSError as exc:
-        raise KvplanError(f"cannot read {file}: {exc.strerror}") from None
+    from kvplan.vllm_log import read_startup_log
+
+    text = read_startup_log(str(file), "")
     fraction = None if util is None else parse_fraction(util, "gpu memory utilization")
     cal = measure(text, str(file), gpu, model, vllm_version, fraction, usage)
     written = record_calibration(cal)

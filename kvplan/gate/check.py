@@ -20,7 +20,6 @@ deployment whose model matches (case-insensitive; a path matches by its last com
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,12 +113,9 @@ def read_bench_runs(paths: list[str]) -> list[BenchRun]:
 
 
 def _read_summary(file: Path) -> BenchRun:
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise KvplanError(f"cannot read {file}: {exc}") from None
-    except json.JSONDecodeError as exc:
-        raise KvplanError(f"{file}:{exc.lineno}: not valid JSON: {exc.msg}") from None
+    from kvplan.paths import load_user_json
+
+    data = load_user_json(file)
     if not isinstance(data, dict):
         raise KvplanError(f"{file}: expected a JSON object")
     model = data.get("model")

@@ -78,20 +78,20 @@ class Deployment(BaseModel):
     name: str = Field(min_length=1)
     model: str = Field(min_length=1, description="Hub id, local path, or bundled profile")
     gpu: str | None = Field(None, description="H100, 4xH100 (NxNAME); or give gpu_mem")
-    gpus: int | None = Field(None, ge=1, description="GPU count, if gpu has no Nx prefix")
+    gpus: int | None = Field(None, ge=1, le=65536, description="GPU count, if gpu has no Nx prefix")
     gpu_mem: int | None = Field(None, description="memory of a GPU not in the catalog: 24GiB")
-    tp: int | None = Field(None, ge=1, description="tensor parallel size (default: all GPUs / pp)")
-    pp: int = Field(1, ge=1)
+    tp: int | None = Field(None, ge=1, le=65536, description="tensor parallel size (default: all GPUs / pp)")
+    pp: int = Field(1, ge=1, le=4096)
     context: int | None = Field(None, description="max_model_len (default: the model's)")
-    concurrency: int = Field(1, ge=1, description="concurrent requests that must fit")
+    concurrency: int = Field(1, ge=1, le=10_000_000, description="concurrent requests that must fit")
     prompt: int | None = None
     output: int | None = Field(None, ge=0)
     shared_prefix: int = Field(0, ge=0)
     kv_cache_dtype: str = "auto"
     gpu_memory_utilization: float | None = None
     kv_cache_memory: int | None = None
-    block_size: int | None = Field(None, ge=1)
-    max_num_seqs: int | None = Field(None, ge=1)
+    block_size: int | None = Field(None, ge=1, le=1 << 20)
+    max_num_seqs: int | None = Field(None, ge=1, le=10_000_000)
     max_num_batched_tokens: int | None = None
     enforce_eager: bool = False
     usage: str = Field("serve", pattern="^(serve|llm)$")
@@ -162,6 +162,8 @@ def _unit(parse, value: Any, what: str) -> Any:
     """``parse(value, what)`` (a kvplan.units parser); its KvplanError becomes pydantic's ValueError."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ValueError(f"expected a number or a string, got {type(value).__name__}")
+    if isinstance(value, float) and value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"{value} is not a finite number")
     if isinstance(value, float) and parse is parse_tokens and value == int(value):
         value = int(value)  # YAML's 32768.0
     try:
@@ -205,10 +207,68 @@ class Spec:
 # --- YAML with line numbers -------------------------------------------------------------------
 
 
-def _yaml_loader():
-    import yaml
+MAX_SPEC_BYTES = 1024 * 1024
+MAX_NODES = 100_000  # nodes of the document once every alias is expanded: an alias bomb stops here
+MAX_ALIASES = 100
+_LOADER = None
 
-    return getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+def _yaml_loader():
+    """A SafeLoader that keeps composition linear: aliases are counted and weighed by what they
+    expand to (a "billion laughs" bomb is refused before anything is built), an alias may not refer
+    to the node that holds it (no cycles), and nesting is capped (no RecursionError)."""
+    global _LOADER
+    if _LOADER is not None:
+        return _LOADER
+    import yaml
+    from yaml.composer import ComposerError
+
+    from kvplan.paths import MAX_DEPTH
+
+    class BoundedLoader(yaml.SafeLoader):
+        def __init__(self, stream):
+            super().__init__(stream)
+            self._aliases = 0
+            self._depth = 0
+            self._open: set[str] = set()
+            self._weight: dict[int, int] = {}
+
+        def compose_node(self, parent, index):
+            event = self.peek_event()
+            if isinstance(event, yaml.AliasEvent):
+                self._aliases += 1
+                if self._aliases > MAX_ALIASES:
+                    raise ComposerError(None, None, f"more than {MAX_ALIASES} aliases (*name)", event.start_mark)
+                if event.anchor in self._open:
+                    raise ComposerError(None, None, f"alias *{event.anchor} refers to the node that holds it",
+                                        event.start_mark)
+                return super().compose_node(parent, index)
+            anchor = getattr(event, "anchor", None)
+            self._depth += 1
+            if self._depth > MAX_DEPTH:
+                raise ComposerError(None, None, f"nested deeper than {MAX_DEPTH} levels", event.start_mark)
+            if anchor:
+                self._open.add(anchor)
+            try:
+                node = super().compose_node(parent, index)
+            finally:
+                self._depth -= 1
+                if anchor:
+                    self._open.discard(anchor)
+            if isinstance(node, yaml.MappingNode):
+                weight = 1 + sum(self._weight.get(id(k), 1) + self._weight.get(id(v), 1) for k, v in node.value)
+            elif isinstance(node, yaml.SequenceNode):
+                weight = 1 + sum(self._weight.get(id(item), 1) for item in node.value)
+            else:
+                weight = 1
+            if weight > MAX_NODES:
+                raise ComposerError(None, None, f"expands to more than {MAX_NODES:,} nodes (aliases repeated "
+                                    "inside aliases?)", event.start_mark)
+            self._weight[id(node)] = weight
+            return node
+
+    _LOADER = BoundedLoader
+    return _LOADER
 
 
 def _compose(text: str, file: str):
@@ -403,14 +463,12 @@ def parse_spec_text(text: str, file: str = "kvplan.yaml") -> Spec:
 def load_spec(path: str | Path) -> Spec:
     """Read and validate a spec file (SpecErrors on any mistake, with file:line: field)."""
     file = str(path)
-    p = Path(path)
+    from kvplan.paths import read_user_text
+
+    if not Path(path).exists():
+        raise SpecErrors([SpecIssue(file, None, None, "no such file", "pass the path of your kvplan.yaml")])
     try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecErrors([SpecIssue(file, None, None, "no such file", "pass the path of your kvplan.yaml")]) from None
-    except IsADirectoryError:
-        raise SpecErrors([SpecIssue(file, None, None, "is a folder, not a spec file")]) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-        raise SpecErrors([SpecIssue(file, None, None, f"cannot read it: {reason}")]) from None
+        text = read_user_text(path, "", MAX_SPEC_BYTES)
+    except KvplanError as exc:
+        raise SpecErrors([SpecIssue(file, None, None, exc.message.removeprefix(f"cannot read {file}: "), exc.hint)]) from None
     return parse_spec_text(text, file)

@@ -16,7 +16,7 @@ from typing import Any
 
 from kvplan.errors import KvplanError
 from kvplan.model.dtypes import WEIGHT_DTYPE_BYTES
-from kvplan.model.families import Family, family_for, sliding_window_size
+from kvplan.model.families import family_for, sliding_window_size
 from kvplan.model.layers import (
     MLA,
     ChunkedLocal,

@@ -15,8 +15,9 @@ Sources: vLLM 0.32.0 unless noted, `vllm/model_executor/models/<file>.py` of eac
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from kvplan.errors import KvplanError
 from kvplan.model.layers import MambaState

@@ -191,18 +191,31 @@ def resolve_model(
     if not name or not name.strip():
         raise KvplanError("no model given", "pass a Hub id, a local path or a bundled profile name")
     name = name.strip()
+    if len(name) > 1024 or any(ord(ch) < 32 or ord(ch) == 127 for ch in name):
+        raise KvplanError(f"invalid model name {name[:60]!r}{'...' if len(name) > 60 else ''}",
+                          "pass a Hub id (org/name), a local folder or a bundled profile name")
     path = Path(name).expanduser()
-    if source in ("auto", "local") and (path.exists() or source == "local" or name.startswith((".", "/", "~"))):
-        if path.is_dir():
-            path = path / "config.json"
-        if not path.exists():
+
+    def exists(p: Path) -> bool:
+        try:
+            return p.exists()
+        except (OSError, ValueError):  # a component too long, a loop of links
+            return False
+
+    if source in ("auto", "local") and (exists(path) or source == "local" or name.startswith((".", "/", "~"))):
+        try:
+            if path.is_dir():
+                path = path / "config.json"
+        except OSError:
+            pass
+        if not exists(path) and not path.is_symlink():
             raise KvplanError(f"no config.json at {path}")
         return ModelConfig(name, read_config_file(path), "local", str(path))
 
     notes: list[str] = []
     offline = _hub_offline() if offline is None else offline
     if source in ("auto", "hub"):
-        if not _REPO_ID_RE.match(name):
+        if not _REPO_ID_RE.match(name) or len(name) > 200:  # the Hub allows 96 characters a name
             if source == "hub":
                 raise KvplanError(f"{name!r} is not a Hub repo id", "use the form org/name")
         else:

@@ -11,7 +11,6 @@ assumed when the report gives none.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -84,18 +83,15 @@ class Report(BaseModel):
 def load_reports(path: str | Path | None = None) -> list[Report]:
     """Read a JSON-lines reports file (default: the shipped one)."""
     file = Path(path) if path else DEFAULT_REPORTS
-    try:
-        text = file.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise KvplanError(f"cannot read reports file {file}: {exc.strerror}") from None
+    from kvplan.paths import parse_json_text, read_user_text
+
+    text = read_user_text(file, "reports file")
     reports: list[Report] = []
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
-            reports.append(Report.model_validate(json.loads(line)))
-        except json.JSONDecodeError as exc:
-            raise KvplanError(f"{file}:{number} is not valid JSON: {exc.msg}") from None
+            reports.append(Report.model_validate(parse_json_text(line, f"{file}:{number}")))
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"])

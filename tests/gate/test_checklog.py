@@ -174,4 +174,4 @@ def test_failed_cpu_start_without_capacity_exits_2():
 
 def test_missing_log_exits_2(tmp_path):
     result = runner.invoke(app, ["check-log", str(tmp_path / "nope.log")])
-    assert result.exit_code == 2 and result.stderr.strip() == f"error: {tmp_path / 'nope.log'}: no such file"
+    assert result.exit_code == 2 and result.stderr.strip() == f"error: cannot read {tmp_path / 'nope.log'}: no such file"

@@ -5,7 +5,6 @@ Expected numbers are hand arithmetic from the config fields, written next to eac
 """
 
 from dataclasses import replace
-
 from pathlib import Path
 
 import pytest

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import replace
-from functools import lru_cache
+from functools import cache
 
 import pytest
 
@@ -68,7 +68,7 @@ def _profiles() -> list[str]:
     return ids
 
 
-@lru_cache(maxsize=None)
+@cache
 def _twin_config(profile: str) -> str:
     from kvplan.vllm.twin import make_twin
 
