@@ -200,10 +200,41 @@ def _pdeathsig() -> None:  # runs in the child between fork and exec
         pass
 
 
-def http_get(url: str, timeout_s: float = 2.0) -> tuple[int, str]:
-    """(status, body) of a GET; status 0 when nothing answered."""
+def split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
+    """``http://user:pw@host:port/x`` -> (``http://host:port/x``, (user, pw)); others unchanged."""
+    from urllib.parse import unquote, urlsplit, urlunsplit
+
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - loopback/user URL
+        parts = urlsplit(url)
+        if "@" not in parts.netloc:
+            return url, None
+        host = parts.netloc.rpartition("@")[2]
+        user = unquote(parts.username or "")
+        password = unquote(parts.password or "")
+        return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment)), (user, password)
+    except ValueError:
+        return url, None
+
+
+def auth_headers(api_key: str | None, basic: tuple[str, str] | None = None) -> dict[str, str]:
+    """What every request to the server carries: ``Authorization: Bearer KEY`` (vLLM's --api-key),
+    else HTTP basic auth from credentials in the URL. Held in memory only, never written."""
+    if api_key:
+        return {"Authorization": f"Bearer {api_key}"}
+    if basic is not None:
+        import base64
+
+        token = base64.b64encode(f"{basic[0]}:{basic[1]}".encode()).decode()
+        return {"Authorization": f"Basic {token}"}
+    return {}
+
+
+def http_get(url: str, timeout_s: float = 2.0, api_key: str | None = None) -> tuple[int, str]:
+    """(status, body) of a GET; status 0 when nothing answered. ``api_key``: sent as a bearer token."""
+    url, basic = split_credentials(url)
+    request = urllib.request.Request(url, headers=auth_headers(api_key, basic))
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as resp:  # noqa: S310 - loopback/user URL
             return resp.status, resp.read().decode(errors="replace")
     except urllib.error.HTTPError as exc:
         return exc.code, ""
@@ -219,6 +250,7 @@ class EngineLauncher:
     log_path: Path
     startup_timeout_s: float = 900.0
     stop_timeout_s: float = 20.0
+    api_key: str | None = field(default=None, repr=False)  # the engine requires it; the probe sends it
     proc: subprocess.Popen | None = field(default=None, init=False)
     command: list[str] = field(default_factory=list, init=False)
 
@@ -237,6 +269,9 @@ class EngineLauncher:
         self.command = build_command(dataclasses.replace(self.cfg, extra_args=tuple(args)), prefix)
         env = dict(os.environ)
         env.update(dict(self.cfg.env))
+        if self.api_key and "VLLM_API_KEY" not in secret_env:
+            secret_env["VLLM_API_KEY"] = self.api_key
+        self.api_key = secret_env.get("VLLM_API_KEY") or None  # --engine-arg=--api-key=K: the probe sends K
         env.update(secret_env)  # the engine reads them from its environment: never on its command line or in its log
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         from kvplan.bench.store import _open_nofollow
@@ -281,7 +316,8 @@ class EngineLauncher:
                     f"the engine was not ready after {self.startup_timeout_s:.0f} s (log: {self.log_path})",
                     tail(self.log_path),
                 )
-            if http_get(self.cfg.base_url + "/health")[0] == 200 and http_get(self.cfg.base_url + "/v1/models")[0] == 200:
+            if (http_get(self.cfg.base_url + "/health", api_key=self.api_key)[0] == 200
+                    and http_get(self.cfg.base_url + "/v1/models", api_key=self.api_key)[0] == 200):
                 return elapsed
             if on_tick:
                 on_tick(elapsed)

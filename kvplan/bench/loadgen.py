@@ -26,6 +26,7 @@ contexts (vllm#39963).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -154,6 +155,8 @@ async def stream_one(session, url: str, body: dict, rec: RequestRecord, clock: C
                 try:
                     chunk = json.loads(data)
                 except ValueError:
+                    chunk = None
+                if not isinstance(chunk, dict):
                     rec.error = f"bad stream chunk: {data[:120]!r}"
                     break
                 if "error" in chunk and not chunk.get("choices"):
@@ -161,11 +164,11 @@ async def stream_one(session, url: str, body: dict, rec: RequestRecord, clock: C
                     rec.error = f"server error: {err.get('message', err) if isinstance(err, dict) else err}"
                     break
                 usage = chunk.get("usage")
-                if usage:
-                    rec.prompt_tokens = usage.get("prompt_tokens", rec.prompt_tokens)
-                    rec.output_tokens = usage.get("completion_tokens", rec.output_tokens)
+                if isinstance(usage, dict):
+                    rec.prompt_tokens = _count(usage.get("prompt_tokens"), rec.prompt_tokens)
+                    rec.output_tokens = _count(usage.get("completion_tokens"), rec.output_tokens) or 0
                 choices = chunk.get("choices") or []
-                if choices and _has_output(choices[0]):
+                if isinstance(choices, list) and choices and isinstance(choices[0], dict) and _has_output(choices[0]):
                     if rec.first_token_s is None:
                         rec.first_token_s = now
                     rec.chunk_times_s.append(now)
@@ -185,6 +188,13 @@ async def stream_one(session, url: str, body: dict, rec: RequestRecord, clock: C
     except asyncio.TimeoutError:
         rec.end_s = clock()
         rec.error = "timed out waiting for the server"
+
+
+def _count(value, default: int | None) -> int | None:
+    """A token count from the server's usage: a non-negative int, else the previous value."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0 or value > 1 << 40:
+        return default
+    return value
 
 
 def _has_output(choice: dict) -> bool:
@@ -208,13 +218,22 @@ async def run_closed_loop(
     stop: StopSignal | None = None,
     on_request_done: Callable[[RequestRecord], None] | None = None,
     keep_alive: bool = False,
+    api_key: str | None = None,
 ) -> LoadResult:
     """``concurrency`` streams x ``requests_per_stream`` requests; request ``k`` of stream ``s``
-    is number ``first_index + k * concurrency + s`` of the run."""
+    is number ``first_index + k * concurrency + s`` of the run. ``api_key`` is sent as
+    ``Authorization: Bearer`` (vLLM's --api-key); it is never part of a record.
+
+    Whatever goes wrong inside one request (a malformed stream, a client error, a bug) makes that
+    request a failed one with the reason; it never escapes as an unretrieved task exception."""
     import aiohttp
 
+    from kvplan.bench.engine import auth_headers, split_credentials
+
     path = "/v1/chat/completions" if api == "chat" else "/v1/completions"
+    base_url, basic = split_credentials(base_url)
     url = base_url.rstrip("/") + path
+    headers = auth_headers(api_key, basic)
     stop = stop or StopSignal()
     records: list[RequestRecord] = []
     t0 = time.perf_counter()
@@ -229,22 +248,33 @@ async def run_closed_loop(
     connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=concurrency,
                                      force_close=not keep_alive)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=request_timeout_s)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout, read_bufsize=READ_BUFSIZE) as session:
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, read_bufsize=READ_BUFSIZE,
+                                     headers=headers) as session:
 
         async def stream_worker(stream: int) -> None:
             scheduled = 0.0
             for k in range(requests_per_stream):
                 if stop.is_set():
                     return
-                spec = spec_for(first_index + k * concurrency + stream)
-                rec = RequestRecord(spec.index, stream, scheduled, max_tokens=spec.max_tokens)
+                number = first_index + k * concurrency + stream
+                rec = RequestRecord(number, stream, scheduled)
                 records.append(rec)
                 try:
+                    spec = spec_for(number)
+                    rec.index, rec.max_tokens = spec.index, spec.max_tokens
                     await stream_one(session, url, completion_body(spec, model, api), rec, clock)
                 except ServerGone as exc:
                     stop.stop(f"the server went away ({exc})")
+                except Exception as exc:  # noqa: BLE001 - one request's failure, recorded as such
+                    rec.ok = False
+                    rec.error = rec.error or f"{type(exc).__name__}: {exc}"[:500]
+                    if rec.end_s is None:
+                        rec.end_s = clock()
+                if rec.ok is False and rec.error is None:
+                    rec.error = "the request did not complete"
                 if on_request_done:
-                    on_request_done(rec)
+                    with contextlib.suppress(Exception):  # a display callback never stops the load
+                        on_request_done(rec)
                 scheduled = clock()
 
         tasks = [asyncio.create_task(stream_worker(s)) for s in range(concurrency)]
@@ -261,7 +291,7 @@ async def run_closed_loop(
                 await asyncio.gather(*still, return_exceptions=True)
                 break
         stopper.cancel()
-        await asyncio.gather(stopper, return_exceptions=True)
+        await asyncio.gather(stopper, *tasks, return_exceptions=True)  # no task exception left unretrieved
     for rec in records:
         if rec.end_s is None and rec.error is None:
             rec.error = "cancelled"

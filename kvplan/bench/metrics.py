@@ -12,12 +12,19 @@ Names differ between releases; each quantity lists its aliases, newest first
 Samples of several engines (data parallel) are summed, KV usage takes the maximum. During a
 point kvplan scrapes often (``GAUGES`` only, so parsing stays cheap) and once in full before
 and after it (counters and histograms, as deltas).
+
+A /metrics that lies is data, not a fact: NaN, infinite and negative samples are dropped (a gauge
+or counter is never negative), a counter that went down (a reset engine) gives no delta, and only
+a finite positive preemption delta counts as preemption. Parsing runs in a worker thread
+(``asyncio.to_thread``), never on the event loop that timestamps streamed tokens: a 2 MB
+/metrics cannot move ITL.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -120,7 +127,8 @@ def parse_metrics(text: str, t_s: float = 0.0, only: Iterable[str] | None = None
     samples: dict[str, list] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            samples.setdefault(sample.name, []).append(sample)
+            if _sane(sample.value):
+                samples.setdefault(sample.name, []).append(sample)
     snap = Snapshot(t_s)
     for key, aliases in ALIASES.items():
         for alias in aliases:
@@ -144,13 +152,23 @@ def parse_metrics(text: str, t_s: float = 0.0, only: Iterable[str] | None = None
     return snap
 
 
+def _sane(value) -> bool:
+    """Every vLLM sample is a finite number >= 0 (counters, gauges, bucket counts, sums of durations)."""
+    return isinstance(value, (int, float)) and math.isfinite(value) and value >= 0
+
+
 def _histogram(samples: dict[str, list], name: str) -> Histogram | None:
     buckets = samples.get(name + "_bucket")
     if not buckets:
         return None
     by_le: dict[float, float] = {}
     for s in buckets:
-        le = float(s.labels.get("le", "inf"))
+        try:
+            le = float(s.labels.get("le", "inf"))
+        except ValueError:
+            continue
+        if math.isnan(le):
+            continue
         by_le[le] = by_le.get(le, 0.0) + s.value
     total = sum(s.value for s in samples.get(name + "_sum", []))
     count = sum(s.value for s in samples.get(name + "_count", []))
@@ -185,8 +203,13 @@ class PointMetrics:
 
 
 def _delta(after: Snapshot, before: Snapshot, key: str) -> float | None:
+    """A counter's increase; None when unknown or when the counter went down (the engine reset it,
+    or the server lies): a reset is never read as a negative count."""
     a, b = after.get(key), before.get(key)
-    return None if a is None or b is None else a - b
+    if a is None or b is None or a < b:
+        return None
+    d = a - b
+    return d if math.isfinite(d) else None
 
 
 def _peak(values: Iterable[float | None]) -> float | None:
@@ -211,28 +234,64 @@ def summarize(before: Snapshot, during: list[Snapshot], after: Snapshot) -> Poin
     ttft = after.histograms.get("ttft")
     if ttft is not None:
         d = ttft.minus(before.histograms.get("ttft"))
-        pm.server_ttft_mean_s, pm.server_ttft_count = d.mean, d.count
-        pm.server_ttft_p50_s, pm.server_ttft_p99_s = d.quantile(0.5), d.quantile(0.99)
+        if d.count >= 0 and d.sum >= 0 and all(c >= 0 for _, c in d.buckets):  # else: reset between scrapes
+            pm.server_ttft_mean_s, pm.server_ttft_count = d.mean, d.count
+            pm.server_ttft_p50_s, pm.server_ttft_p99_s = d.quantile(0.5), d.quantile(0.99)
     base = before.get("preemptions") or 0.0
     for s in during:
+        seen = s.get("preemptions")
         pm.series.append((round(s.t_s, 4), s.get("running") or 0.0, s.get("waiting") or 0.0,
-                          s.get("kv_usage") or 0.0, (s.get("preemptions") or 0.0) - base))
+                          s.get("kv_usage") or 0.0, max(0.0, seen - base) if seen is not None else 0.0))
     return pm
+
+
+def preempted(preemptions) -> bool:
+    """Whether a point's preemption delta is evidence of preemption: a finite count above zero."""
+    return isinstance(preemptions, (int, float)) and not isinstance(preemptions, bool) \
+        and math.isfinite(preemptions) and preemptions > 0
+
+
+MAX_METRICS_BYTES = 64 * 1024 * 1024  # a /metrics larger than this is not read
 
 
 async def fetch_text(session, url: str) -> str:
     async with session.get(url) as resp:
         if resp.status != 200:
             raise RuntimeError(f"GET {url}: HTTP {resp.status}")
-        return await resp.text()
+        if (resp.content_length or 0) > MAX_METRICS_BYTES:
+            raise RuntimeError(f"GET {url}: {resp.content_length:,} bytes, over the {MAX_METRICS_BYTES:,} read")
+        parts, size = [], 0
+        while True:
+            chunk = await resp.content.read(1 << 20)
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > MAX_METRICS_BYTES:
+                raise RuntimeError(f"GET {url}: over the {MAX_METRICS_BYTES:,} bytes read")
+            parts.append(chunk)
+        return b"".join(parts).decode("utf-8", errors="replace")
 
 
-async def scrape_once(base_url: str, timeout_s: float = 10.0) -> Snapshot:
-    """One full scrape (its own session)."""
+def _session(timeout_s: float, api_key: str | None, base_url: str):
     import aiohttp
 
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
-        return parse_metrics(await fetch_text(session, base_url.rstrip("/") + "/metrics"), time.perf_counter())
+    from kvplan.bench.engine import auth_headers, split_credentials
+
+    url, basic = split_credentials(base_url)
+    return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s),
+                                 headers=auth_headers(api_key, basic)), url.rstrip("/") + "/metrics"
+
+
+async def scrape_once(base_url: str, timeout_s: float = 10.0, api_key: str | None = None) -> Snapshot:
+    """One full scrape (its own session); parsed in a worker thread."""
+    session, url = _session(timeout_s, api_key, base_url)
+    async with session:
+        text = await fetch_text(session, url)
+    t = time.perf_counter()
+    try:
+        return await asyncio.to_thread(parse_metrics, text, t)
+    except ValueError as exc:  # not Prometheus text
+        raise RuntimeError(f"GET {url}: not Prometheus text ({str(exc)[:200]})") from None
 
 
 async def scrape_during(
@@ -242,20 +301,23 @@ async def scrape_during(
     t0: float,
     out: list[Snapshot],
     on_scrape: Callable[[Snapshot], None] | None = None,
+    api_key: str | None = None,
 ) -> None:
-    """Fast scrapes of the GAUGES every ``interval_s`` until ``stop`` is set; errors are skipped."""
-    import aiohttp
-
-    url = base_url.rstrip("/") + "/metrics"
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=max(2.0, 20 * interval_s))) as session:
+    """Fast scrapes of the GAUGES every ``interval_s`` until ``stop`` is set; errors are skipped.
+    The text is filtered and parsed in a worker thread: the event loop keeps timestamping tokens."""
+    session, url = _session(max(2.0, 20 * interval_s), api_key, base_url)
+    async with session:
         while not stop.is_set():
             start = time.perf_counter()
             try:
-                snap = parse_metrics(await fetch_text(session, url), start - t0, only=GAUGES)
+                text = await fetch_text(session, url)
+                snap = await asyncio.to_thread(parse_metrics, text, start - t0, GAUGES)
                 out.append(snap)
                 if on_scrape:
                     on_scrape(snap)
-            except (aiohttp.ClientError, asyncio.TimeoutError, RuntimeError, OSError):
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - a failed or garbled scrape is skipped, never fatal
                 pass
             wait = interval_s - (time.perf_counter() - start)
             if wait > 0:

@@ -28,7 +28,7 @@ from kvplan.bench.engine import (
     parse_capacity_log,
 )
 from kvplan.bench.loadgen import RequestRecord, StopSignal, run_closed_loop
-from kvplan.bench.metrics import Snapshot, scrape_during, scrape_once, summarize
+from kvplan.bench.metrics import Snapshot, preempted, scrape_during, scrape_once, summarize
 from kvplan.bench.stats import describe
 from kvplan.bench.sweep import (
     Onset,
@@ -46,6 +46,7 @@ from kvplan.bench.view import NullView
 from kvplan.bench.workload import Workload
 from kvplan.errors import KvplanError
 from kvplan.plan.blocks import BlockRule
+from kvplan.vllm_log import redact
 
 
 class BenchFailed(KvplanError):
@@ -177,8 +178,13 @@ class BenchRun:
     """Drive one run. ``execute()`` returns the summary; the engine is always stopped."""
 
     def __init__(self, cfg: BenchConfig, store: st.RunStore, view: NullView | None = None,
-                 previous: list[dict[str, Any]] | None = None):
+                 previous: list[dict[str, Any]] | None = None, api_key: str | None = None,
+                 expected_model: str | None = None):
         self.cfg = cfg
+        # Sent as a bearer token by every client request and probe; held here only, never in BenchConfig
+        # (which run.json stores) nor in any file.
+        self.api_key = api_key or None
+        self.expected_model = expected_model or None  # --resume: the model the run's points measured
         self.store = store
         self.view = view or NullView()
         self.launcher: EngineLauncher | None = None
@@ -202,6 +208,11 @@ class BenchRun:
         self.metrics_error: str | None = None  # the server has no readable /metrics
         self.onsets: dict[str, Onset | None] = {"first_kv_wait": None, "first_preemption": None}
 
+    @property
+    def shown_url(self) -> str:
+        """The server's URL for messages: credentials in it masked."""
+        return redact(self.base_url)
+
     # ---------------------------------------------------------------- engine and capacity
 
     def _start_engine(self) -> None:
@@ -209,8 +220,10 @@ class BenchRun:
         assert ecfg is not None
         if ecfg.port == 0:  # automatic: a free port now (also on --resume)
             ecfg = dataclasses.replace(ecfg, port=free_port(ecfg.host))
-        self.launcher = EngineLauncher(ecfg, self.store.engine_log, startup_timeout_s=self.cfg.startup_timeout_s)
+        self.launcher = EngineLauncher(ecfg, self.store.engine_log, startup_timeout_s=self.cfg.startup_timeout_s,
+                                       api_key=self.api_key)
         self.launcher.start()
+        self.api_key = self.launcher.api_key or self.api_key  # --engine-arg=--api-key=K: the client sends K
         self.base_url = ecfg.base_url
         self.run_info["engine"] = {"pid": self.launcher.pid, "command": self.launcher.command,
                                    "log": st.ENGINE_LOG, "base_url": self.base_url}
@@ -221,24 +234,42 @@ class BenchRun:
         self.view.engine_ready(took)
 
     def _attach(self) -> None:
-        status, _ = http_get(self.base_url + "/v1/models", timeout_s=5)
+        status, _ = http_get(self.base_url + "/v1/models", timeout_s=5, api_key=self.api_key)
         if status == 0:
-            raise KvplanError(f"nothing answers at {self.base_url}", "start vLLM there, or check --url (scheme, host, port)")
+            raise KvplanError(f"nothing answers at {self.shown_url}", "start vLLM there, or check --url (scheme, host, port)")
+        if status in (401, 403):
+            raise KvplanError(f"{self.shown_url}/v1/models answered HTTP {status}: the server wants an API key",
+                              "pass --api-key (or set OPENAI_API_KEY)" if not self.api_key else "check --api-key")
         if status != 200:
-            raise KvplanError(f"{self.base_url}/v1/models answered HTTP {status}", "is this a vLLM OpenAI-compatible server?")
-        health, _ = http_get(self.base_url + "/health", timeout_s=5)
+            raise KvplanError(f"{self.shown_url}/v1/models answered HTTP {status}", "is this a vLLM OpenAI-compatible server?")
+        health, _ = http_get(self.base_url + "/health", timeout_s=5, api_key=self.api_key)
         if health not in (200, 404):
-            raise KvplanError(f"{self.base_url}/health answered HTTP {health}: the engine is not healthy")
+            raise KvplanError(f"{self.shown_url}/health answered HTTP {health}: the engine is not healthy")
 
     def _discover_model(self) -> None:
-        status, body = http_get(self.base_url + "/v1/models", timeout_s=10)
+        status, body = http_get(self.base_url + "/v1/models", timeout_s=10, api_key=self.api_key)
         try:
             ids = [m["id"] for m in json.loads(body)["data"]] if status == 200 else []
+            ids = [i for i in ids if isinstance(i, str)]
         except (ValueError, KeyError, TypeError):
             ids = []
+        if self.expected_model is not None:
+            # --resume: the finished points measured that model; points of another one must not join them.
+            if ids and self.expected_model not in ids:
+                from kvplan.cli.common import printable
+
+                raise KvplanError(
+                    f"cannot resume: the run measured {printable(self.expected_model, 200)!r}, but "
+                    f"{self.shown_url} serves {printable(', '.join(ids), 300)}",
+                    "resume against the server the run started with, or start a new run")
+            if not ids:
+                raise KvplanError(f"cannot resume: {self.shown_url}/v1/models does not say which model it serves",
+                                  "a resumed run must be checked to measure the same model")
+            if not self.model:
+                self.model = self.expected_model
         if not self.model:
             if not ids:
-                raise KvplanError(f"{self.base_url}/v1/models lists no model", "pass the served model name with --model-name")
+                raise KvplanError(f"{self.shown_url}/v1/models lists no model", "pass the served model name with --model-name")
             self.model = ids[0]
         elif ids and self.model not in ids:
             raise KvplanError(f"the server does not serve {self.model!r}", f"it serves: {', '.join(ids)}")
@@ -304,9 +335,9 @@ class BenchRun:
         before = None
         if self.metrics_error is None:
             try:
-                before = await scrape_once(self.base_url)
+                before = await scrape_once(self.base_url, api_key=self.api_key)
             except Exception as exc:  # noqa: BLE001 - it answered at the start: the server is gone or broken
-                stop.stop(self._dead_reason() or f"cannot read {self.base_url}/metrics ({type(exc).__name__}: {exc})")
+                stop.stop(self._dead_reason() or f"cannot read {self.shown_url}/metrics ({type(exc).__name__}: {exc})")
         t0 = time.perf_counter()
         during: list[Snapshot] = []
         scraping = asyncio.Event()
@@ -314,14 +345,15 @@ class BenchRun:
         if before is not None:
             tasks.append(asyncio.create_task(scrape_during(
                 self.base_url, self.cfg.scrape_interval_s, scraping, t0, during,
-                on_scrape=lambda s: self.view.scrape(s.values, s.waiting_by_reason.get("capacity")))))
+                on_scrape=lambda s: self.view.scrape(s.values, s.waiting_by_reason.get("capacity")),
+                api_key=self.api_key)))
         if self.launcher is not None:
             tasks.append(asyncio.create_task(self._watch_engine(stop)))
         if not stop.is_set():
             load = await run_closed_loop(
                 self.base_url, self.model, self.workload.api, concurrency, self.cfg.requests_per_stream,
                 self.workload.request, first_index, self.cfg.request_timeout_s, stop,
-                on_request_done=lambda r: self.view.request_done(r.ok),
+                on_request_done=lambda r: self.view.request_done(r.ok), api_key=self.api_key,
             )
             records, wall, aborted = load.records, load.wall_s, load.aborted
         else:
@@ -340,7 +372,7 @@ class BenchRun:
         after = None
         if before is not None and not dead:
             try:
-                after = await scrape_once(self.base_url)
+                after = await scrape_once(self.base_url, api_key=self.api_key)
             except Exception:  # noqa: BLE001
                 after = None
         return self._point_result(concurrency, seq, first_index, started_at, records, wall, aborted, before, during, after)
@@ -377,7 +409,13 @@ class BenchRun:
         if before is not None and after is None and during:
             server = summarize(before, during, during[-1]).to_json()
             server["incomplete"] = True
-        error = aborted or (failed[0].error if failed else None)
+        # A point is "ok" only when every request completed: one failed request (whatever its
+        # reason, or none recorded) fails it, and a point that sent nothing is no measurement.
+        error = aborted or next((r.error for r in failed if r.error), None)
+        if error is None and failed:
+            error = f"{len(failed)} of {len(records)} requests failed"
+        if error is None and not records:
+            error = "no request was sent"
         status = "failed" if error else "ok"
         peak_wait = server.get("peak_waiting_capacity")
         if peak_wait is None:
@@ -385,8 +423,8 @@ class BenchRun:
         preemptions = server.get("preemptions")
         evidence = wait_evidence(concurrency, self.cfg.max_num_seqs, peak_wait, preemptions)
         waited = bool(evidence)
-        preempted = bool(preemptions)
-        outcome = PointOutcome(concurrency, waited, preempted, status != "ok")
+        did_preempt = preempted(preemptions)  # a reset or lying counter (negative, NaN, inf) is no evidence
+        outcome = PointOutcome(concurrency, waited, did_preempt, status != "ok")
         output_tokens = sum(r.output_tokens for r in ok)
         predicted = None
         if self.rule is not None:
@@ -423,7 +461,7 @@ class BenchRun:
             server=server,
             waited_for_kv=waited,
             wait_evidence=evidence,
-            preempted=preempted,
+            preempted=did_preempt,
             label=measured_label(outcome, self.cfg.max_num_seqs),
             predicted=predicted,
             notes=notes,
@@ -473,7 +511,7 @@ class BenchRun:
         self.view.message(f"warm-up: {level} stream{'s' if level != 1 else ''}, not recorded")
         load = asyncio.run(run_closed_loop(
             self.base_url, self.model, self.workload.api, level, 1, self.workload.request, self._next_index,
-            self.cfg.request_timeout_s))
+            self.cfg.request_timeout_s, api_key=self.api_key))
         self._next_index += level
         if load.aborted:
             raise BenchFailed(f"the warm-up failed: {load.aborted}")
@@ -521,7 +559,7 @@ class BenchRun:
             error=error,
             run_dir=str(self.store.path),
             mode="attach" if self.cfg.url else "launch",
-            base_url=self.base_url,
+            base_url=redact(self.base_url),
             model=self.model,
             deployment=self.cfg.deployment,
             measured_first_kv_wait=_first(self.onsets["first_kv_wait"]),
@@ -556,11 +594,13 @@ class BenchRun:
                 self._start_engine()
             self._discover_model()
             try:
-                snap = asyncio.run(scrape_once(self.base_url))
+                snap = asyncio.run(scrape_once(self.base_url, api_key=self.api_key))
             except Exception as exc:  # noqa: BLE001 - a server without /metrics can still be benched
                 snap = None
                 self.metrics_error = f"{type(exc).__name__}: {exc}"
-                self.view.message(f"no server metrics ({self.metrics_error}): onsets cannot be measured")
+                from kvplan.cli.common import esc
+
+                self.view.message(f"no server metrics ({esc(self.metrics_error)}): onsets cannot be measured")
             self._read_capacity(snap)
             self._predict()
             self._planner()
@@ -604,22 +644,33 @@ def wait_evidence(concurrency: int, max_num_seqs: int | None, peak_waiting: floa
 
 
 class _no_interrupts:
-    """Ignore Ctrl-C while the engine is being stopped and results written (a second Ctrl-C
-    must not leave an engine behind); restored afterwards."""
+    """Ignore Ctrl-C, SIGTERM and SIGHUP while the engine is being stopped and results written (a
+    second signal must not leave an engine behind or the summary unwritten); restored afterwards.
+    A Python no-op handler, not SIG_IGN: nothing about it is inherited by a process started later."""
+
+    SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
 
     def __enter__(self) -> None:
         import signal
         import threading
 
-        self._old = None
-        if threading.current_thread() is threading.main_thread():
-            self._old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        self._old: dict[int, Any] = {}
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for name in self.SIGNALS:
+            sig = getattr(signal, name, None)
+            if sig is not None:
+                self._old[sig] = signal.signal(sig, _ignore_signal)
 
     def __exit__(self, *exc) -> None:
         import signal
 
-        if self._old is not None:
-            signal.signal(signal.SIGINT, self._old)
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def _ignore_signal(signum, frame) -> None:
+    return None
 
 
 def planner_capacity(ecfg: EngineConfig, gpu: str | None, max_num_seqs: int | None) -> dict[str, Any]:
@@ -656,3 +707,12 @@ def resume_state(path: Path) -> tuple[st.RunStore, BenchConfig, list[dict[str, A
     except Exception as exc:  # noqa: BLE001
         raise KvplanError(f"cannot resume {path}: run.json has no usable config ({exc})") from None
     return store, cfg, store.read_points()
+
+
+def resumed_model(path: Path) -> str | None:
+    """The model name a run's requests used (run.json ``model``), which a resumed run must find served."""
+    try:
+        model = st.RunStore(path).read_run().get("model")
+    except KvplanError:
+        return None
+    return model if isinstance(model, str) and model else None

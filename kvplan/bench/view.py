@@ -78,7 +78,9 @@ class RichView(NullView):
                 f"TTFT p99 {_ms(point.ttft.get('p99'))}"
             )
         else:
-            text = f"[red]failed[/]: {point.error}"
+            from kvplan.cli.common import esc
+
+            text = f"[red]failed[/]: {esc(point.error)}"
         self.progress.update(self._task, gauges=text)
         self._task = None
 

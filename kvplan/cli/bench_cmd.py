@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from kvplan.cli.common import error_line, make_console, print_json, user_errors
+from kvplan.cli.common import error_line, esc, make_console, print_json, user_errors
 
 EXAMPLES = """
 Examples:
@@ -75,6 +75,7 @@ def bench(
     gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU for the planner's capacity next to the engine's (as kvplan size --gpu)."),
     out: Path = typer.Option(Path("runs"), "--out", help="Folder where run folders are made."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue this run folder (its finished points are kept)."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", help="The server's API key (vLLM --api-key), sent as 'Authorization: Bearer' by every request; default: $OPENAI_API_KEY. A launched engine gets it too. Never written to the run folder.", show_default=False),
     check: bool = typer.Option(False, "--check", help="Exit 1 when a measured onset differs from the prediction."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON document."),
 ) -> None:
@@ -83,14 +84,16 @@ def bench(
     Exit code 0: done; 1: the run failed (engine died, server went away) or --check found a difference;
     2: bad input or the engine could not start; 130: interrupted (finished points are kept).
     """
+    import os
     import shlex
 
     from kvplan.bench import store as st
-    from kvplan.bench.runner import BenchConfig, resume_state
+    from kvplan.bench.runner import BenchConfig, resume_state, resumed_model
     from kvplan.bench.sweep import parse_levels
     from kvplan.bench.workload import load_trace
     from kvplan.errors import KvplanError
     from kvplan.units import check_positive, parse_bytes, parse_fraction
+    from kvplan.vllm_log import redact
 
     try:
         engine_prefix = shlex.split(engine_cmd) if engine_cmd else []
@@ -98,13 +101,21 @@ def bench(
         raise KvplanError(f"invalid --engine-cmd {engine_cmd!r:.200}: {exc}", "quote it as a shell would") from None
     if engine_cmd is not None and not engine_prefix:
         raise KvplanError("invalid --engine-cmd: it is empty")
+    if api_key is not None and not api_key.strip():
+        raise KvplanError("invalid --api-key: it is empty")
+    if api_key is not None and any(c in api_key for c in "\r\n\0"):
+        raise KvplanError("invalid --api-key: it holds a line break or NUL")
+    key = api_key or os.environ.get("OPENAI_API_KEY", "").strip() or None
     if resume is not None:
         store, cfg, previous = resume_state(resume)
         if url:
             cfg = cfg.model_copy(update={"url": url, "engine": None})
+        elif cfg.url and "***" in cfg.url:
+            raise KvplanError(f"cannot resume {resume}: its URL held credentials, which kvplan never stores",
+                              "restate the server with --url")
         elif cfg.engine is not None:
             cfg = _trusted_engine(cfg, resume, engine_prefix, list(engine_arg or []))
-        _run([(store, cfg, previous)], as_json, check)
+        _run([(store, cfg, previous)], as_json, check, key if cfg.engine is None else api_key, resumed_model(resume))
         return
 
     for name, value in (("--num-gpu-blocks-override", blocks_override), ("--block-size", block_size), ("--tp", tp),
@@ -147,13 +158,13 @@ def bench(
     )
     if url:
         if not url.startswith(("http://", "https://")):
-            raise KvplanError(f"invalid --url {url!r}", "use http://host:port")
+            raise KvplanError(f"invalid --url {redact(url)!r}", "use http://host:port")
         cfg = BenchConfig(url=url, **common)
         from kvplan.bench.engine import http_get
 
-        if http_get(url.rstrip("/") + "/v1/models", timeout_s=5)[0] == 0:  # before a run folder exists
-            raise KvplanError(f"nothing answers at {url.rstrip('/')}", "start vLLM there, or check --url (scheme, host, port)")
-        _run([(st.RunStore(st.new_run_dir(out, model_name or "server")), cfg, [])], as_json, check)
+        if http_get(url.rstrip("/") + "/v1/models", timeout_s=5, api_key=key)[0] == 0:  # before a run folder exists
+            raise KvplanError(f"nothing answers at {redact(url.rstrip('/'))}", "start vLLM there, or check --url (scheme, host, port)")
+        _run([(st.RunStore(st.new_run_dir(out, model_name or "server")), cfg, [])], as_json, check, key)
         return
     if port < 0 or port > 65535:
         raise KvplanError(f"invalid --port {port}")
@@ -177,7 +188,7 @@ def bench(
     )
     if model is not None:
         cfg = BenchConfig(engine=dict(engine, model=model), **common)
-        _run([(st.RunStore(st.new_run_dir(out, model)), cfg, [])], as_json, check)
+        _run([(st.RunStore(st.new_run_dir(out, model)), cfg, [])], as_json, check, api_key)
         return
     runs = []
     for name, engine_over, workload_over, planner_gpu, level in _spec_deployments(Path("kvplan.yaml")):
@@ -187,7 +198,7 @@ def bench(
             cfg_common["max_num_seqs"] = engine_over["max_num_seqs"]
         cfg = BenchConfig(engine=merged, include_levels=[level] if levels is None else [], deployment=name, **cfg_common)
         runs.append((st.RunStore(st.new_run_dir(out, name)), cfg, []))
-    _run(runs, as_json, check)
+    _run(runs, as_json, check, api_key)
 
 
 def _trusted_engine(cfg, run_dir: Path, engine_cmd: list[str], engine_args: list[str]):
@@ -254,7 +265,7 @@ def _spec_deployments(path: Path) -> list[tuple[str, dict, dict, str | None, int
     return out
 
 
-def _run(runs: list, as_json: bool, check: bool) -> None:
+def _run(runs: list, as_json: bool, check: bool, api_key: str | None = None, expected_model: str | None = None) -> None:
     import signal
 
     from kvplan.bench.runner import BenchRun
@@ -270,7 +281,7 @@ def _run(runs: list, as_json: bool, check: bool) -> None:
     exit_code = 0
     for store, cfg, previous in runs:
         view = RichView() if not as_json or _stderr_tty() else NullView()
-        run = BenchRun(cfg, store, view, previous)
+        run = BenchRun(cfg, store, view, previous, api_key=api_key, expected_model=expected_model)
         try:
             summary = run.execute()
         except KeyboardInterrupt:
@@ -308,12 +319,12 @@ def render(summary) -> None:
     cap = summary.capacity or {}
     pred = summary.prediction or {}
     planner = summary.planner or {}
-    console.print(f"[bold]{summary.model}[/]: {summary.workload}")
+    console.print(f"[bold]{esc(summary.model)}[/]: {esc(summary.workload)}")
     line = (f"KV pool: engine reports {cap.get('num_blocks') or '?'} blocks of {cap.get('block_size') or '?'} "
             f"= {cap.get('kv_cache_tokens') or '?'} tokens (from {cap.get('source') or 'nothing'})")
     if planner.get("kv_cache_tokens") is not None:
         line += f"; planner {planner['num_blocks']} blocks = {planner['kv_cache_tokens']} tokens"
-    console.print(line)
+    console.print(esc(line))
     for key, name in (("first_kv_wait", "first KV wait"), ("first_preemption", "first preemption")):
         onset = (summary.measured or {}).get(key) or {}
         first = onset.get("first")
@@ -354,6 +365,6 @@ def render(summary) -> None:
     console.print(table)
     for p in summary.points:
         if p.status != "ok":
-            console.print(f"[red]concurrency {p.concurrency} failed:[/] {p.error}")
-    console.print(f"[dim]run folder: {summary.run_dir}[/]")
+            console.print(f"[red]concurrency {p.concurrency} failed:[/] {esc(p.error)}")
+    console.print(f"[dim]run folder: {esc(summary.run_dir)}[/]")
 

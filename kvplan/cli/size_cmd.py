@@ -117,6 +117,10 @@ def size(
         mamba_ssm_cache_dtype=mamba_ssm_cache_dtype,
         decode_context_parallel_size=dcp,
     )
+    if layout == "engine" and vllm_version is None:
+        from kvplan.vllm.engine_layout import installed_vllm_version
+
+        vllm_version = installed_vllm_version()  # the layout and the rules of one release
     resolved = load_model(model, revision, source, True if offline else None, parse_overrides(set_),
                           allow_unverified=allow_unverified, layout=layout, vllm_version=vllm_version)
     plan = plan_deployment(resolved, selection, settings, vllm_version)

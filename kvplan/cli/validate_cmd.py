@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from kvplan.cli.common import make_console, print_json, user_errors
+from kvplan.cli.common import esc, make_console, print_json, user_errors
 
 VALIDATE_EXAMPLES = """
 Examples:
@@ -116,7 +116,7 @@ def render(console, result) -> None:
             t.add_column(col)
         for c in pages:
             bound = f"±{c.rounding_bound_pct:.3f}%" if c.rounding_bound_pct is not None else ""
-            t.add_row(c.case_id, _short(c.model) + (" [dim](hybrid)[/]" if c.hybrid else ""), c.vllm_rules,
+            t.add_row(esc(c.case_id), esc(_short(c.model)) + (" [dim](hybrid)[/]" if c.hybrid else ""), esc(c.vllm_rules),
                       _int_cell(c.get("tokens")), _int_cell(c.get("blocks")), _cell(c.get("concurrency")),
                       bound if c.comparisons else f"[dim]{c.status}[/]")
         console.print(t)
@@ -132,7 +132,7 @@ def render(console, result) -> None:
             rng = "" if kv is None or kv.low is None else (
                 f"{kv.low:.2f}-{kv.high:.2f}" + ("" if kv.in_range else " [red]out[/]"))
             loo = "" if kv is None or kv.loo_error_pct is None else f"{kv.loo_error_pct:+.2f}%"
-            t.add_row(c.case_id, _short(c.model), c.gpu or "", c.vllm_rules,
+            t.add_row(esc(c.case_id), esc(_short(c.model)), esc(c.gpu or ""), esc(c.vllm_rules),
                       _cell(kv) if kv else f"[dim]{c.status}[/]", rng, loo, _cell(c.get("weights_gib")),
                       _int_cell(c.get("tokens")))
         console.print(t)
@@ -156,10 +156,10 @@ def render(console, result) -> None:
     for c in result.cases:
         reasons = c.limits + [a for a in c.assumptions if "assumed" in a or "config of" in a]
         if reasons and c.mode == ("page" if pages else "full"):
-            console.print(f"[yellow]{c.case_id}[/]: " + "; ".join(dict.fromkeys(reasons)))
+            console.print(f"[yellow]{esc(c.case_id)}[/]: " + esc("; ".join(dict.fromkeys(reasons))))
     for note in result.notes:
-        console.print(f"[dim]note: {note}[/]")
-    console.print(f"[dim]overhead model: {result.overhead_source}[/]")
+        console.print(f"[dim]note: {esc(note)}[/]")
+    console.print(f"[dim]overhead model: {esc(result.overhead_source)}[/]")
 
 
 def render_fit(console, fit) -> None:

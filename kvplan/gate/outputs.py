@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import os
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -19,6 +20,28 @@ from kvplan.gate.spec import SpecIssue
 from kvplan.units import format_tokens
 
 # --- text helpers -----------------------------------------------------------------------------
+# Names, models, paths and reasons come from the user's spec (or a bench run folder): every writer
+# makes them inert for its reader. The terminal: control characters escaped (no ESC sequences, OSC-8
+# links or new lines), rich markup escaped, and workflow-command openers (``::``, ``##[``) broken with a
+# zero-width space so no line GitHub reads can start a command. JUnit: characters XML 1.0 forbids are
+# written as escapes. The step summary: HTML and Markdown punctuation as character references.
+
+_ZWSP = "\u200b"
+_COMMAND_RE = re.compile(r":(?=:)|#(?=#\[)")
+
+
+def _no_commands(text: str) -> str:
+    return _COMMAND_RE.sub(lambda m: m.group() + _ZWSP, text)
+
+
+def term(text: object) -> str:
+    """User text for a rich console line (markup escaped, controls escaped, no workflow commands)."""
+    from rich.markup import escape
+
+    from kvplan.cli.common import printable
+
+    return escape(_no_commands(printable(text)))
+
 
 
 def _pct(value: float | None) -> str:
@@ -52,27 +75,48 @@ def render_table(report: CheckReport) -> None:
     from rich.table import Table
 
     console = _console()
-    table = Table(title=f"kvplan check {report.spec}", title_justify="left", show_edge=False)
+    table = Table(title=f"kvplan check {term(report.spec)}", title_justify="left", show_edge=False)
     for col, justify in (("deployment", "left"), ("GPUs", "left"), ("context", "right"),
                          ("conc.", "right"), ("pool used", "right"), ("margin", "right"), ("verdict", "left"),
                          ("limiting term", "left"), ("suggested fix", "left")):
         table.add_column(col, justify=justify, overflow="fold")
     for r in report.results:
         color = "green" if r.fits else "red"
-        table.add_row(r.name, gpu_label(r), format_tokens(r.context_tokens), str(r.concurrency),
-                      _pct(r.pool_used), _pct(r.margin), f"[{color}]{verdict_label(r)}[/]", r.limiting_term,
-                      r.suggestion or "")
+        table.add_row(term(r.name), term(gpu_label(r)), format_tokens(r.context_tokens), str(r.concurrency),
+                      _pct(r.pool_used), _pct(r.margin), f"[{color}]{verdict_label(r)}[/]", term(r.limiting_term),
+                      term(r.suggestion or ""))
     console.print(table)
     for r in report.results:
         if not r.fits:
-            console.print(f"[red]x[/] {r.name} ({r.file}:{r.line}, {r.model}): {r.reason}")
+            console.print(f"[red]x[/] {term(r.name)} ({term(r.file)}:{r.line}, {term(r.model)}): {term(r.reason)}")
     for note in report.notes:
-        console.print(f"[yellow]note:[/] {note}")
+        console.print(f"[yellow]note:[/] {term(note)}")
     color = "green" if report.ok else "red"
     console.print(f"[bold {color}]{report.passed} of {report.total} deployments fit[/]")
 
 
 # --- JUnit ------------------------------------------------------------------------------------
+
+
+# XML 1.0 allows tab, LF, CR and U+0020-U+D7FF, U+E000-U+FFFD, U+10000-U+10FFFF; C1 controls are
+# allowed but discouraged (and are terminal controls in a CI log): both are written as escapes.
+_XML_BAD_RE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff\ufffe\uffff]")
+
+
+def xml_text(text: object) -> str:
+    """``text`` with every character XML 1.0 forbids (NUL, ESC, lone surrogates...) as a visible escape."""
+    return _XML_BAD_RE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}",
+                           str(text))
+
+
+def _clean_tree(element: ET.Element) -> None:
+    for el in element.iter():
+        for key, value in el.attrib.items():
+            el.set(key, xml_text(value))
+        if el.text is not None:
+            el.text = xml_text(el.text)
+        if el.tail is not None:
+            el.tail = xml_text(el.tail)
 
 
 def junit_xml(report: CheckReport) -> str:
@@ -120,6 +164,7 @@ def _document(suite: ET.Element) -> str:
     root = ET.Element("testsuites", name="kvplan", tests=suite.get("tests", "0"),
                       failures=suite.get("failures", "0"), errors=suite.get("errors", "0"))
     root.append(suite)
+    _clean_tree(root)
     ET.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 
@@ -139,14 +184,23 @@ def write_file(path: str, text: str) -> None:
 # --- GitHub -----------------------------------------------------------------------------------
 
 
-def _md(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+# HTML's specials as named references; Markdown's punctuation (emphasis, links, code spans, table
+# pipes, headings, escapes) as numeric ones: GitHub shows the characters, and interprets none.
+_MD_ESCAPES = {ord(c): f"&#{ord(c)};" for c in "\\`*_[]#|~"}
+_MD_ESCAPES.update({ord("&"): "&amp;", ord("<"): "&lt;", ord(">"): "&gt;", ord('"'): "&quot;", ord("'"): "&#39;"})
+
+
+def _md(text: object) -> str:
+    """User text for the step summary: one line, controls escaped, HTML and Markdown inert."""
+    from kvplan.cli.common import printable
+
+    return printable(text).translate(_MD_ESCAPES)
 
 
 def step_summary_markdown(report: CheckReport) -> str:
     mark = "✅" if report.ok else "❌"
     out = [
-        f"### {mark} kvplan check `{_md(report.spec)}`: {report.passed} of {report.total} deployments fit",
+        f"### {mark} kvplan check <code>{_md(report.spec)}</code>: {report.passed} of {report.total} deployments fit",
         "",
         "| deployment | model | GPUs | context | concurrency | pool used | margin | verdict | limiting term | suggested fix |",
         "|---|---|---|--:|--:|--:|--:|---|---|---|",
@@ -161,15 +215,15 @@ def step_summary_markdown(report: CheckReport) -> str:
     failing = [r for r in report.results if not r.fits]
     if failing:
         out.append("")
-        out += [f"- **{_md(r.name)}** (`{_md(r.file)}:{r.line}`): {_md(r.reason)}" for r in failing]
+        out += [f"- **{_md(r.name)}** (<code>{_md(r.file)}:{r.line}</code>): {_md(r.reason)}" for r in failing]
     for note in report.notes:
         out.append(f"- note: {_md(note)}")
     return "\n".join(out) + "\n\n"
 
 
 def step_summary_for_issues(spec_file: str, issues: list[SpecIssue]) -> str:
-    out = [f"### ❌ kvplan check `{_md(spec_file)}`: the spec is invalid", ""]
-    out += [f"- `{_md(str(i))}`" for i in issues]
+    out = [f"### ❌ kvplan check <code>{_md(spec_file)}</code>: the spec is invalid", ""]
+    out += [f"- <code>{_md(str(i))}</code>" for i in issues]
     return "\n".join(out) + "\n\n"
 
 
@@ -190,7 +244,11 @@ def append_step_summary(markdown: str, environ: dict[str, str] | None = None) ->
 
 
 def _escape_data(text: str) -> str:
-    # actions/toolkit core/command.ts: escapeData
+    # actions/toolkit core/command.ts: escapeData; other control characters (ESC: colours, OSC-8
+    # links) are written as visible escapes first, so the annotation is one plain line.
+    from kvplan.cli.common import printable
+
+    text = "\n".join(printable(part, 4000) for part in str(text).replace("\r\n", "\n").split("\n"))
     return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
 
 

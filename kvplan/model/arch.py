@@ -118,7 +118,8 @@ INTEGER_FIELDS = frozenset([
     "conv_kernel", "mamba_d_ssm", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
     "linear_value_head_dim", "linear_conv_kernel_dim", "conv_L_cache", "num_kv_shared_layers",
     "num_nextn_predict_layers", "max_position_embeddings", "n_positions", "seq_length", "max_seq_len", "n_ctx",
-    "no_rope_layer_interval",
+    "no_rope_layer_interval", "hidden_size_per_layer_input", "vocab_size_per_layer_input", "global_head_dim",
+    "num_global_key_value_heads", "index_topk_freq", "index_skip_topk_offset",
 ])
 
 class _Fields:
@@ -309,6 +310,9 @@ def _count_params(
             other += hidden * num_experts  # router
         elif mlp_kind == "dense":
             mlp += mlp_mats * hidden * dense_inter
+    if model_type.startswith("gemma4") and num_experts:
+        # Gemma 4 runs its dense MLP beside the experts in every layer (`Gemma4DecoderLayer`).
+        mlp += sum(1 for k in mlp_kinds if k == "moe") * mlp_mats * hidden * dense_inter
 
     # Recurrent layers: input/output projections (the conv kernels and A/D are tiny).
     for kind in kinds:
@@ -330,6 +334,14 @@ def _count_params(
             # in_proj -> (z, x, B, C, dt), out_proj back to hidden
             recurrent += hidden * (2 * d_inner + (groups_state + m_heads if m_heads else 0)) + d_inner * hidden
     embedding = vocab * hidden
+    per_layer = f.get("hidden_size_per_layer_input", default=0) or 0
+    if per_layer:
+        # Gemma 3n / 4 per-layer embeddings (`embed_tokens_per_layer`: vocab_size_per_layer_input x
+        # layers x hidden_size_per_layer_input), their projection from the hidden state, and each
+        # layer's input gate and projection (`Gemma4DecoderLayer.per_layer_input_gate`).
+        per_vocab = f.get("vocab_size_per_layer_input", default=vocab) or vocab
+        embedding += per_vocab * n * per_layer
+        other += hidden * n * per_layer + n * 2 * hidden * per_layer
     lm_head = 0 if tied else vocab * hidden
     other += (2 * n + 1) * hidden  # norms
     return ParamCounts(embedding, lm_head, attn, mlp, experts, recurrent, other)
@@ -481,7 +493,7 @@ def _parse_architecture(config: dict[str, Any], overrides: dict[str, Any] | None
             if latent <= 0:
                 raise KvplanError(f"invalid MLA latent size in config: kv_lora_rank + qk_rope_head_dim = {latent}")
             new = [MLA(latent_size=latent)]
-            if f.get("index_head_dim"):  # DeepSeek-V3.2's sparse-attention indexer cache
+            if f.get("index_head_dim") and _has_indexer(f, i):  # DeepSeek-V3.2 / GLM-5 sparse attention
                 new.append(MLAIndexer(latent_size=int(f.get("index_head_dim"))))
         elif kind == "full":
             new = [FullAttention(kv_heads, head)]
@@ -556,6 +568,21 @@ def _state_dtype_bytes(name: str) -> int:
     return _STATE_DTYPE_BYTES[name]
 
 
+def _has_indexer(f: _Fields, layer: int) -> bool:
+    """Whether MLA layer ``layer`` keeps its own sparse-attention indexer cache
+    (`models/deepseek_v32/attention.py@0.32.0`): layers that skip the top-k selection reuse
+    another layer's, by ``index_topk_pattern`` ("S" skips) or else every
+    ``index_topk_freq``-th layer from ``index_skip_topk_offset`` (GLM-5.2: freq 4, offset 3)."""
+    pattern = f.get("index_topk_pattern")
+    if isinstance(pattern, (str, list)) and 0 <= layer < len(pattern):
+        return pattern[layer] != "S"
+    freq = f.get("index_topk_freq", default=1) or 1
+    offset = f.get("index_skip_topk_offset", default=2)
+    if not isinstance(freq, int) or not isinstance(offset, int) or freq <= 0:
+        raise KvplanError(f"invalid index_topk_freq / index_skip_topk_offset in config: {freq!r}, {offset!r}")
+    return max(layer - offset + 1, 0) % freq == 0
+
+
 def _gemma4_global_shape(f: _Fields, kv_heads: int) -> tuple[int, int]:
     """Gemma 4's full-attention layers (`Gemma4TextConfig.__post_init__`): head size
     ``global_head_dim`` (default 512) and, when ``attention_k_eq_v``, the
@@ -586,6 +613,7 @@ _MAY_BE_ZERO = frozenset([
     "n_shared_experts", "num_shared_experts", "num_nextn_predict_layers", "max_window_layers",
     "shared_expert_intermediate_size", "shared_intermediate_size", "q_lora_rank", "qk_rope_head_dim",
     "qk_nope_head_dim", "moe_layer_freq", "decoder_sparse_step", "interleave_moe_layer_step",
+    "hidden_size_per_layer_input", "index_skip_topk_offset",
 ])
 _LENGTH_FIELDS = frozenset(["max_position_embeddings", "n_positions", "seq_length", "max_seq_len", "n_ctx",
                             "vocab_size", "padded_vocab_size", "attention_chunk_size"])

@@ -209,6 +209,15 @@ class Capacity:
         return "align"
 
     @property
+    def cache_config_block_size(self) -> int:
+        """vLLM's final ``cache_config.block_size`` (what /metrics' cache_config_info shows):
+        the smallest block of the groups (`EngineCore._initialize_kv_caches`), where recurrent
+        state in "none" mode has ``mamba_block_size = max_model_len`` (`MambaModelConfig`)."""
+        if self.has_state and self.mamba_cache_mode == "none" and self.rules.hybrid_block_alignment == "kernel":
+            return min(self.block_size, self.max_model_len)
+        return self.block_size
+
+    @property
     def request_context(self) -> RequestContext:
         checkpoints = {"mamba2"} if self.rules.mamba2_checkpoint_page else set()
         if self.rules.gdn_checkpoint_page_on_hopper and self.device.is_hopper:

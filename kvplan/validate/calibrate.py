@@ -18,6 +18,13 @@ from kvplan.units import GiB
 
 ENGINE_LOG = "engine.log"  # what a bench run folder holds
 
+# The largest |measured - predicted overhead| a start-up of this kind can explain: the fitted model's
+# terms (sampler peak, non-torch memory, CUDA graphs) are each off by well under a GiB on the public
+# reports; more than this means another process on the GPU, the wrong --gpu or utilization, or a log
+# of a different engine, and recording it would shift every later `kvplan size` by that much.
+MAX_RESIDUAL_GIB = 4.0
+MAX_RESIDUAL_SHARE = 0.15  # of the requested memory, for large GPUs
+
 
 def log_path(path: Path) -> Path:
     """A log file, or a bench run folder holding ``engine.log``."""
@@ -55,6 +62,11 @@ def measure(
         missing = " and ".join(n for n, v in (("'Model loading took'", log.weights_gib),
                                                ("'Available KV cache memory'", log.available_kv_gib)) if v is None)
         raise KvplanError(f"{source} does not show {missing}", "pass the whole start-up log of one engine")
+    if log.available_kv_gib <= 0:
+        raise KvplanError(f"{source} shows a negative KV pool ({log.available_kv_gib} GiB available): a failed "
+                          "start-up records nothing", "calibrate from a start-up that served")
+    if log.weights_gib <= 0:
+        raise KvplanError(f"{source} shows {log.weights_gib} GiB of loaded weights: not a start-up to calibrate from")
     if log.kv_cache_memory_bytes:
         raise KvplanError(f"{source} sets --kv-cache-memory-bytes: its KV memory was given, not measured")
     version = vllm_version or log.vllm_version
@@ -98,6 +110,14 @@ def measure(
             "check --gpu and --gpu-memory-utilization",
         )
     predicted_gib = (st.requested - st.weights - st.available.bytes) / GiB
+    residual = overhead_gib - predicted_gib
+    bound = max(MAX_RESIDUAL_GIB, MAX_RESIDUAL_SHARE * requested_gib)
+    if abs(residual) > bound:
+        raise KvplanError(
+            f"implausible residual: {source} shows {overhead_gib:.2f} GiB of overhead where kvplan's model predicts "
+            f"{predicted_gib:.2f} GiB ({residual:+.2f} GiB; at most {bound:.2f} GiB is plausible)",
+            "check --gpu and --gpu-memory-utilization, and that nothing else used the GPU",
+        )
     return Calibration(
         gpu=device.name,
         vllm_version=rules.version,

@@ -210,7 +210,21 @@ def fit_rows(rows: list[FitRow], leave_out: str | None = None) -> FitResult:
 
 
 def fit_reports(reports: list[Report], configs_dir: Path | None = None, leave_out: str | None = None) -> FitResult:
-    rows = [build_row(resolve_case(r, configs_dir)) for r in reports]
+    """Fit on every report it can use; one it cannot (a failed start-up's negative pool, settings
+    no release accepts) is a row excluded with the reason, as `kvplan validate` skips it."""
+    from kvplan.validate.runner import unusable
+
+    rows = []
+    for r in reports:
+        reason = unusable(r)
+        if reason is None:
+            try:
+                rows.append(build_row(resolve_case(r, configs_dir)))
+                continue
+            except KvplanError as exc:
+                reason = exc.message
+        rows.append(FitRow(case_id=r.case_id, model=r.model, tensor_parallel_size=r.tensor_parallel_size or 1,
+                           excluded=f"skipped: {reason}"))
     return fit_rows(rows, leave_out)
 
 

@@ -56,7 +56,7 @@ class CaseResult(BaseModel):
     config_model: str
     gpu: str | None
     vllm_rules: str
-    status: str  # ok | no config | no GPU | nothing to compare
+    status: str  # ok | no config | no GPU | nothing to compare | skipped (the reason is in limits)
     engine: str = "v1"  # the engine of the rules applied: v0 | v1
     hybrid: bool = False
     rounding_bound_pct: float | None = None
@@ -231,6 +231,43 @@ def goals(results: list[CaseResult], summaries: list[Summary]) -> list[Goal]:
     return out
 
 
+# Figures no successful start-up prints: a report holding one is a failed start-up (or a typo), which
+# no planner can reproduce. Such a report is skipped with a note, and the other reports still run.
+_POSITIVE = ("reported_kv_memory_gib", "reported_gpu_blocks", "reported_kv_tokens", "reported_max_concurrency",
+             "reported_weights_gib", "gpu_total_memory_gib_logged")
+
+
+def unusable(report: Report) -> str | None:
+    """Why a report cannot be compared at all (None: it can)."""
+    import math
+
+    for name in _POSITIVE:
+        value = getattr(report, name)
+        if value is None:
+            continue
+        if not math.isfinite(value):
+            return f"{name} is {value}: not a figure vLLM prints"
+        if value < 0 or (value == 0 and name != "reported_weights_gib"):
+            what = "a negative pool" if name != "gpu_total_memory_gib_logged" else "a negative GPU memory"
+            return f"{name} is {value:g}: {what}, as a failed start-up prints it"
+    return None
+
+
+def _why(exc: KvplanError) -> str:
+    text = exc.message
+    if "block size" in text:
+        text += (" (an engine-derived block size, such as one raised to align attention pages with Mamba "
+                 "state pages, is not a value --block-size accepts: give the flag's value, or none)")
+    return text
+
+
+def _skipped(report: Report, mode: str, reason: str, case: Case | None = None) -> CaseResult:
+    return CaseResult(case_id=report.case_id, mode=mode, model=report.model, config_model=report.config_model,
+                      gpu=case.device.name if case and case.device else report.gpu,
+                      vllm_rules=case.rules.version if case else (report.version_text or ""),
+                      engine=case.rules.engine if case else "v1", status="skipped", limits=[f"skipped: {reason}"])
+
+
 def validate(
     reports_file: str | Path | None = None,
     configs_dir: str | Path | None = None,
@@ -239,26 +276,64 @@ def validate(
     leave_one_out: bool = True,
     progress=None,
 ) -> Validation:
-    """Run every report through the planner. ``progress(case_id)`` is called per report."""
+    """Run every report through the planner. ``progress(case_id)`` is called per report.
+
+    A report the planner cannot use (a negative pool from a failed start-up, an engine-derived
+    block size, settings no release accepts) is skipped with a note; the others still run."""
     file = Path(reports_file) if reports_file else DEFAULT_REPORTS
     configs = Path(configs_dir) if configs_dir else None
     if configs is not None and not configs.is_dir():
         raise KvplanError(f"--configs {configs} is not a folder")
     reports = load_reports(file)
     model = overhead or load_overhead()
-    cases = [resolve_case(r, configs) for r in reports]
-    rows = [build_row(c) for c in cases] if leave_one_out and "full" in modes else []
+    skipped: dict[str, str] = {}  # case id -> why
+    skip_notes: list[str] = []
+    cases: list[Case] = []
+    for r in reports:
+        reason = unusable(r)
+        if reason is None:
+            try:
+                cases.append(resolve_case(r, configs))
+                continue
+            except KvplanError as exc:
+                reason = _why(exc)
+        skipped[r.case_id] = reason
+    rows = []
+    if leave_one_out and "full" in modes:
+        for c in cases:
+            try:
+                rows.append(build_row(c))
+            except KvplanError as exc:
+                skipped.setdefault(c.case_id, _why(exc))
     results: list[CaseResult] = []
+    loo_problem: str | None = None
+    by_id = {r.case_id: r for r in reports}
+    for r in reports:
+        if r.case_id in skipped:
+            results += [_skipped(r, m, skipped[r.case_id]) for m in modes]
     for case in cases:
+        if case.case_id in skipped:
+            continue
         if progress:
             progress(case.case_id)
-        if "page" in modes:
-            results.append(page_result(case, model))
-        if "full" in modes:
-            loo = None
-            if any(r.case_id == case.case_id and r.excluded is None for r in rows):
-                loo = fit_rows(rows, leave_out=case.case_id).model(f"fit without {case.case_id}")
-            results.append(full_result(case, model, loo))
+        for mode in modes:
+            try:
+                if mode == "page":
+                    results.append(page_result(case, model))
+                    continue
+                loo = None
+                if loo_problem is None and any(r.case_id == case.case_id and r.excluded is None for r in rows):
+                    try:
+                        loo = fit_rows(rows, leave_out=case.case_id).model(f"fit without {case.case_id}")
+                    except KvplanError as exc:  # e.g. the only report that prints its activation is left out
+                        skip_notes.append(f"full budget: no leave-one-out error for {case.case_id}: {exc.message}")
+                results.append(full_result(case, model, loo))
+            except KvplanError as exc:
+                reason = _why(exc)
+                skipped.setdefault(case.case_id, reason)
+                results.append(_skipped(by_id[case.case_id], mode, reason, case))
+    order = {r.case_id: i for i, r in enumerate(reports)}
+    results.sort(key=lambda res: order[res.case_id])
     quantities = {"page": ("tokens", "blocks", "concurrency"),
                   "full": ("available_kv_gib", "weights_gib", "tokens", "concurrency")}
     summaries = [summarize(results, m, q) for m in modes for q in quantities[m]]
@@ -271,5 +346,7 @@ def validate(
     ]
     if leave_one_out and "full" in modes:
         notes.append("full budget: loo_* is the error with that report left out of the overhead fit")
+    notes += [f"skipped {case_id}: {why}" for case_id, why in skipped.items()]
+    notes += skip_notes
     return Validation(reports_file=str(file), overhead_source=model.source, reports=len(reports), cases=results,
                       summaries=summaries, goals=goals(results, summaries), notes=notes)

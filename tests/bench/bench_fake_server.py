@@ -22,8 +22,15 @@ class FakeBehaviour:
     chunk_padding: int = 0  # bytes of padding in each chunk's text (long SSE lines)
     metrics: bool = True
     cache_info: str | None = None  # labels of vllm:cache_config_info, e.g. 'num_gpu_blocks="17",block_size="32"'
+    model_id: str = "fake"  # what /v1/models lists
+    api_key: str | None = None  # require "Authorization: Bearer <api_key>" on /v1 (as vLLM --api-key)
+    metrics_text: object = None  # a str, or a callable(scrape number) -> str, served as /metrics instead
+    status: int = 200  # completions answer this status (an error body) when not 200
+    raw_chunks: list | None = None  # completions stream these SSE data payloads (bytes) and [DONE]
     in_flight: int = 0
     max_in_flight: int = 0
+    scrapes: int = 0
+    auth_seen: list = field(default_factory=list)
     requests: int = 0
     bodies: list = field(default_factory=list)
 
@@ -80,7 +87,7 @@ class FakeServer:
         app.router.add_post("/v1/chat/completions", self._completions)
         self._runner = web.AppRunner(app, access_log=None)
         self._loop.run_until_complete(self._runner.setup())
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", getattr(self, "_port_wanted", 0))
         self._loop.run_until_complete(site.start())
         self.port = site._server.sockets[0].getsockname()[1]
         self._ready.set()
@@ -91,16 +98,32 @@ class FakeServer:
 
         return web.Response(text="")
 
+    def _denied(self, request):
+        from aiohttp import web
+
+        self.behaviour.auth_seen.append(request.headers.get("Authorization"))
+        key = self.behaviour.api_key
+        if key and request.headers.get("Authorization") != f"Bearer {key}":
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        return None
+
     async def _models(self, request):
         from aiohttp import web
 
-        return web.json_response({"object": "list", "data": [{"id": "fake", "object": "model"}]})
+        denied = self._denied(request)
+        if denied is not None:
+            return denied
+        return web.json_response({"object": "list", "data": [{"id": self.behaviour.model_id, "object": "model"}]})
 
     async def _metrics(self, request):
         from aiohttp import web
 
         if not self.behaviour.metrics:
             return web.Response(status=404)
+        self.behaviour.scrapes += 1
+        custom = self.behaviour.metrics_text
+        if custom is not None:
+            return web.Response(text=custom(self.behaviour.scrapes) if callable(custom) else custom)
         text = METRICS.format(running=float(self.behaviour.in_flight))
         if self.behaviour.cache_info:
             text += f"# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{{{self.behaviour.cache_info}}} 1.0\n"
@@ -110,6 +133,11 @@ class FakeServer:
         from aiohttp import web
 
         b = self.behaviour
+        denied = self._denied(request)
+        if denied is not None:
+            return denied
+        if b.status != 200:
+            return web.json_response({"error": {"message": "boom"}}, status=b.status)
         body = await request.json()
         b.bodies.append(body)
         b.requests += 1
@@ -120,6 +148,12 @@ class FakeServer:
             await resp.prepare(request)
             n = int(body.get("max_tokens") or b.tokens)
             await asyncio.sleep(b.first_token_delay_s)
+            if b.raw_chunks is not None:
+                for raw in b.raw_chunks:
+                    await resp.write(b"data: " + raw + b"\n\n")
+                await resp.write(b"data: [DONE]\n\n")
+                await resp.write_eof()
+                return resp
             for i in range(n):
                 if i:
                     await asyncio.sleep(b.token_gap_s)
@@ -134,3 +168,41 @@ class FakeServer:
             return resp
         finally:
             b.in_flight -= 1
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run as a stand-in engine (``--engine-cmd "python bench_fake_server.py"``): takes vLLM's
+    --model/--host/--port (other flags are ignored), requires $VLLM_API_KEY when set, prints its
+    own command line (as vLLM logs its args), and on SIGTERM takes ``--stop-delay`` seconds to exit."""
+    import os
+    import signal
+    import sys
+    import time
+
+    args = list(sys.argv[1:] if argv is None else argv)
+
+    def opt(name: str, default: str) -> str:
+        return args[args.index(name) + 1] if name in args else default
+
+    delay = float(opt("--stop-delay", "0"))
+    behaviour = FakeBehaviour(model_id=opt("--model", "fake"), api_key=os.environ.get("VLLM_API_KEY") or None,
+                              token_gap_s=float(opt("--token-gap", "0.01")))
+    print("fake engine args:", " ".join(args), flush=True)
+    stopping = threading.Event()
+
+    def on_term(signum, frame):
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, on_term)
+    server = FakeServer(behaviour)
+    server._port_wanted = int(opt("--port", "0"))
+    server.__enter__()
+    print(f"fake engine listening on {server.url}", flush=True)
+    while not stopping.wait(0.1):
+        pass
+    time.sleep(delay)  # a slow shutdown: kvplan must keep waiting, whatever signals it gets meanwhile
+    server.__exit__(None, None, None)
+
+
+if __name__ == "__main__":
+    main()

@@ -14,7 +14,24 @@ PROBE_TIMEOUT_S = 1500
 
 
 def run_probe(cases: list[dict], folder: Path) -> dict:
-    """One probe process (vLLM imported once) for all cases; results by case name."""
+    """One probe process (vLLM imported once) for all cases; results by case name.
+
+    ``KVPLAN_TWIN_RESULTS=FILE`` keeps the engine's results in FILE and reuses the cases it
+    already holds (for working on the rules without rebuilding every engine); CI never sets it."""
+    keep = os.environ.get("KVPLAN_TWIN_RESULTS")
+    known: dict = {}
+    if keep and Path(keep).is_file():
+        known = {c["name"]: c for c in json.loads(Path(keep).read_text())["cases"]}
+    todo = [c for c in cases if c["name"] not in known]
+    results = {name: dict(c, vllm_version=c.get("vllm_version")) for name, c in known.items()}
+    if todo:
+        results.update(_probe(todo, folder))
+    if keep:
+        Path(keep).write_text(json.dumps({"cases": list(results.values())}))
+    return results
+
+
+def _probe(cases: list[dict], folder: Path) -> dict:
     request = folder / "request.json"
     out = folder / "result.json"
     request.write_text(json.dumps({"cases": cases}))

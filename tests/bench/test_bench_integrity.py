@@ -1,0 +1,358 @@
+"""Bench integrity under faults, against the fake server (failure paths only): request errors are
+failed requests, an all-failed point fails the run, lying or reset /metrics never count as
+preemptions, /metrics parsing stays off the event loop, a resume against another model is refused,
+a second SIGTERM during shutdown still stops the engine and writes the summary, and the API key is
+sent but never written."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from bench_fake_server import METRICS, FakeBehaviour, FakeServer
+from bench_helpers import bench_env, group_alive, kill_group, kvplan_cmd
+
+from kvplan.bench.loadgen import RequestRecord, run_closed_loop
+from kvplan.bench.metrics import GAUGES, parse_metrics, preempted, scrape_during, summarize
+from kvplan.bench.workload import Workload
+
+FAKE_ENGINE = Path(__file__).resolve().parent / "bench_fake_server.py"
+
+
+def _load(url: str, concurrency: int = 2, per_stream: int = 2, output: int = 4, spec_for=None, **kw):
+    w = Workload(prompt_tokens=8, output_tokens=output, nonce="t")
+    return asyncio.run(run_closed_loop(url, "fake", "completions", concurrency, per_stream, spec_for or w.request, **kw))
+
+
+def _cli(args: list[str], timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(kvplan_cmd(*args), capture_output=True, text=True, timeout=timeout, env=env or bench_env())
+
+
+def _no_traceback(proc: subprocess.CompletedProcess) -> None:
+    assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+
+
+# ------------------------------------------------------------------ exceptions in the load generator
+
+
+@pytest.mark.parametrize("chunks", [
+    [b"5"],  # JSON, but not an object
+    [b'"text"'],
+    [b'{"choices": "nope"}', b'{"choices": [], "usage": {"completion_tokens": "many"}}'],
+    [b'{"choices": [7]}'],
+    [b'{"error": null, "choices": null, "usage": [1]}'],
+])
+def test_malformed_stream_chunks_are_failed_requests(chunks):
+    with FakeServer(FakeBehaviour(raw_chunks=chunks)) as srv:
+        result = _load(srv.url)
+    assert len(result.records) == 4
+    for r in result.records:
+        assert isinstance(r.output_tokens, int) and r.output_tokens >= 0
+        if not r.ok:
+            assert r.error and r.end_s is not None
+
+
+def test_an_exception_inside_a_task_is_a_failed_request():
+    w = Workload(prompt_tokens=8, output_tokens=4, nonce="t")
+
+    def spec_for(i: int):
+        if i % 2:
+            raise RuntimeError(f"workload bug at {i}")
+        return w.request(i)
+
+    with FakeServer(FakeBehaviour()) as srv:
+        result = _load(srv.url, concurrency=2, per_stream=3, spec_for=spec_for)
+    bad = [r for r in result.records if not r.ok]
+    assert len(result.records) == 6 and len(bad) == 3
+    assert all(r.error.startswith("RuntimeError: workload bug at") for r in bad)
+
+
+def test_a_display_callback_that_raises_does_not_stop_the_load():
+    def boom(rec):
+        raise ValueError("view bug")
+
+    with FakeServer(FakeBehaviour()) as srv:
+        result = _load(srv.url, on_request_done=boom)
+    assert len(result.records) == 4 and all(r.ok for r in result.records)
+
+
+def test_a_point_of_failed_requests_is_never_ok():
+    from kvplan.bench import store as st
+    from kvplan.bench.runner import BenchConfig, BenchRun
+
+    run = BenchRun(BenchConfig(url="http://127.0.0.1:9"), st.RunStore(Path("/nonexistent")))
+    silent = RequestRecord(0, 0, 0.0, end_s=0.1)  # not ok, and no error recorded
+    point = run._point_result(1, 0, 0, "now", [silent], 0.1, None, None, [], None)
+    assert point.status == "failed" and point.error == "1 of 1 requests failed"
+    point = run._point_result(1, 0, 0, "now", [], 0.0, None, None, [], None)
+    assert point.status == "failed" and point.error == "no request was sent"
+
+
+@pytest.mark.parametrize("status", [500, 401])
+def test_a_sweep_where_every_request_fails_exits_1(tmp_path, status):
+    with FakeServer(FakeBehaviour(status=status)) as srv:
+        proc = _cli(["--url", srv.url, "--sweep", "1,2", "--prompt", "8", "--output", "4", "--out", str(tmp_path),
+                     "--no-warmup", "--json"])
+    assert proc.returncode == 1, proc.stderr
+    _no_traceback(proc)
+    run = next(tmp_path.iterdir())
+    points = [json.loads(x) for x in (run / "points.jsonl").read_text().splitlines()]
+    assert points and all(p["status"] == "failed" and p["requests_ok"] == 0 for p in points)
+    assert json.loads((run / "summary.json").read_text())["status"] == "failed"
+
+
+# ------------------------------------------------------------------ lying or reset /metrics
+
+
+def _metrics(preemptions: str, running: str = "1.0", kv: str = "0.5", extra: str = "") -> str:
+    text = METRICS.format(running=running)
+    text = text.replace('vllm:num_preemptions_total{engine="0",model_name="fake"} 0.0',
+                        f'vllm:num_preemptions_total{{engine="0",model_name="fake"}} {preemptions}')
+    text = text.replace('vllm:kv_cache_usage_perc{engine="0",model_name="fake"} 0.0',
+                        f'vllm:kv_cache_usage_perc{{engine="0",model_name="fake"}} {kv}')
+    assert f"}} {preemptions}\n" in text
+    return text + extra
+
+
+@pytest.mark.parametrize("before,after", [("100.0", "3.0"), ("0.0", "NaN"), ("0.0", "+Inf"), ("NaN", "5.0"),
+                                          ("0.0", "-7.0"), ("+Inf", "+Inf"), ("5.0", "5.0")])
+def test_reset_or_lying_counters_are_never_preemptions(before, after):
+    b, a = parse_metrics(_metrics(before)), parse_metrics(_metrics(after, running="NaN", kv="-Inf"))
+    pm = summarize(b, [parse_metrics(_metrics("-1e308"), 0.1, GAUGES)], a)
+    assert pm.preemptions is None or (math.isfinite(pm.preemptions) and pm.preemptions >= 0)
+    assert not preempted(pm.preemptions)
+    json.dumps(pm.to_json(), allow_nan=False)  # the report stays valid JSON
+    assert all(math.isfinite(v) and v >= 0 for row in pm.series for v in row)
+
+
+def test_a_real_increase_is_still_a_preemption():
+    pm = summarize(parse_metrics(_metrics("2.0")), [], parse_metrics(_metrics("5.0")))
+    assert pm.preemptions == 3.0 and preempted(pm.preemptions)
+    assert not any(preempted(v) for v in (None, 0, 0.0, -1.0, float("nan"), float("inf"), True))
+
+
+def test_a_histogram_reset_gives_no_server_ttft():
+    hist = ('# TYPE vllm:time_to_first_token_seconds histogram\n'
+            'vllm:time_to_first_token_seconds_bucket{{le="0.1"}} {n}\n'
+            'vllm:time_to_first_token_seconds_bucket{{le="+Inf"}} {n}\n'
+            'vllm:time_to_first_token_seconds_sum {s}\nvllm:time_to_first_token_seconds_count {n}\n')
+    b = parse_metrics(_metrics("0.0", extra=hist.format(n=50.0, s=2.0)))
+    a = parse_metrics(_metrics("0.0", extra=hist.format(n=3.0, s=0.1)))
+    pm = summarize(b, [], a)
+    assert pm.server_ttft_count is None and pm.server_ttft_p99_s is None
+
+
+def test_a_bench_against_lying_metrics_reports_and_exits_0(tmp_path):
+    values = ["0.0", "1e9", "NaN", "-5.0", "+Inf", "3.0", "0.0"]
+
+    def lying(n: int) -> str:
+        text = _metrics(values[n % len(values)], running=["NaN", "-3.0", "+Inf", "2.0"][n % 4], kv="NaN")
+        return text
+
+    with FakeServer(FakeBehaviour(metrics_text=lying, token_gap_s=0.005)) as srv:
+        proc = _cli(["--url", srv.url, "--sweep", "1,2,3", "--prompt", "8", "--output", "6", "--out", str(tmp_path),
+                     "--no-warmup", "--json", "--scrape-interval", "0.01"])
+    _no_traceback(proc)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert all(p["status"] == "ok" for p in summary["points"])
+    run = next(tmp_path.iterdir())
+
+    def refuse(constant):
+        pytest.fail(f"a run file holds {constant}")
+
+    for name in ("summary.json", "points.jsonl", "run.json"):
+        for line in (run / name).read_text().splitlines() if name.endswith("l") else [(run / name).read_text()]:
+            json.loads(line, parse_constant=refuse)
+    for p in summary["points"]:
+        assert p["preempted"] is False or (p["server"].get("preemptions") or 0) > 0
+        pre = p["server"].get("preemptions")
+        assert pre is None or (math.isfinite(pre) and pre >= 0)
+
+
+def test_garbled_scrapes_during_a_point_are_skipped():
+    texts = ["garbage {{{\n", _metrics("1.0"), "\x00\xff not prometheus", _metrics("2.0")]
+
+    async def main():
+        stop, out = asyncio.Event(), []
+        task = asyncio.create_task(scrape_during(srv.url, 0.01, stop, time.perf_counter(), out))
+        await asyncio.sleep(0.3)
+        stop.set()
+        await task
+        return out
+
+    with FakeServer(FakeBehaviour(metrics_text=lambda n: texts[n % 4])) as srv:
+        out = asyncio.run(main())
+    assert all(s.get("preemptions") in (None, 1.0, 2.0) for s in out)
+    assert {1.0, 2.0} <= {s.get("preemptions") for s in out}
+
+
+# ------------------------------------------------------------------ /metrics parsing off the event loop
+
+
+def test_a_two_megabyte_metrics_does_not_move_itl():
+    series = "".join(f'vllm:num_requests_running{{engine="{i}",model_name="fake"}} 1.0\n' for i in range(32000))
+    big = "# TYPE vllm:num_requests_running gauge\n" + series
+    assert len(big) > 2_000_000
+    gap = 0.02
+
+    async def main():
+        stop, out = asyncio.Event(), []
+        t0 = time.perf_counter()
+        scraper = asyncio.create_task(scrape_during(srv.url, 0.02, stop, t0, out))
+        w = Workload(prompt_tokens=8, output_tokens=60, nonce="t")
+        load = await run_closed_loop(srv.url, "fake", "completions", 1, 1, w.request)
+        stop.set()
+        await scraper
+        return load, out
+
+    with FakeServer(FakeBehaviour(metrics_text=big, token_gap_s=gap)) as srv:
+        load, scrapes = asyncio.run(main())
+    (rec,) = load.records
+    assert rec.ok and len(rec.itl_s) == 59
+    assert scrapes and scrapes[0].values["running"] == 32000.0  # the big text was parsed, in a thread
+    # Parsing it takes ~1 s: on the event loop that would be a >= 1 s gap between two tokens.
+    assert max(rec.itl_s) < gap + 0.25, max(rec.itl_s)
+
+
+# ------------------------------------------------------------------ --resume against another model
+
+
+def test_resume_against_a_server_with_another_model_is_refused(tmp_path):
+    with FakeServer(FakeBehaviour(model_id="org/model-a")) as srv:
+        proc = _cli(["--url", srv.url, "--sweep", "1", "--prompt", "8", "--output", "3", "--out", str(tmp_path),
+                     "--no-warmup", "--json"])
+    assert proc.returncode == 0, proc.stderr
+    run = next(tmp_path.iterdir())
+    points_before = (run / "points.jsonl").read_text()
+    with FakeServer(FakeBehaviour(model_id="org/model-b")) as other:
+        proc = _cli(["--resume", str(run), "--url", other.url, "--json"])
+        assert other.behaviour.requests == 0
+    _no_traceback(proc)
+    assert proc.returncode == 2, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "cannot resume" in lines[0] and "org/model-a" in lines[0] and "org/model-b" in lines[0]
+    assert (run / "points.jsonl").read_text() == points_before
+    # the same model resumes
+    with FakeServer(FakeBehaviour(model_id="org/model-a")) as same:
+        proc = _cli(["--resume", str(run), "--url", same.url, "--json"])
+    assert proc.returncode == 0, proc.stderr
+
+
+# ------------------------------------------------------------------ a second SIGTERM during shutdown
+
+
+def _wait_for(path: Path, what, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            found = what(path)
+        except (OSError, ValueError, KeyError):
+            found = None
+        if found:
+            return found
+        time.sleep(0.05)
+    pytest.fail(f"timed out waiting on {path}")
+
+
+def test_a_second_sigterm_during_shutdown_still_stops_the_engine_and_writes_the_summary(tmp_path):
+    engine_cmd = f"{sys.executable} {FAKE_ENGINE} --stop-delay 2 --token-gap 0.05"
+    proc = subprocess.Popen(
+        kvplan_cmd("some/model", "--engine-cmd", engine_cmd, "--sweep", "1,2,3,4", "--prompt", "8", "--output", "40",
+                   "--out", str(tmp_path), "--no-warmup", "--startup-timeout", "60"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=bench_env())
+    pgid = None
+    try:
+        run = _wait_for(tmp_path, lambda p: next(p.iterdir(), None))
+        _wait_for(run, lambda p: (p / "points.jsonl").read_text().strip())  # one point finished, the next running
+        pgid = json.loads((run / "run.json").read_text())["engine"]["pid"]
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)  # kvplan is now stopping the engine, which takes 2 s
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if pgid:
+            time.sleep(0.2)
+            alive = group_alive(pgid)
+            kill_group(pgid)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert not alive, "the engine outlived kvplan"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["points"]
+    assert "fake engine args" in (run / "engine.log").read_text()
+
+
+# ------------------------------------------------------------------ the API key is sent, never written
+
+API_KEY = "sk-kvplan-test-2f9a61c0d4e8"
+ENGINE_KEY = "sk-engine-test-7b3c5e9f1a2d"
+HF_TOKEN = "hf_kvplanTestTokenAbCdEfGhIjKlMnOp"
+URL_PASSWORD = "pw-url-secret-93d1"
+
+
+def _grep_run_folder(root: Path) -> None:
+    secrets = (API_KEY, ENGINE_KEY, HF_TOKEN, URL_PASSWORD)
+    files = [p for p in root.rglob("*") if p.is_file()]
+    assert files
+    for path in files:
+        data = path.read_bytes()
+        for secret in secrets:
+            assert secret.encode() not in data, f"{secret} in {path}"
+
+
+def test_attach_sends_the_api_key_and_writes_it_nowhere(tmp_path):
+    env = dict(bench_env(), HF_TOKEN=HF_TOKEN)
+    env.pop("OPENAI_API_KEY", None)
+    with FakeServer(FakeBehaviour(api_key=API_KEY)) as srv:
+        url = srv.url.replace("http://", f"http://kvuser:{URL_PASSWORD}@")
+        denied = _cli(["--url", url, "--sweep", "1", "--out", str(tmp_path / "denied"), "--no-warmup"], env=env)
+        proc = _cli(["--url", url, "--api-key", API_KEY, "--sweep", "1,2", "--prompt", "8", "--output", "3",
+                     "--out", str(tmp_path / "ok"), "--json"], env=env)
+        seen = list(srv.behaviour.auth_seen)
+        by_env = _cli(["--url", srv.url, "--sweep", "1", "--prompt", "8", "--output", "3", "--out", str(tmp_path / "env"),
+                       "--no-warmup", "--json"], env=dict(env, OPENAI_API_KEY=API_KEY))
+    _no_traceback(denied)
+    assert denied.returncode == 2 and "API key" in denied.stderr and "--api-key" in denied.stderr
+    assert proc.returncode == 0, proc.stderr
+    assert by_env.returncode == 0, by_env.stderr
+    assert f"Bearer {API_KEY}" in seen
+    summary = json.loads(proc.stdout)
+    assert all(p["status"] == "ok" for p in summary["points"])
+    for text in (proc.stdout, proc.stderr, by_env.stdout, by_env.stderr, denied.stderr):
+        assert API_KEY not in text and URL_PASSWORD not in text
+    _grep_run_folder(tmp_path)
+
+
+def test_launch_passes_the_key_to_the_engine_and_the_probe(tmp_path):
+    env = dict(bench_env(), HF_TOKEN=HF_TOKEN)
+    env.pop("OPENAI_API_KEY", None)
+    engine_cmd = f"{sys.executable} {FAKE_ENGINE}"
+    proc = _cli(["some/model", "--engine-cmd", engine_cmd, "--engine-arg=--api-key=" + ENGINE_KEY,
+                 "--engine-arg", "--hf-token", "--engine-arg", HF_TOKEN, "--sweep", "1,2", "--prompt", "8",
+                 "--output", "3", "--out", str(tmp_path / "arg"), "--startup-timeout", "60", "--json"], env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert all(p["status"] == "ok" for p in json.loads(proc.stdout)["points"])
+    proc2 = _cli(["some/model", "--engine-cmd", engine_cmd, "--api-key", API_KEY, "--sweep", "1", "--prompt", "8",
+                  "--output", "3", "--out", str(tmp_path / "flag"), "--startup-timeout", "60", "--no-warmup", "--json"],
+                 env=env)
+    assert proc2.returncode == 0, proc2.stderr
+    for text in (proc.stdout, proc.stderr, proc2.stdout, proc2.stderr):
+        assert API_KEY not in text and ENGINE_KEY not in text and HF_TOKEN not in text
+    _grep_run_folder(tmp_path)
+
+
+def test_os_environ_is_not_changed_by_a_run():
+    assert "VLLM_API_KEY" not in os.environ or os.environ["VLLM_API_KEY"] not in (API_KEY, ENGINE_KEY)
