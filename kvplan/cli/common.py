@@ -68,7 +68,7 @@ def report_error(exc: KvplanError) -> None:
         return
     tail = getattr(exc, "log_tail", "")
     if tail:
-        error_line(exc.message if not exc.hint else f"{exc.message} ({exc.hint})")
+        error_line((exc.message if not exc.hint else f"{exc.message} ({exc.hint})") + "; last log lines:")
         try:
             for line in str(tail).splitlines()[-40:]:
                 sys.stderr.write("  " + printable(line, 400) + "\n")

@@ -40,7 +40,7 @@ class SchedulerLimits:
 
 
 def default_scheduler_limits(
-    device: Device, usage_context: str, rules: VllmRules, max_model_len: int = 0
+    device: Device, usage_context: str, rules: VllmRules, max_model_len: int = 0, world_size: int = 1
 ) -> SchedulerLimits:
     """vLLM's defaults (`engine/arg_utils.py::_set_default_args`): larger on >= 70 GiB GPUs
     other than the A100 (a large batch hurt its throughput); 0.33 adds a >= 160 GiB tier
@@ -49,7 +49,8 @@ def default_scheduler_limits(
     if rules.engine == "v0":
         return SchedulerLimits(256, max(max_model_len, 2048) if max_model_len <= 32768 else 2048)
     if device.platform.default_limits:
-        return SchedulerLimits(*device.platform.default_limits)
+        seqs, batched = dict(device.platform.default_limits)[usage_context]
+        return SchedulerLimits(seqs * world_size, batched * world_size)
     total = device.cuda_total_bytes
     big = total >= 70 * GiB and "a100" not in device.name.lower()
     if rules.big_gpu_tier and total >= 160 * GiB:
@@ -261,6 +262,20 @@ class Capacity:
             self.max_model_len, self.request_context, self.rules.max_len_check_counts_padding
         )
 
+    def estimated_max_model_len(self) -> int:
+        """`estimate_max_model_len` (kv_cache_utils.py): the longest max_model_len whose one
+        request fits the available memory, as vLLM's start-up error names it."""
+        available = self.limiting_stage.available.bytes
+        ctx, padding = self.request_context, self.rules.max_len_check_counts_padding
+        lo, hi = 0, self.max_model_len
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.layout.max_len_bytes(mid, ctx, padding) <= available:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
     @property
     def context_too_long(self) -> bool:
         """vLLM refuses a max_model_len above the model's derived maximum (unless
@@ -371,7 +386,7 @@ def compute_capacity(
     max_model_len = settings.max_model_len or arch.max_model_len_limit
     if not max_model_len:
         raise KvplanError("the config gives no max_position_embeddings", "pass the context length with --ctx 32k")
-    defaults = default_scheduler_limits(device, settings.usage_context, rules, max_model_len)
+    defaults = default_scheduler_limits(device, settings.usage_context, rules, max_model_len, tp * pp)
     batched = settings.max_num_batched_tokens or defaults.max_num_batched_tokens
     if device.platform.mla_whole_prompt and any(isinstance(s, MLA) for s in arch.layers):
         batched = max(max_model_len, 2048)  # platforms/cpu.py: no chunked prefill for MLA

@@ -47,8 +47,9 @@ class Platform:
     ``mla_block_size``: the block size the platform's MLA backend forces, if any (the CPU MLA
     kernel compiles only for 16). The CPU platform also turns async scheduling off, and for
     MLA models prefix caching and chunked prefill too (a whole prompt per step:
-    ``max_num_batched_tokens = max(max_model_len, 2048)``); its scheduler defaults are 128
-    sequences and 2,048 batched tokens.
+    ``max_num_batched_tokens = max(max_model_len, 2048)``); its scheduler defaults per GPU of
+    the world are 128 sequences and 2,048 batched tokens for `vllm serve`, 256 and 4,096 for the
+    offline LLM class (`EngineArgs.get_batch_defaults`).
     """
 
     name: str
@@ -57,13 +58,14 @@ class Platform:
     mla_block_size: int | None = None
     async_scheduling: bool = True
     mla_whole_prompt: bool = False
-    default_limits: tuple[int, int] | None = None  # (max_num_seqs, max_num_batched_tokens)
+    # usage context ("serve" / "llm") -> (max_num_seqs, max_num_batched_tokens) per device.
+    default_limits: tuple[tuple[str, tuple[int, int]], ...] = ()
 
 
 CUDA = Platform("cuda", kernel_block=16, default_block_size=16)
 # The reference (non-AMX) CPU MLA path; x86 CPUs with AMX tiles use AMX MLA instead.
 CPU = Platform("cpu", kernel_block=32, default_block_size=128, mla_block_size=16, async_scheduling=False,
-               mla_whole_prompt=True, default_limits=(128, 2048))
+               mla_whole_prompt=True, default_limits=(("serve", (128, 2048)), ("llm", (256, 4096))))
 
 
 def hybrid_block_size(state_page: int, attention_bytes_per_token: float, block_size: int, platform: Platform,

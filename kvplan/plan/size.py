@@ -63,12 +63,13 @@ def verdict_for(cap: Capacity, replicas: int) -> Verdict:
     if cap.num_blocks <= 0:
         return Verdict(False, "no memory is left for the KV cache after weights and overhead", "weights")
     if not cap.engine_starts:
-        est = max_context_for(cap, 1, cap.max_model_len)
+        est = cap.estimated_max_model_len()
         return Verdict(
             False,
             f"vLLM will not start: one {cap.max_model_len:,}-token request needs "
             f"{format_bytes(cap.needed_for_max_model_len())} of KV but "
-            f"{format_bytes(cap.limiting_stage.available.bytes)} is available (max context ~{est:,})",
+            f"{format_bytes(cap.limiting_stage.available.bytes)} is available (vLLM's estimated maximum "
+            f"model length: {est:,})",
             "max_model_len",
         )
     asked_kv = s.kv_cache_memory_bytes

@@ -139,6 +139,9 @@ def resolve_case(report: Report, configs_dir: Path | None = None) -> Case:
         enforce_eager=bool(report.enforce_eager),
         usage_context=usage,
         draft_layers=int(getattr(cur, "draft_layers", 0) or 0),
+        max_num_seqs=cur.max_num_seqs,
+        max_num_batched_tokens=cur.max_num_batched_tokens,
+        enable_prefix_caching=cur.enable_prefix_caching,
     )
     device, gpu_notes = device_for(report)
     assumptions += gpu_notes

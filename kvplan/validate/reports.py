@@ -39,6 +39,10 @@ class Curation(BaseModel):
     kv_memory_decimals: int = 2  # vLLM prints GiB with 2 decimals
     speculative_decoding: str | None = None
     platform: str | None = None  # "rocm" when the source says so
+    # Engine arguments the source quotes that change the accounting (non-default args).
+    max_num_seqs: int | None = Field(None, ge=1)
+    max_num_batched_tokens: int | None = Field(None, ge=1)
+    enable_prefix_caching: bool | None = None
 
 
 class Report(BaseModel):

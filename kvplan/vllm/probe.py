@@ -76,6 +76,7 @@ attention backend's kernel block sizes.  These are recorded, not hidden: compare
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import enum
 import gc
@@ -134,10 +135,8 @@ def spec_to_dict(spec: Any, vllm_config: Any = None) -> dict:
             continue
         out[f.name] = to_jsonable(getattr(spec, f.name, None))
     for prop in ("page_size_bytes", "real_page_size_bytes", "unpadded_page_size_bytes"):
-        try:
+        with contextlib.suppress(Exception):  # not every spec has every property
             out[prop] = int(getattr(spec, prop))
-        except Exception:  # noqa: BLE001 - not every spec has every property
-            pass
     if vllm_config is not None:
         try:
             out["max_memory_usage_bytes"] = int(spec.max_memory_usage_bytes(vllm_config))
@@ -158,13 +157,11 @@ def kv_cache_config_to_dict(cfg: Any, vllm_config: Any) -> dict:
         for extra in ("is_eagle_group", "host_resident", "role"):
             if hasattr(g, extra):
                 d[extra] = to_jsonable(getattr(g, extra))
-        try:
+        with contextlib.suppress(Exception):
             d["blocks_per_max_len_request"] = cdiv(
                 g.kv_cache_spec.max_memory_usage_bytes(vllm_config),
                 g.kv_cache_spec.page_size_bytes,
             )
-        except Exception:  # noqa: BLE001
-            pass
         groups.append(d)
     out = {
         "num_blocks": cfg.num_blocks,
@@ -500,17 +497,13 @@ def run_case(case: dict, tail: _Tail, rec: _Recorder) -> dict:
         if rec.calls:  # the engine got as far as the accounting: keep what it saw
             call = rec.calls[-1]
             result["available_memory"] = call["available_memory"]
-            try:
+            with contextlib.suppress(Exception):
                 result["layer_specs"] = {n: spec_to_dict(s) for n, s in call["specs"][0].items()}
-            except Exception:  # noqa: BLE001
-                pass
     finally:
         result["seconds"] = round(time.perf_counter() - t0, 2)
         if llm is not None:
-            try:
+            with contextlib.suppress(Exception):
                 llm.llm_engine.engine_core.shutdown()
-            except Exception:  # noqa: BLE001
-                pass
         del llm
         _cleanup()
     return result

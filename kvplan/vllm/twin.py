@@ -224,7 +224,10 @@ def _shrink_heads_and_hidden(cfg: dict, notes: list[str]) -> None:
         and not (cfg.get("mamba_num_heads") and cfg.get("mamba_head_dim"))
         and model_type not in {"nemotron_h"}
     )
-    if mla or model_type in HONOURS_HEAD_DIM:
+    # LongRoPE factors are sized for hidden / heads (transformers checks it): keep that ratio.
+    longrope = any(isinstance(cfg.get(k), dict) and isinstance(cfg[k].get("short_factor"), list)
+                   for k in ("rope_scaling", "rope_parameters"))
+    if (mla or model_type in HONOURS_HEAD_DIM) and not longrope:
         # A multiple of the query heads: transformers' configs check hidden % heads == 0.
         new_hidden = max(new_heads, TWIN_HIDDEN // new_heads * new_heads)
     else:

@@ -204,6 +204,7 @@ def _plan(profile: str, engine_settings: dict, async_scheduling: bool = False, v
         block_size=engine_settings.get("block_size"),
         enable_prefix_caching=engine_settings.get("enable_prefix_caching"),
         kv_cache_dtype=engine_settings.get("kv_cache_dtype") or "auto",
+        usage_context="llm",  # the probe builds vLLM's offline LLM class
     )
     platform = CPU
     if any(isinstance(s, MLAIndexer) for s in arch.layers):
@@ -225,7 +226,7 @@ def _engine_layer_shapes(result: dict) -> list[tuple]:
             cls = s["class"]
             if cls == "MambaSpec":
                 shapes.append(("state", s.get("real_page_size_bytes") or s["page_size_bytes"]))
-            elif "MLA" in cls or "Indexer" in cls:
+            elif "MLA" in cls or "Indexer" in cls:  # uint8 indexer keys: head_size is its bytes
                 shapes.append(("mla", s["head_size"] * (s.get("num_kv_heads") or 1)))
             elif cls == "SlidingWindowSpec":
                 shapes.append(("sliding", s["num_kv_heads"], s["head_size"], s["sliding_window"]))
@@ -242,6 +243,8 @@ def _kvplan_layer_shapes(cap) -> list[tuple]:
     for s in specs:
         if isinstance(s, MambaState):
             shapes.append(("state", s.state_bytes()))
+        elif isinstance(s, MLAIndexer):
+            shapes.append(("mla", int(s.bytes_per_token(cap.dtype))))  # 128 fp8 keys + 4 B of scale
         elif isinstance(s, MLA):
             shapes.append(("mla", s.latent_size))
         elif isinstance(s, SlidingWindow):
