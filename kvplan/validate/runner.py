@@ -35,6 +35,7 @@ TOKENS_GOAL_HYBRID_PCT = 2.0  # page math: hybrid (several KV groups)
 TOKENS_GOAL_SHARE = 0.9
 KV_MEDIAN_GOAL_PCT = 5.0
 KV_P90_GOAL_PCT = 10.0
+KV_OF_REQUESTED_GOAL_PCT = 3.0  # issue 11: within 3% of the requested GPU memory on 90% of reports
 
 
 class Comparison(BaseModel):
@@ -42,6 +43,8 @@ class Comparison(BaseModel):
     predicted: float
     reported: float
     error_pct: float | None
+    # available KV memory: the miss as a share of the memory vLLM was asked for (CUDA total x util)
+    error_of_requested_pct: float | None = None
     low: float | None = Field(None, description="predicted range (available KV, full budget)")
     high: float | None = None
     in_range: bool | None = None
@@ -171,6 +174,9 @@ def full_result(case: Case, overhead: OverheadModel, loo: OverheadModel | None) 
         low, high = st.available.low / GiB, st.available.high / GiB
         update = {"low": round(low, 4), "high": round(high, 4),
                   "in_range": low - 0.005 <= r.reported_kv_memory_gib <= high + 0.005}  # type: ignore[operator]
+        if st.requested > 0:
+            miss = (st.available.bytes / GiB - r.reported_kv_memory_gib) / (st.requested / GiB)  # type: ignore[operator]
+            update["error_of_requested_pct"] = round(100 * miss, 3)
         if loo is not None:
             other = full_budget(case, loo)
             assert other is not None
@@ -218,6 +224,19 @@ def goals(results: list[CaseResult], summaries: list[Summary]) -> list[Goal]:
             name="page math: KV tokens",
             target=f"within {TOKENS_GOAL_PCT}% (hybrid {TOKENS_GOAL_HYBRID_PCT}%) on >= {TOKENS_GOAL_SHARE:.0%} of reports",
             achieved=f"{len(within)}/{len(page)} ({share:.0%})" + (f"; missed: {', '.join(missed)}" if missed else ""),
+            met=share >= TOKENS_GOAL_SHARE,
+        ))
+    of_requested = [(res.case_id, c.error_of_requested_pct) for res in results if res.mode == "full"
+                    for c in res.comparisons
+                    if c.quantity == "available_kv_gib" and c.error_of_requested_pct is not None]
+    if of_requested:
+        near = [cid for cid, e in of_requested if abs(e) <= KV_OF_REQUESTED_GOAL_PCT]
+        share = len(near) / len(of_requested)
+        far = [f"{cid} ({e:+.1f}%)" for cid, e in of_requested if abs(e) > KV_OF_REQUESTED_GOAL_PCT]
+        out.append(Goal(
+            name="full budget: available KV memory vs the requested GPU memory",
+            target=f"within {KV_OF_REQUESTED_GOAL_PCT}% of the requested memory on >= {TOKENS_GOAL_SHARE:.0%} of reports",
+            achieved=f"{len(near)}/{len(of_requested)} ({share:.0%})" + (f"; missed: {', '.join(far)}" if far else ""),
             met=share >= TOKENS_GOAL_SHARE,
         ))
     for kv in (s for s in summaries if s.mode == "full" and s.quantity == "available_kv_gib" and s.n):

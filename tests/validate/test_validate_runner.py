@@ -110,6 +110,11 @@ def test_goals_as_the_shipped_reports_give_them(result):
     assert goals["full budget: available KV memory (V1-engine reports)"].met
     full = next(s for s in result.summaries if s.mode == "full" and s.quantity == "available_kv_gib" and s.subset == "all")
     assert full.n == 14 and full.median_abs_pct <= 5
+    # Issue 11's second full-budget goal is missed: kv013 (no vLLM version; L4) and kv044 (NVFP4 weights
+    # of unknown layout) are more than 3% of the requested memory off (docs/accuracy.md, "Misses").
+    of_requested = goals["full budget: available KV memory vs the requested GPU memory"]
+    assert not of_requested.met and of_requested.achieved.startswith("12/14")
+    assert "kv013" in of_requested.achieved and "kv044" in of_requested.achieved
     assert full.loo_median_abs_pct is not None
 
 
