@@ -1,17 +1,23 @@
-"""Closed-loop streaming load: ``concurrency`` streams, each sending its next request when the
-previous one ends, with every timestamp taken on one monotonic clock.
+"""Streaming load, closed loop (``concurrency`` streams, each sending its next request when the
+previous one ends) or open loop (requests at ``rate`` per second, Poisson or gamma arrivals,
+optionally capped at ``max_concurrency`` in flight), every timestamp on one monotonic clock.
 
 Definitions (all times in seconds, measured by the client; the README states the same):
 
-- **scheduled time**: when the request was meant to go out: the point's start for a stream's
-  first request, the end of the stream's previous request after that. Latencies count from
-  here, not from when a connection happened to be free, so a slow client or pool cannot hide
-  server delay (no coordinated omission, vllm#54101). The connection pool holds as many
-  connections as there are streams, so in practice send time = scheduled time.
+- **scheduled time**: when the request was meant to go out. Closed loop: the point's start for
+  a stream's first request, the end of the stream's previous request after that. Open loop:
+  the arrival drawn for it (the point's start + the sum of the inter-arrival gaps). Latencies
+  count from here, not from when a connection or a concurrency slot happened to be free, so a
+  slow client, pool or cap cannot hide server delay (no coordinated omission, vllm#54101).
+- **sent time**: when the client actually handed the request to the connection (recorded per
+  request as ``sent_s``; ``sent_s - scheduled_s`` is the point's ``send_lag``).
 - **TTFT** = arrival of the first streamed chunk carrying output - scheduled time (includes
   queueing for KV, as a user sees it).
-- **ITL** = gaps between successive output chunks of one request (vLLM streams one chunk per
-  generated token without speculative decoding).
+- **ITL** = per output token: the gap between two successive *deliveries* of output (the
+  events the client read in one go from the socket) divided by the tokens the later delivery
+  carried. One event is one token unless it carries ``token_ids``; when the server's usage
+  counts more tokens than events (speculative decoding, stream intervals), the extra tokens are
+  spread evenly over the gaps. So a burst of tokens read together never shows as "0.0 ms".
 - **TPOT** = (E2E - TTFT) / (output_tokens - 1), vLLM's definition (``vllm bench serve``);
   undefined for one output token.
 - **E2E** = end of the stream (``[DONE]``) - scheduled time.
@@ -19,8 +25,11 @@ Definitions (all times in seconds, measured by the client; the README states the
 - **useful throughput** = output tokens of completed requests / the point's wall time.
 
 aiohttp gets a connector limited to the concurrency, one connection per request (no keep-alive
-race with the server), and a large read buffer: the 64 KiB default breaks SSE lines of long
-contexts (vllm#39963).
+race with the server: uvicorn closes an idle keep-alive connection on a timer, and a request
+written into it in that instant fails with "Server disconnected" although the server never saw
+it, uvicorn#824; a closed loop sends exactly at that instant; a retry would re-time the request),
+and a stream reader of its own with a 16 MiB line limit: aiohttp's 64 KiB default breaks SSE
+lines of long contexts (vllm#39963).
 """
 
 from __future__ import annotations
@@ -47,7 +56,8 @@ class RequestRecord:
     sent_s: float = 0.0
     first_token_s: float | None = None
     end_s: float | None = None
-    chunk_times_s: list[float] = field(default_factory=list)
+    chunk_times_s: list[float] = field(default_factory=list)  # one per delivery of output
+    chunk_tokens: list[int] = field(default_factory=list)  # output tokens in each delivery (events, token_ids)
     prompt_tokens: int | None = None
     output_tokens: int = 0
     max_tokens: int = 0
@@ -63,9 +73,32 @@ class RequestRecord:
         return None if self.end_s is None else self.end_s - self.scheduled_s
 
     @property
+    def multi_token_chunks(self) -> bool:
+        """Did some delivery carry more than one token (or usage count more tokens than events)?"""
+        counted = sum(self._tokens())
+        return any(k > 1 for k in self._tokens()) or (self.output_tokens > counted > 0)
+
+    def _tokens(self) -> list[int]:
+        if len(self.chunk_tokens) == len(self.chunk_times_s):
+            return self.chunk_tokens
+        return [1] * len(self.chunk_times_s)
+
+    @property
     def itl_s(self) -> list[float]:
+        """Inter-token latencies, one per output token after the first delivery (see the module doc)."""
         t = self.chunk_times_s
-        return [b - a for a, b in zip(t, t[1:])]
+        if len(t) < 2:
+            return []
+        tokens = self._tokens()
+        later = sum(tokens[1:])
+        extra = max(0, self.output_tokens - sum(tokens)) if self.output_tokens else 0
+        scale = (later + extra) / later if later else 1.0
+        out: list[float] = []
+        for i in range(1, len(t)):
+            k = tokens[i] * scale
+            gap = (t[i] - t[i - 1]) / k
+            out.extend([gap] * max(1, int(round(k))))
+        return out
 
     @property
     def tpot_s(self) -> float | None:
@@ -87,6 +120,7 @@ class RequestRecord:
             "output_tokens": self.output_tokens,
             "max_tokens": self.max_tokens,
             "chunk_times_s": [round(t, 6) for t in self.chunk_times_s],
+            **({"chunk_tokens": list(self.chunk_tokens)} if any(k != 1 for k in self.chunk_tokens) else {}),
         }
 
 
@@ -143,38 +177,58 @@ async def stream_one(session, url: str, body: dict, rec: RequestRecord, clock: C
                 rec.end_s = clock()
                 return
             done = False
-            async for raw in resp.content:
-                line = raw.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    done = True
-                    break
+            buffer = b""
+            async for data_in in resp.content.iter_any():
+                # Everything read in one go is one delivery: its events share one timestamp, and
+                # the output tokens they carry count together (ITL per token, not per event).
                 now = clock()
-                try:
-                    chunk = json.loads(data)
-                except ValueError:
-                    chunk = None
-                if not isinstance(chunk, dict):
-                    rec.error = f"bad stream chunk: {data[:120]!r}"
+                buffer += data_in
+                *lines, buffer = buffer.split(b"\n")
+                if len(buffer) > READ_BUFSIZE:
+                    rec.error = f"an SSE line longer than {READ_BUFSIZE >> 20} MiB"
                     break
-                if "error" in chunk and not chunk.get("choices"):
-                    err = chunk["error"]
-                    rec.error = f"server error: {err.get('message', err) if isinstance(err, dict) else err}"
-                    break
-                usage = chunk.get("usage")
-                if isinstance(usage, dict):
-                    rec.prompt_tokens = _count(usage.get("prompt_tokens"), rec.prompt_tokens)
-                    rec.output_tokens = _count(usage.get("completion_tokens"), rec.output_tokens) or 0
-                choices = chunk.get("choices") or []
-                if isinstance(choices, list) and choices and isinstance(choices[0], dict) and _has_output(choices[0]):
+                delivered = 0
+                stop_reading = False
+                for raw in lines:
+                    line = raw.strip()
+                    if not line.startswith(b"data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == b"[DONE]":
+                        done = True
+                        stop_reading = True
+                        break
+                    try:
+                        chunk = json.loads(data)
+                    except ValueError:
+                        chunk = None
+                    if not isinstance(chunk, dict):
+                        rec.error = f"bad stream chunk: {data[:120]!r}"
+                        stop_reading = True
+                        break
+                    if "error" in chunk and not chunk.get("choices"):
+                        err = chunk["error"]
+                        rec.error = f"server error: {err.get('message', err) if isinstance(err, dict) else err}"
+                        stop_reading = True
+                        break
+                    usage = chunk.get("usage")
+                    if isinstance(usage, dict):
+                        rec.prompt_tokens = _count(usage.get("prompt_tokens"), rec.prompt_tokens)
+                        rec.output_tokens = _count(usage.get("completion_tokens"), rec.output_tokens) or 0
+                    choices = chunk.get("choices") or []
+                    if isinstance(choices, list) and choices and isinstance(choices[0], dict) and _has_output(choices[0]):
+                        ids = choices[0].get("token_ids")
+                        delivered += len(ids) if isinstance(ids, list) and ids else 1
+                if delivered:
                     if rec.first_token_s is None:
                         rec.first_token_s = now
                     rec.chunk_times_s.append(now)
+                    rec.chunk_tokens.append(delivered)
+                if stop_reading:
+                    break
             rec.end_s = clock()
             if not rec.output_tokens:
-                rec.output_tokens = len(rec.chunk_times_s)
+                rec.output_tokens = sum(rec.chunk_tokens)
             if done and rec.error is None:
                 rec.ok = True
             elif rec.error is None:
@@ -206,12 +260,38 @@ def _has_output(choice: dict) -> bool:
     return choice.get("finish_reason") is None and "text" in choice
 
 
+def arrival_times(rate: float, count: int | None, duration_s: float | None, burstiness: float = 1.0,
+                  seed: int = 0) -> list[float]:
+    """Scheduled send times (seconds from the point's start) of an open-loop point: gaps drawn from a
+    gamma distribution of mean ``1 / rate`` and shape ``burstiness`` (1: Poisson arrivals; < 1
+    burstier, > 1 more regular), as ``vllm bench serve --burstiness``. The first request goes at 0.
+    Stops after ``count`` requests or at ``duration_s``, whichever comes first."""
+    import random
+
+    if not rate > 0 or not burstiness > 0:
+        raise ValueError("rate and burstiness must be > 0")
+    if count is None and duration_s is None:
+        raise ValueError("an open-loop point needs a request count or a duration")
+    rng = random.Random(f"arrivals:{seed}:{rate!r}:{burstiness!r}")
+    theta = 1.0 / (rate * burstiness)
+    out: list[float] = []
+    t = 0.0
+    while count is None or len(out) < count:
+        if duration_s is not None and t >= duration_s:
+            break
+        out.append(t)
+        t += rng.gammavariate(burstiness, theta)
+        if len(out) >= 10_000_000:
+            break
+    return out
+
+
 async def run_closed_loop(
     base_url: str,
     model: str,
     api: str,
     concurrency: int,
-    requests_per_stream: int,
+    requests_per_stream: int | None,
     spec_for: Callable[[int], RequestSpec],
     first_index: int = 0,
     request_timeout_s: float = 300.0,
@@ -219,13 +299,147 @@ async def run_closed_loop(
     on_request_done: Callable[[RequestRecord], None] | None = None,
     keep_alive: bool = False,
     api_key: str | None = None,
+    total_requests: int | None = None,
+    duration_s: float | None = None,
 ) -> LoadResult:
-    """``concurrency`` streams x ``requests_per_stream`` requests; request ``k`` of stream ``s``
-    is number ``first_index + k * concurrency + s`` of the run. ``api_key`` is sent as
-    ``Authorization: Bearer`` (vLLM's --api-key); it is never part of a record.
+    """``concurrency`` streams. With ``requests_per_stream``: each stream sends that many, request
+    ``k`` of stream ``s`` being number ``first_index + k * concurrency + s`` of the run. Otherwise
+    the streams share a budget of ``total_requests`` (numbered in the order they go out) and/or
+    stop sending new requests once ``duration_s`` has passed (requests in flight finish).
+    ``api_key`` is sent as ``Authorization: Bearer`` (vLLM's --api-key); it is never part of a record.
 
     Whatever goes wrong inside one request (a malformed stream, a client error, a bug) makes that
     request a failed one with the reason; it never escapes as an unretrieved task exception."""
+    if requests_per_stream is None and total_requests is None and duration_s is None:
+        raise ValueError("a closed-loop point needs requests per stream, a request count or a duration")
+    taken = [0]
+
+    async def body(ctx: _LoadContext) -> None:
+        async def stream_worker(stream: int) -> None:
+            scheduled = 0.0
+            k = 0
+            while not ctx.stop.is_set():
+                if requests_per_stream is not None:
+                    if k >= requests_per_stream:
+                        return
+                    number = first_index + k * concurrency + stream
+                else:
+                    if total_requests is not None and taken[0] >= total_requests:
+                        return
+                    number = first_index + taken[0]
+                    taken[0] += 1
+                if duration_s is not None and ctx.clock() >= duration_s:
+                    return
+                k += 1
+                await ctx.one(number, stream, scheduled)
+                scheduled = ctx.clock()
+
+        await ctx.run_tasks([asyncio.create_task(stream_worker(s)) for s in range(concurrency)])
+
+    return await _run_load(base_url, model, api, concurrency, spec_for, request_timeout_s, stop, on_request_done,
+                           keep_alive, api_key, body)
+
+
+async def run_open_loop(
+    base_url: str,
+    model: str,
+    api: str,
+    rate: float,
+    spec_for: Callable[[int], RequestSpec],
+    first_index: int = 0,
+    total_requests: int | None = None,
+    duration_s: float | None = None,
+    burstiness: float = 1.0,
+    max_concurrency: int | None = None,
+    seed: int = 0,
+    request_timeout_s: float = 300.0,
+    stop: StopSignal | None = None,
+    on_request_done: Callable[[RequestRecord], None] | None = None,
+    keep_alive: bool = False,
+    api_key: str | None = None,
+) -> LoadResult:
+    """Requests at ``rate`` per second (see ``arrival_times``), each sent at its scheduled time, or
+    when one of ``max_concurrency`` slots frees up; latencies still count from the scheduled time
+    (the wait for a slot is the server's delay as a user sees it). ``stream`` of a record is the
+    order of its arrival."""
+    times = arrival_times(rate, total_requests, duration_s, burstiness, seed)
+    limit = max_concurrency or max(1, min(len(times), 4096))
+
+    async def body(ctx: _LoadContext) -> None:
+        slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+        tasks: list[asyncio.Task] = []
+
+        async def send(i: int, at: float) -> None:
+            if slots is None:
+                await ctx.one(first_index + i, i, at)
+                return
+            async with slots:
+                if not ctx.stop.is_set():
+                    await ctx.one(first_index + i, i, at)
+
+        for i, at in enumerate(times):
+            wait = at - ctx.clock()
+            if wait > 0:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(ctx.stop.wait(), wait)
+            if ctx.stop.is_set():
+                break
+            tasks.append(asyncio.create_task(send(i, at)))
+        if tasks:
+            await ctx.run_tasks(tasks)
+
+    return await _run_load(base_url, model, api, limit, spec_for, request_timeout_s, stop, on_request_done,
+                           keep_alive, api_key, body)
+
+
+class _LoadContext:
+    """What the closed and the open loop share: the session, the clock, one request, the stop."""
+
+    def __init__(self, session, url: str, model: str, api: str, spec_for, stop: StopSignal, records: list,
+                 clock, on_request_done) -> None:
+        self.session, self.url, self.model, self.api = session, url, model, api
+        self.spec_for, self.stop, self.records, self.clock = spec_for, stop, records, clock
+        self.on_request_done = on_request_done
+
+    async def one(self, number: int, stream: int, scheduled: float) -> None:
+        rec = RequestRecord(number, stream, scheduled)
+        self.records.append(rec)
+        try:
+            spec = self.spec_for(number)
+            rec.index, rec.max_tokens = spec.index, spec.max_tokens
+            await stream_one(self.session, self.url, completion_body(spec, self.model, self.api), rec, self.clock)
+        except ServerGone as exc:
+            self.stop.stop(f"the server went away ({exc})")
+        except Exception as exc:  # noqa: BLE001 - one request's failure, recorded as such
+            rec.ok = False
+            rec.error = rec.error or f"{type(exc).__name__}: {exc}"[:500]
+            if rec.end_s is None:
+                rec.end_s = self.clock()
+        if rec.ok is False and rec.error is None:
+            rec.error = "the request did not complete"
+        if self.on_request_done:
+            with contextlib.suppress(Exception):  # a display callback never stops the load
+                self.on_request_done(rec)
+
+    async def run_tasks(self, tasks: list[asyncio.Task]) -> None:
+        stopper = asyncio.create_task(self.stop.wait())
+        pending = set(tasks)
+        while pending:
+            done, pending = await asyncio.wait(pending | {stopper}, return_when=asyncio.FIRST_COMPLETED)
+            pending.discard(stopper)
+            if stopper in done:
+                # Stopped from outside (engine dead, Ctrl-C): give in-flight requests a moment to fail.
+                _, still = await asyncio.wait(pending, timeout=2.0) if pending else (set(), set())
+                for task in still:
+                    task.cancel()
+                await asyncio.gather(*still, return_exceptions=True)
+                break
+        stopper.cancel()
+        await asyncio.gather(stopper, *tasks, return_exceptions=True)  # no task exception left unretrieved
+
+
+async def _run_load(base_url, model, api, connections, spec_for, request_timeout_s, stop, on_request_done,
+                    keep_alive, api_key, body) -> LoadResult:
     import aiohttp
 
     from kvplan.bench.engine import auth_headers, split_credentials
@@ -245,53 +459,11 @@ async def run_closed_loop(
     # previous response ends, which is exactly the race in which uvicorn's keep-alive timer drops a
     # connection holding a new request (uvicorn#824; seen here as "Server disconnected" seconds after
     # sending). A loopback connect costs ~0.1 ms and counts in TTFT, as it does for a new user.
-    connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=concurrency,
-                                     force_close=not keep_alive)
+    connector = aiohttp.TCPConnector(limit=connections, limit_per_host=connections, force_close=not keep_alive)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=request_timeout_s)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout, read_bufsize=READ_BUFSIZE,
-                                     headers=headers) as session:
-
-        async def stream_worker(stream: int) -> None:
-            scheduled = 0.0
-            for k in range(requests_per_stream):
-                if stop.is_set():
-                    return
-                number = first_index + k * concurrency + stream
-                rec = RequestRecord(number, stream, scheduled)
-                records.append(rec)
-                try:
-                    spec = spec_for(number)
-                    rec.index, rec.max_tokens = spec.index, spec.max_tokens
-                    await stream_one(session, url, completion_body(spec, model, api), rec, clock)
-                except ServerGone as exc:
-                    stop.stop(f"the server went away ({exc})")
-                except Exception as exc:  # noqa: BLE001 - one request's failure, recorded as such
-                    rec.ok = False
-                    rec.error = rec.error or f"{type(exc).__name__}: {exc}"[:500]
-                    if rec.end_s is None:
-                        rec.end_s = clock()
-                if rec.ok is False and rec.error is None:
-                    rec.error = "the request did not complete"
-                if on_request_done:
-                    with contextlib.suppress(Exception):  # a display callback never stops the load
-                        on_request_done(rec)
-                scheduled = clock()
-
-        tasks = [asyncio.create_task(stream_worker(s)) for s in range(concurrency)]
-        stopper = asyncio.create_task(stop.wait())
-        pending = set(tasks)
-        while pending:
-            done, pending = await asyncio.wait(pending | {stopper}, return_when=asyncio.FIRST_COMPLETED)
-            pending.discard(stopper)
-            if stopper in done:
-                # Stopped from outside (engine dead, Ctrl-C): give in-flight requests a moment to fail.
-                _, still = await asyncio.wait(pending, timeout=2.0) if pending else (set(), set())
-                for task in still:
-                    task.cancel()
-                await asyncio.gather(*still, return_exceptions=True)
-                break
-        stopper.cancel()
-        await asyncio.gather(stopper, *tasks, return_exceptions=True)  # no task exception left unretrieved
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as session:
+        ctx = _LoadContext(session, url, model, api, spec_for, stop, records, clock, on_request_done)
+        await body(ctx)
     for rec in records:
         if rec.end_s is None and rec.error is None:
             rec.error = "cancelled"

@@ -27,3 +27,23 @@ def describe(values: Sequence[float]) -> dict[str, float | None]:
     for q in QUANTILES:
         out[f"p{q}"] = percentile(values, q)
     return out
+
+
+def min_samples(q: float) -> int:
+    """Fewest samples for which a q-th percentile is not just the largest (or smallest) sample:
+    100 for p99, 20 for p95, 10 for p90, 2 for p50."""
+    tail = min(q, 100 - q)
+    return 2 if tail <= 0 else max(2, math.ceil(100 / tail - 1e-9))
+
+
+def sample_warnings(name: str, stats: dict[str, float | None]) -> list[str]:
+    """One line per percentile of ``stats`` (from describe) that rests on too few samples."""
+    n = int(stats.get("n") or 0)
+    if n == 0:
+        return []
+    low = [q for q in QUANTILES if stats.get(f"p{q}") is not None and n < min_samples(q)]
+    if not low:
+        return []
+    worst = max(low)
+    return [f"{name} p{worst} rests on {n} sample{'s' if n != 1 else ''} (a p{worst} needs >= {min_samples(worst)}): "
+            f"it is close to the largest sample; raise --requests or --duration"]

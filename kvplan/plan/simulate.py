@@ -1,0 +1,598 @@
+"""A block-level simulator of vLLM V1's scheduler. Pure: no torch, no I/O.
+
+It replays, step by step, what `v1/core/sched/scheduler.py`, `kv_cache_manager.py` and
+`block_pool.py` do with KV blocks (docs/vllm-accounting.md section 9), for the workloads
+`kvplan bench` sends (fixed lengths, length distributions, traces; closed-loop streams or
+arrivals at a rate):
+
+- Block 0 is the null block: ``num_blocks - 1`` are usable. Free blocks sit in one LRU
+  queue; a block whose tokens are full keeps its hash (prefix caching) until it is evicted.
+- Each step first schedules the RUNNING requests in order: a request asks for slots for all
+  its tokens not yet computed (decode: one; a prefill: a chunk within the token budget,
+  ``max_num_batched_tokens``). When a block cannot be allocated, the newest running request
+  is preempted (recompute: its blocks are freed, it goes to the front of the queue), until
+  the allocation fits or the request preempted itself.
+- Then, only if nothing was preempted in this step, WAITING requests are admitted in order
+  while fewer than ``max_num_seqs`` run and budget is left: from vLLM 0.19 the blocks of the
+  request's whole prompt must be free (``scheduler_reserve_full_isl``; `rules.admit_full_prompt`),
+  before that only its first chunk's. Full blocks of a prefix already cached are hits: a hit
+  on a block another request holds costs nothing (a shared prefix counts once); a hit on a
+  free cached block is taken off the free queue (it costs a block, saves the compute).
+- A step that completes a request's prompt (or a decode step) samples one token; the last
+  sampled token's KV is never written, so a request peaks at ``cdiv(P + M - 1, B)`` blocks.
+
+Time: every step takes ``step_time(batch)`` (kvplan.plan.steptime; 1.0 per step when not
+given, so times are in steps). A request arriving at time ``t`` is first seen by the step
+that starts at or after ``t``. Closed-loop streams send the next request when the previous
+one finishes (optionally after ``think_time``).
+
+Not modelled: async scheduling's output placeholders (one step of lookahead on GPUs),
+speculative decoding, sliding-window / recurrent-state groups (full attention only), the
+0.33 watermark, priority scheduling, the API server's own delays.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from kvplan.errors import KvplanError
+from kvplan.units import cdiv
+
+DISTRIBUTIONS = ("fixed", "uniform", "normal", "lognormal")
+
+
+# --------------------------------------------------------------------------- workload
+
+
+@dataclass(frozen=True)
+class Lengths:
+    """(prompt, output) of request number ``index``, drawn exactly as `kvplan bench` draws them
+    (kvplan.bench.workload.Workload.lengths: the same seeds, the same clipping), or cycled from
+    a trace of (prompt, output) pairs."""
+
+    prompt: int = 512
+    output: int = 128
+    distribution: str = "fixed"
+    spread: float = 0.25
+    seed: int = 0
+    trace: tuple[tuple[int, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.distribution not in DISTRIBUTIONS:
+            raise KvplanError(f"invalid distribution {self.distribution!r}", f"use one of {', '.join(DISTRIBUTIONS)}")
+        if self.prompt < 1 or self.output < 1:
+            raise KvplanError("prompt and output lengths must be at least 1 token")
+
+    def __call__(self, index: int) -> tuple[int, int]:
+        if self.trace:
+            return self.trace[index % len(self.trace)]
+        if self.distribution == "fixed":
+            return self.prompt, self.output
+        rng = random.Random(f"len:{self.seed}:{index}")
+        return self._draw(rng, self.prompt), self._draw(rng, self.output)
+
+    def _draw(self, rng: random.Random, mean: int) -> int:
+        if self.distribution == "uniform":
+            value = rng.uniform(mean * (1 - self.spread), mean * (1 + self.spread))
+        elif self.distribution == "normal":
+            value = rng.gauss(mean, self.spread * mean)
+        else:  # lognormal: median `mean`, sigma `spread`
+            value = math.exp(rng.gauss(math.log(mean), self.spread))
+        return max(1, int(round(value)))
+
+
+@dataclass(frozen=True)
+class Load:
+    """Who sends what, when.
+
+    ``closed`` (``streams`` > 0): each stream sends ``requests_per_stream`` requests one after
+    the other; request ``k`` of stream ``s`` is number ``first_index + k * streams + s`` (as
+    bench numbers them). ``open``: request ``first_index + i`` arrives at ``arrivals[i]``.
+    A request shares its first ``round(shared_prefix * prompt)`` tokens (or
+    ``min(prompt, shared_prefix_tokens)``) with every other request."""
+
+    lengths: Callable[[int], tuple[int, int]]
+    streams: int = 0
+    requests_per_stream: int = 1
+    arrivals: tuple[float, ...] = ()
+    first_index: int = 0
+    shared_prefix: float = 0.0
+    shared_prefix_tokens: int = 0
+    think_time: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.streams < 0 or self.requests_per_stream < 1:
+            raise KvplanError("a load needs >= 0 streams and >= 1 request per stream")
+        if not self.streams and not self.arrivals:
+            raise KvplanError("a load needs streams (closed loop) or arrival times (open loop)")
+        if not 0.0 <= self.shared_prefix < 1.0:
+            raise KvplanError(f"invalid shared prefix fraction {self.shared_prefix}", "use a fraction in [0, 1)")
+
+    @property
+    def num_requests(self) -> int:
+        return self.streams * self.requests_per_stream if self.streams else len(self.arrivals)
+
+    def shared_tokens(self, prompt: int) -> int:
+        if self.shared_prefix_tokens:
+            return min(prompt, self.shared_prefix_tokens)
+        return int(round(self.shared_prefix * prompt))
+
+
+def closed_loop(streams: int, lengths: Callable[[int], tuple[int, int]], requests_per_stream: int = 1,
+                first_index: int = 0, shared_prefix: float = 0.0, shared_prefix_tokens: int = 0,
+                think_time: float = 0.0) -> Load:
+    return Load(lengths, streams=streams, requests_per_stream=requests_per_stream, first_index=first_index,
+                shared_prefix=shared_prefix, shared_prefix_tokens=shared_prefix_tokens, think_time=think_time)
+
+
+def poisson_arrivals(rate: float, num_requests: int, seed: int = 0) -> tuple[float, ...]:
+    """Arrival times of a Poisson process of ``rate`` requests per time unit (seeded)."""
+    if rate <= 0 or num_requests < 1:
+        raise KvplanError("an arrival rate must be > 0 and the run needs >= 1 request")
+    rng = random.Random(f"arrivals:{seed}")
+    t, out = 0.0, []
+    for _ in range(num_requests):
+        t += rng.expovariate(rate)
+        out.append(t)
+    return tuple(out)
+
+
+def open_loop(arrivals: Sequence[float], lengths: Callable[[int], tuple[int, int]], first_index: int = 0,
+              shared_prefix: float = 0.0, shared_prefix_tokens: int = 0) -> Load:
+    return Load(lengths, arrivals=tuple(sorted(arrivals)), first_index=first_index, shared_prefix=shared_prefix,
+                shared_prefix_tokens=shared_prefix_tokens)
+
+
+# --------------------------------------------------------------------------- scheduler
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """The engine's pool and limits (the reported ``num_blocks`` includes the null block)."""
+
+    num_blocks: int
+    block_size: int
+    max_num_seqs: int = 1 << 30
+    max_num_batched_tokens: int = 1 << 30
+    admit_full_prompt: bool = True  # vLLM >= 0.19 (rules.admit_full_prompt)
+    prefix_caching: bool = True
+    max_model_len: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_blocks < 2 or self.block_size < 1 or self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
+            raise KvplanError("the simulator needs >= 2 blocks, a block size and limits >= 1")
+
+    @property
+    def usable_blocks(self) -> int:
+        return self.num_blocks - 1
+
+    @classmethod
+    def from_capacity(cls, cap, num_blocks: int | None = None) -> SchedulerConfig:
+        """From a kvplan.plan.capacity.Capacity (one replica)."""
+        return cls(num_blocks=num_blocks or cap.num_blocks, block_size=cap.block_size,
+                   max_num_seqs=cap.limits.max_num_seqs, max_num_batched_tokens=cap.limits.max_num_batched_tokens,
+                   admit_full_prompt=cap.rules.admit_full_prompt, prefix_caching=cap.prefix_caching,
+                   max_model_len=cap.max_model_len)
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """What one engine step computes: the step-time model's input."""
+
+    prefill_tokens: int  # tokens of prompts (and recomputed tokens) in the step
+    decode_seqs: int  # requests decoding one token
+    kv_tokens_read: int  # context tokens attended over all scheduled requests
+    num_seqs: int
+
+
+@dataclass
+class RequestTimeline:
+    """One request's life, in steps and in time units (as the step time gives them)."""
+
+    index: int
+    prompt_tokens: int
+    output_tokens: int
+    shared_tokens: int
+    arrival_time: float
+    arrival_step: int | None = None  # the first step that could see it
+    admitted_step: int | None = None
+    admitted_time: float | None = None  # start of its first scheduled step
+    first_token_step: int | None = None
+    token_times: list[float] = field(default_factory=list)
+    finish_step: int | None = None
+    preemptions: int = 0
+    waited_for_kv: bool = False
+    peak_blocks: int = 0
+
+    @property
+    def queueing_delay(self) -> float | None:
+        return None if self.admitted_time is None else self.admitted_time - self.arrival_time
+
+    @property
+    def ttft(self) -> float | None:
+        return self.token_times[0] - self.arrival_time if self.token_times else None
+
+    @property
+    def e2e(self) -> float | None:
+        return self.token_times[-1] - self.arrival_time if self.finish_step is not None else None
+
+    @property
+    def itl(self) -> list[float]:
+        t = self.token_times
+        return [b - a for a, b in zip(t, t[1:])]
+
+    @property
+    def tpot(self) -> float | None:
+        if self.finish_step is None or len(self.token_times) < 2:
+            return None
+        return (self.token_times[-1] - self.token_times[0]) / (len(self.token_times) - 1)
+
+
+@dataclass
+class SimResult:
+    config: SchedulerConfig
+    requests: list[RequestTimeline]
+    steps: int
+    duration: float
+    preemptions: int
+    first_kv_wait_step: int | None
+    first_kv_wait_time: float | None
+    first_preemption_step: int | None
+    first_preemption_time: float | None
+    peak_waiting: int  # requests waiting after a step's scheduling (vLLM's gauge)
+    peak_running: int
+    peak_used_blocks: int
+    kv_fill: list[tuple[int, float, float]]  # (step, time at its end, used / usable), one per step
+    step_batches: list[StepBatch]
+
+    @property
+    def waited_for_kv(self) -> bool:
+        return self.first_kv_wait_step is not None
+
+    @property
+    def preempted(self) -> bool:
+        return self.preemptions > 0
+
+    @property
+    def peak_kv_fill(self) -> float:
+        return self.peak_used_blocks / self.config.usable_blocks
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(len(r.token_times) for r in self.requests)
+
+    @property
+    def throughput(self) -> float:
+        """Output tokens per time unit over the run."""
+        return self.output_tokens / self.duration if self.duration > 0 else 0.0
+
+    def percentiles(self, metric: str, qs: Sequence[float] = (50, 90, 99)) -> dict[str, float | None]:
+        """p50/p90/p99 of ``ttft``, ``itl``, ``tpot``, ``e2e`` or ``queueing_delay``."""
+        values: list[float] = []
+        for r in self.requests:
+            v = getattr(r, metric)
+            if isinstance(v, list):
+                values.extend(v)
+            elif v is not None:
+                values.append(v)
+        return {f"p{q:g}": percentile(values, q) for q in qs}
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    if not values:
+        return None
+    s = sorted(values)
+    pos = (len(s) - 1) * q / 100
+    lo = int(math.floor(pos))
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+class _Req:
+    __slots__ = ("tl", "prompt", "output", "shared", "generated", "computed", "blocks", "stream", "k", "rid")
+
+    def __init__(self, tl: RequestTimeline, rid: int, stream: int, k: int):
+        self.tl, self.rid, self.stream, self.k = tl, rid, stream, k
+        self.prompt, self.output, self.shared = tl.prompt_tokens, tl.output_tokens, tl.shared_tokens
+        self.generated = 0
+        self.computed = 0
+        self.blocks: list[int] = []
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prompt + self.generated
+
+
+class _BlockPool:
+    """`block_pool.py`: a free queue in LRU order (evict from the front), hashes of full blocks."""
+
+    def __init__(self, usable: int, caching: bool):
+        self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, usable + 1))
+        self.ref = [0] * (usable + 1)
+        self.key_of: dict[int, tuple] = {}
+        self.block_of: dict[tuple, int] = {}
+        self.caching = caching
+
+    def take(self) -> int:
+        block, _ = self.free.popitem(last=False)
+        key = self.key_of.pop(block, None)
+        if key is not None:
+            del self.block_of[key]
+        self.ref[block] = 1
+        return block
+
+    def touch(self, block: int) -> None:
+        if self.ref[block] == 0:
+            del self.free[block]
+        self.ref[block] += 1
+
+    def release(self, blocks: list[int]) -> None:
+        for block in reversed(blocks):  # the tail first: it is evicted before the prefix
+            self.ref[block] -= 1
+            if self.ref[block] == 0:
+                self.free[block] = None
+
+    def cache(self, block: int, key: tuple) -> None:
+        if self.caching and key not in self.block_of and block not in self.key_of:
+            self.block_of[key] = block
+            self.key_of[block] = key
+
+
+def _key(req: _Req, k: int, block_size: int) -> tuple:
+    """A full block's identity: the shared prefix's blocks are the same for all requests."""
+    if (k + 1) * block_size <= req.shared:
+        return ("shared", k)
+    return ("req", req.rid, k)
+
+
+def simulate(config: SchedulerConfig, load: Load, step_time: Callable[[StepBatch], float] | None = None,
+             max_steps: int = 5_000_000) -> SimResult:
+    """Run ``load`` through vLLM V1's scheduler on ``config``'s pool until every request ends."""
+    B = config.block_size
+    usable = config.usable_blocks
+    pool = _BlockPool(usable, config.prefix_caching)
+    timelines: list[RequestTimeline] = []
+    pending: list[tuple[float, int, _Req]] = []  # arrivals not yet seen, sorted by time
+    counter = 0
+
+    def make(number: int, arrival: float, stream: int, k: int) -> _Req:
+        nonlocal counter
+        prompt, output = load.lengths(number)
+        if prompt < 1 or output < 1:
+            raise KvplanError(f"request {number}: prompt and output must be >= 1 token")
+        if config.max_model_len and prompt + output > config.max_model_len:
+            raise KvplanError(f"request {number}: {prompt} + {output} tokens exceed max_model_len "
+                              f"{config.max_model_len} (vLLM rejects it)")
+        if cdiv(prompt + output - 1, B) > usable:
+            raise KvplanError(f"request {number} needs {cdiv(prompt + output - 1, B)} blocks; the pool has "
+                              f"{usable} usable: it could never finish")
+        tl = RequestTimeline(number, prompt, output, load.shared_tokens(prompt), arrival)
+        timelines.append(tl)
+        counter += 1
+        return _Req(tl, counter, stream, k)
+
+    if load.streams:
+        for s in range(load.streams):
+            pending.append((0.0, s, make(load.first_index + s, 0.0, s, 0)))
+    else:
+        for i, t in enumerate(load.arrivals):
+            pending.append((t, i, make(load.first_index + i, t, -1, 0)))
+    pending.sort(key=lambda x: (x[0], x[1]))
+    pending_q = deque(pending)
+
+    waiting: deque[_Req] = deque()
+    running: list[_Req] = []
+    now = 0.0
+    step = 0
+    preemptions = 0
+    first_wait_step = first_wait_time = first_pre_step = first_pre_time = None
+    peak_waiting = peak_running = peak_used = 0
+    kv_fill: list[tuple[int, float, float]] = []
+    batches: list[StepBatch] = []
+    finished = 0
+    total = load.num_requests
+
+    def allocate(req: _Req, num_tokens: int) -> bool:
+        need = cdiv(num_tokens, B) - len(req.blocks)
+        if need > len(pool.free):
+            return False
+        for _ in range(max(0, need)):
+            req.blocks.append(pool.take())
+        return True
+
+    def cache_full(req: _Req, upto: int) -> None:
+        for k in range(min(upto, req.num_tokens) // B):
+            pool.cache(req.blocks[k], _key(req, k, B))
+
+    def preempt(req: _Req) -> None:
+        nonlocal preemptions, first_pre_step, first_pre_time, first_wait_step, first_wait_time
+        pool.release(req.blocks)
+        req.blocks = []
+        req.computed = 0
+        req.tl.preemptions += 1
+        req.tl.waited_for_kv = True
+        preemptions += 1
+        if first_pre_step is None:
+            first_pre_step, first_pre_time = step, now
+        if first_wait_step is None:
+            first_wait_step, first_wait_time = step, now
+        waiting.appendleft(req)
+
+    while finished < total:
+        if step >= max_steps:
+            raise KvplanError(f"the simulation did not finish within {max_steps:,} steps")
+        while pending_q and pending_q[0][0] <= now:
+            _, _, req = pending_q.popleft()
+            req.tl.arrival_step = step
+            waiting.append(req)
+        if not running and not waiting:
+            now = max(now, pending_q[0][0])  # idle until the next arrival
+            continue
+        budget = config.max_num_batched_tokens
+        scheduled: list[tuple[_Req, int, int]] = []  # (request, new tokens, computed before)
+        preempted_now = False
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            n = min(req.num_tokens - req.computed, budget)
+            if config.max_model_len:
+                n = min(n, config.max_model_len - 1 - req.computed)
+            if n <= 0:
+                i += 1
+                continue
+            ok = False
+            while True:
+                if allocate(req, req.computed + n):
+                    ok = True
+                    break
+                victim = running.pop()
+                preempt(victim)
+                preempted_now = True
+                if victim is req:
+                    break
+            if not ok:
+                break
+            cache_full(req, req.computed + n)
+            scheduled.append((req, n, req.computed))
+            budget -= n
+            i += 1
+        kv_blocked = False
+        if not preempted_now:
+            while waiting and budget > 0 and len(running) < config.max_num_seqs:
+                req = waiting[0]
+                hits = _prefix_hits(pool, req, B) if config.prefix_caching else []
+                computed = len(hits) * B
+                # Hits on blocks nobody holds are taken off the free queue: they cost a block.
+                evictable = sum(1 for b in hits if pool.ref[b] == 0)
+                first_chunk = min(req.num_tokens - computed, budget)
+                check = req.num_tokens if config.admit_full_prompt else computed + first_chunk
+                if cdiv(check, B) - len(hits) + evictable > len(pool.free):
+                    kv_blocked = True
+                    break
+                for b in hits:
+                    pool.touch(b)
+                req.blocks = list(hits)
+                req.computed = computed
+                allocate(req, computed + first_chunk)
+                cache_full(req, computed + first_chunk)
+                waiting.popleft()
+                running.append(req)
+                if req.tl.admitted_step is None:
+                    req.tl.admitted_step, req.tl.admitted_time = step, now
+                scheduled.append((req, first_chunk, computed))
+                budget -= first_chunk
+        if kv_blocked:
+            for req in waiting:
+                req.tl.waited_for_kv = True
+            if first_wait_step is None:
+                first_wait_step, first_wait_time = step, now
+        if not scheduled:
+            if not running and waiting:
+                head = waiting[0]
+                raise KvplanError(f"request {head.tl.index} can never be admitted: it needs "
+                                  f"{cdiv(head.num_tokens, B)} blocks, the pool has {usable} usable")
+        peak_waiting = max(peak_waiting, len(waiting))
+        peak_running = max(peak_running, len(running))
+        used = usable - len(pool.free)
+        peak_used = max(peak_used, used)
+        prefill = sum(n for r, n, c in scheduled if not (n == 1 and c == r.num_tokens - 1 and r.generated > 0))
+        decode = sum(1 for r, n, c in scheduled if n == 1 and c == r.num_tokens - 1 and r.generated > 0)
+        batch = StepBatch(prefill_tokens=prefill, decode_seqs=decode,
+                          kv_tokens_read=sum(c + n for _, n, c in scheduled), num_seqs=len(scheduled))
+        batches.append(batch)
+        dt = step_time(batch) if step_time else 1.0
+        end = now + dt
+        # Results of the step: computed tokens advance; a request whose tokens are all computed samples one.
+        done: list[_Req] = []
+        for req, n, _ in scheduled:
+            req.computed += n
+            if req.computed >= req.num_tokens:
+                req.generated += 1
+                if req.tl.first_token_step is None:
+                    req.tl.first_token_step = step
+                req.tl.token_times.append(end)
+                if req.generated >= req.output:
+                    done.append(req)
+        for req in done:
+            req.tl.peak_blocks = max(req.tl.peak_blocks, len(req.blocks))
+            running.remove(req)
+            pool.release(req.blocks)
+            req.blocks = []
+            req.tl.finish_step = step
+            finished += 1
+            if load.streams and req.k + 1 < load.requests_per_stream:
+                k = req.k + 1
+                number = load.first_index + k * load.streams + req.stream
+                nxt = make(number, end + load.think_time, req.stream, k)
+                _insert(pending_q, (nxt.tl.arrival_time, req.stream, nxt))
+        for req in running:
+            req.tl.peak_blocks = max(req.tl.peak_blocks, len(req.blocks))
+        kv_fill.append((step, end, used / usable))
+        now = end
+        step += 1
+    return SimResult(
+        config=config, requests=sorted(timelines, key=lambda t: t.index), steps=step, duration=now,
+        preemptions=preemptions, first_kv_wait_step=first_wait_step, first_kv_wait_time=first_wait_time,
+        first_preemption_step=first_pre_step, first_preemption_time=first_pre_time, peak_waiting=peak_waiting,
+        peak_running=peak_running, peak_used_blocks=peak_used, kv_fill=kv_fill, step_batches=batches,
+    )
+
+
+def _insert(q: deque, item: tuple) -> None:
+    """Keep the pending arrivals sorted by (time, stream)."""
+    if not q or (q[-1][0], q[-1][1]) <= (item[0], item[1]):
+        q.append(item)
+        return
+    items = list(q)
+    items.append(item)
+    items.sort(key=lambda x: (x[0], x[1]))
+    q.clear()
+    q.extend(items)
+
+
+def _prefix_hits(pool: _BlockPool, req: _Req, block_size: int) -> list[int]:
+    """`get_computed_blocks`: the longest run of cached full blocks from the start, at most
+    ``num_tokens - 1`` tokens (the last token is always computed)."""
+    hits: list[int] = []
+    for k in range((req.num_tokens - 1) // block_size):
+        block = pool.block_of.get(_key(req, k, block_size))
+        if block is None:
+            break
+        hits.append(block)
+    return hits
+
+
+# --------------------------------------------------------------------------- onsets over concurrency
+
+
+@dataclass(frozen=True)
+class Onsets:
+    """The smallest level at which the event happened (None: not up to the top level)."""
+
+    first_kv_wait: int | None
+    first_preemption: int | None
+    results: dict[int, SimResult]
+
+
+def sweep_onsets(config: SchedulerConfig, levels: Sequence[int], load_for: Callable[[int], Load],
+                 step_time: Callable[[StepBatch], float] | None = None) -> Onsets:
+    """Simulate ``load_for(c)`` at each level ``c``; the first levels that wait for KV / preempt."""
+    results = {c: simulate(config, load_for(c), step_time) for c in sorted(set(levels))}
+    wait = next((c for c, r in results.items() if r.waited_for_kv), None)
+    pre = next((c for c, r in results.items() if r.preempted), None)
+    return Onsets(wait, pre, results)
+
+
+def bench_levels_first_index(levels: Sequence[int], requests_per_stream: int, start: int = 0) -> dict[int, int]:
+    """The first request number of each point when bench runs ``--sweep`` levels in order
+    (without warm-up; with it, pass ``start`` = the warm-up's request count)."""
+    out, index = {}, start
+    for c in levels:
+        out[c] = index
+        index += c * requests_per_stream
+    return out

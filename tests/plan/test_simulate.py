@@ -1,0 +1,201 @@
+"""The scheduler simulator against the closed-form block rule (kvplan.plan.blocks.BlockRule),
+capacity.blocks_needed's prefix sharing, and hand arithmetic."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from kvplan.errors import KvplanError
+from kvplan.plan.blocks import BlockRule
+from kvplan.plan.simulate import (
+    Lengths,
+    SchedulerConfig,
+    bench_levels_first_index,
+    closed_loop,
+    open_loop,
+    percentile,
+    poisson_arrivals,
+    simulate,
+    sweep_onsets,
+)
+from kvplan.units import cdiv
+
+GRID = list(itertools.product(
+    (9, 17, 33, 65),  # num_blocks (null block included)
+    (16, 32),  # block size
+    (16, 40, 64, 128),  # prompt
+    (1, 8, 24, 64, 128),  # output
+    (4, 1 << 30),  # max_num_seqs
+    (True, False),  # admit_full_prompt
+))
+
+
+@pytest.mark.parametrize("num_blocks,block,prompt,output,seqs,full", GRID)
+def test_onsets_reproduce_the_block_rule(num_blocks, block, prompt, output, seqs, full):
+    """Identical requests released together (the token budget admits them all in one step):
+    the simulated onsets are BlockRule's closed form, for one and for several requests per stream."""
+    if cdiv(prompt + output - 1, block) > num_blocks - 1:
+        pytest.skip("one request never fits: vLLM would not start")
+    rule = BlockRule(num_blocks=num_blocks, block_size=block, prompt_tokens=prompt, output_tokens=output,
+                     max_num_seqs=seqs, admit_full_prompt=full)
+    cfg = SchedulerConfig(num_blocks=num_blocks, block_size=block, max_num_seqs=seqs, admit_full_prompt=full)
+    top = (num_blocks - 1) // rule.admit_blocks + 2
+    levels = range(1, min(top, seqs + 2) + 1)
+    for per_stream in (1, 2):
+        onsets = sweep_onsets(cfg, levels, lambda c: closed_loop(c, Lengths(prompt, output), per_stream))
+        expect_wait = rule.first_kv_wait if rule.first_kv_wait and rule.first_kv_wait <= levels[-1] else None
+        expect_pre = rule.first_preemption if rule.first_preemption and rule.first_preemption <= levels[-1] else None
+        assert (onsets.first_kv_wait, onsets.first_preemption) == (expect_wait, expect_pre)
+        for c, res in onsets.results.items():
+            assert res.waited_for_kv == rule.waits_for_kv(c)
+            assert res.preempted == rule.preempts(c)
+            assert res.peak_kv_fill == pytest.approx(
+                min(1.0, min(c, seqs, rule.usable_blocks // rule.admit_blocks) * rule.peak_blocks / rule.usable_blocks)
+                if not rule.preempts(c) else res.peak_kv_fill)
+
+
+def test_engine_sweep_fixed_lengths_by_hand():
+    """docs/bench-cpu-sweep.md: 65 blocks of 32, prompt 128, output 128, 3 requests per stream.
+    By hand: 64 usable; peak cdiv(255, 32) = 8 blocks, admission 4: 8 fit (64), the 9th waits and
+    16 can be admitted together, so they preempt: both onsets at 9, as the engine measured."""
+    cfg = SchedulerConfig(num_blocks=65, block_size=32, max_num_seqs=128, max_num_batched_tokens=2048)
+    onsets = sweep_onsets(cfg, [1, 2, 4, 6, 8, 9, 10, 12], lambda c: closed_loop(c, Lengths(128, 128), 3))
+    assert (onsets.first_kv_wait, onsets.first_preemption) == (9, 9)
+    r8 = onsets.results[8]
+    assert r8.peak_kv_fill == 1.0 and r8.preemptions == 0 and r8.peak_waiting == 0
+    # One stream: 1 step for the prompt (it samples the first token), 127 decode steps; 3 in a row.
+    r1 = onsets.results[1]
+    assert r1.steps == 3 * 128
+    assert [t.first_token_step for t in r1.requests] == [0, 128, 256]
+    assert r1.requests[0].ttft == 1.0 and r1.requests[0].e2e == 128.0 and r1.requests[0].itl == [1.0] * 127
+    assert r1.requests[0].peak_blocks == 8
+
+
+def test_preemption_of_the_newest_by_hand():
+    """17 blocks of 32 (16 usable), prompt 64 output 64, 5 streams of one request: all five are
+    admitted (2 blocks each); at token 33 each needs a 3rd block: 4 x 3 = 12 + 2 ... the pool runs
+    dry and the newest (request 4) is preempted first, then re-admitted after the first four end."""
+    cfg = SchedulerConfig(num_blocks=17, block_size=32)
+    res = simulate(cfg, closed_loop(5, Lengths(64, 64)))
+    by = {t.index: t for t in res.requests}
+    assert by[4].preemptions >= 1 and all(by[i].preemptions == 0 for i in range(4))
+    assert res.first_preemption_step is not None
+    # Requests 0-3 peak at 4 blocks and run undisturbed: 64 steps each.
+    assert all(by[i].finish_step == 63 for i in range(4))
+    # Request 4 is recomputed once the others free their blocks: its prompt plus the tokens it had.
+    assert by[4].finish_step > 63 and len(by[4].token_times) == 64
+
+
+def test_shared_prefix_counts_full_blocks_once():
+    """Prompt 128 sharing 100 tokens (3 full blocks of 32) with output 33: a request peaks at
+    cdiv(160, 32) = 5 blocks, 3 of them shared: 3 + c x 2 <= 64 usable -> c <= 30 fit; 31 wait."""
+    cfg = SchedulerConfig(num_blocks=65, block_size=32)
+    load = lambda c: closed_loop(c, Lengths(128, 33), 2, shared_prefix_tokens=100)  # noqa: E731
+    onsets = sweep_onsets(cfg, [29, 30, 31, 32], load)
+    assert onsets.first_kv_wait == 31
+    assert onsets.results[30].peak_used_blocks == 3 + 30 * 2
+    # Without prefix caching the same load needs 5 blocks each: 12 fit, 13 wait.
+    off = SchedulerConfig(num_blocks=65, block_size=32, prefix_caching=False)
+    assert sweep_onsets(off, [12, 13], load).first_kv_wait == 13
+
+
+def test_shared_prefix_matches_capacity_blocks_needed():
+    """The simulator's peak equals capacity.blocks_needed's shared + c x (per request - shared)."""
+    for prompt, shared, output, block in [(256, 128, 16, 16), (100, 64, 30, 32), (512, 500, 1, 16)]:
+        per_request = cdiv(prompt + output - 1, block)
+        shared_blocks = shared // block
+        for c in (1, 3, 7):
+            usable = shared_blocks + c * (per_request - shared_blocks)
+            cfg = SchedulerConfig(num_blocks=usable + 1, block_size=block)
+            ok = simulate(cfg, closed_loop(c, Lengths(prompt, output), shared_prefix_tokens=shared))
+            assert not ok.waited_for_kv and ok.peak_used_blocks == usable
+            tight = SchedulerConfig(num_blocks=usable, block_size=block)
+            assert simulate(tight, closed_loop(c, Lengths(prompt, output), shared_prefix_tokens=shared)).waited_for_kv \
+                or c == 1 and usable - 1 < per_request
+
+
+def test_chunked_prefill_within_the_token_budget():
+    """max_num_batched_tokens 64, prompt 200: the prompt takes cdiv(200, 64) = 4 steps (64, 64, 64, 8),
+    the first token comes out of the 4th; two streams share the budget."""
+    cfg = SchedulerConfig(num_blocks=100, block_size=16, max_num_batched_tokens=64)
+    one = simulate(cfg, closed_loop(1, Lengths(200, 3)))
+    assert one.requests[0].first_token_step == 3 and one.steps == 6
+    assert [b.prefill_tokens for b in one.step_batches[:4]] == [64, 64, 64, 8]
+    two = simulate(cfg, closed_loop(2, Lengths(200, 3)))
+    # 400 prompt tokens at 64 a step; the first request's prompt is done in step 3 (4 steps),
+    # the second (one chunk a step behind) after 400 / 64 -> step 6 (decodes take a slot of the budget).
+    first = {t.index: t.first_token_step for t in two.requests}
+    assert first[0] == 3 and first[1] == 6
+    assert all(b.prefill_tokens + b.decode_seqs <= 64 for b in two.step_batches)
+
+
+def test_admission_needs_the_whole_prompt_from_0_19():
+    """9 blocks of 16 (8 usable), budget 32, prompts of 100 tokens (7 blocks): from 0.19 a second
+    request is not admitted while the first holds its prompt; before, its first chunk (2 blocks) fit."""
+    new = SchedulerConfig(num_blocks=9, block_size=16, max_num_batched_tokens=32, admit_full_prompt=True)
+    old = SchedulerConfig(num_blocks=9, block_size=16, max_num_batched_tokens=32, admit_full_prompt=False)
+    res_new = simulate(new, open_loop([0.0, 0.0], Lengths(100, 2)))
+    assert res_new.preemptions == 0 and res_new.waited_for_kv
+    res_old = simulate(old, open_loop([0.0, 2.0], Lengths(100, 2)))
+    assert res_old.preemptions >= 1  # admitted on its first chunk, then it (or the first) cannot grow
+
+
+def test_max_num_seqs_queues_without_kv_wait():
+    cfg = SchedulerConfig(num_blocks=1000, block_size=16, max_num_seqs=4)
+    res = simulate(cfg, closed_loop(10, Lengths(32, 8)))
+    assert not res.waited_for_kv and res.peak_running == 4 and res.peak_waiting == 6
+    assert res.percentiles("queueing_delay")["p50"] > 0
+
+
+def test_open_loop_arrivals_and_idle_time():
+    cfg = SchedulerConfig(num_blocks=100, block_size=16)
+    res = simulate(cfg, open_loop([0.0, 100.0], Lengths(16, 4)))
+    a, b = res.requests
+    assert a.finish_step == 3 and b.arrival_step == 4 and b.admitted_time == 100.0
+    assert b.ttft == 1.0 and res.duration == 104.0
+    times = poisson_arrivals(2.0, 2000, seed=1)
+    assert times == poisson_arrivals(2.0, 2000, seed=1) and all(x < y for x, y in zip(times, times[1:]))
+    assert times[-1] / 2000 == pytest.approx(0.5, rel=0.1)
+
+
+def test_traces_and_step_time():
+    """A trace is cycled; with a step time the timelines are in seconds."""
+    cfg = SchedulerConfig(num_blocks=100, block_size=16)
+    trace = Lengths(trace=((10, 2), (20, 3)))
+    res = simulate(cfg, closed_loop(1, trace, 3), step_time=lambda b: 0.01 + 0.001 * b.prefill_tokens)
+    assert [(t.prompt_tokens, t.output_tokens) for t in res.requests] == [(10, 2), (20, 3), (10, 2)]
+    assert res.requests[0].ttft == pytest.approx(0.02) and res.requests[0].e2e == pytest.approx(0.03)
+    assert res.throughput == pytest.approx(res.output_tokens / res.duration)
+
+
+def test_kv_fill_over_time_and_errors():
+    cfg = SchedulerConfig(num_blocks=17, block_size=32)
+    res = simulate(cfg, closed_loop(4, Lengths(64, 64)))
+    fills = [f for _, _, f in res.kv_fill]
+    assert fills[0] == pytest.approx(8 / 16) and max(fills) == 1.0
+    with pytest.raises(KvplanError):
+        simulate(cfg, closed_loop(1, Lengths(600, 1)))  # 19 blocks > 16 usable
+    with pytest.raises(KvplanError):
+        SchedulerConfig(num_blocks=1, block_size=16)
+
+
+def test_lengths_are_drawn_as_bench_draws_them():
+    from kvplan.bench.workload import Workload
+
+    for dist in ("fixed", "uniform", "normal", "lognormal"):
+        w = Workload(prompt_tokens=128, output_tokens=64, distribution=dist, spread=0.5, seed=3)
+        lengths = Lengths(128, 64, dist, 0.5, 3)
+        assert [w.lengths(i) for i in range(50)] == [lengths(i) for i in range(50)]
+    assert bench_levels_first_index([1, 2, 4], 3) == {1: 0, 2: 3, 4: 9}
+
+
+def test_percentile_and_speed():
+    assert percentile([1, 2, 3, 4], 50) == 2.5 and percentile([], 50) is None
+    import time
+
+    cfg = SchedulerConfig(num_blocks=2001, block_size=16, max_num_seqs=256, max_num_batched_tokens=8192)
+    t0 = time.perf_counter()
+    res = simulate(cfg, closed_loop(64, Lengths(512, 128, "lognormal", 0.5), 4, shared_prefix=0.25))
+    assert time.perf_counter() - t0 < 5 and len(res.requests) == 256
