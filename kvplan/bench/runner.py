@@ -27,9 +27,10 @@ from kvplan.bench.engine import (
     http_get,
     parse_capacity_log,
 )
-from kvplan.bench.loadgen import RequestRecord, StopSignal, run_closed_loop
+from kvplan.bench.loadgen import RequestRecord, StopSignal, run_closed_loop, run_open_loop
 from kvplan.bench.metrics import Snapshot, preempted, scrape_during, scrape_once, summarize
-from kvplan.bench.stats import describe
+from kvplan.bench.slo import describe_slo, point_checks, request_meets
+from kvplan.bench.stats import describe, sample_warnings
 from kvplan.bench.sweep import (
     Onset,
     PointOutcome,
@@ -49,6 +50,13 @@ from kvplan.plan.blocks import BlockRule
 from kvplan.vllm_log import redact
 
 
+#: Requests per point when neither --requests, --requests-per-stream nor --duration is given: enough
+#: for a p99 that is not just the largest sample (kvplan.bench.stats.min_samples).
+DEFAULT_REQUESTS = 100
+
+LATENCY_FROM = "scheduled"  # every latency counts from the request's scheduled time (see loadgen)
+
+
 class BenchFailed(KvplanError):
     """The run could not go on (engine died, server went away): exit code 1."""
 
@@ -65,9 +73,15 @@ class BenchConfig(BaseModel):
     sweep: list[int] | None = None  # None: automatic
     max_concurrency: int | None = None
     include_levels: list[int] = Field(default_factory=list)  # also measured by an automatic sweep
-    requests_per_stream: int = 3
+    requests_per_stream: int | None = None  # closed loop: each stream sends this many (old runs: 3)
+    requests: int | None = None  # requests per point (default DEFAULT_REQUESTS unless duration_s is set)
+    duration_s: float | None = None  # per point: no new request after this many seconds
+    rates: list[float] | None = None  # open loop: one point per rate (requests/s) instead of concurrencies
+    burstiness: float = 1.0  # open loop: gamma shape of the inter-arrival gaps (1 = Poisson)
+    rate_max_concurrency: int | None = None  # open loop: at most this many requests in flight
+    slo: dict[str, float] = Field(default_factory=dict)  # SLO key -> seconds (kvplan.bench.slo)
     warmup: bool = True  # one unrecorded round before the first point
-    scrape_interval_s: float = 0.05
+    scrape_interval_s: float = 0.5
     request_timeout_s: float = 300.0
     startup_timeout_s: float = 900.0
     max_num_seqs: int | None = None  # the engine's, for the prediction (None: not the limit)
@@ -118,6 +132,30 @@ class PointResult(BaseModel):
     label: str
     predicted: dict[str, Any] | None = None
     notes: list[str] = Field(default_factory=list)
+    # Load: closed loop at `concurrency` streams, or open loop at `rate` requests/s (then `concurrency`
+    # is the most requests the client had in flight at once).
+    mode: Literal["concurrency", "rate"] = "concurrency"
+    rate: float | None = None
+    burstiness: float | None = None
+    max_concurrency: int | None = None  # open loop: the cap on requests in flight
+    latency_from: str = LATENCY_FROM
+    send_lag: dict[str, float | None] = Field(default_factory=dict)  # actual send - scheduled time
+    request_throughput: float | None = None  # completed requests / wall time
+    multi_token_requests: int = 0  # requests whose deliveries carried several tokens
+    warnings: list[str] = Field(default_factory=list)  # percentiles resting on too few samples
+    slo: dict[str, Any] | None = None  # {key: {target, value, met}} (seconds)
+    slo_met: bool | None = None  # every SLO percentile of the point within its target
+    goodput_share: float | None = None  # requests meeting every SLO / requests
+    goodput_req_s: float | None = None
+    goodput_tok_s: float | None = None
+
+    @property
+    def load(self) -> float:
+        return self.rate if self.mode == "rate" and self.rate is not None else float(self.concurrency)
+
+    @property
+    def load_key(self) -> tuple[str, float]:
+        return (self.mode, self.load)
 
     def outcome(self) -> PointOutcome:
         return PointOutcome(self.concurrency, self.waited_for_kv, self.preempted, self.status != "ok")
@@ -146,6 +184,12 @@ class BenchSummary(BaseModel):
     prediction: dict[str, Any] | None = None
     measured: dict[str, Any]
     points: list[PointResult]
+    load_mode: Literal["concurrency", "rate"] = "concurrency"
+    load_description: str | None = None  # how each point was loaded and sized
+    latency_from: str = LATENCY_FROM
+    slo: dict[str, float] = Field(default_factory=dict)
+    highest_load_meeting_slo: float | None = None  # concurrency or rate; null: none (or no SLO)
+    source: str = "kvplan"
 
 
 def rule_json(rule: BlockRule | None, exact: bool) -> dict[str, Any] | None:
@@ -200,7 +244,7 @@ class BenchRun:
         for row in previous or []:  # --resume: finished points count, failed ones run again
             point = PointResult.model_validate(row)
             if point.status == "ok":
-                self.points = [p for p in self.points if p.concurrency != point.concurrency] + [point]
+                self.points = [p for p in self.points if p.load_key != point.load_key] + [point]
         self.run_info: dict[str, Any] = {}
         self._next_index = 0
         self._request_rows: list[dict[str, Any]] = []
@@ -316,13 +360,45 @@ class BenchRun:
 
     # ---------------------------------------------------------------- points
 
-    def _point(self, concurrency: int) -> PointResult:
+    def point_requests(self, concurrency: int | None) -> int | None:
+        """Requests a point sends (None: as many as fit in duration_s)."""
+        cfg = self.cfg
+        if concurrency is not None and cfg.requests_per_stream:
+            return concurrency * cfg.requests_per_stream
+        if cfg.requests is None and cfg.duration_s is not None:
+            return None
+        n = cfg.requests or DEFAULT_REQUESTS
+        return max(n, concurrency or 1)  # every stream sends at least once
+
+    def load_description(self) -> str:
+        cfg = self.cfg
+        if cfg.rates:
+            text = (f"open loop: requests at a fixed rate, {'Poisson' if cfg.burstiness == 1 else f'gamma (burstiness {cfg.burstiness:g})'} "
+                    "arrivals")
+            if cfg.rate_max_concurrency:
+                text += f", at most {cfg.rate_max_concurrency} in flight"
+        else:
+            text = "closed loop: concurrent streams, each sending its next request when the previous one ends"
+        if cfg.requests_per_stream:
+            size = f"{cfg.requests_per_stream} requests per stream"
+        else:
+            parts = []
+            if cfg.requests is not None or cfg.duration_s is None:
+                parts.append(f"{cfg.requests or DEFAULT_REQUESTS} requests")
+            if cfg.duration_s is not None:
+                parts.append(f"{cfg.duration_s:g} s")
+            size = " or ".join(parts) + " per point" + (", whichever ends first" if len(parts) > 1 else "")
+        warm = "; one unrecorded warm-up round before the first point" if cfg.warmup else "; no warm-up"
+        return f"{text}; {size}{warm}"
+
+    def _point(self, concurrency: int, rate: float | None = None) -> PointResult:
         seq = len(self.points)
         first_index = self._next_index  # request numbers (and the run's nonce) make prompts unique
-        total = concurrency * self.cfg.requests_per_stream
-        self.view.point_started(concurrency, total)
+        total = self.point_requests(None if rate is not None else concurrency)
+        self.view.point_started(concurrency if rate is None else rate, total or 0)
         started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        result = asyncio.run(self._point_async(concurrency, seq, first_index, started_at))
+        result = asyncio.run(self._point_async(concurrency, seq, first_index, started_at, rate))
+        total = total or 0
         self._next_index += max(total, result.requests)
         self.points.append(result)
         self.store.append_requests(self._request_rows)
@@ -330,7 +406,8 @@ class BenchRun:
         self.view.point_finished(result)
         return result
 
-    async def _point_async(self, concurrency: int, seq: int, first_index: int, started_at: str) -> PointResult:
+    async def _point_async(self, concurrency: int, seq: int, first_index: int, started_at: str,
+                           rate: float | None = None) -> PointResult:
         stop = StopSignal()
         before = None
         if self.metrics_error is None:
@@ -349,11 +426,22 @@ class BenchRun:
                 api_key=self.api_key)))
         if self.launcher is not None:
             tasks.append(asyncio.create_task(self._watch_engine(stop)))
-        if not stop.is_set():
+        if not stop.is_set() and rate is not None:
+            load = await run_open_loop(
+                self.base_url, self.model, self.workload.api, rate, self.workload.request, first_index,
+                total_requests=self.point_requests(None), duration_s=self.cfg.duration_s,
+                burstiness=self.cfg.burstiness, max_concurrency=self.cfg.rate_max_concurrency,
+                seed=self.workload.seed + seq, request_timeout_s=self.cfg.request_timeout_s, stop=stop,
+                on_request_done=lambda r: self.view.request_done(r.ok), api_key=self.api_key,
+            )
+            records, wall, aborted = load.records, load.wall_s, load.aborted
+        elif not stop.is_set():
             load = await run_closed_loop(
                 self.base_url, self.model, self.workload.api, concurrency, self.cfg.requests_per_stream,
                 self.workload.request, first_index, self.cfg.request_timeout_s, stop,
                 on_request_done=lambda r: self.view.request_done(r.ok), api_key=self.api_key,
+                total_requests=None if self.cfg.requests_per_stream else self.point_requests(concurrency),
+                duration_s=None if self.cfg.requests_per_stream else self.cfg.duration_s,
             )
             records, wall, aborted = load.records, load.wall_s, load.aborted
         else:
@@ -375,7 +463,10 @@ class BenchRun:
                 after = await scrape_once(self.base_url, api_key=self.api_key)
             except Exception:  # noqa: BLE001
                 after = None
-        return self._point_result(concurrency, seq, first_index, started_at, records, wall, aborted, before, during, after)
+        if rate is not None:
+            concurrency = peak_in_flight(records)
+        return self._point_result(concurrency, seq, first_index, started_at, records, wall, aborted, before, during,
+                                  after, rate)
 
     async def _watch_engine(self, stop: StopSignal) -> None:
         while not stop.is_set():
@@ -402,7 +493,8 @@ class BenchRun:
 
     def _point_result(self, concurrency: int, seq: int, first_index: int, started_at: str,
                       records: list[RequestRecord], wall: float, aborted: str | None,
-                      before: Snapshot | None, during: list[Snapshot], after: Snapshot | None) -> PointResult:
+                      before: Snapshot | None, during: list[Snapshot], after: Snapshot | None,
+                      rate: float | None = None) -> PointResult:
         ok = [r for r in records if r.ok]
         failed = [r for r in records if not r.ok]
         server = summarize(before, during, after).to_json() if before is not None and after is not None else {}
@@ -427,7 +519,7 @@ class BenchRun:
         outcome = PointOutcome(concurrency, waited, did_preempt, status != "ok")
         output_tokens = sum(r.output_tokens for r in ok)
         predicted = None
-        if self.rule is not None:
+        if self.rule is not None and rate is None:
             predicted = {
                 "waits_for_kv": self.rule.waits_for_kv(concurrency),
                 "preempts": self.rule.preempts(concurrency),
@@ -436,12 +528,41 @@ class BenchRun:
             }
         notes = []
         seen = server.get("peak_in_engine")
-        if status == "ok" and seen is not None and seen < min(concurrency, self.cfg.max_num_seqs or concurrency):
+        if rate is None and status == "ok" and seen is not None and seen < min(concurrency, self.cfg.max_num_seqs or concurrency):
             notes.append(f"the engine was seen holding at most {seen:.0f} of the {concurrency} requests at once "
                          "(short requests, a slow API server or scrapes too far apart): the load may not have "
                          "reached this concurrency inside the engine")
-        self._request_rows = [dict(r.to_json(), concurrency=concurrency, seq=seq) for r in records]
+        self._request_rows = [dict(r.to_json(), concurrency=concurrency, seq=seq,
+                                   **({"rate": rate} if rate is not None else {})) for r in records]
+        stats = {
+            "ttft": describe([r.ttft_s for r in ok if r.ttft_s is not None]),
+            "itl": describe([g for r in ok for g in r.itl_s]),
+            "tpot": describe([r.tpot_s for r in ok if r.tpot_s is not None]),
+            "e2e": describe([r.e2e_s for r in ok if r.e2e_s is not None]),
+        }
+        warnings = [w for name, key in (("TTFT", "ttft"), ("ITL", "itl"), ("TPOT", "tpot"), ("E2E", "e2e"))
+                    for w in sample_warnings(name, stats[key])]
+        slo = self.cfg.slo
+        checks = point_checks(stats, slo) if slo else None
+        good = [r for r in ok if request_meets(r, slo)] if slo else []
+        multi = sum(1 for r in ok if r.multi_token_chunks)
+        if multi:
+            notes.append(f"{multi} of {len(ok)} requests received several tokens in one delivery; ITL is per token "
+                         "(the gap divided by the tokens delivered)")
         return PointResult(
+            mode="rate" if rate is not None else "concurrency",
+            rate=rate,
+            burstiness=self.cfg.burstiness if rate is not None else None,
+            max_concurrency=self.cfg.rate_max_concurrency if rate is not None else None,
+            send_lag=describe([max(0.0, r.sent_s - r.scheduled_s) for r in records if r.sent_s]),
+            request_throughput=round(len(ok) / wall, 4) if wall > 0 and ok else None,
+            multi_token_requests=multi,
+            warnings=warnings,
+            slo=checks,
+            slo_met=None if not checks or status != "ok" else all(c["met"] for c in checks.values()),
+            goodput_share=round(len(good) / len(records), 4) if slo and records else None,
+            goodput_req_s=round(len(good) / wall, 4) if slo and wall > 0 else None,
+            goodput_tok_s=round(sum(r.output_tokens for r in good) / wall, 2) if slo and wall > 0 else None,
             seq=seq,
             concurrency=concurrency,
             status=status,
@@ -454,10 +575,10 @@ class BenchRun:
             requests_failed=len(failed),
             output_tokens=output_tokens,
             throughput_tok_s=round(output_tokens / wall, 2) if wall > 0 and ok else None,
-            ttft=describe([r.ttft_s for r in ok if r.ttft_s is not None]),
-            itl=describe([g for r in ok for g in r.itl_s]),
-            tpot=describe([r.tpot_s for r in ok if r.tpot_s is not None]),
-            e2e=describe([r.e2e_s for r in ok if r.e2e_s is not None]),
+            ttft=stats["ttft"],
+            itl=stats["itl"],
+            tpot=stats["tpot"],
+            e2e=stats["e2e"],
             server=server,
             waited_for_kv=waited,
             wait_evidence=evidence,
@@ -477,6 +598,17 @@ class BenchRun:
 
         if self.cfg.warmup:
             self._warm_up()
+        if self.cfg.rates:
+            done = {p.rate for p in self.points if p.mode == "rate"}
+            for rate in self.cfg.rates:
+                if rate in done:
+                    continue
+                point = self._point(0, rate)
+                if point.status != "ok":
+                    ok = sum(1 for p in self.points if p.status == "ok")
+                    raise BenchFailed(f"the point at {rate:g} requests/s failed: {point.error} "
+                                      f"({ok} finished point{'s' if ok != 1 else ''} kept in {self.store.path})")
+            return
         if self.cfg.sweep:
             sweep = Sweep(run_point, max(self.cfg.sweep), known)
             sweep.levels(self.cfg.sweep)
@@ -540,7 +672,7 @@ class BenchRun:
         self.store.write_run(data)
 
     def summary(self, status: str, error: str | None) -> BenchSummary:
-        ordered = sorted(self.points, key=lambda p: (p.concurrency, p.seq))
+        ordered = sorted(self.points, key=lambda p: (p.mode, p.load, p.seq))
         measured = {k: onset_json(v) for k, v in self.onsets.items()}
         rule = rule_json(self.rule, self.rule_exact)
         agree = {}
@@ -574,6 +706,10 @@ class BenchRun:
             prediction=rule,
             measured=measured,
             points=ordered,
+            load_mode="rate" if self.cfg.rates else "concurrency",
+            load_description=self.load_description(),
+            slo=dict(self.cfg.slo),
+            highest_load_meeting_slo=highest_load_meeting(ordered) if self.cfg.slo else None,
         )
 
     def finish(self, status: str, error: str | None) -> BenchSummary:
@@ -628,6 +764,31 @@ class BenchRun:
                     self.summary_obj = self.finish(status, error)
         assert self.summary_obj is not None
         return self.summary_obj
+
+
+def peak_in_flight(records: list[RequestRecord]) -> int:
+    """The most requests the client had sent and not yet seen end, at once."""
+    events = []
+    for r in records:
+        if r.sent_s or r.end_s is not None:
+            events.append((r.sent_s, 1))
+            events.append((r.end_s if r.end_s is not None else float("inf"), -1))
+    peak = now = 0
+    for _, step in sorted(events, key=lambda e: (e[0], e[1])):
+        now += step
+        peak = max(peak, now)
+    return peak
+
+
+def highest_load_meeting(points: list[PointResult]) -> float | None:
+    """The highest load (concurrency or rate) of a finished point meeting every SLO, below the first
+    finished point that does not (a load above a miss is not trusted to hold)."""
+    best = None
+    for p in sorted((p for p in points if p.status == "ok" and p.slo_met is not None), key=lambda p: p.load):
+        if not p.slo_met:
+            break
+        best = p.load
+    return best
 
 
 def wait_evidence(concurrency: int, max_num_seqs: int | None, peak_waiting: float | None,
