@@ -214,3 +214,17 @@ def test_tensor_parallel_suggestion_names_the_gpus_it_needs():
     # The flag reads back: the suggested command fits.
     again = run("size", "meta-llama/Llama-3.1-8B", "--ctx", "32k", "-c", "2", *tp["flags"].split())
     assert again.exit_code == 0
+
+
+def test_size_imports_neither_torch_nor_vllm():
+    """`kvplan size` with kvplan's rules stays light: the engine is imported only for --layout engine."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from kvplan.cli.app import main_exit_code; "
+            "rc = main_exit_code(['size', 'Qwen/Qwen3.5-27B', '--gpu', 'H100', '--ctx', '32k', '--json']); "
+            "heavy = sorted(m for m in ('torch', 'vllm', 'transformers') if m in sys.modules); "
+            "print(rc, heavy, file=sys.stderr)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+    assert out.stderr.strip().splitlines()[-1] == "0 []", out.stderr[-1000:]
