@@ -97,6 +97,8 @@ def plan_deployment(
     devices, _ = load_catalog()
     base = overhead or load_overhead()
     notes: list[str] = list(model.config.notes)
+    if gpus.device.selection_note:  # `--gpu A100`: which variant was planned
+        notes.append(gpus.device.selection_note)
     if use_calibration and overhead is None:
         base, ref, used = _apply_calibration(model, gpus, settings, rules.version, base, ref)
         notes += used

@@ -1,4 +1,5 @@
-"""The run's results, written offline: summary.json, report.md and plot.png (matplotlib Agg)."""
+"""The run's results, written offline: summary.json, report.md, points.csv, requests.csv, report.html
+(self-contained: inline SVG charts, no network) and plot.png (matplotlib Agg, when installed)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,13 @@ from kvplan.bench import store as st
 
 def write_reports(store: st.RunStore, summary: Any) -> None:
     """Write the summary JSON, the Markdown report and the plot (the plot only with matplotlib)."""
+    from kvplan.bench.html import html_report
+
     store.write_text(st.SUMMARY_FILE, summary.model_dump_json(indent=2) + "\n")
     store.write_text(st.REPORT_FILE, markdown(summary))
+    store.write_text(POINTS_CSV, points_csv(summary.points))
+    store.write_text(REQUESTS_CSV, requests_csv(store.read_requests()))
+    store.write_text(HTML_FILE, html_report([summary]))
     try:
         png = plot_png(summary)
     except ImportError:
@@ -25,6 +31,90 @@ def write_reports(store: st.RunStore, summary: Any) -> None:
         with os.fdopen(st._open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "wb") as fh:
             fh.write(png)
         os.replace(tmp, store.path / st.PLOT_FILE)
+
+
+POINTS_CSV = "points.csv"
+REQUESTS_CSV = "requests.csv"
+HTML_FILE = "report.html"
+
+_STAT_KEYS = ("n", "mean", "p50", "p90", "p95", "p99")
+
+
+def points_csv(points: list) -> str:
+    """One row per point; latencies in ms, with the sample count of each metric."""
+    import csv
+    import io
+
+    head = ["seq", "mode", "concurrency", "rate", "burstiness", "max_concurrency", "status", "label", "latency_from",
+            "wall_s", "requests", "requests_ok", "requests_failed", "output_tokens", "output_tok_s", "request_s",
+            "preemptions", "peak_waiting", "peak_running", "peak_kv_usage", "predicted_label", "predicted_kv_fill",
+            "slo_met", "goodput_share", "goodput_req_s", "goodput_tok_s"]
+    for metric in ("ttft", "itl", "tpot", "e2e", "send_lag"):
+        head += [f"{metric}_n"] + [f"{metric}_{k}_ms" for k in _STAT_KEYS[1:]]
+    head += ["warnings", "error"]
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(head)
+    for p in points:
+        srv = p.server or {}
+        pred = p.predicted or {}
+        row = [p.seq, p.mode, p.concurrency, p.rate, p.burstiness, p.max_concurrency, p.status, p.label, p.latency_from,
+               p.wall_s, p.requests, p.requests_ok, p.requests_failed, p.output_tokens, p.throughput_tok_s,
+               p.request_throughput, srv.get("preemptions"), srv.get("peak_waiting"), srv.get("peak_running"),
+               srv.get("peak_kv_usage"), pred.get("label"), pred.get("kv_fill"), p.slo_met, p.goodput_share,
+               p.goodput_req_s, p.goodput_tok_s]
+        for metric in ("ttft", "itl", "tpot", "e2e", "send_lag"):
+            stats = getattr(p, metric) or {}
+            row.append(None if stats.get("n") is None else int(stats["n"]))
+            row += [None if stats.get(k) is None else round(stats[k] * 1000, 3) for k in _STAT_KEYS[1:]]
+        row += ["; ".join(p.warnings), p.error]
+        w.writerow(["" if v is None else v for v in row])
+    return _csv_safe(buf.getvalue())
+
+
+def requests_csv(rows: list[dict]) -> str:
+    """One row per request (requests.jsonl): scheduled and actual send times, TTFT/E2E from the scheduled
+    time, mean ITL per token, tokens."""
+    import csv
+    import io
+
+    from kvplan.bench.loadgen import RequestRecord
+
+    head = ["seq", "concurrency", "rate", "index", "stream", "ok", "scheduled_s", "sent_s", "send_lag_ms",
+            "first_token_s", "end_s", "ttft_ms", "e2e_ms", "tpot_ms", "itl_mean_ms", "deliveries", "prompt_tokens",
+            "output_tokens", "error"]
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(head)
+    for row in rows:
+        try:
+            rec = RequestRecord(int(row["index"]), int(row["stream"]), float(row["scheduled_s"]),
+                                float(row.get("sent_s") or 0.0), row.get("first_token_s"), row.get("end_s"),
+                                [float(t) for t in row.get("chunk_times_s") or []],
+                                [int(k) for k in row.get("chunk_tokens") or []], row.get("prompt_tokens"),
+                                int(row.get("output_tokens") or 0), int(row.get("max_tokens") or 0), bool(row.get("ok")),
+                                row.get("error"))
+        except (KeyError, TypeError, ValueError):
+            continue  # not a line kvplan wrote
+        itl = rec.itl_s
+
+        def ms(v):
+            return "" if v is None else round(v * 1000, 3)
+
+        w.writerow([row.get("seq", ""), row.get("concurrency", ""), row.get("rate", ""), rec.index, rec.stream, rec.ok,
+                    round(rec.scheduled_s, 6), round(rec.sent_s, 6), ms(rec.sent_s - rec.scheduled_s if rec.sent_s else None),
+                    "" if rec.first_token_s is None else rec.first_token_s, "" if rec.end_s is None else rec.end_s,
+                    ms(rec.ttft_s), ms(rec.e2e_s), ms(rec.tpot_s), ms(sum(itl) / len(itl) if itl else None),
+                    len(rec.chunk_times_s), "" if rec.prompt_tokens is None else rec.prompt_tokens, rec.output_tokens,
+                    rec.error or ""])
+    return _csv_safe(buf.getvalue())
+
+
+def _csv_safe(text: str) -> str:
+    """No cell may start a spreadsheet formula (an error message from a server is data)."""
+    import re
+
+    return re.sub(r'(^|,|")([=+@])', r"\1'\2", text, flags=re.M) if any(c in text for c in "=+@") else text
 
 
 def _ms(seconds: float | None) -> str:
@@ -87,32 +177,76 @@ def markdown(summary: Any) -> str:
             + ("" if pred.get("exact") else " (approximate: requests are not identical; mean lengths used)")
             + "."
         )]
+    rate_mode = getattr(s, "load_mode", "concurrency") == "rate"
+    slo = getattr(s, "slo", None) or {}
     lines += ["", "## Points", ""]
-    head = ("| concurrency | predicted | measured | preemptions | peak waiting | KV fill predicted | KV peak measured "
-            "| TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | TPOT p50 ms | E2E p99 ms | output tok/s | requests ok |")
-    lines += [head, "|" + "---:|" * 15]
+    if getattr(s, "load_description", None):
+        lines += [f"Load: {s.load_description}.", ""]
+    cols = (["rate req/s", "peak in flight"] if rate_mode else ["concurrency"]) + [
+        "predicted", "measured", "preemptions", "peak waiting", "KV fill predicted", "KV peak measured",
+        "TTFT p50 ms", "TTFT p99 ms (n)", "ITL p50 ms", "ITL p99 ms (n)", "TPOT p50 ms", "E2E p99 ms (n)",
+        "output tok/s", "req/s", "requests ok"]
+    if slo:
+        cols += ["meets SLOs", "goodput req/s", "goodput tok/s"]
+    lines += ["| " + " | ".join(cols) + " |", "|" + "---:|" * len(cols)]
     for pt in s.points:
         srv = pt.server or {}
         predicted = pt.predicted or {}
         kv_pred = predicted.get("kv_fill")
         kv_meas = srv.get("peak_kv_usage")
-        lines.append(
-            f"| {pt.concurrency} | {predicted.get('label', '-')} | {pt.label} | {_num(_int(srv.get('preemptions')))} "
-            f"| {_num(_int(srv.get('peak_waiting')))} | {'-' if kv_pred is None else f'{kv_pred:.0%}'} "
-            f"| {'-' if kv_meas is None else f'{kv_meas:.0%}'} | {_ms(pt.ttft.get('p50'))} | {_ms(pt.ttft.get('p99'))} "
-            f"| {_ms(pt.itl.get('p50'))} | {_ms(pt.itl.get('p99'))} | {_ms(pt.tpot.get('p50'))} "
-            f"| {_ms(pt.e2e.get('p99'))} | {_num(pt.throughput_tok_s, ',.0f')} | {pt.requests_ok}/{pt.requests} |"
-        )
+        load = [f"{pt.rate:g}", str(pt.concurrency)] if rate_mode else [str(pt.concurrency)]
+        cells = load + [
+            predicted.get("label", "-"), pt.label, _num(_int(srv.get("preemptions"))), _num(_int(srv.get("peak_waiting"))),
+            "-" if kv_pred is None else f"{kv_pred:.0%}", "-" if kv_meas is None else f"{kv_meas:.0%}",
+            _ms(pt.ttft.get("p50")), _pn(pt.ttft), _ms(pt.itl.get("p50")), _pn(pt.itl), _ms(pt.tpot.get("p50")),
+            _pn(pt.e2e), _num(pt.throughput_tok_s, ",.0f"), _num(pt.request_throughput, ",.2f"),
+            f"{pt.requests_ok}/{pt.requests}"]
+        if slo:
+            cells += ["-" if pt.slo_met is None else ("yes" if pt.slo_met else "no"),
+                      _num(pt.goodput_req_s, ",.2f"), _num(pt.goodput_tok_s, ",.0f")]
+        lines.append("| " + " | ".join(cells) + " |")
+    if slo:
+        from kvplan.bench.slo import describe_slo
+
+        best = getattr(s, "highest_load_meeting_slo", None)
+        unit = "requests/s" if rate_mode else "concurrent streams"
+        lines += ["", f"SLOs: {describe_slo(slo)}. Highest load meeting them: "
+                  + (f"{best:g} {unit}." if best is not None else "none of the measured loads.")
+                  + " Goodput counts requests meeting every SLO on their own (TTFT, TPOT, E2E, and the request's own "
+                  "ITL percentile)."]
     for pt in s.points:
+        where = f"{pt.rate:g} requests/s" if pt.mode == "rate" else f"concurrency {pt.concurrency}"
         for note in pt.notes:
-            lines.append(f"\nConcurrency {pt.concurrency}: {note}.")
+            lines.append(f"\n{where[0].upper() + where[1:]}: {note}.")
+        for warning in pt.warnings:
+            lines.append(f"\n**Warning** ({where}): {warning}.")
     failed = [pt for pt in s.points if pt.status != "ok"]
     for pt in failed:
-        lines.append(f"\nPoint at concurrency {pt.concurrency} failed: {pt.error}")
-    lines += ["", "Latencies count from each request's scheduled time (closed loop: the end of the stream's "
-              "previous request). TTFT = first output chunk; ITL = gaps between output chunks; "
-              "TPOT = (E2E - TTFT) / (output tokens - 1); output tok/s counts completed requests.", ""]
+        where = f"{pt.rate:g} requests/s" if pt.mode == "rate" else f"concurrency {pt.concurrency}"
+        lines.append(f"\nPoint at {where} "
+                     f"failed: {pt.error}")
+    lines += ["", DEFINITIONS, ""]
     return "\n".join(lines)
+
+
+DEFINITIONS = (
+    "Latencies count from each request's scheduled time (closed loop: the point's start, then the end of the "
+    "stream's previous request; open loop: its drawn arrival time), not from when it was actually sent; the "
+    "actual send time is recorded too (requests.csv, send_lag in points.csv). TTFT = first output delivery; "
+    "ITL = per output token (the gap between deliveries divided by the tokens the later one carried); "
+    "TPOT = (E2E - TTFT) / (output tokens - 1); output tok/s and req/s count completed requests over the "
+    "point's wall time. (n) = samples behind the percentile; a p99 needs >= 100.")
+
+
+def _pn(stats: dict) -> str:
+    """'812.3 (97)': the p99 and its sample count, '!' when too few samples carry it."""
+    from kvplan.bench.stats import min_samples
+
+    value = stats.get("p99")
+    if value is None:
+        return "-"
+    n = int(stats.get("n") or 0)
+    return f"{value * 1000:.1f} ({n}{'!' if n < min_samples(99) else ''})"
 
 
 def _int(value: Any) -> int | None:

@@ -29,7 +29,7 @@ from kvplan.bench.engine import (
 )
 from kvplan.bench.loadgen import RequestRecord, StopSignal, run_closed_loop, run_open_loop
 from kvplan.bench.metrics import Snapshot, preempted, scrape_during, scrape_once, summarize
-from kvplan.bench.slo import describe_slo, point_checks, request_meets
+from kvplan.bench.slo import point_checks, request_meets
 from kvplan.bench.stats import describe, sample_warnings
 from kvplan.bench.sweep import (
     Onset,
@@ -48,7 +48,6 @@ from kvplan.bench.workload import Workload
 from kvplan.errors import KvplanError
 from kvplan.plan.blocks import BlockRule
 from kvplan.vllm_log import redact
-
 
 #: Requests per point when neither --requests, --requests-per-stream nor --duration is given: enough
 #: for a p99 that is not just the largest sample (kvplan.bench.stats.min_samples).
@@ -373,8 +372,8 @@ class BenchRun:
     def load_description(self) -> str:
         cfg = self.cfg
         if cfg.rates:
-            text = (f"open loop: requests at a fixed rate, {'Poisson' if cfg.burstiness == 1 else f'gamma (burstiness {cfg.burstiness:g})'} "
-                    "arrivals")
+            arrivals = "Poisson" if cfg.burstiness == 1 else f"gamma (burstiness {cfg.burstiness:g})"
+            text = f"open loop: requests at a fixed rate, {arrivals} arrivals"
             if cfg.rate_max_concurrency:
                 text += f", at most {cfg.rate_max_concurrency} in flight"
         else:
@@ -395,7 +394,7 @@ class BenchRun:
         seq = len(self.points)
         first_index = self._next_index  # request numbers (and the run's nonce) make prompts unique
         total = self.point_requests(None if rate is not None else concurrency)
-        self.view.point_started(concurrency if rate is None else rate, total or 0)
+        self.view.point_started(concurrency if rate is None else f"rate {rate:g}/s", total or 0)
         started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         result = asyncio.run(self._point_async(concurrency, seq, first_index, started_at, rate))
         total = total or 0

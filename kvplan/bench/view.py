@@ -52,7 +52,8 @@ class RichView(NullView):
             self.progress.update(self._engine_task, description=f"engine ready in {elapsed_s:.0f} s", total=1, completed=1)
 
     def point_started(self, concurrency: int, total: int) -> None:
-        self._task = self.progress.add_task(f"concurrency {concurrency:>4}", total=total, gauges="")
+        label = concurrency if isinstance(concurrency, str) else f"concurrency {concurrency:>4}"
+        self._task = self.progress.add_task(label, total=total or None, gauges="")
 
     def request_done(self, ok: bool) -> None:
         if self._task is not None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import typer
 
 from kvplan import __version__
-from kvplan.cli import bench_cmd, catalog_cmd, check_cmd, size_cmd, validate_cmd
+from kvplan.cli import bench_cmd, catalog_cmd, check_cmd, fit_cmd, report_cmd, size_cmd, validate_cmd
 
 app = typer.Typer(
     name="kvplan",
@@ -50,6 +50,8 @@ app.command("calibrate", epilog=validate_cmd.CALIBRATE_EXAMPLES)(validate_cmd.ca
 app.command("check", epilog=check_cmd.CHECK_EXAMPLES)(check_cmd.check)
 app.command("check-log", epilog=check_cmd.CHECK_LOG_EXAMPLES)(check_cmd.check_log)
 app.command("bench", epilog=bench_cmd.EXAMPLES)(bench_cmd.bench)
+app.command("report", epilog=report_cmd.EXAMPLES)(report_cmd.report)
+app.command("fit", epilog=fit_cmd.FIT_EXAMPLES)(fit_cmd.fit)
 
 
 def main_exit_code(argv: list[str] | None = None) -> int:

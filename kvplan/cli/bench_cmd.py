@@ -25,7 +25,11 @@ Examples:
   # the deployments of ./kvplan.yaml, one run each
   kvplan bench
 
-  # continue an interrupted run; print the summary as JSON
+  # open loop: Poisson arrivals at 1, 2, 4 and 8 requests/s, 200 requests a point, with SLOs
+  kvplan bench --url http://gpu-box:8000 --sweep-rate 1,2,4,8 --requests 200 \
+      --slo ttft_p99=500ms,itl_p99=50ms,e2e_p99=10s
+
+  # continue an interrupted run (a finished one is only re-rendered); print the summary as JSON
   kvplan bench --resume runs/20250101-120000-my-model --json
 """
 
@@ -66,10 +70,16 @@ def bench(
     api: str = typer.Option("completions", "--api", help="completions (token-id prompts) or chat."),
     seed: int = typer.Option(0, "--seed", help="Seed of prompts and lengths."),
     sweep: str = typer.Option("auto", "--sweep", help="auto (bracket and bisect the predicted onsets) or levels: 1,2,4,8."),
-    max_concurrency: Optional[int] = typer.Option(None, "--max-concurrency", help="Top of an automatic sweep (default: 2x the predicted KV-wait onset, >= 8)."),
-    requests_per_stream: int = typer.Option(3, "--requests-per-stream", help="Requests each stream sends, one after the other."),
+    max_concurrency: Optional[int] = typer.Option(None, "--max-concurrency", help="Closed loop: top of an automatic sweep (default: 2x the predicted KV-wait onset, >= 8). With --rate/--sweep-rate: the most requests in flight at once."),
+    requests: Optional[int] = typer.Option(None, "--requests", help="Requests per point (default 100, at least one per stream; with --duration only: no count)."),
+    duration: Optional[str] = typer.Option(None, "--duration", help="Per point: send no new request after this long (60s, 2min); with --requests, whichever ends first."),
+    requests_per_stream: Optional[int] = typer.Option(None, "--requests-per-stream", help="Closed loop: each stream sends exactly this many (instead of --requests)."),
+    rate: Optional[float] = typer.Option(None, "--rate", help="Open loop: requests per second (one point)."),
+    sweep_rate: Optional[str] = typer.Option(None, "--sweep-rate", help="Open loop: one point per rate, e.g. 1,2,4,8 (requests/s)."),
+    burstiness: float = typer.Option(1.0, "--burstiness", help="Open loop: gamma shape of the arrival gaps (1 = Poisson, < 1 burstier)."),
+    slo: Optional[str] = typer.Option(None, "--slo", help="SLOs: ttft_p99=500ms,itl_p99=50ms,e2e_p99=10s (metrics ttft, itl, tpot, e2e; p50/p90/p95/p99/mean; a bare number is ms)."),
     warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="One unrecorded round of requests before the first point."),
-    scrape_interval: float = typer.Option(0.05, "--scrape-interval", help="Seconds between /metrics scrapes during a point."),
+    scrape_interval: float = typer.Option(0.5, "--scrape-interval", help="Seconds between /metrics scrapes during a point (default 0.5 = 2 Hz; every scrape takes API-server CPU: faster scrapes raise the TTFT being measured)."),
     request_timeout: float = typer.Option(300.0, "--request-timeout", help="Seconds without a byte before a request fails."),
     startup_timeout: float = typer.Option(900.0, "--startup-timeout", help="Seconds the engine may take to become ready."),
     gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU for the planner's capacity next to the engine's (as kvplan size --gpu)."),
@@ -107,6 +117,15 @@ def bench(
         raise KvplanError("invalid --api-key: it holds a line break or NUL")
     key = api_key or os.environ.get("OPENAI_API_KEY", "").strip() or None
     if resume is not None:
+        if url is None and _finished(resume):  # nothing left to measure: re-render, never start an engine
+            from kvplan.bench.render import rerender
+
+            summary = rerender(resume)
+            if as_json:
+                print_json(summary)
+            else:
+                render(summary)
+            raise typer.Exit(0)
         store, cfg, previous = resume_state(resume)
         if url:
             cfg = cfg.model_copy(update={"url": url, "engine": None})
@@ -120,7 +139,7 @@ def bench(
 
     for name, value in (("--num-gpu-blocks-override", blocks_override), ("--block-size", block_size), ("--tp", tp),
                         ("--pp", pp), ("--max-num-seqs", max_num_seqs), ("--max-concurrency", max_concurrency),
-                        ("--requests-per-stream", requests_per_stream)):
+                        ("--requests-per-stream", requests_per_stream), ("--requests", requests)):
         if value is not None and value <= 0:
             raise KvplanError(f"invalid {name}: {value} must be greater than 0")
     # NaN fails every comparison: check_positive refuses it (and inf) instead of passing it on.
@@ -130,6 +149,18 @@ def bench(
     check_positive(spread, "--spread", allow_zero=True, maximum=100)
     check_positive(shared_prefix, "--shared-prefix", allow_zero=True, maximum=1)
     levels = parse_levels(sweep)
+    from kvplan.bench.slo import parse_duration, parse_slo
+
+    duration_s = None if duration is None else parse_duration(duration, "--duration", bare_unit="s")
+    slo_targets = parse_slo(slo)
+    rates = _rates(rate, sweep_rate)
+    check_positive(burstiness, "--burstiness", maximum=1000)
+    if rates is not None and sweep != "auto":
+        raise KvplanError("--sweep and --rate/--sweep-rate measure different loads", "use one of them per run")
+    if requests_per_stream is not None and rates is not None:
+        raise KvplanError("--requests-per-stream is for the closed loop", "use --requests or --duration with --rate")
+    if requests_per_stream is not None and (requests is not None or duration_s is not None):
+        raise KvplanError("--requests-per-stream sizes points by itself", "drop --requests/--duration, or it")
     workload = {
         "prompt_tokens": _tokens(prompt, "prompt length"),
         "output_tokens": _tokens(output, "output length"),
@@ -147,8 +178,14 @@ def bench(
         model=model_name,
         workload=workload,
         sweep=levels,
-        max_concurrency=max_concurrency,
+        max_concurrency=None if rates is not None else max_concurrency,
         requests_per_stream=requests_per_stream,
+        requests=requests,
+        duration_s=duration_s,
+        rates=rates,
+        burstiness=burstiness,
+        rate_max_concurrency=max_concurrency if rates is not None else None,
+        slo=slo_targets,
         warmup=warmup,
         scrape_interval_s=scrape_interval,
         request_timeout_s=request_timeout,
@@ -199,6 +236,32 @@ def bench(
         cfg = BenchConfig(engine=merged, include_levels=[level] if levels is None else [], deployment=name, **cfg_common)
         runs.append((st.RunStore(st.new_run_dir(out, name)), cfg, []))
     _run(runs, as_json, check, api_key)
+
+
+def _rates(rate: Optional[float], sweep_rate: Optional[str]) -> Optional[list[float]]:
+    """--rate R / --sweep-rate 1,2,4 -> sorted rates (requests/s), or None (closed loop)."""
+    import math
+
+    from kvplan.errors import KvplanError
+
+    if rate is not None and sweep_rate is not None:
+        raise KvplanError("--rate and --sweep-rate both given", "use --sweep-rate with one value, or --rate")
+    if rate is None and sweep_rate is None:
+        return None
+    try:
+        values = [rate] if rate is not None else [float(x) for x in (sweep_rate or "").split(",") if x.strip()]
+    except ValueError:
+        raise KvplanError(f"invalid --sweep-rate {sweep_rate!r:.80}", "use rates in requests/s: 1,2,4,8") from None
+    if not values or any(not math.isfinite(v) or v <= 0 or v > 1e6 for v in values):
+        raise KvplanError("invalid request rate", "rates are requests per second, above 0: 0.5, 2, 8")
+    return sorted(set(values))
+
+
+def _finished(run_dir: Path) -> bool:
+    """A run whose summary says complete: --resume has nothing to measure."""
+    from kvplan.bench.render import finished_run
+
+    return finished_run(run_dir)
 
 
 def _trusted_engine(cfg, run_dir: Path, engine_cmd: list[str], engine_args: list[str]):
@@ -336,8 +399,11 @@ def render(summary) -> None:
                           f"[{'green' if ok else 'red'}]{'agrees' if ok else 'differs'}[/]")
         else:
             console.print(f"  {name}: measured {measured}")
+    rate_mode = getattr(summary, "load_mode", "concurrency") == "rate"
+    if getattr(summary, "load_description", None):
+        console.print(f"[dim]load: {esc(summary.load_description)}; latencies from the scheduled send time[/]")
     table = Table(show_edge=False, pad_edge=False)
-    for col in ("c", "KV pressure", "preempt", "wait", "KV fill", "TTFT ms", "ITL ms", "E2E ms", "tok/s"):
+    for col in ("req/s" if rate_mode else "c", "KV pressure", "preempt", "wait", "KV fill", "TTFT ms", "ITL ms", "E2E ms", "tok/s"):
         table.add_column(col, justify="right", no_wrap=True)
     table.add_row("", "measured (planned)", "", "peak", "peak (plan)", "p50/p99", "p50/p99", "p99", "", style="dim")
 
@@ -357,12 +423,29 @@ def render(summary) -> None:
         kv = "-" if srv.get("peak_kv_usage") is None else f"{srv['peak_kv_usage']:.0%}"
         if pr.get("kv_fill") is not None:
             kv += f" ({pr['kv_fill']:.0%})"
+        n = int(p.ttft.get("n") or 0)
         table.add_row(
-            str(p.concurrency), label, f"{srv.get('preemptions') or 0:.0f}", f"{srv.get('peak_waiting') or 0:.0f}", kv,
-            f"{ms(p.ttft.get('p50'))}/{ms(p.ttft.get('p99'))}", f"{ms(p.itl.get('p50'))}/{ms(p.itl.get('p99'))}",
+            f"{p.rate:g}" if rate_mode else str(p.concurrency), label, f"{srv.get('preemptions') or 0:.0f}", f"{srv.get('peak_waiting') or 0:.0f}", kv,
+            f"{ms(p.ttft.get('p50'))}/{ms(p.ttft.get('p99'))} ({n}{'!' if n < 100 else ''})",
+            f"{ms(p.itl.get('p50'))}/{ms(p.itl.get('p99'))}",
             ms(p.e2e.get("p99")), "-" if p.throughput_tok_s is None else f"{p.throughput_tok_s:,.0f}",
         )
     console.print(table)
+    if any(p.warnings for p in summary.points):
+        console.print("[yellow](n!) = a p99 from fewer than 100 samples: close to the largest sample; raise --requests "
+                      "or --duration[/]")
+    if getattr(summary, "slo", None):
+        from kvplan.bench.slo import describe_slo
+
+        best = summary.highest_load_meeting_slo
+        unit = "requests/s" if rate_mode else "streams"
+        console.print(f"SLOs {esc(describe_slo(summary.slo))}: highest load meeting them "
+                      f"{'none' if best is None else f'{best:g} {unit}'}")
+        for p in summary.points:
+            if p.goodput_share is not None:
+                console.print(f"  {f'{p.rate:g} req/s' if rate_mode else f'c={p.concurrency}'}: "
+                              f"{'met' if p.slo_met else '[red]missed[/]'}, goodput {p.goodput_share:.0%} of requests "
+                              f"= {p.goodput_req_s or 0:.2f} req/s, {p.goodput_tok_s or 0:,.0f} tok/s")
     for p in summary.points:
         if p.status != "ok":
             console.print(f"[red]concurrency {p.concurrency} failed:[/] {esc(p.error)}")

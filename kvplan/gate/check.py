@@ -14,6 +14,19 @@ sub-folders hold one each. Fields read (anything else is ignored):
     status                     string   optional: "complete" (default), "interrupted" or "failed"; a null
                                         first preemption of a run that did not complete proves nothing
 
+    points                     list     optional: per point ``concurrency``/``rate``/``mode``, ``status`` and
+                                        ``ttft``/``itl``/``tpot``/``e2e`` ({"p99": seconds, "n": count, ...});
+                                        read for the ``slo:`` keys
+
+A ``vllm bench serve --save-result`` JSON file (or a folder of them) is read too (kvplan.bench.external):
+it shows latency percentiles at its load (``max_concurrency`` or ``request_rate``), so it gates ``slo:``;
+it cannot show preemptions (vLLM's client never reads /metrics), so it proves nothing about them.
+
+SLO gate: a deployment with ``slo:`` and bench evidence is checked at its ``concurrency``: the closed-loop
+point at that concurrency, else the lowest measured above it (more load); each SLO percentile must be
+within its target. No point at or above the concurrency, or a percentile the source did not save, fails
+the deployment with the reason (the evidence cannot show it).
+
 A summary with ``deployment`` applies to that deployment; one without applies to every
 deployment whose model matches (case-insensitive; a path matches by its last components).
 """
@@ -25,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_serializer
 
 from kvplan.errors import KvplanError
 from kvplan.gate.spec import Spec, SpecEntry, SpecErrors, SpecIssue
@@ -41,6 +54,18 @@ class BenchRun(BaseModel):
     deployment: str | None = None
     measured_first_preemption: int | None = None
     status: str = "complete"
+    source: str = "kvplan"
+    shows_preemption: bool = True
+    points: list[dict[str, Any]] = Field(default_factory=list)  # {mode, load, status, ttft: {...}, ...}
+
+
+class SloCheck(BaseModel):
+    run: str
+    source: str
+    load: float | None = Field(description="the concurrency of the point judged (null: none at or above the required)")
+    checks: dict[str, dict[str, Any]] = Field(default_factory=dict)  # key -> {target, value, met} (seconds)
+    passed: bool
+    reason: str | None = None
 
 
 class BenchCheck(BaseModel):
@@ -48,6 +73,17 @@ class BenchCheck(BaseModel):
     measured_first_preemption: int | None = Field(description="lowest over the matching runs; null = none seen")
     required_concurrency: int
     passed: bool
+    slo: list[SloCheck] = Field(default_factory=list)
+    cannot_show: list[str] = Field(default_factory=list)
+
+    @model_serializer(mode="wrap")
+    def _drop_empty(self, handler):
+        """Without SLOs or other harnesses' files, the JSON stays as it was (no empty keys)."""
+        data = handler(self)
+        for key in ("slo", "cannot_show"):
+            if not data.get(key):
+                data.pop(key, None)
+        return data
 
 
 class DeploymentResult(BaseModel):
@@ -64,7 +100,7 @@ class DeploymentResult(BaseModel):
     concurrency: int
     request_tokens: int
     fits: bool
-    limiting_term: str = Field(description="none | KV pool | max_model_len | weights | max_num_seqs | headroom | bench")
+    limiting_term: str = Field(description="none | KV pool | max_model_len | weights | max_num_seqs | headroom | bench | slo")
     reason: str
     suggestion: str | None = None
     pool_blocks: int = Field(description="usable KV blocks per replica")
@@ -99,6 +135,10 @@ def read_bench_runs(paths: list[str]) -> list[BenchRun]:
     runs: list[BenchRun] = []
     for raw in paths:
         path = Path(raw)
+        if path.is_file() and path.name != SUMMARY_FILE or (path.is_dir() and not (path / SUMMARY_FILE).is_file()
+                                                            and _has_vllm_results(path)):
+            runs.append(_read_external(path, raw))
+            continue
         if path.is_file() and path.name == SUMMARY_FILE:
             files = [path]
         elif (path / SUMMARY_FILE).is_file():
@@ -132,8 +172,66 @@ def _read_summary(file: Path) -> BenchRun:
     status = data.get("status", "complete")
     if not isinstance(status, str):
         raise KvplanError(f"{file}: status: expected a string, got {status!r}")
+    points = []
+    for row in data.get("points") or []:
+        if not isinstance(row, dict):
+            continue
+        mode = row.get("mode", "concurrency")
+        load = row.get("rate") if mode == "rate" else row.get("concurrency")
+        if isinstance(load, bool) or not isinstance(load, (int, float)):
+            continue
+        points.append({"mode": mode, "load": float(load), "status": row.get("status", "ok"),
+                       **{m: row.get(m) if isinstance(row.get(m), dict) else {} for m in ("ttft", "itl", "tpot", "e2e")}})
     return BenchRun(run_dir=str(file.parent), model=model, deployment=deployment, measured_first_preemption=first,
-                    status=status)
+                    status=status, points=points)
+
+
+def _has_vllm_results(path: Path) -> bool:
+    return any(path.glob("*.json"))
+
+
+def _read_external(path: Path, raw: str) -> BenchRun:
+    """A `vllm bench serve --save-result` file or folder: latency percentiles, no preemption evidence."""
+    from kvplan.bench.external import read_vllm_results
+
+    try:
+        summary = read_vllm_results(path)
+    except KvplanError as exc:
+        raise KvplanError(f"--bench {raw}: {exc.message}", exc.hint or "pass a `kvplan bench` run folder") from None
+    points = [{"mode": p.mode, "load": p.load, "status": p.status, "ttft": p.ttft, "itl": p.itl, "tpot": p.tpot,
+               "e2e": p.e2e} for p in summary.points]
+    return BenchRun(run_dir=str(path), model=summary.model, source=summary.source, shows_preemption=False,
+                    points=points)
+
+
+def slo_checks(runs: list[BenchRun], slo: dict[str, float], concurrency: int) -> list[SloCheck]:
+    """Each run's closed-loop point at ``concurrency`` (else the lowest above it) against the SLOs."""
+    from kvplan.bench.slo import fmt_s, point_checks
+
+    out = []
+    for run in runs:
+        candidates = sorted((p for p in run.points if p["mode"] == "concurrency" and p["status"] == "ok"
+                             and p["load"] >= concurrency), key=lambda p: p["load"])
+        if not candidates:
+            loads = sorted({p["load"] for p in run.points if p["mode"] == "concurrency" and p["status"] == "ok"})
+            why = ("it measured request rates, not concurrencies" if run.points and not loads else
+                   f"it measured no concurrency >= {concurrency}" + (f" (up to {loads[-1]:g})" if loads else ""))
+            out.append(SloCheck(run=run.run_dir, source=run.source, load=None, passed=False,
+                                reason=f"cannot show the SLOs at concurrency {concurrency}: {why}"))
+            continue
+        point = candidates[0]
+        checks = point_checks({m: point.get(m) or {} for m in ("ttft", "itl", "tpot", "e2e")}, slo)
+        missing = [k for k, c in checks.items() if c["met"] is None]
+        missed = [k for k, c in checks.items() if c["met"] is False]
+        reason = None
+        if missing:
+            reason = f"{', '.join(missing)} not in the {run.source} results (cannot show)"
+        elif missed:
+            reason = "; ".join(f"{k} {fmt_s(checks[k]['value'])} > {fmt_s(checks[k]['target'])}" for k in missed)
+            reason += f" at concurrency {point['load']:g}"
+        out.append(SloCheck(run=run.run_dir, source=run.source, load=point["load"], checks=checks,
+                            passed=not missing and not missed, reason=reason))
+    return out
 
 
 def _model_key(name: str) -> tuple[str, ...]:
@@ -296,14 +394,19 @@ class Planner:
 
         check = None
         if bench:
-            measured = [r.measured_first_preemption for r in bench if r.measured_first_preemption is not None]
+            evidence = [r for r in bench if r.shows_preemption]
+            measured = [r.measured_first_preemption for r in evidence if r.measured_first_preemption is not None]
             first = min(measured) if measured else None
             passed = first is None or first >= d.concurrency
-            unfinished = [r.run_dir for r in bench if r.status != "complete"]
+            unfinished = [r.run_dir for r in evidence if r.status != "complete"]
+            cannot = [f"{r.run_dir} ({r.source}): cannot show preemptions" for r in bench if not r.shows_preemption]
             if unfinished and first is None:
                 notes.append("bench: no preemption measured, but these runs did not complete: " + ", ".join(unfinished))
+            slo = slo_checks(bench, d.slo, d.concurrency) if d.slo else []
             check = BenchCheck(runs=[r.run_dir for r in bench], measured_first_preemption=first,
-                               required_concurrency=d.concurrency, passed=passed)
+                               required_concurrency=d.concurrency, passed=passed and all(c.passed for c in slo),
+                               slo=slo, cannot_show=cannot)
+            notes += [f"bench: {c}" for c in cannot]
             if not passed:
                 if fits:
                     reason = (f"the plan fits, but kvplan bench measured the first preemption at concurrency "
@@ -313,10 +416,23 @@ class Planner:
                 else:
                     reason += f"; kvplan bench measured the first preemption at concurrency {first}"
                 fits = False
+            elif not evidence:
+                pass
             elif first is None and not unfinished:
-                notes.append("bench: no preemption measured in " + ", ".join(check.runs))
+                notes.append("bench: no preemption measured in " + ", ".join(r.run_dir for r in evidence))
             else:
                 notes.append(f"bench: first preemption at concurrency {first} >= {d.concurrency}")
+            bad = [c for c in slo if not c.passed]
+            if bad:
+                text = "; ".join(f"{c.run}: {c.reason}" for c in bad)
+                if fits:
+                    reason = f"the plan fits, but the SLOs are not met: {text}"
+                    limiting = "slo"
+                else:
+                    reason += f"; SLOs not met: {text}"
+                fits = False
+            elif slo:
+                notes.append("bench: SLOs met (" + ", ".join(f"{c.run} at concurrency {c.load:g}" for c in slo) + ")")
 
         return DeploymentResult(
             name=d.name,

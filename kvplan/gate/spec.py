@@ -97,6 +97,24 @@ class Deployment(BaseModel):
     usage: str = Field("serve", pattern="^(serve|llm)$")
     vllm_version: str | None = None
     headroom: float = Field(0.0, description="fraction of the KV pool that must stay free at the asked load")
+    slo: dict[str, float] = Field(default_factory=dict, description="latency targets checked against --bench runs "
+                                  "at the asked concurrency: {ttft_p99: 500ms, itl_p99: 50ms, e2e_p99: 10s} (seconds)")
+
+    @field_validator("slo", mode="before")
+    @classmethod
+    def _slo(cls, value: Any) -> Any:
+        from kvplan.bench.slo import parse_slo, slo_from_mapping
+
+        if value is None:
+            return {}
+        try:
+            if isinstance(value, str):
+                return parse_slo(value)
+            if not isinstance(value, dict):
+                raise ValueError("slo must be a mapping such as {ttft_p99: 500ms, e2e_p99: 10s}")
+            return slo_from_mapping(value)
+        except KvplanError as exc:
+            raise ValueError(str(exc).splitlines()[0]) from None
 
     @field_validator("context", "prompt", "max_num_batched_tokens", mode="before")
     @classmethod

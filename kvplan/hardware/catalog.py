@@ -13,7 +13,7 @@ import difflib
 import json
 import re
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -38,6 +38,9 @@ class Device:
     source: str = ""
     # The attention backends' block-size rules (kvplan.plan.layout.Platform); None: by vendor.
     platform_rules: object | None = None
+    # Set by find_device when the name asked matches several catalog variants ("A100"): which
+    # one was picked and how to name another. Empty when the name was unambiguous.
+    selection_note: str = field(default="", compare=False)
 
     @property
     def platform(self):
@@ -68,6 +71,23 @@ class GpuSelection:
 
 def _normalize(name: str) -> str:
     return re.sub(r"[\s_\-]+", "", name.strip().lower())
+
+
+@lru_cache(maxsize=1)
+def ambiguous_aliases(path: str | None = None) -> dict[str, str]:
+    """Normalized alias -> canonical name, for aliases a row marks as ambiguous (``"A100"``
+    names four variants; the catalog maps it to one and says so)."""
+    file = Path(path) if path else GPUS_FILE
+    try:
+        rows = json.loads(file.read_text())["gpus"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise KvplanError(f"cannot read the GPU catalog {file}: {exc}") from None
+    return {_normalize(a): row["name"] for row in rows for a in row.get("ambiguous_aliases", [])}
+
+
+def _variants(name: str, devices: dict[str, Device]) -> list[str]:
+    family = name.split()[0]
+    return [d for d in devices if d != name and d.split()[0] == family]
 
 
 @lru_cache(maxsize=1)
@@ -112,7 +132,14 @@ def find_device(name: str) -> Device:
     key = _normalize(name)
     for candidate in (key, key.removeprefix("nvidia"), key.removeprefix("nvidiageforce"), key.removeprefix("geforce")):
         if candidate in aliases:
-            return devices[aliases[candidate]]
+            device = devices[aliases[candidate]]
+            if candidate in ambiguous_aliases():
+                others = _variants(device.name, devices)
+                hint = others[0].replace(" ", "-") if others else device.name
+                device = replace(device, selection_note=(
+                    f"--gpu {name.strip()} names {len(others) + 1} variants: planned as {device.name} "
+                    f"(others: {', '.join(others)}); name one, e.g. --gpu {hint}"))
+            return device
     close = difflib.get_close_matches(key, list(aliases), n=3, cutoff=0.6)
     names = list(dict.fromkeys(devices[aliases[c]].name for c in close))
     hint = f"did you mean {', '.join(names)}?" if names else "see `kvplan gpus` for the catalog"

@@ -187,6 +187,7 @@ class StepBatch:
     decode_seqs: int  # requests decoding one token
     kv_tokens_read: int  # context tokens attended over all scheduled requests
     num_seqs: int
+    attention_pairs: int = 0  # (query, key) pairs: sum of n x (computed + (n + 1) / 2)
 
 
 @dataclass
@@ -491,11 +492,10 @@ def simulate(config: SchedulerConfig, load: Load, step_time: Callable[[StepBatch
                 req.tl.waited_for_kv = True
             if first_wait_step is None:
                 first_wait_step, first_wait_time = step, now
-        if not scheduled:
-            if not running and waiting:
-                head = waiting[0]
-                raise KvplanError(f"request {head.tl.index} can never be admitted: it needs "
-                                  f"{cdiv(head.num_tokens, B)} blocks, the pool has {usable} usable")
+        if not scheduled and not running and waiting:
+            head = waiting[0]
+            raise KvplanError(f"request {head.tl.index} can never be admitted: it needs "
+                              f"{cdiv(head.num_tokens, B)} blocks, the pool has {usable} usable")
         peak_waiting = max(peak_waiting, len(waiting))
         peak_running = max(peak_running, len(running))
         used = usable - len(pool.free)
@@ -503,7 +503,8 @@ def simulate(config: SchedulerConfig, load: Load, step_time: Callable[[StepBatch
         prefill = sum(n for r, n, c in scheduled if not (n == 1 and c == r.num_tokens - 1 and r.generated > 0))
         decode = sum(1 for r, n, c in scheduled if n == 1 and c == r.num_tokens - 1 and r.generated > 0)
         batch = StepBatch(prefill_tokens=prefill, decode_seqs=decode,
-                          kv_tokens_read=sum(c + n for _, n, c in scheduled), num_seqs=len(scheduled))
+                          kv_tokens_read=sum(c + n for _, n, c in scheduled), num_seqs=len(scheduled),
+                          attention_pairs=sum(n * c + n * (n + 1) // 2 for _, n, c in scheduled))
         batches.append(batch)
         dt = step_time(batch) if step_time else 1.0
         end = now + dt

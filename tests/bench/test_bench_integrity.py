@@ -99,7 +99,8 @@ def test_a_point_of_failed_requests_is_never_ok():
 @pytest.mark.parametrize("status", [500, 401])
 def test_a_sweep_where_every_request_fails_exits_1(tmp_path, status):
     with FakeServer(FakeBehaviour(status=status)) as srv:
-        proc = _cli(["--url", srv.url, "--sweep", "1,2", "--prompt", "8", "--output", "4", "--out", str(tmp_path),
+        proc = _cli(["--url", srv.url, "--sweep", "1,2",
+            "--requests-per-stream", "3", "--prompt", "8", "--output", "4", "--out", str(tmp_path),
                      "--no-warmup", "--json"])
     assert proc.returncode == 1, proc.stderr
     _no_traceback(proc)
@@ -158,7 +159,8 @@ def test_a_bench_against_lying_metrics_reports_and_exits_0(tmp_path):
         return text
 
     with FakeServer(FakeBehaviour(metrics_text=lying, token_gap_s=0.005)) as srv:
-        proc = _cli(["--url", srv.url, "--sweep", "1,2,3", "--prompt", "8", "--output", "6", "--out", str(tmp_path),
+        proc = _cli(["--url", srv.url, "--sweep", "1,2,3",
+            "--requests-per-stream", "3", "--prompt", "8", "--output", "6", "--out", str(tmp_path),
                      "--no-warmup", "--json", "--scrape-interval", "0.01"])
     _no_traceback(proc)
     assert proc.returncode == 0, proc.stderr
@@ -217,7 +219,8 @@ def test_a_two_megabyte_metrics_does_not_move_itl():
     with FakeServer(FakeBehaviour(metrics_text=big, token_gap_s=gap)) as srv:
         load, scrapes = asyncio.run(main())
     (rec,) = load.records
-    assert rec.ok and len(rec.itl_s) == 59
+    # one ITL per output token after the first delivery (tokens read together share it)
+    assert rec.ok and len(rec.itl_s) == 60 - rec.chunk_tokens[0]
     assert scrapes and scrapes[0].values["running"] == 32000.0  # the big text was parsed, in a thread
     # Parsing it takes ~1 s: on the event loop that would be a >= 1 s gap between two tokens.
     assert max(rec.itl_s) < gap + 0.25, max(rec.itl_s)
@@ -228,7 +231,8 @@ def test_a_two_megabyte_metrics_does_not_move_itl():
 
 def test_resume_against_a_server_with_another_model_is_refused(tmp_path):
     with FakeServer(FakeBehaviour(model_id="org/model-a")) as srv:
-        proc = _cli(["--url", srv.url, "--sweep", "1", "--prompt", "8", "--output", "3", "--out", str(tmp_path),
+        proc = _cli(["--url", srv.url, "--sweep", "1",
+            "--requests-per-stream", "3", "--prompt", "8", "--output", "3", "--out", str(tmp_path),
                      "--no-warmup", "--json"])
     assert proc.returncode == 0, proc.stderr
     run = next(tmp_path.iterdir())
@@ -266,7 +270,8 @@ def _wait_for(path: Path, what, timeout: float = 60.0):
 def test_a_second_sigterm_during_shutdown_still_stops_the_engine_and_writes_the_summary(tmp_path):
     engine_cmd = f"{sys.executable} {FAKE_ENGINE} --stop-delay 2 --token-gap 0.05"
     proc = subprocess.Popen(
-        kvplan_cmd("some/model", "--engine-cmd", engine_cmd, "--sweep", "1,2,3,4", "--prompt", "8", "--output", "40",
+        kvplan_cmd("some/model", "--engine-cmd", engine_cmd, "--sweep", "1,2,3,4",
+            "--requests-per-stream", "3", "--prompt", "8", "--output", "40",
                    "--out", str(tmp_path), "--no-warmup", "--startup-timeout", "60"),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=bench_env())
     pgid = None
@@ -318,11 +323,14 @@ def test_attach_sends_the_api_key_and_writes_it_nowhere(tmp_path):
     env.pop("OPENAI_API_KEY", None)
     with FakeServer(FakeBehaviour(api_key=API_KEY)) as srv:
         url = srv.url.replace("http://", f"http://kvuser:{URL_PASSWORD}@")
-        denied = _cli(["--url", url, "--sweep", "1", "--out", str(tmp_path / "denied"), "--no-warmup"], env=env)
-        proc = _cli(["--url", url, "--api-key", API_KEY, "--sweep", "1,2", "--prompt", "8", "--output", "3",
+        denied = _cli(["--url", url, "--sweep", "1",
+            "--requests-per-stream", "3", "--out", str(tmp_path / "denied"), "--no-warmup"], env=env)
+        proc = _cli(["--url", url, "--api-key", API_KEY, "--sweep", "1,2",
+            "--requests-per-stream", "3", "--prompt", "8", "--output", "3",
                      "--out", str(tmp_path / "ok"), "--json"], env=env)
         seen = list(srv.behaviour.auth_seen)
-        by_env = _cli(["--url", srv.url, "--sweep", "1", "--prompt", "8", "--output", "3", "--out", str(tmp_path / "env"),
+        by_env = _cli(["--url", srv.url, "--sweep", "1",
+            "--requests-per-stream", "3", "--prompt", "8", "--output", "3", "--out", str(tmp_path / "env"),
                        "--no-warmup", "--json"], env=dict(env, OPENAI_API_KEY=API_KEY))
     _no_traceback(denied)
     assert denied.returncode == 2 and "API key" in denied.stderr and "--api-key" in denied.stderr
@@ -341,11 +349,13 @@ def test_launch_passes_the_key_to_the_engine_and_the_probe(tmp_path):
     env.pop("OPENAI_API_KEY", None)
     engine_cmd = f"{sys.executable} {FAKE_ENGINE}"
     proc = _cli(["some/model", "--engine-cmd", engine_cmd, "--engine-arg=--api-key=" + ENGINE_KEY,
-                 "--engine-arg", "--hf-token", "--engine-arg", HF_TOKEN, "--sweep", "1,2", "--prompt", "8",
+                 "--engine-arg", "--hf-token", "--engine-arg", HF_TOKEN, "--sweep", "1,2",
+                     "--requests-per-stream", "3", "--prompt", "8",
                  "--output", "3", "--out", str(tmp_path / "arg"), "--startup-timeout", "60", "--json"], env=env)
     assert proc.returncode == 0, proc.stderr
     assert all(p["status"] == "ok" for p in json.loads(proc.stdout)["points"])
-    proc2 = _cli(["some/model", "--engine-cmd", engine_cmd, "--api-key", API_KEY, "--sweep", "1", "--prompt", "8",
+    proc2 = _cli(["some/model", "--engine-cmd", engine_cmd, "--api-key", API_KEY, "--sweep", "1",
+        "--requests-per-stream", "3", "--prompt", "8",
                   "--output", "3", "--out", str(tmp_path / "flag"), "--startup-timeout", "60", "--no-warmup", "--json"],
                  env=env)
     assert proc2.returncode == 0, proc2.stderr

@@ -70,7 +70,8 @@ def _error_lines(stderr: str) -> list[str]:
 
 
 def test_launch_sweep_run_folder_and_nothing_left(tmp_path):
-    proc = _start(tmp_path, "--prompt", "64", "--output", "64", "--json")
+    proc = _start(tmp_path, "--prompt", "64", "--output", "64", "--json", "--requests-per-stream", "3",
+                  "--scrape-interval", "0.05")
     run = _run_dir(tmp_path)
     pgid = _engine_pid(run)
     try:

@@ -106,7 +106,8 @@ def test_port_taken(tmp_path):
 
 def test_server_dies_mid_stream(tmp_path):
     with FakeServer(FakeBehaviour(die_after_chunks=2, token_gap_s=0.01)) as srv:
-        proc = _cli(["--url", srv.url, "--sweep", "1,2", "--prompt", "8", "--output", "8", "--out", str(tmp_path),
+        proc = _cli(["--url", srv.url, "--sweep", "1,2",
+            "--requests-per-stream", "3", "--prompt", "8", "--output", "8", "--out", str(tmp_path),
                      "--no-warmup", "--json"])
     assert proc.returncode == 1, proc.stderr
     line = _one_line_error(proc)
@@ -125,7 +126,8 @@ def test_attach_without_metrics_still_measures_latency(tmp_path):
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
     assert summary["metrics_error"] and summary["model"] == "fake"
-    assert [p["requests_ok"] for p in summary["points"]] == [3, 6]  # 3 requests per stream
+    assert [p["requests_ok"] for p in summary["points"]] == [100, 100]  # the default: 100 requests a point
+    assert all(p["ttft"]["n"] == 100 and not any("TTFT" in w for w in p["warnings"]) for p in summary["points"])
     assert all(p["ttft"]["p50"] >= 0.01 for p in summary["points"])
 
 

@@ -107,7 +107,11 @@ def serve_and_capture(model_dir: Path, log_path: Path, flags: list[str], expect_
 
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory) -> Path:
-    from conftest import tiny_model  # tests/gate/conftest.py
+    import importlib.util  # tests/gate/tiny_model.py, by path: "conftest" names several modules here
+
+    spec = importlib.util.spec_from_file_location("kvplan_gate_tiny_model_engine", Path(__file__).parent / "tiny_model.py")
+    tiny_model = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tiny_model)
 
     pytest.importorskip("transformers")
     return tiny_model.build_tiny_llama(tmp_path_factory.mktemp("engine") / "tiny-llama")

@@ -42,10 +42,12 @@ def test_an_unknown_architecture_is_planned_from_the_engine_and_cached(tmp_path)
     assert learned.returncode == 0, learned.stderr[-2000:]
     plan = json.loads(learned.stdout)
     assert plan["layout_source"].startswith("vLLM 0.32.0 (exact")
-    kinds = {g["kind"]: g["layers"] for g in plan["kv_groups"]}
     # What vLLM built: 3 sliding-window layers (window 1,024) and 1 full-attention layer, 2 KV heads x
     # 64 (256 / 4 heads); K and V in bf16: 4 x 2 x 64 x 2 x 2 B = 2,048 B per token.
-    assert sum(v for k, v in kinds.items() if k == "sliding_window") == 3
+    layers = {}
+    for group in plan["kv_groups"]:
+        layers[group["kind"]] = layers.get(group["kind"], 0) + group["layers"]
+    assert layers == {"sliding_window": 3, "full_attention": 1}
     assert plan["kv_bytes_per_token"] == 4 * 2 * 64 * 2 * 2
     assert "UNVERIFIED" not in plan["verdict"]
     cached = list((tmp_path / "cache" / "kvplan" / "layouts").glob("*.json"))

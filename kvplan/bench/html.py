@@ -1,0 +1,232 @@
+"""report.html: one self-contained file (inline SVG charts, inline CSS, no script, no network) for
+one run or several compared: onsets predicted vs measured, TTFT/ITL/E2E percentiles, throughput
+and goodput, KV fill and preemptions, all against the load (concurrency or request rate)."""
+
+from __future__ import annotations
+
+import math
+from html import escape
+from typing import Any
+
+COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
+W, H, L, R, T, B = 560, 300, 64, 16, 28, 44  # size and margins of a chart
+
+
+def _fmt(v: float) -> str:
+    if v == 0:
+        return "0"
+    a = abs(v)
+    if a >= 1000:
+        return f"{v:,.0f}"
+    if a >= 10:
+        return f"{v:.0f}"
+    if a >= 1:
+        return f"{v:.1f}".rstrip("0").rstrip(".")
+    return f"{v:.2g}"
+
+
+def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
+    if hi <= lo:
+        hi = lo + 1
+    step = 10 ** math.floor(math.log10((hi - lo) / n))
+    for m in (1, 2, 5, 10):
+        if (hi - lo) / (step * m) <= n:
+            step *= m
+            break
+    first = math.ceil(lo / step) * step
+    return [first + i * step for i in range(int((hi - first) / step + 1e-9) + 1)]
+
+
+def chart(title: str, xlabel: str, ylabel: str, series: list[tuple[str, list[tuple[float, float]], str, str]],
+          vlines: list[tuple[float, str, str]] = (), log_x: bool = False) -> str:
+    """An SVG line chart. series: (name, points, colour, dash); vlines: (x, label, colour)."""
+    pts = [(x, y) for _, ps, _, _ in series for x, y in ps if y is not None and math.isfinite(y)]
+    if not pts:
+        return f'<figure><figcaption>{escape(title)}</figcaption><p class="empty">no data</p></figure>'
+    xs = [x for x, _ in pts] + [x for x, _, _ in vlines]
+    log_x = log_x and min(xs) > 0 and max(xs) / min(xs) >= 16
+    fx = (lambda v: math.log2(v)) if log_x else (lambda v: v)
+    x0, x1 = fx(min(xs)), fx(max(xs))
+    if x1 == x0:
+        x0, x1 = x0 - 1, x1 + 1
+    y1 = max(y for _, y in pts) * 1.08 or 1.0
+    pw, ph = W - L - R, H - T - B
+
+    def sx(v: float) -> float:
+        return L + (fx(v) - x0) / (x1 - x0) * pw
+
+    def sy(v: float) -> float:
+        return T + ph - v / y1 * ph
+
+    out = [f'<figure><svg viewBox="0 0 {W} {H}" width="{W}" height="{H}" role="img" aria-label="{escape(title)}">',
+           f'<text x="{W / 2}" y="16" text-anchor="middle" class="t">{escape(title)}</text>',
+           f'<rect x="{L}" y="{T}" width="{pw}" height="{ph}" class="frame"/>']
+    for v in _ticks(0, y1):
+        if v <= y1:
+            out.append(f'<line x1="{L}" x2="{L + pw}" y1="{sy(v):.1f}" y2="{sy(v):.1f}" class="grid"/>'
+                       f'<text x="{L - 4}" y="{sy(v) + 4:.1f}" text-anchor="end">{_fmt(v)}</text>')
+    xt = sorted({x for x, _ in pts}) if len({x for x, _ in pts}) <= 12 else _ticks(min(xs), max(xs))
+    for v in xt:
+        out.append(f'<text x="{sx(v):.1f}" y="{T + ph + 14}" text-anchor="middle">{_fmt(v)}</text>')
+    out.append(f'<text x="{L + pw / 2}" y="{H - 6}" text-anchor="middle">{escape(xlabel)}</text>')
+    out.append(f'<text transform="translate(14 {T + ph / 2}) rotate(-90)" text-anchor="middle">{escape(ylabel)}</text>')
+    for x, label, colour in vlines:
+        out.append(f'<line x1="{sx(x):.1f}" x2="{sx(x):.1f}" y1="{T}" y2="{T + ph}" stroke="{colour}" '
+                   f'stroke-dasharray="5 4"/><text x="{sx(x) + 3:.1f}" y="{T + 12}" fill="{colour}">{escape(label)}</text>')
+    legend_y = T + 12
+    for name, ps, colour, dash in series:
+        ps = sorted((x, y) for x, y in ps if y is not None and math.isfinite(y))
+        if not ps:
+            continue
+        path = " ".join(f"{'M' if i == 0 else 'L'}{sx(x):.1f},{sy(y):.1f}" for i, (x, y) in enumerate(ps))
+        out.append(f'<path d="{path}" fill="none" stroke="{colour}" stroke-width="2"'
+                   + (f' stroke-dasharray="{dash}"' if dash else "") + "/>")
+        out += [f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{colour}"><title>{escape(name)}: '
+                f'{_fmt(x)} -&gt; {_fmt(y)}</title></circle>' for x, y in ps]
+        out.append(f'<text x="{L + pw - 4}" y="{legend_y}" text-anchor="end" fill="{colour}">{escape(name)}</text>')
+        legend_y += 13
+    out.append("</svg></figure>")
+    return "".join(out)
+
+
+CSS = """body{font:14px system-ui,sans-serif;margin:24px;color:#222;max-width:1200px}
+table{border-collapse:collapse;margin:8px 0 16px}td,th{border:1px solid #ccc;padding:3px 7px;text-align:right}
+th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}.charts{display:flex;flex-wrap:wrap;gap:8px}
+figure{margin:0}svg{font:11px system-ui,sans-serif;background:#fff}svg .t{font-weight:600;font-size:13px}
+.frame{fill:none;stroke:#999}.grid{stroke:#eee}.warn{color:#a40}.empty{color:#888}code{background:#f5f5f5}"""
+
+
+def _ms(stats: dict | None, key: str) -> float | None:
+    v = (stats or {}).get(key)
+    return None if v is None else v * 1000
+
+
+def _load(p: Any) -> float:
+    return p.rate if getattr(p, "mode", "concurrency") == "rate" and p.rate is not None else float(p.concurrency)
+
+
+def html_report(summaries: list[Any], title: str | None = None) -> str:
+    """The report of one run, or the comparison of several (each run one colour)."""
+    from kvplan.bench.report import DEFINITIONS
+
+    runs = list(summaries)
+    many = len(runs) > 1
+    modes = {getattr(s, "load_mode", "concurrency") for s in runs}
+    xlabel = "request rate (req/s)" if modes == {"rate"} else "concurrent streams" if modes == {"concurrency"} \
+        else "load (streams or req/s)"
+    title = title or (f"kvplan bench: {runs[0].model}" if not many else f"kvplan: {len(runs)} runs compared")
+    body = [f"<h1>{escape(title)}</h1>"]
+    body.append("<table><tr><th>run</th><th>source</th><th>model</th><th>workload</th><th>load</th><th>status</th>"
+                "<th>first KV wait<br>predicted / measured</th><th>first preemption<br>predicted / measured</th>"
+                "<th>SLOs</th><th>highest load meeting SLOs</th></tr>")
+    for i, s in enumerate(runs):
+        pred = s.prediction or {}
+        slo = getattr(s, "slo", None) or {}
+        from kvplan.bench.slo import describe_slo
+
+        def onset(key, s=s, pred=pred):
+            m = (s.measured or {}).get(key) or {}
+            meas = ("-" if not m else f"none up to {m.get('searched_up_to')}" if m.get("first") is None else str(m["first"]))
+            p = ("never" if pred.get(key) is None else str(pred[key])) if pred else "-"
+            return f"{p} / {meas}"
+
+        best = getattr(s, "highest_load_meeting_slo", None)
+        body.append(
+            f'<tr><td style="color:{COLOURS[i % len(COLOURS)]}">{escape(_run_name(s, i))}</td>'
+            f"<td>{escape(getattr(s, 'source', 'kvplan'))}</td><td>{escape(s.model)}</td><td>{escape(s.workload)}</td>"
+            f"<td>{escape(getattr(s, 'load_description', None) or getattr(s, 'load_mode', ''))}</td>"
+            f"<td>{escape(s.status)}</td><td>{onset('first_kv_wait')}</td><td>{onset('first_preemption')}</td>"
+            f"<td>{escape(describe_slo(slo)) if slo else '-'}</td><td>{'-' if best is None else _fmt(best)}</td></tr>")
+    body.append("</table>")
+
+    def series(metric_get, name_suffix: str, dash: str = "", only_ok: bool = True):
+        out = []
+        for i, s in enumerate(runs):
+            pts = [(_load(p), metric_get(p)) for p in s.points if (p.status == "ok" or not only_ok)]
+            name = (f"{_run_name(s, i)} " if many else "") + name_suffix
+            out.append((name, [(x, y) for x, y in pts if y is not None], COLOURS[i % len(COLOURS)], dash))
+        return out
+
+    vlines = []
+    if not many:
+        pred = runs[0].prediction or {}
+        if modes == {"concurrency"}:
+            if pred.get("first_kv_wait"):
+                vlines.append((pred["first_kv_wait"], f"predicted KV wait {pred['first_kv_wait']}", "#e6820e"))
+            if pred.get("first_preemption"):
+                vlines.append((pred["first_preemption"], f"predicted preemption {pred['first_preemption']}", "#b00"))
+    charts = []
+    for metric, name in (("ttft", "TTFT"), ("itl", "ITL per token"), ("e2e", "E2E")):
+        charts.append(chart(f"{name} vs load (ms)", xlabel, "ms",
+                            series(lambda p, m=metric: _ms(getattr(p, m), "p50"), "p50")
+                            + series(lambda p, m=metric: _ms(getattr(p, m), "p99"), "p99", "6 3"),
+                            vlines if metric == "ttft" else [], log_x=True))
+    charts.append(chart("Throughput and goodput vs load (output tok/s)", xlabel, "tok/s",
+                        series(lambda p: p.throughput_tok_s, "throughput")
+                        + series(lambda p: getattr(p, "goodput_tok_s", None), "goodput", "6 3"), log_x=True))
+    charts.append(chart("KV cache fill vs load (%)", xlabel, "% of the pool",
+                        series(lambda p: None if (p.server or {}).get("peak_kv_usage") is None
+                               else 100 * p.server["peak_kv_usage"], "measured peak")
+                        + series(lambda p: None if (p.predicted or {}).get("kv_fill") is None
+                                 else 100 * p.predicted["kv_fill"], "predicted", "6 3"), vlines, log_x=True))
+    charts.append(chart("Preemptions vs load", xlabel, "preemptions in the point",
+                        series(lambda p: (p.server or {}).get("preemptions"), "preemptions"), vlines, log_x=True))
+    body.append('<div class="charts">' + "".join(charts) + "</div>")
+
+    for i, s in enumerate(runs):
+        body.append(f"<h2>{escape(_run_name(s, i))}: points</h2>")
+        body.append(_points_table(s))
+        if getattr(s, "notes", None):
+            body += [f"<p>{escape(n)}</p>" for n in s.notes]
+    body.append(f"<p>{escape(DEFINITIONS)}</p>")
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{escape(title)}</title><style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+
+
+def _run_name(s: Any, i: int) -> str:
+    from pathlib import PurePath
+
+    name = PurePath(str(getattr(s, "run_dir", "") or f"run {i + 1}")).name
+    return name or f"run {i + 1}"
+
+
+def _points_table(s: Any) -> str:
+    rate = getattr(s, "load_mode", "concurrency") == "rate"
+    slo = bool(getattr(s, "slo", None))
+    head = (["rate req/s", "peak in flight"] if rate else ["concurrency"]) + [
+        "measured (predicted)", "preemptions", "KV peak", "TTFT p50 / p99 ms (n)", "ITL p50 / p99 ms (n)",
+        "E2E p50 / p99 ms (n)", "send lag p99 ms", "tok/s", "req/s", "ok"] + (["SLOs", "goodput req/s"] if slo else [])
+    rows = ["<table><tr>" + "".join(f"<th>{escape(h)}</th>" for h in head) + "</tr>"]
+
+    def pair(stats):
+        if not stats or stats.get("p50") is None:
+            return "-"
+        n = int(stats.get("n") or 0)
+        p99 = stats.get("p99")
+        warn = n < 100
+        text = f"{stats['p50'] * 1000:.1f} / {p99 * 1000:.1f} ({n})"
+        return f'<span class="warn" title="p99 from fewer than 100 samples">{text}!</span>' if warn else text
+
+    for p in s.points:
+        srv = p.server or {}
+        pred = (p.predicted or {}).get("label")
+        cells = ([_fmt(p.rate), str(p.concurrency)] if rate else [str(p.concurrency)]) + [
+            escape(p.label + (f" ({pred})" if pred else "")), "-" if srv.get("preemptions") is None else f"{srv['preemptions']:.0f}",
+            "-" if srv.get("peak_kv_usage") is None else f"{srv['peak_kv_usage']:.0%}",
+            pair(p.ttft), pair(p.itl), pair(p.e2e),
+            "-" if (getattr(p, "send_lag", None) or {}).get("p99") is None else f"{p.send_lag['p99'] * 1000:.1f}",
+            "-" if p.throughput_tok_s is None else f"{p.throughput_tok_s:,.0f}",
+            "-" if getattr(p, "request_throughput", None) is None else f"{p.request_throughput:.2f}",
+            f"{p.requests_ok}/{p.requests}"]
+        if slo:
+            cells += ["-" if p.slo_met is None else ("met" if p.slo_met else "missed"),
+                      "-" if p.goodput_req_s is None else f"{p.goodput_req_s:.2f}"]
+        rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    rows.append("</table>")
+    warnings = [(p, w) for p in s.points for w in p.warnings]
+    rows += [f'<p class="warn">{escape(_where(p))}: {escape(w)}</p>' for p, w in warnings]
+    return "".join(rows)
+
+
+def _where(p: Any) -> str:
+    return f"{p.rate:g} req/s" if getattr(p, "mode", "") == "rate" else f"concurrency {p.concurrency}"

@@ -1,0 +1,57 @@
+"""Offline: read finished runs (kvplan's own, or `vllm bench serve` results) and write their reports
+again. Never starts an engine nor opens a connection."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kvplan.bench import store as st
+from kvplan.errors import KvplanError
+
+
+def finished_run(path: Path) -> bool:
+    """Is ``path`` a kvplan run whose summary says complete (nothing left for --resume to measure)?"""
+    try:
+        summary = load_summary(path)
+    except KvplanError:
+        return False
+    return summary.status == "complete" and getattr(summary, "source", "kvplan") == "kvplan"
+
+
+def load_summary(path: Path) -> Any:
+    """A kvplan run folder (summary.json) or a `vllm bench serve` result / folder of results."""
+    from kvplan.bench.external import is_vllm_result, read_vllm_results
+    from kvplan.bench.runner import BenchSummary
+    from kvplan.paths import load_user_json
+
+    if path.is_dir() and (path / st.SUMMARY_FILE).is_file():
+        data = load_user_json(path / st.SUMMARY_FILE)
+        if not isinstance(data, dict):
+            raise KvplanError(f"{path / st.SUMMARY_FILE}: expected a JSON object")
+        try:
+            summary = BenchSummary.model_validate(data)
+        except Exception as exc:  # noqa: BLE001 - pydantic's message, first line
+            raise KvplanError(f"{path / st.SUMMARY_FILE}: not a kvplan bench summary "
+                              f"({str(exc).splitlines()[0][:200]})") from None
+        return summary.model_copy(update={"run_dir": str(path)})
+    if path.is_file() and path.suffix == ".json":
+        data = load_user_json(path)
+        if is_vllm_result(data):
+            return read_vllm_results(path)
+        raise KvplanError(f"{path}: neither a kvplan bench summary nor a `vllm bench serve` result")
+    if path.is_dir():
+        if (path / st.RUN_FILE).is_file():
+            raise KvplanError(f"{path}: the run has no summary.json yet (no point finished, or it is still running)",
+                              "continue it with kvplan bench --resume")
+        return read_vllm_results(path)
+    raise KvplanError(f"{path}: no such run folder or file")
+
+
+def rerender(path: Path) -> Any:
+    """Write a finished kvplan run's report.md, report.html, points.csv and requests.csv again."""
+    from kvplan.bench.report import write_reports
+
+    summary = load_summary(path)
+    write_reports(st.RunStore(path), summary)
+    return summary

@@ -1,0 +1,183 @@
+"""`kvplan fit`: the deployments (GPU x count x TP/PP/DP x KV dtype x context cap) that start and fit."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from kvplan.cli.common import esc, print_json, user_errors
+from kvplan.units import parse_tokens
+
+FIT_EXAMPLES = """
+Examples:
+
+  kvplan fit meta-llama/Llama-3.1-70B --ctx 128k -c 16 --gpus H100
+
+  kvplan fit Qwen/Qwen3-32B --ctx 32k -c 64 --prompt 4k --output 512 --gpus H100,H200,L40S
+
+  kvplan fit meta-llama/Llama-3.1-8B --ctx 32k -c 64 --price H100=2.5 --price L40S=0.9 --json
+"""
+
+
+def _prices(pairs: list[str] | None) -> dict[str, float]:
+    from kvplan.errors import KvplanError
+    from kvplan.hardware.catalog import find_device
+
+    out: dict[str, float] = {}
+    for pair in pairs or []:
+        name, sep, value = pair.partition("=")
+        try:
+            price = float(value)
+            if not sep or price < 0 or price != price or price == float("inf"):
+                raise ValueError
+        except ValueError:
+            raise KvplanError(f"invalid --price {pair!r}", "use GPU=USD per GPU-hour: --price H100=2.5") from None
+        out[find_device(name).name] = price
+    return out
+
+
+@user_errors
+def fit(
+    model: str = typer.Argument(..., metavar="MODEL", help="Hub id (org/name), local folder/config.json, or bundled profile."),
+    ctx: str = typer.Option(..., "--ctx", "--max-model-len", help="Context length (max_model_len): 32k, 131072.", metavar="TOKENS"),
+    concurrency: int = typer.Option(1, "--concurrency", "-c", help="Requests served at once (over all replicas).", metavar="N"),
+    prompt: Optional[str] = typer.Option(None, "--prompt", help="Prompt tokens per request (default: requests fill the context).", metavar="TOKENS"),
+    output: Optional[str] = typer.Option(None, "--output", help="Output tokens per request.", metavar="TOKENS"),
+    shared_prefix: Optional[str] = typer.Option(None, "--shared-prefix", help="Prefix tokens all requests share.", metavar="TOKENS"),
+    gpus: Optional[str] = typer.Option(None, "--gpus", help="GPU types to consider, in order of preference: H100,H200,L40S (default: the whole catalog).", metavar="LIST"),
+    max_gpus: int = typer.Option(8, "--max-gpus", help="Most GPUs in one deployment.", metavar="N"),
+    price: Optional[list[str]] = typer.Option(None, "--price", help="USD per GPU-hour (repeatable): --price H100=2.5; ranks by price.", metavar="GPU=USD"),
+    kv_dtypes: str = typer.Option("auto,fp8", "--kv-dtypes", help="KV cache dtypes to try.", metavar="LIST"),
+    no_pp: bool = typer.Option(False, "--no-pp", help="Do not propose pipeline parallel."),
+    top: int = typer.Option(5, "--top", help="How many deployments to show.", metavar="N"),
+    vllm_version: Optional[str] = typer.Option(None, "--vllm-version", help="Accounting rules of this vLLM release (default: newest known).", metavar="VERSION"),
+    source: str = typer.Option("auto", "--source", help="auto (local, Hub, bundled), local, hub or bundled.", metavar="auto|local|hub|bundled"),
+    offline: bool = typer.Option(False, "--offline", help="Do not contact the Hub."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+) -> None:
+    """Search GPU type x count x TP/PP/DP x KV dtype x context cap for deployments of MODEL that
+    start and fit the workload; rank them by GPU count (or price) and show the best.
+
+    Exit code 0: something fits; 1: nothing within --max-gpus; 2: bad input; 3: internal error.
+    """
+    import time
+
+    from kvplan.deploy import load_model
+    from kvplan.errors import KvplanError
+    from kvplan.hardware.catalog import find_device, load_catalog
+    from kvplan.plan.fit import FitRequest, replan, search
+    from kvplan.plan.overhead import load_overhead
+    from kvplan.plan.size import serve_command, verdict_for
+    from kvplan.plan.steptime import model_for, quick_latency
+    from kvplan.plan.versions import rules_for
+
+    if source not in ("auto", "local", "hub", "bundled"):
+        raise KvplanError(f"invalid --source {source!r}", "use auto, local, hub or bundled")
+    for name, value in (("--concurrency", concurrency), ("--max-gpus", max_gpus), ("--top", top)):
+        if value <= 0:
+            raise KvplanError(f"invalid {name}: {value} must be greater than 0")
+    if max_gpus > 64:
+        raise KvplanError(f"--max-gpus {max_gpus} is more than kvplan searches (64)")
+    dtypes = tuple(d.strip() for d in kv_dtypes.split(",") if d.strip())
+    if not dtypes:
+        raise KvplanError("--kv-dtypes is empty", "use auto,fp8")
+    from kvplan.model.dtypes import kv_dtype
+
+    for d in dtypes:
+        if d != "auto":
+            kv_dtype(d)
+    if gpus:
+        devices = list(dict.fromkeys(find_device(g.strip()) for g in gpus.split(",") if g.strip()))
+    else:
+        devices = [d for d in load_catalog()[0].values() if d.bandwidth_gbps or d.memory_bytes]
+    req = FitRequest(
+        ctx=parse_tokens(ctx, "context length"),
+        concurrency=concurrency,
+        prompt=None if prompt is None else parse_tokens(prompt, "prompt length"),
+        output=None if output is None else parse_tokens(output, "output length", allow_zero=True),
+        shared_prefix=0 if shared_prefix is None else parse_tokens(shared_prefix, "shared prefix", allow_zero=True),
+        max_gpus=max_gpus, kv_dtypes=dtypes, prices=_prices(price), allow_pp=not no_pp,
+    )
+    resolved = load_model(model, None, source, True if offline else None, {})
+    rules = rules_for(vllm_version)
+    overhead = load_overhead()
+    t0 = time.perf_counter()
+    result = search(resolved.arch, devices, req, rules, overhead, resolved.weights_total)
+    elapsed = time.perf_counter() - t0
+    shown, seen = [], set()
+    for cand in result.fitting:
+        group = (cand.device.name, cand.tp, cand.pp, cand.dp, cand.kv_dtype)
+        same_size = (cand.device.name, cand.gpus, cand.kv_dtype)
+        if group in seen or (cand.pp > 1 and same_size in seen):  # PP only where no TP-only layout fits
+            continue
+        seen.add(group)
+        seen.add(same_size)
+        cap = replan(resolved.arch, cand, req, rules, overhead, resolved.weights_total)
+        verdict = verdict_for(cap, cand.dp)
+        if not verdict.fits:  # the fast path and the full plan disagree: trust the full plan
+            continue
+        latency = None
+        try:
+            out_tokens = req.output or 128
+            prompt_tokens = req.prompt if req.prompt is not None else max(1, cand.ctx - out_tokens)
+            est = quick_latency(model_for(cap), prompt_tokens, out_tokens, -(-concurrency // cand.dp))
+            latency = {"ttft_ms": round(est["ttft_s"] * 1000, 1), "tpot_ms": round(est["tpot_s"] * 1000, 2),
+                       "e2e_s": round(est["e2e_s"], 2),
+                       "output_tokens_per_s": round(est["output_tokens_per_s"] * cand.dp, 1), "source": "prior"}
+        except KvplanError:
+            pass
+        shown.append({
+            "gpu": cand.device.name, "gpus": cand.gpus, "tensor_parallel_size": cand.tp,
+            "pipeline_parallel_size": cand.pp, "data_parallel_size": cand.dp, "kv_cache_dtype": cap.dtype.name,
+            "max_model_len": cand.ctx, "headroom": round(cand.headroom, 4), "blocks_needed": cand.blocks_needed,
+            "usable_blocks": cand.usable_blocks, "price_per_hour": cand.price_per_hour, "verdict": verdict.reason,
+            "latency_estimate": latency,
+            "vllm_serve_command": serve_command(resolved.config.name, cap, cand.dp),
+        })
+        if len(shown) >= top:
+            break
+    payload = {
+        "model": resolved.config.name, "model_source": resolved.config.source, "vllm_version": rules.version,
+        "ctx": req.ctx, "concurrency": concurrency, "prompt_tokens": req.prompt, "output_tokens": req.output,
+        "candidates_evaluated": result.evaluated, "candidates_fitting": len(result.fitting),
+        "search_seconds": round(elapsed, 4), "rejected": result.rejected_reasons, "deployments": shown,
+    }
+    if as_json:
+        print_json(payload)
+    else:
+        _render(payload)
+    raise typer.Exit(0 if shown else 1)
+
+
+def _render(p: dict) -> None:
+    from rich.table import Table
+
+    from kvplan.cli.common import make_console
+
+    console = make_console()
+    work = f"{p['concurrency']} x " + (f"prompt {p['prompt_tokens']:,} + output {p['output_tokens'] or 0:,}"
+                                        if p["prompt_tokens"] is not None else f"{p['ctx']:,}-token requests")
+    console.print(f"{esc(p['model'])} ({p['model_source']}), vLLM {p['vllm_version']} rules: {work}, context {p['ctx']:,}")
+    console.print(f"Searched {p['candidates_evaluated']:,} candidate deployments in {p['search_seconds']:.2f} s; "
+                  f"{p['candidates_fitting']:,} start and fit.")
+    if not p["deployments"]:
+        reasons = ", ".join(f"{k}: {v:,}" for k, v in sorted(p["rejected"].items(), key=lambda kv: -kv[1]))
+        console.print(f"NOTHING FITS within the search ({esc(reasons)}). Try more GPUs (--max-gpus), fp8, "
+                      "a shorter context or a lower concurrency.")
+        return
+    table = Table(show_header=True, header_style="bold")
+    for col in ("#", "GPUs", "TP", "PP", "DP", "KV dtype", "context", "headroom", "TTFT ms", "TPOT ms", "tok/s", "$/h"):
+        table.add_column(col, justify="right" if col not in ("GPUs", "KV dtype") else "left")
+    for i, d in enumerate(p["deployments"], 1):
+        lat = d["latency_estimate"] or {}
+        table.add_row(str(i), f"{d['gpus']} x {esc(d['gpu'])}", str(d["tensor_parallel_size"]),
+                      str(d["pipeline_parallel_size"]), str(d["data_parallel_size"]), d["kv_cache_dtype"],
+                      f"{d['max_model_len']:,}", f"{d['headroom']:.0%}", str(lat.get("ttft_ms", "-")),
+                      str(lat.get("tpot_ms", "-")), str(lat.get("output_tokens_per_s", "-")),
+                      "-" if d["price_per_hour"] is None else f"{d['price_per_hour']:.2f}")
+    console.print(table)
+    console.print("Latency: prior step-time estimate (roofline x assumed efficiencies; uncalibrated), TTFT of one "
+                  "prompt alone, TPOT at the asked concurrency per replica.")
+    for i, d in enumerate(p["deployments"], 1):
+        console.print(f"{i}. {esc(d['vllm_serve_command'])}", soft_wrap=True, highlight=False)

@@ -1,0 +1,131 @@
+"""`kvplan report RUN [RUN ...]`: re-render and compare finished runs offline (never starts an engine)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from kvplan.cli.common import esc, make_console, print_json, user_errors
+
+EXAMPLES = """
+Examples:
+
+  # write a run's report.md, report.html, points.csv and requests.csv again
+  kvplan report runs/20250101-120000-my-model
+
+  # compare two runs (and a folder of `vllm bench serve --save-result` files) in one HTML page
+  kvplan report runs/a runs/b vllm-results/ --html compare.html
+
+  # apply SLOs after the fact (goodput needs kvplan's requests.jsonl)
+  kvplan report runs/a --slo ttft_p99=500ms,e2e_p99=10s --json
+"""
+
+
+@user_errors
+def report(
+    runs: list[Path] = typer.Argument(..., help="kvplan bench run folders, `vllm bench serve --save-result` JSON files, or folders of them."),
+    html: Optional[Path] = typer.Option(None, "--html", help="Write the comparison page here (default with several runs: ./kvplan-report.html)."),
+    slo: Optional[str] = typer.Option(None, "--slo", help="Judge the runs against these SLOs instead of their own: ttft_p99=500ms,itl_p99=50ms."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summaries as JSON."),
+) -> None:
+    """Re-render and compare bench runs offline: no engine is started, no server contacted.
+
+    Exit code 0: done; 2: a run could not be read.
+    """
+    from kvplan.bench.render import load_summary
+    from kvplan.bench.report import write_reports
+    from kvplan.bench.slo import parse_slo
+    from kvplan.bench.store import RunStore
+
+    targets = parse_slo(slo) if slo else None
+    summaries = []
+    for path in runs:
+        summary = load_summary(path)
+        if targets is not None:
+            summary = apply_slo(summary, path, targets)
+        if getattr(summary, "source", "kvplan") == "kvplan":
+            write_reports(RunStore(path), summary)
+        summaries.append(summary)
+    if html is None and len(summaries) > 1:
+        html = Path("kvplan-report.html")
+    if html is not None:
+        from kvplan.bench.html import html_report
+
+        html.write_text(html_report(summaries), encoding="utf-8")
+    if as_json:
+        print_json(summaries[0] if len(summaries) == 1 else [s.model_dump(mode="json") for s in summaries])
+        return
+    _print(summaries, html)
+
+
+def apply_slo(summary, path: Path, slo: dict[str, float]):
+    """The summary judged against ``slo``: point percentiles from the summary; goodput from requests.jsonl
+    (kvplan runs only: other harnesses' files carry no per-request latencies)."""
+    from kvplan.bench.runner import highest_load_meeting
+    from kvplan.bench.slo import point_checks, request_meets
+
+    per_point: dict[int, list] = {}
+    if getattr(summary, "source", "kvplan") == "kvplan":
+        from kvplan.bench.loadgen import RequestRecord
+        from kvplan.bench.store import RunStore
+
+        for row in RunStore(path).read_requests():
+            try:
+                rec = RequestRecord(int(row["index"]), int(row["stream"]), float(row["scheduled_s"]),
+                                    float(row.get("sent_s") or 0), row.get("first_token_s"), row.get("end_s"),
+                                    [float(t) for t in row.get("chunk_times_s") or []],
+                                    [int(k) for k in row.get("chunk_tokens") or []], row.get("prompt_tokens"),
+                                    int(row.get("output_tokens") or 0), int(row.get("max_tokens") or 0),
+                                    bool(row.get("ok")), row.get("error"))
+                per_point.setdefault(int(row["seq"]), []).append(rec)
+            except (KeyError, TypeError, ValueError):
+                continue
+    points = []
+    for p in summary.points:
+        checks = point_checks({"ttft": p.ttft, "itl": p.itl, "tpot": p.tpot, "e2e": p.e2e}, slo)
+        met = None if p.status != "ok" else all(c["met"] for c in checks.values())
+        update = {"slo": checks, "slo_met": met}
+        recs = per_point.get(p.seq)
+        if recs:
+            good = [r for r in recs if request_meets(r, slo)]
+            update.update(goodput_share=round(len(good) / len(recs), 4),
+                          goodput_req_s=round(len(good) / p.wall_s, 4) if p.wall_s else None,
+                          goodput_tok_s=round(sum(r.output_tokens for r in good) / p.wall_s, 2) if p.wall_s else None)
+        points.append(p.model_copy(update=update))
+    return summary.model_copy(update={"points": points, "slo": dict(slo),
+                                      "highest_load_meeting_slo": highest_load_meeting(points)})
+
+
+def _print(summaries, html: Optional[Path]) -> None:
+    from rich.table import Table
+
+    from kvplan.bench.stats import min_samples
+
+    console = make_console()
+    for s in summaries:
+        rate = getattr(s, "load_mode", "concurrency") == "rate"
+        console.print(f"[bold]{esc(s.run_dir)}[/] ({esc(getattr(s, 'source', 'kvplan'))}): {esc(s.model)}, {esc(s.workload)}")
+        table = Table(show_edge=False, pad_edge=False)
+        for col in ("req/s" if rate else "c", "preempt", "TTFT p99 ms (n)", "ITL p99 ms", "E2E p99 ms", "tok/s", "SLOs"):
+            table.add_column(col, justify="right", no_wrap=True)
+        for p in s.points:
+            n = int(p.ttft.get("n") or 0)
+            pre = (p.server or {}).get("preemptions")
+
+            def ms(v):
+                return "-" if v is None else f"{v * 1000:.0f}"
+
+            table.add_row(f"{p.rate:g}" if rate else str(p.concurrency), "-" if pre is None else f"{pre:.0f}",
+                          f"{ms(p.ttft.get('p99'))} ({n}{'!' if n < min_samples(99) else ''})", ms(p.itl.get("p99")),
+                          ms(p.e2e.get("p99")), "-" if p.throughput_tok_s is None else f"{p.throughput_tok_s:,.0f}",
+                          "-" if p.slo_met is None else ("met" if p.slo_met else "[red]missed[/]"))
+        console.print(table)
+        if getattr(s, "slo", None):
+            best = s.highest_load_meeting_slo
+            console.print(f"highest load meeting the SLOs: {'none' if best is None else f'{best:g}'}")
+        if any(p.warnings for p in s.points):
+            console.print("[yellow]! p99 from fewer than 100 samples: see the warnings in report.md[/]")
+    if html is not None:
+        console.print(f"[dim]HTML: {esc(str(html))}[/]")

@@ -1,0 +1,228 @@
+"""How long one engine step takes, and the latency a load gets from it. Pure.
+
+One step computes ``prefill_tokens`` + ``decode_seqs`` tokens and reads every scheduled
+request's KV (kvplan.plan.simulate.StepBatch). Per device (one TP rank), a roofline sum:
+
+    t = overhead
+      + (weight_bytes + kv_tokens_read x kv_bytes_per_token) / bandwidth  / mem_efficiency
+      + (tokens x linear_flops_per_token + attention_pairs x attn_flops_per_pair) / peak_flops / compute_efficiency
+
+The two roofline terms are added, not max'ed, so the three factors (overhead, 1 / mem_efficiency,
+1 / compute_efficiency) enter linearly and `calibrate_steptime` fits them by least squares
+from measured steps. ``linear_flops_per_token`` is 2 x the parameters per device (all of them:
+a MoE model's active share is not in the config kvplan reads, so its prefill compute is an upper
+bound); ``attn_flops_per_pair`` is 4 x layers x (heads x head size) per device (QK^T and AV).
+
+The priors (efficiencies and overhead by device class) are assumptions, not measurements: a
+prediction says "prior" until calibrated on a bench run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from kvplan.errors import KvplanError
+from kvplan.plan.simulate import Load, SchedulerConfig, SimResult, StepBatch, simulate
+
+
+@dataclass(frozen=True)
+class StepTimeModel:
+    """A device x model step-time model; seconds per step."""
+
+    weight_bytes: float  # read once per step, per device
+    kv_bytes_per_token: float  # per device
+    linear_flops_per_token: float  # per device
+    attn_flops_per_pair: float  # per device, per (query, key) pair
+    bandwidth_bytes_s: float
+    peak_flops: float
+    mem_efficiency: float = 0.75
+    compute_efficiency: float = 0.5
+    overhead_s: float = 0.004
+    source: str = "prior"  # prior | calibrated
+
+    def __post_init__(self) -> None:
+        if self.bandwidth_bytes_s <= 0 or self.peak_flops <= 0:
+            raise KvplanError("the step-time model needs a device bandwidth and peak FLOP/s > 0")
+        if self.mem_efficiency <= 0 or self.compute_efficiency <= 0 or self.overhead_s < 0:
+            raise KvplanError("efficiencies must be > 0 and the overhead >= 0")
+
+    def terms(self, batch: StepBatch) -> tuple[float, float]:
+        """The ideal memory and compute seconds of a step (before efficiencies)."""
+        mem = (self.weight_bytes + batch.kv_tokens_read * self.kv_bytes_per_token) / self.bandwidth_bytes_s
+        tokens = batch.prefill_tokens + batch.decode_seqs
+        flops = tokens * self.linear_flops_per_token + batch.attention_pairs * self.attn_flops_per_pair
+        return mem, flops / self.peak_flops
+
+    def __call__(self, batch: StepBatch) -> float:
+        mem, compute = self.terms(batch)
+        return self.overhead_s + mem / self.mem_efficiency + compute / self.compute_efficiency
+
+
+@dataclass(frozen=True)
+class Prior:
+    mem_efficiency: float
+    compute_efficiency: float
+    overhead_s: float
+    basis: str
+
+
+#: Efficiency priors by device class: assumptions (typical of memory-bound decode reaching
+#: 70-80% of peak bandwidth on datacenter GPUs and prefill GEMMs about half of dense peak),
+#: to be replaced by `calibrate_steptime` on a bench run of the device.
+PRIORS = {
+    "datacenter": Prior(0.75, 0.5, 0.004, "assumed: NVIDIA datacenter GPU"),
+    "consumer": Prior(0.7, 0.45, 0.005, "assumed: workstation / GeForce GPU"),
+    "amd": Prior(0.6, 0.35, 0.006, "assumed: AMD Instinct (ROCm)"),
+}
+
+
+def prior_for(device) -> Prior:
+    name = device.name.upper()
+    if device.vendor == "amd":
+        return PRIORS["amd"]
+    if name.startswith(("RTX", "GB10", "A10", "L4", "T4")) or "RTX" in name:
+        return PRIORS["consumer"]
+    return PRIORS["datacenter"]
+
+
+def model_for(cap, device=None, prior: Prior | None = None) -> StepTimeModel:
+    """The prior step-time model of one replica of a kvplan.plan.capacity.Capacity."""
+    device = device or cap.device
+    if not device.bandwidth_gbps or not device.bf16_dense_tflops:
+        raise KvplanError(f"{device.name}: the catalog has no bandwidth or dense TFLOP/s for it",
+                          "latency needs both (or calibrate on a bench run)")
+    prior = prior or prior_for(device)
+    arch = cap.arch
+    tp = cap.settings.tensor_parallel_size
+    pp = cap.settings.pipeline_parallel_size
+    head_dim_total = arch.hidden_size  # heads x head size ~ hidden size for the attention FLOPs
+    attn_layers = sum(1 for s in arch.layers if s.grows_with_tokens)
+    return StepTimeModel(
+        weight_bytes=cap.limiting_stage.weights,
+        kv_bytes_per_token=cap.layout.kv_bytes_per_token(),
+        linear_flops_per_token=2 * arch.params.total / (tp * pp),
+        attn_flops_per_pair=4 * attn_layers * head_dim_total / (tp * pp),
+        bandwidth_bytes_s=device.bandwidth_gbps * 1e9,
+        peak_flops=device.bf16_dense_tflops * 1e12,
+        mem_efficiency=prior.mem_efficiency,
+        compute_efficiency=prior.compute_efficiency,
+        overhead_s=prior.overhead_s,
+    )
+
+
+def calibrate_steptime(measurements: Sequence[tuple[StepBatch, float]], base: StepTimeModel) -> StepTimeModel:
+    """Least-squares fit of (overhead, 1 / mem_efficiency, 1 / compute_efficiency) to measured
+    (batch, seconds) pairs; a coefficient the data push below zero is dropped (held at its
+    bound) and the rest refitted. Needs at least as many distinct measurements as free terms."""
+    rows = [(1.0, *base.terms(b), t) for b, t in measurements]
+    if len(rows) < 1:
+        raise KvplanError("calibration needs measured steps")
+    free = [0, 1, 2]
+    while True:
+        coef = _lstsq([[r[i] for i in free] for r in rows], [r[3] for r in rows])
+        if coef is None:
+            if len(free) == 1:
+                raise KvplanError("the measured steps cannot separate the step-time terms")
+            free = free[:-1]
+            continue
+        bad = [f for f, c in zip(free, coef) if c <= 0]
+        if not bad:
+            break
+        free = [f for f in free if f not in bad]
+        if not free:
+            raise KvplanError("the measured steps give no positive step-time terms")
+    values = {0: 0.0, 1: None, 2: None}
+    for f, c in zip(free, coef):
+        values[f] = c
+    return replace(
+        base,
+        overhead_s=values[0],
+        mem_efficiency=1 / values[1] if values[1] else 1e9,  # no memory term left: free memory
+        compute_efficiency=1 / values[2] if values[2] else 1e9,
+        source="calibrated",
+    )
+
+
+def _lstsq(a: list[list[float]], y: list[float]) -> list[float] | None:
+    """Normal equations with column scaling, solved by Gaussian elimination (None: singular)."""
+    n = len(a[0])
+    scale = [max(abs(r[j]) for r in a) or 1.0 for j in range(n)]
+    a = [[r[j] / scale[j] for j in range(n)] for r in a]
+    m = [[sum(r[i] * r[j] for r in a) for j in range(n)] + [sum(r[i] * v for r, v in zip(a, y))] for i in range(n)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
+        if abs(m[pivot][col]) < 1e-12 * max(1.0, max(abs(x) for row in m for x in row[:n])):
+            return None
+        m[col], m[pivot] = m[pivot], m[col]
+        for r in range(n):
+            if r != col:
+                f = m[r][col] / m[col][col]
+                m[r] = [x - f * p for x, p in zip(m[r], m[col])]
+    return [m[i][n] / m[i][i] / scale[i] for i in range(n)]
+
+
+def decode_measurements(points: Sequence[dict], prompt: int, output: int) -> list[tuple[StepBatch, float]]:
+    """(batch, seconds) pairs from bench points (their ``concurrency`` and ``itl``/``tpot`` p50):
+    at ``c`` streams the engine mostly decodes ``c`` sequences of about ``prompt + output / 2``
+    tokens, one step per output token."""
+    out = []
+    for p in points:
+        c = p.get("concurrency")
+        lat = (p.get("tpot") or {}).get("p50") or (p.get("itl") or {}).get("p50")
+        if not c or not lat or lat <= 0 or p.get("status", "ok") != "ok":
+            continue
+        ctx = prompt + output // 2
+        out.append((StepBatch(prefill_tokens=0, decode_seqs=c, kv_tokens_read=c * ctx, num_seqs=c,
+                              attention_pairs=c * ctx), float(lat)))
+    return out
+
+
+@dataclass(frozen=True)
+class LatencyPrediction:
+    """What a load gets: percentiles in seconds, throughput in output tokens per second."""
+
+    ttft: dict[str, float | None]
+    itl: dict[str, float | None]
+    tpot: dict[str, float | None]
+    e2e: dict[str, float | None]
+    queueing: dict[str, float | None]
+    output_tokens_per_s: float
+    preemptions: int
+    peak_kv_fill: float
+    source: str
+
+    def to_json(self) -> dict:
+        def ms(d):
+            return {k: (None if v is None else round(v * 1000, 3)) for k, v in d.items()}
+
+        return {"ttft_ms": ms(self.ttft), "itl_ms": ms(self.itl), "tpot_ms": ms(self.tpot), "e2e_ms": ms(self.e2e),
+                "queueing_ms": ms(self.queueing), "output_tokens_per_s": round(self.output_tokens_per_s, 2),
+                "preemptions": self.preemptions, "peak_kv_fill": round(self.peak_kv_fill, 4), "source": self.source}
+
+
+def predict_latency(config: SchedulerConfig, load: Load, model: StepTimeModel) -> LatencyPrediction:
+    """Simulate ``load`` with ``model``'s step times: TTFT / ITL / TPOT / E2E percentiles, throughput."""
+    res: SimResult = simulate(config, load, model)
+    return LatencyPrediction(
+        ttft=res.percentiles("ttft"), itl=res.percentiles("itl"), tpot=res.percentiles("tpot"),
+        e2e=res.percentiles("e2e"), queueing=res.percentiles("queueing_delay"),
+        output_tokens_per_s=res.throughput, preemptions=res.preemptions, peak_kv_fill=res.peak_kv_fill,
+        source=model.source,
+    )
+
+
+def decode_step_time(model: StepTimeModel, concurrency: int, context: int) -> float:
+    """Closed form of one decode step of ``concurrency`` sequences of ``context`` tokens."""
+    return model(StepBatch(0, concurrency, concurrency * context, concurrency, concurrency * context))
+
+
+def quick_latency(model: StepTimeModel, prompt: int, output: int, concurrency: int) -> dict[str, float]:
+    """Without simulating: TTFT of a prompt alone, TPOT at ``concurrency`` streams at mid-output
+    context, E2E, and output tokens/s (a fast estimate for search; `predict_latency` is the real one)."""
+    ttft = model(StepBatch(prompt, 0, prompt, 1, prompt * (prompt + 1) // 2))
+    tpot = decode_step_time(model, concurrency, prompt + output // 2)
+    e2e = ttft + max(0, output - 1) * tpot
+    return {"ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e,
+            "output_tokens_per_s": concurrency * output / e2e if e2e > 0 and not math.isinf(e2e) else 0.0}

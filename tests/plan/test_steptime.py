@@ -1,0 +1,89 @@
+"""The step-time model: hand arithmetic, calibration recovering known factors, latency from the simulator."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvplan.errors import KvplanError
+from kvplan.plan.simulate import Lengths, SchedulerConfig, StepBatch, closed_loop
+from kvplan.plan.steptime import (
+    StepTimeModel,
+    calibrate_steptime,
+    decode_measurements,
+    decode_step_time,
+    predict_latency,
+    quick_latency,
+)
+
+# An 8B-like model on one H100 SXM: 16 GB of weights, 131,072 B of KV a token, 2 x 8e9 FLOPs a token.
+MODEL = StepTimeModel(weight_bytes=16e9, kv_bytes_per_token=131072, linear_flops_per_token=16e9,
+                      attn_flops_per_pair=4 * 32 * 4096, bandwidth_bytes_s=3350e9, peak_flops=989e12,
+                      mem_efficiency=0.8, compute_efficiency=0.5, overhead_s=0.003)
+
+
+def test_decode_step_by_hand():
+    # 32 sequences of 2,048 tokens: memory 16e9 + 32 x 2048 x 131072 = 24.59e9 B -> 7.340 ms ideal,
+    # / 0.8 = 9.175 ms; compute 32 x 16e9 + 65536 x 524288 = 5.464e11 FLOPs -> 0.5525 ms, / 0.5 = 1.105 ms.
+    t = decode_step_time(MODEL, 32, 2048)
+    mem = (16e9 + 32 * 2048 * 131072) / 3350e9 / 0.8
+    comp = (32 * 16e9 + 32 * 2048 * 4 * 32 * 4096) / 989e12 / 0.5
+    assert t == pytest.approx(0.003 + mem + comp)
+    assert t == pytest.approx(0.003 + 0.0091753 + 0.0011049, rel=1e-4)
+
+
+def test_prefill_step_by_hand():
+    # A 4,096-token prompt alone: pairs 4096 x 4097 / 2; compute-bound.
+    b = StepBatch(prefill_tokens=4096, decode_seqs=0, kv_tokens_read=4096, num_seqs=1, attention_pairs=4096 * 4097 // 2)
+    mem, comp = MODEL.terms(b)
+    assert mem == pytest.approx((16e9 + 4096 * 131072) / 3350e9)
+    assert comp == pytest.approx((4096 * 16e9 + 4096 * 4097 / 2 * 524288) / 989e12)
+    assert MODEL(b) == pytest.approx(0.003 + mem / 0.8 + comp / 0.5)
+    assert comp > mem  # prefill is compute-bound, decode memory-bound
+
+
+def test_calibration_recovers_known_factors():
+    truth = StepTimeModel(**{**MODEL.__dict__, "mem_efficiency": 0.62, "compute_efficiency": 0.41,
+                             "overhead_s": 0.0071})
+    batches = [StepBatch(p, d, d * 1000 + p, d + (p > 0), d * 1000 + p * p // 2)
+               for p, d in [(0, 1), (0, 8), (0, 64), (512, 0), (2048, 4), (8192, 0), (0, 256), (1024, 32)]]
+    fitted = calibrate_steptime([(b, truth(b)) for b in batches], MODEL)
+    assert fitted.source == "calibrated"
+    assert fitted.mem_efficiency == pytest.approx(0.62, rel=1e-6)
+    assert fitted.compute_efficiency == pytest.approx(0.41, rel=1e-6)
+    assert fitted.overhead_s == pytest.approx(0.0071, rel=1e-6)
+
+
+def test_calibration_drops_a_negative_term():
+    """Steps that only ever decode one sequence cannot see compute: it is dropped, not negative."""
+    batches = [StepBatch(0, 1, ctx, 1, ctx) for ctx in (10, 1000, 100000, 400000)]
+    fitted = calibrate_steptime([(b, 0.002 + MODEL.terms(b)[0] / 0.7) for b in batches], MODEL)
+    assert fitted.overhead_s >= 0 and fitted.mem_efficiency > 0 and fitted.compute_efficiency > 0
+    for b in batches:
+        assert fitted(b) == pytest.approx(0.002 + MODEL.terms(b)[0] / 0.7, rel=0.05)
+    with pytest.raises(KvplanError):
+        calibrate_steptime([], MODEL)
+
+
+def test_decode_measurements_from_bench_points():
+    points = [{"concurrency": 4, "status": "ok", "tpot": {"p50": 0.01}}, {"concurrency": 8, "status": "failed"}]
+    (m,) = decode_measurements(points, 128, 128)
+    assert m[1] == 0.01 and m[0].decode_seqs == 4 and m[0].kv_tokens_read == 4 * 192
+
+
+def test_latency_from_the_simulator_by_hand():
+    """A fixed 0.01 s per step: prompt 64 (one step, the first token), output 8 -> TTFT 0.01,
+    ITL 0.01, E2E 0.08; 4 streams of 2 requests: 64 tokens in 0.16 s = 400 tok/s."""
+    flat = StepTimeModel(0, 0, 0, 0, 1, 1, overhead_s=0.01)
+    cfg = SchedulerConfig(num_blocks=100, block_size=16)
+    lat = predict_latency(cfg, closed_loop(4, Lengths(64, 8), 2), flat)
+    assert lat.ttft["p50"] == pytest.approx(0.01) and lat.itl["p99"] == pytest.approx(0.01)
+    assert lat.e2e["p50"] == pytest.approx(0.08) and lat.output_tokens_per_s == pytest.approx(400)
+    assert lat.to_json()["ttft_ms"]["p50"] == 10.0 and lat.source == "prior"
+
+
+def test_quick_latency_agrees_with_the_simulator_when_decode_dominates():
+    cfg = SchedulerConfig(num_blocks=10000, block_size=16, max_num_batched_tokens=8192)
+    sim = predict_latency(cfg, closed_loop(16, Lengths(512, 256), 1), MODEL)
+    quick = quick_latency(MODEL, 512, 256, 16)
+    assert sim.tpot["p50"] == pytest.approx(quick["tpot_s"], rel=0.1)
+    assert sim.output_tokens_per_s == pytest.approx(quick["output_tokens_per_s"], rel=0.2)
