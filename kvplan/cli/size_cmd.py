@@ -143,9 +143,9 @@ def render(plan: SizePlan) -> None:
     par = f"TP {plan.tensor_parallel_size}" + (f", PP {plan.pipeline_parallel_size}" if plan.pipeline_parallel_size > 1 else "")
     if plan.replicas > 1:
         par += f", {plan.replicas} replicas"
-    console.print(f"[bold]{plan.model}[/] on [bold]{gpus}[/] ({par}), vLLM {plan.vllm_version} rules")
+    console.print(f"[bold]{escape(plan.model)}[/] on [bold]{escape(gpus)}[/] ({par}), vLLM {escape(plan.vllm_version)} rules")
     detail = plan.model_source_detail.split(" (from ")[0]  # the profile's source URL is in --json
-    console.print(f"  config: {plan.model_source} - {detail}")
+    console.print(f"  config: {escape(plan.model_source)} - {escape(detail)}")
     layout_style = "bold red" if plan.layout_source.startswith("unverified") else "default"
     console.print(f"  layout: [{layout_style}]{escape(plan.layout_source)}[/]")
     console.print(
@@ -158,7 +158,7 @@ def render(plan: SizePlan) -> None:
         f"{plan.kv_bytes_per_token_per_device:,.0f} per GPU  "
         f"{plan.kv_bytes_per_token_all_devices:,.0f} over all GPUs"
     )
-    console.print(f"KV groups per GPU: {describe_groups(plan)}; one block = {format_bytes(plan.block_bytes)}")
+    console.print(f"KV groups per GPU: {escape(describe_groups(plan))}; one block = {format_bytes(plan.block_bytes)}")
     console.print()
 
     budget = Table(title="KV budget per GPU", title_justify="left", show_edge=False)
@@ -174,7 +174,7 @@ def render(plan: SizePlan) -> None:
     budget.add_row("[bold]= available KV cache[/]", f"[bold]{plan.available_kv_bytes / 2**30:.2f}[/]",
                    rng if plan.available_kv_bytes_low != plan.available_kv_bytes_high else "", "")
     console.print(budget)
-    console.print(f"weights: {format_bytes(plan.weights_total_bytes)} in all ({plan.weights_source})")
+    console.print(f"weights: {format_bytes(plan.weights_total_bytes)} in all ({escape(plan.weights_source)})")
     console.print()
     printed = " and ".join(f"[bold]\"{escape(line)}\"[/]" for line in plan.vllm_startup_lines)
     console.print(f"Pool: [bold]{plan.num_blocks:,}[/] blocks -> vLLM would print {printed}")
@@ -187,12 +187,12 @@ def render(plan: SizePlan) -> None:
         _render_table(console, plan)
     console.print()
     color = "green" if plan.fits else "red"
-    console.print(f"[bold {color}]{'FITS' if plan.fits else 'DOES NOT FIT'}[/]: {plan.verdict}")
+    console.print(f"[bold {color}]{'FITS' if plan.fits else 'DOES NOT FIT'}[/]: {escape(plan.verdict)}")
     for s in plan.suggestions:
         mark = "[green]fits[/]" if s.fits else "[red]still short[/]"
-        console.print(f"  - {s.change} ({s.flags}): {s.result} [{mark}]")
+        console.print(f"  - {escape(s.change)} ({escape(s.flags)}): {escape(s.result)} [{mark}]")
     for note in plan.notes:
-        console.print(f"[yellow]note:[/] {note}")
+        console.print(f"[yellow]note:[/] {escape(note)}")
     label = "vLLM command" if plan.fits else "vLLM command for these settings (does not fit as is)"
     console.print(f"\n{label}:")
     console.print(plan.vllm_serve_command, soft_wrap=True, style="dim", markup=False)

@@ -228,3 +228,16 @@ def test_size_imports_neither_torch_nor_vllm():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
     assert out.stderr.strip().splitlines()[-1] == "0 []", out.stderr[-1000:]
+
+
+def test_rich_markup_in_a_model_path_is_printed_as_text(tmp_path):
+    import json
+
+    folder = tmp_path / "x[/]y[bold]"  # "x[" holding "]y[bold]"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 8192}))
+    result = run("size", str(folder), "--gpu", "H100", "--ctx", "4k")
+    assert result.exit_code == 0, result.output
+    assert "x[/]y[bold]" in result.output
