@@ -14,7 +14,6 @@ line: ``{"prompt_tokens": 512, "output_tokens": 128}`` (cycled if the run needs 
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,22 +84,13 @@ class Workload:
         return text + f", /v1/{'chat/completions' if self.api == 'chat' else 'completions'}"
 
     def lengths(self, index: int) -> tuple[int, int]:
-        """(prompt, output) of request ``index``."""
-        if self.trace:
-            return self.trace[index % len(self.trace)]
-        if self.distribution == "fixed":
-            return self.prompt_tokens, self.output_tokens
-        rng = random.Random(f"len:{self.seed}:{index}")
-        return self._draw(rng, self.prompt_tokens), self._draw(rng, self.output_tokens)
+        """(prompt, output) of request ``index`` (kvplan.plan.simulate.draw_lengths: the simulator
+        replays the same draws)."""
+        from kvplan.plan.simulate import draw_lengths
 
-    def _draw(self, rng: random.Random, mean: int) -> int:
-        if self.distribution == "uniform":
-            value = rng.uniform(mean * (1 - self.spread), mean * (1 + self.spread))
-        elif self.distribution == "normal":
-            value = rng.gauss(mean, self.spread * mean)
-        else:  # lognormal: median `mean`, sigma `spread`
-            value = math.exp(rng.gauss(math.log(mean), self.spread))
-        return max(1, int(round(value)))
+        trace = self.trace or ()
+        return draw_lengths(index, self.prompt_tokens, self.output_tokens, self.distribution, self.spread,
+                            self.seed, trace)
 
     def request(self, index: int) -> RequestSpec:
         """The request number ``index`` of the run (unique prompt)."""

@@ -68,21 +68,29 @@ class Lengths:
             raise KvplanError("prompt and output lengths must be at least 1 token")
 
     def __call__(self, index: int) -> tuple[int, int]:
-        if self.trace:
-            return self.trace[index % len(self.trace)]
-        if self.distribution == "fixed":
-            return self.prompt, self.output
-        rng = random.Random(f"len:{self.seed}:{index}")
-        return self._draw(rng, self.prompt), self._draw(rng, self.output)
+        return draw_lengths(index, self.prompt, self.output, self.distribution, self.spread, self.seed, self.trace)
 
-    def _draw(self, rng: random.Random, mean: int) -> int:
-        if self.distribution == "uniform":
-            value = rng.uniform(mean * (1 - self.spread), mean * (1 + self.spread))
-        elif self.distribution == "normal":
-            value = rng.gauss(mean, self.spread * mean)
-        else:  # lognormal: median `mean`, sigma `spread`
-            value = math.exp(rng.gauss(math.log(mean), self.spread))
-        return max(1, int(round(value)))
+
+def draw_lengths(index: int, prompt: int, output: int, distribution: str = "fixed", spread: float = 0.25,
+                 seed: int = 0, trace: tuple[tuple[int, int], ...] | list = ()) -> tuple[int, int]:
+    """(prompt, output) tokens of request ``index``: the one definition bench sends and the
+    simulator replays (seeded per request, so any request can be redrawn alone)."""
+    if trace:
+        return tuple(trace[index % len(trace)])  # type: ignore[return-value]
+    if distribution == "fixed":
+        return prompt, output
+    rng = random.Random(f"len:{seed}:{index}")
+    return _draw(rng, prompt, distribution, spread), _draw(rng, output, distribution, spread)
+
+
+def _draw(rng: random.Random, mean: int, distribution: str, spread: float) -> int:
+    if distribution == "uniform":
+        value = rng.uniform(mean * (1 - spread), mean * (1 + spread))
+    elif distribution == "normal":
+        value = rng.gauss(mean, spread * mean)
+    else:  # lognormal: median `mean`, sigma `spread`
+        value = math.exp(rng.gauss(math.log(mean), spread))
+    return max(1, int(round(value)))
 
 
 @dataclass(frozen=True)
