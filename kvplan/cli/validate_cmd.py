@@ -29,6 +29,8 @@ Examples:
   kvplan calibrate vllm.log --gpu H100          # a saved start-up log; name the GPU if the log does not
 
   kvplan calibrate vllm.log --gpu H100 --json
+
+  kvplan calibrate --bench runs/2026-07-01-qwen3/ --gpu H100   # fit the step-time model to the run's points
 """
 
 
@@ -188,7 +190,8 @@ def _short(model: str) -> str:
 
 @user_errors
 def calibrate(
-    path: Path = typer.Argument(..., help="A vLLM start-up log, or a bench run folder holding engine.log."),
+    path: Path | None = typer.Argument(None, help="A vLLM start-up log, or a bench run folder holding engine.log."),
+    bench: Path | None = typer.Option(None, "--bench", help="A bench run folder: fit the step-time model (latency) to its measured points and write RUN/steptime.json."),
     gpu: str | None = typer.Option(None, "--gpu", help="The GPU the engine ran on (catalog name, or auto); needed unless the log prints it."),
     model: str | None = typer.Option(None, "--model", help="Hub id or local folder of the model, when the log shows a path kvplan cannot read."),
     vllm_version: str | None = typer.Option(None, "--vllm-version", help="The release, when the log does not print it."),
@@ -211,6 +214,13 @@ def calibrate(
 
     if usage not in ("serve", "llm"):
         raise KvplanError(f"invalid --usage {usage!r}", "use serve or llm")
+    if bench is not None:
+        if path is not None:
+            raise KvplanError("pass a start-up log or --bench RUN, not both")
+        _calibrate_steptime(bench, gpu, model, as_json)
+        return
+    if path is None:
+        raise KvplanError("pass a vLLM start-up log (or a bench run folder), or --bench RUN")
     file = log_path(path)
     from kvplan.vllm_log import read_startup_log
 
@@ -227,3 +237,21 @@ def calibrate(
                f"(kvplan's model: {cal.predicted_overhead_gib:.3f}, residual {cal.residual_gib:+.3f})")
     typer.echo(f"  saved to {written}; `kvplan size` uses it for {cal.gpu} with --vllm-version {cal.vllm_version} "
                f"and {cal.model_family} models")
+
+
+def _calibrate_steptime(run_dir: Path, gpu: str | None, model: str | None, as_json: bool) -> None:
+    from kvplan.errors import KvplanError
+    from kvplan.plan.steptime_io import STEPTIME_FILE, calibrate_run
+
+    if not run_dir.is_dir():
+        raise KvplanError(f"--bench {run_dir} is not a folder", "pass a folder made by kvplan bench")
+    cal = calibrate_run(run_dir, gpu, model)
+    m = cal.model
+    if as_json:
+        print_json(cal.to_json() | {"written": str(run_dir / STEPTIME_FILE)})
+        return
+    typer.echo(f"calibrated the step-time model of {cal.model_name} on {cal.device} from {len(cal.points_used)} "
+               f"point(s) at concurrency {', '.join(map(str, cal.points_used))}")
+    typer.echo(f"  per step {m.overhead_s * 1000:.3f} ms + memory / {m.mem_efficiency:.4g} + compute / "
+               f"{m.compute_efficiency:.4g}; per request {m.request_overhead_s * 1000:.2f} ms outside the steps")
+    typer.echo(f"  saved to {run_dir / STEPTIME_FILE}")

@@ -47,16 +47,44 @@ def read_config_file(path: Path) -> dict[str, Any]:
     return data
 
 
+def read_profile(file: Path) -> dict[str, Any]:
+    """Read one bundled profile, or fail loudly with the file's name: a broken profile is a
+    packaging bug, never something to skip silently."""
+
+    def broken(what: str) -> KvplanError:
+        return KvplanError(f"bundled model profile {file} is broken: {what}",
+                           "each file in profiles/models/ is a JSON object with a string 'id', a list of "
+                           "string 'aliases', a 'source' and a 'config' object; fix or remove the file")
+
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+        raise broken(f"not valid JSON ({exc})") from None
+    except OSError as exc:
+        raise broken(f"cannot be read ({exc.strerror or exc})") from None
+    if not isinstance(data, dict):
+        raise broken(f"holds a JSON {type(data).__name__}, not an object")
+    if not isinstance(data.get("id"), str) or not data["id"].strip():
+        raise broken("no 'id' string")
+    aliases = data.get("aliases", [])
+    if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
+        raise broken("'aliases' is not a list of strings")
+    if not isinstance(data.get("source"), str) or not data["source"].strip():
+        raise broken("no 'source' string")
+    if "config" not in data:
+        raise broken("no 'config'")
+    if not isinstance(data["config"], dict):
+        raise broken(f"'config' is a JSON {type(data['config']).__name__}, not an object")
+    return data
+
+
 @lru_cache(maxsize=1)
 def bundled_index() -> dict[str, Path]:
-    """Lower-cased model id or alias -> bundled profile file."""
+    """Lower-cased model id or alias -> bundled profile file (a broken profile raises KvplanError)."""
     index: dict[str, Path] = {}
     for file in sorted(MODELS_DIR.glob("*.json")):
-        try:
-            data = json.loads(file.read_text())
-        except ValueError:
-            continue
-        for name in [data.get("id", ""), *data.get("aliases", [])]:
+        data = read_profile(file)
+        for name in [data["id"], *data.get("aliases", [])]:
             if name:
                 index.setdefault(name.lower(), file)
     return index
@@ -66,13 +94,13 @@ def load_bundled(name: str) -> ModelConfig | None:
     file = bundled_index().get(name.lower())
     if file is None:
         return None
-    data = json.loads(file.read_text())
-    detail = f"profiles/models/{file.name} (from {data.get('source', 'unknown source')})"
+    data = read_profile(file)
+    detail = f"profiles/models/{file.name} (from {data['source']})"
     return ModelConfig(data["id"], data["config"], "bundled", detail)
 
 
 def bundled_names() -> list[str]:
-    return sorted({json.loads(f.read_text())["id"] for f in set(bundled_index().values())})
+    return sorted({read_profile(f)["id"] for f in set(bundled_index().values())})
 
 
 def _hub_offline() -> bool:

@@ -15,11 +15,19 @@ bound); ``attn_flops_per_pair`` is 4 x layers x (heads x head size) per device (
 
 The priors (efficiencies and overhead by device class) are assumptions, not measurements: a
 prediction says "prior" until calibrated on a bench run.
+
+``request_overhead_s`` is the time a request spends outside engine steps (HTTP, tokenizing, the
+API server's queues, detokenizing the first token): the simulator does not model the API server,
+so `predict_latency` adds it to TTFT and E2E and, in a closed loop, delays each stream's next
+request by it. The prior is 0; `calibrate_bench` fits it as the median of measured minus
+simulated TTFT over a run's points. With one workload it also absorbs any error of the prefill
+step itself (one prompt length cannot separate the two).
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -41,11 +49,13 @@ class StepTimeModel:
     compute_efficiency: float = 0.5
     overhead_s: float = 0.004
     source: str = "prior"  # prior | calibrated
+    request_overhead_s: float = 0.0  # per request, outside the engine's steps (API server)
 
     def __post_init__(self) -> None:
         if self.bandwidth_bytes_s <= 0 or self.peak_flops <= 0:
             raise KvplanError("the step-time model needs a device bandwidth and peak FLOP/s > 0")
-        if self.mem_efficiency <= 0 or self.compute_efficiency <= 0 or self.overhead_s < 0:
+        if self.mem_efficiency <= 0 or self.compute_efficiency <= 0 or self.overhead_s < 0 \
+                or self.request_overhead_s < 0:
             raise KvplanError("efficiencies must be > 0 and the overhead >= 0")
 
     def terms(self, batch: StepBatch) -> tuple[float, float]:
@@ -164,13 +174,14 @@ def _lstsq(a: list[list[float]], y: list[float]) -> list[float] | None:
 
 
 def decode_measurements(points: Sequence[dict], prompt: int, output: int) -> list[tuple[StepBatch, float]]:
-    """(batch, seconds) pairs from bench points (their ``concurrency`` and ``itl``/``tpot`` p50):
-    at ``c`` streams the engine mostly decodes ``c`` sequences of about ``prompt + output / 2``
-    tokens, one step per output token."""
+    """(batch, seconds) pairs from bench points (their ``concurrency`` and ``itl`` p50, else
+    ``tpot`` p50): at ``c`` streams the engine mostly decodes ``c`` sequences of about
+    ``prompt + output / 2`` tokens, one step per output token. The ITL median (hundreds of
+    gaps a point) is the typical step; TPOT (one value a request) is the fallback."""
     out = []
     for p in points:
         c = p.get("concurrency")
-        lat = (p.get("tpot") or {}).get("p50") or (p.get("itl") or {}).get("p50")
+        lat = (p.get("itl") or {}).get("p50") or (p.get("tpot") or {}).get("p50")
         if not c or not lat or lat <= 0 or p.get("status", "ok") != "ok":
             continue
         ctx = prompt + output // 2
@@ -203,11 +214,21 @@ class LatencyPrediction:
 
 
 def predict_latency(config: SchedulerConfig, load: Load, model: StepTimeModel) -> LatencyPrediction:
-    """Simulate ``load`` with ``model``'s step times: TTFT / ITL / TPOT / E2E percentiles, throughput."""
+    """Simulate ``load`` with ``model``'s step times: TTFT / ITL / TPOT / E2E percentiles, throughput.
+    The model's ``request_overhead_s`` is added to TTFT and E2E, and (closed loop) delays each
+    stream's next request: the client sees its last token and the engine its next prompt that
+    much later than the steps alone say."""
+    extra = model.request_overhead_s
+    if extra and load.streams:
+        load = replace(load, think_time=load.think_time + extra)
     res: SimResult = simulate(config, load, model)
+
+    def shifted(d):
+        return {k: (None if v is None else v + extra) for k, v in d.items()}
+
     return LatencyPrediction(
-        ttft=res.percentiles("ttft"), itl=res.percentiles("itl"), tpot=res.percentiles("tpot"),
-        e2e=res.percentiles("e2e"), queueing=res.percentiles("queueing_delay"),
+        ttft=shifted(res.percentiles("ttft")), itl=res.percentiles("itl"), tpot=res.percentiles("tpot"),
+        e2e=shifted(res.percentiles("e2e")), queueing=res.percentiles("queueing_delay"),
         output_tokens_per_s=res.throughput, preemptions=res.preemptions, peak_kv_fill=res.peak_kv_fill,
         source=model.source,
     )
@@ -226,3 +247,31 @@ def quick_latency(model: StepTimeModel, prompt: int, output: int, concurrency: i
     e2e = ttft + max(0, output - 1) * tpot
     return {"ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e,
             "output_tokens_per_s": concurrency * output / e2e if e2e > 0 and not math.isinf(e2e) else 0.0}
+
+
+def calibrate_bench(points: Sequence[dict], lengths, config: SchedulerConfig, base: StepTimeModel,
+                    requests_per_stream: int = 1, shared_prefix: float = 0.0) -> StepTimeModel:
+    """A step-time model calibrated on one bench run's points (closed loop, below the first KV
+    wait): the step factors from the decode steps (`decode_measurements`, `calibrate_steptime`),
+    then ``request_overhead_s`` = the median over those points of measured TTFT p50 minus the
+    simulated one (the simulator replays each point's very requests: ``first_index``)."""
+    from kvplan.plan.simulate import closed_loop
+
+    usable = [p for p in points if p.get("status", "ok") == "ok" and p.get("mode", "concurrency") == "concurrency"
+              and p.get("concurrency") and not p.get("waited_for_kv") and not p.get("preempted")]
+    if not usable:
+        raise KvplanError("the run has no finished closed-loop point below the first KV wait to calibrate on")
+    fitted = calibrate_steptime(decode_measurements(usable, lengths.prompt, lengths.output),
+                                replace(base, request_overhead_s=0.0))
+    residuals = []
+    for p in usable:
+        measured = (p.get("ttft") or {}).get("p50")
+        if measured is None:
+            continue
+        load = closed_loop(p["concurrency"], lengths, requests_per_stream, p.get("first_index", 0),
+                           shared_prefix=shared_prefix)
+        simulated = predict_latency(config, load, fitted).ttft["p50"]
+        if simulated is not None:
+            residuals.append(measured - simulated)
+    overhead = max(0.0, statistics.median(residuals)) if residuals else 0.0
+    return replace(fitted, request_overhead_s=overhead, source="calibrated")

@@ -1,0 +1,139 @@
+"""`kvplan calibrate --bench RUN`: fit the step-time model to a bench run, and read it back.
+
+The pure fit is kvplan.plan.steptime.calibrate_bench; this module reads the run folder
+(run.json: workload, engine flags, pool; points.jsonl: the measured points), builds the base
+model (the served model's architecture on the GPU named by ``--gpu`` or the run's
+``planner_gpu``; without one, e.g. a CPU engine, on a NOMINAL device whose factors are only
+relative to it), and writes the calibrated model to ``RUN/steptime.json``. A prediction reads
+it back with `load_steptime` (and says "calibrated").
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from kvplan.errors import KvplanError
+from kvplan.plan.simulate import Lengths, SchedulerConfig
+from kvplan.plan.steptime import StepTimeModel, calibrate_bench, model_for
+
+STEPTIME_FILE = "steptime.json"
+SCHEMA = 1
+# A device with no catalog figures (a CPU engine): the roofline terms in these units, the fitted
+# factors relative to them. Only predictions on the same device are meaningful.
+NOMINAL_BANDWIDTH_GBPS = 100.0
+NOMINAL_TFLOPS = 1.0
+
+
+@dataclass(frozen=True)
+class StepCalibration:
+    model: StepTimeModel
+    run_dir: str
+    model_name: str
+    device: str  # catalog name, or "nominal (...)"
+    workload: dict[str, Any]
+    scheduler: dict[str, Any]
+    points_used: list[float]  # concurrencies
+    recorded_at: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "run_dir": self.run_dir, "model": self.model_name, "device": self.device,
+                "workload": self.workload, "scheduler": self.scheduler, "points_used": self.points_used,
+                "recorded_at": self.recorded_at, "steptime": asdict(self.model)}
+
+
+def run_inputs(run_dir: Path, gpu: str | None = None, model: str | None = None):
+    """(config dict, points, Lengths, SchedulerConfig, base StepTimeModel, device label) of a run folder."""
+    from kvplan.bench.store import RunStore
+    from kvplan.deploy import load_model, select_gpus
+    from kvplan.plan.capacity import compute_capacity
+    from kvplan.plan.overhead import load_overhead
+    from kvplan.plan.schema import Settings
+    from kvplan.plan.versions import rules_for
+
+    store = RunStore.open_existing(run_dir)
+    run = store.read_run()
+    cfg = run.get("config") or {}
+    points = store.read_points()
+    if not points:
+        raise KvplanError(f"{run_dir} has no measured points (points.jsonl)", "calibrate on a run with finished points")
+    wl = cfg.get("workload") or {}
+    lengths = Lengths(int(wl.get("prompt_tokens") or 512), int(wl.get("output_tokens") or 128),
+                      wl.get("distribution") or "fixed", float(wl.get("spread", 0.25)), int(wl.get("seed") or 0),
+                      tuple(tuple(p) for p in wl.get("trace") or ()))
+    engine = cfg.get("engine") or {}
+    capacity = run.get("capacity") or {}
+    num_blocks, block_size = capacity.get("num_blocks"), capacity.get("block_size")
+    if not num_blocks or not block_size:
+        raise KvplanError(f"{run_dir}/run.json does not record the engine's pool (num_blocks, block_size)")
+    name = model or run.get("model") or engine.get("model")
+    if not name:
+        raise KvplanError(f"{run_dir} does not name the model", "pass --model org/name")
+    resolved = load_model(name, offline=True)
+    gpu = gpu or cfg.get("planner_gpu")
+    if gpu:
+        device = select_gpus(gpu).device
+        label = device.name
+    else:
+        device = replace(select_gpus(None, None, "1TiB").device, bandwidth_gbps=NOMINAL_BANDWIDTH_GBPS,
+                         bf16_dense_tflops=NOMINAL_TFLOPS)
+        label = f"nominal ({NOMINAL_BANDWIDTH_GBPS:g} GB/s, {NOMINAL_TFLOPS:g} TFLOP/s: no --gpu)"
+    rules = rules_for(capacity.get("vllm_version"))
+    settings = Settings(
+        tensor_parallel_size=engine.get("tensor_parallel_size") or 1,
+        pipeline_parallel_size=engine.get("pipeline_parallel_size") or 1,
+        block_size=block_size, max_model_len=engine.get("max_model_len"),
+        num_gpu_blocks_override=num_blocks, kv_cache_memory_bytes=engine.get("kv_cache_memory_bytes") or 2**30,
+        max_num_seqs=cfg.get("max_num_seqs"), max_num_batched_tokens=engine.get("max_num_batched_tokens"),
+        enforce_eager=bool(engine.get("enforce_eager")),
+    )
+    cap = compute_capacity(resolved.arch, device, settings, rules, load_overhead(), resolved.weights_total)
+    sched = SchedulerConfig(num_blocks=num_blocks, block_size=block_size,
+                            max_num_seqs=cfg.get("max_num_seqs") or cap.limits.max_num_seqs,
+                            max_num_batched_tokens=engine.get("max_num_batched_tokens")
+                            or cap.limits.max_num_batched_tokens,
+                            admit_full_prompt=rules.admit_full_prompt, max_model_len=engine.get("max_model_len"))
+    return cfg, points, lengths, sched, model_for(cap, device), label, resolved.config.name
+
+
+def calibrate_run(run_dir: Path, gpu: str | None = None, model: str | None = None,
+                  write: bool = True) -> StepCalibration:
+    """Fit the step-time model to ``run_dir``'s points; write ``RUN/steptime.json`` unless ``write`` is False."""
+    cfg, points, lengths, sched, base, label, name = run_inputs(run_dir, gpu, model)
+    wl = cfg.get("workload") or {}
+    fitted = calibrate_bench(points, lengths, sched, base, int(cfg.get("requests_per_stream") or 3),
+                             float(wl.get("shared_prefix") or 0.0))
+    used = [p["concurrency"] for p in points if p.get("status", "ok") == "ok" and not p.get("waited_for_kv")
+            and not p.get("preempted") and p.get("mode", "concurrency") == "concurrency"]
+    result = StepCalibration(
+        model=fitted, run_dir=str(run_dir), model_name=name, device=label,
+        workload={"prompt_tokens": lengths.prompt, "output_tokens": lengths.output,
+                  "distribution": lengths.distribution},
+        scheduler=asdict(sched), points_used=used,
+        recorded_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
+    if write:
+        target = run_dir / STEPTIME_FILE
+        tmp = target.with_suffix(".json.tmp")
+        try:
+            tmp.write_text(json.dumps(result.to_json(), indent=2) + "\n", encoding="utf-8")
+            tmp.replace(target)  # atomic: an interrupted write leaves the old file
+        except OSError as exc:
+            raise KvplanError(f"cannot write {target}: {exc.strerror}") from None
+    return result
+
+
+def load_steptime(path: Path) -> StepTimeModel:
+    """The calibrated model in ``RUN/steptime.json`` (or that file itself)."""
+    file = path / STEPTIME_FILE if path.is_dir() else path
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+        names = {f.name for f in fields(StepTimeModel)}
+        return StepTimeModel(**{k: v for k, v in data["steptime"].items() if k in names})
+    except FileNotFoundError:
+        raise KvplanError(f"{file} does not exist", "run `kvplan calibrate --bench RUN` first") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise KvplanError(f"cannot read the step-time calibration {file}: {exc}") from None
