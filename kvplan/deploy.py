@@ -81,6 +81,7 @@ def plan_deployment(
     vllm_version: str | None = None,
     overhead: OverheadModel | None = None,
     use_calibration: bool = True,
+    steptime: object | None = None,
 ) -> SizePlan:
     """Plan one deployment. A user calibration (`kvplan calibrate`) for the same GPU, vLLM
     release and model family shifts the overhead model by its measured residual, and lends
@@ -102,7 +103,7 @@ def plan_deployment(
     if use_calibration and overhead is None:
         base, ref, used = _apply_calibration(model, gpus, settings, rules.version, base, ref)
         notes += used
-    plan = plan_size(ref, model.arch, gpus, settings, rules, base, list(devices.values()))
+    plan = plan_size(ref, model.arch, gpus, settings, rules, base, list(devices.values()), steptime)
     if notes:
         plan = plan.replace(notes=notes + plan.notes)
     return plan

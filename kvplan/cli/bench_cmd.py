@@ -334,10 +334,16 @@ def _run(runs: list, as_json: bool, check: bool, api_key: str | None = None, exp
     from kvplan.bench.runner import BenchRun
     from kvplan.bench.view import NullView, RichView
 
+    interrupted = []
+
     def _sigterm(signum, frame):  # stop like Ctrl-C: the engine is stopped, results written
+        if interrupted:
+            return  # already stopping: a second signal must not interrupt the shutdown itself
+        interrupted.append(signum)
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _sigterm)
+    signal.signal(signal.SIGINT, _sigterm)
     if hasattr(signal, "SIGHUP"):
         signal.signal(signal.SIGHUP, _sigterm)  # the terminal went away: stop cleanly, keep the points
     summaries = []

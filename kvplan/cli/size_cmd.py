@@ -65,6 +65,7 @@ def size(
     dcp: int = typer.Option(1, "--decode-context-parallel-size", "--dcp", help="vLLM's decode context parallel size (a block holds block_size x DCP tokens).", metavar="N", rich_help_panel="Parallelism"),
     layout: str = typer.Option("rules", "--layout", help="rules (kvplan's, per model family) or engine (ask the installed vLLM; needs the [engine] extra).", metavar="rules|engine", rich_help_panel="vLLM release and layout"),
     allow_unverified: bool = typer.Option(False, "--allow-unverified-layout", help="Plan a model_type kvplan has no rules for as a plain decoder (marked UNVERIFIED).", rich_help_panel="vLLM release and layout"),
+    steptime: Optional[str] = typer.Option(None, "--steptime", metavar="RUN", help="Latency from a step-time model calibrated on a bench run (`kvplan calibrate --bench RUN`) instead of the prior.", rich_help_panel="Workload"),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document (schema: kvplan schema).", rich_help_panel="Output"),
 ) -> None:
     """Size the KV cache of MODEL on GPUs: bytes per token, pool, tokens, concurrency, verdict.
@@ -123,7 +124,14 @@ def size(
         vllm_version = installed_vllm_version()  # the layout and the rules of one release
     resolved = load_model(model, revision, source, True if offline else None, parse_overrides(set_),
                           allow_unverified=allow_unverified, layout=layout, vllm_version=vllm_version)
-    plan = plan_deployment(resolved, selection, settings, vllm_version)
+    model_steptime = None
+    if steptime is not None:
+        from pathlib import Path
+
+        from kvplan.plan.steptime_io import load_steptime
+
+        model_steptime = load_steptime(Path(steptime))
+    plan = plan_deployment(resolved, selection, settings, vllm_version, steptime=model_steptime)
     if as_json:
         print_json(plan)
     else:
@@ -185,6 +193,12 @@ def render(plan: SizePlan) -> None:
     )
     if plan.table:
         _render_table(console, plan)
+    if plan.latency:
+        lat = plan.latency
+        console.print(
+            f"Latency ({escape(str(lat['source']))}): TTFT ~{lat['ttft_ms']:,} ms for one prompt, TPOT ~{lat['tpot_ms']} ms "
+            f"at this concurrency, E2E ~{lat['e2e_ms']:,} ms, ~{lat['output_tokens_per_s']:,} output tokens/s per replica"
+        )
     console.print()
     color = "green" if plan.fits else "red"
     console.print(f"[bold {color}]{'FITS' if plan.fits else 'DOES NOT FIT'}[/]: {escape(plan.verdict)}")

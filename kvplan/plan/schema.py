@@ -164,6 +164,9 @@ class SizePlan:
     layout_source: str = "kvplan rules"
     # The capacity line(s) vLLM logs at start-up, as this release words them.
     vllm_startup_lines: list[str] = field(default_factory=list)
+    # With --prompt: a step-time estimate (kvplan.plan.steptime.quick_latency): ttft_ms, tpot_ms, e2e_ms,
+    # output_tokens_per_s, and "source" (prior: roofline x assumed efficiencies; or calibrated).
+    latency: dict[str, object] | None = None
 
     def replace(self, **changes: object) -> SizePlan:
         return dataclasses.replace(self, **changes)

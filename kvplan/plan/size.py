@@ -281,7 +281,9 @@ def plan_size(
     rules: VllmRules,
     overhead: OverheadModel,
     catalog: list[Device] | None = None,
+    steptime: object | None = None,
 ) -> SizePlan:
+    """``steptime``: a calibrated kvplan.plan.steptime.StepTimeModel (else the device's prior)."""
     world = settings.tensor_parallel_size * settings.pipeline_parallel_size
     if gpu.count < world:
         raise KvplanError(
@@ -356,7 +358,29 @@ def plan_size(
         notes=list(cap.notes),
         layout_source=arch.layout_source,
         vllm_startup_lines=startup_lines(cap),
+        latency=_latency(cap, settings, per_replica, steptime) if verdict.fits else None,
     )
+
+
+def _latency(cap: Capacity, settings: Settings, per_replica: int, steptime: object | None) -> dict | None:
+    """A step-time estimate for the asked workload (only with --prompt): TTFT of one prompt alone,
+    TPOT at the asked concurrency per replica, E2E, output tokens/s per replica."""
+    from kvplan.plan.steptime import model_for, quick_latency
+
+    if settings.prompt_tokens is None:
+        return None
+    source = "calibrated on a bench run (kvplan calibrate --bench)"
+    model = steptime
+    if model is None:
+        try:
+            model = model_for(cap)
+        except KvplanError:
+            return None  # no bandwidth / TFLOP/s for this device in the catalog
+        source = "prior: roofline x assumed efficiencies (uncalibrated)"
+    est = quick_latency(model, settings.prompt_tokens, max(1, settings.output_tokens or 1), per_replica)
+    return {"ttft_ms": round(est["ttft_s"] * 1000, 1), "tpot_ms": round(est["tpot_s"] * 1000, 2),
+            "e2e_ms": round(est["e2e_s"] * 1000, 1),
+            "output_tokens_per_s": round(est["output_tokens_per_s"], 1), "source": source}
 
 
 def startup_lines(cap: Capacity) -> list[str]:

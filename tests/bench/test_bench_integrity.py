@@ -200,7 +200,7 @@ def test_garbled_scrapes_during_a_point_are_skipped():
 # ------------------------------------------------------------------ /metrics parsing off the event loop
 
 
-def test_a_two_megabyte_metrics_does_not_move_itl():
+def test_a_two_megabyte_metrics_is_parsed_off_the_event_loop(monkeypatch):
     series = "".join(f'vllm:num_requests_running{{engine="{i}",model_name="fake"}} 1.0\n' for i in range(32000))
     big = "# TYPE vllm:num_requests_running gauge\n" + series
     assert len(big) > 2_000_000
@@ -216,14 +216,27 @@ def test_a_two_megabyte_metrics_does_not_move_itl():
         await scraper
         return load, out
 
+    import threading
+
+    from kvplan.bench import metrics as metrics_module
+
+    threads = []
+
+    def recording_parse(*args, **kwargs):
+        threads.append(threading.current_thread() is threading.main_thread())
+        return parse_metrics(*args, **kwargs)
+
+    monkeypatch.setattr(metrics_module, "parse_metrics", recording_parse)
     with FakeServer(FakeBehaviour(metrics_text=big, token_gap_s=gap)) as srv:
         load, scrapes = asyncio.run(main())
     (rec,) = load.records
     # one ITL per output token after the first delivery (tokens read together share it)
     assert rec.ok and len(rec.itl_s) == 60 - rec.chunk_tokens[0]
-    assert scrapes and scrapes[0].values["running"] == 32000.0  # the big text was parsed, in a thread
-    # Parsing it takes ~1 s: on the event loop that would be a >= 1 s gap between two tokens.
-    assert max(rec.itl_s) < gap + 0.25, max(rec.itl_s)
+    assert scrapes and scrapes[0].values["running"] == 32000.0  # the big text was parsed...
+    # ...and never on the event loop's thread, which timestamps the tokens (parsing 2 MB takes ~1 s:
+    # there it would be a >= 1 s gap between two tokens). The timing itself is not asserted here:
+    # a loaded machine moves it either way.
+    assert threads and not any(threads)
 
 
 # ------------------------------------------------------------------ --resume against another model
