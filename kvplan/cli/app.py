@@ -63,8 +63,6 @@ def main_exit_code(argv: list[str] | None = None) -> int:
     traceback only with ``--debug`` or KVPLAN_DEBUG=1."""
     import sys
 
-    from typer._click import exceptions as click_exceptions
-
     from kvplan.cli import common
     from kvplan.cli.common import error_line
     from kvplan.errors import ExitCode, KvplanError
@@ -73,16 +71,6 @@ def main_exit_code(argv: list[str] | None = None) -> int:
     common.DEBUG = common.debug_from_env() or "--debug" in args[: args.index("--") if "--" in args else len(args)]
     try:
         code = app(args=args, prog_name="kvplan", standalone_mode=False)
-    except click_exceptions.NoArgsIsHelpError as exc:  # `kvplan` alone: the help, as usual
-        typer.echo(exc.ctx.get_help())
-        return ExitCode.OK
-    except click_exceptions.UsageError as exc:
-        command = exc.ctx.command_path if exc.ctx else "kvplan"
-        error_line(f"{exc.format_message()} (see `{command} --help`)")
-        return ExitCode.BAD_INPUT
-    except click_exceptions.ClickException as exc:  # e.g. a file option click could not open
-        error_line(exc.format_message())
-        return ExitCode.BAD_INPUT
     except (typer.Abort, KeyboardInterrupt):
         error_line("interrupted")
         return ExitCode.INTERRUPTED
@@ -91,6 +79,12 @@ def main_exit_code(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except SystemExit as exc:
         code = exc.code
+    except Exception as exc:  # noqa: BLE001 - click's own errors, by their public interface
+        handled = _click_error(exc)
+        if handled is not None:
+            return handled
+        common.report_internal_error(exc)
+        return ExitCode.INTERNAL
     except BaseException as exc:  # noqa: BLE001 - the last guard: never a traceback by default
         common.report_internal_error(exc)
         return ExitCode.INTERNAL
@@ -99,6 +93,27 @@ def main_exit_code(argv: list[str] | None = None) -> int:
     if isinstance(code, int):
         return code
     error_line(str(code))
+    return ExitCode.BAD_INPUT
+
+
+def _click_error(exc: Exception) -> int | None:
+    """Click's exceptions (typer vendors its own click, whose module is private): recognized by
+    click's public exception interface (``format_message``, ``exit_code``, ``ctx``) instead of an
+    import. ``kvplan`` alone prints the help; a usage error is one line, exit 2."""
+    from kvplan.cli.common import error_line
+    from kvplan.errors import ExitCode
+
+    ctx = getattr(exc, "ctx", None)
+    if type(exc).__name__ == "NoArgsIsHelpError" and ctx is not None:
+        typer.echo(ctx.get_help())
+        return ExitCode.OK
+    if not (callable(getattr(exc, "format_message", None)) and hasattr(exc, "exit_code")):
+        return None
+    if any(cls.__name__ == "UsageError" for cls in type(exc).__mro__):
+        command = ctx.command_path if ctx is not None else "kvplan"
+        error_line(f"{exc.format_message()} (see `{command} --help`)")
+    else:  # e.g. a file option click could not open
+        error_line(exc.format_message())
     return ExitCode.BAD_INPUT
 
 
