@@ -17,6 +17,10 @@ _MIN_ONE = ("tensor_parallel_size", "pipeline_parallel_size", "decode_context_pa
             "weights_bytes", "concurrency", "prompt_tokens")
 
 
+_MAX = {"draft_layers": 1024, "tensor_parallel_size": 4096, "pipeline_parallel_size": 4096,
+        "decode_context_parallel_size": 4096, "concurrency": 100_000_000, "max_num_seqs": 100_000_000}
+
+
 @dataclass(frozen=True)
 class Settings:
     """How a model is deployed: what `vllm serve` would be given, plus the workload asked."""
@@ -59,6 +63,10 @@ class Settings:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 0):
                 raise KvplanError(f"invalid {name}: {value!r} must be a whole number >= 0")
+        for name, cap in _MAX.items():  # far above any real deployment: larger is a typo or an attack
+            value = getattr(self, name)
+            if isinstance(value, int) and value > cap:
+                raise KvplanError(f"invalid {name}: {value:,} (at most {cap:,})")
         util = self.gpu_memory_utilization
         if util is not None and not 0 < util <= 1:
             raise KvplanError(f"invalid gpu_memory_utilization: {util!r} must be in (0, 1]")

@@ -241,3 +241,10 @@ def test_rich_markup_in_a_model_path_is_printed_as_text(tmp_path):
     result = run("size", str(folder), "--gpu", "H100", "--ctx", "4k")
     assert result.exit_code == 0, result.output
     assert "x[/]y[bold]" in result.output
+
+
+@pytest.mark.parametrize("flag, value", [("--draft-layers", "100000000"), ("--tp", "1000000"), ("--pp", "99999"),
+                                         ("--decode-context-parallel-size", "100000")])
+def test_absurd_sizes_are_refused_before_any_work(flag, value):
+    result = run("size", "meta-llama/Llama-3.1-8B", "--gpu", "H100", "--ctx", "8k", flag, value)
+    assert result.exit_code == 2, result.output
