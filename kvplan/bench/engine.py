@@ -170,9 +170,13 @@ def port_is_free(host: str, port: int) -> bool:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            return int(sock.getsockname()[1])
+    except (OSError, UnicodeError) as exc:  # socket.gaierror: an unresolvable --host
+        raise KvplanError(f"cannot listen on host {host!r}: {getattr(exc, 'strerror', None) or exc}",
+                          "pass --host with an address of this machine, e.g. 127.0.0.1") from None
 
 
 def tail(path: Path, lines: int = 15, width: int = 300) -> str:

@@ -40,10 +40,14 @@ def new_run_dir(parent: Path, model: str) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     base = parent / f"{stamp}-{slug(model)}"
     path, n = base, 1
-    while path.exists():
-        n += 1
-        path = Path(f"{base}-{n}")
-    path.mkdir(parents=True)
+    try:
+        while path.exists():
+            n += 1
+            path = Path(f"{base}-{n}")
+        path.mkdir(parents=True)
+    except OSError as exc:  # --out is a file, read-only, or not ours
+        raise KvplanError(f"cannot create a run folder in {parent}: {exc.strerror or exc}",
+                          "pass --out with a writable folder") from None
     return path
 
 
