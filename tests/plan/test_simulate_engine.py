@@ -57,10 +57,9 @@ def cpu_engine(tmp_path_factory):
 
 # (bench flags, the Lengths they draw, shared fraction, levels, expected onsets (wait, preemption))
 WORKLOADS = {
-    # Lognormal lengths: the block rule on the medians says 16 // cdiv(127, 32) + 1 = 5; the
-    # drawn tails make 4 streams preempt.
-    "lognormal": (["--prompt", "64", "--output", "64", "--dist", "lognormal", "--spread", "0.4", "--seed", "1"],
-                  Lengths(64, 64, "lognormal", 0.4, 1), 0.0, [2, 3, 4, 5], (4, 4)),
+    # (A pure-lognormal workload, 64/64 with spread 0.4, was dropped: the simulator says its drawn
+    # requests first preempt at 4 streams, the engine preempted at 4 in some runs and only at 5 in
+    # others (two of four CI runs): a borderline case, by a margin the client's timing decides.)
     # Half of every prompt shared: 48 tokens = 1 full block counted once: 1 + c x 3 <= 16 -> 5 fit,
     # 6 preempt (the block rule without sharing: 5).
     "shared-prefix": (["--prompt", "96", "--output", "32", "--shared-prefix", "0.5"],
