@@ -148,6 +148,54 @@ class ServerGone(Exception):
     """The connection failed in a way that means the server is not there any more."""
 
 
+def run_stoppable(coro):
+    """``asyncio.run(coro)``, where SIGINT/SIGTERM/SIGHUP while the loop runs cancel the work and
+    reach the process's own handler only after the loop has closed. Raising KeyboardInterrupt from
+    a handler inside the loop would leave tasks whose exception is never retrieved, and asyncio
+    prints their tracebacks on the way out."""
+    import signal
+
+    wanted = [getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)]
+    previous = {signum: signal.getsignal(signum) for signum in wanted}
+    received: list[int] = []
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        installed = []
+
+        def stop(signum: int) -> None:
+            received.append(signum)
+            task.cancel()
+
+        try:
+            for signum in wanted:
+                try:
+                    loop.add_signal_handler(signum, stop, signum)
+                    installed.append(signum)
+                except (ValueError, RuntimeError, NotImplementedError):  # not the main thread
+                    break
+            return await coro
+        finally:
+            for signum in installed:
+                loop.remove_signal_handler(signum)
+                signal.signal(signum, previous[signum])
+
+    try:
+        result = asyncio.run(main())
+    except BaseException:
+        if not received:
+            raise
+    else:
+        if not received:
+            return result
+    # hand the first signal to the handler that was there before (kvplan's: stop like Ctrl-C)
+    handler = previous[received[0]]
+    if callable(handler):
+        handler(received[0], None)
+    raise KeyboardInterrupt
+
+
 def completion_body(spec: RequestSpec, model: str, api: str) -> dict:
     body: dict = {
         "model": model,

@@ -27,7 +27,7 @@ from kvplan.bench.engine import (
     http_get,
     parse_capacity_log,
 )
-from kvplan.bench.loadgen import RequestRecord, StopSignal, run_closed_loop, run_open_loop
+from kvplan.bench.loadgen import RequestRecord, StopSignal, run_closed_loop, run_open_loop, run_stoppable
 from kvplan.bench.metrics import Snapshot, preempted, scrape_during, scrape_once, summarize
 from kvplan.bench.slo import point_checks, request_meets
 from kvplan.bench.stats import describe, sample_warnings
@@ -396,7 +396,7 @@ class BenchRun:
         total = self.point_requests(None if rate is not None else concurrency)
         self.view.point_started(concurrency if rate is None else f"rate {rate:g}/s", total or 0)
         started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        result = asyncio.run(self._point_async(concurrency, seq, first_index, started_at, rate))
+        result = run_stoppable(self._point_async(concurrency, seq, first_index, started_at, rate))
         total = total or 0
         self._next_index += max(total, result.requests)
         self.points.append(result)
@@ -640,7 +640,7 @@ class BenchRun:
         else:
             level = 4
         self.view.message(f"warm-up: {level} stream{'s' if level != 1 else ''}, not recorded")
-        load = asyncio.run(run_closed_loop(
+        load = run_stoppable(run_closed_loop(
             self.base_url, self.model, self.workload.api, level, 1, self.workload.request, self._next_index,
             self.cfg.request_timeout_s, api_key=self.api_key))
         self._next_index += level
@@ -729,7 +729,7 @@ class BenchRun:
                 self._start_engine()
             self._discover_model()
             try:
-                snap = asyncio.run(scrape_once(self.base_url, api_key=self.api_key))
+                snap = run_stoppable(scrape_once(self.base_url, api_key=self.api_key))
             except Exception as exc:  # noqa: BLE001 - a server without /metrics can still be benched
                 snap = None
                 self.metrics_error = f"{type(exc).__name__}: {exc}"
