@@ -15,7 +15,7 @@ from kvplan.deploy import load_model
 from kvplan.hardware.catalog import load_catalog
 from kvplan.plan.fit import FitRequest, search
 from kvplan.plan.overhead import load_overhead
-from kvplan.plan.versions import rules_for
+from kvplan.vllm.rules import rules_for
 
 
 def main(argv: list[str]) -> None:

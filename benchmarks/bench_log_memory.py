@@ -18,7 +18,7 @@ import time
 
 CHILD = r"""
 import resource, sys, time
-from kvplan.vllm_log import parse_startup_log, read_startup_log
+from kvplan.vllm.startup_log import parse_startup_log, read_startup_log
 start = time.perf_counter()
 if sys.argv[1] != "-":
     report = parse_startup_log(read_startup_log(sys.argv[1], "log"))

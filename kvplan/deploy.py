@@ -16,7 +16,7 @@ from kvplan.model.source import ModelConfig, resolve_model
 from kvplan.plan.overhead import OverheadModel, load_overhead
 from kvplan.plan.schema import Settings, SizePlan
 from kvplan.plan.size import ModelRef, plan_size
-from kvplan.plan.versions import rules_for
+from kvplan.vllm.rules import rules_for
 
 
 @dataclass(frozen=True)

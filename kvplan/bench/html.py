@@ -9,7 +9,9 @@ from html import escape
 from typing import Any
 
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
-W, H, L, R, T, B = 560, 300, 64, 16, 28, 44  # size and margins of a chart
+W, H, L, R, T, B = 560, 300, 64, 16, 28, 44  # size and margins of a chart (T: above the legend)
+ONSET_COLOURS = ("#e6820e", "#b00")  # first KV wait, first preemption (vertical lines)
+LEGEND_ROW, LEGEND_SWATCH, LEGEND_GAP = 15, 20, 14  # px: a legend row's height, a swatch's length, between entries
 
 
 def _fmt(v: float) -> str:
@@ -37,13 +39,39 @@ def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     return [first + i * step for i in range(int((hi - first) / step + 1e-9) + 1)]
 
 
+def _text_width(text: str, size: float = 11.0) -> float:
+    """A generous estimate of a label's width in px (DejaVu/Liberation Sans at ``size`` px): the legend
+    and the tick labels are laid out without a script, so they must not need the browser's measure."""
+    wide = sum(1 for c in text if c in "mwMW%@")
+    narrow = sum(1 for c in text if c in "il.,:;!|' ()[]tfrj1-")
+    return size * (0.62 * len(text) + 0.3 * wide - 0.22 * narrow)
+
+
+def _legend_rows(entries: list[tuple[str, str, str]], width: float) -> list[list[tuple[float, str, str, str]]]:
+    """Entries (name, colour, dash) placed left to right in rows of at most ``width`` px: (x, ...)."""
+    rows: list[list[tuple[float, str, str, str]]] = [[]]
+    x = 0.0
+    for name, colour, dash in entries:
+        w = LEGEND_SWATCH + 4 + _text_width(name)
+        if rows[-1] and x + w > width:
+            rows.append([])
+            x = 0.0
+        rows[-1].append((x, name, colour, dash))
+        x += w + LEGEND_GAP
+    return rows
+
+
 def chart(title: str, xlabel: str, ylabel: str, series: list[tuple[str, list[tuple[float, float]], str, str]],
-          vlines: list[tuple[float, str, str]] = (), log_x: bool = False) -> str:
-    """An SVG line chart. series: (name, points, colour, dash); vlines: (x, label, colour)."""
+          vlines: list[tuple[float, str, str, str]] = (), log_x: bool = False) -> str:
+    """An SVG line chart. series: (name, points, colour, dash); vlines: (x, label, colour, dash).
+
+    The legend (series and vertical lines, each with its colour and dash) sits in rows between the
+    title and the plot, never over the data; the vertical lines carry no label of their own."""
     pts = [(x, y) for _, ps, _, _ in series for x, y in ps if y is not None and math.isfinite(y)]
     if not pts:
         return f'<figure><figcaption>{escape(title)}</figcaption><p class="empty">no data</p></figure>'
-    xs = [x for x, _ in pts] + [x for x, _, _ in vlines]
+    vlines = [v for v in vlines if v[0] is not None and math.isfinite(v[0])]
+    xs = [x for x, _ in pts] + [v[0] for v in vlines]
     log_x = log_x and min(xs) > 0 and max(xs) / min(xs) >= 16
     fx = (lambda v: math.log2(v)) if log_x else (lambda v: v)
     x0, x1 = fx(min(xs)), fx(max(xs))
@@ -51,40 +79,53 @@ def chart(title: str, xlabel: str, ylabel: str, series: list[tuple[str, list[tup
         x0, x1 = x0 - 1, x1 + 1
     y1 = max(y for _, y in pts) * 1.08 or 1.0
     pw, ph = W - L - R, H - T - B
+    drawn = [(name, sorted((x, y) for x, y in ps if y is not None and math.isfinite(y)), colour, dash)
+             for name, ps, colour, dash in series]
+    drawn = [d for d in drawn if d[1]]
+    rows = _legend_rows([(name, colour, dash) for name, _, colour, dash in drawn]
+                        + [(label, colour, dash) for _, label, colour, dash in vlines], pw)
+    top = T + LEGEND_ROW * len(rows)  # the plot's top edge, below the legend
+    height = top + ph + B
 
     def sx(v: float) -> float:
         return L + (fx(v) - x0) / (x1 - x0) * pw
 
     def sy(v: float) -> float:
-        return T + ph - v / y1 * ph
+        return top + ph - v / y1 * ph
 
-    out = [f'<figure><svg viewBox="0 0 {W} {H}" width="{W}" height="{H}" role="img" aria-label="{escape(title)}">',
-           f'<text x="{W / 2}" y="16" text-anchor="middle" class="t">{escape(title)}</text>',
-           f'<rect x="{L}" y="{T}" width="{pw}" height="{ph}" class="frame"/>']
+    out = [f'<figure><svg viewBox="0 0 {W} {height}" width="{W}" height="{height}" role="img" '
+           f'aria-label="{escape(title)}">',
+           f'<text x="{W / 2}" y="16" text-anchor="middle" class="t">{escape(title)}</text>']
+    for r, row in enumerate(rows):
+        y = T + LEGEND_ROW * r + 4
+        for x, name, colour, dash in row:
+            out.append(f'<g class="legend"><line x1="{L + x:.1f}" x2="{L + x + LEGEND_SWATCH:.1f}" y1="{y - 4}" '
+                       f'y2="{y - 4}" stroke="{colour}" stroke-width="2"' + (f' stroke-dasharray="{dash}"' if dash else "")
+                       + f'/><text x="{L + x + LEGEND_SWATCH + 4:.1f}" y="{y}" fill="{colour}">{escape(name)}</text></g>')
+    out.append(f'<rect x="{L}" y="{top}" width="{pw}" height="{ph}" class="frame"/>')
     for v in _ticks(0, y1):
         if v <= y1:
             out.append(f'<line x1="{L}" x2="{L + pw}" y1="{sy(v):.1f}" y2="{sy(v):.1f}" class="grid"/>'
                        f'<text x="{L - 4}" y="{sy(v) + 4:.1f}" text-anchor="end">{_fmt(v)}</text>')
     xt = sorted({x for x, _ in pts}) if len({x for x, _ in pts}) <= 12 else _ticks(min(xs), max(xs))
+    right = -math.inf  # the right end of the last x tick label drawn: the next one must clear it
     for v in xt:
-        out.append(f'<text x="{sx(v):.1f}" y="{T + ph + 14}" text-anchor="middle">{_fmt(v)}</text>')
-    out.append(f'<text x="{L + pw / 2}" y="{H - 6}" text-anchor="middle">{escape(xlabel)}</text>')
-    out.append(f'<text transform="translate(14 {T + ph / 2}) rotate(-90)" text-anchor="middle">{escape(ylabel)}</text>')
-    for x, label, colour in vlines:
-        out.append(f'<line x1="{sx(x):.1f}" x2="{sx(x):.1f}" y1="{T}" y2="{T + ph}" stroke="{colour}" '
-                   f'stroke-dasharray="5 4"/><text x="{sx(x) + 3:.1f}" y="{T + 12}" fill="{colour}">{escape(label)}</text>')
-    legend_y = T + 12
-    for name, ps, colour, dash in series:
-        ps = sorted((x, y) for x, y in ps if y is not None and math.isfinite(y))
-        if not ps:
+        half = _text_width(_fmt(v)) / 2
+        if sx(v) - half < right + 4:
             continue
+        right = sx(v) + half
+        out.append(f'<text x="{sx(v):.1f}" y="{top + ph + 14}" text-anchor="middle">{_fmt(v)}</text>')
+    out.append(f'<text x="{L + pw / 2}" y="{height - 6}" text-anchor="middle">{escape(xlabel)}</text>')
+    out.append(f'<text transform="translate(14 {top + ph / 2}) rotate(-90)" text-anchor="middle">{escape(ylabel)}</text>')
+    for x, label, colour, dash in vlines:
+        out.append(f'<line x1="{sx(x):.1f}" x2="{sx(x):.1f}" y1="{top}" y2="{top + ph}" stroke="{colour}" '
+                   f'stroke-width="1.5" stroke-dasharray="{dash}"><title>{escape(label)}</title></line>')
+    for name, ps, colour, dash in drawn:
         path = " ".join(f"{'M' if i == 0 else 'L'}{sx(x):.1f},{sy(y):.1f}" for i, (x, y) in enumerate(ps))
         out.append(f'<path d="{path}" fill="none" stroke="{colour}" stroke-width="2"'
                    + (f' stroke-dasharray="{dash}"' if dash else "") + "/>")
         out += [f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{colour}"><title>{escape(name)}: '
                 f'{_fmt(x)} -&gt; {_fmt(y)}</title></circle>' for x, y in ps]
-        out.append(f'<text x="{L + pw - 4}" y="{legend_y}" text-anchor="end" fill="{colour}">{escape(name)}</text>')
-        legend_y += 13
     out.append("</svg></figure>")
     return "".join(out)
 
@@ -126,9 +167,9 @@ def html_report(summaries: list[Any], title: str | None = None) -> str:
 
         def onset(key, s=s, pred=pred):
             m = (s.measured or {}).get(key) or {}
-            meas = ("-" if not m else f"none up to {m.get('searched_up_to')}" if m.get("first") is None else str(m["first"]))
+            meas = ("-" if not m else f"none up to {m.get('searched_up_to')}" if m.get("first") is None else _onset_text(m))
             p = ("never" if pred.get(key) is None else str(pred[key])) if pred else "-"
-            return f"{p} / {meas}"
+            return escape(f"{p} / {meas}")
 
         best = getattr(s, "highest_load_meeting_slo", None)
         body.append(
@@ -147,14 +188,17 @@ def html_report(summaries: list[Any], title: str | None = None) -> str:
             out.append((name, [(x, y) for x, y in pts if y is not None], COLOURS[i % len(COLOURS)], dash))
         return out
 
-    vlines = []
-    if not many:
+    vlines = []  # the onsets of a concurrency sweep, predicted (dashed) and measured (dotted)
+    if not many and modes == {"concurrency"}:
         pred = runs[0].prediction or {}
-        if modes == {"concurrency"}:
-            if pred.get("first_kv_wait"):
-                vlines.append((pred["first_kv_wait"], f"predicted KV wait {pred['first_kv_wait']}", "#e6820e"))
-            if pred.get("first_preemption"):
-                vlines.append((pred["first_preemption"], f"predicted preemption {pred['first_preemption']}", "#b00"))
+        measured = runs[0].measured or {}
+        for key, what, colour in (("first_kv_wait", "KV wait", ONSET_COLOURS[0]),
+                                  ("first_preemption", "preemption", ONSET_COLOURS[1])):
+            if pred.get(key):
+                vlines.append((pred[key], f"predicted {what} {pred[key]}", colour, "6 4"))
+            m = measured.get(key) or {}
+            if m.get("first"):
+                vlines.append((m["first"], f"measured {what} {_onset_text(m)}", colour, "2 2"))
     charts = []
     for metric, name in (("ttft", "TTFT"), ("itl", "ITL per token"), ("e2e", "E2E")):
         charts.append(chart(f"{name} vs load (ms)", xlabel, "ms",
@@ -181,6 +225,11 @@ def html_report(summaries: list[Any], title: str | None = None) -> str:
     body.append(f"<p>{escape(DEFINITIONS)}</p>")
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{escape(title)}</title><style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+
+
+def _onset_text(m: dict) -> str:
+    """A measured onset: its level, "<= level" when the level below it was not measured (as report.md)."""
+    return str(m["first"]) if m.get("exact", True) else f"<= {m['first']}"
 
 
 def _run_name(s: Any, i: int) -> str:

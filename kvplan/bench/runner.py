@@ -47,7 +47,7 @@ from kvplan.bench.view import NullView
 from kvplan.bench.workload import Workload
 from kvplan.errors import KvplanError
 from kvplan.plan.blocks import BlockRule
-from kvplan.vllm_log import redact
+from kvplan.vllm.startup_log import redact
 
 #: Requests per point when neither --requests, --requests-per-stream nor --duration is given: enough
 #: for a p99 that is not just the largest sample (kvplan.bench.stats.min_samples).
@@ -323,7 +323,7 @@ class BenchRun:
             cap = capacity_from_cache_info(snap.cache_info)
         if self.launcher is not None:
             try:
-                from kvplan.vllm_log import read_startup_log
+                from kvplan.vllm.startup_log import read_startup_log
 
                 log_cap = parse_capacity_log(read_startup_log(str(self.store.engine_log), "engine log"))
             except (OSError, KvplanError):

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from kvplan.errors import KvplanError
-from kvplan.vllm_log import redact, redact_data
+from kvplan.vllm.startup_log import redact, redact_data
 
 RUN_FILE = "run.json"
 POINTS_FILE = "points.jsonl"

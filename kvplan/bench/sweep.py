@@ -68,7 +68,7 @@ def block_rule(num_blocks: int, block_size: int, prompt_tokens: int, output_toke
                max_num_seqs: int | None, vllm_version: str | None = None) -> BlockRule:
     """The planner's rule on the engine's reported pool, by the engine's release (the newest
     known when it did not say): from 0.19 the whole prompt must fit to be admitted."""
-    from kvplan.plan.versions import rules_for
+    from kvplan.vllm.rules import rules_for
 
     try:
         rules = rules_for(vllm_version)

@@ -103,7 +103,7 @@ def bench(
     from kvplan.bench.workload import load_trace
     from kvplan.errors import KvplanError
     from kvplan.units import check_positive, parse_bytes, parse_fraction
-    from kvplan.vllm_log import redact
+    from kvplan.vllm.startup_log import redact
 
     try:
         engine_prefix = shlex.split(engine_cmd) if engine_cmd else []
@@ -271,7 +271,7 @@ def _trusted_engine(cfg, run_dir: Path, engine_cmd: list[str], engine_args: list
     import shlex
 
     from kvplan.errors import KvplanError
-    from kvplan.vllm_log import redact, redact_data
+    from kvplan.vllm.startup_log import redact, redact_data
 
     engine = dict(cfg.engine or {})
     stored_cmd = [str(a) for a in engine.get("engine_cmd") or []]

@@ -101,7 +101,7 @@ def check_log(
         raise KvplanError(f"invalid --usage {usage!r}", "use serve or llm")
     if gate not in ("page", "all"):
         raise KvplanError(f"invalid --gate {gate!r}", "use page or all")
-    from kvplan.vllm_log import read_startup_log, relevant_lines
+    from kvplan.vllm.startup_log import read_startup_log, relevant_lines
 
     if log == "-":
         text = relevant_lines(sys.stdin)  # streamed: a huge log on stdin stays in bounded memory

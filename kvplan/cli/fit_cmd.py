@@ -70,7 +70,7 @@ def fit(
     from kvplan.plan.overhead import load_overhead
     from kvplan.plan.size import serve_command, verdict_for
     from kvplan.plan.steptime import model_for, quick_latency
-    from kvplan.plan.versions import rules_for
+    from kvplan.vllm.rules import rules_for
 
     if source not in ("auto", "local", "hub", "bundled"):
         raise KvplanError(f"invalid --source {source!r}", "use auto, local, hub or bundled")

@@ -222,7 +222,7 @@ def calibrate(
     if path is None:
         raise KvplanError("pass a vLLM start-up log (or a bench run folder), or --bench RUN")
     file = log_path(path)
-    from kvplan.vllm_log import read_startup_log
+    from kvplan.vllm.startup_log import read_startup_log
 
     text = read_startup_log(str(file), "")
     fraction = None if util is None else parse_fraction(util, "gpu memory utilization")

@@ -329,7 +329,7 @@ class Planner:
         from kvplan.deploy import plan_deployment, select_gpus
         from kvplan.plan.capacity import blocks_needed, compute_capacity, workload_from
         from kvplan.plan.schema import Settings
-        from kvplan.plan.versions import rules_for
+        from kvplan.vllm.rules import rules_for
 
         d = entry.deployment
         model = self.model(entry)

@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field
 from kvplan.deploy import load_model_from_log as resolve_log_model
 from kvplan.errors import KvplanError
 from kvplan.units import GiB
-from kvplan.vllm_log import StartupReport, parse_startup_log
+from kvplan.vllm.startup_log import StartupReport, parse_startup_log
 
 # vLLM prints GiB and concurrency with 2 decimals: a predicted value this close to the reported
 # one is equal as printed, whatever the percentage says.

@@ -155,7 +155,7 @@ class Deployment(BaseModel):
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             raise ValueError(f"quote the version: YAML read it as the number {value} (write e.g. vllm_version: \"0.11.0\")")
         if isinstance(value, str):
-            from kvplan.plan.versions import parse_version
+            from kvplan.vllm.rules import parse_version
 
             _check(parse_version, value)
         return value

@@ -45,7 +45,7 @@ class Device:
     @property
     def platform(self):
         """The attention backends' block-size rules for this device (kvplan.plan.layout)."""
-        from kvplan.plan.layout import CPU, CUDA
+        from kvplan.vllm.platforms import CPU, CUDA
 
         if self.platform_rules is not None:
             return self.platform_rules

@@ -25,8 +25,8 @@ from kvplan.model.weights import weight_bytes
 from kvplan.plan.layout import KVLayout, build_layout, with_tp
 from kvplan.plan.overhead import Estimate, OverheadModel
 from kvplan.plan.schema import Settings
-from kvplan.plan.versions import VllmRules
 from kvplan.units import GiB
+from kvplan.vllm.rules import VllmRules
 
 DEFAULT_BLOCK_SIZE = 16  # vllm/platforms/cuda.py
 MLA_BLOCK_SIZE = 64  # FlashMLA (Hopper); vLLM forces it for MLA models

@@ -26,7 +26,7 @@ from kvplan.model.arch import Architecture
 from kvplan.plan.capacity import Capacity, blocks_needed, compute_capacity
 from kvplan.plan.overhead import OverheadModel
 from kvplan.plan.schema import Settings
-from kvplan.plan.versions import VllmRules
+from kvplan.vllm.rules import VllmRules
 
 KV_DTYPES = ("auto", "fp8")
 

@@ -26,8 +26,9 @@ from kvplan.plan.schema import (
     SizePlan,
     Suggestion,
 )
-from kvplan.plan.versions import VllmRules
 from kvplan.units import format_bytes, format_tokens
+from kvplan.vllm.args import to_vllm_args
+from kvplan.vllm.rules import VllmRules
 
 
 @dataclass(frozen=True)
@@ -165,39 +166,28 @@ def _table(cap: Capacity, replicas: int, request_tokens: int, concurrency: int,
 def serve_command(model: str, cap: Capacity, replicas: int = 1) -> str:
     """The `vllm serve` line for these settings (one per data-parallel group of GPUs)."""
     s = cap.settings
-    args = ["vllm", "serve", model, "--max-model-len", str(cap.max_model_len)]
-    if replicas > 1:
-        args += ["--data-parallel-size", str(replicas)]
-    if s.tensor_parallel_size > 1:
-        args += ["--tensor-parallel-size", str(s.tensor_parallel_size)]
-    if s.pipeline_parallel_size > 1:
-        args += ["--pipeline-parallel-size", str(s.pipeline_parallel_size)]
-    if s.kv_cache_memory_bytes:
-        args += ["--kv-cache-memory-bytes", str(s.kv_cache_memory_bytes)]
-    elif s.gpu_memory_utilization:
-        args += ["--gpu-memory-utilization", f"{s.gpu_memory_utilization:g}"]
-    if s.kv_cache_dtype != "auto":
-        args += ["--kv-cache-dtype", cap.dtype.name]
-    if s.block_size:
-        args += ["--block-size", str(cap.block_size)]
-    if s.num_gpu_blocks_override:
-        args += ["--num-gpu-blocks-override", str(s.num_gpu_blocks_override)]
-    if s.max_num_seqs or s.concurrency > cap.limits.max_num_seqs:
-        args += ["--max-num-seqs", str(max(s.max_num_seqs or 0, s.concurrency))]
-    if s.max_num_batched_tokens:
-        args += ["--max-num-batched-tokens", str(s.max_num_batched_tokens)]
-    if s.enforce_eager:
-        args.append("--enforce-eager")
-    if s.hybrid_kv_cache_manager is False:
-        args.append("--disable-hybrid-kv-cache-manager")
-    if s.enable_prefix_caching is not None:
-        args.append("--enable-prefix-caching" if s.enable_prefix_caching else "--no-enable-prefix-caching")
-    if s.async_scheduling is not None:
-        args.append("--async-scheduling" if s.async_scheduling else "--no-async-scheduling")
-    if s.mamba_ssm_cache_dtype != "auto":
-        args += ["--mamba-ssm-cache-dtype", s.mamba_ssm_cache_dtype]
-    if s.decode_context_parallel_size > 1:
-        args += ["--decode-context-parallel-size", str(s.decode_context_parallel_size)]
+    values = {
+        "max_model_len": cap.max_model_len,
+        "data_parallel_size": replicas if replicas > 1 else None,
+        "tensor_parallel_size": s.tensor_parallel_size if s.tensor_parallel_size > 1 else None,
+        "pipeline_parallel_size": s.pipeline_parallel_size if s.pipeline_parallel_size > 1 else None,
+        "kv_cache_memory_bytes": s.kv_cache_memory_bytes or None,
+        # an explicit KV size makes vLLM ignore the utilization: print only the one that counts
+        "gpu_memory_utilization": None if s.kv_cache_memory_bytes else (s.gpu_memory_utilization or None),
+        "kv_cache_dtype": cap.dtype.name if s.kv_cache_dtype != "auto" else None,
+        "block_size": cap.block_size if s.block_size else None,
+        "num_gpu_blocks_override": s.num_gpu_blocks_override or None,
+        "max_num_seqs": (max(s.max_num_seqs or 0, s.concurrency)
+                         if s.max_num_seqs or s.concurrency > cap.limits.max_num_seqs else None),
+        "max_num_batched_tokens": s.max_num_batched_tokens or None,
+        "enforce_eager": s.enforce_eager,
+        "disable_hybrid_kv_cache_manager": s.hybrid_kv_cache_manager is False,
+        "enable_prefix_caching": s.enable_prefix_caching,
+        "async_scheduling": s.async_scheduling,
+        "mamba_ssm_cache_dtype": None if s.mamba_ssm_cache_dtype == "auto" else s.mamba_ssm_cache_dtype,
+        "decode_context_parallel_size": s.decode_context_parallel_size if s.decode_context_parallel_size > 1 else None,
+    }
+    args = ["vllm", "serve", model, *to_vllm_args(values)]
     line = shlex.join(args)
     if s.draft_layers:
         line += "  # plus your --speculative-config (its draft layers share this KV pool)"

@@ -52,7 +52,7 @@ def run_inputs(run_dir: Path, gpu: str | None = None, model: str | None = None):
     from kvplan.plan.capacity import compute_capacity
     from kvplan.plan.overhead import load_overhead
     from kvplan.plan.schema import Settings
-    from kvplan.plan.versions import rules_for
+    from kvplan.vllm.rules import rules_for
 
     store = RunStore.open_existing(run_dir)
     run = store.read_run()

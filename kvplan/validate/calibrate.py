@@ -1,7 +1,7 @@
 """A vLLM start-up log -> a Calibration (what `kvplan calibrate` records).
 
 The log gives the release, the settings, the loaded weights and the available KV memory
-(`kvplan.vllm_log.parse_startup_log`); the GPU comes from ``--gpu`` unless the log prints its
+(`kvplan.vllm.startup_log.parse_startup_log`); the GPU comes from ``--gpu`` unless the log prints its
 total (V0). kvplan's own prediction for the same start-up is computed with the loaded weights
 given, so the recorded residual is the overhead model's error alone.
 """
@@ -52,8 +52,8 @@ def measure(
     from kvplan.plan.capacity import compute_capacity
     from kvplan.plan.overhead import load_overhead
     from kvplan.plan.schema import Settings
-    from kvplan.plan.versions import rules_for
-    from kvplan.vllm_log import parse_startup_log
+    from kvplan.vllm.rules import rules_for
+    from kvplan.vllm.startup_log import parse_startup_log
 
     log = parse_startup_log(text)
     if log.platform == "CPU" or log.kv_pool == "CPU":

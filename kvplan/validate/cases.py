@@ -18,9 +18,9 @@ from kvplan.model.source import load_bundled, read_config_file
 from kvplan.plan.capacity import Capacity, compute_capacity
 from kvplan.plan.overhead import OverheadModel
 from kvplan.plan.schema import Settings
-from kvplan.plan.versions import NEWEST_KNOWN, VllmRules, rules_for
 from kvplan.units import GiB
 from kvplan.validate.reports import Report
+from kvplan.vllm.rules import NEWEST_KNOWN, VllmRules, rules_for
 
 
 @dataclass(frozen=True)

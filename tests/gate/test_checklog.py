@@ -91,7 +91,7 @@ def test_kv003_eagle_draft_kv_is_outside_the_tolerance(tmp_path):
 
 def test_eagle_in_the_non_default_args_adds_the_draft_layer():
     from kvplan.gate.checklog import draft_layers_from_log
-    from kvplan.vllm_log import parse_startup_log
+    from kvplan.vllm.startup_log import parse_startup_log
 
     log = ("INFO 06-20 10:00:00 [cli_args.py:1] non-default args: {'model': 'meta-llama/Llama-3.1-8B', "
            "'speculative_config': {'method': 'eagle', 'model': 'yuhuili/EAGLE-LLaMA3.1-Instruct-8B', "

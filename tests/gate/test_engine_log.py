@@ -27,7 +27,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvplan.cli.app import app
-from kvplan.vllm_log import parse_startup_log
+from kvplan.vllm.startup_log import parse_startup_log
 
 pytestmark = pytest.mark.engine
 runner = CliRunner()

@@ -10,7 +10,7 @@ from hypothesis import strategies as hs
 
 from kvplan.errors import KvplanError
 from kvplan.units import parse_bytes, parse_fraction, parse_tokens
-from kvplan.vllm_log import parse_startup_log, redact
+from kvplan.vllm.startup_log import parse_startup_log, redact
 
 BOMB = "\n".join(f"{c}: &{c} [" + ",".join([f"*{p}"] * 9) + "]" for p, c in zip("abcdefgh", "bcdefghi"))
 BOMB = 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n' + BOMB + "\n"

@@ -11,8 +11,8 @@ from kvplan.model.source import load_bundled
 from kvplan.plan.capacity import blocks_needed, compute_capacity, max_concurrency_for, pipeline_stages
 from kvplan.plan.overhead import load_overhead
 from kvplan.plan.schema import Settings
-from kvplan.plan.versions import rules_for
 from kvplan.units import GiB, MiB
+from kvplan.vllm.rules import rules_for
 
 OVERHEAD = load_overhead()
 

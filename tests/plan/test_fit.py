@@ -15,7 +15,7 @@ from kvplan.hardware.catalog import find_device, load_catalog
 from kvplan.plan.fit import FitRequest, replan, search
 from kvplan.plan.overhead import load_overhead
 from kvplan.plan.size import verdict_for
-from kvplan.plan.versions import rules_for
+from kvplan.vllm.rules import rules_for
 
 
 @pytest.fixture(scope="module")

@@ -27,11 +27,11 @@ from kvplan.model.layers import MLA, ChunkedLocal, FullAttention, MambaState, ML
 from kvplan.model.source import load_bundled
 from kvplan.paths import PROFILES_DIR
 from kvplan.plan.capacity import compute_capacity, with_state_dtype, with_tp
-from kvplan.plan.layout import CPU
 from kvplan.plan.overhead import load_overhead
 from kvplan.plan.schema import Settings
-from kvplan.plan.versions import rules_for
 from kvplan.units import GiB, MiB
+from kvplan.vllm.platforms import CPU
+from kvplan.vllm.rules import rules_for
 
 pytestmark = pytest.mark.engine
 

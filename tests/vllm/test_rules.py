@@ -1,4 +1,4 @@
-"""Every rule of kvplan/plan/versions.py, against the vLLM source it follows.
+"""Every rule of kvplan/vllm/rules.py, against the vLLM source it follows.
 
 Source lines are cited as path@version (the wheels unpacked for docs/vllm-accounting.md).
 Expected numbers are hand arithmetic from the config fields, written next to each assert.
@@ -16,8 +16,8 @@ from kvplan.model.source import load_bundled
 from kvplan.plan.capacity import compute_capacity, default_block_size, default_scheduler_limits, resolve_kv_dtype
 from kvplan.plan.overhead import load_overhead
 from kvplan.plan.schema import Settings
-from kvplan.plan.versions import NEWEST_KNOWN, parse_version, rules_for
 from kvplan.units import GiB, MiB
+from kvplan.vllm.rules import NEWEST_KNOWN, parse_version, rules_for
 
 OVERHEAD = load_overhead()
 H100 = find_device("H100")
@@ -298,7 +298,8 @@ def test_every_rule_field_is_read_by_the_planner():
     import kvplan
 
     root = Path(kvplan.__file__).parent
-    code = "".join(p.read_text() for p in root.rglob("*.py") if p.name != "versions.py")
+    rules_file = root / "vllm" / "rules.py"
+    code = "".join(p.read_text() for p in root.rglob("*.py") if p != rules_file)
     unread = [f for f in rules_for(None).__dataclass_fields__ if f not in ("version", "note") and f"rules.{f}" not in code]
     assert unread == []
 
@@ -312,7 +313,7 @@ def test_releases_outside_what_kvplan_has_read_are_named():
 def test_release_boundaries():
     """Where each rule flips, over every release read (docs/vllm-accounting.md, "Rules by release",
     quotes the lines; a minor read only at its last patch is dated to the minor)."""
-    from kvplan.plan.versions import KNOWN_VERSIONS
+    from kvplan.vllm.rules import KNOWN_VERSIONS
 
     def flips(field):
         values = [getattr(rules_for(v), field) for v in KNOWN_VERSIONS]

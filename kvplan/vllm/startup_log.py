@@ -344,7 +344,7 @@ def _engine_from(version: str | None, text: str) -> str | None:
         return "v1"
     if version:
         from kvplan.errors import KvplanError
-        from kvplan.plan.versions import parse_version
+        from kvplan.vllm.rules import parse_version
 
         try:
             return "v0" if parse_version(version) < (0, 8, 0) else "v1"

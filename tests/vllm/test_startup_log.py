@@ -1,4 +1,4 @@
-"""kvplan.vllm_log: real vLLM start-up text in, the numbers it printed out.
+"""kvplan.vllm.startup_log: real vLLM start-up text in, the numbers it printed out.
 
 Every expected value below is read off the quoted text itself. The quotes kvNNN are verbatim
 from shared/reference/vllm-startup-reports.jsonl (public issues and logs, condensed by their
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from kvplan.vllm_log import StartupReport, parse_non_default_args, parse_startup_log
+from kvplan.vllm.startup_log import StartupReport, parse_non_default_args, parse_startup_log
 
-DATA = Path(__file__).resolve().parent / "gate" / "data"
+DATA = Path(__file__).resolve().parents[1] / "gate" / "data"
 
 QUOTES = json.loads((DATA / "startup-quotes.json").read_text())["quotes"]
 KV001, KV002, KV003, KV040, KV043 = (QUOTES[k]["quote"] for k in ("kv001", "kv002", "kv003", "kv040", "kv043"))

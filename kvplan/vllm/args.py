@@ -1,0 +1,59 @@
+"""vLLM's engine flags: one table from vLLM's own argument names (``EngineArgs`` fields,
+vllm/engine/arg_utils.py) to the flags ``vllm serve`` takes, and one writer. The ``vllm serve``
+line kvplan prints and the command the bench launcher runs both come from here, so they cannot
+disagree about a flag's spelling or form."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+# (EngineArgs field, flag, form). "value": ``--flag V``. "switch": ``--flag`` when true.
+# "bool": ``--flag`` / ``--no-flag`` (vLLM declares these with argparse's BooleanOptionalAction).
+ENGINE_FLAGS: tuple[tuple[str, str, str], ...] = (
+    ("max_model_len", "--max-model-len", "value"),
+    ("data_parallel_size", "--data-parallel-size", "value"),
+    ("tensor_parallel_size", "--tensor-parallel-size", "value"),
+    ("pipeline_parallel_size", "--pipeline-parallel-size", "value"),
+    ("kv_cache_memory_bytes", "--kv-cache-memory-bytes", "value"),
+    ("gpu_memory_utilization", "--gpu-memory-utilization", "value"),
+    ("kv_cache_dtype", "--kv-cache-dtype", "value"),
+    ("block_size", "--block-size", "value"),
+    ("num_gpu_blocks_override", "--num-gpu-blocks-override", "value"),
+    ("max_num_seqs", "--max-num-seqs", "value"),
+    ("max_num_batched_tokens", "--max-num-batched-tokens", "value"),
+    ("enforce_eager", "--enforce-eager", "switch"),
+    ("disable_hybrid_kv_cache_manager", "--disable-hybrid-kv-cache-manager", "switch"),
+    ("enable_prefix_caching", "--enable-prefix-caching", "bool"),
+    ("async_scheduling", "--async-scheduling", "bool"),
+    ("mamba_ssm_cache_dtype", "--mamba-ssm-cache-dtype", "value"),
+    ("decode_context_parallel_size", "--decode-context-parallel-size", "value"),
+)
+ENGINE_FIELDS = frozenset(field for field, _, _ in ENGINE_FLAGS)
+
+
+def to_vllm_args(values: Mapping[str, object]) -> list[str]:
+    """Flags for the engine arguments in ``values`` (``None`` leaves vLLM's default), in one fixed
+    order. A name that is not in ENGINE_FLAGS is a programming error, not user input."""
+    unknown = set(values) - ENGINE_FIELDS
+    if unknown:
+        raise ValueError(f"not a vLLM engine argument kvplan writes: {sorted(unknown)}")
+    args: list[str] = []
+    for field, flag, form in ENGINE_FLAGS:
+        value = values.get(field)
+        if value is None:
+            continue
+        if form == "value":
+            args += [flag, _text(value)]
+        elif form == "switch":
+            if value:
+                args.append(flag)
+        else:
+            args.append(flag if value else "--no-" + flag[2:])
+    return args
+
+
+def _text(value: object) -> str:
+    if isinstance(value, float):
+        short = f"{value:g}"
+        return short if float(short) == value else repr(value)
+    return str(value)

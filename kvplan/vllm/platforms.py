@@ -1,0 +1,39 @@
+"""What vLLM's platforms (CUDA/ROCm GPUs, the CPU build) impose on block sizes, scheduling and
+scheduler defaults, independent of the release (release-dependent facts live in rules.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Platform:
+    """What the attention backends of one platform impose on block sizes.
+
+    ``kernel_block``: the smallest kernel block of the default attention backend
+    (``get_supported_kernel_block_sizes``): FlashAttention and Triton take multiples of 16
+    on CUDA/ROCm, the CPU backend multiples of 32 (`v1/attention/backends/cpu_attn.py`).
+    ``default_block_size``: ``CacheConfig.DEFAULT_BLOCK_SIZE`` (16) on GPUs; the CPU
+    platform picks 128 (`platforms/cpu.py::check_and_update_config`).
+    ``mla_block_size``: the block size the platform's MLA backend forces, if any (the CPU MLA
+    kernel compiles only for 16). The CPU platform also turns async scheduling off, and for
+    MLA models prefix caching and chunked prefill too (a whole prompt per step:
+    ``max_num_batched_tokens = max(max_model_len, 2048)``); its scheduler defaults per GPU of
+    the world are 128 sequences and 2,048 batched tokens for `vllm serve`, 256 and 4,096 for the
+    offline LLM class (`EngineArgs.get_batch_defaults`).
+    """
+
+    name: str
+    kernel_block: int
+    default_block_size: int
+    mla_block_size: int | None = None
+    async_scheduling: bool = True
+    mla_whole_prompt: bool = False
+    # usage context ("serve" / "llm") -> (max_num_seqs, max_num_batched_tokens) per device.
+    default_limits: tuple[tuple[str, tuple[int, int]], ...] = ()
+
+
+CUDA = Platform("cuda", kernel_block=16, default_block_size=16)
+# The reference (non-AMX) CPU MLA path; x86 CPUs with AMX tiles use AMX MLA instead.
+CPU = Platform("cpu", kernel_block=32, default_block_size=128, mla_block_size=16, async_scheduling=False,
+               mla_whole_prompt=True, default_limits=(("serve", (128, 2048)), ("llm", (256, 4096))))
