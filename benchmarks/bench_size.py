@@ -1,10 +1,15 @@
-"""Wall time and imports of a cold `kvplan size` process (goal: under 0.25 s on 2 cores).
+"""Wall time and imports of a cold `kvplan size` process, and the same input through vllm-wizard.
 
 Each run is a fresh interpreter, as a user's shell starts it, offline on a bundled profile.
 Prints the median and spread of the whole-process wall time, the biggest imports
 (`python -X importtime`), and whether any heavy module (torch, vllm, transformers) was imported.
 
-    python benchmarks/bench_size.py [--runs 20]
+With ``--wizard PATH`` (the `vllm-wizard` executable of its own venv: ``python -m venv /tmp/vw &&
+/tmp/vw/bin/pip install vllm-wizard``) it also runs ``vllm-wizard plan`` on the same config, written
+to a local folder so that neither tool touches the network, in pairs (kvplan, wizard, kvplan, ...),
+and prints the ratio of the medians (issue 8's goal: kvplan at most 0.6x).
+
+    python benchmarks/bench_size.py [--runs 20] [--wizard /tmp/vw/bin/vllm-wizard]
 """
 
 from __future__ import annotations
@@ -24,8 +29,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--json", action="store_true", help="time the --json output path instead")
+    parser.add_argument("--wizard", help="vllm-wizard executable: time it on the same input, paired")
     opts = parser.parse_args()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    if opts.wizard:
+        compare_with_wizard(opts.wizard, opts.runs)
+        return
+    env = _environment()
     cmd = [sys.executable, "-m", "kvplan", *ARGS] + (["--json"] if opts.json else [])
     subprocess.run(cmd, env=env, capture_output=True)  # compile .pyc files once
     times = []
@@ -61,6 +70,53 @@ def main() -> None:
     for micros, name in sorted(rows, reverse=True)[:8]:
         print(f"    {micros / 1000:7.1f}  {name}")
     print(f"  heavy modules imported: {', '.join(sorted(all_names & set(HEAVY))) or 'none'}")
+
+
+def _environment() -> dict:
+    """Offline, and with byte-code caching on as a user's shell has it: with PYTHONDONTWRITEBYTECODE
+    set, every run would compile kvplan's sources again (an editable install has no .pyc files
+    until the first run writes them)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
+def _time(cmd: list[str], env: dict) -> float:
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True)
+    elapsed = time.perf_counter() - start
+    if proc.returncode not in (0, 1):
+        sys.exit(f"{cmd[0]} failed: {proc.stderr.decode()[-2000:]}")
+    return elapsed
+
+
+def compare_with_wizard(wizard: str, runs: int) -> None:
+    import json
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    profile = json.loads((root / "profiles/models/meta-llama--Llama-3.1-8B.json").read_text())
+    folder = Path(tempfile.mkdtemp(prefix="kvplan-bench-"))
+    try:
+        (folder / "config.json").write_text(json.dumps(profile["config"]))
+        env = _environment()
+        kvplan = shutil.which("kvplan") or sys.exit("kvplan is not on PATH")
+        ours = [kvplan, "size", str(folder), "--ctx", "32768", "--gpu", "4090"]
+        theirs = [wizard, "plan", "-m", str(folder), "--max-model-len", "32768", "--gpu", "RTX 4090"]
+        _time(ours, env), _time(theirs, env)  # compile .pyc files once
+        a, b = [], []
+        for _ in range(runs):
+            a.append(_time(ours, env))
+            b.append(_time(theirs, env))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    ma, mb = statistics.median(a), statistics.median(b)
+    print(f"Llama-3.1-8B config, 32k context, RTX 4090; {runs} paired cold runs, {os.cpu_count()} CPUs")
+    print(f"  kvplan size       median {ma:.3f} s  (min {min(a):.3f}, max {max(a):.3f})")
+    print(f"  vllm-wizard plan  median {mb:.3f} s  (min {min(b):.3f}, max {max(b):.3f})")
+    print(f"  ratio             {ma / mb:.2f}x  (goal <= 0.60x)")
 
 
 if __name__ == "__main__":

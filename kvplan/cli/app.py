@@ -3,20 +3,27 @@
 
 from __future__ import annotations
 
+import importlib
+
 import typer
 
 from kvplan import __version__
-from kvplan.cli import bench_cmd, catalog_cmd, check_cmd, fit_cmd, report_cmd, size_cmd, validate_cmd
 
-app = typer.Typer(
-    name="kvplan",
-    help="KV-cache capacity planner and benchmark harness for vLLM deployments.\n\n"
-    "Will this model, at this context and concurrency, fit on these GPUs without preemption?",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
+# name -> (module in kvplan.cli, function, its examples epilog). A command's module is imported
+# only when that command runs (or for the full help): `kvplan size` does not pay for `bench`.
+COMMANDS: dict[str, tuple[str, str, str | None]] = {
+    "size": ("size_cmd", "size", "EXAMPLES"),
+    "gpus": ("catalog_cmd", "gpus", None),
+    "models": ("catalog_cmd", "models", None),
+    "schema": ("catalog_cmd", "schema", None),
+    "validate": ("validate_cmd", "validate", "VALIDATE_EXAMPLES"),
+    "calibrate": ("validate_cmd", "calibrate", "CALIBRATE_EXAMPLES"),
+    "check": ("check_cmd", "check", "CHECK_EXAMPLES"),
+    "check-log": ("check_cmd", "check_log", "CHECK_LOG_EXAMPLES"),
+    "bench": ("bench_cmd", "bench", "EXAMPLES"),
+    "report": ("report_cmd", "report", "EXAMPLES"),
+    "fit": ("fit_cmd", "fit", "FIT_EXAMPLES"),
+}
 
 
 def _version(value: bool) -> None:
@@ -32,7 +39,6 @@ def _debug(value: bool) -> None:
         common.DEBUG = True
 
 
-@app.callback()
 def main(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
     debug: bool = typer.Option(False, "--debug", callback=_debug, is_eager=True,
@@ -41,17 +47,39 @@ def main(
     """kvplan: plan, check and benchmark vLLM KV-cache capacity."""
 
 
-app.command("size", epilog=size_cmd.EXAMPLES)(size_cmd.size)
-app.command("gpus")(catalog_cmd.gpus)
-app.command("models")(catalog_cmd.models)
-app.command("schema")(catalog_cmd.schema)
-app.command("validate", epilog=validate_cmd.VALIDATE_EXAMPLES)(validate_cmd.validate)
-app.command("calibrate", epilog=validate_cmd.CALIBRATE_EXAMPLES)(validate_cmd.calibrate)
-app.command("check", epilog=check_cmd.CHECK_EXAMPLES)(check_cmd.check)
-app.command("check-log", epilog=check_cmd.CHECK_LOG_EXAMPLES)(check_cmd.check_log)
-app.command("bench", epilog=bench_cmd.EXAMPLES)(bench_cmd.bench)
-app.command("report", epilog=report_cmd.EXAMPLES)(report_cmd.report)
-app.command("fit", epilog=fit_cmd.FIT_EXAMPLES)(fit_cmd.fit)
+def build_app(only: str | None = None) -> typer.Typer:
+    """The `kvplan` app with every command, or with ``only`` that one (what a run needs)."""
+    app = typer.Typer(
+        name="kvplan",
+        help="KV-cache capacity planner and benchmark harness for vLLM deployments.\n\n"
+        "Will this model, at this context and concurrency, fit on these GPUs without preemption?",
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
+    app.callback()(main)
+    for name, (module_name, function, epilog) in COMMANDS.items():
+        if only is not None and name != only:
+            continue
+        module = importlib.import_module(f"kvplan.cli.{module_name}")
+        app.command(name, epilog=getattr(module, epilog) if epilog else None)(getattr(module, function))
+    return app
+
+
+def _command_in(args: list[str]) -> str | None:
+    """The command a command line runs, when the options before it cannot change that."""
+    for arg in args:
+        if arg in ("--debug",):
+            continue
+        return arg if arg in COMMANDS else None
+    return None
+
+
+def __getattr__(name: str):
+    if name == "app":  # the full app, for tests and tools that import it (built once)
+        globals()["app"] = full = build_app()
+        return full
+    raise AttributeError(name)
 
 
 def main_exit_code(argv: list[str] | None = None) -> int:
@@ -61,6 +89,7 @@ def main_exit_code(argv: list[str] | None = None) -> int:
     exit 2, like every other input error, instead of click's multi-line box; any exception a
     command did not turn into a KvplanError is an internal error: one line, exit 3, and the
     traceback only with ``--debug`` or KVPLAN_DEBUG=1."""
+    import os
     import sys
 
     from kvplan.cli import common
@@ -70,6 +99,8 @@ def main_exit_code(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     common.DEBUG = common.debug_from_env() or "--debug" in args[: args.index("--") if "--" in args else len(args)]
     try:
+        completing = any(key.endswith("_COMPLETE") for key in os.environ)  # shell completion asks for everything
+        app = build_app(None if completing else _command_in(args))
         code = app(args=args, prog_name="kvplan", standalone_mode=False)
     except (typer.Abort, KeyboardInterrupt):
         error_line("interrupted")

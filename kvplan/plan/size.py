@@ -355,10 +355,10 @@ def plan_size(
 def _latency(cap: Capacity, settings: Settings, per_replica: int, steptime: object | None) -> dict | None:
     """A step-time estimate for the asked workload (only with --prompt): TTFT of one prompt alone,
     TPOT at the asked concurrency per replica, E2E, output tokens/s per replica."""
-    from kvplan.plan.steptime import model_for, quick_latency
-
     if settings.prompt_tokens is None:
         return None
+    from kvplan.plan.steptime import model_for, quick_latency  # only here: the simulator is not free to import
+
     source = "calibrated on a bench run (kvplan calibrate --bench)"
     model = steptime
     if model is None:
