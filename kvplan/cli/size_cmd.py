@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Optional
 
 import typer
@@ -25,6 +26,30 @@ Examples:
 """
 
 
+class Source(str, Enum):
+    auto = "auto"
+    local = "local"
+    hub = "hub"
+    bundled = "bundled"
+
+
+class Usage(str, Enum):
+    serve = "serve"
+    llm = "llm"
+
+
+class Layout(str, Enum):
+    rules = "rules"
+    engine = "engine"
+
+
+class StateDtype(str, Enum):
+    auto = "auto"
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
 def _opt_tokens(value: Optional[str], what: str) -> Optional[int]:
     return None if value is None else parse_tokens(value, what)
 
@@ -41,7 +66,7 @@ def size(
     kv_cache_dtype: str = typer.Option("auto", "--kv-cache-dtype", "--kv-dtype", help="auto, bfloat16, float16, fp8, fp8_e5m2, fp8_ds_mla, nvfp4...", metavar="DTYPE", rich_help_panel="KV cache"),
     block_size: Optional[int] = typer.Option(None, "--block-size", help="KV block size in tokens (default 16; MLA 64).", metavar="TOKENS", rich_help_panel="KV cache"),
     util: Optional[str] = typer.Option(None, "--gpu-memory-utilization", "--util", help="Fraction of GPU memory vLLM may use (default by version: 0.9, 0.92 from 0.20).", metavar="FRACTION", rich_help_panel="Memory budget"),
-    kv_memory: Optional[str] = typer.Option(None, "--kv-memory", "--kv-cache-memory", help="KV cache bytes per GPU, as vLLM's --kv-cache-memory-bytes: 12GiB.", metavar="SIZE", rich_help_panel="Memory budget"),
+    kv_memory: Optional[str] = typer.Option(None, "--kv-memory", "--kv-cache-memory", "--kv-cache-memory-bytes", help="KV cache bytes per GPU, as vLLM's --kv-cache-memory-bytes: 12GiB.", metavar="SIZE", rich_help_panel="Memory budget"),
     weights_memory: Optional[str] = typer.Option(None, "--weights-memory", help="Loaded weights per GPU, if known (vLLM's 'Model loading took').", metavar="SIZE", rich_help_panel="Memory budget"),
     concurrency: int = typer.Option(1, "--concurrency", "-c", help="Requests served at once.", metavar="N", rich_help_panel="Workload"),
     prompt: Optional[str] = typer.Option(None, "--prompt", help="Prompt tokens per request (default: requests fill the context).", metavar="TOKENS", rich_help_panel="Workload"),
@@ -53,17 +78,17 @@ def size(
     disable_hybrid: bool = typer.Option(False, "--disable-hybrid-kv-cache-manager", help="Size sliding/chunked layers as full attention.", rich_help_panel="KV cache"),
     blocks_override: Optional[int] = typer.Option(None, "--num-gpu-blocks-override", help="Pin the block count, as vLLM's flag.", metavar="BLOCKS", rich_help_panel="KV cache"),
     draft_layers: int = typer.Option(0, "--draft-layers", help="Speculative decoding: the draft's KV layers (EAGLE 1, MTP its layers).", metavar="N", rich_help_panel="KV cache"),
-    usage: str = typer.Option("serve", "--usage", help="serve (vllm serve) or llm (offline LLM class): picks vLLM's defaults.", metavar="serve|llm", rich_help_panel="vLLM scheduler"),
+    usage: Usage = typer.Option(Usage.serve, "--usage", help="serve (vllm serve) or llm (offline LLM class): picks vLLM's defaults.", rich_help_panel="vLLM scheduler"),
     vllm_version: Optional[str] = typer.Option(None, "--vllm-version", help="Accounting rules of this vLLM release (default: newest known).", metavar="VERSION", rich_help_panel="vLLM release and layout"),
     revision: Optional[str] = typer.Option(None, "--revision", help="Hub revision of the config.", metavar="REV", rich_help_panel="Model and GPUs"),
-    source: str = typer.Option("auto", "--source", help="auto (local, Hub, bundled), local, hub or bundled.", metavar="auto|local|hub|bundled", rich_help_panel="Model and GPUs"),
+    source: Source = typer.Option(Source.auto, "--source", help="auto (local, Hub, bundled), local, hub or bundled.", rich_help_panel="Model and GPUs"),
     offline: bool = typer.Option(False, "--offline", help="Do not contact the Hub (HF_HUB_OFFLINE=1 does the same).", rich_help_panel="Model and GPUs"),
     set_: Optional[list[str]] = typer.Option(None, "--set", help="Override a config field: --set num_key_value_heads=8 (repeatable).", metavar="FIELD=VALUE", rich_help_panel="Model and GPUs"),
     prefix_caching: Optional[bool] = typer.Option(None, "--enable-prefix-caching/--no-enable-prefix-caching", "--prefix-caching/--no-prefix-caching", help="vLLM's prefix caching (default on; off also turns Mamba 'align' state caching off).", rich_help_panel="KV cache"),
     async_scheduling: Optional[bool] = typer.Option(None, "--async-scheduling/--no-async-scheduling", help="vLLM's async scheduling (default on from 0.32 unless --pp > 1): 2 batches in flight.", rich_help_panel="vLLM scheduler"),
-    mamba_ssm_cache_dtype: str = typer.Option("auto", "--mamba-ssm-cache-dtype", help="SSM state dtype of Mamba / linear-attention layers: auto, float32, bfloat16, float16.", metavar="auto|float32|bfloat16|float16", rich_help_panel="KV cache"),
+    mamba_ssm_cache_dtype: StateDtype = typer.Option(StateDtype.auto, "--mamba-ssm-cache-dtype", help="SSM state dtype of Mamba / linear-attention layers.", rich_help_panel="KV cache"),
     dcp: int = typer.Option(1, "--decode-context-parallel-size", "--dcp", help="vLLM's decode context parallel size (a block holds block_size x DCP tokens).", metavar="N", rich_help_panel="Parallelism"),
-    layout: str = typer.Option("rules", "--layout", help="rules (kvplan's, per model family) or engine (ask the installed vLLM; needs the [engine] extra).", metavar="rules|engine", rich_help_panel="vLLM release and layout"),
+    layout: Layout = typer.Option(Layout.rules, "--layout", help="rules (kvplan's, per model family) or engine (ask the installed vLLM; needs the [engine] extra).", rich_help_panel="vLLM release and layout"),
     allow_unverified: bool = typer.Option(False, "--allow-unverified-layout", help="Plan a model_type kvplan has no rules for as a plain decoder (marked UNVERIFIED).", rich_help_panel="vLLM release and layout"),
     steptime: Optional[str] = typer.Option(None, "--steptime", metavar="RUN", help="Latency from a step-time model calibrated on a bench run (`kvplan calibrate --bench RUN`) instead of the prior.", rich_help_panel="Workload"),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document (schema: kvplan schema).", rich_help_panel="Output"),
@@ -75,12 +100,8 @@ def size(
     from kvplan.deploy import load_model, plan_deployment, select_gpus
     from kvplan.errors import KvplanError
 
-    if source not in ("auto", "local", "hub", "bundled"):
-        raise KvplanError(f"invalid --source {source!r}", "use auto, local, hub or bundled")
-    if usage not in ("serve", "llm"):
-        raise KvplanError(f"invalid --usage {usage!r}", "use serve or llm")
-    if layout not in ("rules", "engine"):
-        raise KvplanError(f"invalid --layout {layout!r}", "use rules or engine")
+    source, usage, layout = Source(source).value, Usage(usage).value, Layout(layout).value  # choices, checked by the parser
+    mamba_ssm_cache_dtype = StateDtype(mamba_ssm_cache_dtype).value
     if kv_cache_dtype != "auto":
         from kvplan.model.dtypes import kv_dtype
 

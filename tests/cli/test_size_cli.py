@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from pydantic import TypeAdapter
@@ -12,6 +13,10 @@ from kvplan.cli.app import app
 from kvplan.plan.schema import SizePlan
 
 runner = CliRunner()
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hostile"))
+from harness import invoke  # noqa: E402
 
 
 def run(*args):
@@ -159,13 +164,14 @@ def bad_inputs(tmp_path):
 
 
 def test_bad_input_corpus(tmp_path):
+    """Through the real entry point, as a user's shell runs it (click's own usage errors included)."""
     cases = bad_inputs(tmp_path)
     assert len(cases) >= 30
     for name, argv in cases:
-        result = run(*argv)
-        assert result.exit_code == 2, f"{name}: exit {result.exit_code}\n{result.output}"
+        result = invoke(*argv)
+        assert result.code == 2, f"{name}: exit {result.code}\n{result.stdout}{result.stderr}"
         err = result.stderr.strip()
-        assert "Traceback" not in result.output, name
+        assert "Traceback" not in result.stdout + result.stderr, name
         assert len(err.splitlines()) == 1 and err.startswith("error:"), f"{name}: {err!r}"
         assert result.stdout == "", f"{name}: stdout not empty"
 
