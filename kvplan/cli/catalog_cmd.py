@@ -5,13 +5,21 @@ from __future__ import annotations
 import typer
 
 from kvplan.cli.common import print_json, user_errors
+from kvplan.cli.tables import Column, OutputFormat, chosen_format, emit_rows, format_option
+
+
+def _or_dash(value: object) -> str:
+    return "-" if value is None else str(value)
 
 
 @user_errors
-def gpus(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+def gpus(
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (same as --format json).", rich_help_panel="Output"),
+    fmt: OutputFormat = format_option(),
+) -> None:
     """List the GPU catalog (profiles/gpus.json): memory, bandwidth, dense BF16 TFLOP/s.
 
-    Example: kvplan gpus
+    Examples: kvplan gpus; kvplan gpus --format csv > gpus.csv
     """
     from kvplan.hardware.catalog import load_catalog
 
@@ -27,30 +35,24 @@ def gpus(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> N
         }
         for d in devices.values()
     ]
-    if as_json:
-        print_json(rows)
-        return
-    from rich.table import Table
-
-    from kvplan.cli.common import make_console
-
-    table = Table(show_edge=False)
-    for col in ("GPU", "driver MiB", "CUDA total GiB", "GB/s", "BF16 TFLOP/s"):
-        table.add_column(col, justify="left" if col == "GPU" else "right")
-    for r in rows:
-        total = f"{r['cuda_total_gib']:.2f}" + ("" if r["cuda_total_measured"] else "*")
-        table.add_row(r["name"], f"{r['memory_mib']:,}", total, f"{r['bandwidth_gbps'] or '-'}",
-                      f"{r['bf16_dense_tflops'] or '-'}")
-    console = make_console()
-    console.print(table)
-    console.print("* estimated: driver total minus the median reserve of the measured rows")
+    shown = [{**r, "cuda_total": f"{r['cuda_total_gib']:.2f}" + ("" if r["cuda_total_measured"] else "*")}
+             for r in rows]
+    fmt = chosen_format(fmt, as_json)
+    columns = [Column("name", "GPU", right=False), Column("memory_mib", "driver MiB", "{:,}".format),
+               Column("cuda_total", "CUDA total GiB"), Column("bandwidth_gbps", "GB/s", _or_dash),
+               Column("bf16_dense_tflops", "BF16 TFLOP/s", _or_dash)]
+    emit_rows(rows if fmt in (OutputFormat.json, OutputFormat.csv) else shown, columns, fmt,
+              footnote="* estimated: driver total minus the median reserve of the measured rows")
 
 
 @user_errors
-def models(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+def models(
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (same as --format json).", rich_help_panel="Output"),
+    fmt: OutputFormat = format_option(),
+) -> None:
     """List the bundled model profiles (work offline).
 
-    Example: kvplan models
+    Examples: kvplan models; kvplan models --format markdown
     """
     from kvplan.model.arch import parse_architecture
     from kvplan.model.dtypes import kv_dtype
@@ -64,19 +66,9 @@ def models(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) ->
         bpt = sum(s.bytes_per_token(kv_dtype(arch.model_dtype)) for s in arch.layers)
         rows.append({"model": name, "attention": arch.attention_label, "kv_bytes_per_token": int(bpt),
                      "params_b": round(arch.params.total / 1e9, 2)})
-    if as_json:
-        print_json(rows)
-        return
-    from rich.table import Table
-
-    from kvplan.cli.common import make_console
-
-    table = Table(show_edge=False)
-    for col in ("model", "attention", "KV B/token", "params (B)"):
-        table.add_column(col, justify="left" if col in ("model", "attention") else "right")
-    for r in rows:
-        table.add_row(r["model"], r["attention"], f"{r['kv_bytes_per_token']:,}", f"{r['params_b']:,}")
-    make_console().print(table)
+    columns = [Column("model", "model", right=False), Column("attention", "attention", right=False),
+               Column("kv_bytes_per_token", "KV B/token", "{:,}".format), Column("params_b", "params (B)", "{:,}".format)]
+    emit_rows(rows, columns, chosen_format(fmt, as_json))
 
 
 SCHEMAS = {
