@@ -26,7 +26,7 @@ from kvplan.plan.schema import (
     SizePlan,
     Suggestion,
 )
-from kvplan.units import format_bytes, format_tokens
+from kvplan.units import cdiv, format_bytes, format_tokens
 from kvplan.vllm.args import to_vllm_args
 from kvplan.vllm.rules import VllmRules
 
@@ -53,7 +53,7 @@ def verdict_for(cap: Capacity, replicas: int) -> Verdict:
     """Does the asked concurrency of asked requests fit, and if not, what binds."""
     s = cap.settings
     work = workload_from(s, cap.max_model_len)
-    per_replica = -(-work.concurrency // replicas)
+    per_replica = cdiv(work.concurrency, replicas)
     if cap.context_too_long:
         return Verdict(
             False,
@@ -155,7 +155,7 @@ def _table(cap: Capacity, replicas: int, request_tokens: int, concurrency: int,
     cells = []
     for ctx in contexts:
         for c in levels:
-            per_replica = -(-c // replicas)
+            per_replica = cdiv(c, replicas)
             need = blocks_needed(cap, per_replica, ctx, min(shared_prefix, ctx))
             frac = need / cap.usable_blocks if cap.usable_blocks else float("inf")
             cells.append(ConcurrencyCell(context_tokens=ctx, concurrency=c, blocks_needed=need,
@@ -220,7 +220,7 @@ def _suggestions(
             return
         out.append(Suggestion(change=change, flags=flags, result=v.reason, fits=v.fits, updates=updates))
 
-    per_replica = -(-work.concurrency // replicas)
+    per_replica = cdiv(work.concurrency, replicas)
     # The longest context at which the asked concurrency fits (and vLLM accepts and starts).
     ctx = max_context_for(cap, per_replica if settings.prompt_tokens is None else 1, limit)
     if cap.context_too_long or not cap.engine_starts or settings.prompt_tokens is None:
@@ -287,7 +287,7 @@ def plan_size(
     cap = compute_capacity(arch, gpu.device, settings, rules, overhead, ref.weights_total)
     work = workload_from(settings, cap.max_model_len)
     verdict = verdict_for(cap, replicas)
-    per_replica = -(-work.concurrency // replicas)
+    per_replica = cdiv(work.concurrency, replicas)
     layout = cap.layout
     per_device = layout.kv_bytes_per_token()
     # Logical (unsharded) bytes per token: the figure articles quote.
