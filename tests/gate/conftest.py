@@ -1,8 +1,8 @@
-"""Fixtures of the gate tests: the tiny Llama (config only, or built and served by the CPU engine)."""
+"""Fixtures of the gate tests: the tiny Llama (tests/fixtures/tiny-llama, or its config alone)."""
 
 from __future__ import annotations
 
-import importlib.util
+import shutil
 from pathlib import Path
 
 import pytest
@@ -11,17 +11,13 @@ HERE = Path(__file__).resolve().parent
 DATA = HERE / "data"
 
 
-def _tiny_model_module():
-    spec = importlib.util.spec_from_file_location("kvplan_gate_tiny_model", HERE / "tiny_model.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-tiny_model = _tiny_model_module()
+TINY_LLAMA = HERE.parent / "fixtures" / "tiny-llama"  # built by tests/fixtures/build_tiny_llama.py
 
 
 @pytest.fixture()
 def tiny_llama_config(tmp_path) -> Path:
     """A folder with the tiny Llama's config.json only: enough for the planner."""
-    return tiny_model.write_tiny_llama_config(tmp_path / "tiny-llama")
+    out = tmp_path / "tiny-llama"
+    out.mkdir()
+    shutil.copyfile(TINY_LLAMA / "config.json", out / "config.json")
+    return out

@@ -66,3 +66,34 @@ def test_bad_slo_key_is_a_spec_error(tmp_path):
     result = run(["check", str(_spec(tmp_path, "{ttft_p42: 1s}"))])
     assert result.exit_code == 2 and "slo" in result.stderr
     assert SPEC  # the shared spec is the base
+
+
+def test_guidellm_reports_gate_slos_not_preemption(tmp_path):
+    """A GuideLLM benchmarks report (tests/bench/data/guidellm-*.json, built field by field to GuideLLM's
+    GenerativeBenchmarksReport schema by tests/bench/data/make_guidellm_reports.py): concurrent streams 4, 16, 64."""
+    report = DATA / "guidellm-concurrent.json"
+    result = run(["check", str(_spec(tmp_path, "{ttft_p99: 500ms, itl_p99: 30ms, e2e_p99: 10s}")), "--bench",
+                  str(report), "--json"])
+    assert result.exit_code == 0, result.output
+    row = json.loads(result.stdout)["results"][0]
+    check = row["bench"]["slo"][0]
+    assert check["load"] == 16 and check["source"] == "GuideLLM" and check["passed"]
+    assert abs(check["checks"]["ttft_p99"]["value"] - 0.3343933) < 1e-9  # metrics.time_to_first_token_ms.successful p99, in s
+    assert any("GuideLLM): cannot show preemptions or KV onsets" in n for n in row["notes"])
+    tight = run(["check", str(_spec(tmp_path, "{ttft_p99: 300ms}")), "--bench", str(report), "--json"])
+    assert tight.exit_code == 1
+    assert "ttft_p99 334.393 ms > 300 ms at concurrency 16" in json.loads(tight.stdout)["results"][0]["reason"]
+    # a folder holding GuideLLM's default benchmarks.json is read as well
+    folder = tmp_path / "guidellm"
+    folder.mkdir()
+    shutil.copy(report, folder / "benchmarks.json")
+    again = run(["check", str(_spec(tmp_path, "{ttft_p99: 500ms}")), "--bench", str(folder), "--json"])
+    assert again.exit_code == 0, again.output
+
+
+def test_a_guidellm_rate_sweep_cannot_show_a_concurrency(tmp_path):
+    result = run(["check", str(_spec(tmp_path, "{ttft_p99: 500ms}")), "--bench", str(DATA / "guidellm-sweep.json"),
+                  "--json"])
+    assert result.exit_code == 1
+    reason = json.loads(result.stdout)["results"][0]["reason"]
+    assert "cannot show the SLOs at concurrency 14: it measured request rates, not concurrencies" in reason

