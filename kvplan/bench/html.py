@@ -77,6 +77,8 @@ def chart(title: str, xlabel: str, ylabel: str, series: list[tuple[str, list[tup
     x0, x1 = fx(min(xs)), fx(max(xs))
     if x1 == x0:
         x0, x1 = x0 - 1, x1 + 1
+    pad = (x1 - x0) * 0.04  # the end points (and a line at an end) clear the frame and the y axis's labels
+    x0, x1 = x0 - pad, x1 + pad
     y1 = max(y for _, y in pts) * 1.08 or 1.0
     pw, ph = W - L - R, H - T - B
     drawn = [(name, sorted((x, y) for x, y in ps if y is not None and math.isfinite(y)), colour, dash)
@@ -117,9 +119,14 @@ def chart(title: str, xlabel: str, ylabel: str, series: list[tuple[str, list[tup
         out.append(f'<text x="{sx(v):.1f}" y="{top + ph + 14}" text-anchor="middle">{_fmt(v)}</text>')
     out.append(f'<text x="{L + pw / 2}" y="{height - 6}" text-anchor="middle">{escape(xlabel)}</text>')
     out.append(f'<text transform="translate(14 {top + ph / 2}) rotate(-90)" text-anchor="middle">{escape(ylabel)}</text>')
-    for x, label, colour, dash in vlines:
-        out.append(f'<line x1="{sx(x):.1f}" x2="{sx(x):.1f}" y1="{top}" y2="{top + ph}" stroke="{colour}" '
-                   f'stroke-width="1.5" stroke-dasharray="{dash}"><title>{escape(label)}</title></line>')
+    at: dict[float, list] = {}  # lines at one load stand side by side, 2 px apart: none hides another
+    for v in vlines:
+        at.setdefault(round(sx(v[0]), 1), []).append(v)
+    for x, same in at.items():
+        for k, (_, label, colour, dash) in enumerate(same):
+            lx = x + 2 * (k - (len(same) - 1) / 2)
+            out.append(f'<line x1="{lx:.1f}" x2="{lx:.1f}" y1="{top}" y2="{top + ph}" stroke="{colour}" '
+                       f'stroke-width="1.5" stroke-dasharray="{dash}"><title>{escape(label)}</title></line>')
     for name, ps, colour, dash in drawn:
         path = " ".join(f"{'M' if i == 0 else 'L'}{sx(x):.1f},{sy(y):.1f}" for i, (x, y) in enumerate(ps))
         out.append(f'<path d="{path}" fill="none" stroke="{colour}" stroke-width="2"'
