@@ -26,6 +26,8 @@ class ResolvedModel:
     # Exact loaded weight bytes (whole model) from the Hub's safetensors headers, when online.
     weights_total: int | None = None
     weights_source: str = "estimated from config.json"
+    # Of weights_total: the multimodal towers, which --language-model-only does not load.
+    tower_bytes: int = 0
 
 
 def load_model(
@@ -53,7 +55,8 @@ def load_model(
         if exact is not None and exact.loaded_bytes > 0:
             skipped = f", {exact.skipped_bytes / 2**30:.2f} GiB of MTP layers left out" if exact.skipped_bytes else ""
             return ResolvedModel(config, arch, exact.loaded_bytes,
-                                 f"safetensors headers on the Hub ({exact.tensors:,} tensors{skipped})")
+                                 f"safetensors headers on the Hub ({exact.tensors:,} tensors{skipped})",
+                                 exact.tower_bytes)
     return ResolvedModel(config, arch)
 
 
@@ -95,6 +98,11 @@ def plan_deployment(
         weights_total=model.weights_total,
         weights_source=model.weights_source,
     )
+    if settings.language_model_only and model.weights_total and model.tower_bytes:
+        from dataclasses import replace
+
+        ref = replace(ref, weights_total=model.weights_total - model.tower_bytes,
+                      weights_source=model.weights_source + ", multimodal towers left out (--language-model-only)")
     devices, _ = load_catalog()
     base = overhead or load_overhead()
     notes: list[str] = list(model.config.notes)

@@ -11,6 +11,7 @@ Config files are parsed as JSON; no code from a model repository is ever run.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -25,7 +26,15 @@ from kvplan.model.layers import (
     MLAIndexer,
     SlidingWindow,
 )
-from kvplan.model.weights import NO_QUANTIZATION, ParamCounts, Quantization, int_group_bytes
+from kvplan.model.weights import (
+    MXFP4_BYTES,
+    NO_QUANTIZATION,
+    NVFP4_BYTES,
+    ExpertShape,
+    ParamCounts,
+    Quantization,
+    int_group_bytes,
+)
 
 _TEXT_CONFIG_KEYS = ("text_config", "language_config", "llm_config", "thinker_config")
 
@@ -119,7 +128,7 @@ INTEGER_FIELDS = frozenset([
     "linear_value_head_dim", "linear_conv_kernel_dim", "conv_L_cache", "num_kv_shared_layers",
     "num_nextn_predict_layers", "max_position_embeddings", "n_positions", "seq_length", "max_seq_len", "n_ctx",
     "no_rope_layer_interval", "hidden_size_per_layer_input", "vocab_size_per_layer_input", "global_head_dim",
-    "num_global_key_value_heads", "index_topk_freq", "index_skip_topk_offset",
+    "num_global_key_value_heads", "index_topk_freq", "index_skip_topk_offset", "mtp_num_hidden_layers",
 ])
 
 class _Fields:
@@ -221,20 +230,26 @@ def _quantization(top: dict[str, Any], f: _Fields) -> tuple[Quantization, str | 
     if method == "mxfp4":
         # gpt-oss: only the MoE experts are MXFP4 (modules_to_not_convert lists the rest).
         keep = frozenset({"attention", "mlp", "recurrent"})
-        return Quantization("mxfp4", 0.5 + 1 / 32, unquantized_roles=keep, note="mxfp4 experts"), kv_dtype
+        return Quantization("mxfp4", MXFP4_BYTES, unquantized_roles=keep, note="mxfp4 experts"), kv_dtype
     if method == "compressed-tensors":
         groups = qc.get("config_groups") or {}
-        bits, group_size = 8, 0
+        bits, group_size, kind = 8, 0, "int"
         for group in groups.values():
             weights = (group or {}).get("weights") or {}
             bits = int(weights.get("num_bits", bits))
             group_size = int(weights.get("group_size") or 0)
+            kind = str(weights.get("type", "int"))
             break
-        bpp = 1.0 if bits == 8 else int_group_bytes(bits, group_size)
-        return Quantization(method, bpp, note=f"{bits}-bit weights"), kv_dtype
-    if method == "modelopt":
+        bpp = _group_bytes(bits, group_size, kind)
+        note = "nvfp4 weights" if bpp == NVFP4_BYTES else f"{bits}-bit weights"
+        return Quantization(method, bpp, note=note), kv_dtype
+    if method.startswith("modelopt"):
         algo = str(qc.get("quant_algo", "FP8")).upper()
-        bpp = 0.5 + 1 / 16 if "FP4" in algo else 1.0
+        bpp = NVFP4_BYTES if "FP4" in algo else 1.0
+        if algo == "MIXED_PRECISION":  # per-module groups; the 4-bit one prices the default
+            sizes = [_group_bytes(int(w.get("num_bits", 8)), int(w.get("group_size") or 0), str(w.get("type", "float")))
+                     for w in ((g or {}).get("weights") or {} for g in (qc.get("config_groups") or {}).values())]
+            bpp = min(sizes, default=1.0)
         return Quantization(method, bpp, note=algo), kv_dtype
     if method == "bitsandbytes":
         bpp = 0.5 + 4 / 64 if qc.get("load_in_4bit") else 1.0
@@ -525,16 +540,27 @@ def _parse_architecture(config: dict[str, Any], overrides: dict[str, Any] | None
         keep = [j for j, i in enumerate(index) if i < num_layers - shared]
         specs, index = [specs[j] for j in keep], [index[j] for j in keep]
         notes.append(f"{shared} layers share another layer's KV and hold none of their own")
-    if f.get("num_nextn_predict_layers"):
-        notes.append(
-            f"{f.get('num_nextn_predict_layers')} MTP draft layer(s) in the checkpoint are not loaded "
-            "unless speculative decoding is on"
-        )
+    # MTP draft layers (DeepSeek-V3 / GLM-4.5+ `num_nextn_predict_layers`, Qwen3.5/3.6 and
+    # MiMo `mtp_num_hidden_layers`) are separate models in vLLM (`deepseek_mtp.py`,
+    # `qwen3_5_mtp.py`, models/@0.32.0): the target's loader skips their tensors
+    # (`model.layers.{n}` past num_hidden_layers, `mtp.*`) unless `--speculative-config` asks
+    # for them, so their weights are not counted here (kvplan size --draft-layers adds them).
+    mtp = f.get("num_nextn_predict_layers", "mtp_num_hidden_layers")
+    if mtp:
+        notes.append(f"{mtp} MTP draft layer(s) in the checkpoint are not loaded unless speculative decoding is on")
     if not specs:
         raise KvplanError(f"model_type {model_type!r} has no attention or state layers to size")
 
     quant, ckpt_kv = _quantization(top, f)
     params = _count_params(f, model_type, kinds, hidden, num_heads, kv_heads, head)
+    towers, tower_note = _tower_params(top, hidden)
+    if towers:
+        params = replace(params, towers=towers)
+        notes.append(tower_note)
+    quant = _layer_schemes(quant, top.get("quantization_config") or f.get("quantization_config"), f, model_type,
+                           kinds, WEIGHT_DTYPE_BYTES.get(dtype, 2))
+    if quant.method == "mxfp4":
+        quant = replace(quant, expert_shape=_expert_shape(f, model_type, kinds))
     max_pos = f.get("max_position_embeddings", "n_positions", "seq_length", "max_seq_len", "n_ctx")
     limit = derived_max_model_len(f, model_type)
     return Architecture(
@@ -613,7 +639,150 @@ _MAY_BE_ZERO = frozenset([
     "n_shared_experts", "num_shared_experts", "num_nextn_predict_layers", "max_window_layers",
     "shared_expert_intermediate_size", "shared_intermediate_size", "q_lora_rank", "qk_rope_head_dim",
     "qk_nope_head_dim", "moe_layer_freq", "decoder_sparse_step", "interleave_moe_layer_step",
-    "hidden_size_per_layer_input", "index_skip_topk_offset",
+    "hidden_size_per_layer_input", "index_skip_topk_offset", "mtp_num_hidden_layers",
 ])
 _LENGTH_FIELDS = frozenset(["max_position_embeddings", "n_positions", "seq_length", "max_seq_len", "n_ctx",
                             "vocab_size", "padded_vocab_size", "attention_chunk_size"])
+
+
+def _group_bytes(bits: int, group_size: int, kind: str) -> float:
+    """Bytes a parameter of one quantization group: NVFP4 (4-bit float, group 16: packed values
+    + one fp8 scale per 16), fp8 (8-bit float; per-channel or per-tensor scales are negligible),
+    or group-quantized integers."""
+    if kind == "float" and bits == 4:
+        return NVFP4_BYTES
+    if bits == 8:
+        return 1.0
+    return int_group_bytes(bits, group_size)
+
+
+def _expert_shape(f: _Fields, model_type: str, kinds: list[str]) -> ExpertShape:
+    """The MXFP4 experts' shapes, which vLLM pads per kernel (weights.mxfp4_expert_bytes).
+    gpt-oss experts carry biases (`GptOssForCausalLM`: `has_bias=True`, models/gpt_oss.py@0.11.0)."""
+    num_experts = f.get("n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts", default=0) or 0
+    inter = f.get("moe_intermediate_size", "intermediate_size", default=0) or 0
+    moe_layers = sum(_moe_layers(f, model_type, len(kinds)))
+    hidden = f.get("hidden_size", default=0) or 0
+    return ExpertShape(moe_layers, int(num_experts), int(hidden), int(inter), bias=model_type == "gpt_oss")
+
+
+_LAYER_NUMBER = re.compile(r"layers\.(\d+)\.")
+
+
+def _module_role(name: str) -> str | None:
+    """Which kvplan role a checkpoint module name (or wildcard) belongs to."""
+    n = name.lower()
+    if n.startswith("mtp") or ".mtp" in n:
+        return None  # draft layers: not loaded
+    if "lm_head" in n:
+        return "lm_head"
+    if any(k in n for k in ("vision", "visual", "audio", "embed_vision", "embed_audio", "multi_modal_projector")):
+        return "towers"
+    if "linear_attn" in n or "mamba" in n or "mixer" in n:
+        return "recurrent"
+    if "self_attn" in n or ".attn." in n or n.endswith(".attn") or ".attention." in n:
+        return "attention"
+    if "expert" in n:
+        return "experts"
+    if ".mlp" in n or "feed_forward" in n:
+        return "mlp"
+    return None
+
+
+def _layer_schemes(quant: Quantization, qc: Any, f: _Fields, model_type: str, kinds: list[str],
+                   dtype_bytes: int) -> Quantization:
+    """Which layers a ModelOpt / compressed-tensors checkpoint quantizes, by role.
+
+    vLLM quantizes a linear layer unless its prefix matches the checkpoint's ``ignore``
+    (compressed-tensors) or ``exclude_modules`` (ModelOpt) list (`is_layer_excluded`,
+    quantization/modelopt.py@0.32.0; `should_ignore_layer`, compressed_tensors/utils.py), and a
+    ModelOpt MIXED_PRECISION checkpoint names each module's group in ``config_groups[*].targets``
+    (nvidia/Qwen3.6-27B-NVFP4: fp8 attention and linear attention, nvfp4 MLPs and lm_head).
+    Layers a list leaves out stay in the model dtype; a role's price is the mean over its layers
+    (a layer's projections are quantized together)."""
+    if not isinstance(qc, dict) or quant.method not in ("compressed-tensors", "modelopt", "modelopt_fp4"):
+        return quant
+    n = len(kinds)
+    moe = _moe_layers(f, model_type, n)
+    layers_of = {
+        "attention": [i for i, k in enumerate(kinds) if k in ("full", "sliding", "chunked", "mla", "global",
+                                                             "attention+mamba")],
+        "recurrent": [i for i, k in enumerate(kinds) if "mamba" in k],
+        "experts": [i for i in range(n) if moe[i]],
+        "mlp": [i for i in range(n) if not moe[i]],
+    }
+    # (role, layer or None for every layer) -> bytes a parameter
+    assigned: dict[tuple[str, int | None], float] = {}
+    default = quant.bytes_per_param
+    explicit = False
+    lm_head: float | None = None
+    for group in (qc.get("config_groups") or {}).values():
+        w = (group or {}).get("weights") or {}
+        size = _group_bytes(int(w.get("num_bits", 8)), int(w.get("group_size") or 0), str(w.get("type", "float")))
+        for target in (group or {}).get("targets") or []:
+            role = _module_role(str(target))
+            if role == "lm_head":
+                lm_head = size
+            elif role is not None:
+                explicit = True
+                m = _LAYER_NUMBER.search(str(target))
+                assigned[(role, int(m.group(1)) if m else None)] = size
+    for pattern in list(qc.get("ignore") or []) + list(qc.get("exclude_modules") or []):
+        role = _module_role(str(pattern))
+        if role == "lm_head":
+            lm_head = None
+        elif role is not None and role != "towers":
+            m = _LAYER_NUMBER.search(str(pattern))
+            assigned[(role, int(m.group(1)) if m else None)] = float(dtype_bytes)
+    if not assigned and lm_head is None:
+        return quant
+    role_bytes: list[tuple[str, float]] = []
+    for role, layers in layers_of.items():
+        if not layers:
+            continue
+        # A MIXED_PRECISION list quantizes only what it names; an ignore list all but what it names.
+        fallback = float(dtype_bytes) if explicit else default
+        prices = [assigned.get((role, i), assigned.get((role, None), fallback)) for i in layers]
+        role_bytes.append((role, sum(prices) / len(prices)))
+    return replace(quant, role_bytes=tuple(role_bytes), quantized_share=tuple((r, 1.0) for r, _ in role_bytes),
+                   quantize_lm_head=lm_head is not None and lm_head < dtype_bytes,
+                   bytes_per_param=lm_head if lm_head is not None else quant.bytes_per_param)
+
+
+def _tower_params(top: dict[str, Any], text_hidden: int) -> tuple[int, str]:
+    """Parameters of the multimodal towers vLLM builds beside the language model.
+
+    vLLM builds them inside `_mark_tower_model` and skips them only when every modality's
+    limit is 0 (`--limit-mm-per-prompt` zeros, or `--language-model-only`, which makes
+    `MultiModalConfig.get_limit_per_prompt` return 0): models/interfaces.py@0.32.0. Qwen3.5 /
+    Qwen3.6 / Qwen3-VL towers follow `Qwen3_VisionTransformer` (models/qwen3_vl.py@0.32.0):
+    a Conv3d patch embedding (in x temporal x patch^2 x h, biased), a learned position table,
+    ``depth`` pre-norm blocks (LayerNorms, biased qkv and proj, biased fc1/fc2 MLP) and a patch
+    merger (LayerNorm, h*m^2 -> h*m^2 -> out_hidden_size) plus one per deepstack index. Other
+    towers (SigLIP-style: Gemma 3/4, Pixtral) are estimated as ``layers`` ViT blocks (4 h^2
+    attention, 2 h x intermediate MLP, biases and norms), a patch embedding and a projector to
+    the text width."""
+    vc = top.get("vision_config")
+    if not isinstance(vc, dict):
+        return 0, ""
+    h = vc.get("hidden_size") or 0
+    depth = vc.get("depth") or vc.get("num_hidden_layers") or 0
+    inter = vc.get("intermediate_size") or 4 * h
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (h, depth, inter)):
+        return 0, ""
+    patch = vc.get("patch_size") or 14
+    channels = vc.get("in_channels") or vc.get("num_channels") or 3
+    block = 2 * 2 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * inter + inter) + (inter * h + h)
+    vtype = str(vc.get("model_type") or "")
+    if vtype.startswith(("qwen3_5", "qwen3_vl")) or "out_hidden_size" in vc:
+        temporal = vc.get("temporal_patch_size") or 2
+        merge = vc.get("spatial_merge_size") or 2
+        out = vc.get("out_hidden_size") or text_hidden
+        wide = h * merge * merge
+        merger = 2 * h + (wide * wide + wide) + (wide * out + out)
+        deepstack = len(vc.get("deepstack_visual_indexes") or [])
+        total = (channels * temporal * patch * patch * h + h + (vc.get("num_position_embeddings") or 0) * h
+                 + depth * block + merger + deepstack * (merger - 2 * h + 2 * wide))
+        return int(total), f"vision tower ({total / 1e9:.2f}B parameters) loaded unless --language-model-only"
+    total = channels * patch * patch * h + h + depth * block + 2 * h + h * text_hidden
+    return int(total), f"vision tower (~{total / 1e9:.2f}B parameters, estimated) loaded unless --language-model-only"

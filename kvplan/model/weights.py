@@ -3,8 +3,13 @@
 Pure arithmetic. The config reader (`arch.py`) counts parameters by role; this module
 prices each role. Quantized linear layers carry their scales: GPTQ/AWQ int4 stores one
 fp16 scale and one packed int4 zero point per ``group_size`` inputs; MXFP4 one e8m0 scale
-per 32 values; fp8 block quantization one fp32 scale per 128x128 block. Embeddings, the LM
-head, norms and routers stay in the model dtype unless the scheme says otherwise.
+per 32 values; NVFP4 one fp8 (e4m3) scale per 16 values plus per-tensor fp32 scales; fp8
+block quantization one fp32 scale per 128x128 block. Embeddings, the LM head, norms,
+routers and multimodal towers stay in the model dtype unless the scheme says otherwise.
+
+MXFP4 mixture-of-experts weights are priced as vLLM lays them out for the kernel it picks
+on the GPU (padding and scale copies, :func:`mxfp4_expert_bytes`), not as the checkpoint
+stores them.
 """
 
 from __future__ import annotations
@@ -23,17 +28,32 @@ class ParamCounts:
     experts: int = 0  # routed + shared experts of MoE layers
     recurrent: int = 0  # Mamba / linear-attention projections
     other: int = 0  # norms, routers, conv kernels, biases: never quantized
+    # Multimodal towers (vision / audio encoders and their projectors): loaded unless every
+    # modality's limit is 0 (`--language-model-only`); kept in the model dtype.
+    towers: int = 0
 
     @property
     def total(self) -> int:
         return (
             self.embedding + self.lm_head + self.attention + self.mlp + self.experts + self.recurrent + self.other
+            + self.towers
         )
 
     @property
     def linear(self) -> int:
         """The parameters a weight-quantization scheme would quantize."""
         return self.attention + self.mlp + self.experts + self.recurrent
+
+
+@dataclass(frozen=True)
+class ExpertShape:
+    """The routed experts' matrices as the MoE kernel sees them (for layouts that pad)."""
+
+    moe_layers: int
+    experts: int
+    hidden: int
+    intermediate: int  # one expert's intermediate size (before tensor-parallel splitting)
+    bias: bool = False  # gpt-oss: w13 / w2 biases per expert
 
 
 @dataclass(frozen=True)
@@ -46,9 +66,27 @@ class Quantization:
     unquantized_roles: frozenset[str] = field(default_factory=frozenset)
     quantize_lm_head: bool = False
     note: str = ""
+    # Per role, the share of its parameters that is quantized when only some layers are
+    # (an ``ignore`` / ``exclude_modules`` list naming some layers' modules); roles not
+    # listed follow ``unquantized_roles``.
+    quantized_share: tuple[tuple[str, float], ...] = ()
+    # Per role, bytes per parameter where a role uses another scheme than the rest
+    # (ModelOpt MIXED_PRECISION: fp8 linear attention beside nvfp4 experts).
+    role_bytes: tuple[tuple[str, float], ...] = ()
+    # MXFP4 experts: their shapes, priced per kernel by mxfp4_expert_bytes.
+    expert_shape: ExpertShape | None = None
 
 
 NO_QUANTIZATION = Quantization("none", 0.0)
+
+# NVFP4 (ModelOpt `ModelOptNvFp4LinearMethod.create_weights`, compressed-tensors
+# `CompressedTensorsW4A4Fp4`, vllm/model_executor/layers/quantization@0.32.0): the weight as
+# packed uint8 [N, K/2], one float8_e4m3fn scale per 16 inputs [N, K/16], per-tensor fp32
+# `weight_scale_2` / `input_scale` (negligible): 0.5 + 1/16 bytes a parameter.
+NVFP4_BYTES = 0.5 + 1 / 16
+# MXFP4 (`Mxfp4MoEMethod.create_weights`, quantization/mxfp4.py@0.11.0): packed uint8
+# values and one uint8 (e8m0) scale per 32 values.
+MXFP4_BYTES = 0.5 + 1 / 32
 
 
 def int_group_bytes(bits: int, group_size: int) -> float:
@@ -58,16 +96,90 @@ def int_group_bytes(bits: int, group_size: int) -> float:
     return bits / 8 + 2 / group_size + (bits / 8) / group_size
 
 
-def weight_bytes(params: ParamCounts, model_dtype_bytes: int, quant: Quantization) -> int:
+def _round_up(x: int, m: int) -> int:
+    return (x + m - 1) // m * m
+
+
+# The MoE kernel vLLM picks for MXFP4 weights, and how it lays them out
+# (`get_mxfp4_backend` and `Mxfp4MoEMethod.create_weights` /
+# `process_weights_after_loading`, vllm/model_executor/layers/quantization/mxfp4.py@0.11.0;
+# the same rules live in fused_moe/oracle/mxfp4.py@0.32.0):
+#   kernel            intermediate pad  hidden pad  scales kept  bias after loading
+#   marlin            128               256         once         bf16   (GPUs below SM90)
+#   triton            64                none        twice        fp32   (SM90 / SM12x)
+#   flashinfer_sm100  256               256         once         bf16   (B200-class SM100)
+#   rocm              256               256         twice        fp32   (ROCm, Triton kernels)
+#   None              none              none        once         bf16   (the checkpoint's bytes)
+# "twice": the Triton path swizzles the scales into new tensors (`_swizzle_mxfp4`) and
+# deletes only the old w13_weight / w2_weight, so layer.w13_weight_scale / w2_weight_scale
+# stay allocated beside the swizzled copies; it also casts both biases to float32.
+# The intermediate size is padded per tensor-parallel shard (`intermediate_size_per_partition`).
+MXFP4_KERNELS: dict[str | None, tuple[int, int, int, int]] = {
+    # kernel: (intermediate multiple, hidden multiple, scale copies, bias bytes)
+    "marlin": (128, 256, 1, 2),
+    "triton": (64, 1, 2, 4),
+    "flashinfer_sm100": (256, 256, 1, 2),
+    "rocm": (256, 256, 2, 4),
+    None: (1, 1, 1, 2),
+}
+
+
+def mxfp4_kernel_for(device: object | None, vllm_version: tuple[int, ...] | None = None) -> str | None:
+    """vLLM's MXFP4 MoE backend on ``device`` (a kvplan Device; duck-typed: name, vendor).
+
+    `get_mxfp4_backend` (mxfp4.py@0.11.0): SM100 with FlashInfer (in vLLM's images) ->
+    FlashInfer BF16; SM90 and newer with the triton_kernels package -> Triton; otherwise
+    (below SM90, or without triton_kernels) Marlin; ROCm -> Triton. Releases before 0.11
+    ran Marlin on Hopper: https://github.com/vllm-project/vllm/issues/23278 (gpt-oss-120b on an
+    H100, August 2025) logs "marlin_utils_fp4.py:196 ... leveraging the Marlin kernel", where
+    0.11.0 (kv029/kv030) and 0.14.1 (https://github.com/vllm-project/vllm/issues/33155) log
+    "mxfp4.py:165] Using Triton backend".
+    """
+    if device is None:
+        return None
+    vendor = str(getattr(device, "vendor", "nvidia")).lower()
+    name = str(getattr(device, "name", "")).upper()
+    if vendor in ("amd", "rocm"):
+        return "rocm"
+    if vendor != "nvidia":
+        return None
+    if name.startswith(("B200", "B100", "GB200", "B300", "GB300")):
+        return "flashinfer_sm100"
+    sm90_or_newer = name.startswith(("H100", "H200", "H800", "H20", "GH200", "RTX 50", "RTX PRO", "DGX SPARK",
+                                     "GB10"))
+    if not sm90_or_newer:
+        return "marlin"
+    if vllm_version is not None and tuple(vllm_version)[:2] < (0, 11):
+        return "marlin"
+    return "triton"
+
+
+def mxfp4_expert_bytes(shape: ExpertShape, kernel: str | None, tp: int = 1) -> int:
+    """Bytes of the MXFP4 routed experts as vLLM holds them, over all ``tp`` shards."""
+    i_mult, h_mult, scale_copies, bias_bytes = MXFP4_KERNELS.get(kernel, MXFP4_KERNELS[None])
+    inter = _round_up(max(shape.intermediate // max(tp, 1), 1), i_mult)
+    hidden = _round_up(shape.hidden, h_mult)
+    values = 2 * inter * hidden + hidden * inter  # w13 [2I, H] and w2 [H, I]
+    per_expert = values // 2 + scale_copies * (values // 32)
+    if shape.bias:
+        per_expert += (2 * inter + hidden) * bias_bytes
+    return shape.moe_layers * shape.experts * per_expert * max(tp, 1)
+
+
+def weight_bytes(params: ParamCounts, model_dtype_bytes: int, quant: Quantization, *,
+                 mxfp4_kernel: str | None = None, tp: int = 1) -> int:
     """Bytes the loaded weights occupy, summed over the whole model (all ranks)."""
     if quant.method == "none":
         return params.total * model_dtype_bytes
     roles = {"attention": params.attention, "mlp": params.mlp, "experts": params.experts, "recurrent": params.recurrent}
-    quantized = sum(n for role, n in roles.items() if role not in quant.unquantized_roles)
-    unquantized_linear = params.linear - quantized
+    share = dict(quant.quantized_share)
+    per_role = dict(quant.role_bytes)
+    total = 0.0
+    for role, n in roles.items():
+        if role == "experts" and quant.expert_shape is not None:
+            total += mxfp4_expert_bytes(quant.expert_shape, mxfp4_kernel, tp)
+            continue
+        q = share.get(role, 0.0 if role in quant.unquantized_roles else 1.0)
+        total += n * q * per_role.get(role, quant.bytes_per_param) + n * (1 - q) * model_dtype_bytes
     lm_head_bytes = params.lm_head * (quant.bytes_per_param if quant.quantize_lm_head else model_dtype_bytes)
-    return int(
-        quantized * quant.bytes_per_param
-        + (unquantized_linear + params.embedding + params.other) * model_dtype_bytes
-        + lm_head_bytes
-    )
+    return int(total + (params.embedding + params.other + params.towers) * model_dtype_bytes + lm_head_bytes)

@@ -21,12 +21,12 @@ from kvplan.hardware.catalog import Device
 from kvplan.model.arch import Architecture
 from kvplan.model.dtypes import KVDtype, kv_dtype
 from kvplan.model.layers import MLA, ChunkedLocal, LayerSpec, MambaState, MLAIndexer, RequestContext
-from kvplan.model.weights import weight_bytes
+from kvplan.model.weights import mxfp4_kernel_for, weight_bytes
 from kvplan.plan.layout import KVLayout, build_layout, with_tp
 from kvplan.plan.overhead import Estimate, OverheadModel
 from kvplan.plan.schema import Settings
 from kvplan.units import GiB
-from kvplan.vllm.rules import VllmRules
+from kvplan.vllm.rules import VllmRules, parse_version
 
 DEFAULT_BLOCK_SIZE = 16  # vllm/platforms/cuda.py
 MLA_BLOCK_SIZE = 64  # FlashMLA (Hopper); vLLM forces it for MLA models
@@ -402,10 +402,13 @@ def compute_capacity(
                 "vLLM disables the hybrid KV manager for chunked local attention by default: "
                 "those layers are sized as full attention"
             )
-    if arch.quantization.method != "none":
-        weights_default = weight_bytes(arch.params, arch.model_dtype_bytes, arch.quantization)
-    else:
-        weights_default = arch.params.total * arch.model_dtype_bytes
+    if settings.language_model_only and arch.params.towers:
+        # `--language-model-only`: vLLM builds no multimodal tower (models/interfaces.py@0.32.0).
+        arch = replace(arch, params=replace(arch.params, towers=0))
+        notes.append("--language-model-only: the multimodal towers are not loaded")
+    # MXFP4 experts are laid out for the MoE kernel vLLM picks on this GPU (kvplan/model/weights.py).
+    weights_default = weight_bytes(arch.params, arch.model_dtype_bytes, arch.quantization,
+                                   mxfp4_kernel=mxfp4_kernel_for(device, parse_version(rules.version)), tp=tp)
     weights_total = weights_total or weights_default
 
     util = settings.gpu_memory_utilization or rules.default_gpu_memory_utilization

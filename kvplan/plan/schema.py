@@ -48,6 +48,9 @@ class Settings:
     # Speculative decoding: KV-holding layers of the draft model (EAGLE: 1; MTP: its layers),
     # shaped like the target's last attention layer and sharing its pool.
     draft_layers: int = 0
+    # vLLM's --language-model-only (or every --limit-mm-per-prompt modality at 0): the
+    # multimodal towers are not built, so their weights are not loaded.
+    language_model_only: bool = False
     # The workload: concurrent requests of prompt + output tokens, optionally sharing a prefix.
     concurrency: int = 1
     prompt_tokens: int | None = None

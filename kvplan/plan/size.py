@@ -181,6 +181,7 @@ def serve_command(model: str, cap: Capacity, replicas: int = 1) -> str:
                          if s.max_num_seqs or s.concurrency > cap.limits.max_num_seqs else None),
         "max_num_batched_tokens": s.max_num_batched_tokens or None,
         "enforce_eager": s.enforce_eager,
+        "language_model_only": s.language_model_only,
         "disable_hybrid_kv_cache_manager": s.hybrid_kv_cache_manager is False,
         "enable_prefix_caching": s.enable_prefix_caching,
         "async_scheduling": s.async_scheduling,

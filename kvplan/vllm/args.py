@@ -22,6 +22,7 @@ ENGINE_FLAGS: tuple[tuple[str, str, str], ...] = (
     ("max_num_seqs", "--max-num-seqs", "value"),
     ("max_num_batched_tokens", "--max-num-batched-tokens", "value"),
     ("enforce_eager", "--enforce-eager", "switch"),
+    ("language_model_only", "--language-model-only", "switch"),
     ("disable_hybrid_kv_cache_manager", "--disable-hybrid-kv-cache-manager", "switch"),
     ("enable_prefix_caching", "--enable-prefix-caching", "bool"),
     ("async_scheduling", "--async-scheduling", "bool"),

@@ -105,17 +105,30 @@ def test_goals_as_the_shipped_reports_give_them(result):
     goals = {g.name: g for g in result.goals}
     page = goals["page math: KV tokens"]
     assert page.met and "7/7" in page.achieved  # kv044, a hybrid at 0.24.0, among them
-    # All reports, the two V0 ones included: the forward-pass term brings them to +6.9% / +8.8%.
-    assert goals["full budget: available KV memory (all reports)"].met
-    assert goals["full budget: available KV memory (V1-engine reports)"].met
     full = next(s for s in result.summaries if s.mode == "full" and s.quantity == "available_kv_gib" and s.subset == "all")
     assert full.n == 14 and full.median_abs_pct <= 5
-    # Issue 11's second full-budget goal is missed: kv013 (no vLLM version; L4) and kv044 (NVFP4 weights
-    # of unknown layout) are more than 3% of the requested memory off (docs/accuracy.md, "Misses").
+    # The median goal holds; the p90 and the "of requested" goals are MISSED (docs/accuracy.md, "Misses"):
+    # - kv030 (gpt-oss-120b, 0.11.0): its figures contradict each other (64.38 + 7.38 + 3.33 GiB exceed the
+    #   requested 71.26); with the MXFP4 weights now as vLLM loads them (64.18 GiB against the printed 64.38)
+    #   kvplan predicts no KV memory at all (-0.45 GiB), as vllm#33155 reports for gpt-oss-120b on one H100.
+    # - kv044 (NVFP4 Qwen3.6 of unknown module layout; vision tower now counted): +25.7%.
+    # - kv013 (no vLLM version; the newest rules subtract a CUDA-graph prior): -8.5%.
+    assert not goals["full budget: available KV memory (all reports)"].met
+    assert not goals["full budget: available KV memory (V1-engine reports)"].met
+    assert full.p90_abs_pct > 10
     of_requested = goals["full budget: available KV memory vs the requested GPU memory"]
-    assert not of_requested.met and of_requested.achieved.startswith("12/14")
-    assert "kv013" in of_requested.achieved and "kv044" in of_requested.achieved
+    assert not of_requested.met and of_requested.achieved.startswith("11/14")
+    assert all(c in of_requested.achieved for c in ("kv013", "kv030", "kv044"))
     assert full.loo_median_abs_pct is not None
+
+
+def test_gpt_oss_weights_against_model_loading_took(result):
+    # MXFP4 experts priced as the logged kernel lays them out (tests/model/test_weights_budget.py):
+    # Triton on an H100 (kv029 0.11.0, kv030 0.11.0, kv045 0.14.1) and Marlin (kv046, August 2025).
+    for case_id, reported in (("kv029", 13.47), ("kv030", 64.38), ("kv045", 64.38), ("kv046", 65.9651)):
+        w = case(result, case_id, "full").get("weights_gib")
+        assert w.reported == reported
+        assert abs(w.error_pct) < 1.0, case_id
 
 
 def test_a_model_without_config_says_so_and_configs_dir_fixes_it(tmp_path):

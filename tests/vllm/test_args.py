@@ -19,6 +19,7 @@ VALUES = {
     "max_num_seqs": 64,
     "max_num_batched_tokens": 4096,
     "enforce_eager": True,
+    "language_model_only": True,
     "disable_hybrid_kv_cache_manager": True,
     "enable_prefix_caching": False,
     "async_scheduling": True,

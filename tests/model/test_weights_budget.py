@@ -1,0 +1,129 @@
+"""Weights as vLLM loads them (issue 11, item 7): MXFP4 kernel layouts, NVFP4 module lists,
+multimodal towers, MTP tensors. Expected figures are hand arithmetic from the configs and vLLM's
+tensor shapes, and the "Model loading took" lines of public reports
+(profiles/reports/vllm-startup-reports.jsonl)."""
+
+import pytest
+
+from kvplan.hardware.catalog import find_device
+from kvplan.model.arch import parse_architecture
+from kvplan.model.hub_weights import sum_tensors
+from kvplan.model.source import load_bundled
+from kvplan.model.weights import ExpertShape, mxfp4_expert_bytes, mxfp4_kernel_for, weight_bytes
+from kvplan.plan.capacity import compute_capacity
+from kvplan.plan.overhead import load_overhead
+from kvplan.plan.schema import Settings
+from kvplan.units import GiB
+from kvplan.vllm.rules import rules_for
+
+GPT_OSS_120B = ExpertShape(moe_layers=36, experts=128, hidden=2880, intermediate=2880, bias=True)
+
+
+def arch_of(name):
+    return parse_architecture(load_bundled(name).config)
+
+
+def test_mxfp4_triton_layout_by_hand():
+    # Triton (H100, vLLM >= 0.11): intermediate padded to 64 (2880 stays), hidden unpadded.
+    # Per layer: w13 128 x 5,760 x 1,440 B = 1,061,683,200; w2 128 x 2,880 x 1,440 = 530,841,600;
+    # e8m0 scales 128 x (5,760 + 2,880) x 90 = 99,532,800, held twice (the swizzled copy beside
+    # the original) = 199,065,600; fp32 biases 128 x (5,760 + 2,880) x 4 = 4,423,680.
+    # 1,796,014,080 x 36 layers = 64,656,506,880 B.
+    assert mxfp4_expert_bytes(GPT_OSS_120B, "triton") == 64_656_506_880
+
+
+def test_mxfp4_marlin_layout_by_hand():
+    # Marlin: intermediate 2880 -> 2944 (128), hidden 2880 -> 3072 (256).
+    # w13 128 x 5,888 x 1,536 = 1,157,627,904; w2 128 x 3,072 x 1,472 = 578,813,952;
+    # scales once: 128 x 5,888 x 96 + 128 x 3,072 x 92 = 72,351,744 + 36,175,872;
+    # bf16 biases 128 x (5,888 + 3,072) x 2 = 2,293,760. Per layer 1,847,263,232; x 36 = 66,501,476,352.
+    assert mxfp4_expert_bytes(GPT_OSS_120B, "marlin") == 66_501_476_352
+    # TP 2 pads each shard: 1,440 -> 1,536, so both shards together hold more than TP 1.
+    assert mxfp4_expert_bytes(GPT_OSS_120B, "marlin", tp=2) > mxfp4_expert_bytes(GPT_OSS_120B, "marlin")
+
+
+def test_mxfp4_kernel_per_gpu_and_release():
+    assert mxfp4_kernel_for(find_device("H100"), (0, 11, 0)) == "triton"
+    assert mxfp4_kernel_for(find_device("H100"), (0, 10, 1)) == "marlin"  # vllm#23278's log
+    assert mxfp4_kernel_for(find_device("A100"), (0, 14, 1)) == "marlin"  # below SM90
+    assert mxfp4_kernel_for(find_device("B200"), (0, 14, 1)) == "flashinfer_sm100"
+    assert mxfp4_kernel_for(None) is None
+
+
+@pytest.mark.parametrize(("model", "version", "reported_gib", "tolerance"), [
+    ("openai/gpt-oss-120b", "0.11.0", 64.38, 0.005),   # kv030 (0.11.0) and kv045 (vllm#33155, 0.14.1): Triton
+    ("openai/gpt-oss-120b", "0.14.1", 64.38, 0.005),
+    ("openai/gpt-oss-120b", "0.10.1", 65.9651, 0.005),  # kv046 (vllm#23278): Marlin on an H100
+    ("openai/gpt-oss-20b", "0.11.0", 13.47, 0.01),     # kv029
+])
+def test_gpt_oss_weights_match_model_loading_took(model, version, reported_gib, tolerance):
+    arch = arch_of(model)
+    rules = rules_for(version)
+    cap = compute_capacity(arch, find_device("H100"), Settings(max_model_len=16000), rules, load_overhead())
+    got = cap.limiting_stage.weights / GiB
+    assert got == pytest.approx(reported_gib, rel=tolerance)
+    # The checkpoint's own layout (no kernel padding, scales once) was 5-6% under the log.
+    plain = weight_bytes(arch.params, arch.model_dtype_bytes, arch.quantization) / GiB
+    assert plain < reported_gib * 0.96
+
+
+def test_nvfp4_ignore_list_keeps_attention_in_bf16():
+    # nvidia/Gemma-4-31B-IT-NVFP4: group_0 targets "Linear" (4-bit float, group 16) and the
+    # ignore list names self_attn of all 60 layers, lm_head and the vision tower.
+    q = arch_of("nvidia/Gemma-4-31B-IT-NVFP4").quantization
+    prices = dict(q.role_bytes)
+    assert prices["attention"] == 2.0
+    assert prices["mlp"] == 0.5 + 1 / 16  # packed fp4 + one fp8 scale per 16
+    assert not q.quantize_lm_head
+
+
+def test_modelopt_mixed_precision_prices_each_group():
+    # nvidia/Qwen3.6-27B-NVFP4: group_0 fp8 (8-bit float) targets every linear_attn and self_attn
+    # projection; group_1 nvfp4 every mlp projection and lm_head.
+    q = arch_of("nvidia/Qwen3.6-27B-NVFP4").quantization
+    prices = dict(q.role_bytes)
+    assert prices["recurrent"] == 1.0 and prices["attention"] == 1.0
+    assert prices["mlp"] == 0.5625
+    assert q.quantize_lm_head and q.bytes_per_param == 0.5625
+
+
+def test_compressed_tensors_nvfp4_is_not_priced_as_int4():
+    cfg = dict(load_bundled("meta-llama/Llama-3.1-8B").config)
+    cfg["quantization_config"] = {"quant_method": "compressed-tensors", "config_groups": {"group_0": {
+        "targets": ["Linear"], "weights": {"num_bits": 4, "type": "float", "group_size": 16}}}, "ignore": ["lm_head"]}
+    # fp4 value (0.5 B) + fp8 scale per 16 (1/16 B); GPTQ-style int4 would add an fp16 scale + zero (0.656 B).
+    assert parse_architecture(cfg).quantization.bytes_per_param == 0.5625
+
+
+def test_qwen36_vision_tower_by_hand_and_language_model_only():
+    # Qwen3_VisionTransformer (vision_config: hidden 1152, depth 27, intermediate 4304, patch 16,
+    # temporal 2, 3 channels, merge 2, out 2048, 2304 positions, no deepstack):
+    #   patch embed 3 x 2 x 16 x 16 x 1152 + 1152 = 1,770,624; positions 2304 x 1152 = 2,654,208
+    #   block: norms 4,608 + qkv 3,984,768 + proj 1,328,256 + fc1 4,962,512 + fc2 4,959,360 = 15,239,504
+    #   27 blocks = 411,466,608; merger: norm 2,304 + 4608^2 + 4608 + 4608 x 2048 + 2048 = 30,679,808
+    #   total 446,571,248
+    arch = arch_of("Qwen/Qwen3.6-35B-A3B")
+    assert arch.params.towers == 446_571_248
+    args = (find_device("H100"), rules_for("0.24.0"), load_overhead())
+    full = compute_capacity(arch, args[0], Settings(max_model_len=8192), *args[1:])
+    text = compute_capacity(arch, args[0], Settings(max_model_len=8192, language_model_only=True), *args[1:])
+    assert full.limiting_stage.weights - text.limiting_stage.weights == pytest.approx(446_571_248 * 2, abs=2)
+    assert any("language-model-only" in n for n in text.notes)
+
+
+def test_mtp_layers_are_not_counted():
+    # Qwen3.5 keeps its MTP block under `mtp.`; DeepSeek/GLM as layers past num_hidden_layers.
+    tensors = [
+        ("model.language_model.layers.0.mlp.down_proj.weight", (0, 100)),
+        ("mtp.layers.0.mlp.down_proj.weight", (100, 160)),
+        ("mtp.fc.weight", (160, 170)),
+        ("model.layers.61.mlp.down_proj.weight", (170, 200)),
+        ("model.visual.blocks.0.attn.qkv.weight", (200, 240)),
+    ]
+    got = sum_tensors(tensors, num_hidden_layers=61)
+    assert (got.loaded_bytes, got.skipped_bytes, got.tower_bytes) == (140, 100, 40)
+
+
+def test_mtp_note_for_qwen35_field_name():
+    arch = arch_of("Qwen/Qwen3.5-27B")
+    assert any("MTP" in n for n in arch.notes)
