@@ -257,9 +257,6 @@ class MambaState(LayerSpec):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise KvplanError(f"invalid {name} of a {self.variant} layer: {value!r} (must be a whole number > 0)")
 
-    def dim(self, name: str) -> int:
-        return dict(self.dims)[name]
-
     def per_rank(self, tp: int) -> MambaState:
         shaped = replace(self, tp=tp)
         shaped.shapes()  # validate divisibility now, with a clear error
@@ -322,8 +319,3 @@ class MambaState(LayerSpec):
 
     def describe(self) -> str:
         return f"{self.variant} state {self.state_bytes():,} B/request"
-
-
-def group_key(spec: LayerSpec) -> tuple:
-    """Layers with equal specs share a KV cache group (vLLM groups by spec equality)."""
-    return (type(spec).__name__, spec)

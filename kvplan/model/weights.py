@@ -39,11 +39,6 @@ class ParamCounts:
             + self.towers
         )
 
-    @property
-    def linear(self) -> int:
-        """The parameters a weight-quantization scheme would quantize."""
-        return self.attention + self.mlp + self.experts + self.recurrent
-
 
 @dataclass(frozen=True)
 class ExpertShape:

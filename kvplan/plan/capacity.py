@@ -28,7 +28,6 @@ from kvplan.plan.schema import Settings
 from kvplan.units import GiB
 from kvplan.vllm.rules import VllmRules, parse_version
 
-DEFAULT_BLOCK_SIZE = 16  # vllm/platforms/cuda.py
 MLA_BLOCK_SIZE = 64  # FlashMLA (Hopper); vLLM forces it for MLA models
 MLA_BLOCK_SIZE_BLACKWELL = 128  # CUTLASS MLA on Blackwell (vLLM >= 0.11)
 

@@ -5,7 +5,6 @@ Every guess is written down in ``assumptions`` so the error table can say what i
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -192,7 +191,3 @@ def known_limits(case: Case) -> list[str]:
     if cur.platform == "rocm":
         out.append("ROCm platform")
     return out
-
-
-def reported_json(report: Report) -> dict[str, Any]:
-    return json.loads(report.model_dump_json())

@@ -93,7 +93,6 @@ HONOURS_HEAD_DIM = {
     "gemma", "gemma2", "gemma3_text", "gemma4_text", "gpt_oss", "llama4_text",
     "glm4_moe", "nemotron_h", "minimax_m2", "olmo2", "olmo3", "phi3", "falcon_h1",
 }
-MLA_KEYS = ("kv_lora_rank",)
 
 INTERMEDIATE_KEYS = (
     "intermediate_size", "moe_intermediate_size", "ffn_hidden_size", "intermediate_size_mlp",
