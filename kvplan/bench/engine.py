@@ -22,8 +22,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -185,46 +183,13 @@ def _pdeathsig() -> None:  # runs in the child between fork and exec
         pass
 
 
-def split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
-    """``http://user:pw@host:port/x`` -> (``http://host:port/x``, (user, pw)); others unchanged."""
-    from urllib.parse import unquote, urlsplit, urlunsplit
+def http_get(url: str, timeout_s: float = 2.0, api_key: str | None = None,
+             headers: tuple[tuple[str, str], ...] = ()) -> tuple[int, str]:
+    """(status, body) of a GET to an engine kvplan started (reached directly, never through a proxy);
+    status 0 when nothing answered. ``api_key`` and ``headers`` are sent as the load generator sends them."""
+    from kvplan.bench.client import Client
 
-    try:
-        parts = urlsplit(url)
-        if "@" not in parts.netloc:
-            return url, None
-        host = parts.netloc.rpartition("@")[2]
-        user = unquote(parts.username or "")
-        password = unquote(parts.password or "")
-        return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment)), (user, password)
-    except ValueError:
-        return url, None
-
-
-def auth_headers(api_key: str | None, basic: tuple[str, str] | None = None) -> dict[str, str]:
-    """What every request to the server carries: ``Authorization: Bearer KEY`` (vLLM's --api-key),
-    else HTTP basic auth from credentials in the URL. Held in memory only, never written."""
-    if api_key:
-        return {"Authorization": f"Bearer {api_key}"}
-    if basic is not None:
-        import base64
-
-        token = base64.b64encode(f"{basic[0]}:{basic[1]}".encode()).decode()
-        return {"Authorization": f"Basic {token}"}
-    return {}
-
-
-def http_get(url: str, timeout_s: float = 2.0, api_key: str | None = None) -> tuple[int, str]:
-    """(status, body) of a GET; status 0 when nothing answered. ``api_key``: sent as a bearer token."""
-    url, basic = split_credentials(url)
-    request = urllib.request.Request(url, headers=auth_headers(api_key, basic))
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as resp:  # noqa: S310 - loopback/user URL
-            return resp.status, resp.read().decode(errors="replace")
-    except urllib.error.HTTPError as exc:
-        return exc.code, ""
-    except (urllib.error.URLError, OSError, ValueError):
-        return 0, ""
+    return Client(api_key=api_key, headers=tuple(headers), use_env_proxy=False).get(url, timeout_s)
 
 
 @dataclass
@@ -236,6 +201,7 @@ class EngineLauncher:
     startup_timeout_s: float = 900.0
     stop_timeout_s: float = 20.0
     api_key: str | None = field(default=None, repr=False)  # the engine requires it; the probe sends it
+    headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # --header: the probe sends them
     proc: subprocess.Popen | None = field(default=None, init=False)
     command: list[str] = field(default_factory=list, init=False)
 
@@ -301,8 +267,8 @@ class EngineLauncher:
                     f"the engine was not ready after {self.startup_timeout_s:.0f} s (log: {self.log_path})",
                     tail(self.log_path),
                 )
-            if (http_get(self.cfg.base_url + "/health", api_key=self.api_key)[0] == 200
-                    and http_get(self.cfg.base_url + "/v1/models", api_key=self.api_key)[0] == 200):
+            if (http_get(self.cfg.base_url + "/health", api_key=self.api_key, headers=self.headers)[0] == 200
+                    and http_get(self.cfg.base_url + "/v1/models", api_key=self.api_key, headers=self.headers)[0] == 200):
                 return elapsed
             if on_tick:
                 on_tick(elapsed)

@@ -122,3 +122,208 @@ def read_vllm_results(path: Path) -> Any:
         load_description=f"{VLLM_SOURCE}: " + ("request rate" if points[0].mode == "rate" else "max concurrency")
         + " per file", latency_from="sent", source=VLLM_SOURCE,
     )
+
+
+# ---------------------------------------------------------------------------------------------- GuideLLM
+
+GUIDELLM_SOURCE = "GuideLLM"
+GUIDELLM_CAN_SHOW = ("TTFT/ITL/TPOT/E2E mean and percentiles of successful requests", "request and output throughput",
+                     "load (concurrent streams, or constant/Poisson request rate)")
+GUIDELLM_CANNOT_SHOW = ("preemptions as an onset (no concurrency sweep searched by kvplan)", "KV waits and KV fill",
+                        "the engine's KV pool", "onsets")
+#: GuideLLM metric (GenerativeMetrics field) -> (kvplan metric, seconds per unit). request_latency is in seconds,
+#: the others in ms (src/guidellm/benchmark/schemas/generative/metrics.py).
+_GUIDELLM_METRICS = {"ttft": ("time_to_first_token_ms", 1e-3), "itl": ("inter_token_latency_ms", 1e-3),
+                     "tpot": ("time_per_output_token_ms", 1e-3), "e2e": ("request_latency", 1.0)}
+_RATE_STRATEGIES = ("constant", "poisson")
+
+
+def is_guidellm_report(data: Any) -> bool:
+    """A GuideLLM ``GenerativeBenchmarksReport`` (``guidellm benchmark --output-path benchmarks.json``)."""
+    if not isinstance(data, dict) or not isinstance(data.get("benchmarks"), list) or not data["benchmarks"]:
+        return False
+    first = data["benchmarks"][0]
+    return isinstance(first, dict) and isinstance(first.get("metrics"), dict) and (
+        "time_to_first_token_ms" in first["metrics"] or "request_latency" in first["metrics"])
+
+
+def _guidellm_stats(metric: Any, scale: float) -> dict[str, float | None]:
+    """A StatusDistributionSummary's ``successful`` DistributionSummary -> kvplan's describe() dict (seconds)."""
+    dist = metric.get("successful") if isinstance(metric, dict) else None
+    out: dict[str, float | None] = {"n": None, "mean": None, "p50": None, "p90": None, "p95": None, "p99": None}
+    if not isinstance(dist, dict):
+        return out
+    count = _num(dist, "count")
+    out["n"] = None if count is None else int(count)
+    if not count:
+        return out  # GuideLLM writes zeros for an empty distribution: no sample, no value
+    pct = dist.get("percentiles") if isinstance(dist.get("percentiles"), dict) else {}
+    for key, value in (("mean", _num(dist, "mean")), ("p50", _num(pct, "p50") if pct else _num(dist, "median")),
+                       ("p90", _num(pct, "p90")), ("p95", _num(pct, "p95")), ("p99", _num(pct, "p99"))):
+        out[key] = None if value is None else value * scale
+    return out
+
+
+def _strategy(bench: dict) -> dict:
+    """The benchmark's SchedulingStrategy: ``config.strategy`` (0.4+), else ``args.strategy`` (older reports)."""
+    for holder in (bench.get("config"), bench.get("args"), bench):
+        if isinstance(holder, dict) and isinstance(holder.get("strategy"), dict):
+            return holder["strategy"]
+    return {}
+
+
+def _server_preemptions(bench: dict) -> tuple[float | None, float | None]:
+    """(preemptions, peak KV usage) from GuideLLM's optional server metrics (vLLM /metrics scraped during the
+    benchmark, ServerMetricsSummary); (None, None) when the report has none."""
+    summaries = bench.get("server_metrics")
+    if isinstance(summaries, dict):
+        summaries = [summaries]
+    if not isinstance(summaries, list):
+        return None, None
+    preempt = kv = None
+    for s in summaries:
+        if not isinstance(s, dict):
+            continue
+        for series in (s.get("counters") or {}).get("vllm:num_preemptions", []) or []:
+            inc = _num(series, "increase") if isinstance(series, dict) else None
+            if inc is not None:
+                preempt = (preempt or 0.0) + inc
+        gauges = s.get("gauges") or {}
+        for name in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"):
+            for series in gauges.get(name, []) or []:
+                peak = _num(series.get("summary") or {}, "max") if isinstance(series, dict) else None
+                if peak is not None:
+                    kv = max(kv or 0.0, peak)
+    return preempt, kv
+
+
+def guidellm_point(bench: dict, seq: int, file: str) -> Any:
+    """One GuideLLM benchmark (one strategy at one load) -> a kvplan PointResult, or None when its load is not a
+    fixed concurrency or rate (``throughput``: every request at once)."""
+    from kvplan.bench.runner import PointResult
+    from kvplan.bench.stats import sample_warnings
+
+    strategy = _strategy(bench)
+    kind = str(strategy.get("type_") or strategy.get("type") or "")
+    metrics = bench.get("metrics") if isinstance(bench.get("metrics"), dict) else {}
+    if kind in _RATE_STRATEGIES:
+        mode, rate, concurrency = "rate", _num(strategy, "rate"), 0
+        if rate is None:
+            return None
+    elif kind in ("concurrent", "synchronous"):
+        streams = strategy.get("streams") if kind == "concurrent" else 1
+        if isinstance(streams, bool) or not isinstance(streams, int) or streams < 1:
+            return None
+        mode, rate, concurrency = "concurrency", None, streams
+    else:
+        return None
+    totals = metrics.get("request_totals") if isinstance(metrics.get("request_totals"), dict) else {}
+    ok = int(_num(totals, "successful") or 0)
+    failed = int((_num(totals, "errored") or 0) + (_num(totals, "incomplete") or 0))
+    stats = {m: _guidellm_stats(metrics.get(field), scale) for m, (field, scale) in _GUIDELLM_METRICS.items()}
+    if stats["tpot"]["n"] is not None:
+        stats["tpot"]["n"] = ok  # weighted by output tokens in GuideLLM's count; one TPOT per request
+    warnings = [w for label, m in (("TTFT", "ttft"), ("ITL", "itl"), ("TPOT", "tpot"), ("E2E", "e2e"))
+                for w in sample_warnings(label, stats[m])]
+    sched = bench.get("scheduler_metrics") if isinstance(bench.get("scheduler_metrics"), dict) else {}
+    start, end = _num(sched, "measure_start_time"), _num(sched, "measure_end_time")
+    wall = _num(bench, "duration") or (end - start if start is not None and end is not None and end > start else 0.0)
+    out_tokens = _num((metrics.get("output_token_count") or {}).get("successful") or {}, "total_sum")
+    rps = (metrics.get("requests_per_second") or {}).get("successful") or {}
+    tps = (metrics.get("output_tokens_per_second") or {}).get("successful") or {}
+    preemptions, kv = _server_preemptions(bench)
+    server = {} if preemptions is None and kv is None else {"preemptions": preemptions, "peak_kv_usage": kv}
+    notes = [f"from {file} ({GUIDELLM_SOURCE}, {kind} strategy): latencies of its successful requests"]
+    if not server:
+        notes.append("no server metrics in the report: no preemption, KV wait or KV fill")
+    label = str(strategy.get("type_") or kind)
+    if failed:
+        notes.append(f"{failed} request(s) errored or incomplete in {GUIDELLM_SOURCE}'s measurement window")
+    return PointResult(
+        seq=seq, concurrency=concurrency, status="ok" if ok and not failed else "failed",
+        error=None if ok and not failed else (f"{failed} requests errored or incomplete" if failed
+                                              else "no request completed"),
+        started_at="" if start is None else str(start), wall_s=round(wall, 4), first_index=0,
+        requests=ok + failed, requests_ok=ok, requests_failed=failed, output_tokens=int(out_tokens or 0),
+        throughput_tok_s=_num(tps, "mean"), ttft=stats["ttft"], itl=stats["itl"], tpot=stats["tpot"], e2e=stats["e2e"],
+        server=server, waited_for_kv=False, preempted=bool(preemptions), label="not measured", notes=notes,
+        mode=mode, rate=rate, burstiness=(1.0 if kind == "poisson" else None) if mode == "rate" else None,
+        max_concurrency=strategy.get("max_concurrency") if isinstance(strategy.get("max_concurrency"), int) else None,
+        latency_from=f"sent ({GUIDELLM_SOURCE} {label}: from each request's start)",
+        request_throughput=_num(rps, "mean"), warnings=warnings,
+    )
+
+
+def _guidellm_model(data: dict) -> str:
+    """The served model: the first benchmark's ``config.backend.model``, else the report's args/config."""
+    candidates = []
+    for bench in data.get("benchmarks") or []:
+        cfg = bench.get("config") if isinstance(bench, dict) else None
+        if isinstance(cfg, dict) and isinstance(cfg.get("backend"), dict):
+            candidates.append(cfg["backend"].get("model"))
+    args = data.get("args") if isinstance(data.get("args"), dict) else {}
+    candidates.append(args.get("model"))
+    spec = ((data.get("config") or {}).get("spec") or {}) if isinstance(data.get("config"), dict) else {}
+    if isinstance(spec, dict) and isinstance(spec.get("backend"), dict):
+        candidates.append(spec["backend"].get("model"))
+    return next((c for c in candidates if isinstance(c, str) and c), "unknown")
+
+
+def read_guidellm_report(path: Path, data: Any = None) -> Any:
+    """A GuideLLM benchmarks report (JSON) as a BenchSummary, one point per benchmark with a fixed load.
+
+    A ``sweep`` profile mixes loads (synchronous, throughput, constant rates): the rate points are kept
+    when there are any (else the concurrency ones), ``throughput`` benchmarks never (no fixed load); what
+    was left out is said in the load description."""
+    from kvplan.bench.runner import BenchSummary
+    from kvplan.paths import load_user_json
+
+    if data is None:
+        data = load_user_json(path)
+    if not is_guidellm_report(data):
+        raise KvplanError(f"{path}: not a GuideLLM benchmarks report", "pass the JSON written by guidellm benchmark")
+    points, skipped = [], []
+    for i, bench in enumerate(data["benchmarks"]):
+        if not isinstance(bench, dict):
+            continue
+        point = guidellm_point(bench, i, path.name)
+        kind = str(_strategy(bench).get("type_") or "?")
+        if point is None:
+            skipped.append(kind)
+        else:
+            points.append(point)
+    if not points:
+        raise KvplanError(f"{path}: no GuideLLM benchmark at a fixed concurrency or request rate",
+                          "throughput benchmarks send every request at once: there is no load to compare")
+    mode = "rate" if any(p.mode == "rate" for p in points) else "concurrency"
+    skipped += [f"{'synchronous/concurrent' if p.mode == 'concurrency' else 'rate'}" for p in points if p.mode != mode]
+    points = sorted((p for p in points if p.mode == mode), key=lambda p: p.load)
+    description = f"{GUIDELLM_SOURCE}: " + ("request rate (constant or Poisson) per benchmark" if mode == "rate"
+                                            else "concurrent streams per benchmark")
+    if skipped:
+        description += f"; left out: {', '.join(sorted(set(skipped)))} benchmark(s) (another kind of load)"
+    return BenchSummary(
+        status="complete", run_dir=str(path), mode="attach", base_url="", model=_guidellm_model(data),
+        workload=f"{GUIDELLM_SOURCE} report ({len(data['benchmarks'])} benchmarks)", capacity={}, measured={},
+        points=points, load_mode=mode, load_description=description, latency_from="sent", source=GUIDELLM_SOURCE,
+    )
+
+
+def read_external(path: Path) -> Any:
+    """Another harness's results as a BenchSummary: a `vllm bench serve --save-result` file or folder of
+    them, or a GuideLLM report (a file, or a folder holding its default ``benchmarks.json``)."""
+    from kvplan.paths import load_user_json
+
+    if path.is_file():
+        data = load_user_json(path)
+        if is_guidellm_report(data):
+            return read_guidellm_report(path, data)
+        if is_vllm_result(data):
+            return read_vllm_results(path)
+        raise KvplanError(f"{path}: neither a `vllm bench serve --save-result` JSON nor a GuideLLM report")
+    default = path / "benchmarks.json"
+    if default.is_file():
+        data = load_user_json(default)
+        if is_guidellm_report(data):
+            return read_guidellm_report(default, data)
+    return read_vllm_results(path)

@@ -41,6 +41,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from kvplan.bench.client import Client
 from kvplan.bench.workload import RequestSpec
 
 READ_BUFSIZE = 1 << 24  # 16 MiB per connection; SSE lines of a 128k-token context fit
@@ -212,13 +213,15 @@ def completion_body(spec: RequestSpec, model: str, api: str) -> dict:
     return body
 
 
-async def stream_one(session, url: str, body: dict, rec: RequestRecord, clock: Callable[[], float]) -> None:
-    """Send one streaming request and fill ``rec``; raise ServerGone when the server vanished."""
+async def stream_one(session, url: str, body: dict, rec: RequestRecord, clock: Callable[[], float],
+                     request_kwargs: dict | None = None) -> None:
+    """Send one streaming request and fill ``rec``; raise ServerGone when the server vanished.
+    ``request_kwargs``: headers and proxy of the request (kvplan.bench.client.Client.aio_kwargs)."""
     import aiohttp
 
     rec.sent_s = clock()
     try:
-        async with session.post(url, json=body) as resp:
+        async with session.post(url, json=body, **(request_kwargs or {})) as resp:
             if resp.status != 200:
                 text = (await resp.text())[:300].replace("\n", " ")
                 rec.error = f"HTTP {resp.status}: {text}"
@@ -349,12 +352,14 @@ async def run_closed_loop(
     api_key: str | None = None,
     total_requests: int | None = None,
     duration_s: float | None = None,
+    client: Client | None = None,
 ) -> LoadResult:
     """``concurrency`` streams. With ``requests_per_stream``: each stream sends that many, request
     ``k`` of stream ``s`` being number ``first_index + k * concurrency + s`` of the run. Otherwise
     the streams share a budget of ``total_requests`` (numbered in the order they go out) and/or
     stop sending new requests once ``duration_s`` has passed (requests in flight finish).
     ``api_key`` is sent as ``Authorization: Bearer`` (vLLM's --api-key); it is never part of a record.
+    ``client`` (instead of ``api_key``): the key, extra headers and the proxy decision of the run.
 
     Whatever goes wrong inside one request (a malformed stream, a client error, a bug) makes that
     request a failed one with the reason; it never escapes as an unretrieved task exception."""
@@ -385,7 +390,7 @@ async def run_closed_loop(
         await ctx.run_tasks([asyncio.create_task(stream_worker(s)) for s in range(concurrency)])
 
     return await _run_load(base_url, model, api, concurrency, spec_for, request_timeout_s, stop, on_request_done,
-                           keep_alive, api_key, body)
+                           keep_alive, client or Client(api_key=api_key), body)
 
 
 async def run_open_loop(
@@ -405,6 +410,7 @@ async def run_open_loop(
     on_request_done: Callable[[RequestRecord], None] | None = None,
     keep_alive: bool = False,
     api_key: str | None = None,
+    client: Client | None = None,
 ) -> LoadResult:
     """Requests at ``rate`` per second (see ``arrival_times``), each sent at its scheduled time, or
     when one of ``max_concurrency`` slots frees up; latencies still count from the scheduled time
@@ -437,15 +443,16 @@ async def run_open_loop(
             await ctx.run_tasks(tasks)
 
     return await _run_load(base_url, model, api, limit, spec_for, request_timeout_s, stop, on_request_done,
-                           keep_alive, api_key, body)
+                           keep_alive, client or Client(api_key=api_key), body)
 
 
 class _LoadContext:
     """What the closed and the open loop share: the session, the clock, one request, the stop."""
 
     def __init__(self, session, url: str, model: str, api: str, spec_for, stop: StopSignal, records: list,
-                 clock, on_request_done) -> None:
+                 clock, on_request_done, request_kwargs: dict | None = None) -> None:
         self.session, self.url, self.model, self.api = session, url, model, api
+        self.request_kwargs = request_kwargs or {}
         self.spec_for, self.stop, self.records, self.clock = spec_for, stop, records, clock
         self.on_request_done = on_request_done
 
@@ -455,7 +462,8 @@ class _LoadContext:
         try:
             spec = self.spec_for(number)
             rec.index, rec.max_tokens = spec.index, spec.max_tokens
-            await stream_one(self.session, self.url, completion_body(spec, self.model, self.api), rec, self.clock)
+            await stream_one(self.session, self.url, completion_body(spec, self.model, self.api), rec, self.clock,
+                             self.request_kwargs)
         except ServerGone as exc:
             self.stop.stop(f"the server went away ({exc})")
         except Exception as exc:  # noqa: BLE001 - one request's failure, recorded as such
@@ -487,15 +495,11 @@ class _LoadContext:
 
 
 async def _run_load(base_url, model, api, connections, spec_for, request_timeout_s, stop, on_request_done,
-                    keep_alive, api_key, body) -> LoadResult:
+                    keep_alive, client: Client, body) -> LoadResult:
     import aiohttp
 
-    from kvplan.bench.engine import auth_headers, split_credentials
-
     path = "/v1/chat/completions" if api == "chat" else "/v1/completions"
-    base_url, basic = split_credentials(base_url)
-    url = base_url.rstrip("/") + path
-    headers = auth_headers(api_key, basic)
+    url, request_kwargs = client.aio_kwargs(base_url.rstrip("/") + path)
     stop = stop or StopSignal()
     records: list[RequestRecord] = []
     t0 = time.perf_counter()
@@ -509,8 +513,9 @@ async def _run_load(base_url, model, api, connections, spec_for, request_timeout
     # sending). A loopback connect costs ~0.1 ms and counts in TTFT, as it does for a new user.
     connector = aiohttp.TCPConnector(limit=connections, limit_per_host=connections, force_close=not keep_alive)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=request_timeout_s)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as session:
-        ctx = _LoadContext(session, url, model, api, spec_for, stop, records, clock, on_request_done)
+    # trust_env stays off: the proxy is the one Client.aio_kwargs chose, as for urllib (kvplan.bench.client).
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False) as session:
+        ctx = _LoadContext(session, url, model, api, spec_for, stop, records, clock, on_request_done, request_kwargs)
         await body(ctx)
     for rec in records:
         if rec.end_s is None and rec.error is None:

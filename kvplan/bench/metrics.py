@@ -231,8 +231,9 @@ def preempted(preemptions) -> bool:
 MAX_METRICS_BYTES = 64 * 1024 * 1024  # a /metrics larger than this is not read
 
 
-async def fetch_text(session, url: str) -> str:
-    async with session.get(url) as resp:
+async def fetch_text(session, url: str, request_kwargs: dict | None = None) -> str:
+    """GET ``url`` as text (at most MAX_METRICS_BYTES); ``request_kwargs``: headers and proxy (Client.aio_kwargs)."""
+    async with session.get(url, **(request_kwargs or {})) as resp:
         if resp.status != 200:
             raise RuntimeError(f"GET {url}: HTTP {resp.status}")
         if (resp.content_length or 0) > MAX_METRICS_BYTES:
@@ -249,21 +250,27 @@ async def fetch_text(session, url: str) -> str:
         return b"".join(parts).decode("utf-8", errors="replace")
 
 
-def _session(timeout_s: float, api_key: str | None, base_url: str):
+def _session(timeout_s: float, client, base_url: str):
+    """(session, /metrics URL without credentials, its request kwargs): the run's headers and proxy
+    (kvplan.bench.client); aiohttp's trust_env stays off, the proxy is the Client's decision."""
     import aiohttp
 
-    from kvplan.bench.engine import auth_headers, split_credentials
-
-    url, basic = split_credentials(base_url)
-    return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s),
-                                 headers=auth_headers(api_key, basic)), url.rstrip("/") + "/metrics"
+    url, kwargs = client.aio_kwargs(base_url.rstrip("/") + "/metrics")
+    return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s), trust_env=False), url, kwargs
 
 
-async def scrape_once(base_url: str, timeout_s: float = 10.0, api_key: str | None = None) -> Snapshot:
-    """One full scrape (its own session); parsed in a worker thread."""
-    session, url = _session(timeout_s, api_key, base_url)
+def _client(client, api_key: str | None):
+    from kvplan.bench.client import Client
+
+    return client if client is not None else Client(api_key=api_key)
+
+
+async def scrape_once(base_url: str, timeout_s: float = 10.0, api_key: str | None = None, client=None) -> Snapshot:
+    """One full scrape (its own session); parsed in a worker thread. ``client``: a
+    kvplan.bench.client.Client (key, headers, proxy) instead of ``api_key``."""
+    session, url, kwargs = _session(timeout_s, _client(client, api_key), base_url)
     async with session:
-        text = await fetch_text(session, url)
+        text = await fetch_text(session, url, kwargs)
     t = time.perf_counter()
     try:
         return await asyncio.to_thread(parse_metrics, text, t)
@@ -279,15 +286,16 @@ async def scrape_during(
     out: list[Snapshot],
     on_scrape: Callable[[Snapshot], None] | None = None,
     api_key: str | None = None,
+    client=None,
 ) -> None:
     """Fast scrapes of the GAUGES every ``interval_s`` until ``stop`` is set; errors are skipped.
     The text is filtered and parsed in a worker thread: the event loop keeps timestamping tokens."""
-    session, url = _session(max(2.0, 20 * interval_s), api_key, base_url)
+    session, url, kwargs = _session(max(2.0, 20 * interval_s), _client(client, api_key), base_url)
     async with session:
         while not stop.is_set():
             start = time.perf_counter()
             try:
-                text = await fetch_text(session, url)
+                text = await fetch_text(session, url, kwargs)
                 snap = await asyncio.to_thread(parse_metrics, text, start - t0, GAUGES)
                 out.append(snap)
                 if on_scrape:

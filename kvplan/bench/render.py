@@ -1,4 +1,4 @@
-"""Offline: read finished runs (kvplan's own, or `vllm bench serve` results) and write their reports
+"""Offline: read finished runs (kvplan's own, `vllm bench serve` results or GuideLLM reports) and write their reports
 again. Never starts an engine nor opens a connection."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def finished_run(path: Path) -> bool:
 
 def load_summary(path: Path) -> Any:
     """A kvplan run folder (summary.json) or a `vllm bench serve` result / folder of results."""
-    from kvplan.bench.external import is_vllm_result, read_vllm_results
+    from kvplan.bench.external import read_external
     from kvplan.bench.runner import BenchSummary
     from kvplan.paths import load_user_json
 
@@ -36,15 +36,12 @@ def load_summary(path: Path) -> Any:
                               f"({str(exc).splitlines()[0][:200]})") from None
         return summary.model_copy(update={"run_dir": str(path)})
     if path.is_file() and path.suffix == ".json":
-        data = load_user_json(path)
-        if is_vllm_result(data):
-            return read_vllm_results(path)
-        raise KvplanError(f"{path}: neither a kvplan bench summary nor a `vllm bench serve` result")
+        return read_external(path)
     if path.is_dir():
         if (path / st.RUN_FILE).is_file():
             raise KvplanError(f"{path}: the run has no summary.json yet (no point finished, or it is still running)",
                               "continue it with kvplan bench --resume")
-        return read_vllm_results(path)
+        return read_external(path)
     raise KvplanError(f"{path}: no such run folder or file")
 
 

@@ -152,6 +152,10 @@ def markdown(summary: Any) -> str:
         lines.append(f"- engine: `{s.engine_command}`")
     else:
         lines.append(f"- server: {s.base_url} (attached)")
+    if getattr(s, "headers", None):
+        lines.append(f"- request headers: {', '.join(s.headers)} (values never stored)")
+    if getattr(s, "proxy", None):
+        lines.append(f"- proxy: {s.proxy} (from the environment; every request, probe and scrape went through it)")
     lines.append(f"- status: {s.status}" + (f" ({s.error})" if s.error and s.status != "complete" else ""))
     lines += ["", "## KV capacity", "", "| | planner | engine reports |", "|---|---:|---:|"]
     p_blocks = planner.get("num_blocks")
@@ -214,6 +218,9 @@ def markdown(summary: Any) -> str:
                   + (f"{best:g} {unit}." if best is not None else "none of the measured loads.")
                   + " Goodput counts requests meeting every SLO on their own (TTFT, TPOT, E2E, and the request's own "
                   "ITL percentile)."]
+        search = getattr(s, "rate_search", None)
+        if search is not None:
+            lines += ["", f"Automatic rate search: {search.describe()}."]
     for pt in s.points:
         where = f"{pt.rate:g} requests/s" if pt.mode == "rate" else f"concurrency {pt.concurrency}"
         for note in pt.notes:

@@ -18,13 +18,13 @@ from pydantic import BaseModel, Field
 
 from kvplan import __version__
 from kvplan.bench import store as st
+from kvplan.bench.client import Client, masked_headers, shown_proxy
 from kvplan.bench.engine import (
     EngineCapacity,
     EngineConfig,
     EngineLauncher,
     capacity_from_cache_info,
     free_port,
-    http_get,
     parse_capacity_log,
 )
 from kvplan.bench.loadgen import RequestRecord, StopSignal, run_closed_loop, run_open_loop, run_stoppable
@@ -34,6 +34,7 @@ from kvplan.bench.stats import describe, sample_warnings
 from kvplan.bench.sweep import (
     Onset,
     PointOutcome,
+    RateSearch,
     Sweep,
     SweepStopped,
     block_rule,
@@ -41,6 +42,7 @@ from kvplan.bench.sweep import (
     fallback_guess,
     first_with,
     measured_label,
+    search_rate,
     waited_for_kv,
 )
 from kvplan.bench.view import NullView
@@ -62,6 +64,35 @@ class BenchFailed(KvplanError):
     exit_code = 1
 
 
+class RateSearchConfig(BaseModel):
+    """``--sweep-rate auto``: where the search starts, when it stops (kvplan.bench.sweep.search_rate)."""
+
+    start: float = 1.0  # requests/s of the first point
+    resolution: float = 0.1  # stop when (first missed - highest met) / highest met <= this
+    max_points: int = 12
+
+
+class RateSearchResult(BaseModel):
+    """What the automatic rate search found: the SLO threshold lies in [highest_meeting_slo, first_missing_slo)."""
+
+    highest_meeting_slo: float | None  # requests/s; null: no measured rate met the SLOs
+    first_missing_slo: float | None  # requests/s; null: every measured rate met them
+    resolved: bool  # the bracket is within the resolution
+    stopped: str  # resolved | max points | met up to the ceiling | missed down to the floor
+    points: int
+    start: float
+    resolution: float
+    max_points: int
+
+    def describe(self) -> str:
+        met = "none" if self.highest_meeting_slo is None else f"{self.highest_meeting_slo:g} requests/s"
+        missed = "none" if self.first_missing_slo is None else f"{self.first_missing_slo:g} requests/s"
+        how = (f"within {self.resolution:.0%}" if self.resolved else f"not resolved to {self.resolution:.0%}: "
+               f"{self.stopped}")
+        return (f"highest rate meeting the SLOs: {met}; first rate missing them: {missed} "
+                f"({how}; {self.points} point{'s' if self.points != 1 else ''} from {self.start:g} requests/s)")
+
+
 class BenchConfig(BaseModel):
     """Everything a run needs; stored in run.json so ``--resume`` can continue it."""
 
@@ -76,6 +107,7 @@ class BenchConfig(BaseModel):
     requests: int | None = None  # requests per point (default DEFAULT_REQUESTS unless duration_s is set)
     duration_s: float | None = None  # per point: no new request after this many seconds
     rates: list[float] | None = None  # open loop: one point per rate (requests/s) instead of concurrencies
+    rate_search: RateSearchConfig | None = None  # open loop: search the highest rate meeting the SLOs
     burstiness: float = 1.0  # open loop: gamma shape of the inter-arrival gaps (1 = Poisson)
     rate_max_concurrency: int | None = None  # open loop: at most this many requests in flight
     slo: dict[str, float] = Field(default_factory=dict)  # SLO key -> seconds (kvplan.bench.slo)
@@ -86,6 +118,7 @@ class BenchConfig(BaseModel):
     max_num_seqs: int | None = None  # the engine's, for the prediction (None: not the limit)
     planner_gpu: str | None = None  # --gpu for the planner's capacity next to the engine's
     deployment: str | None = None  # the kvplan.yaml deployment this run measures
+    header_names: list[str] = Field(default_factory=list)  # --header names (values are never stored)
 
     def engine_config(self) -> EngineConfig | None:
         if self.engine is None:
@@ -189,6 +222,9 @@ class BenchSummary(BaseModel):
     slo: dict[str, float] = Field(default_factory=dict)
     highest_load_meeting_slo: float | None = None  # concurrency or rate; null: none (or no SLO)
     source: str = "kvplan"
+    rate_search: RateSearchResult | None = None  # --sweep-rate auto: what the search found
+    headers: list[str] = Field(default_factory=list)  # extra request headers, values masked: "X-Token: ***"
+    proxy: str | None = None  # the proxy every request went through (credentials masked); null: direct
 
 
 def rule_json(rule: BlockRule | None, exact: bool) -> dict[str, Any] | None:
@@ -222,13 +258,14 @@ class BenchRun:
 
     def __init__(self, cfg: BenchConfig, store: st.RunStore, view: NullView | None = None,
                  previous: list[dict[str, Any]] | None = None, api_key: str | None = None,
-                 expected_model: str | None = None):
+                 expected_model: str | None = None, headers: tuple[tuple[str, str], ...] = ()):
         self.cfg = cfg
-        # Sent as a bearer token by every client request and probe; held here only, never in BenchConfig
-        # (which run.json stores) nor in any file.
-        self.api_key = api_key or None
+        # The key (a bearer token) and --header values go with every client request and probe; held
+        # here only, never in BenchConfig (which run.json stores) nor in any file (kvplan.bench.client).
+        self.client = Client(api_key=api_key or None, headers=tuple(headers))
         self.expected_model = expected_model or None  # --resume: the model the run's points measured
         self.store = store
+        self.store.secrets = tuple(self.client.secrets())  # masked in every file, whatever wrote them
         self.view = view or NullView()
         self.launcher: EngineLauncher | None = None
         self.base_url = cfg.url.rstrip("/") if cfg.url else ""
@@ -250,6 +287,11 @@ class BenchRun:
         self.summary_obj: BenchSummary | None = None
         self.metrics_error: str | None = None  # the server has no readable /metrics
         self.onsets: dict[str, Onset | None] = {"first_kv_wait": None, "first_preemption": None}
+        self.rate_search: RateSearch | None = None
+
+    @property
+    def api_key(self) -> str | None:
+        return self.client.api_key
 
     @property
     def shown_url(self) -> str:
@@ -263,10 +305,14 @@ class BenchRun:
         assert ecfg is not None
         if ecfg.port == 0:  # automatic: a free port now (also on --resume)
             ecfg = dataclasses.replace(ecfg, port=free_port(ecfg.host))
+        # An engine kvplan starts listens on this machine: the probe and the load reach it directly, never
+        # through a proxy of the environment (which could not reach it).
+        self.client = dataclasses.replace(self.client, use_env_proxy=False)
         self.launcher = EngineLauncher(ecfg, self.store.engine_log, startup_timeout_s=self.cfg.startup_timeout_s,
-                                       api_key=self.api_key)
+                                       api_key=self.api_key, headers=self.client.headers)
         self.launcher.start()
-        self.api_key = self.launcher.api_key or self.api_key  # --engine-arg=--api-key=K: the client sends K
+        if self.launcher.api_key:  # --engine-arg=--api-key=K: the client sends K
+            self.client = dataclasses.replace(self.client, api_key=self.launcher.api_key)
         self.base_url = ecfg.base_url
         self.run_info["engine"] = {"pid": self.launcher.pid, "command": self.launcher.command,
                                    "log": st.ENGINE_LOG, "base_url": self.base_url}
@@ -277,20 +323,27 @@ class BenchRun:
         self.view.engine_ready(took)
 
     def _attach(self) -> None:
-        status, _ = http_get(self.base_url + "/v1/models", timeout_s=5, api_key=self.api_key)
+        via = self.client.via(self.base_url)
+        status, _ = self.client.get(self.base_url + "/v1/models", timeout_s=5)
         if status == 0:
-            raise KvplanError(f"nothing answers at {self.shown_url}", "start vLLM there, or check --url (scheme, host, port)")
+            raise KvplanError(f"nothing answers at {self.shown_url}{via}", "start vLLM there, or check --url (scheme, host, port)"
+                              + (" and the proxy (HTTP_PROXY, NO_PROXY)" if via else ""))
         if status in (401, 403):
-            raise KvplanError(f"{self.shown_url}/v1/models answered HTTP {status}: the server wants an API key",
-                              "pass --api-key (or set OPENAI_API_KEY)" if not self.api_key else "check --api-key")
+            hint = ("pass --api-key (or set OPENAI_API_KEY)" if not self.api_key and not self.client.headers
+                    else "check --api-key and --header")
+            raise KvplanError(f"{self.shown_url}/v1/models answered HTTP {status}{via}: the server wants an API key", hint)
+        if status == 407:
+            raise KvplanError(f"the proxy {shown_proxy(self.client.proxy(self.base_url))} answered HTTP 407: it wants "
+                              "credentials", "put them in the proxy URL (HTTP_PROXY=http://user:pass@host:port)")
         if status != 200:
-            raise KvplanError(f"{self.shown_url}/v1/models answered HTTP {status}", "is this a vLLM OpenAI-compatible server?")
-        health, _ = http_get(self.base_url + "/health", timeout_s=5, api_key=self.api_key)
+            raise KvplanError(f"{self.shown_url}/v1/models answered HTTP {status}{via}",
+                              "is this a vLLM OpenAI-compatible server?")
+        health, _ = self.client.get(self.base_url + "/health", timeout_s=5)
         if health not in (200, 404):
-            raise KvplanError(f"{self.shown_url}/health answered HTTP {health}: the engine is not healthy")
+            raise KvplanError(f"{self.shown_url}/health answered HTTP {health}{via}: the engine is not healthy")
 
     def _discover_model(self) -> None:
-        status, body = http_get(self.base_url + "/v1/models", timeout_s=10, api_key=self.api_key)
+        status, body = self.client.get(self.base_url + "/v1/models", timeout_s=10)
         try:
             ids = [m["id"] for m in json.loads(body)["data"]] if status == 200 else []
             ids = [i for i in ids if isinstance(i, str)]
@@ -369,13 +422,21 @@ class BenchRun:
         n = cfg.requests or DEFAULT_REQUESTS
         return max(n, concurrency or 1)  # every stream sends at least once
 
+    @property
+    def rate_mode(self) -> bool:
+        return bool(self.cfg.rates) or self.cfg.rate_search is not None
+
     def load_description(self) -> str:
         cfg = self.cfg
-        if cfg.rates:
+        if self.rate_mode:
             arrivals = "Poisson" if cfg.burstiness == 1 else f"gamma (burstiness {cfg.burstiness:g})"
             text = f"open loop: requests at a fixed rate, {arrivals} arrivals"
             if cfg.rate_max_concurrency:
                 text += f", at most {cfg.rate_max_concurrency} in flight"
+            if cfg.rate_search is not None:
+                rs = cfg.rate_search
+                text += (f"; rates searched for the highest meeting the SLOs (from {rs.start:g} requests/s, doubled "
+                         f"or halved to a bracket, then bisected to {rs.resolution:.0%}, at most {rs.max_points} points)")
         else:
             text = "closed loop: concurrent streams, each sending its next request when the previous one ends"
         if cfg.requests_per_stream:
@@ -411,7 +472,7 @@ class BenchRun:
         before = None
         if self.metrics_error is None:
             try:
-                before = await scrape_once(self.base_url, api_key=self.api_key)
+                before = await scrape_once(self.base_url, client=self.client)
             except Exception as exc:  # noqa: BLE001 - it answered at the start: the server is gone or broken
                 stop.stop(self._dead_reason() or f"cannot read {self.shown_url}/metrics ({type(exc).__name__}: {exc})")
         t0 = time.perf_counter()
@@ -422,7 +483,7 @@ class BenchRun:
             tasks.append(asyncio.create_task(scrape_during(
                 self.base_url, self.cfg.scrape_interval_s, scraping, t0, during,
                 on_scrape=lambda s: self.view.scrape(s.values, s.waiting_by_reason.get("capacity")),
-                api_key=self.api_key)))
+                client=self.client)))
         if self.launcher is not None:
             tasks.append(asyncio.create_task(self._watch_engine(stop)))
         if not stop.is_set() and rate is not None:
@@ -431,14 +492,14 @@ class BenchRun:
                 total_requests=self.point_requests(None), duration_s=self.cfg.duration_s,
                 burstiness=self.cfg.burstiness, max_concurrency=self.cfg.rate_max_concurrency,
                 seed=self.workload.seed + seq, request_timeout_s=self.cfg.request_timeout_s, stop=stop,
-                on_request_done=lambda r: self.view.request_done(r.ok), api_key=self.api_key,
+                on_request_done=lambda r: self.view.request_done(r.ok), client=self.client,
             )
             records, wall, aborted = load.records, load.wall_s, load.aborted
         elif not stop.is_set():
             load = await run_closed_loop(
                 self.base_url, self.model, self.workload.api, concurrency, self.cfg.requests_per_stream,
                 self.workload.request, first_index, self.cfg.request_timeout_s, stop,
-                on_request_done=lambda r: self.view.request_done(r.ok), api_key=self.api_key,
+                on_request_done=lambda r: self.view.request_done(r.ok), client=self.client,
                 total_requests=None if self.cfg.requests_per_stream else self.point_requests(concurrency),
                 duration_s=None if self.cfg.requests_per_stream else self.cfg.duration_s,
             )
@@ -459,7 +520,7 @@ class BenchRun:
         after = None
         if before is not None and not dead:
             try:
-                after = await scrape_once(self.base_url, api_key=self.api_key)
+                after = await scrape_once(self.base_url, client=self.client)
             except Exception:  # noqa: BLE001
                 after = None
         if rate is not None:
@@ -494,6 +555,9 @@ class BenchRun:
                       records: list[RequestRecord], wall: float, aborted: str | None,
                       before: Snapshot | None, during: list[Snapshot], after: Snapshot | None,
                       rate: float | None = None) -> PointResult:
+        for r in records:  # a server may echo a key or header value back in an error body
+            r.error = self.client.scrub(r.error)
+        aborted = self.client.scrub(aborted)
         ok = [r for r in records if r.ok]
         failed = [r for r in records if not r.ok]
         server = summarize(before, during, after).to_json() if before is not None and after is not None else {}
@@ -597,16 +661,21 @@ class BenchRun:
 
         if self.cfg.warmup:
             self._warm_up()
+        if self.cfg.rate_search is not None:
+            rs = self.cfg.rate_search
+            known = {p.rate: bool(p.slo_met) for p in self.points
+                     if p.mode == "rate" and p.rate is not None and p.status == "ok"}
+
+            def meets(rate: float) -> bool:
+                return bool(self._rate_point(rate).slo_met)
+
+            self.rate_search = search_rate(meets, rs.start, rs.resolution, rs.max_points, known)
+            return
         if self.cfg.rates:
             done = {p.rate for p in self.points if p.mode == "rate"}
             for rate in self.cfg.rates:
-                if rate in done:
-                    continue
-                point = self._point(0, rate)
-                if point.status != "ok":
-                    ok = sum(1 for p in self.points if p.status == "ok")
-                    raise BenchFailed(f"the point at {rate:g} requests/s failed: {point.error} "
-                                      f"({ok} finished point{'s' if ok != 1 else ''} kept in {self.store.path})")
+                if rate not in done:
+                    self._rate_point(rate)
             return
         if self.cfg.sweep:
             sweep = Sweep(run_point, max(self.cfg.sweep), known)
@@ -632,6 +701,14 @@ class BenchRun:
         for level in sorted({top, *self.cfg.include_levels}):  # the top of the range (plot), the asked load
             sweep.measure(level)
 
+    def _rate_point(self, rate: float) -> PointResult:
+        point = self._point(0, rate)
+        if point.status != "ok":
+            ok = sum(1 for p in self.points if p.status == "ok")
+            raise BenchFailed(f"the point at {rate:g} requests/s failed: {point.error} "
+                              f"({ok} finished point{'s' if ok != 1 else ''} kept in {self.store.path})")
+        return point
+
     def _warm_up(self) -> None:
         """One unrecorded round below the predicted KV-wait onset: the engine's first batches of a
         new size are slow on some builds (CPU), and a stalled engine also stalls /metrics."""
@@ -642,7 +719,7 @@ class BenchRun:
         self.view.message(f"warm-up: {level} stream{'s' if level != 1 else ''}, not recorded")
         load = run_stoppable(run_closed_loop(
             self.base_url, self.model, self.workload.api, level, 1, self.workload.request, self._next_index,
-            self.cfg.request_timeout_s, api_key=self.api_key))
+            self.cfg.request_timeout_s, client=self.client))
         self._next_index += level
         if load.aborted:
             raise BenchFailed(f"the warm-up failed: {load.aborted}")
@@ -705,11 +782,22 @@ class BenchRun:
             prediction=rule,
             measured=measured,
             points=ordered,
-            load_mode="rate" if self.cfg.rates else "concurrency",
+            load_mode="rate" if self.rate_mode else "concurrency",
+            rate_search=self._rate_search_result(),
             load_description=self.load_description(),
             slo=dict(self.cfg.slo),
             highest_load_meeting_slo=highest_load_meeting(ordered) if self.cfg.slo else None,
+            headers=masked_headers(self.client.headers),
+            proxy=shown_proxy(self.client.proxy(self.base_url)) if self.base_url else None,
         )
+
+    def _rate_search_result(self) -> RateSearchResult | None:
+        rs, found = self.cfg.rate_search, self.rate_search
+        if rs is None or found is None:
+            return None
+        return RateSearchResult(highest_meeting_slo=found.highest_met, first_missing_slo=found.first_missed,
+                                resolved=found.resolved, stopped=found.stopped, points=len(found.measured),
+                                start=rs.start, resolution=rs.resolution, max_points=rs.max_points)
 
     def finish(self, status: str, error: str | None) -> BenchSummary:
         from kvplan.bench.report import write_reports
@@ -729,7 +817,7 @@ class BenchRun:
                 self._start_engine()
             self._discover_model()
             try:
-                snap = run_stoppable(scrape_once(self.base_url, api_key=self.api_key))
+                snap = run_stoppable(scrape_once(self.base_url, client=self.client))
             except Exception as exc:  # noqa: BLE001 - a server without /metrics can still be benched
                 snap = None
                 self.metrics_error = f"{type(exc).__name__}: {exc}"

@@ -54,8 +54,11 @@ def new_run_dir(parent: Path, model: str) -> Path:
 class RunStore:
     """Append-only files of one run folder."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, secrets: tuple[str, ...] = ()):
         self.path = path
+        # Values masked in every file written (API key, --header values, proxy passwords): a server
+        # may echo one back in an error message. Held in memory only (kvplan.bench.client.scrub).
+        self.secrets = tuple(secrets)
 
     @classmethod
     def open_existing(cls, path: Path) -> RunStore:
@@ -68,7 +71,7 @@ class RunStore:
         return self.path / ENGINE_LOG
 
     def write_run(self, data: dict[str, Any]) -> None:
-        _atomic_write(self.path / RUN_FILE, json.dumps(redact_data(data), indent=2, default=str) + "\n")
+        _atomic_write(self.path / RUN_FILE, json.dumps(redact_data(data), indent=2, default=str) + "\n", self.secrets)
 
     def read_run(self) -> dict[str, Any]:
         from kvplan.paths import load_user_json
@@ -79,10 +82,10 @@ class RunStore:
         return data
 
     def append_point(self, point: dict[str, Any]) -> None:
-        _append(self.path / POINTS_FILE, [point])
+        _append(self.path / POINTS_FILE, [point], self.secrets)
 
     def append_requests(self, rows: list[dict[str, Any]]) -> None:
-        _append(self.path / REQUESTS_FILE, rows)
+        _append(self.path / REQUESTS_FILE, rows, self.secrets)
 
     def read_points(self) -> list[dict[str, Any]]:
         """Every complete line of points.jsonl (a torn last line is skipped)."""
@@ -93,16 +96,17 @@ class RunStore:
 
     def write_text(self, name: str, text: str) -> Path:
         target = self.path / name
-        _atomic_write(target, text)
+        _atomic_write(target, text, self.secrets)
         return target
 
 
-def _append(path: Path, rows: list[dict[str, Any]]) -> None:
+def _append(path: Path, rows: list[dict[str, Any]], secrets: tuple[str, ...] = ()) -> None:
     """Append JSON lines: never through a symlink planted in the run folder; a torn last line (a
     crash mid-write) is repaired first, so the new lines are never glued onto it."""
     if not rows:
         return
-    data = "".join(json.dumps(redact_data(row), default=str, separators=(",", ":")) + "\n" for row in rows)
+    data = "".join(_scrub(json.dumps(redact_data(row), default=str, separators=(",", ":")), secrets) + "\n"
+                   for row in rows)
     fd = _open_nofollow(path, os.O_RDWR | os.O_CREAT)
     with os.fdopen(fd, "r+b") as fh:
         end = fh.seek(0, os.SEEK_END)
@@ -154,7 +158,16 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def _scrub(text: str, secrets: tuple[str, ...]) -> str:
+    if not secrets:
+        return text
+    from kvplan.bench.client import scrub
+
+    # A secret as it stands in JSON (escaped) too: a quote or backslash in it is written escaped.
+    return scrub(text, [*secrets, *(json.dumps(s)[1:-1] for s in secrets)])
+
+
+def _atomic_write(path: Path, text: str, secrets: tuple[str, ...] = ()) -> None:
     """Write a whole file by rename: the temporary file is created fresh (never through a planted
     symlink) and the rename replaces a link at ``path`` instead of following it."""
     tmp = path.with_name(path.name + ".tmp")
@@ -162,5 +175,5 @@ def _atomic_write(path: Path, text: str) -> None:
         os.unlink(tmp)
     fd = _open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(redact(text))
+        fh.write(_scrub(redact(text), secrets))
     os.replace(tmp, path)

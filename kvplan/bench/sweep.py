@@ -192,3 +192,113 @@ def first_with(results: dict[int, PointOutcome], event: Callable[[PointOutcome],
             exact = c == 1 or (i > 0 and ok[i - 1] == c - 1)
             return Onset(c, ok[-1], exact)
     return Onset(None, ok[-1] if ok else 0, exact=True)
+
+
+# ---------------------------------------------------------------- the highest rate holding the SLOs
+
+
+@dataclass(frozen=True)
+class RateSearch:
+    """What ``search_rate`` found. The SLO threshold lies in ``[highest_met, first_missed)``."""
+
+    highest_met: float | None  # the highest rate measured meeting the SLOs (None: none did)
+    first_missed: float | None  # the lowest rate measured missing them (None: none did, up to the ceiling)
+    measured: tuple[tuple[float, bool], ...]  # (rate, met) in the order measured (points known before included)
+    stopped: str  # "resolved", "max points", "met up to the ceiling", "missed down to the floor"
+    resolution: float
+
+    @property
+    def resolved(self) -> bool:
+        return self.stopped == "resolved"
+
+
+class _Budget(Exception):
+    pass
+
+
+def _round_rate(rate: float) -> float:
+    """Four significant digits: rates people can read (2.828 rather than 2.8284271247461903)."""
+    return float(f"{rate:.4g}")
+
+
+def search_rate(meets: Callable[[float], bool], start: float = 1.0, resolution: float = 0.1, max_points: int = 12,
+                known: dict[float, bool] | None = None, floor: float = 0.001, ceiling: float = 1e6) -> RateSearch:
+    """The highest request rate meeting the SLOs, assuming a rate that misses them is never followed by a
+    higher one that meets them (monotonic, as queueing makes it).
+
+    Measure ``start``; if it meets the SLOs double the rate until one misses them, else halve it until
+    one meets them (the bracket); then bisect between the highest rate met and the lowest missed until
+    ``(first_missed - highest_met) / highest_met <= resolution``. At most ``max_points`` rates are measured
+    (``known`` ones, e.g. a resumed run's, count and are not measured again); the search never goes
+    below ``floor`` or above ``ceiling``. ``meets(rate)`` runs one point; what it raises ends the search.
+    Pure: the point runner is passed in."""
+    if not start > 0 or not 0 < resolution < 1 or max_points < 1 or not 0 < floor <= start <= ceiling:
+        raise KvplanError("invalid rate search settings",
+                          "a start rate above 0, a resolution between 0 and 1, at least one point")
+    results: dict[float, bool] = {}
+    order: list[tuple[float, bool]] = []
+    known = dict(known or {})
+
+    def measure(rate: float) -> bool:
+        if rate in results:
+            return results[rate]
+        if len(results) >= max_points:
+            raise _Budget
+        met = known[rate] if rate in known else bool(meets(rate))
+        results[rate] = met
+        order.append((rate, met))
+        return met
+
+    lo: float | None = None
+    hi: float | None = None
+    stopped = "resolved"
+    try:
+        rate = _round_rate(start)
+        if measure(rate):
+            lo = rate
+            while hi is None:
+                nxt = _round_rate(lo * 2)
+                if nxt > ceiling:
+                    stopped = "met up to the ceiling"
+                    break
+                if measure(nxt):
+                    lo = nxt
+                else:
+                    hi = nxt
+        else:
+            hi = rate
+            while lo is None:
+                nxt = _round_rate(hi / 2)
+                if nxt < floor:
+                    stopped = "missed down to the floor"
+                    break
+                if measure(nxt):
+                    lo = nxt
+                else:
+                    hi = nxt
+        while lo is not None and hi is not None and (hi - lo) / lo > resolution:
+            mid = _round_rate((lo + hi) / 2)
+            if not lo < mid < hi:
+                break  # the rounding cannot split the bracket further
+            if measure(mid):
+                lo = mid
+            else:
+                hi = mid
+    except _Budget:
+        stopped = "max points"
+    return RateSearch(lo, hi, tuple(order), stopped, resolution)
+
+
+def parse_sweep_rate(text: str) -> str | list[float]:
+    """``--sweep-rate auto`` -> "auto"; ``1,2,4`` -> [1.0, 2.0, 4.0] (sorted, unique)."""
+    import math
+
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise KvplanError(f"invalid --sweep-rate {text!r:.80}", "use auto, or rates in requests/s: 1,2,4,8") from None
+    if not values or any(not math.isfinite(v) or v <= 0 or v > 1e6 for v in values):
+        raise KvplanError("invalid request rate", "rates are requests per second, above 0: 0.5, 2, 8")
+    return sorted(set(values))

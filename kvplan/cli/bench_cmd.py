@@ -29,6 +29,9 @@ Examples:
   kvplan bench --url http://gpu-box:8000 --sweep-rate 1,2,4,8 --requests 200 \
       --slo ttft_p99=500ms,itl_p99=50ms,e2e_p99=10s
 
+  # the highest request rate that holds the SLOs: double from 1 req/s, then bisect to 10%
+  kvplan bench --url http://gpu-box:8000 --sweep-rate auto --slo ttft_p99=500ms,e2e_p99=10s
+
   # continue an interrupted run (a finished one is only re-rendered); print the summary as JSON
   kvplan bench --resume runs/20250101-120000-my-model --json
 """
@@ -75,7 +78,10 @@ def bench(
     duration: Optional[str] = typer.Option(None, "--duration", help="Per point: send no new request after this long (60s, 2min); with --requests, whichever ends first."),
     requests_per_stream: Optional[int] = typer.Option(None, "--requests-per-stream", help="Closed loop: each stream sends exactly this many (instead of --requests)."),
     rate: Optional[float] = typer.Option(None, "--rate", help="Open loop: requests per second (one point)."),
-    sweep_rate: Optional[str] = typer.Option(None, "--sweep-rate", help="Open loop: one point per rate, e.g. 1,2,4,8 (requests/s)."),
+    sweep_rate: Optional[str] = typer.Option(None, "--sweep-rate", help="Open loop: one point per rate, e.g. 1,2,4,8 (requests/s); auto (needs --slo): search the highest rate meeting the SLOs, doubling then bisecting."),
+    rate_start: Optional[float] = typer.Option(None, "--rate-start", help="--sweep-rate auto: the first rate (requests/s, default 1).", show_default=False),
+    rate_resolution: Optional[str] = typer.Option(None, "--rate-resolution", help="--sweep-rate auto: stop when the first rate missing the SLOs is within this of the highest meeting them (default 10%).", show_default=False),
+    rate_points: Optional[int] = typer.Option(None, "--rate-points", help="--sweep-rate auto: at most this many points (default 12).", show_default=False),
     burstiness: float = typer.Option(1.0, "--burstiness", help="Open loop: gamma shape of the arrival gaps (1 = Poisson, < 1 burstier)."),
     slo: Optional[str] = typer.Option(None, "--slo", help="SLOs: ttft_p99=500ms,itl_p99=50ms,e2e_p99=10s (metrics ttft, itl, tpot, e2e; p50/p90/p95/p99/mean; a bare number is ms)."),
     warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="One unrecorded round of requests before the first point."),
@@ -86,6 +92,7 @@ def bench(
     out: Path = typer.Option(Path("runs"), "--out", help="Folder where run folders are made."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue this run folder (its finished points are kept)."),
     api_key: Optional[str] = typer.Option(None, "--api-key", help="The server's API key (vLLM --api-key), sent as 'Authorization: Bearer' by every request; default: $OPENAI_API_KEY. A launched engine gets it too. Never written to the run folder.", show_default=False),
+    header: Optional[list[str]] = typer.Option(None, "--header", "-H", help="Extra request header 'Name: value' (repeatable), sent by the probe, the model discovery, the /metrics scraper and every request (servers behind gateways). Values are secrets: shown as 'Name: ***', never written; --resume asks for them again.", show_default=False),
     check: bool = typer.Option(False, "--check", help="Exit 1 when a measured onset differs from the prediction."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON document."),
 ) -> None:
@@ -115,6 +122,12 @@ def bench(
         raise KvplanError("invalid --api-key: it is empty")
     if api_key is not None and any(c in api_key for c in "\r\n\0"):
         raise KvplanError("invalid --api-key: it holds a line break or NUL")
+    from kvplan.bench.client import parse_headers
+
+    headers = parse_headers(header)
+    if api_key is not None and any(name.lower() == "authorization" for name, _ in headers):
+        raise KvplanError("--api-key and --header 'Authorization: ...' both set the Authorization header",
+                          "pass one of them")
     key = api_key or os.environ.get("OPENAI_API_KEY", "").strip() or None
     if resume is not None:
         if url is None and _finished(resume):  # nothing left to measure: re-render, never start an engine
@@ -127,6 +140,12 @@ def bench(
                 render(summary)
             raise typer.Exit(0)
         store, cfg, previous = resume_state(resume)
+        given = {name.lower() for name, _ in headers}
+        missing = [name for name in cfg.header_names if name.lower() not in given]
+        if missing:
+            raise KvplanError(f"cannot resume {resume}: the run sent --header {', '.join(missing)}, whose values kvplan "
+                              "never stores", "pass " + " ".join(f"--header '{n}: ...'" for n in missing) + " again")
+        cfg = cfg.model_copy(update={"header_names": [name for name, _ in headers]})
         if url:
             cfg = cfg.model_copy(update={"url": url, "engine": None})
         elif cfg.url and "***" in cfg.url:
@@ -134,7 +153,8 @@ def bench(
                               "restate the server with --url")
         elif cfg.engine is not None:
             cfg = _trusted_engine(cfg, resume, engine_prefix, list(engine_arg or []))
-        _run([(store, cfg, previous)], as_json, check, key if cfg.engine is None else api_key, resumed_model(resume))
+        _run([(store, cfg, previous)], as_json, check, key if cfg.engine is None else api_key, resumed_model(resume),
+             headers)
         return
 
     for name, value in (("--num-gpu-blocks-override", blocks_override), ("--block-size", block_size), ("--tp", tp),
@@ -154,10 +174,14 @@ def bench(
     duration_s = None if duration is None else parse_duration(duration, "--duration", bare_unit="s")
     slo_targets = parse_slo(slo)
     rates = _rates(rate, sweep_rate)
+    rate_search = _rate_search(rates, rate_start, rate_resolution, rate_points, slo_targets)
+    if rate_search is not None:
+        rates = None
     check_positive(burstiness, "--burstiness", maximum=1000)
-    if rates is not None and sweep != "auto":
+    open_loop = rates is not None or rate_search is not None
+    if open_loop and sweep != "auto":
         raise KvplanError("--sweep and --rate/--sweep-rate measure different loads", "use one of them per run")
-    if requests_per_stream is not None and rates is not None:
+    if requests_per_stream is not None and open_loop:
         raise KvplanError("--requests-per-stream is for the closed loop", "use --requests or --duration with --rate")
     if requests_per_stream is not None and (requests is not None or duration_s is not None):
         raise KvplanError("--requests-per-stream sizes points by itself", "drop --requests/--duration, or it")
@@ -178,13 +202,14 @@ def bench(
         model=model_name,
         workload=workload,
         sweep=levels,
-        max_concurrency=None if rates is not None else max_concurrency,
+        max_concurrency=None if open_loop else max_concurrency,
         requests_per_stream=requests_per_stream,
         requests=requests,
         duration_s=duration_s,
         rates=rates,
+        rate_search=rate_search,
         burstiness=burstiness,
-        rate_max_concurrency=max_concurrency if rates is not None else None,
+        rate_max_concurrency=max_concurrency if open_loop else None,
         slo=slo_targets,
         warmup=warmup,
         scrape_interval_s=scrape_interval,
@@ -192,16 +217,21 @@ def bench(
         startup_timeout_s=startup_timeout,
         max_num_seqs=max_num_seqs,
         planner_gpu=gpu,
+        header_names=[name for name, _ in headers],
     )
     if url:
         if not url.startswith(("http://", "https://")):
             raise KvplanError(f"invalid --url {redact(url)!r}", "use http://host:port")
         cfg = BenchConfig(url=url, **common)
-        from kvplan.bench.engine import http_get
+        from kvplan.bench.client import Client
 
-        if http_get(url.rstrip("/") + "/v1/models", timeout_s=5, api_key=key)[0] == 0:  # before a run folder exists
-            raise KvplanError(f"nothing answers at {redact(url.rstrip('/'))}", "start vLLM there, or check --url (scheme, host, port)")
-        _run([(st.RunStore(st.new_run_dir(out, model_name or "server")), cfg, [])], as_json, check, key)
+        client = Client(api_key=key, headers=headers)
+        if client.get(url.rstrip("/") + "/v1/models", timeout_s=5)[0] == 0:  # before a run folder exists
+            via = client.via(url)
+            raise KvplanError(f"nothing answers at {redact(url.rstrip('/'))}{via}",
+                              "start vLLM there, or check --url (scheme, host, port)"
+                              + (" and the proxy (HTTP_PROXY, NO_PROXY)" if via else ""))
+        _run([(st.RunStore(st.new_run_dir(out, model_name or "server")), cfg, [])], as_json, check, key, headers=headers)
         return
     if port < 0 or port > 65535:
         raise KvplanError(f"invalid --port {port}")
@@ -225,7 +255,7 @@ def bench(
     )
     if model is not None:
         cfg = BenchConfig(engine=dict(engine, model=model), **common)
-        _run([(st.RunStore(st.new_run_dir(out, model)), cfg, [])], as_json, check, api_key)
+        _run([(st.RunStore(st.new_run_dir(out, model)), cfg, [])], as_json, check, api_key, headers=headers)
         return
     runs = []
     for name, engine_over, workload_over, planner_gpu, level in _spec_deployments(Path("kvplan.yaml")):
@@ -235,26 +265,60 @@ def bench(
             cfg_common["max_num_seqs"] = engine_over["max_num_seqs"]
         cfg = BenchConfig(engine=merged, include_levels=[level] if levels is None else [], deployment=name, **cfg_common)
         runs.append((st.RunStore(st.new_run_dir(out, name)), cfg, []))
-    _run(runs, as_json, check, api_key)
+    _run(runs, as_json, check, api_key, headers=headers)
 
 
-def _rates(rate: Optional[float], sweep_rate: Optional[str]) -> Optional[list[float]]:
-    """--rate R / --sweep-rate 1,2,4 -> sorted rates (requests/s), or None (closed loop)."""
+def _rates(rate: Optional[float], sweep_rate: Optional[str]):
+    """--rate R / --sweep-rate 1,2,4 -> sorted rates (requests/s); --sweep-rate auto -> "auto"; None: closed loop."""
     import math
 
+    from kvplan.bench.sweep import parse_sweep_rate
     from kvplan.errors import KvplanError
 
     if rate is not None and sweep_rate is not None:
         raise KvplanError("--rate and --sweep-rate both given", "use --sweep-rate with one value, or --rate")
     if rate is None and sweep_rate is None:
         return None
-    try:
-        values = [rate] if rate is not None else [float(x) for x in (sweep_rate or "").split(",") if x.strip()]
-    except ValueError:
-        raise KvplanError(f"invalid --sweep-rate {sweep_rate!r:.80}", "use rates in requests/s: 1,2,4,8") from None
-    if not values or any(not math.isfinite(v) or v <= 0 or v > 1e6 for v in values):
+    if sweep_rate is not None:
+        return parse_sweep_rate(sweep_rate)
+    if not math.isfinite(rate) or rate <= 0 or rate > 1e6:
         raise KvplanError("invalid request rate", "rates are requests per second, above 0: 0.5, 2, 8")
-    return sorted(set(values))
+    return [rate]
+
+
+def _rate_search(rates, start: Optional[float], resolution: Optional[str], points: Optional[int], slo: dict):
+    """--sweep-rate auto and its settings -> a RateSearchConfig (None: no search)."""
+    from kvplan.bench.runner import RateSearchConfig
+    from kvplan.errors import KvplanError
+    from kvplan.units import check_positive
+
+    if rates != "auto":
+        given = [n for n, v in (("--rate-start", start), ("--rate-resolution", resolution), ("--rate-points", points))
+                 if v is not None]
+        if given:
+            raise KvplanError(f"{given[0]} is for --sweep-rate auto")
+        return None
+    if not slo:
+        raise KvplanError("--sweep-rate auto searches for the highest rate meeting the SLOs, and none are given",
+                          "add --slo, e.g. --slo ttft_p99=500ms,e2e_p99=10s")
+    cfg = RateSearchConfig()
+    if start is not None:
+        check_positive(start, "--rate-start", maximum=1e6)
+        cfg.start = start
+    if resolution is not None:
+        text = resolution.strip()
+        try:
+            value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+        except ValueError:
+            value = float("nan")
+        if not 0 < value < 1:
+            raise KvplanError(f"invalid --rate-resolution {resolution!r:.40}", "a fraction or a percentage: 0.1, 10%")
+        cfg.resolution = value
+    if points is not None:
+        if not 1 <= points <= 100:
+            raise KvplanError(f"invalid --rate-points {points}", "between 1 and 100")
+        cfg.max_points = points
+    return cfg
 
 
 def _finished(run_dir: Path) -> bool:
@@ -328,7 +392,8 @@ def _spec_deployments(path: Path) -> list[tuple[str, dict, dict, str | None, int
     return out
 
 
-def _run(runs: list, as_json: bool, check: bool, api_key: str | None = None, expected_model: str | None = None) -> None:
+def _run(runs: list, as_json: bool, check: bool, api_key: str | None = None, expected_model: str | None = None,
+         headers: tuple = ()) -> None:
     import signal
 
     from kvplan.bench.runner import BenchRun
@@ -350,7 +415,7 @@ def _run(runs: list, as_json: bool, check: bool, api_key: str | None = None, exp
     exit_code = 0
     for store, cfg, previous in runs:
         view = RichView() if not as_json or _stderr_tty() else NullView()
-        run = BenchRun(cfg, store, view, previous, api_key=api_key, expected_model=expected_model)
+        run = BenchRun(cfg, store, view, previous, api_key=api_key, expected_model=expected_model, headers=headers)
         try:
             summary = run.execute()
         except KeyboardInterrupt:
@@ -406,6 +471,10 @@ def render(summary) -> None:
         else:
             console.print(f"  {name}: measured {measured}")
     rate_mode = getattr(summary, "load_mode", "concurrency") == "rate"
+    client = [f"headers {', '.join(summary.headers)}"] if summary.headers else []
+    client += [f"through the proxy {summary.proxy}"] if summary.proxy else []
+    if client:
+        console.print(f"[dim]requests: {esc('; '.join(client))}[/]")
     if getattr(summary, "load_description", None):
         console.print(f"[dim]load: {esc(summary.load_description)}; latencies from the scheduled send time[/]")
     table = Table(show_edge=False, pad_edge=False)
@@ -447,6 +516,8 @@ def render(summary) -> None:
         unit = "requests/s" if rate_mode else "streams"
         console.print(f"SLOs {esc(describe_slo(summary.slo))}: highest load meeting them "
                       f"{'none' if best is None else f'{best:g} {unit}'}")
+        if summary.rate_search is not None:
+            console.print(f"rate search: {esc(summary.rate_search.describe())}")
         for p in summary.points:
             if p.goodput_share is not None:
                 console.print(f"  {f'{p.rate:g} req/s' if rate_mode else f'c={p.concurrency}'}: "

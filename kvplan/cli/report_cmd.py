@@ -94,7 +94,8 @@ def apply_slo(summary, path: Path, slo: dict[str, float]):
                           goodput_req_s=round(len(good) / p.wall_s, 4) if p.wall_s else None,
                           goodput_tok_s=round(sum(r.output_tokens for r in good) / p.wall_s, 2) if p.wall_s else None)
         points.append(p.model_copy(update=update))
-    return summary.model_copy(update={"points": points, "slo": dict(slo),
+    # An automatic rate search aimed at the run's own SLOs: its bracket says nothing about these.
+    return summary.model_copy(update={"points": points, "slo": dict(slo), "rate_search": None,
                                       "highest_load_meeting_slo": highest_load_meeting(points)})
 
 
@@ -125,6 +126,8 @@ def _print(summaries, html: Optional[Path]) -> None:
         if getattr(s, "slo", None):
             best = s.highest_load_meeting_slo
             console.print(f"highest load meeting the SLOs: {'none' if best is None else f'{best:g}'}")
+            if getattr(s, "rate_search", None) is not None:
+                console.print(f"rate search: {esc(s.rate_search.describe())}")
         if any(p.warnings for p in s.points):
             console.print("[yellow]! p99 from fewer than 100 samples: see the warnings in report.md[/]")
     if html is not None:

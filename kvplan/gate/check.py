@@ -21,6 +21,10 @@ sub-folders hold one each. Fields read (anything else is ignored):
 A ``vllm bench serve --save-result`` JSON file (or a folder of them) is read too (kvplan.bench.external):
 it shows latency percentiles at its load (``max_concurrency`` or ``request_rate``), so it gates ``slo:``;
 it cannot show preemptions (vLLM's client never reads /metrics), so it proves nothing about them.
+So is a GuideLLM benchmarks report (``guidellm benchmark --output-path benchmarks.json``, or a folder holding
+it): TTFT/ITL/TPOT/E2E percentiles of each benchmark at its concurrent streams or constant/Poisson rate; no
+KV onsets, no preemption gate (even where its optional server metrics counted preemptions, no sweep searched
+the onset).
 
 SLO gate: a deployment with ``slo:`` and bench evidence is checked at its ``concurrency``: the closed-loop
 point at that concurrency, else the lowest measured above it (more load); each SLO percentile must be
@@ -191,11 +195,12 @@ def _has_vllm_results(path: Path) -> bool:
 
 
 def _read_external(path: Path, raw: str) -> BenchRun:
-    """A `vllm bench serve --save-result` file or folder: latency percentiles, no preemption evidence."""
-    from kvplan.bench.external import read_vllm_results
+    """A `vllm bench serve --save-result` file or folder, or a GuideLLM report: latency percentiles per load,
+    no preemption evidence (kvplan.bench.external)."""
+    from kvplan.bench.external import read_external
 
     try:
-        summary = read_vllm_results(path)
+        summary = read_external(path)
     except KvplanError as exc:
         raise KvplanError(f"--bench {raw}: {exc.message}", exc.hint or "pass a `kvplan bench` run folder") from None
     points = [{"mode": p.mode, "load": p.load, "status": p.status, "ttft": p.ttft, "itl": p.itl, "tpot": p.tpot,
@@ -399,7 +404,8 @@ class Planner:
             first = min(measured) if measured else None
             passed = first is None or first >= d.concurrency
             unfinished = [r.run_dir for r in evidence if r.status != "complete"]
-            cannot = [f"{r.run_dir} ({r.source}): cannot show preemptions" for r in bench if not r.shows_preemption]
+            cannot = [f"{r.run_dir} ({r.source}): cannot show preemptions or KV onsets (client-side latencies only)"
+                      for r in bench if not r.shows_preemption]
             if unfinished and first is None:
                 notes.append("bench: no preemption measured, but these runs did not complete: " + ", ".join(unfinished))
             slo = slo_checks(bench, d.slo, d.concurrency) if d.slo else []

@@ -33,6 +33,8 @@ class FakeBehaviour:
     auth_seen: list = field(default_factory=list)
     requests: int = 0
     bodies: list = field(default_factory=list)
+    seen: list = field(default_factory=list)  # (path, {header: value}) of every request, in order
+    echo_header: str | None = None  # with status != 200: the error message repeats this request header
 
 
 METRICS = """\
@@ -79,7 +81,14 @@ class FakeServer:
 
         self._loop = asyncio.new_event_loop()
         asyncio.set_event_loop(self._loop)
-        app = web.Application()
+        behaviour = self.behaviour
+
+        @web.middleware
+        async def record(request, handler):
+            behaviour.seen.append((request.path, dict(request.headers)))
+            return await handler(request)
+
+        app = web.Application(middlewares=[record])
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/metrics", self._metrics)
@@ -137,7 +146,8 @@ class FakeServer:
         if denied is not None:
             return denied
         if b.status != 200:
-            return web.json_response({"error": {"message": "boom"}}, status=b.status)
+            echo = f" (you sent {request.headers.get(b.echo_header)!r})" if b.echo_header else ""
+            return web.json_response({"error": {"message": "boom" + echo}}, status=b.status)
         body = await request.json()
         b.bodies.append(body)
         b.requests += 1
@@ -168,6 +178,76 @@ class FakeServer:
             return resp
         finally:
             b.in_flight -= 1
+
+
+class CountingProxy:
+    """A forwarding HTTP proxy on 127.0.0.1 (absolute-form requests, as clients send to an HTTP proxy),
+    in a background thread: counts what went through it by path, and keeps each request's
+    Proxy-Authorization. Responses (SSE streams too) are piped back as they arrive."""
+
+    def __init__(self) -> None:
+        self.port = 0
+        self.paths: list[str] = []
+        self.proxy_auth: list[str | None] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+
+    def __enter__(self) -> CountingProxy:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("proxy did not start")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._server.close)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            self._thread.join(10)
+
+    def _run(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self._loop)
+        self._server = self._loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
+        self.port = self._server.sockets[0].getsockname()[1]
+        self._ready.set()
+        self._loop.run_forever()
+
+    async def _handle(self, reader, writer) -> None:
+        from urllib.parse import urlsplit
+
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            lines = head.decode("latin-1").split("\r\n")
+            method, target, version = lines[0].split(" ", 2)
+            headers = [line.split(":", 1) for line in lines[1:] if ":" in line]
+            length = next((int(v) for k, v in headers if k.strip().lower() == "content-length"), 0)
+            body = await reader.readexactly(length) if length else b""
+            url = urlsplit(target)
+            self.paths.append(url.path)
+            self.proxy_auth.append(next((v.strip() for k, v in headers if k.strip().lower() == "proxy-authorization"),
+                                        None))
+            up_reader, up_writer = await asyncio.open_connection(url.hostname, url.port or 80)
+            keep = [(k, v) for k, v in headers if k.strip().lower() not in ("proxy-authorization", "connection",
+                                                                             "proxy-connection", "keep-alive")]
+            out = f"{method} {url.path}{'?' + url.query if url.query else ''} HTTP/1.1\r\n"
+            out += "".join(f"{k}:{v}\r\n" for k, v in keep) + "Connection: close\r\n\r\n"
+            up_writer.write(out.encode("latin-1") + body)
+            await up_writer.drain()
+            while True:
+                data = await up_reader.read(65536)
+                if not data:
+                    break
+                writer.write(data)
+                await writer.drain()
+            up_writer.close()
+        except (OSError, ValueError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,224 @@
+"""How kvplan bench talks to the server: one ``Client`` for the readiness probe, the model
+discovery, the /metrics scraper and the load generator.
+
+- **Auth and headers.** ``Authorization: Bearer KEY`` (``--api-key``), else HTTP basic auth from
+  credentials in the URL, then every ``--header 'Name: value'`` (a header of the same name wins).
+  Keys, header values and URL credentials are secrets: held in memory only (never in BenchConfig,
+  run.json, the summary, a report or the engine log), shown as ``Name: ***``; ``scrub`` masks them
+  wherever a server echoed one back into an error message.
+- **Proxies.** One decision for every component: ``proxy_for(url)`` reads ``HTTP_PROXY`` /
+  ``HTTPS_PROXY`` / ``NO_PROXY`` (either case) with the standard library's own rules
+  (``urllib.request.getproxies`` and ``proxy_bypass``: NO_PROXY entries match a host, a domain
+  suffix, ``host:port``, or ``*``; nothing is bypassed unless NO_PROXY says so, loopback included).
+  urllib (probe, discovery) gets that proxy through an explicit ``ProxyHandler`` and aiohttp
+  (scraper, load) as the ``proxy=`` of each request, so both always agree; aiohttp's own
+  ``trust_env`` is left off (it would also send ~/.netrc credentials, which urllib never does).
+  A server kvplan launched itself is reached directly (``use_env_proxy=False``): it listens on
+  this machine, where a proxy elsewhere cannot reach it. A proxy URL's credentials become a
+  ``Proxy-Authorization`` header and are masked wherever the proxy is shown.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.error
+import urllib.request
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from kvplan.errors import KvplanError
+
+#: RFC 9110 token characters: what a header name may hold.
+_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+#: Headers kvplan (or HTTP itself) must set: a user value would break the requests.
+_RESERVED = {"content-length", "transfer-encoding", "connection", "proxy-authorization"}
+#: Secrets shorter than this are not scrubbed out of text (masking "1" would garble every number).
+MIN_SCRUB = 6
+
+
+def parse_header(text: str, position: int = 1) -> tuple[str, str]:
+    """``'Name: value'`` -> ``('Name', 'value')``. The value is a secret: no error repeats it."""
+    where = f"--header #{position}"
+    name, sep, value = str(text).partition(":")
+    if not sep:
+        raise KvplanError(f"invalid {where}: no colon", "write it as --header 'Name: value'")
+    name = name.strip()
+    if not name:
+        raise KvplanError(f"invalid {where}: the name before the colon is empty", "write it as --header 'Name: value'")
+    if not _TOKEN.match(name) or len(name) > 256:
+        raise KvplanError(f"invalid {where}: the name holds characters a header name cannot",
+                          "letters, digits and !#$%&'*+-.^_`|~ only, then a colon: --header 'X-Token: value'")
+    if any(c in value for c in "\r\n\0"):
+        raise KvplanError(f"invalid --header {name!r}: its value holds a line break or NUL",
+                          "a header is one line: pass the value without CR/LF")
+    if name.lower() in _RESERVED:
+        raise KvplanError(f"invalid --header {name!r}: kvplan's HTTP client sets it", "drop this header")
+    return name, value.strip(" \t")
+
+
+def parse_headers(values: Iterable[str] | None) -> tuple[tuple[str, str], ...]:
+    """Every ``--header`` in order; the same name twice (any case) is refused."""
+    out: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for i, text in enumerate(values or (), start=1):
+        name, value = parse_header(text, i)
+        if name.lower() in seen:
+            raise KvplanError(f"invalid --header {name!r}: given twice", "pass each header once")
+        seen.add(name.lower())
+        out.append((name, value))
+    return tuple(out)
+
+
+def masked_headers(headers: Iterable[tuple[str, str]]) -> list[str]:
+    """``['Authorization: ***', ...]``: how headers are shown, anywhere."""
+    return [f"{name}: ***" for name, _ in headers]
+
+
+def scrub(text, secrets: Iterable[str]):
+    """``text`` with every secret of at least MIN_SCRUB characters replaced by ``***`` (a server may
+    echo a token back in an error body); anything not a string is returned as is."""
+    if not isinstance(text, str) or not text:
+        return text
+    for secret in sorted({s for s in secrets if s and len(s) >= MIN_SCRUB}, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
+
+
+def _with_scheme(proxy: str) -> str:
+    return proxy if "://" in proxy else "http://" + proxy
+
+
+def proxy_for(url: str) -> str | None:
+    """The proxy the environment asks for ``url`` (``None``: direct), by the standard library's rules,
+    the same for urllib and aiohttp."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return None
+    proxies = urllib.request.getproxies()
+    proxy = proxies.get(parts.scheme)
+    if not proxy or not host:
+        return None
+    netloc = f"{host}:{port}" if port else host
+    if urllib.request.proxy_bypass(netloc) or urllib.request.proxy_bypass(host):
+        return None
+    return _with_scheme(proxy)
+
+
+def shown_proxy(proxy: str | None) -> str | None:
+    """A proxy URL for messages and files: credentials masked."""
+    from kvplan.vllm.startup_log import redact
+
+    return None if proxy is None else redact(proxy)
+
+
+def split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
+    """``http://user:pw@host:port/x`` -> (``http://host:port/x``, (user, pw)); others unchanged."""
+    from urllib.parse import unquote, urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+        if "@" not in parts.netloc:
+            return url, None
+        host = parts.netloc.rpartition("@")[2]
+        user = unquote(parts.username or "")
+        password = unquote(parts.password or "")
+        return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment)), (user, password)
+    except ValueError:
+        return url, None
+
+
+def auth_headers(api_key: str | None, basic: tuple[str, str] | None = None) -> dict[str, str]:
+    """``Authorization: Bearer KEY`` (vLLM's --api-key), else HTTP basic auth from credentials in the URL."""
+    if api_key:
+        return {"Authorization": f"Bearer {api_key}"}
+    if basic is not None:
+        return {"Authorization": _basic(*basic)}
+    return {}
+
+
+def _basic(user: str, password: str) -> str:
+    import base64
+
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+_split_proxy = split_credentials
+
+
+@dataclass(frozen=True)
+class Client:
+    """What every HTTP request of a run carries; see the module docstring. Never stored."""
+
+    api_key: str | None = field(default=None, repr=False)
+    headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    use_env_proxy: bool = True
+
+    def request(self, url: str) -> tuple[str, dict[str, str], str | None]:
+        """(url without credentials, headers to send, proxy URL or None) for one request to ``url``."""
+        bare, basic = split_credentials(url)
+        headers = auth_headers(self.api_key, basic)
+        for name, value in self.headers:
+            for old in [k for k in headers if k.lower() == name.lower()]:
+                del headers[old]
+            headers[name] = value
+        return bare, headers, proxy_for(bare) if self.use_env_proxy else None
+
+    def proxy(self, url: str) -> str | None:
+        return self.request(url)[2]
+
+    def via(self, url: str) -> str:
+        """' (through proxy http://***@p:3128)' when ``url`` goes through a proxy, else ''."""
+        proxy = self.proxy(url)
+        return f" (through the proxy {shown_proxy(proxy)})" if proxy else ""
+
+    def secrets(self) -> list[str]:
+        """Header values, the key, and the passwords of proxy URLs in the environment."""
+        out = [v for _, v in self.headers]
+        if self.api_key:
+            out.append(self.api_key)
+        for proxy in urllib.request.getproxies().values() if self.use_env_proxy else ():
+            basic = _split_proxy(_with_scheme(proxy))[1]
+            if basic and basic[1]:
+                out.append(basic[1])
+        return out
+
+    def scrub(self, text):
+        return scrub(text, self.secrets())
+
+    def get(self, url: str, timeout_s: float = 2.0) -> tuple[int, str]:
+        """(status, body) of a GET with urllib; status 0 when nothing answered."""
+        bare, headers, proxy = self.request(url)
+        if proxy:
+            proxy_url, proxy_basic = _split_proxy(proxy)
+            if proxy_basic:
+                headers = dict(headers, **{"Proxy-Authorization": _basic(*proxy_basic)})
+            handler = urllib.request.ProxyHandler({"http": proxy_url, "https": proxy_url})
+        else:
+            handler = urllib.request.ProxyHandler({})
+        opener = urllib.request.build_opener(handler)
+        request = urllib.request.Request(bare, headers=headers)
+        try:
+            with opener.open(request, timeout=timeout_s) as resp:
+                return resp.status, resp.read().decode(errors="replace")
+        except urllib.error.HTTPError as exc:
+            return exc.code, ""
+        except (urllib.error.URLError, OSError, ValueError):
+            return 0, ""
+
+    def aio_kwargs(self, url: str) -> tuple[str, dict]:
+        """(bare url, keyword arguments of session.get/post: headers, proxy, proxy_auth)."""
+        bare, headers, proxy = self.request(url)
+        kwargs: dict = {"headers": headers}
+        if proxy:
+            import aiohttp
+
+            proxy_url, basic = _split_proxy(proxy)
+            kwargs["proxy"] = proxy_url
+            if basic:
+                kwargs["proxy_auth"] = aiohttp.BasicAuth(basic[0], basic[1])
+        return bare, kwargs
