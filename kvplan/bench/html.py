@@ -227,6 +227,13 @@ def html_report(summaries: list[Any], title: str | None = None) -> str:
     for i, s in enumerate(runs):
         body.append(f"<h2>{escape(_run_name(s, i))}: points</h2>")
         body.append(_points_table(s))
+        search = getattr(s, "rate_search", None)
+        if search is not None:
+            body.append(f"<p>Automatic rate search: {escape(search.describe())}.</p>")
+        if getattr(s, "headers", None):  # names with masked values: the values are never stored
+            body.append(f"<p>Request headers: {escape(', '.join(s.headers))} (values never stored).</p>")
+        if getattr(s, "proxy", None):
+            body.append(f"<p>Proxy (from the environment): {escape(s.proxy)}.</p>")
         if getattr(s, "notes", None):
             body += [f"<p>{escape(n)}</p>" for n in s.notes]
     body.append(f"<p>{escape(DEFINITIONS)}</p>")

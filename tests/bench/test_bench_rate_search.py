@@ -135,3 +135,5 @@ def test_cli_search_against_the_fake_server(tmp_path):
     report = (next(tmp_path.iterdir()) / "report.md").read_text()
     assert "Automatic rate search: highest rate meeting the SLOs: " in report
     assert f"first rate missing them: {search['first_missing_slo']:g} requests/s" in report
+    html = (next(tmp_path.iterdir()) / "report.html").read_text()
+    assert "Automatic rate search: highest rate meeting the SLOs: " in html
