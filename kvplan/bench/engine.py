@@ -69,6 +69,14 @@ class EngineConfig:
     max_num_batched_tokens: int | None = None
     enable_prefix_caching: bool | None = None
     enforce_eager: bool = False
+    # The other engine arguments kvplan writes (kvplan.vllm.args.ENGINE_FLAGS), so a deployment's
+    # settings reach the engine whole.
+    data_parallel_size: int | None = None
+    language_model_only: bool | None = None
+    disable_hybrid_kv_cache_manager: bool | None = None
+    async_scheduling: bool | None = None
+    mamba_ssm_cache_dtype: str | None = None
+    decode_context_parallel_size: int | None = None
     extra_args: tuple[str, ...] = ()
     engine_cmd: tuple[str, ...] = ()  # replaces the launcher prefix (`python -m ...`)
     env: tuple[tuple[str, str], ...] = ()
@@ -108,7 +116,7 @@ def build_command(cfg: EngineConfig, prefix: list[str]) -> list[str]:
     cmd = list(prefix) + ["--model", cfg.model, "--host", cfg.host, "--port", str(cfg.port)]
     if cfg.served_model_name:
         cmd += ["--served-model-name", cfg.served_model_name]
-    cmd += to_vllm_args({field: getattr(cfg, field) for field in ENGINE_FIELDS if hasattr(cfg, field)})
+    cmd += to_vllm_args({field: getattr(cfg, field) for field in ENGINE_FIELDS})
     cmd += list(cfg.extra_args)
     return cmd
 

@@ -362,24 +362,15 @@ def _spec_deployments(path: Path) -> list[tuple[str, dict, dict, str | None, int
 
     if not path.is_file():
         raise KvplanError("no MODEL given and no ./kvplan.yaml here", "pass a model, --url, or --resume RUN_DIR")
+    from kvplan.deploy import select_gpus
     from kvplan.gate.spec import load_spec
+    from kvplan.vllm.args import engine_values
 
     out = []
     for entry in load_spec(path).entries:
         d = entry.deployment
-        engine = {
-            "model": d.model,
-            "max_model_len": d.context,
-            "tensor_parallel_size": d.tp,
-            "pipeline_parallel_size": d.pp if d.pp != 1 else None,
-            "kv_cache_dtype": None if d.kv_cache_dtype == "auto" else d.kv_cache_dtype,
-            "gpu_memory_utilization": d.gpu_memory_utilization,
-            "kv_cache_memory_bytes": d.kv_cache_memory,
-            "block_size": d.block_size,
-            "max_num_seqs": d.max_num_seqs,
-            "max_num_batched_tokens": d.max_num_batched_tokens,
-            "enforce_eager": d.enforce_eager or None,
-        }
+        gpu_count = d.gpus or (select_gpus(d.gpu, None, None).count if d.gpu else 1)
+        engine = {"model": d.model, **engine_values(d.settings(gpu_count))}
         workload: dict = {}
         if d.prompt:
             workload["prompt_tokens"] = d.prompt

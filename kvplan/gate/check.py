@@ -333,7 +333,6 @@ class Planner:
     def evaluate(self, entry: SpecEntry, bench: list[BenchRun]) -> DeploymentResult:
         from kvplan.deploy import plan_deployment, select_gpus
         from kvplan.plan.capacity import blocks_needed, compute_capacity, workload_from
-        from kvplan.plan.schema import Settings
         from kvplan.vllm.rules import rules_for
 
         d = entry.deployment
@@ -343,25 +342,8 @@ class Planner:
         except KvplanError as exc:
             field = "gpu_mem" if d.gpu is None else "gpu"
             raise SpecIssue(self.file, entry.line_of(field), entry.label(field), exc.message, exc.hint) from None
-        tp = d.tp or max(1, gpus.count // d.pp)
         try:
-            settings = Settings(
-                tensor_parallel_size=tp,
-                pipeline_parallel_size=d.pp,
-                kv_cache_dtype=d.kv_cache_dtype,
-                block_size=d.block_size,
-                max_model_len=d.context,
-                gpu_memory_utilization=d.gpu_memory_utilization,
-                kv_cache_memory_bytes=d.kv_cache_memory,
-                max_num_seqs=d.max_num_seqs,
-                max_num_batched_tokens=d.max_num_batched_tokens,
-                enforce_eager=d.enforce_eager,
-                usage_context=d.usage,
-                concurrency=d.concurrency,
-                prompt_tokens=d.prompt,
-                output_tokens=d.output,
-                shared_prefix_tokens=d.shared_prefix,
-            )
+            settings = d.settings(gpus.count)
             # As `kvplan size` plans it (user calibrations from `kvplan calibrate` included).
             plan = plan_deployment(model, gpus, settings, d.vllm_version)
             # The share of the pool the asked load takes, for the margin and the headroom: blocks per

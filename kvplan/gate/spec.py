@@ -169,6 +169,29 @@ class Deployment(BaseModel):
             _check(kv_dtype, value)
         return value
 
+    def settings(self, gpu_count: int):
+        """The deployment as the planner's ``Settings`` (the one settings type; ``gpu_count``: the GPUs
+        its ``gpu``/``gpus`` name, which set the tensor parallel size when ``tp`` is not given)."""
+        from kvplan.plan.schema import Settings
+
+        return Settings(
+            tensor_parallel_size=self.tp or max(1, gpu_count // self.pp),
+            pipeline_parallel_size=self.pp,
+            kv_cache_dtype=self.kv_cache_dtype,
+            block_size=self.block_size,
+            max_model_len=self.context,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            kv_cache_memory_bytes=self.kv_cache_memory,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            enforce_eager=self.enforce_eager,
+            usage_context=self.usage,
+            concurrency=self.concurrency,
+            prompt_tokens=self.prompt,
+            output_tokens=self.output,
+            shared_prefix_tokens=self.shared_prefix,
+        )
+
 
 def _number_or_text(value: Any) -> Any:
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):

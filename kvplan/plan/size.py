@@ -27,7 +27,7 @@ from kvplan.plan.schema import (
     Suggestion,
 )
 from kvplan.units import cdiv, format_bytes, format_tokens
-from kvplan.vllm.args import to_vllm_args
+from kvplan.vllm.args import engine_values, to_vllm_args
 from kvplan.vllm.rules import VllmRules
 
 
@@ -166,28 +166,17 @@ def _table(cap: Capacity, replicas: int, request_tokens: int, concurrency: int,
 def serve_command(model: str, cap: Capacity, replicas: int = 1) -> str:
     """The `vllm serve` line for these settings (one per data-parallel group of GPUs)."""
     s = cap.settings
-    values = {
-        "max_model_len": cap.max_model_len,
-        "data_parallel_size": replicas if replicas > 1 else None,
-        "tensor_parallel_size": s.tensor_parallel_size if s.tensor_parallel_size > 1 else None,
-        "pipeline_parallel_size": s.pipeline_parallel_size if s.pipeline_parallel_size > 1 else None,
-        "kv_cache_memory_bytes": s.kv_cache_memory_bytes or None,
-        # an explicit KV size makes vLLM ignore the utilization: print only the one that counts
-        "gpu_memory_utilization": None if s.kv_cache_memory_bytes else (s.gpu_memory_utilization or None),
-        "kv_cache_dtype": cap.dtype.name if s.kv_cache_dtype != "auto" else None,
-        "block_size": cap.block_size if s.block_size else None,
-        "num_gpu_blocks_override": s.num_gpu_blocks_override or None,
-        "max_num_seqs": (max(s.max_num_seqs or 0, s.concurrency)
-                         if s.max_num_seqs or s.concurrency > cap.limits.max_num_seqs else None),
-        "max_num_batched_tokens": s.max_num_batched_tokens or None,
-        "enforce_eager": s.enforce_eager,
-        "language_model_only": s.language_model_only,
-        "disable_hybrid_kv_cache_manager": s.hybrid_kv_cache_manager is False,
-        "enable_prefix_caching": s.enable_prefix_caching,
-        "async_scheduling": s.async_scheduling,
-        "mamba_ssm_cache_dtype": None if s.mamba_ssm_cache_dtype == "auto" else s.mamba_ssm_cache_dtype,
-        "decode_context_parallel_size": s.decode_context_parallel_size if s.decode_context_parallel_size > 1 else None,
-    }
+    values = engine_values(s)
+    values.update(  # what the plan resolved, where the user's value alone would not say it
+        max_model_len=cap.max_model_len,
+        data_parallel_size=replicas if replicas > 1 else None,
+        # an explicit KV size makes vLLM's budget ignore the utilization: print only the one that counts
+        gpu_memory_utilization=None if s.kv_cache_memory_bytes else (s.gpu_memory_utilization or None),
+        kv_cache_dtype=cap.dtype.name if s.kv_cache_dtype != "auto" else None,
+        block_size=cap.block_size if s.block_size else None,
+        max_num_seqs=(max(s.max_num_seqs or 0, s.concurrency)
+                      if s.max_num_seqs or s.concurrency > cap.limits.max_num_seqs else None),
+    )
     args = ["vllm", "serve", model, *to_vllm_args(values)]
     line = shlex.join(args)
     if s.draft_layers:

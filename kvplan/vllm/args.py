@@ -6,6 +6,10 @@ disagree about a flag's spelling or form."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvplan.plan.schema import Settings
 
 # (EngineArgs field, flag, form). "value": ``--flag V``. "switch": ``--flag`` when true.
 # "bool": ``--flag`` / ``--no-flag`` (vLLM declares these with argparse's BooleanOptionalAction).
@@ -51,6 +55,30 @@ def to_vllm_args(values: Mapping[str, object]) -> list[str]:
         else:
             args.append(flag if value else "--no-" + flag[2:])
     return args
+
+
+def engine_values(s: Settings) -> dict[str, object]:
+    """The vLLM engine arguments a ``Settings`` sets, under vLLM's names; ``None`` leaves vLLM's default.
+    The `vllm serve` line and the bench launcher both start from these."""
+    return {
+        "max_model_len": s.max_model_len,
+        "tensor_parallel_size": s.tensor_parallel_size if s.tensor_parallel_size > 1 else None,
+        "pipeline_parallel_size": s.pipeline_parallel_size if s.pipeline_parallel_size > 1 else None,
+        "kv_cache_memory_bytes": s.kv_cache_memory_bytes,
+        "gpu_memory_utilization": s.gpu_memory_utilization,
+        "kv_cache_dtype": None if s.kv_cache_dtype == "auto" else s.kv_cache_dtype,
+        "block_size": s.block_size,
+        "num_gpu_blocks_override": s.num_gpu_blocks_override,
+        "max_num_seqs": s.max_num_seqs,
+        "max_num_batched_tokens": s.max_num_batched_tokens,
+        "enforce_eager": s.enforce_eager or None,
+        "language_model_only": s.language_model_only or None,
+        "disable_hybrid_kv_cache_manager": True if s.hybrid_kv_cache_manager is False else None,
+        "enable_prefix_caching": s.enable_prefix_caching,
+        "async_scheduling": s.async_scheduling,
+        "mamba_ssm_cache_dtype": None if s.mamba_ssm_cache_dtype == "auto" else s.mamba_ssm_cache_dtype,
+        "decode_context_parallel_size": s.decode_context_parallel_size if s.decode_context_parallel_size > 1 else None,
+    }
 
 
 def _text(value: object) -> str:

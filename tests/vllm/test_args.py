@@ -67,3 +67,25 @@ def test_floats_are_written_exactly_and_unknown_fields_refused():
     assert to_vllm_args({"gpu_memory_utilization": 0.912345678}) == ["--gpu-memory-utilization", "0.912345678"]
     with pytest.raises(ValueError, match="max_tokens"):
         to_vllm_args({"max_tokens": 3})
+
+
+def test_the_bench_launcher_can_carry_every_flag():
+    from dataclasses import fields
+
+    from kvplan.bench.engine import EngineConfig
+
+    assert ENGINE_FIELDS <= {f.name for f in fields(EngineConfig)}
+
+
+def test_a_kvplan_yaml_deployment_reaches_vllm_whole():
+    """kvplan.yaml -> Settings -> engine arguments -> flags -> vLLM's own parser."""
+    from kvplan.gate.spec import Deployment
+    from kvplan.vllm.args import engine_values
+
+    d = Deployment(name="chat", model="org/m", gpu="4xH100", context="32k", kv_cache_dtype="fp8",
+                   gpu_memory_utilization="85%", max_num_seqs=64, enforce_eager=True, block_size=32,
+                   max_num_batched_tokens="8k")
+    parsed = vars(_vllm_parser().parse_args(["--model", "org/m", *to_vllm_args(engine_values(d.settings(4)))]))
+    assert (parsed["max_model_len"], parsed["tensor_parallel_size"], parsed["kv_cache_dtype"]) == (32768, 4, "fp8")
+    assert (parsed["gpu_memory_utilization"], parsed["max_num_seqs"], parsed["block_size"]) == (0.85, 64, 32)
+    assert parsed["max_num_batched_tokens"] == 8192 and parsed["enforce_eager"] is True
