@@ -50,7 +50,7 @@ from kvplan.gate.spec import Spec, SpecEntry, SpecErrors, SpecIssue
 SUMMARY_FILE = "summary.json"
 
 
-class BenchRun(BaseModel):
+class BenchEvidence(BaseModel):
     """What one `kvplan bench` run folder says about preemption."""
 
     run_dir: str
@@ -134,9 +134,9 @@ class CheckReport(BaseModel):
 # --- bench runs -------------------------------------------------------------------------------
 
 
-def read_bench_runs(paths: list[str]) -> list[BenchRun]:
+def read_bench_runs(paths: list[str]) -> list[BenchEvidence]:
     """Read summary.json of each run folder (or of each sub-folder); bad files are exit-2 errors."""
-    runs: list[BenchRun] = []
+    runs: list[BenchEvidence] = []
     for raw in paths:
         path = Path(raw)
         if path.is_file() and path.name != SUMMARY_FILE or (path.is_dir() and not (path / SUMMARY_FILE).is_file()
@@ -156,7 +156,7 @@ def read_bench_runs(paths: list[str]) -> list[BenchRun]:
     return runs
 
 
-def _read_summary(file: Path) -> BenchRun:
+def _read_summary(file: Path) -> BenchEvidence:
     from kvplan.paths import load_user_json
 
     data = load_user_json(file)
@@ -186,7 +186,7 @@ def _read_summary(file: Path) -> BenchRun:
             continue
         points.append({"mode": mode, "load": float(load), "status": row.get("status", "ok"),
                        **{m: row.get(m) if isinstance(row.get(m), dict) else {} for m in ("ttft", "itl", "tpot", "e2e")}})
-    return BenchRun(run_dir=str(file.parent), model=model, deployment=deployment, measured_first_preemption=first,
+    return BenchEvidence(run_dir=str(file.parent), model=model, deployment=deployment, measured_first_preemption=first,
                     status=status, points=points)
 
 
@@ -194,7 +194,7 @@ def _has_vllm_results(path: Path) -> bool:
     return any(path.glob("*.json"))
 
 
-def _read_external(path: Path, raw: str) -> BenchRun:
+def _read_external(path: Path, raw: str) -> BenchEvidence:
     """A `vllm bench serve --save-result` file or folder, or a GuideLLM report: latency percentiles per load,
     no preemption evidence (kvplan.bench.external)."""
     from kvplan.bench.external import read_external
@@ -205,11 +205,11 @@ def _read_external(path: Path, raw: str) -> BenchRun:
         raise KvplanError(f"--bench {raw}: {exc.message}", exc.hint or "pass a `kvplan bench` run folder") from None
     points = [{"mode": p.mode, "load": p.load, "status": p.status, "ttft": p.ttft, "itl": p.itl, "tpot": p.tpot,
                "e2e": p.e2e} for p in summary.points]
-    return BenchRun(run_dir=str(path), model=summary.model, source=summary.source, shows_preemption=False,
+    return BenchEvidence(run_dir=str(path), model=summary.model, source=summary.source, shows_preemption=False,
                     points=points)
 
 
-def slo_checks(runs: list[BenchRun], slo: dict[str, float], concurrency: int) -> list[SloCheck]:
+def slo_checks(runs: list[BenchEvidence], slo: dict[str, float], concurrency: int) -> list[SloCheck]:
     """Each run's closed-loop point at ``concurrency`` (else the lowest above it) against the SLOs."""
     from kvplan.bench.slo import fmt_s, point_checks
 
@@ -254,10 +254,10 @@ def _same_model(a: str, b: str) -> bool:
     return ka[-1] == kb[-1] and (len(ka) == 1 or len(kb) == 1)
 
 
-def match_bench_runs(spec: Spec, runs: list[BenchRun]) -> tuple[dict[str, list[BenchRun]], list[str]]:
+def match_bench_runs(spec: Spec, runs: list[BenchEvidence]) -> tuple[dict[str, list[BenchEvidence]], list[str]]:
     """Deployment name -> its runs; and notes on runs that match no deployment."""
     names = {e.deployment.name for e in spec.entries}
-    by_name: dict[str, list[BenchRun]] = {}
+    by_name: dict[str, list[BenchEvidence]] = {}
     notes: list[str] = []
     for run in runs:
         if run.deployment is not None:
@@ -330,9 +330,9 @@ class Planner:
             raise SpecIssue(self.file, entry.line_of("model"), entry.label("model"), found.message, found.hint)
         return found
 
-    def evaluate(self, entry: SpecEntry, bench: list[BenchRun]) -> DeploymentResult:
+    def evaluate(self, entry: SpecEntry, bench: list[BenchEvidence]) -> DeploymentResult:
         from kvplan.deploy import plan_deployment, select_gpus
-        from kvplan.plan.capacity import blocks_needed, compute_capacity, workload_from
+        from kvplan.plan.capacity import blocks_needed, compute_capacity, request_load
         from kvplan.vllm.rules import rules_for
 
         d = entry.deployment
@@ -350,7 +350,7 @@ class Planner:
             # request come from the KV layout (which no memory term changes), the pool from the plan.
             rules = rules_for(d.vllm_version)
             cap = compute_capacity(model.arch, gpus.device, settings, rules, self.overhead)
-            work = workload_from(settings, cap.max_model_len)
+            work = request_load(settings, cap.max_model_len)
         except KvplanError as exc:
             field = _field_of(exc.message)
             raise SpecIssue(self.file, entry.line_of(field), entry.label(field), exc.message, exc.hint) from None
@@ -450,7 +450,7 @@ class Planner:
         )
 
 
-def check_spec(spec: Spec, bench_runs: list[BenchRun] | None = None) -> CheckReport:
+def check_spec(spec: Spec, bench_runs: list[BenchEvidence] | None = None) -> CheckReport:
     """Plan every deployment; SpecErrors (exit 2) if any cannot be planned (unknown model, ...)."""
     planner = Planner(spec.file)
     by_name, notes = match_bench_runs(spec, bench_runs or [])

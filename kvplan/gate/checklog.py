@@ -31,7 +31,7 @@ PRINT_SLACK = 0.005
 _COUNTED_GPU = re.compile(r"^\s*\d+\s*[x×*]", re.IGNORECASE)  # "2xH100"
 
 
-class Comparison(BaseModel):
+class LogComparison(BaseModel):
     quantity: str
     reported: float | None
     predicted: float | None
@@ -44,7 +44,7 @@ class Comparison(BaseModel):
 class Section(BaseModel):
     mode: str
     gpu: str
-    comparisons: list[Comparison]
+    comparisons: list[LogComparison]
 
 
 class CheckLogResult(BaseModel):
@@ -69,10 +69,10 @@ class CheckLogResult(BaseModel):
 
 def compare(quantity: str, reported: float | None, predicted: float | None, tolerance: float,
             gated: bool = True, slack: float = 0.0, band: tuple[float, float] | None = None,
-            note: str = "") -> Comparison:
+            note: str = "") -> LogComparison:
     """``band``: the predictions at the low and high ends of a rounded input (the printed GiB)."""
     if reported is None or predicted is None:
-        return Comparison(quantity=quantity, reported=reported, predicted=predicted, error_pct=None,
+        return LogComparison(quantity=quantity, reported=reported, predicted=predicted, error_pct=None,
                           within=None, gated=False, note="not in the log" if reported is None else note)
     if reported == 0:
         err = 0.0 if predicted == 0 else float("inf")
@@ -83,7 +83,7 @@ def compare(quantity: str, reported: float | None, predicted: float | None, tole
         within = True
         note = (note + "; " if note else "") + "within the rounding of the printed KV memory"
     pct = round(err * 100, 3) if err != float("inf") else None
-    return Comparison(quantity=quantity, reported=reported, predicted=predicted, error_pct=pct,
+    return LogComparison(quantity=quantity, reported=reported, predicted=predicted, error_pct=pct,
                       within=within, gated=gated, note=note)
 
 
@@ -153,7 +153,7 @@ def _assumed_device(r: StartupReport, notes: list[str]):
 
 
 def _capacity_rows(r: StartupReport, plan, plan_free, tolerance: float, gated: bool,
-                   ends: tuple | None = None, ends_free: tuple | None = None) -> list[Comparison]:
+                   ends: tuple | None = None, ends_free: tuple | None = None) -> list[LogComparison]:
     """Blocks, tokens and concurrency; ``ends``: plans at both ends of the rounded KV memory."""
 
     def band(plans, attr):
@@ -262,7 +262,7 @@ def check_log_text(text: str, log_name: str, tolerance: float = 0.02, gpu: str |
         predicted_starts = _starts(page_plan)
         # Given the same KV memory, whether vLLM starts is page math too: gate it.
         if predicted_starts == r.failed and (r.failed or r.has_capacity):
-            page.comparisons.append(Comparison(
+            page.comparisons.append(LogComparison(
                 quantity="engine starts", reported=0.0 if r.failed else 1.0, predicted=1.0 if predicted_starts else 0.0,
                 error_pct=None, within=False, gated=True,
                 note=f"vLLM {'failed to start' if r.failed else 'started'}; the plan says it "

@@ -478,7 +478,7 @@ def compute_capacity(
 
 
 @dataclass(frozen=True)
-class Workload:
+class RequestLoad:
     """Concurrent identical requests; the tokens each holds at its peak."""
 
     concurrency: int
@@ -486,7 +486,7 @@ class Workload:
     shared_prefix_tokens: int = 0
 
 
-def workload_from(settings: Settings, max_model_len: int) -> Workload:
+def request_load(settings: Settings, max_model_len: int) -> RequestLoad:
     """Prompt + output - 1 tokens: the last sampled token's KV is never written. Without a
     prompt length, a request fills the whole context (vLLM's own concurrency figure)."""
     if settings.prompt_tokens is None:
@@ -501,7 +501,7 @@ def workload_from(settings: Settings, max_model_len: int) -> Workload:
         tokens = settings.prompt_tokens + max(output - 1, 0)
     if settings.shared_prefix_tokens > tokens:
         raise KvplanError(f"--shared-prefix {settings.shared_prefix_tokens:,} is longer than a request ({tokens:,} tokens)")
-    return Workload(settings.concurrency, tokens, settings.shared_prefix_tokens)
+    return RequestLoad(settings.concurrency, tokens, settings.shared_prefix_tokens)
 
 
 def blocks_needed(cap: Capacity, concurrency: int, tokens: int, shared_prefix: int = 0) -> int:

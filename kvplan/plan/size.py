@@ -15,7 +15,7 @@ from kvplan.plan.capacity import (
     compute_capacity,
     max_concurrency_for,
     max_context_for,
-    workload_from,
+    request_load,
 )
 from kvplan.plan.overhead import OverheadModel
 from kvplan.plan.schema import (
@@ -52,7 +52,7 @@ class Verdict:
 def verdict_for(cap: Capacity, replicas: int) -> Verdict:
     """Does the asked concurrency of asked requests fit, and if not, what binds."""
     s = cap.settings
-    work = workload_from(s, cap.max_model_len)
+    work = request_load(s, cap.max_model_len)
     per_replica = cdiv(work.concurrency, replicas)
     if cap.context_too_long:
         return Verdict(
@@ -195,7 +195,7 @@ def _suggestions(
 ) -> list[Suggestion]:
     """What would fit: each a re-plan with one change, its verdict from the planner itself."""
     out: list[Suggestion] = []
-    work = workload_from(settings, cap.max_model_len)
+    work = request_load(settings, cap.max_model_len)
     pool_pinned = settings.num_gpu_blocks_override is not None
     limit = min(cap.max_model_len, cap.arch.max_model_len_limit or cap.max_model_len)
 
@@ -275,7 +275,7 @@ def plan_size(
         raise KvplanError(f"{gpu.count} GPUs do not split into replicas of tp x pp = {world}")
     replicas = gpu.count // world
     cap = compute_capacity(arch, gpu.device, settings, rules, overhead, ref.weights_total)
-    work = workload_from(settings, cap.max_model_len)
+    work = request_load(settings, cap.max_model_len)
     verdict = verdict_for(cap, replicas)
     per_replica = cdiv(work.concurrency, replicas)
     layout = cap.layout

@@ -38,7 +38,7 @@ KV_P90_GOAL_PCT = 10.0
 KV_OF_REQUESTED_GOAL_PCT = 3.0  # issue 11: within 3% of the requested GPU memory on 90% of reports
 
 
-class Comparison(BaseModel):
+class ReportComparison(BaseModel):
     quantity: str  # tokens | blocks | concurrency | available_kv_gib | weights_gib
     predicted: float
     reported: float
@@ -63,11 +63,11 @@ class CaseResult(BaseModel):
     engine: str = "v1"  # the engine of the rules applied: v0 | v1
     hybrid: bool = False
     rounding_bound_pct: float | None = None
-    comparisons: list[Comparison] = []
+    comparisons: list[ReportComparison] = []
     assumptions: list[str] = []
     limits: list[str] = Field([], description="what kvplan's model leaves out for this report")
 
-    def get(self, quantity: str) -> Comparison | None:
+    def get(self, quantity: str) -> ReportComparison | None:
         return next((c for c in self.comparisons if c.quantity == quantity), None)
 
 
@@ -100,15 +100,15 @@ class Validation(BaseModel):
     notes: list[str]
 
 
-def _cmp(quantity: str, predicted: float, reported: float | None) -> Comparison | None:
+def _cmp(quantity: str, predicted: float, reported: float | None) -> ReportComparison | None:
     if reported is None:
         return None
     err = percent_error(predicted, reported)
-    return Comparison(quantity=quantity, predicted=round(predicted, 4), reported=reported,
+    return ReportComparison(quantity=quantity, predicted=round(predicted, 4), reported=reported,
                       error_pct=None if err is None else round(err, 3))
 
 
-def _pool_comparisons(report: Report, cap: Capacity) -> list[Comparison]:
+def _pool_comparisons(report: Report, cap: Capacity) -> list[ReportComparison]:
     """Tokens, blocks and concurrency as that release prints them."""
     out = [
         _cmp("tokens", cap.kv_cache_tokens_reported if cap.num_blocks > 0 else 0, report.reported_kv_tokens),
@@ -168,7 +168,7 @@ def full_result(case: Case, overhead: OverheadModel, loo: OverheadModel | None) 
     assert cap is not None
     st = cap.limiting_stage
     r = case.report
-    comps: list[Comparison] = []
+    comps: list[ReportComparison] = []
     kv = _cmp("available_kv_gib", st.available.bytes / GiB, r.reported_kv_memory_gib)
     if kv is not None:
         low, high = st.available.low / GiB, st.available.high / GiB
