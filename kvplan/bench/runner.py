@@ -924,24 +924,12 @@ def _ignore_signal(signum, frame) -> None:
 def planner_capacity(ecfg: EngineConfig, gpu: str | None, max_num_seqs: int | None) -> dict[str, Any]:
     """What `kvplan size` plans for the same flags: blocks and KV tokens (for the report)."""
     from kvplan.deploy import load_model, plan_deployment, select_gpus
-    from kvplan.plan.schema import Settings
+    from kvplan.vllm.args import settings_from_engine_args
 
     if gpu is None and ecfg.num_gpu_blocks_override is None and ecfg.kv_cache_memory_bytes is None:
         return {"error": "pass --gpu to compare with the planner (the pool is not pinned)"}
     selection = select_gpus(gpu, None, None if gpu else "1TiB")
-    settings = Settings(
-        tensor_parallel_size=ecfg.tensor_parallel_size or 1,
-        pipeline_parallel_size=ecfg.pipeline_parallel_size or 1,
-        kv_cache_dtype=ecfg.kv_cache_dtype or "auto",
-        block_size=ecfg.block_size,
-        max_model_len=ecfg.max_model_len,
-        gpu_memory_utilization=ecfg.gpu_memory_utilization,
-        kv_cache_memory_bytes=ecfg.kv_cache_memory_bytes,
-        num_gpu_blocks_override=ecfg.num_gpu_blocks_override,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=ecfg.max_num_batched_tokens,
-        enforce_eager=ecfg.enforce_eager,
-    )
+    settings = settings_from_engine_args(ecfg, max_num_seqs=max_num_seqs)
     plan = plan_deployment(load_model(ecfg.model, offline=True), selection, settings)
     return {"num_blocks": plan.num_blocks, "kv_cache_tokens": plan.kv_cache_tokens, "block_size": plan.block_size,
             "vllm_version": plan.vllm_version}

@@ -103,21 +103,13 @@ def draft_layers_from_log(r: StartupReport, notes: list[str] | None = None) -> i
 
 def settings_from_log(r: StartupReport, usage: str, kv_memory_bytes: int | None, override: bool = True,
                       draft_layers: int | None = None):
-    from kvplan.plan.schema import Settings
+    from kvplan.vllm.args import settings_from_engine_args
 
-    return Settings(
+    return settings_from_engine_args(
+        r,
         draft_layers=draft_layers_from_log(r) if draft_layers is None else draft_layers,
-        tensor_parallel_size=r.tensor_parallel_size or 1,
-        pipeline_parallel_size=r.pipeline_parallel_size or 1,
-        kv_cache_dtype=r.kv_cache_dtype or "auto",
-        block_size=r.block_size,
-        max_model_len=r.max_model_len,
-        gpu_memory_utilization=r.gpu_memory_utilization,
         kv_cache_memory_bytes=kv_memory_bytes,
         num_gpu_blocks_override=r.num_gpu_blocks_override if override else None,
-        max_num_seqs=r.max_num_seqs,
-        max_num_batched_tokens=r.max_num_batched_tokens,
-        enforce_eager=bool(r.enforce_eager),
         usage_context=usage,
     )
 

@@ -51,7 +51,7 @@ def measure(
     from kvplan.deploy import load_model_from_log, select_gpus
     from kvplan.plan.capacity import compute_capacity
     from kvplan.plan.overhead import load_overhead
-    from kvplan.plan.schema import Settings
+    from kvplan.vllm.args import settings_from_engine_args
     from kvplan.vllm.rules import rules_for
     from kvplan.vllm.startup_log import parse_startup_log
 
@@ -86,19 +86,10 @@ def measure(
         device = replace(device, cuda_total_bytes=int(log.total_memory_gib * GiB), cuda_total_measured=True)
     util = gpu_memory_utilization or log.gpu_memory_utilization
     weights = round(log.weights_gib * GiB)
-    settings = Settings(
-        tensor_parallel_size=log.tensor_parallel_size or 1,
-        pipeline_parallel_size=log.pipeline_parallel_size or 1,
-        kv_cache_dtype=log.kv_cache_dtype or "auto",
-        block_size=log.block_size,
-        max_model_len=log.max_model_len,
-        gpu_memory_utilization=util,
-        max_num_seqs=log.max_num_seqs,
-        max_num_batched_tokens=log.max_num_batched_tokens,
-        enforce_eager=bool(log.enforce_eager),
-        usage_context=usage_context,
-        weights_bytes=weights,
-    )
+    # The budget as vLLM computed it: no pinned KV size or block count, the measured weights.
+    settings = settings_from_engine_args(log, gpu_memory_utilization=util, kv_cache_memory_bytes=None,
+                                         num_gpu_blocks_override=None, enable_prefix_caching=None,
+                                         usage_context=usage_context, weights_bytes=weights)
     cap = compute_capacity(resolved.arch, device, settings, rules, load_overhead())
     st = cap.limiting_stage
     requested_gib = st.requested / GiB

@@ -19,6 +19,7 @@ from kvplan.plan.overhead import OverheadModel
 from kvplan.plan.schema import Settings
 from kvplan.units import GiB
 from kvplan.validate.reports import Report
+from kvplan.vllm.args import settings_from_engine_args
 from kvplan.vllm.rules import NEWEST_KNOWN, VllmRules, rules_for
 
 
@@ -128,14 +129,9 @@ def resolve_case(report: Report, configs_dir: Path | None = None) -> Case:
     usage = cur.usage_context or "serve"
     if cur.usage_context == "llm":
         assumptions.append("offline LLM(): LLM-class scheduler defaults")
-    settings = Settings(
-        tensor_parallel_size=report.tensor_parallel_size or 1,
-        pipeline_parallel_size=report.pipeline_parallel_size or 1,
-        kv_cache_dtype=report.kv_cache_dtype or "auto",
-        block_size=report.block_size,
-        max_model_len=report.max_model_len,
+    settings = settings_from_engine_args(
+        report,
         gpu_memory_utilization=util,
-        enforce_eager=bool(report.enforce_eager),
         usage_context=usage,
         draft_layers=int(getattr(cur, "draft_layers", 0) or 0),
         max_num_seqs=cur.max_num_seqs,

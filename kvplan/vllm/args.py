@@ -81,6 +81,28 @@ def engine_values(s: Settings) -> dict[str, object]:
     }
 
 
+# The engine arguments a source names as vLLM does, and the planner's default when it gives none.
+_READ_BACK = (("tensor_parallel_size", 1), ("pipeline_parallel_size", 1), ("kv_cache_dtype", "auto"),
+              ("block_size", None), ("max_model_len", None), ("gpu_memory_utilization", None),
+              ("kv_cache_memory_bytes", None), ("num_gpu_blocks_override", None), ("max_num_seqs", None),
+              ("max_num_batched_tokens", None), ("enforce_eager", False), ("enable_prefix_caching", None))
+
+
+def settings_from_engine_args(source: object, **extra: object) -> Settings:
+    """The planner's ``Settings`` from anything that names vLLM's engine arguments as vLLM does (a
+    parsed start-up log, a public report, the bench's EngineConfig): the inverse of ``engine_values``.
+    ``extra`` sets what such a source does not carry (usage context, workload, weights) or overrides it."""
+    from kvplan.plan.schema import Settings
+
+    values: dict[str, object] = {}
+    for name, default in _READ_BACK:
+        value = getattr(source, name, None)
+        values[name] = default if value is None else value
+    values["enforce_eager"] = bool(values["enforce_eager"])
+    values.update(extra)
+    return Settings(**values)
+
+
 def _text(value: object) -> str:
     if isinstance(value, float):
         short = f"{value:g}"
