@@ -87,7 +87,7 @@ def fmt_s(seconds: float) -> str:
 
 def request_meets(rec, slo: Mapping[str, float]) -> bool:
     """Does one completed request (a loadgen.RequestRecord) meet every target?"""
-    from kvplan.bench.stats import percentile
+    from kvplan.stats import percentile
 
     if not rec.ok:
         return False

@@ -9,16 +9,15 @@ invented here.
 
 from __future__ import annotations
 
-import difflib
 import json
 import re
-import statistics
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
 from kvplan.errors import KvplanError
 from kvplan.paths import PROFILES_DIR
+from kvplan.stats import median
 from kvplan.units import GiB, MiB, parse_bytes
 
 GPUS_FILE = PROFILES_DIR / "gpus.json"
@@ -103,7 +102,7 @@ def load_catalog(path: str | None = None) -> tuple[dict[str, Device], dict[str, 
         for row in rows
         if row.get("cuda_total_gib") and row.get("memory_mib")
     ]
-    reserve = statistics.median(gaps) if gaps else 0
+    reserve = median(gaps) if gaps else 0
     devices: dict[str, Device] = {}
     aliases: dict[str, str] = {}
     for row in rows:
@@ -140,6 +139,8 @@ def find_device(name: str) -> Device:
                     f"--gpu {name.strip()} names {len(others) + 1} variants: planned as {device.name} "
                     f"(others: {', '.join(others)}); name one, e.g. --gpu {hint}"))
             return device
+    import difflib  # only for a name the catalog does not know
+
     close = difflib.get_close_matches(key, list(aliases), n=3, cutoff=0.6)
     names = list(dict.fromkeys(devices[aliases[c]].name for c in close))
     hint = f"did you mean {', '.join(names)}?" if names else "see `kvplan gpus` for the catalog"

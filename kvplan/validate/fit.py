@@ -37,10 +37,10 @@ from pydantic import BaseModel
 from kvplan.errors import KvplanError
 from kvplan.paths import PROFILES_DIR
 from kvplan.plan.overhead import OVERHEAD_FILE, OverheadModel, overhead_from_dict
+from kvplan.stats import lad_through_origin, median
 from kvplan.units import GiB
 from kvplan.validate.cases import Case, full_budget, resolve_case
 from kvplan.validate.reports import DEFAULT_REPORTS, Report, load_reports
-from kvplan.validate.stats import lad_through_origin, median
 
 # Not fitted (see the module docstring): the planner core's provisional CUDA-graph range.
 CUDAGRAPH_PRIOR_GIB = (0.25, 0.6, 1.5)

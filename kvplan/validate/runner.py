@@ -24,11 +24,11 @@ from pydantic import BaseModel, Field
 from kvplan.errors import KvplanError
 from kvplan.plan.capacity import Capacity
 from kvplan.plan.overhead import OverheadModel, load_overhead
+from kvplan.stats import median, nearest_rank, percent_error
 from kvplan.units import GiB
 from kvplan.validate.cases import Case, full_budget, known_limits, page_math, resolve_case
 from kvplan.validate.fit import build_row, fit_rows
 from kvplan.validate.reports import DEFAULT_REPORTS, Report, load_reports
-from kvplan.validate.stats import median, nearest_rank, percent_error
 
 TOKENS_GOAL_PCT = 0.5  # page math: dense models
 TOKENS_GOAL_HYBRID_PCT = 2.0  # page math: hybrid (several KV groups)

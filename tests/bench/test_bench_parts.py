@@ -18,7 +18,8 @@ from kvplan.bench.engine import (
     port_is_free,
 )
 from kvplan.bench.metrics import Histogram, parse_metrics, summarize
-from kvplan.bench.stats import describe, percentile
+from kvplan.bench.stats import describe
+from kvplan.stats import percentile
 from kvplan.bench.sweep import PointOutcome, Sweep, SweepStopped, first_with, parse_levels, waited_for_kv
 from kvplan.bench.workload import Workload, load_trace
 from kvplan.errors import KvplanError

@@ -11,9 +11,9 @@ import pytest
 
 from kvplan.errors import KvplanError
 from kvplan.plan.overhead import OVERHEAD_FILE
+from kvplan.stats import lad_through_origin, median, nearest_rank, weighted_median
 from kvplan.validate.fit import fit_reports, overhead_document, run_fit, write_overhead
 from kvplan.validate.reports import DEFAULT_REPORTS, load_reports
-from kvplan.validate.stats import lad_through_origin, median, nearest_rank, weighted_median
 
 
 @pytest.fixture(scope="module")
