@@ -3,11 +3,20 @@
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
 
 import typer
 
 from kvplan.cli.common import esc, make_console, print_json, user_errors
+from kvplan.cli.tables import Column, OutputFormat, chosen_format, emit_rows, format_option
+
+
+class ValidateMode(str, Enum):
+    page = "page"
+    full = "full"
+    both = "both"
+
 
 VALIDATE_EXAMPLES = """
 Examples:
@@ -38,10 +47,11 @@ Examples:
 def validate(
     reports: Path | None = typer.Argument(None, help="JSON-lines reports file (default: the shipped public reports)."),
     configs: Path | None = typer.Option(None, "--configs", help="Folder of config.json files (org--name.json or org/name/config.json), tried before the bundled profiles."),
-    mode: str = typer.Option("both", "--mode", help="page (page math from the reported KV memory), full (from GPU and settings), or both."),
+    mode: ValidateMode = typer.Option(ValidateMode.both, "--mode", help="page (page math from the reported KV memory), full (from GPU and settings), or both."),
     fit: bool = typer.Option(False, "--fit", help="Refit the overhead model on the reports and write profiles/overhead.json first."),
     overhead_file: Path | None = typer.Option(None, "--overhead", help="Overhead model JSON to validate (default: profiles/overhead.json)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+    fmt: OutputFormat = format_option(),
 ) -> None:
     """Run the planner on every vLLM start-up report and print predicted vs reported figures.
 
@@ -55,9 +65,8 @@ def validate(
     from kvplan.validate.reports import DEFAULT_REPORTS
     from kvplan.validate.runner import validate as run_validate
 
-    modes = {"both": ("page", "full"), "page": ("page",), "full": ("full",)}.get(mode)
-    if modes is None:
-        raise KvplanError(f"invalid --mode {mode!r}", "use page, full or both")
+    modes = {"both": ("page", "full"), "page": ("page",), "full": ("full",)}[ValidateMode(mode).value]
+    fmt = chosen_format(fmt, as_json)
     if configs is not None and not configs.is_dir():
         raise KvplanError(f"--configs {configs} is not a folder")
     fit_result = None
@@ -65,10 +74,18 @@ def validate(
         fit_result = run_fit(reports, configs)
         written = write_overhead(fit_result, reports or DEFAULT_REPORTS)
         load_overhead.cache_clear()
-        if not as_json:
+        if fmt is OutputFormat.table:
             typer.echo(f"wrote {written}", err=True)
     overhead = load_overhead(str(overhead_file)) if overhead_file else None
-    if as_json:
+    if fmt in (OutputFormat.csv, OutputFormat.markdown):
+        # one row per report, mode and quantity: predicted against reported
+        result = run_validate(reports, configs, overhead, modes)
+        rows = [{"case_id": res.case_id, "model": res.model, "mode": res.mode, "vllm_rules": res.vllm_rules,
+                 "quantity": c.quantity, "predicted": c.predicted, "reported": c.reported, "error_pct": c.error_pct}
+                for res in result.cases for c in res.comparisons]
+        emit_rows(rows, COMPARISON_COLUMNS, fmt)
+        return
+    if fmt is OutputFormat.json:
         result = run_validate(reports, configs, overhead, modes)
         payload = result.model_dump()
         if fit_result is not None:
@@ -83,6 +100,17 @@ def validate(
     if fit_result is not None:
         render_fit(console, fit_result)
     render(console, result)
+
+
+def _number(value: float | None) -> str:
+    return "" if value is None else f"{value:,.4g}"
+
+
+COMPARISON_COLUMNS = [Column("case_id", "case", right=False), Column("model", "model", right=False),
+                      Column("mode", "mode", right=False), Column("vllm_rules", "vLLM rules", right=False),
+                      Column("quantity", "quantity", right=False), Column("predicted", "predicted", _number),
+                      Column("reported", "reported", _number),
+                      Column("error_pct", "error %", lambda v: "" if v is None else f"{v:+.2f}")]
 
 
 def _cell(c, digits: int = 2) -> str:

@@ -43,3 +43,14 @@ def test_the_catalog_figures_reach_every_format():
 def test_two_formats_at_once_or_an_unknown_one_is_bad_input():
     assert "two formats" in invoke("gpus", "--json", "--format", "csv").one_line_error()
     assert "--format" in invoke("models", "--format", "xml").one_line_error()
+
+
+def test_validate_rows_in_csv_and_markdown():
+    rows = list(csv.DictReader(io.StringIO(invoke("validate", "--format", "csv").stdout)))
+    as_json = json.loads(invoke("validate", "--json").stdout)
+    expected = [(case["case_id"], case["mode"], c["quantity"]) for case in as_json["cases"] for c in case["comparisons"]]
+    assert [(r["case_id"], r["mode"], r["quantity"]) for r in rows] == expected and len(rows) > 20
+    # kv001's page math as the report prints it: 1,952 blocks (profiles/reports/vllm-startup-reports.jsonl)
+    assert any(r["case_id"] == "kv001" and r["quantity"] == "blocks" and float(r["reported"]) == 1952 for r in rows)
+    md = invoke("validate", "--format", "markdown").stdout
+    assert md.startswith("| case | model | mode |") and md.count("\n| kv001 |") >= 3
