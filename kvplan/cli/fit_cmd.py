@@ -17,7 +17,12 @@ Examples:
   kvplan fit Qwen/Qwen3-32B --ctx 32k -c 64 --prompt 4k --output 512 --gpus H100,H200,L40S
 
   kvplan fit meta-llama/Llama-3.1-8B --ctx 32k -c 64 --price H100=2.5 --price L40S=0.9 --json
+
+  kvplan fit meta-llama/Llama-3.1-8B --ctx 8k -c 32 --prompt 2k --output 256 --slo ttft_p99=500ms,itl_p99=50ms
 """
+
+#: Deployments simulated at most while looking for ones that meet the SLOs (each takes ~0.1-0.5 s).
+MAX_SLO_SIMULATIONS = 100
 
 
 def _prices(pairs: list[str] | None) -> dict[str, float]:
@@ -51,6 +56,7 @@ def fit(
     kv_dtypes: str = typer.Option("auto,fp8", "--kv-dtypes", help="KV cache dtypes to try.", metavar="LIST"),
     no_pp: bool = typer.Option(False, "--no-pp", help="Do not propose pipeline parallel."),
     top: int = typer.Option(5, "--top", help="How many deployments to show.", metavar="N"),
+    slo: Optional[str] = typer.Option(None, "--slo", help="Keep deployments whose predicted latency meets these (as kvplan bench --slo): ttft_p99=500ms,itl_p99=50ms.", metavar="KEY=VALUE,..."),
     vllm_version: Optional[str] = typer.Option(None, "--vllm-version", help="Accounting rules of this vLLM release (default: newest known).", metavar="VERSION"),
     source: str = typer.Option("auto", "--source", help="auto (local, Hub, bundled), local, hub or bundled.", metavar="auto|local|hub|bundled"),
     offline: bool = typer.Option(False, "--offline", help="Do not contact the Hub."),
@@ -63,10 +69,11 @@ def fit(
     """
     import time
 
+    from kvplan.bench.slo import describe_slo, parse_slo, point_checks
     from kvplan.deploy import load_model
     from kvplan.errors import KvplanError
     from kvplan.hardware.catalog import find_device, load_catalog
-    from kvplan.plan.fit import FitRequest, replan, search
+    from kvplan.plan.fit import REQUESTS_PER_STREAM, FitRequest, latency_floor, predict_deployment, replan, search, workload_lengths
     from kvplan.plan.overhead import load_overhead
     from kvplan.plan.size import serve_command, verdict_for
     from kvplan.plan.steptime import model_for, quick_latency
@@ -99,40 +106,84 @@ def fit(
         shared_prefix=0 if shared_prefix is None else parse_tokens(shared_prefix, "shared prefix", allow_zero=True),
         max_gpus=max_gpus, kv_dtypes=dtypes, prices=_prices(price), allow_pp=not no_pp,
     )
+    slo_targets = parse_slo(slo)
+    if slo is not None and not slo_targets:
+        raise KvplanError("--slo is empty", "use key=value pairs: ttft_p99=500ms,itl_p99=50ms")
     resolved = load_model(model, None, source, True if offline else None, {})
     rules = rules_for(vllm_version)
     overhead = load_overhead()
     t0 = time.perf_counter()
     result = search(resolved.arch, devices, req, rules, overhead, resolved.weights_total)
     elapsed = time.perf_counter() - t0
-    shown, seen = [], set()
+    shown, seen, sized = [], set(), set()
+    slo_rejected: dict[str, int] = {}
+    simulated = 0
+    slo_stopped = False
     for cand in result.fitting:
         group = (cand.device.name, cand.tp, cand.pp, cand.dp, cand.kv_dtype)
         same_size = (cand.device.name, cand.gpus, cand.kv_dtype)
-        if group in seen or (cand.pp > 1 and same_size in seen):  # PP only where no TP-only layout fits
+        if group in seen or (cand.pp > 1 and same_size in sized):  # PP only where no TP-only layout fits
             continue
         seen.add(group)
-        seen.add(same_size)
+        if not slo_targets:
+            sized.add(same_size)
         cap = replan(resolved.arch, cand, req, rules, overhead, resolved.weights_total)
         verdict = verdict_for(cap, cand.dp)
         if not verdict.fits:  # the fast path and the full plan disagree: trust the full plan
             continue
-        latency = None
+        latency = predicted = checks = None
         try:
-            out_tokens = req.output or 128
-            prompt_tokens = req.prompt if req.prompt is not None else max(1, cand.ctx - out_tokens)
-            est = quick_latency(model_for(cap), prompt_tokens, out_tokens, -(-concurrency // cand.dp))
+            step_model = model_for(cap)
+        except KvplanError:
+            step_model = None
+        if slo_targets:
+            if step_model is None:
+                slo_rejected["no bandwidth / TFLOP/s in the catalog to predict latency"] = \
+                    slo_rejected.get("no bandwidth / TFLOP/s in the catalog to predict latency", 0) + 1
+                continue
+            prompt_tokens, out_tokens = workload_lengths(req, cand.ctx)
+            floor = latency_floor(step_model, prompt_tokens, out_tokens, cap.limits.max_num_batched_tokens,
+                                  cached=req.shared_prefix)
+            missed = [k for k, target in slo_targets.items() if floor[k.rpartition("_")[0]] > target]
+            if missed:  # even one request alone could not meet it: no need to simulate
+                reason = f"{missed[0]} out of reach (bound)"
+                slo_rejected[reason] = slo_rejected.get(reason, 0) + 1
+                continue
+            if simulated >= MAX_SLO_SIMULATIONS:
+                slo_stopped = True
+                break
+        if step_model is not None:
+            prompt_tokens, out_tokens = workload_lengths(req, cand.ctx)
+            est = quick_latency(step_model, prompt_tokens, out_tokens, -(-concurrency // cand.dp))
             latency = {"ttft_ms": round(est["ttft_s"] * 1000, 1), "tpot_ms": round(est["tpot_s"] * 1000, 2),
                        "e2e_s": round(est["e2e_s"], 2),
                        "output_tokens_per_s": round(est["output_tokens_per_s"] * cand.dp, 1), "source": "prior"}
-        except KvplanError:
-            pass
+            if slo_targets:
+                simulated += 1
+                pred = predict_deployment(cap, req, cand.dp, step_model)
+                checks = point_checks({"ttft": pred.ttft, "itl": pred.itl, "tpot": pred.tpot, "e2e": pred.e2e},
+                                      slo_targets)
+                predicted = pred.to_json()
+                predicted["output_tokens_per_s"] = round(pred.output_tokens_per_s * cand.dp, 2)
+                predicted["requests_per_stream"] = REQUESTS_PER_STREAM
+                predicted["load"] = "steady state: streams started one request's duration apart"
+                failed = [k for k, c in checks.items() if c["met"] is False]
+                if failed:
+                    reason = f"{failed[0]} missed (simulated)"
+                    slo_rejected[reason] = slo_rejected.get(reason, 0) + 1
+                    continue
+        sized.add(same_size)  # (with SLOs: only a TP-only layout that meets them rules out PP of its size)
         shown.append({
             "gpu": cand.device.name, "gpus": cand.gpus, "tensor_parallel_size": cand.tp,
             "pipeline_parallel_size": cand.pp, "data_parallel_size": cand.dp, "kv_cache_dtype": cap.dtype.name,
             "max_model_len": cand.ctx, "headroom": round(cand.headroom, 4), "blocks_needed": cand.blocks_needed,
             "usable_blocks": cand.usable_blocks, "price_per_hour": cand.price_per_hour, "verdict": verdict.reason,
             "latency_estimate": latency,
+            "latency_predicted": predicted,
+            "slo": None if checks is None else {k: {"target_ms": round(c["target"] * 1000, 3),
+                                                     "predicted_ms": None if c["value"] is None
+                                                     else round(c["value"] * 1000, 3), "met": c["met"]}
+                                                 for k, c in checks.items()},
             "vllm_serve_command": serve_command(resolved.config.name, cap, cand.dp),
         })
         if len(shown) >= top:
@@ -141,7 +192,11 @@ def fit(
         "model": resolved.config.name, "model_source": resolved.config.source, "vllm_version": rules.version,
         "ctx": req.ctx, "concurrency": concurrency, "prompt_tokens": req.prompt, "output_tokens": req.output,
         "candidates_evaluated": result.evaluated, "candidates_fitting": len(result.fitting),
-        "search_seconds": round(elapsed, 4), "rejected": result.rejected_reasons, "deployments": shown,
+        "search_seconds": round(elapsed, 4), "rejected": result.rejected_reasons,
+        "slo": {k: round(v * 1000, 3) for k, v in slo_targets.items()} if slo_targets else None,
+        "slo_description": describe_slo(slo_targets) if slo_targets else None,
+        "slo_rejected": slo_rejected, "slo_simulated": simulated, "slo_search_stopped": slo_stopped,
+        "deployments": shown,
     }
     if as_json:
         print_json(payload)
@@ -161,23 +216,42 @@ def _render(p: dict) -> None:
     console.print(f"{esc(p['model'])} ({p['model_source']}), vLLM {p['vllm_version']} rules: {work}, context {p['ctx']:,}")
     console.print(f"Searched {p['candidates_evaluated']:,} candidate deployments in {p['search_seconds']:.2f} s; "
                   f"{p['candidates_fitting']:,} start and fit.")
+    if p.get("slo"):
+        rejected = ", ".join(f"{esc(k)}: {v:,}" for k, v in sorted(p["slo_rejected"].items(), key=lambda kv: -kv[1]))
+        console.print(f"SLOs: {esc(p['slo_description'])}; predicted latency simulated for {p['slo_simulated']} "
+                      f"deployment{'s' if p['slo_simulated'] != 1 else ''}" + (f"; missed: {rejected}" if rejected else "")
+                      + (" (search stopped: simulation limit reached)" if p["slo_search_stopped"] else "") + ".")
+    if not p["deployments"] and p.get("slo") and p["candidates_fitting"]:
+        console.print("NO DEPLOYMENT MEETS THE SLOs within the search (its predicted latency, prior step-time model). "
+                      "Try more GPUs (--max-gpus), a lower concurrency or looser targets.")
+        return
     if not p["deployments"]:
         reasons = ", ".join(f"{k}: {v:,}" for k, v in sorted(p["rejected"].items(), key=lambda kv: -kv[1]))
         console.print(f"NOTHING FITS within the search ({esc(reasons)}). Try more GPUs (--max-gpus), fp8, "
                       "a shorter context or a lower concurrency.")
         return
+    slo_keys = list(p["slo"] or {})
     table = Table(show_header=True, header_style="bold")
-    for col in ("#", "GPUs", "TP", "PP", "DP", "KV dtype", "context", "headroom", "TTFT ms", "TPOT ms", "tok/s", "$/h"):
+    latency_cols = ("TTFT ms", "TPOT ms", "tok/s") if not slo_keys else tuple(f"{k} ms" for k in slo_keys) + ("tok/s",)
+    for col in ("#", "GPUs", "TP", "PP", "DP", "KV dtype", "context", "headroom", *latency_cols, "$/h"):
         table.add_column(col, justify="right" if col not in ("GPUs", "KV dtype") else "left")
     for i, d in enumerate(p["deployments"], 1):
         lat = d["latency_estimate"] or {}
+        if slo_keys:
+            cells = [str((d["slo"] or {}).get(k, {}).get("predicted_ms", "-")) for k in slo_keys]
+            cells.append(str((d["latency_predicted"] or {}).get("output_tokens_per_s", "-")))
+        else:
+            cells = [str(lat.get("ttft_ms", "-")), str(lat.get("tpot_ms", "-")), str(lat.get("output_tokens_per_s", "-"))]
         table.add_row(str(i), f"{d['gpus']} x {esc(d['gpu'])}", str(d["tensor_parallel_size"]),
                       str(d["pipeline_parallel_size"]), str(d["data_parallel_size"]), d["kv_cache_dtype"],
-                      f"{d['max_model_len']:,}", f"{d['headroom']:.0%}", str(lat.get("ttft_ms", "-")),
-                      str(lat.get("tpot_ms", "-")), str(lat.get("output_tokens_per_s", "-")),
+                      f"{d['max_model_len']:,}", f"{d['headroom']:.0%}", *cells,
                       "-" if d["price_per_hour"] is None else f"{d['price_per_hour']:.2f}")
     console.print(table)
-    console.print("Latency: prior step-time estimate (roofline x assumed efficiencies; uncalibrated), TTFT of one "
-                  "prompt alone, TPOT at the asked concurrency per replica.")
+    if slo_keys:
+        console.print("Latency: predicted by the scheduler simulator with the prior step-time model (roofline x "
+                      "assumed efficiencies; uncalibrated), per replica, closed loop of the asked concurrency.")
+    else:
+        console.print("Latency: prior step-time estimate (roofline x assumed efficiencies; uncalibrated), TTFT of one "
+                      "prompt alone, TPOT at the asked concurrency per replica.")
     for i, d in enumerate(p["deployments"], 1):
         console.print(f"{i}. {esc(d['vllm_serve_command'])}", soft_wrap=True, highlight=False)

@@ -215,3 +215,66 @@ def replan(arch: Architecture, cand: Candidate, req: FitRequest, rules: VllmRule
 
 def with_device(cand: Candidate, device: Device) -> Candidate:
     return replace(cand, device=device)
+
+
+# --------------------------------------------------------------------------- predicted latency (SLOs)
+
+#: Percentiles predicted per deployment: every statistic an SLO key can name (kvplan.bench.slo).
+LATENCY_QS = (50, 90, 95, 99)
+#: Requests each stream sends in the simulated closed loop: the start-up wave and one after it.
+REQUESTS_PER_STREAM = 2
+
+
+def workload_lengths(req: FitRequest, ctx: int) -> tuple[int, int]:
+    """(prompt, output) of the simulated requests: the asked ones, or a request filling the context
+    with 128 output tokens when no prompt is given (as `kvplan fit` shows its estimate)."""
+    output = max(1, req.output or 128)
+    prompt = req.prompt if req.prompt is not None else max(1, ctx - output)
+    return prompt, output
+
+
+def latency_floor(model, prompt: int, output: int, token_budget: int, cached: int = 0) -> dict[str, float]:
+    """Seconds no simulated request can beat, whatever else runs (a step only gets longer with more
+    in it: every term of the step-time model is >= 0): TTFT >= its prompt's chunks after the
+    ``cached`` tokens a prefix-cache hit can skip (a shared prefix) each computed alone (+ the
+    request overhead), every ITL and TPOT >= one decode step of one sequence at the
+    prompt's context, E2E >= both. Lets a search skip deployments an SLO rules out without
+    simulating them."""
+    from kvplan.plan.simulate import StepBatch
+
+    ttft, done = 0.0, min(max(0, cached), prompt - 1)
+    budget = max(1, token_budget)
+    while done < prompt:
+        n = min(budget, prompt - done)
+        ttft += model(StepBatch(n, 0, done + n, 1, n * done + n * (n + 1) // 2))
+        done += n
+    decode = model(StepBatch(0, 1, prompt + 1, 1, prompt + 1))
+    ttft += model.request_overhead_s
+    return {"ttft": ttft, "itl": decode, "tpot": decode, "e2e": ttft + max(0, output - 1) * decode}
+
+
+def predict_deployment(cap: Capacity, req: FitRequest, dp: int, model=None):
+    """Simulated latency of one replica of ``cap`` serving its share of the workload, with the
+    step-time prior (or ``model``): a kvplan.plan.steptime.LatencyPrediction with p50/p90/p95/p99
+    and mean; its throughput is the replica's.
+
+    The load: ``ceil(concurrency / dp)`` closed-loop streams of `REQUESTS_PER_STREAM` requests
+    each (the shared prefix counted once), in steady state: the streams' first requests are
+    spread evenly over one request's estimated end-to-end time (`quick_latency`) instead of all
+    arriving at once, as users of a running service do. (`kvplan bench`'s closed loop starts
+    every stream at once; its TTFT tail includes that start-up burst.)"""
+    from kvplan.plan.simulate import Lengths, SchedulerConfig, closed_loop
+    from kvplan.plan.steptime import model_for, predict_latency, quick_latency
+
+    model = model or model_for(cap)
+    prompt, output = workload_lengths(req, cap.max_model_len)
+    streams = -(-req.concurrency // dp)
+    e2e = quick_latency(model, prompt, output, streams)["e2e_s"]
+    gap = e2e / streams if math.isfinite(e2e) else 0.0
+
+    def stagger(number: int) -> float:
+        return number * gap if number < streams else 0.0
+
+    load = closed_loop(streams, Lengths(prompt, output), REQUESTS_PER_STREAM,
+                       shared_prefix_tokens=min(req.shared_prefix, prompt), client_delay=stagger)
+    return predict_latency(SchedulerConfig.from_capacity(cap), load, model, LATENCY_QS, mean=True)

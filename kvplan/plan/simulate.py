@@ -24,11 +24,16 @@ arrivals at a rate):
 Time: every step takes ``step_time(batch)`` (kvplan.plan.steptime; 1.0 per step when not
 given, so times are in steps). A request arriving at time ``t`` is first seen by the step
 that starts at or after ``t``. Closed-loop streams send the next request when the previous
-one finishes (optionally after ``think_time``).
+one finishes (optionally after ``think_time``, and a per-request ``client_delay``).
+
+Client timing: a real client and API server are late by a varying amount (on a busy host, stalls
+of tens to hundreds of steps), which regroups which requests overlap; an onset the lockstep
+simulation predicts can then move by a level from run to run. `timing_verdict` and
+`proven_onsets` tell the onsets no such timing can move from the ones it can.
 
 Not modelled: async scheduling's output placeholders (one step of lookahead on GPUs),
 speculative decoding, sliding-window / recurrent-state groups (full attention only), the
-0.33 watermark, priority scheduling, the API server's own delays.
+0.33 watermark, priority scheduling, the API server's own delays (beyond ``client_delay``).
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from __future__ import annotations
 import math
 import random
 from collections import OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kvplan.errors import KvplanError
@@ -101,7 +106,13 @@ class Load:
     the other; request ``k`` of stream ``s`` is number ``first_index + k * streams + s`` (as
     bench numbers them). ``open``: request ``first_index + i`` arrives at ``arrivals[i]``.
     A request shares its first ``round(shared_prefix * prompt)`` tokens (or
-    ``min(prompt, shared_prefix_tokens)``) with every other request."""
+    ``min(prompt, shared_prefix_tokens)``) with every other request.
+
+    ``client_delay(number)``, when given, is added to request ``number``'s arrival (closed loop:
+    its stream's first send, or the previous request's end plus ``think_time``): the time the
+    client and the API server take before the engine's scheduler sees it. A real client's delay
+    varies from request to request, which reorders arrivals by a step or more;
+    ``onset_margins`` uses it to tell robust onsets from borderline ones."""
 
     lengths: Callable[[int], tuple[int, int]]
     streams: int = 0
@@ -111,6 +122,7 @@ class Load:
     shared_prefix: float = 0.0
     shared_prefix_tokens: int = 0
     think_time: float = 0.0
+    client_delay: Callable[[int], float] | None = None
 
     def __post_init__(self) -> None:
         if self.streams < 0 or self.requests_per_stream < 1:
@@ -132,9 +144,10 @@ class Load:
 
 def closed_loop(streams: int, lengths: Callable[[int], tuple[int, int]], requests_per_stream: int = 1,
                 first_index: int = 0, shared_prefix: float = 0.0, shared_prefix_tokens: int = 0,
-                think_time: float = 0.0) -> Load:
+                think_time: float = 0.0, client_delay: Callable[[int], float] | None = None) -> Load:
     return Load(lengths, streams=streams, requests_per_stream=requests_per_stream, first_index=first_index,
-                shared_prefix=shared_prefix, shared_prefix_tokens=shared_prefix_tokens, think_time=think_time)
+                shared_prefix=shared_prefix, shared_prefix_tokens=shared_prefix_tokens, think_time=think_time,
+                client_delay=client_delay)
 
 
 def poisson_arrivals(rate: float, num_requests: int, seed: int = 0) -> tuple[float, ...]:
@@ -279,8 +292,8 @@ class SimResult:
         """Output tokens per time unit over the run."""
         return self.output_tokens / self.duration if self.duration > 0 else 0.0
 
-    def percentiles(self, metric: str, qs: Sequence[float] = (50, 90, 99)) -> dict[str, float | None]:
-        """p50/p90/p99 of ``ttft``, ``itl``, ``tpot``, ``e2e`` or ``queueing_delay``."""
+    def values(self, metric: str) -> list[float]:
+        """Every request's ``ttft``, ``itl`` (each gap), ``tpot``, ``e2e`` or ``queueing_delay``."""
         values: list[float] = []
         for r in self.requests:
             v = getattr(r, metric)
@@ -288,7 +301,16 @@ class SimResult:
                 values.extend(v)
             elif v is not None:
                 values.append(v)
+        return values
+
+    def percentiles(self, metric: str, qs: Sequence[float] = (50, 90, 99)) -> dict[str, float | None]:
+        """p50/p90/p99 of ``ttft``, ``itl``, ``tpot``, ``e2e`` or ``queueing_delay``."""
+        values = self.values(metric)
         return {f"p{q:g}": percentile(values, q) for q in qs}
+
+    def mean(self, metric: str) -> float | None:
+        values = self.values(metric)
+        return sum(values) / len(values) if values else None
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -303,7 +325,8 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 
 class _Req:
-    __slots__ = ("tl", "prompt", "output", "shared", "generated", "computed", "blocks", "stream", "k", "rid")
+    __slots__ = ("tl", "prompt", "output", "shared", "generated", "computed", "blocks", "stream", "k", "rid",
+                 "num_cached")
 
     def __init__(self, tl: RequestTimeline, rid: int, stream: int, k: int):
         self.tl, self.rid, self.stream, self.k = tl, rid, stream, k
@@ -311,6 +334,7 @@ class _Req:
         self.generated = 0
         self.computed = 0
         self.blocks: list[int] = []
+        self.num_cached = 0  # leading blocks already offered to the prefix cache (vLLM: num_cached_block)
 
     @property
     def num_tokens(self) -> int:
@@ -368,6 +392,7 @@ def simulate(config: SchedulerConfig, load: Load, step_time: Callable[[StepBatch
     timelines: list[RequestTimeline] = []
     pending: list[tuple[float, int, _Req]] = []  # arrivals not yet seen, sorted by time
     counter = 0
+    delay = load.client_delay or (lambda number: 0.0)
 
     def make(number: int, arrival: float, stream: int, k: int) -> _Req:
         nonlocal counter
@@ -387,10 +412,12 @@ def simulate(config: SchedulerConfig, load: Load, step_time: Callable[[StepBatch
 
     if load.streams:
         for s in range(load.streams):
-            pending.append((0.0, s, make(load.first_index + s, 0.0, s, 0)))
+            number = load.first_index + s
+            pending.append((delay(number), s, make(number, delay(number), s, 0)))
     else:
         for i, t in enumerate(load.arrivals):
-            pending.append((t, i, make(load.first_index + i, t, -1, 0)))
+            number = load.first_index + i
+            pending.append((t + delay(number), i, make(number, t + delay(number), -1, 0)))
     pending.sort(key=lambda x: (x[0], x[1]))
     pending_q = deque(pending)
 
@@ -415,14 +442,19 @@ def simulate(config: SchedulerConfig, load: Load, step_time: Callable[[StepBatch
         return True
 
     def cache_full(req: _Req, upto: int) -> None:
-        for k in range(min(upto, req.num_tokens) // B):
+        """Offer the request's newly full blocks to the cache, each once (as vLLM caches a block
+        when it is allocated for tokens that fill it, never again)."""
+        full = min(upto, req.num_tokens) // B
+        for k in range(req.num_cached, full):
             pool.cache(req.blocks[k], _key(req, k, B))
+        req.num_cached = max(req.num_cached, full)
 
     def preempt(req: _Req) -> None:
         nonlocal preemptions, first_pre_step, first_pre_time, first_wait_step, first_wait_time
         pool.release(req.blocks)
         req.blocks = []
         req.computed = 0
+        req.num_cached = 0
         req.tl.preemptions += 1
         req.tl.waited_for_kv = True
         preemptions += 1
@@ -486,6 +518,7 @@ def simulate(config: SchedulerConfig, load: Load, step_time: Callable[[StepBatch
                 for b in hits:
                     pool.touch(b)
                 req.blocks = list(hits)
+                req.num_cached = len(hits)
                 req.computed = computed
                 allocate(req, computed + first_chunk)
                 cache_full(req, computed + first_chunk)
@@ -537,7 +570,7 @@ def simulate(config: SchedulerConfig, load: Load, step_time: Callable[[StepBatch
             if load.streams and req.k + 1 < load.requests_per_stream:
                 k = req.k + 1
                 number = load.first_index + k * load.streams + req.stream
-                nxt = make(number, end + load.think_time, req.stream, k)
+                nxt = make(number, end + load.think_time + delay(number), req.stream, k)
                 _insert(pending_q, (nxt.tl.arrival_time, req.stream, nxt))
         for req in running:
             req.tl.peak_blocks = max(req.tl.peak_blocks, len(req.blocks))
@@ -605,3 +638,157 @@ def bench_levels_first_index(levels: Sequence[int], requests_per_stream: int, st
         out[c] = index
         index += c * requests_per_stream
     return out
+
+
+# --------------------------------------------------------------------------- timing robustness
+
+
+@dataclass(frozen=True)
+class TimingVerdict:
+    """What one closed-loop level does whatever the client's timing.
+
+    The simulator's closed loop sends a stream's next request the moment its previous one ends
+    (plus ``think_time``). A real client is late by a varying amount: on a busy host the API
+    server and the client stall for tens to hundreds of engine steps (the CPU engine's tests saw
+    a 0.25 s stall at ~3 ms a step, after which every stream's tokens came at once and the
+    streams sent their next requests together, as one wave). Which requests overlap then
+    depends on those delays, and an onset the simulator predicts may move by a level from run to
+    run. Two things hold whatever the delays:
+
+    - a closed loop has at most one request of each stream in the engine, so if the largest
+      request of every stream fits at its peak at once (a shared prefix's full blocks counted
+      once: ``worst_blocks`` <= usable), no request can ever wait for KV or be preempted;
+    - the first request of every stream is sent at once at the start (a wave the engine sees
+      within a step or two): if that wave alone overflows the pool (preempts, or a request waits
+      for KV) no later than the step its first request ends, no later request can have arrived
+      to change that, whatever the timing after.
+
+    A level that is neither is timing-dependent: the engine may do either."""
+
+    level: int
+    worst_blocks: int
+    usable_blocks: int
+    first_wave_preempts: bool
+    first_wave_waits: bool
+
+    @property
+    def never_waits(self) -> bool:
+        return self.worst_blocks <= self.usable_blocks
+
+    @property
+    def always_waits(self) -> bool:
+        return self.first_wave_waits or self.first_wave_preempts
+
+    @property
+    def always_preempts(self) -> bool:
+        return self.first_wave_preempts
+
+    @property
+    def timing_dependent(self) -> bool:
+        return not self.never_waits and not self.always_waits
+
+
+def worst_case_blocks(config: SchedulerConfig, load: Load) -> int:
+    """The most KV blocks a closed loop's requests can hold at once: the largest peak of each
+    stream (``cdiv(P + M - 1, B)``), the full blocks of the shared prefix counted once."""
+    if not load.streams:
+        raise KvplanError("worst_case_blocks needs a closed-loop load (streams)")
+    B = config.block_size
+    shared_max, total = 0, 0
+    for s in range(load.streams):
+        worst = 0
+        for k in range(load.requests_per_stream):
+            prompt, output = load.lengths(load.first_index + k * load.streams + s)
+            shared = (load.shared_tokens(prompt) // B) if config.prefix_caching else 0
+            shared = min(shared, (prompt + output - 2) // B)  # hits stop before the last token
+            shared_max = max(shared_max, shared)
+            worst = max(worst, cdiv(prompt + output - 1, B) - shared)
+        total += worst
+    return total + shared_max
+
+
+def timing_verdict(config: SchedulerConfig, load: Load, spread_steps: int = 1, max_scenarios: int = 400,
+                   seed: int = 0) -> TimingVerdict:
+    """`TimingVerdict` of a closed-loop ``load`` (simulated in steps: no step time): its worst
+    case, and whether its first wave (request 0 of every stream) overflows the pool no later
+    than the step the first of them ends, however its arrivals, in stream order, fall on the
+    first ``spread_steps`` + 1 steps (bench sends them in stream order and one API server passes
+    them on in order; an idle engine may start its first step on the first request alone, and a
+    busy API server passes the others on steps later). Every such split is simulated when there
+    are at most ``max_scenarios``; else the extreme ones (all at once, each one alone late, the
+    first alone early, evenly spread, all but the last early) and seeded random ones."""
+    if not load.streams:
+        raise KvplanError("timing_verdict needs a closed-loop load (streams)")
+    if spread_steps < 0:
+        raise KvplanError("spread_steps must be >= 0")
+    numbers = [load.first_index + s for s in range(load.streams)]
+    preempts = waits = True
+    for steps in _wave_scenarios(len(numbers), spread_steps, max_scenarios, seed):
+        wave = Load(lambda i: load.lengths(numbers[i]), arrivals=tuple(float(t) for t in steps),
+                    shared_prefix=load.shared_prefix, shared_prefix_tokens=load.shared_prefix_tokens)
+        res = simulate(config, wave)
+        first_end = min(r.finish_step for r in res.requests if r.finish_step is not None)
+        preempts &= res.first_preemption_step is not None and res.first_preemption_step <= first_end
+        waits &= res.first_kv_wait_step is not None and res.first_kv_wait_step <= first_end
+        if not (preempts or waits):
+            break
+    return TimingVerdict(load.streams, worst_case_blocks(config, load), config.usable_blocks, preempts, waits)
+
+
+def _wave_scenarios(n: int, top: int, limit: int, seed: int) -> list[list[int]]:
+    """Non-decreasing lists of ``n`` arrival steps in ``0..top`` starting at 0: all of them when
+    there are at most ``limit``, else the extremes and seeded random ones (``limit`` in all)."""
+    if math.comb(n - 1 + top, top) <= limit:
+        out: list[list[int]] = []
+
+        def grow(prefix: list[int]) -> None:
+            if len(prefix) == n:
+                out.append(prefix)
+                return
+            for s in range(prefix[-1], top + 1):
+                grow(prefix + [s])
+
+        grow([0])
+        return out
+    found: dict[tuple[int, ...], None] = {}
+    for d in range(top + 1):
+        found[tuple([0] + [d] * (n - 1))] = None  # the first alone, the rest d steps later
+        found[tuple([0] * (n - 1) + [d])] = None  # the last alone, d steps late
+        found[tuple(round(i * d / max(1, n - 1)) for i in range(n))] = None  # evenly spread over d
+        for k in range(1, n):  # k at once, the rest d steps later
+            found[tuple([0] * k + [d] * (n - k))] = None
+    rng = random.Random(f"wave:{seed}")
+    while len(found) < limit:
+        found[tuple([0] + sorted(rng.randint(0, top) for _ in range(n - 1)))] = None
+    return [list(s) for s in found]
+
+
+@dataclass(frozen=True)
+class ProvenOnsets:
+    """Onsets over a sweep's levels that no client timing can move (`TimingVerdict`): the KV
+    wait onset is proven when every level below it can never wait and it always waits; the
+    preemption onset is proven when, moreover, that level always preempts. None: no level of
+    the sweep waits (proven when every level can never wait), or not proven."""
+
+    first_kv_wait: int | None
+    first_preemption: int | None
+    wait_proven: bool
+    preemption_proven: bool
+
+    @property
+    def proven(self) -> bool:
+        return self.wait_proven and self.preemption_proven
+
+
+def proven_onsets(verdicts: Mapping[int, TimingVerdict]) -> ProvenOnsets:
+    """`ProvenOnsets` from each level's `TimingVerdict`."""
+    for c in sorted(verdicts):
+        v = verdicts[c]
+        if v.never_waits:
+            continue
+        if v.always_preempts:
+            return ProvenOnsets(c, c, True, True)
+        if v.always_waits:
+            return ProvenOnsets(c, None, True, False)
+        return ProvenOnsets(None, None, False, False)
+    return ProvenOnsets(None, None, True, True)

@@ -213,8 +213,10 @@ class LatencyPrediction:
                 "preemptions": self.preemptions, "peak_kv_fill": round(self.peak_kv_fill, 4), "source": self.source}
 
 
-def predict_latency(config: SchedulerConfig, load: Load, model: StepTimeModel) -> LatencyPrediction:
+def predict_latency(config: SchedulerConfig, load: Load, model: StepTimeModel,
+                    qs: Sequence[float] = (50, 90, 99), mean: bool = False) -> LatencyPrediction:
     """Simulate ``load`` with ``model``'s step times: TTFT / ITL / TPOT / E2E percentiles, throughput.
+    Percentiles ``qs`` (keys ``p50``...), and ``mean`` too when asked.
     The model's ``request_overhead_s`` is added to TTFT and E2E, and (closed loop) delays each
     stream's next request: the client sees its last token and the engine its next prompt that
     much later than the steps alone say."""
@@ -226,9 +228,15 @@ def predict_latency(config: SchedulerConfig, load: Load, model: StepTimeModel) -
     def shifted(d):
         return {k: (None if v is None else v + extra) for k, v in d.items()}
 
+    def stats(metric: str) -> dict[str, float | None]:
+        out = res.percentiles(metric, qs)
+        if mean:
+            out["mean"] = res.mean(metric)
+        return out
+
     return LatencyPrediction(
-        ttft=shifted(res.percentiles("ttft")), itl=res.percentiles("itl"), tpot=res.percentiles("tpot"),
-        e2e=shifted(res.percentiles("e2e")), queueing=res.percentiles("queueing_delay"),
+        ttft=shifted(stats("ttft")), itl=stats("itl"), tpot=stats("tpot"),
+        e2e=shifted(stats("e2e")), queueing=stats("queueing_delay"),
         output_tokens_per_s=res.throughput, preemptions=res.preemptions, peak_kv_fill=res.peak_kv_fill,
         source=model.source,
     )
