@@ -61,14 +61,14 @@ def bench(
     pp: Optional[int] = typer.Option(None, "--pp", "--pipeline-parallel-size", help="Pipeline parallel size."),
     max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", help="vLLM's max_num_seqs (also tells the prediction the engine's value)."),
     max_num_batched_tokens: Optional[str] = typer.Option(None, "--max-num-batched-tokens", help="vLLM's max_num_batched_tokens."),
-    prefix_caching: Optional[bool] = typer.Option(None, "--prefix-caching/--no-prefix-caching", help="Prefix caching on/off (default: vLLM's)."),
+    prefix_caching: Optional[bool] = typer.Option(None, "--enable-prefix-caching/--no-enable-prefix-caching", "--prefix-caching/--no-prefix-caching", help="Prefix caching on/off (default: vLLM's)."),
     enforce_eager: bool = typer.Option(False, "--enforce-eager", help="No CUDA graphs / no compile (vLLM --enforce-eager)."),
     model_name: Optional[str] = typer.Option(None, "--model-name", help="Model name sent in requests (default: the server's first model)."),
     prompt: str = typer.Option("512", "--prompt", help="Prompt tokens per request (mean for distributions)."),
     output: str = typer.Option("128", "--output", help="Output tokens per request (ignore_eos, fixed max_tokens)."),
     dist: str = typer.Option("fixed", "--dist", help="Length distribution: fixed, uniform, normal, lognormal."),
     spread: float = typer.Option(0.25, "--spread", help="uniform: +-spread x mean; normal: std = spread x mean; lognormal: sigma."),
-    shared_prefix: float = typer.Option(0.0, "--shared-prefix", help="Fraction of every prompt shared by all requests (prefix caching)."),
+    shared_prefix: Optional[str] = typer.Option(None, "--shared-prefix", metavar="TOKENS|SHARE%", help="Prefix all requests share (prefix caching): tokens, as in kvplan size (256, 1k; fixed prompts), or a share of each prompt (25%)."),
     trace: Optional[Path] = typer.Option(None, "--trace", help='JSONL trace, one {"prompt_tokens": P, "output_tokens": M} a line.'),
     api: str = typer.Option("completions", "--api", help="completions (token-id prompts) or chat."),
     seed: int = typer.Option(0, "--seed", help="Seed of prompts and lengths."),
@@ -167,7 +167,6 @@ def bench(
     check_positive(request_timeout, "--request-timeout", maximum=7 * 86400)
     check_positive(startup_timeout, "--startup-timeout", maximum=7 * 86400)
     check_positive(spread, "--spread", allow_zero=True, maximum=100)
-    check_positive(shared_prefix, "--shared-prefix", allow_zero=True, maximum=1)
     levels = parse_levels(sweep)
     from kvplan.bench.slo import parse_duration, parse_slo
 
@@ -185,12 +184,13 @@ def bench(
         raise KvplanError("--requests-per-stream is for the closed loop", "use --requests or --duration with --rate")
     if requests_per_stream is not None and (requests is not None or duration_s is not None):
         raise KvplanError("--requests-per-stream sizes points by itself", "drop --requests/--duration, or it")
+    prompt_tokens = _tokens(prompt, "prompt length")
     workload = {
-        "prompt_tokens": _tokens(prompt, "prompt length"),
+        "prompt_tokens": prompt_tokens,
         "output_tokens": _tokens(output, "output length"),
         "distribution": dist,
         "spread": spread,
-        "shared_prefix": shared_prefix,
+        "shared_prefix": shared_prefix_share(shared_prefix, prompt_tokens, fixed=dist == "fixed" and not trace),
         "trace": load_trace(trace) if trace else (),
         "api": api,
         "seed": seed,
@@ -428,6 +428,40 @@ def _run(runs: list, as_json: bool, check: bool, api_key: str | None = None, exp
     if as_json:
         print_json(summaries[0] if len(summaries) == 1 else [s.model_dump(mode="json") for s in summaries])
     raise typer.Exit(exit_code)
+
+
+def shared_prefix_share(text: str | None, prompt_tokens: int, fixed: bool) -> float:
+    """``--shared-prefix``: tokens (``256``, ``1k``), as ``kvplan size`` reads it, or a share of each prompt
+    (``25%``). The bench shares a fraction of every prompt; a token count is that fraction of a fixed prompt."""
+    from kvplan.errors import KvplanError
+    from kvplan.units import check_positive, parse_tokens
+
+    if text is None:
+        return 0.0
+    raw = str(text).strip()
+    if raw.endswith("%"):
+        share = check_positive(_percent(raw), "--shared-prefix", allow_zero=True, maximum=99.999) / 100
+        return share
+    try:
+        tokens = parse_tokens(raw, "--shared-prefix", allow_zero=True)
+    except KvplanError:
+        raise KvplanError(f"invalid --shared-prefix {raw!r}",
+                          "give tokens (256, 1k) as kvplan size does, or a share of each prompt (25%)") from None
+    if tokens and not fixed:
+        raise KvplanError("--shared-prefix in tokens needs prompts of one length",
+                          "with --dist or --trace, give a share of each prompt: --shared-prefix 25%")
+    if tokens >= prompt_tokens:
+        raise KvplanError(f"--shared-prefix {tokens:,} is not shorter than the prompt ({prompt_tokens:,} tokens)")
+    return tokens / prompt_tokens
+
+
+def _percent(raw: str) -> float:
+    from kvplan.errors import KvplanError
+
+    try:
+        return float(raw[:-1])
+    except ValueError:
+        raise KvplanError(f"invalid --shared-prefix {raw!r}", "write a share as 25%") from None
 
 
 def _stderr_tty() -> bool:

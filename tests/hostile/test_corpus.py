@@ -301,7 +301,9 @@ def test_bench_positive_floats(option, value, tmp_path):
 
 
 @pytest.mark.parametrize("option,value", [("--spread", "nan"), ("--spread", "inf"), ("--spread", "-1"),
-                                          ("--shared-prefix", "nan"), ("--shared-prefix", "2"),
+                                          ("--shared-prefix", "nan"), ("--shared-prefix", "2k"),
+                                          ("--shared-prefix", "0.5"), ("--shared-prefix", "150%"),
+                                          ("--shared-prefix", "nan%"),
                                           ("--engine-cmd", "python '"), ("--engine-cmd", ""), ("--port", "70000"),
                                           ("--port", "-1"), ("--sweep", "1,x"), ("--sweep", "0"), ("--dist", "weird"),
                                           ("--api", "x"), ("--tp", "0"), ("--block-size", "-1"),

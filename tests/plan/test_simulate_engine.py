@@ -81,13 +81,13 @@ WORKLOADS = {
     # 6 preempt (the block rule without sharing: 5). Proven: 5 can never wait (16 blocks at most) and
     # 6 always waits; whether it also preempts depends on which of the engine's first two steps
     # sees the sixth request (5 + 1 only waits), so far always preempted on the engine.
-    "shared-prefix": (["--prompt", "96", "--output", "32", "--shared-prefix", "0.5"],
+    "shared-prefix": (["--prompt", "96", "--output", "32", "--shared-prefix", "48"],  # tokens: half of 96
                       Lengths(96, 32), 0.5, [4, 5, 6, 7], (6, 6), ProvenOnsets(6, None, True, False)),
     # Both: 5 streams preempt (its first wave always does); at 4 the drawn requests peak at 14 of 16
     # blocks in the simulator, but 3 streams' largest requests sum to 18 blocks: not proven (the
     # engine has never waited there so far).
     "lognormal+shared": (["--prompt", "80", "--output", "48", "--dist", "lognormal", "--spread", "0.3", "--seed", "1",
-                          "--shared-prefix", "0.5"],
+                          "--shared-prefix", "50%"],
                          Lengths(80, 48, "lognormal", 0.3, 1), 0.5, [3, 4, 5, 6], (5, 5),
                          ProvenOnsets(None, None, False, False)),
     # The three below are proven even when their first wave reaches the engine spread over 17 steps
@@ -102,7 +102,7 @@ WORKLOADS = {
     # Normal lengths (std 20%), half of every prompt shared (1-2 full blocks counted once); the
     # 4-stream wave: (106, 54), (102, 41), (135, 37), (123, 54). Engine: (4, 4).
     "normal+shared": (["--prompt", "112", "--output", "40", "--dist", "normal", "--spread", "0.2", "--seed", "2",
-                       "--shared-prefix", "0.5"],
+                       "--shared-prefix", "50%"],
                       Lengths(112, 40, "normal", 0.2, 2), 0.5, [2, 3, 4, 5], (4, 4), ProvenOnsets(4, 4, True, True)),
     # The trace, long prompts with short answers and a few short chats; the 4-stream wave: (103, 53),
     # (116, 37), (110, 28), (59, 25). Engine: (4, 4).
