@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from kvplan.cli.common import esc, print_json, user_errors
-from kvplan.units import parse_tokens
+from kvplan.units import cdiv, parse_tokens
 
 FIT_EXAMPLES = """
 Examples:
@@ -154,7 +154,7 @@ def fit(
                 break
         if step_model is not None:
             prompt_tokens, out_tokens = workload_lengths(req, cand.ctx)
-            est = quick_latency(step_model, prompt_tokens, out_tokens, -(-concurrency // cand.dp))
+            est = quick_latency(step_model, prompt_tokens, out_tokens, cdiv(concurrency, cand.dp))
             latency = {"ttft_ms": round(est["ttft_s"] * 1000, 1), "tpot_ms": round(est["tpot_s"] * 1000, 2),
                        "e2e_s": round(est["e2e_s"], 2),
                        "output_tokens_per_s": round(est["output_tokens_per_s"] * cand.dp, 1), "source": "prior"}

@@ -26,6 +26,7 @@ from kvplan.model.arch import Architecture
 from kvplan.plan.capacity import Capacity, blocks_needed, compute_capacity
 from kvplan.plan.overhead import OverheadModel
 from kvplan.plan.schema import Settings
+from kvplan.units import cdiv
 from kvplan.vllm.rules import VllmRules
 
 KV_DTYPES = ("auto", "fp8")
@@ -151,7 +152,7 @@ def search(arch: Architecture, devices: Sequence[Device], req: FitRequest, rules
                 if weights / (tp * pp) >= device.cuda_total_bytes * util:
                     reject("weights exceed the GPUs' memory", per_cands)
                     continue
-                per_replica = -(-req.concurrency // dp)
+                per_replica = cdiv(req.concurrency, dp)
                 for dtype in req.kv_dtypes:
                     key = (_capacity_key(device), tp, pp, dtype)
                     if key not in memo:
@@ -268,7 +269,7 @@ def predict_deployment(cap: Capacity, req: FitRequest, dp: int, model=None):
 
     model = model or model_for(cap)
     prompt, output = workload_lengths(req, cap.max_model_len)
-    streams = -(-req.concurrency // dp)
+    streams = cdiv(req.concurrency, dp)
     e2e = quick_latency(model, prompt, output, streams)["e2e_s"]
     gap = e2e / streams if math.isfinite(e2e) else 0.0
 

@@ -45,6 +45,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kvplan.errors import KvplanError
+from kvplan.stats import percentile
 from kvplan.units import cdiv
 
 DISTRIBUTIONS = ("fixed", "uniform", "normal", "lognormal")
@@ -311,17 +312,6 @@ class SimResult:
     def mean(self, metric: str) -> float | None:
         values = self.values(metric)
         return sum(values) / len(values) if values else None
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    if not values:
-        return None
-    s = sorted(values)
-    pos = (len(s) - 1) * q / 100
-    lo = int(math.floor(pos))
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
 class _Req:
