@@ -98,7 +98,13 @@ def prior_for(device) -> Prior:
 
 
 def model_for(cap, device=None, prior: Prior | None = None) -> StepTimeModel:
-    """The prior step-time model of one replica of a kvplan.plan.capacity.Capacity."""
+    """The prior step-time model of one replica of a kvplan.plan.capacity.Capacity.
+
+    Tensor parallel splits every step's weights, KV and FLOPs over ``tp`` devices. Pipeline parallel
+    does not shorten a step: a token passes the ``pp`` stages in turn, each reading its share of the
+    weights and KV, so one step takes the sum of the stages (the limiting stage times ``pp``). vLLM
+    keeps ``pp`` batches in flight, which raises throughput; that overlap is not modelled here, so
+    PP throughput is a lower bound."""
     device = device or cap.device
     if not device.bandwidth_gbps or not device.bf16_dense_tflops:
         raise KvplanError(f"{device.name}: the catalog has no bandwidth or dense TFLOP/s for it",
@@ -110,10 +116,10 @@ def model_for(cap, device=None, prior: Prior | None = None) -> StepTimeModel:
     head_dim_total = arch.hidden_size  # heads x head size ~ hidden size for the attention FLOPs
     attn_layers = sum(1 for s in arch.layers if s.grows_with_tokens)
     return StepTimeModel(
-        weight_bytes=cap.limiting_stage.weights,
-        kv_bytes_per_token=cap.layout.kv_bytes_per_token(),
-        linear_flops_per_token=2 * arch.params.total / (tp * pp),
-        attn_flops_per_pair=4 * attn_layers * head_dim_total / (tp * pp),
+        weight_bytes=cap.limiting_stage.weights * pp,
+        kv_bytes_per_token=cap.layout.kv_bytes_per_token() * pp,
+        linear_flops_per_token=2 * arch.params.total / tp,
+        attn_flops_per_pair=4 * attn_layers * head_dim_total / tp,
         bandwidth_bytes_s=device.bandwidth_gbps * 1e9,
         peak_flops=device.bf16_dense_tflops * 1e12,
         mem_efficiency=prior.mem_efficiency,

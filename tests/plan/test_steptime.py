@@ -87,3 +87,27 @@ def test_quick_latency_agrees_with_the_simulator_when_decode_dominates():
     quick = quick_latency(MODEL, 512, 256, 16)
     assert sim.tpot["p50"] == pytest.approx(quick["tpot_s"], rel=0.1)
     assert sim.output_tokens_per_s == pytest.approx(quick["output_tokens_per_s"], rel=0.2)
+
+
+def test_pipeline_parallel_does_not_shorten_a_step_but_tensor_parallel_does():
+    """Llama-3.1-70B on H100s: a token passes both PP stages in turn (the same work as on one device
+    group), while TP 2 halves what each device reads and computes."""
+    from kvplan.deploy import load_model, select_gpus
+    from kvplan.plan.capacity import compute_capacity
+    from kvplan.plan.overhead import load_overhead
+    from kvplan.plan.schema import Settings
+    from kvplan.plan.steptime import model_for
+    from kvplan.vllm.rules import rules_for
+
+    arch = load_model("meta-llama/Llama-3.1-70B", source="bundled").arch
+    device = select_gpus("H100").device
+
+    def model(tp, pp):
+        cap = compute_capacity(arch, device, Settings(tensor_parallel_size=tp, pipeline_parallel_size=pp,
+                                                      max_model_len=8192), rules_for(None), load_overhead())
+        return model_for(cap)
+
+    one, pp2, tp2 = model(4, 1), model(4, 2), model(8, 1)
+    assert pp2.linear_flops_per_token == one.linear_flops_per_token
+    assert pp2.weight_bytes == pytest.approx(one.weight_bytes, rel=0.03)  # stages split embeddings unevenly
+    assert tp2.linear_flops_per_token == pytest.approx(one.linear_flops_per_token / 2)
