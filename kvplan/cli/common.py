@@ -131,14 +131,15 @@ def to_jsonable(payload: Any) -> Any:
 
 
 def make_console(stderr: bool = False):
-    """A rich console that does not wrap at 80 columns when output goes to a file or CI log."""
+    """A rich console that does not wrap at 80 columns when output goes to a file or CI log. No emoji
+    codes: a ``:smile:`` in a model name or path is text, and replacing codes costs start-up time."""
     import os
 
     from rich.console import Console
 
     stream = sys.stderr if stderr else sys.stdout
     width = None if stream.isatty() else int(os.environ.get("COLUMNS") or 160)
-    return Console(highlight=False, width=width, stderr=stderr)
+    return Console(highlight=False, emoji=False, width=width, stderr=stderr)
 
 
 def print_json(payload: Any) -> None:
