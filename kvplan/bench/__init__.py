@@ -2,5 +2,7 @@
 
 engine.py (launch/stop/capacity), workload.py (requests), loadgen.py (streaming client),
 metrics.py (/metrics), sweep.py (onset search), runner.py (one run), store.py (run folder),
-report.py (summary, Markdown, PNG), view.py (progress display).
+results.py (the typed results: summary.json, points.jsonl), report.py (Markdown, CSV, PNG),
+html.py (report.html), external.py (other harnesses' results), render.py (finished runs, offline),
+view.py (progress display).
 """

@@ -348,11 +348,12 @@ def _group_alive(pgid: int) -> bool:
 
 @dataclass(frozen=True)
 class EngineCapacity:
-    """The KV pool the engine reports. ``num_blocks`` counts the null block, as vLLM does."""
+    """The KV pool the engine reports. ``num_blocks`` counts the null block, as vLLM does. Also the
+    ``capacity`` of a bench summary (kvplan.bench.results.BenchSummary); all None: nothing reported."""
 
-    num_blocks: int | None
-    block_size: int | None
-    kv_cache_tokens: int | None
+    num_blocks: int | None = None
+    block_size: int | None = None
+    kv_cache_tokens: int | None = None
     max_concurrency: float | None = None
     max_concurrency_len: int | None = None
     source: str = ""

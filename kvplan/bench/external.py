@@ -17,6 +17,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from kvplan.bench.results import BenchSummary, LatencyStats, PointResult, ServerFigures
 from kvplan.errors import KvplanError
 
 VLLM_SOURCE = "vllm bench serve"
@@ -37,22 +38,23 @@ def _num(data: dict, key: str) -> float | None:
     return float(v)
 
 
-def _stats(data: dict, name: str, n: int | None) -> dict[str, float | None]:
+def _stats(data: dict, name: str, n: int | None) -> LatencyStats:
+    """One latency of a saved result (ms) as a kvplan.bench.results.LatencyStats (seconds)."""
+
     ms = {"mean": _num(data, f"mean_{name}_ms"), "p50": _num(data, f"median_{name}_ms")}
     for q in ("50", "90", "95", "99"):
         v = _num(data, f"p{q}_{name}_ms")
         if v is not None:
             ms[f"p{q}"] = v
-    out: dict[str, float | None] = {"n": n}
+    out: dict[str, float | None] = {}
     for key in ("mean", "p50", "p90", "p95", "p99"):
         v = ms.get(key)
         out[key] = None if v is None else v / 1000
-    return out
+    return LatencyStats(n=n, **out)
 
 
-def vllm_point(data: dict, seq: int, file: str) -> Any:
+def vllm_point(data: dict, seq: int, file: str) -> PointResult:
     """One saved result -> a kvplan PointResult (mode rate when request_rate is finite)."""
-    from kvplan.bench.runner import PointResult
     from kvplan.bench.stats import sample_warnings
 
     completed = int(_num(data, "completed") or 0)
@@ -80,7 +82,7 @@ def vllm_point(data: dict, seq: int, file: str) -> Any:
         started_at=str(data.get("date") or ""), wall_s=round(duration, 4), first_index=0,
         requests=completed + failed, requests_ok=completed, requests_failed=failed, output_tokens=out_tokens,
         throughput_tok_s=_num(data, "output_throughput"), ttft=stats["ttft"], itl=stats["itl"], tpot=stats["tpot"],
-        e2e=stats["e2e"], server={}, waited_for_kv=False, preempted=False, label="not measured",
+        e2e=stats["e2e"], waited_for_kv=False, preempted=False, label="not measured",
         notes=[f"from {file} ({VLLM_SOURCE}): no server metrics, so no preemption, KV wait or KV fill"],
         mode=mode, rate=rate, burstiness=_num(data, "burstiness") if mode == "rate" else None,
         max_concurrency=cap if mode == "rate" else None, latency_from="sent (vllm bench serve: from each request's send)",
@@ -88,9 +90,8 @@ def vllm_point(data: dict, seq: int, file: str) -> Any:
     )
 
 
-def read_vllm_results(path: Path) -> Any:
+def read_vllm_results(path: Path) -> BenchSummary:
     """A saved result file, or a folder of them, as a BenchSummary (source ``vllm bench serve``)."""
-    from kvplan.bench.runner import BenchSummary
     from kvplan.paths import load_user_json
 
     files = [path] if path.is_file() else sorted(path.glob("*.json"))
@@ -118,7 +119,7 @@ def read_vllm_results(path: Path) -> Any:
         status="complete", run_dir=str(path), mode="attach", base_url="", model=model,
         workload=f"{VLLM_SOURCE} ({first.get('backend') or first.get('endpoint_type') or '?'}, "
                  f"{int(_num(first, 'num_prompts') or 0)} prompts a point)",
-        capacity={}, measured={}, points=points, load_mode=modes.pop(),
+        points=points, load_mode=modes.pop(),
         load_description=f"{VLLM_SOURCE}: " + ("request rate" if points[0].mode == "rate" else "max concurrency")
         + " per file", latency_from="sent", source=VLLM_SOURCE,
     )
@@ -147,21 +148,23 @@ def is_guidellm_report(data: Any) -> bool:
         "time_to_first_token_ms" in first["metrics"] or "request_latency" in first["metrics"])
 
 
-def _guidellm_stats(metric: Any, scale: float) -> dict[str, float | None]:
-    """A StatusDistributionSummary's ``successful`` DistributionSummary -> kvplan's describe() dict (seconds)."""
+def _guidellm_stats(metric: Any, scale: float, n: int | None = None) -> LatencyStats:
+    """A StatusDistributionSummary's ``successful`` DistributionSummary -> a kvplan.bench.results.LatencyStats
+    (seconds); ``n`` replaces its count when given."""
+
     dist = metric.get("successful") if isinstance(metric, dict) else None
     out: dict[str, float | None] = {"n": None, "mean": None, "p50": None, "p90": None, "p95": None, "p99": None}
     if not isinstance(dist, dict):
-        return out
+        return LatencyStats(**out)
     count = _num(dist, "count")
-    out["n"] = None if count is None else int(count)
+    out["n"] = None if count is None else int(count) if n is None else n
     if not count:
-        return out  # GuideLLM writes zeros for an empty distribution: no sample, no value
+        return LatencyStats(**out)  # GuideLLM writes zeros for an empty distribution: no sample, no value
     pct = dist.get("percentiles") if isinstance(dist.get("percentiles"), dict) else {}
     for key, value in (("mean", _num(dist, "mean")), ("p50", _num(pct, "p50") if pct else _num(dist, "median")),
                        ("p90", _num(pct, "p90")), ("p95", _num(pct, "p95")), ("p99", _num(pct, "p99"))):
         out[key] = None if value is None else value * scale
-    return out
+    return LatencyStats(**out)
 
 
 def _strategy(bench: dict) -> dict:
@@ -197,10 +200,9 @@ def _server_preemptions(bench: dict) -> tuple[float | None, float | None]:
     return preempt, kv
 
 
-def guidellm_point(bench: dict, seq: int, file: str) -> Any:
+def guidellm_point(bench: dict, seq: int, file: str) -> PointResult | None:
     """One GuideLLM benchmark (one strategy at one load) -> a kvplan PointResult, or None when its load is not a
     fixed concurrency or rate (``throughput``: every request at once)."""
-    from kvplan.bench.runner import PointResult
     from kvplan.bench.stats import sample_warnings
 
     strategy = _strategy(bench)
@@ -220,9 +222,9 @@ def guidellm_point(bench: dict, seq: int, file: str) -> Any:
     totals = metrics.get("request_totals") if isinstance(metrics.get("request_totals"), dict) else {}
     ok = int(_num(totals, "successful") or 0)
     failed = int((_num(totals, "errored") or 0) + (_num(totals, "incomplete") or 0))
-    stats = {m: _guidellm_stats(metrics.get(field), scale) for m, (field, scale) in _GUIDELLM_METRICS.items()}
-    if stats["tpot"]["n"] is not None:
-        stats["tpot"]["n"] = ok  # weighted by output tokens in GuideLLM's count; one TPOT per request
+    # TPOT is weighted by output tokens in GuideLLM's count; one TPOT per request
+    stats = {m: _guidellm_stats(metrics.get(field), scale, ok if m == "tpot" else None)
+             for m, (field, scale) in _GUIDELLM_METRICS.items()}
     warnings = [w for label, m in (("TTFT", "ttft"), ("ITL", "itl"), ("TPOT", "tpot"), ("E2E", "e2e"))
                 for w in sample_warnings(label, stats[m])]
     sched = bench.get("scheduler_metrics") if isinstance(bench.get("scheduler_metrics"), dict) else {}
@@ -232,9 +234,10 @@ def guidellm_point(bench: dict, seq: int, file: str) -> Any:
     rps = (metrics.get("requests_per_second") or {}).get("successful") or {}
     tps = (metrics.get("output_tokens_per_second") or {}).get("successful") or {}
     preemptions, kv = _server_preemptions(bench)
-    server = {} if preemptions is None and kv is None else {"preemptions": preemptions, "peak_kv_usage": kv}
+    server = ServerFigures() if preemptions is None and kv is None else ServerFigures(preemptions=preemptions,
+                                                                                       peak_kv_usage=kv)
     notes = [f"from {file} ({GUIDELLM_SOURCE}, {kind} strategy): latencies of its successful requests"]
-    if not server:
+    if server.empty:
         notes.append("no server metrics in the report: no preemption, KV wait or KV fill")
     label = str(strategy.get("type_") or kind)
     if failed:
@@ -269,13 +272,12 @@ def _guidellm_model(data: dict) -> str:
     return next((c for c in candidates if isinstance(c, str) and c), "unknown")
 
 
-def read_guidellm_report(path: Path, data: Any = None) -> Any:
+def read_guidellm_report(path: Path, data: Any = None) -> BenchSummary:
     """A GuideLLM benchmarks report (JSON) as a BenchSummary, one point per benchmark with a fixed load.
 
     A ``sweep`` profile mixes loads (synchronous, throughput, constant rates): the rate points are kept
     when there are any (else the concurrency ones), ``throughput`` benchmarks never (no fixed load); what
     was left out is said in the load description."""
-    from kvplan.bench.runner import BenchSummary
     from kvplan.paths import load_user_json
 
     if data is None:
@@ -304,12 +306,12 @@ def read_guidellm_report(path: Path, data: Any = None) -> Any:
         description += f"; left out: {', '.join(sorted(set(skipped)))} benchmark(s) (another kind of load)"
     return BenchSummary(
         status="complete", run_dir=str(path), mode="attach", base_url="", model=_guidellm_model(data),
-        workload=f"{GUIDELLM_SOURCE} report ({len(data['benchmarks'])} benchmarks)", capacity={}, measured={},
-        points=points, load_mode=mode, load_description=description, latency_from="sent", source=GUIDELLM_SOURCE,
+        workload=f"{GUIDELLM_SOURCE} report ({len(data['benchmarks'])} benchmarks)", points=points,
+        load_mode=mode, load_description=description, latency_from="sent", source=GUIDELLM_SOURCE,
     )
 
 
-def read_external(path: Path) -> Any:
+def read_external(path: Path) -> BenchSummary:
     """Another harness's results as a BenchSummary: a `vllm bench serve --save-result` file or folder of
     them, or a GuideLLM report (a file, or a folder holding its default ``benchmarks.json``)."""
     from kvplan.paths import load_user_json

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import math
 from html import escape
-from typing import Any
+
+from kvplan.bench.results import BenchSummary, LatencyStats, PointResult
 
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
 W, H, L, R, T, B = 560, 300, 64, 16, 28, 44  # size and margins of a chart (T: above the legend)
@@ -144,22 +145,19 @@ figure{margin:0}svg{font:11px system-ui,sans-serif;background:#fff}svg .t{font-w
 .frame{fill:none;stroke:#999}.grid{stroke:#eee}.warn{color:#a40}.empty{color:#888}code{background:#f5f5f5}"""
 
 
-def _ms(stats: dict | None, key: str) -> float | None:
-    v = (stats or {}).get(key)
+def _ms(stats: LatencyStats, key: str) -> float | None:
+    v = stats.stat(key)
     return None if v is None else v * 1000
 
 
-def _load(p: Any) -> float:
-    return p.rate if getattr(p, "mode", "concurrency") == "rate" and p.rate is not None else float(p.concurrency)
-
-
-def html_report(summaries: list[Any], title: str | None = None) -> str:
+def html_report(summaries: list[BenchSummary], title: str | None = None) -> str:
     """The report of one run, or the comparison of several (each run one colour)."""
-    from kvplan.bench.report import DEFINITIONS
+    from kvplan.bench.report import DEFINITIONS, onset_text
+    from kvplan.bench.slo import describe_slo
 
     runs = list(summaries)
     many = len(runs) > 1
-    modes = {getattr(s, "load_mode", "concurrency") for s in runs}
+    modes = {s.load_mode for s in runs}
     xlabel = "request rate (req/s)" if modes == {"rate"} else "concurrent streams" if modes == {"concurrency"} \
         else "load (streams or req/s)"
     title = title or (f"kvplan bench: {runs[0].model}" if not many else f"kvplan: {len(runs)} runs compared")
@@ -168,21 +166,20 @@ def html_report(summaries: list[Any], title: str | None = None) -> str:
                 "<th>first KV wait<br>predicted / measured</th><th>first preemption<br>predicted / measured</th>"
                 "<th>SLOs</th><th>highest load meeting SLOs</th></tr>")
     for i, s in enumerate(runs):
-        pred = s.prediction or {}
-        slo = getattr(s, "slo", None) or {}
-        from kvplan.bench.slo import describe_slo
+        pred = s.prediction
+        slo = s.slo
 
         def onset(key, s=s, pred=pred):
-            m = (s.measured or {}).get(key) or {}
-            meas = ("-" if not m else f"none up to {m.get('searched_up_to')}" if m.get("first") is None else _onset_text(m))
-            p = ("never" if pred.get(key) is None else str(pred[key])) if pred else "-"
+            m = s.measured.onset(key)
+            meas = "-" if m is None else onset_text(m)
+            p = ("never" if pred.onset(key) is None else str(pred.onset(key))) if pred else "-"
             return escape(f"{p} / {meas}")
 
-        best = getattr(s, "highest_load_meeting_slo", None)
+        best = s.highest_load_meeting_slo
         body.append(
             f'<tr><td style="color:{COLOURS[i % len(COLOURS)]}">{escape(_run_name(s, i))}</td>'
-            f"<td>{escape(getattr(s, 'source', 'kvplan'))}</td><td>{escape(s.model)}</td><td>{escape(s.workload)}</td>"
-            f"<td>{escape(getattr(s, 'load_description', None) or getattr(s, 'load_mode', ''))}</td>"
+            f"<td>{escape(s.source)}</td><td>{escape(s.model)}</td><td>{escape(s.workload)}</td>"
+            f"<td>{escape(s.load_description or s.load_mode)}</td>"
             f"<td>{escape(s.status)}</td><td>{onset('first_kv_wait')}</td><td>{onset('first_preemption')}</td>"
             f"<td>{escape(describe_slo(slo)) if slo else '-'}</td><td>{'-' if best is None else _fmt(best)}</td></tr>")
     body.append("</table>")
@@ -190,22 +187,23 @@ def html_report(summaries: list[Any], title: str | None = None) -> str:
     def series(metric_get, name_suffix: str, dash: str = "", only_ok: bool = True):
         out = []
         for i, s in enumerate(runs):
-            pts = [(_load(p), metric_get(p)) for p in s.points if (p.status == "ok" or not only_ok)]
+            pts = [(p.load, metric_get(p)) for p in s.points if (p.status == "ok" or not only_ok)]
             name = (f"{_run_name(s, i)} " if many else "") + name_suffix
             out.append((name, [(x, y) for x, y in pts if y is not None], COLOURS[i % len(COLOURS)], dash))
         return out
 
     vlines = []  # the onsets of a concurrency sweep, predicted (dashed) and measured (dotted)
     if not many and modes == {"concurrency"}:
-        pred = runs[0].prediction or {}
-        measured = runs[0].measured or {}
+        pred = runs[0].prediction
+        measured = runs[0].measured
         for key, what, colour in (("first_kv_wait", "KV wait", ONSET_COLOURS[0]),
                                   ("first_preemption", "preemption", ONSET_COLOURS[1])):
-            if pred.get(key):
-                vlines.append((pred[key], f"predicted {what} {pred[key]}", colour, "6 4"))
-            m = measured.get(key) or {}
-            if m.get("first"):
-                vlines.append((m["first"], f"measured {what} {_onset_text(m)}", colour, "2 2"))
+            level = pred.onset(key) if pred is not None else None
+            if level:
+                vlines.append((level, f"predicted {what} {level}", colour, "6 4"))
+            m = measured.onset(key)
+            if m is not None and m.first:
+                vlines.append((m.first, f"measured {what} {onset_text(m)}", colour, "2 2"))
     charts = []
     for metric, name in (("ttft", "TTFT"), ("itl", "ITL per token"), ("e2e", "E2E")):
         charts.append(chart(f"{name} vs load (ms)", xlabel, "ms",
@@ -214,72 +212,63 @@ def html_report(summaries: list[Any], title: str | None = None) -> str:
                             vlines if metric == "ttft" else [], log_x=True))
     charts.append(chart("Throughput and goodput vs load (output tok/s)", xlabel, "tok/s",
                         series(lambda p: p.throughput_tok_s, "throughput")
-                        + series(lambda p: getattr(p, "goodput_tok_s", None), "goodput", "6 3"), log_x=True))
+                        + series(lambda p: p.goodput_tok_s, "goodput", "6 3"), log_x=True))
     charts.append(chart("KV cache fill vs load (%)", xlabel, "% of the pool",
-                        series(lambda p: None if (p.server or {}).get("peak_kv_usage") is None
-                               else 100 * p.server["peak_kv_usage"], "measured peak")
-                        + series(lambda p: None if (p.predicted or {}).get("kv_fill") is None
-                                 else 100 * p.predicted["kv_fill"], "predicted", "6 3"), vlines, log_x=True))
+                        series(lambda p: None if p.server.peak_kv_usage is None
+                               else 100 * p.server.peak_kv_usage, "measured peak")
+                        + series(lambda p: None if p.predicted is None else 100 * p.predicted.kv_fill,
+                                 "predicted", "6 3"), vlines, log_x=True))
     charts.append(chart("Preemptions vs load", xlabel, "preemptions in the point",
-                        series(lambda p: (p.server or {}).get("preemptions"), "preemptions"), vlines, log_x=True))
+                        series(lambda p: p.server.preemptions, "preemptions"), vlines, log_x=True))
     body.append('<div class="charts">' + "".join(charts) + "</div>")
 
     for i, s in enumerate(runs):
         body.append(f"<h2>{escape(_run_name(s, i))}: points</h2>")
         body.append(_points_table(s))
-        search = getattr(s, "rate_search", None)
-        if search is not None:
-            body.append(f"<p>Automatic rate search: {escape(search.describe())}.</p>")
-        if getattr(s, "headers", None):  # names with masked values: the values are never stored
+        if s.rate_search is not None:
+            body.append(f"<p>Automatic rate search: {escape(s.rate_search.describe())}.</p>")
+        if s.headers:  # names with masked values: the values are never stored
             body.append(f"<p>Request headers: {escape(', '.join(s.headers))} (values never stored).</p>")
-        if getattr(s, "proxy", None):
+        if s.proxy:
             body.append(f"<p>Proxy (from the environment): {escape(s.proxy)}.</p>")
-        if getattr(s, "notes", None):
-            body += [f"<p>{escape(n)}</p>" for n in s.notes]
     body.append(f"<p>{escape(DEFINITIONS)}</p>")
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{escape(title)}</title><style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
 
 
-def _onset_text(m: dict) -> str:
-    """A measured onset: its level, "<= level" when the level below it was not measured (as report.md)."""
-    return str(m["first"]) if m.get("exact", True) else f"<= {m['first']}"
-
-
-def _run_name(s: Any, i: int) -> str:
+def _run_name(s: BenchSummary, i: int) -> str:
     from pathlib import PurePath
 
-    name = PurePath(str(getattr(s, "run_dir", "") or f"run {i + 1}")).name
+    name = PurePath(s.run_dir or f"run {i + 1}").name
     return name or f"run {i + 1}"
 
 
-def _points_table(s: Any) -> str:
-    rate = getattr(s, "load_mode", "concurrency") == "rate"
-    slo = bool(getattr(s, "slo", None))
+def _points_table(s: BenchSummary) -> str:
+    rate = s.rate_mode
+    slo = bool(s.slo)
     head = (["rate req/s", "peak in flight"] if rate else ["concurrency"]) + [
         "measured (predicted)", "preemptions", "KV peak", "TTFT p50 / p99 ms (n)", "ITL p50 / p99 ms (n)",
         "E2E p50 / p99 ms (n)", "send lag p99 ms", "tok/s", "req/s", "ok"] + (["SLOs", "goodput req/s"] if slo else [])
     rows = ["<table><tr>" + "".join(f"<th>{escape(h)}</th>" for h in head) + "</tr>"]
 
-    def pair(stats):
-        if not stats or stats.get("p50") is None:
+    def pair(stats: LatencyStats) -> str:
+        if stats.p50 is None or stats.p99 is None:
             return "-"
-        n = int(stats.get("n") or 0)
-        p99 = stats.get("p99")
+        n = stats.count
         warn = n < 100
-        text = f"{stats['p50'] * 1000:.1f} / {p99 * 1000:.1f} ({n})"
+        text = f"{stats.p50 * 1000:.1f} / {stats.p99 * 1000:.1f} ({n})"
         return f'<span class="warn" title="p99 from fewer than 100 samples">{text}!</span>' if warn else text
 
     for p in s.points:
-        srv = p.server or {}
-        pred = (p.predicted or {}).get("label")
+        srv = p.server
+        pred = None if p.predicted is None else p.predicted.label
         cells = ([_fmt(p.rate), str(p.concurrency)] if rate else [str(p.concurrency)]) + [
-            escape(p.label + (f" ({pred})" if pred else "")), "-" if srv.get("preemptions") is None else f"{srv['preemptions']:.0f}",
-            "-" if srv.get("peak_kv_usage") is None else f"{srv['peak_kv_usage']:.0%}",
+            escape(p.label + (f" ({pred})" if pred else "")), "-" if srv.preemptions is None else f"{srv.preemptions:.0f}",
+            "-" if srv.peak_kv_usage is None else f"{srv.peak_kv_usage:.0%}",
             pair(p.ttft), pair(p.itl), pair(p.e2e),
-            "-" if (getattr(p, "send_lag", None) or {}).get("p99") is None else f"{p.send_lag['p99'] * 1000:.1f}",
+            "-" if p.send_lag.p99 is None else f"{p.send_lag.p99 * 1000:.1f}",
             "-" if p.throughput_tok_s is None else f"{p.throughput_tok_s:,.0f}",
-            "-" if getattr(p, "request_throughput", None) is None else f"{p.request_throughput:.2f}",
+            "-" if p.request_throughput is None else f"{p.request_throughput:.2f}",
             f"{p.requests_ok}/{p.requests}"]
         if slo:
             cells += ["-" if p.slo_met is None else ("met" if p.slo_met else "missed"),
@@ -291,5 +280,5 @@ def _points_table(s: Any) -> str:
     return "".join(rows)
 
 
-def _where(p: Any) -> str:
-    return f"{p.rate:g} req/s" if getattr(p, "mode", "") == "rate" else f"concurrency {p.concurrency}"
+def _where(p: PointResult) -> str:
+    return f"{p.rate:g} req/s" if p.mode == "rate" else f"concurrency {p.concurrency}"

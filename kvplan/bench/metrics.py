@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from kvplan.bench.results import ServerFigures
 from kvplan.vllm.metric_names import ALIASES, CACHE_INFO, HISTOGRAMS, WAITING_BY_REASON
 
 #: What the fast scrape keeps (line prefixes).
@@ -152,33 +153,6 @@ def _histogram(samples: dict[str, list], name: str) -> Histogram | None:
     return Histogram(tuple(sorted(by_le.items())), total, count)
 
 
-@dataclass
-class PointMetrics:
-    """What the server said during one point: deltas of counters, peaks of gauges."""
-
-    scrapes: int = 0
-    preemptions: float | None = None
-    peak_running: float | None = None
-    peak_waiting: float | None = None
-    peak_waiting_capacity: float | None = None
-    peak_kv_usage: float | None = None
-    peak_in_engine: float | None = None  # max of running + waiting in one scrape
-    prompt_tokens: float | None = None
-    generation_tokens: float | None = None
-    prefix_queries: float | None = None
-    prefix_hits: float | None = None
-    server_ttft_mean_s: float | None = None
-    server_ttft_p50_s: float | None = None
-    server_ttft_p99_s: float | None = None
-    server_ttft_count: float | None = None
-    series: list[tuple[float, float, float, float, float]] = field(default_factory=list)  # t, run, wait, kv, preempt
-
-    def to_json(self) -> dict:
-        out = {k: v for k, v in self.__dict__.items() if k != "series"}
-        out["series"] = [list(row) for row in self.series]
-        return out
-
-
 def _delta(after: Snapshot, before: Snapshot, key: str) -> float | None:
     """A counter's increase; None when unknown or when the counter went down (the engine reset it,
     or the server lies): a reset is never read as a negative count."""
@@ -194,32 +168,35 @@ def _peak(values: Iterable[float | None]) -> float | None:
     return max(vals) if vals else None
 
 
-def summarize(before: Snapshot, during: list[Snapshot], after: Snapshot) -> PointMetrics:
-    """Combine the full scrapes around a point with the fast ones taken during it."""
+def summarize(before: Snapshot, during: list[Snapshot], after: Snapshot) -> ServerFigures:
+    """Combine the full scrapes around a point with the fast ones taken during it: deltas of counters,
+    peaks of gauges (every figure given, None where the server did not say)."""
     every = [before, *during, after]
-    pm = PointMetrics(scrapes=len(during))
-    pm.preemptions = _delta(after, before, "preemptions")
-    pm.peak_running = _peak(s.get("running") for s in every)
-    pm.peak_waiting = _peak(s.get("waiting") for s in every)
-    pm.peak_waiting_capacity = _peak(s.waiting_by_reason.get("capacity") for s in every)
-    pm.peak_kv_usage = _peak(s.get("kv_usage") for s in every)
-    pm.peak_in_engine = _peak(
+    pm: dict = {"scrapes": len(during)}
+    pm["preemptions"] = _delta(after, before, "preemptions")
+    pm["peak_running"] = _peak(s.get("running") for s in every)
+    pm["peak_waiting"] = _peak(s.get("waiting") for s in every)
+    pm["peak_waiting_capacity"] = _peak(s.waiting_by_reason.get("capacity") for s in every)
+    pm["peak_kv_usage"] = _peak(s.get("kv_usage") for s in every)
+    pm["peak_in_engine"] = _peak(
         (s.get("running") or 0.0) + (s.get("waiting") or 0.0) if s.get("running") is not None else None for s in every
     )
     for key in ("prompt_tokens", "generation_tokens", "prefix_queries", "prefix_hits"):
-        setattr(pm, key, _delta(after, before, key))
+        pm[key] = _delta(after, before, key)
+    pm.update(server_ttft_mean_s=None, server_ttft_p50_s=None, server_ttft_p99_s=None, server_ttft_count=None)
     ttft = after.histograms.get("ttft")
     if ttft is not None:
         d = ttft.minus(before.histograms.get("ttft"))
         if d.count >= 0 and d.sum >= 0 and all(c >= 0 for _, c in d.buckets):  # else: reset between scrapes
-            pm.server_ttft_mean_s, pm.server_ttft_count = d.mean, d.count
-            pm.server_ttft_p50_s, pm.server_ttft_p99_s = d.quantile(0.5), d.quantile(0.99)
+            pm.update(server_ttft_mean_s=d.mean, server_ttft_p50_s=d.quantile(0.5), server_ttft_p99_s=d.quantile(0.99),
+                      server_ttft_count=d.count)
     base = before.get("preemptions") or 0.0
+    series = []
     for s in during:
         seen = s.get("preemptions")
-        pm.series.append((round(s.t_s, 4), s.get("running") or 0.0, s.get("waiting") or 0.0,
-                          s.get("kv_usage") or 0.0, max(0.0, seen - base) if seen is not None else 0.0))
-    return pm
+        series.append((round(s.t_s, 4), s.get("running") or 0.0, s.get("waiting") or 0.0,
+                       s.get("kv_usage") or 0.0, max(0.0, seen - base) if seen is not None else 0.0))
+    return ServerFigures(**pm, series=series)
 
 
 def preempted(preemptions) -> bool:

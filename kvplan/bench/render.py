@@ -4,9 +4,9 @@ again. Never starts an engine nor opens a connection."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from kvplan.bench import store as st
+from kvplan.bench.results import BenchSummary
 from kvplan.errors import KvplanError
 
 
@@ -16,13 +16,12 @@ def finished_run(path: Path) -> bool:
         summary = load_summary(path)
     except KvplanError:
         return False
-    return summary.status == "complete" and getattr(summary, "source", "kvplan") == "kvplan"
+    return summary.status == "complete" and summary.source == "kvplan"
 
 
-def load_summary(path: Path) -> Any:
+def load_summary(path: Path) -> BenchSummary:
     """A kvplan run folder (summary.json) or a `vllm bench serve` result / folder of results."""
     from kvplan.bench.external import read_external
-    from kvplan.bench.runner import BenchSummary
     from kvplan.paths import load_user_json
 
     if path.is_dir() and (path / st.SUMMARY_FILE).is_file():
@@ -45,7 +44,7 @@ def load_summary(path: Path) -> Any:
     raise KvplanError(f"{path}: no such run folder or file")
 
 
-def rerender(path: Path) -> Any:
+def rerender(path: Path) -> BenchSummary:
     """Write a finished kvplan run's report.md, report.html, points.csv and requests.csv again."""
     from kvplan.bench.report import write_reports
 

@@ -7,9 +7,11 @@ import json
 from typing import Any
 
 from kvplan.bench import store as st
+from kvplan.bench.results import BenchSummary, LatencyStats, PlannerCapacity, PointResult
+from kvplan.bench.sweep import Onset
 
 
-def write_reports(store: st.RunStore, summary: Any) -> None:
+def write_reports(store: st.RunStore, summary: BenchSummary) -> None:
     """Write the summary JSON, the Markdown report and the plot (the plot only with matplotlib)."""
     from kvplan.bench.html import html_report
 
@@ -40,7 +42,7 @@ HTML_FILE = "report.html"
 _STAT_KEYS = ("n", "mean", "p50", "p90", "p95", "p99")
 
 
-def points_csv(points: list) -> str:
+def points_csv(points: list[PointResult]) -> str:
     """One row per point; latencies in ms, with the sample count of each metric."""
     import csv
     import io
@@ -56,17 +58,16 @@ def points_csv(points: list) -> str:
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(head)
     for p in points:
-        srv = p.server or {}
-        pred = p.predicted or {}
+        srv, pred = p.server, p.predicted
         row = [p.seq, p.mode, p.concurrency, p.rate, p.burstiness, p.max_concurrency, p.status, p.label, p.latency_from,
                p.wall_s, p.requests, p.requests_ok, p.requests_failed, p.output_tokens, p.throughput_tok_s,
-               p.request_throughput, srv.get("preemptions"), srv.get("peak_waiting"), srv.get("peak_running"),
-               srv.get("peak_kv_usage"), pred.get("label"), pred.get("kv_fill"), p.slo_met, p.goodput_share,
+               p.request_throughput, srv.preemptions, srv.peak_waiting, srv.peak_running, srv.peak_kv_usage,
+               None if pred is None else pred.label, None if pred is None else pred.kv_fill, p.slo_met, p.goodput_share,
                p.goodput_req_s, p.goodput_tok_s]
         for metric in ("ttft", "itl", "tpot", "e2e", "send_lag"):
-            stats = getattr(p, metric) or {}
-            row.append(None if stats.get("n") is None else int(stats["n"]))
-            row += [None if stats.get(k) is None else round(stats[k] * 1000, 3) for k in _STAT_KEYS[1:]]
+            stats: LatencyStats = getattr(p, metric)
+            row.append(stats.n)
+            row += [None if stats.stat(k) is None else round(stats.stat(k) * 1000, 3) for k in _STAT_KEYS[1:]]
         row += ["; ".join(p.warnings), p.error]
         w.writerow(["" if v is None else v for v in row])
     return _csv_safe(buf.getvalue())
@@ -127,64 +128,65 @@ def _num(value: Any, fmt: str = ",") -> str:
     return format(value, fmt)
 
 
-def _onset_cell(measured: dict | None, predicted: int | None, has_prediction: bool) -> str:
-    if not measured:
+def onset_text(onset: Onset) -> str:
+    """A measured onset: its level ("<= level" when the level below it was not measured), or how far none was seen."""
+    if onset.first is None:
+        return f"none up to {onset.searched_up_to}"
+    return str(onset.first) if onset.exact else f"<= {onset.first}"
+
+
+def _onset_cell(measured: Onset | None, predicted: int | None, has_prediction: bool) -> str:
+    if measured is None:
         return "not searched"
-    first = measured.get("first")
-    if first is None:
-        text = f"none up to {measured.get('searched_up_to')}"
-    else:
-        text = str(first) if measured.get("exact", True) else f"<= {first}"
+    first = measured.first
+    text = onset_text(measured)
     if has_prediction:
         text += " (agrees)" if first == predicted else " (differs)"
     return text
 
 
-def markdown(summary: Any) -> str:
+def markdown(summary: BenchSummary) -> str:
     """The report: capacity and onsets predicted vs measured, then one row per point."""
     s = summary
-    pred = s.prediction or {}
-    cap = s.capacity or {}
-    planner = s.planner or {}
+    pred = s.prediction
+    cap = s.capacity
+    planner = s.planner or PlannerCapacity()
     lines = [f"# kvplan bench: {s.model}", ""]
     lines.append(f"- workload: {s.workload}")
     if s.engine_command:
         lines.append(f"- engine: `{s.engine_command}`")
     else:
         lines.append(f"- server: {s.base_url} (attached)")
-    if getattr(s, "headers", None):
+    if s.headers:
         lines.append(f"- request headers: {', '.join(s.headers)} (values never stored)")
-    if getattr(s, "proxy", None):
+    if s.proxy:
         lines.append(f"- proxy: {s.proxy} (from the environment; every request, probe and scrape went through it)")
     lines.append(f"- status: {s.status}" + (f" ({s.error})" if s.error and s.status != "complete" else ""))
     lines += ["", "## KV capacity", "", "| | planner | engine reports |", "|---|---:|---:|"]
-    p_blocks = planner.get("num_blocks")
-    p_tokens = planner.get("kv_cache_tokens")
-    lines.append(f"| blocks (incl. the null block) | {_num(p_blocks)} | {_num(cap.get('num_blocks'))} |")
-    lines.append(f"| block size | {_num(planner.get('block_size'))} | {_num(cap.get('block_size'))} |")
-    lines.append(f"| KV cache tokens | {_num(p_tokens)} | {_num(cap.get('kv_cache_tokens'))} |")
-    if planner.get("error"):
-        lines += ["", f"Planner: {planner['error']}"]
-    lines += ["", f"Capacity read from: {cap.get('source') or 'nothing (no log line, no cache_config_info)'}."]
+    lines.append(f"| blocks (incl. the null block) | {_num(planner.num_blocks)} | {_num(cap.num_blocks)} |")
+    lines.append(f"| block size | {_num(planner.block_size)} | {_num(cap.block_size)} |")
+    lines.append(f"| KV cache tokens | {_num(planner.kv_cache_tokens)} | {_num(cap.kv_cache_tokens)} |")
+    if planner.error:
+        lines += ["", f"Planner: {planner.error}"]
+    lines += ["", f"Capacity read from: {cap.source or 'nothing (no log line, no cache_config_info)'}."]
     lines += ["", "## Onsets", "", "| onset | predicted (block rule) | measured |", "|---|---:|---|"]
-    measured = s.measured or {}
     for key, name in (("first_kv_wait", "first concurrency that waits for KV"),
                       ("first_preemption", "first concurrency with preemptions")):
-        p = pred.get(key) if pred else None
+        p = pred.onset(key) if pred else None
         p_text = ("never" if p is None else str(p)) if pred else "-"
-        lines.append(f"| {name} | {p_text} | {_onset_cell(measured.get(key), p, bool(pred))} |")
+        lines.append(f"| {name} | {p_text} | {_onset_cell(s.measured.onset(key), p, pred is not None)} |")
     if pred:
         lines += ["", (
-            f"Block rule on the engine's pool: {pred['num_blocks']} blocks of {pred['block_size']} "
-            f"({pred['usable_blocks']} usable); a request is admitted with {pred['admit_blocks']} free blocks "
-            f"and peaks at {pred['peak_blocks']}"
-            + ("" if pred.get("exact") else " (approximate: requests are not identical; mean lengths used)")
+            f"Block rule on the engine's pool: {pred.num_blocks} blocks of {pred.block_size} "
+            f"({pred.usable_blocks} usable); a request is admitted with {pred.admit_blocks} free blocks "
+            f"and peaks at {pred.peak_blocks}"
+            + ("" if pred.exact else " (approximate: requests are not identical; mean lengths used)")
             + "."
         )]
-    rate_mode = getattr(s, "load_mode", "concurrency") == "rate"
-    slo = getattr(s, "slo", None) or {}
+    rate_mode = s.rate_mode
+    slo = s.slo
     lines += ["", "## Points", ""]
-    if getattr(s, "load_description", None):
+    if s.load_description:
         lines += [f"Load: {s.load_description}.", ""]
     cols = (["rate req/s", "peak in flight"] if rate_mode else ["concurrency"]) + [
         "predicted", "measured", "preemptions", "peak waiting", "KV fill predicted", "KV peak measured",
@@ -194,15 +196,15 @@ def markdown(summary: Any) -> str:
         cols += ["meets SLOs", "goodput req/s", "goodput tok/s"]
     lines += ["| " + " | ".join(cols) + " |", "|" + "---:|" * len(cols)]
     for pt in s.points:
-        srv = pt.server or {}
-        predicted = pt.predicted or {}
-        kv_pred = predicted.get("kv_fill")
-        kv_meas = srv.get("peak_kv_usage")
+        srv, predicted = pt.server, pt.predicted
+        kv_pred = None if predicted is None else predicted.kv_fill
+        kv_meas = srv.peak_kv_usage
         load = [f"{pt.rate:g}", str(pt.concurrency)] if rate_mode else [str(pt.concurrency)]
         cells = load + [
-            predicted.get("label", "-"), pt.label, _num(_int(srv.get("preemptions"))), _num(_int(srv.get("peak_waiting"))),
+            "-" if predicted is None else predicted.label, pt.label, _num(_int(srv.preemptions)),
+            _num(_int(srv.peak_waiting)),
             "-" if kv_pred is None else f"{kv_pred:.0%}", "-" if kv_meas is None else f"{kv_meas:.0%}",
-            _ms(pt.ttft.get("p50")), _pn(pt.ttft), _ms(pt.itl.get("p50")), _pn(pt.itl), _ms(pt.tpot.get("p50")),
+            _ms(pt.ttft.p50), _pn(pt.ttft), _ms(pt.itl.p50), _pn(pt.itl), _ms(pt.tpot.p50),
             _pn(pt.e2e), _num(pt.throughput_tok_s, ",.0f"), _num(pt.request_throughput, ",.2f"),
             f"{pt.requests_ok}/{pt.requests}"]
         if slo:
@@ -212,13 +214,13 @@ def markdown(summary: Any) -> str:
     if slo:
         from kvplan.bench.slo import describe_slo
 
-        best = getattr(s, "highest_load_meeting_slo", None)
+        best = s.highest_load_meeting_slo
         unit = "requests/s" if rate_mode else "concurrent streams"
         lines += ["", f"SLOs: {describe_slo(slo)}. Highest load meeting them: "
                   + (f"{best:g} {unit}." if best is not None else "none of the measured loads.")
                   + " Goodput counts requests meeting every SLO on their own (TTFT, TPOT, E2E, and the request's own "
                   "ITL percentile)."]
-        search = getattr(s, "rate_search", None)
+        search = s.rate_search
         if search is not None:
             lines += ["", f"Automatic rate search: {search.describe()}."]
     for pt in s.points:
@@ -245,14 +247,14 @@ DEFINITIONS = (
     "point's wall time. (n) = samples behind the percentile; a p99 needs >= 100.")
 
 
-def _pn(stats: dict) -> str:
+def _pn(stats: LatencyStats) -> str:
     """'812.3 (97)': the p99 and its sample count, '!' when too few samples carry it."""
     from kvplan.bench.stats import min_samples
 
-    value = stats.get("p99")
+    value = stats.p99
     if value is None:
         return "-"
-    n = int(stats.get("n") or 0)
+    n = stats.count
     return f"{value * 1000:.1f} ({n}{'!' if n < min_samples(99) else ''})"
 
 
@@ -260,7 +262,7 @@ def _int(value: Any) -> int | None:
     return None if value is None else int(round(value))
 
 
-def plot_png(summary: Any) -> bytes | None:
+def plot_png(summary: BenchSummary) -> bytes | None:
     """TTFT p50/p99 and preemptions vs concurrency, the predicted onsets drawn in."""
     import io
 
@@ -269,7 +271,7 @@ def plot_png(summary: Any) -> bytes | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    points = [p for p in summary.points if p.status == "ok" and p.ttft.get("p50") is not None]
+    points = [p for p in summary.points if p.status == "ok" and p.ttft.p50 is not None and p.ttft.p99 is not None]
     if not points:
         return None
     xs = [p.concurrency for p in points]
@@ -278,12 +280,12 @@ def plot_png(summary: Any) -> bytes | None:
     ax2 = ax.twinx()
     ax.set_zorder(ax2.get_zorder() + 1)  # the lines over the bars
     ax.patch.set_visible(False)
-    pre = [(p.server or {}).get("preemptions") or 0 for p in points]
+    pre = [p.server.preemptions or 0 for p in points]
     widths = [0.08 * x for x in xs] if log_x else [0.4] * len(xs)
     ax2.bar(xs, pre, width=widths, alpha=0.3, color="tab:red", label="preemptions")
     ax2.set_ylabel("preemptions in the point")
-    ax.plot(xs, [p.ttft["p50"] * 1000 for p in points], "o-", label="TTFT p50")
-    ax.plot(xs, [p.ttft["p99"] * 1000 for p in points], "s-", label="TTFT p99")
+    ax.plot(xs, [p.ttft.p50 * 1000 for p in points], "o-", label="TTFT p50")
+    ax.plot(xs, [p.ttft.p99 * 1000 for p in points], "s-", label="TTFT p99")
     ax.set_xlabel("concurrent streams")
     ax.set_ylabel("TTFT (ms)")
     if log_x:
@@ -293,13 +295,13 @@ def plot_png(summary: Any) -> bytes | None:
         ax.xaxis.set_major_formatter(ScalarFormatter())
         ax.set_xticks(xs)
         ax.tick_params(axis="x", labelsize=8)
-    pred = summary.prediction or {}
-    if pred.get("first_kv_wait"):
-        ax.axvline(pred["first_kv_wait"], color="tab:orange", linestyle="--",
-                   label=f"predicted first KV wait ({pred['first_kv_wait']})")
-    if pred.get("first_preemption"):
-        ax.axvline(pred["first_preemption"], color="tab:red", linestyle=":", linewidth=2,
-                   label=f"predicted first preemption ({pred['first_preemption']})")
+    pred = summary.prediction
+    if pred is not None and pred.first_kv_wait:
+        ax.axvline(pred.first_kv_wait, color="tab:orange", linestyle="--",
+                   label=f"predicted first KV wait ({pred.first_kv_wait})")
+    if pred is not None and pred.first_preemption:
+        ax.axvline(pred.first_preemption, color="tab:red", linestyle=":", linewidth=2,
+                   label=f"predicted first preemption ({pred.first_preemption})")
     handles = ax.get_legend_handles_labels()
     h2 = ax2.get_legend_handles_labels()
     ax.legend(handles[0] + h2[0], handles[1] + h2[1], loc="upper left", fontsize=8)
@@ -312,5 +314,5 @@ def plot_png(summary: Any) -> bytes | None:
     return buf.getvalue()
 
 
-def summary_json(summary: Any) -> dict[str, Any]:
+def summary_json(summary: BenchSummary) -> dict[str, Any]:
     return json.loads(summary.model_dump_json())

@@ -12,7 +12,7 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -29,8 +29,22 @@ from kvplan.bench.engine import (
 )
 from kvplan.bench.loadgen import RequestRecord, StopSignal, run_closed_loop, run_open_loop, run_stoppable
 from kvplan.bench.metrics import Snapshot, preempted, scrape_during, scrape_once, summarize
-from kvplan.bench.slo import point_checks, request_meets
-from kvplan.bench.stats import describe, sample_warnings
+from kvplan.bench.results import (  # noqa: F401 - BenchSummary, PointResult, RateSearchResult: imported from here too
+    LATENCY_FROM,
+    BenchSummary,
+    LatencyStats,
+    MeasuredOnsets,
+    OnsetAgreement,
+    OnsetName,
+    OnsetPrediction,
+    PlannerCapacity,
+    PointResult,
+    PredictedPoint,
+    RateSearchResult,
+    ServerFigures,
+)
+from kvplan.bench.slo import request_meets, slo_results
+from kvplan.bench.stats import sample_warnings
 from kvplan.bench.sweep import (
     Onset,
     PointOutcome,
@@ -55,8 +69,6 @@ from kvplan.vllm.startup_log import redact
 #: for a p99 that is not just the largest sample (kvplan.bench.stats.min_samples).
 DEFAULT_REQUESTS = 100
 
-LATENCY_FROM = "scheduled"  # every latency counts from the request's scheduled time (see loadgen)
-
 
 class BenchFailed(KvplanError):
     """The run could not go on (engine died, server went away): exit code 1."""
@@ -70,27 +82,6 @@ class RateSearchConfig(BaseModel):
     start: float = 1.0  # requests/s of the first point
     resolution: float = 0.1  # stop when (first missed - highest met) / highest met <= this
     max_points: int = 12
-
-
-class RateSearchResult(BaseModel):
-    """What the automatic rate search found: the SLO threshold lies in [highest_meeting_slo, first_missing_slo)."""
-
-    highest_meeting_slo: float | None  # requests/s; null: no measured rate met the SLOs
-    first_missing_slo: float | None  # requests/s; null: every measured rate met them
-    resolved: bool  # the bracket is within the resolution
-    stopped: str  # resolved | max points | met up to the ceiling | missed down to the floor
-    points: int
-    start: float
-    resolution: float
-    max_points: int
-
-    def describe(self) -> str:
-        met = "none" if self.highest_meeting_slo is None else f"{self.highest_meeting_slo:g} requests/s"
-        missed = "none" if self.first_missing_slo is None else f"{self.first_missing_slo:g} requests/s"
-        how = (f"within {self.resolution:.0%}" if self.resolved else f"not resolved to {self.resolution:.0%}: "
-               f"{self.stopped}")
-        return (f"highest rate meeting the SLOs: {met}; first rate missing them: {missed} "
-                f"({how}; {self.points} point{'s' if self.points != 1 else ''} from {self.start:g} requests/s)")
 
 
 class BenchConfig(BaseModel):
@@ -138,119 +129,8 @@ class BenchConfig(BaseModel):
         return Workload(**data)
 
 
-class PointResult(BaseModel):
-    """One line of points.jsonl."""
-
-    seq: int
-    concurrency: int
-    status: Literal["ok", "failed"]
-    error: str | None = None
-    started_at: str
-    wall_s: float
-    first_index: int
-    requests: int
-    requests_ok: int
-    requests_failed: int
-    output_tokens: int
-    throughput_tok_s: float | None
-    ttft: dict[str, float | None]
-    itl: dict[str, float | None]
-    tpot: dict[str, float | None]
-    e2e: dict[str, float | None]
-    server: dict[str, Any]
-    waited_for_kv: bool
-    wait_evidence: list[str] = Field(default_factory=list)
-    preempted: bool
-    label: str
-    predicted: dict[str, Any] | None = None
-    notes: list[str] = Field(default_factory=list)
-    # Load: closed loop at `concurrency` streams, or open loop at `rate` requests/s (then `concurrency`
-    # is the most requests the client had in flight at once).
-    mode: Literal["concurrency", "rate"] = "concurrency"
-    rate: float | None = None
-    burstiness: float | None = None
-    max_concurrency: int | None = None  # open loop: the cap on requests in flight
-    latency_from: str = LATENCY_FROM
-    send_lag: dict[str, float | None] = Field(default_factory=dict)  # actual send - scheduled time
-    request_throughput: float | None = None  # completed requests / wall time
-    multi_token_requests: int = 0  # requests whose deliveries carried several tokens
-    warnings: list[str] = Field(default_factory=list)  # percentiles resting on too few samples
-    slo: dict[str, Any] | None = None  # {key: {target, value, met}} (seconds)
-    slo_met: bool | None = None  # every SLO percentile of the point within its target
-    goodput_share: float | None = None  # requests meeting every SLO / requests
-    goodput_req_s: float | None = None
-    goodput_tok_s: float | None = None
-
-    @property
-    def load(self) -> float:
-        return self.rate if self.mode == "rate" and self.rate is not None else float(self.concurrency)
-
-    @property
-    def load_key(self) -> tuple[str, float]:
-        return (self.mode, self.load)
-
-    def outcome(self) -> PointOutcome:
-        return PointOutcome(self.concurrency, self.waited_for_kv, self.preempted, self.status != "ok")
-
-
-class BenchSummary(BaseModel):
-    kvplan_version: str = __version__
-    status: Literal["complete", "interrupted", "failed"]
-    error: str | None = None
-    run_dir: str
-    mode: Literal["launch", "attach"]
-    base_url: str
-    model: str
-    deployment: str | None = None
-    # The onsets as plain fields (kvplan check --bench reads measured_first_preemption; null = none
-    # seen up to the top of the sweep, or not searched when status is not "complete").
-    measured_first_kv_wait: int | None = None
-    measured_first_preemption: int | None = None
-    predicted_first_kv_wait: int | None = None
-    predicted_first_preemption: int | None = None
-    engine_command: str | None = None
-    metrics_error: str | None = None  # set when the server's /metrics could not be read
-    workload: str
-    capacity: dict[str, Any]
-    planner: dict[str, Any] | None = None
-    prediction: dict[str, Any] | None = None
-    measured: dict[str, Any]
-    points: list[PointResult]
-    load_mode: Literal["concurrency", "rate"] = "concurrency"
-    load_description: str | None = None  # how each point was loaded and sized
-    latency_from: str = LATENCY_FROM
-    slo: dict[str, float] = Field(default_factory=dict)
-    highest_load_meeting_slo: float | None = None  # concurrency or rate; null: none (or no SLO)
-    source: str = "kvplan"
-    rate_search: RateSearchResult | None = None  # --sweep-rate auto: what the search found
-    headers: list[str] = Field(default_factory=list)  # extra request headers, values masked: "X-Token: ***"
-    proxy: str | None = None  # the proxy every request went through (credentials masked); null: direct
-
-
-def rule_json(rule: BlockRule | None, exact: bool) -> dict[str, Any] | None:
-    if rule is None:
-        return None
-    return {
-        "num_blocks": rule.num_blocks,
-        "block_size": rule.block_size,
-        "prompt_tokens": rule.prompt_tokens,
-        "output_tokens": rule.output_tokens,
-        "max_num_seqs": None if rule.max_num_seqs >= (1 << 30) else rule.max_num_seqs,
-        "usable_blocks": rule.usable_blocks,
-        "admit_blocks": rule.admit_blocks,
-        "peak_blocks": rule.peak_blocks,
-        "first_kv_wait": rule.first_kv_wait,
-        "first_preemption": rule.first_preemption,
-        "exact": exact,
-    }
-
-
 def _first(onset: Onset | None) -> int | None:
     return None if onset is None else onset.first
-
-
-def onset_json(onset: Onset | None) -> dict[str, Any] | None:
-    return None if onset is None else dataclasses.asdict(onset)
 
 
 class BenchRun:
@@ -270,10 +150,10 @@ class BenchRun:
         self.launcher: EngineLauncher | None = None
         self.base_url = cfg.url.rstrip("/") if cfg.url else ""
         self.model = cfg.model or ""
-        self.capacity = EngineCapacity(None, None, None)
+        self.capacity = EngineCapacity()
         self.rule: BlockRule | None = None
         self.rule_exact = False
-        self.planner: dict[str, Any] | None = None
+        self.planner: PlannerCapacity | None = None
         self.nonce = str(time.time_ns())
         self.workload = cfg.workload_obj(self.nonce)
         self.points: list[PointResult] = []
@@ -286,7 +166,7 @@ class BenchRun:
         self._request_rows: list[dict[str, Any]] = []
         self.summary_obj: BenchSummary | None = None
         self.metrics_error: str | None = None  # the server has no readable /metrics
-        self.onsets: dict[str, Onset | None] = {"first_kv_wait": None, "first_preemption": None}
+        self.onsets: dict[OnsetName, Onset | None] = {"first_kv_wait": None, "first_preemption": None}
         self.rate_search: RateSearch | None = None
 
     @property
@@ -371,7 +251,7 @@ class BenchRun:
             raise KvplanError(f"the server does not serve {self.model!r}", f"it serves: {', '.join(ids)}")
 
     def _read_capacity(self, snap: Snapshot | None) -> None:
-        cap = EngineCapacity(None, None, None)
+        cap = EngineCapacity()
         if snap is not None and snap.cache_info:
             cap = capacity_from_cache_info(snap.cache_info)
         if self.launcher is not None:
@@ -380,7 +260,7 @@ class BenchRun:
 
                 log_cap = parse_capacity_log(read_startup_log(str(self.store.engine_log), "engine log"))
             except (OSError, KvplanError):
-                log_cap = EngineCapacity(None, None, None)
+                log_cap = EngineCapacity()
             cap = cap.merged(log_cap) if cap.source else log_cap.merged(cap)
         self.capacity = cap
 
@@ -400,6 +280,10 @@ class BenchRun:
             self.rule = None
         self.rule_exact = w.identical
 
+    @property
+    def prediction(self) -> OnsetPrediction | None:
+        return None if self.rule is None else OnsetPrediction.from_rule(self.rule, self.rule_exact)
+
     def _planner(self) -> None:
         """The planner's own pool for this deployment, next to the engine's (best effort)."""
         ecfg = self.cfg.engine_config()
@@ -408,7 +292,7 @@ class BenchRun:
         try:
             self.planner = planner_capacity(ecfg, self.cfg.planner_gpu, self.cfg.max_num_seqs)
         except Exception as exc:  # noqa: BLE001 - the comparison must never stop a run
-            self.planner = {"error": f"{type(exc).__name__}: {exc}"}
+            self.planner = PlannerCapacity(error=f"{type(exc).__name__}: {exc}")
 
     # ---------------------------------------------------------------- points
 
@@ -560,10 +444,9 @@ class BenchRun:
         aborted = self.client.scrub(aborted)
         ok = [r for r in records if r.ok]
         failed = [r for r in records if not r.ok]
-        server = summarize(before, during, after).to_json() if before is not None and after is not None else {}
+        server = summarize(before, during, after) if before is not None and after is not None else ServerFigures()
         if before is not None and after is None and during:
-            server = summarize(before, during, during[-1]).to_json()
-            server["incomplete"] = True
+            server = summarize(before, during, during[-1]).model_copy(update={"incomplete": True})
         # A point is "ok" only when every request completed: one failed request (whatever its
         # reason, or none recorded) fails it, and a point that sent nothing is no measurement.
         error = aborted or next((r.error for r in failed if r.error), None)
@@ -572,10 +455,10 @@ class BenchRun:
         if error is None and not records:
             error = "no request was sent"
         status = "failed" if error else "ok"
-        peak_wait = server.get("peak_waiting_capacity")
+        peak_wait = server.peak_waiting_capacity
         if peak_wait is None:
-            peak_wait = server.get("peak_waiting")
-        preemptions = server.get("preemptions")
+            peak_wait = server.peak_waiting
+        preemptions = server.preemptions
         evidence = wait_evidence(concurrency, self.cfg.max_num_seqs, peak_wait, preemptions)
         waited = bool(evidence)
         did_preempt = preempted(preemptions)  # a reset or lying counter (negative, NaN, inf) is no evidence
@@ -583,14 +466,9 @@ class BenchRun:
         output_tokens = sum(r.output_tokens for r in ok)
         predicted = None
         if self.rule is not None and rate is None:
-            predicted = {
-                "waits_for_kv": self.rule.waits_for_kv(concurrency),
-                "preempts": self.rule.preempts(concurrency),
-                "kv_fill": round(self.rule.kv_fill(concurrency), 4),
-                "label": self.rule.label(concurrency),
-            }
+            predicted = PredictedPoint.from_rule(self.rule, concurrency)
         notes = []
-        seen = server.get("peak_in_engine")
+        seen = server.peak_in_engine
         if rate is None and status == "ok" and seen is not None and seen < min(concurrency, self.cfg.max_num_seqs or concurrency):
             notes.append(f"the engine was seen holding at most {seen:.0f} of the {concurrency} requests at once "
                          "(short requests, a slow API server or scrapes too far apart): the load may not have "
@@ -598,15 +476,15 @@ class BenchRun:
         self._request_rows = [dict(r.to_json(), concurrency=concurrency, seq=seq,
                                    **({"rate": rate} if rate is not None else {})) for r in records]
         stats = {
-            "ttft": describe([r.ttft_s for r in ok if r.ttft_s is not None]),
-            "itl": describe([g for r in ok for g in r.itl_s]),
-            "tpot": describe([r.tpot_s for r in ok if r.tpot_s is not None]),
-            "e2e": describe([r.e2e_s for r in ok if r.e2e_s is not None]),
+            "ttft": LatencyStats.of([r.ttft_s for r in ok if r.ttft_s is not None]),
+            "itl": LatencyStats.of([g for r in ok for g in r.itl_s]),
+            "tpot": LatencyStats.of([r.tpot_s for r in ok if r.tpot_s is not None]),
+            "e2e": LatencyStats.of([r.e2e_s for r in ok if r.e2e_s is not None]),
         }
         warnings = [w for name, key in (("TTFT", "ttft"), ("ITL", "itl"), ("TPOT", "tpot"), ("E2E", "e2e"))
                     for w in sample_warnings(name, stats[key])]
         slo = self.cfg.slo
-        checks = point_checks(stats, slo) if slo else None
+        checks = slo_results(stats, slo) if slo else None
         good = [r for r in ok if request_meets(r, slo)] if slo else []
         multi = sum(1 for r in ok if r.multi_token_chunks)
         if multi:
@@ -617,12 +495,12 @@ class BenchRun:
             rate=rate,
             burstiness=self.cfg.burstiness if rate is not None else None,
             max_concurrency=self.cfg.rate_max_concurrency if rate is not None else None,
-            send_lag=describe([max(0.0, r.sent_s - r.scheduled_s) for r in records if r.sent_s]),
+            send_lag=LatencyStats.of([max(0.0, r.sent_s - r.scheduled_s) for r in records if r.sent_s]),
             request_throughput=round(len(ok) / wall, 4) if wall > 0 and ok else None,
             multi_token_requests=multi,
             warnings=warnings,
             slo=checks,
-            slo_met=None if not checks or status != "ok" else all(c["met"] for c in checks.values()),
+            slo_met=None if not checks or status != "ok" else all(c.met for c in checks.values()),
             goodput_share=round(len(good) / len(records), 4) if slo and records else None,
             goodput_req_s=round(len(good) / wall, 4) if slo and wall > 0 else None,
             goodput_tok_s=round(sum(r.output_tokens for r in good) / wall, 2) if slo and wall > 0 else None,
@@ -741,22 +619,20 @@ class BenchRun:
             "base_url": self.base_url,
             "model": self.model,
             "capacity": dataclasses.asdict(self.capacity),
-            "planner": self.planner,
-            "prediction": rule_json(self.rule, self.rule_exact),
+            "planner": None if self.planner is None else self.planner.model_dump(mode="json"),
+            "prediction": None if self.prediction is None else self.prediction.model_dump(mode="json"),
         }
         self.run_info.setdefault("created", data["created"])
         self.store.write_run(data)
 
     def summary(self, status: str, error: str | None) -> BenchSummary:
         ordered = sorted(self.points, key=lambda p: (p.mode, p.load, p.seq))
-        measured = {k: onset_json(v) for k, v in self.onsets.items()}
-        rule = rule_json(self.rule, self.rule_exact)
-        agree = {}
+        rule = self.prediction
+        agree = OnsetAgreement()
         if rule is not None:
-            for key in ("first_kv_wait", "first_preemption"):
-                onset = self.onsets[key]
-                agree[key] = None if onset is None else (onset.first == rule[key])
-        measured["agrees_with_prediction"] = agree
+            agree = OnsetAgreement(**{key: None if onset is None else onset.first == rule.onset(key)
+                                      for key, onset in self.onsets.items()})
+        measured = MeasuredOnsets(**self.onsets, agrees_with_prediction=agree)
         cmd = None
         if self.launcher is not None and self.launcher.command:
             import shlex
@@ -772,12 +648,12 @@ class BenchRun:
             deployment=self.cfg.deployment,
             measured_first_kv_wait=_first(self.onsets["first_kv_wait"]),
             measured_first_preemption=_first(self.onsets["first_preemption"]),
-            predicted_first_kv_wait=rule["first_kv_wait"] if rule else None,
-            predicted_first_preemption=rule["first_preemption"] if rule else None,
+            predicted_first_kv_wait=rule.first_kv_wait if rule else None,
+            predicted_first_preemption=rule.first_preemption if rule else None,
             engine_command=cmd,
             metrics_error=self.metrics_error,
             workload=self.workload.describe(),
-            capacity=dataclasses.asdict(self.capacity),
+            capacity=self.capacity,
             planner=self.planner,
             prediction=rule,
             measured=measured,
@@ -921,18 +797,18 @@ def _ignore_signal(signum, frame) -> None:
     return None
 
 
-def planner_capacity(ecfg: EngineConfig, gpu: str | None, max_num_seqs: int | None) -> dict[str, Any]:
+def planner_capacity(ecfg: EngineConfig, gpu: str | None, max_num_seqs: int | None) -> PlannerCapacity:
     """What `kvplan size` plans for the same flags: blocks and KV tokens (for the report)."""
     from kvplan.deploy import load_model, plan_deployment, select_gpus
     from kvplan.vllm.args import settings_from_engine_args
 
     if gpu is None and ecfg.num_gpu_blocks_override is None and ecfg.kv_cache_memory_bytes is None:
-        return {"error": "pass --gpu to compare with the planner (the pool is not pinned)"}
+        return PlannerCapacity(error="pass --gpu to compare with the planner (the pool is not pinned)")
     selection = select_gpus(gpu, None, None if gpu else "1TiB")
     settings = settings_from_engine_args(ecfg, max_num_seqs=max_num_seqs)
     plan = plan_deployment(load_model(ecfg.model, offline=True), selection, settings)
-    return {"num_blocks": plan.num_blocks, "kv_cache_tokens": plan.kv_cache_tokens, "block_size": plan.block_size,
-            "vllm_version": plan.vllm_version}
+    return PlannerCapacity(num_blocks=plan.num_blocks, kv_cache_tokens=plan.kv_cache_tokens,
+                           block_size=plan.block_size, vllm_version=plan.vllm_version)
 
 
 def resume_state(path: Path) -> tuple[st.RunStore, BenchConfig, list[dict[str, Any]]]:

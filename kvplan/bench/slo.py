@@ -109,11 +109,27 @@ def request_meets(rec, slo: Mapping[str, float]) -> bool:
     return True
 
 
-def point_checks(stats: Mapping[str, Mapping[str, float | None]], slo: Mapping[str, float]) -> dict[str, dict]:
-    """{key: {"target": s, "value": s | None, "met": bool | None}} from a point's describe() dicts."""
+def _stat(stats: object, name: str) -> float | None:
+    if stats is None:
+        return None
+    if isinstance(stats, Mapping):
+        return stats.get(name)
+    return stats.stat(name)  # kvplan.bench.results.LatencyStats
+
+
+def slo_results(stats: Mapping[str, object], slo: Mapping[str, float]) -> dict:
+    """SLO key -> kvplan.bench.results.SloResult (target, value, met) of a point's latencies
+    (metric name -> LatencyStats, or a mapping with the same keys)."""
+    from kvplan.bench.results import SloResult
+
     out = {}
     for key, target in slo.items():
         metric, _, stat = key.rpartition("_")
-        value = (stats.get(metric) or {}).get(stat)
-        out[key] = {"target": target, "value": value, "met": None if value is None else value <= target}
+        value = _stat(stats.get(metric), stat)
+        out[key] = SloResult(target=target, value=value, met=None if value is None else value <= target)
     return out
+
+
+def point_checks(stats: Mapping[str, object], slo: Mapping[str, float]) -> dict[str, dict]:
+    """{key: {"target": s, "value": s | None, "met": bool | None}}: slo_results as plain mappings."""
+    return {key: r.model_dump() for key, r in slo_results(stats, slo).items()}

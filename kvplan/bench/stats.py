@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from kvplan.stats import percentile
+
+if TYPE_CHECKING:
+    from kvplan.bench.results import LatencyStats
 
 QUANTILES = (50, 90, 95, 99)
 
 
 def describe(values: Sequence[float]) -> dict[str, float | None]:
-    """{"mean", "p50", "p90", "p95", "p99", "n"} of a list of seconds (None when empty)."""
+    """{"mean", "p50", "p90", "p95", "p99", "n"} of a list of seconds (None when empty); a bench point
+    holds them as kvplan.bench.results.LatencyStats (LatencyStats.of)."""
     out: dict[str, float | None] = {"n": len(values), "mean": (sum(values) / len(values)) if values else None}
     for q in QUANTILES:
         out[f"p{q}"] = percentile(values, q)
@@ -25,12 +30,12 @@ def min_samples(q: float) -> int:
     return 2 if tail <= 0 else max(2, math.ceil(100 / tail - 1e-9))
 
 
-def sample_warnings(name: str, stats: dict[str, float | None]) -> list[str]:
-    """One line per percentile of ``stats`` (from describe) that rests on too few samples."""
-    n = int(stats.get("n") or 0)
+def sample_warnings(name: str, stats: LatencyStats) -> list[str]:
+    """One line per percentile of ``stats`` that rests on too few samples."""
+    n = stats.count
     if n == 0:
         return []
-    low = [q for q in QUANTILES if stats.get(f"p{q}") is not None and n < min_samples(q)]
+    low = [q for q in QUANTILES if stats.stat(f"p{q}") is not None and n < min_samples(q)]
     if not low:
         return []
     worst = max(low)

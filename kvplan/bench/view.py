@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvplan.bench.results import PointResult
 
 
 class NullView:
@@ -11,10 +14,10 @@ class NullView:
     def message(self, text: str) -> None: ...
     def engine_starting(self, elapsed_s: float) -> None: ...
     def engine_ready(self, elapsed_s: float) -> None: ...
-    def point_started(self, concurrency: int, total: int) -> None: ...
+    def point_started(self, concurrency: int | str, total: int) -> None: ...
     def request_done(self, ok: bool) -> None: ...
     def scrape(self, values: dict[str, float], waiting_capacity: float | None) -> None: ...
-    def point_finished(self, point: Any) -> None: ...
+    def point_finished(self, point: PointResult) -> None: ...
     def close(self) -> None: ...
 
 
@@ -22,10 +25,11 @@ class RichView(NullView):
     """A rich Progress: one line for the engine start, one bar per point with live gauges."""
 
     def __init__(self) -> None:
-        from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-        self.console = Console(stderr=True, highlight=False)
+        from kvplan.cli.common import make_console
+
+        self.console = make_console(stderr=True)
         self.progress = Progress(
             SpinnerColumn(),
             TextColumn("{task.description}"),
@@ -51,7 +55,7 @@ class RichView(NullView):
         if self._engine_task is not None:
             self.progress.update(self._engine_task, description=f"engine ready in {elapsed_s:.0f} s", total=1, completed=1)
 
-    def point_started(self, concurrency: int, total: int) -> None:
+    def point_started(self, concurrency: int | str, total: int) -> None:
         label = concurrency if isinstance(concurrency, str) else f"concurrency {concurrency:>4}"
         self._task = self.progress.add_task(label, total=total or None, gauges="")
 
@@ -69,14 +73,14 @@ class RichView(NullView):
         )
         self.progress.update(self._task, gauges=text)
 
-    def point_finished(self, point: Any) -> None:
+    def point_finished(self, point: PointResult) -> None:
         if self._task is None:
             return
         if point.status == "ok":
             text = (
                 f"[{'red' if point.preempted else 'yellow' if point.waited_for_kv else 'green'}]{point.label}[/]  "
-                f"preemptions {point.server.get('preemptions') or 0:.0f}  "
-                f"TTFT p99 {_ms(point.ttft.get('p99'))}"
+                f"preemptions {point.server.preemptions or 0:.0f}  "
+                f"TTFT p99 {_ms(point.ttft.p99)}"
             )
         else:
             from kvplan.cli.common import esc

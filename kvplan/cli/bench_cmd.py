@@ -423,7 +423,7 @@ def _run(runs: list, as_json: bool, check: bool, api_key: str | None = None, exp
         summaries.append(summary)
         if not as_json:
             render(summary)
-        if check and any(v is False for v in summary.measured.get("agrees_with_prediction", {}).values()):
+        if check and summary.measured.agrees_with_prediction.differs():
             exit_code = 1
     if as_json:
         print_json(summaries[0] if len(summaries) == 1 else [s.model_dump(mode="json") for s in summaries])
@@ -470,71 +470,109 @@ def _stderr_tty() -> bool:
     return sys.stderr.isatty()
 
 
-def render(summary) -> None:
-    """The table at the end (human output)."""
+def _ms(seconds: float | None) -> str:
+    """Milliseconds, to the unit from 10 ms up, to a tenth below (a 0.4 ms ITL is not "0")."""
+    if seconds is None:
+        return "-"
+    ms = seconds * 1000
+    return f"{ms:,.0f}" if ms >= 10 else f"{ms:.1f}"
+
+
+def points_tables(points, rate_mode: bool, console) -> list:
+    """One row per point, in one table when it fits ``width`` columns, else in two (KV pressure, then
+    latencies), each led by the point's load: no concurrency, percentile or label is ever cut short.
+    Only below ~50 columns does a cell wrap (at its spaces first)."""
+    from rich.measure import Measurement
+
+    load = ("req/s" if rate_mode else "c",)
+    kv_cols = ("limit\n(plan)", "preempt", "wait\npeak", "KV peak\n(plan)")
+    lat_cols = ("TTFT ms\np50/p99 (n)", "ITL ms\np50/p99", "E2E ms\np99", "tok/s")
+    rows = [_point_cells(p, rate_mode) for p in points]
+    whole = points_table(load + kv_cols + lat_cols, rows)
+    if Measurement.get(console, console.options.update_width(10_000), whole).maximum <= console.width:
+        return [whole]
+    n = len(kv_cols)
+    return [points_table(load + kv_cols, [r[:1 + n] for r in rows]),
+            points_table(load + lat_cols, [r[:1] + r[1 + n:] for r in rows])]
+
+
+def points_table(heads: tuple[str, ...], rows: list[list[str]]):
+    """A table of right-aligned figures for terminals and CI logs: a space-only frame under a header rule;
+    a cell too wide wraps (``fold``), never ends in an ellipsis."""
+    from rich import box
     from rich.table import Table
 
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
+    for head in heads:
+        table.add_column(head, justify="right", overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def _point_cells(p, rate_mode: bool) -> list[str]:
+    """load, limit (plan), preemptions, peak waiting, KV peak (plan), TTFT p50/p99 (n), ITL p50/p99, E2E p99, tok/s."""
+    short = {"KV-limited": "KV", "admission-limited": "admission", "neither": "-", "failed": "failed"}
+    srv, pr = p.server, p.predicted
+    label = esc(short.get(p.label, p.label))
+    if pr is not None and p.status == "ok":
+        planned = esc(short.get(pr.label, pr.label))
+        label = f"{label} ({planned})" if planned == label else f"[red]{label} ({planned})[/]"
+    elif p.status != "ok":
+        label = "[red]failed[/]"
+    kv = "-" if srv.peak_kv_usage is None else f"{srv.peak_kv_usage:.0%}"
+    if pr is not None:
+        kv += f" ({pr.kv_fill:.0%})"
+    n = p.ttft.count
+    return [f"{p.rate:g}" if rate_mode else str(p.concurrency), label, f"{srv.preemptions or 0:.0f}",
+            f"{srv.peak_waiting or 0:.0f}", kv, f"{_ms(p.ttft.p50)}/{_ms(p.ttft.p99)} ({n}{'!' if n < 100 else ''})",
+            f"{_ms(p.itl.p50)}/{_ms(p.itl.p99)}", _ms(p.e2e.p99),
+            "-" if p.throughput_tok_s is None else f"{p.throughput_tok_s:,.0f}"]
+
+
+def render(summary) -> None:
+    """The summary at the end (human output): readable at 80 columns and in CI logs, where a cell that
+    does not fit wraps onto a second line and no figure is cut short."""
+    from kvplan.bench.report import onset_text
+    from kvplan.bench.results import ONSETS, PlannerCapacity
+
     console = make_console()
-    cap = summary.capacity or {}
-    pred = summary.prediction or {}
-    planner = summary.planner or {}
+    cap, pred = summary.capacity, summary.prediction
+    planner = summary.planner or PlannerCapacity()
     console.print(f"[bold]{esc(summary.model)}[/]: {esc(summary.workload)}")
-    line = (f"KV pool: engine reports {cap.get('num_blocks') or '?'} blocks of {cap.get('block_size') or '?'} "
-            f"= {cap.get('kv_cache_tokens') or '?'} tokens (from {cap.get('source') or 'nothing'})")
-    if planner.get("kv_cache_tokens") is not None:
-        line += f"; planner {planner['num_blocks']} blocks = {planner['kv_cache_tokens']} tokens"
+    line = (f"KV pool: engine reports {cap.num_blocks or '?'} blocks of {cap.block_size or '?'} "
+            f"= {cap.kv_cache_tokens or '?'} tokens (from {cap.source or 'nothing'})")
+    if planner.kv_cache_tokens is not None:
+        line += f"; planner {planner.num_blocks} blocks = {planner.kv_cache_tokens} tokens"
     console.print(esc(line))
-    for key, name in (("first_kv_wait", "first KV wait"), ("first_preemption", "first preemption")):
-        onset = (summary.measured or {}).get(key) or {}
-        first = onset.get("first")
-        measured = (f"none up to {onset.get('searched_up_to')}" if first is None else str(first)) if onset else "-"
-        if pred:
-            p = pred.get(key)
-            ok = first == p
+    for key, name in zip(ONSETS, ("first KV wait", "first preemption")):
+        onset = summary.measured.onset(key)
+        if onset is None:  # a rate sweep, another harness's results, or a run stopped before the search
+            console.print(f"  {name}: predicted {'-' if pred is None else pred.onset(key) or 'never'}, not measured")
+            continue
+        measured = onset_text(onset)
+        if pred is not None:
+            p = pred.onset(key)
+            ok = onset.first == p
             console.print(f"  {name}: predicted {'never' if p is None else p}, measured {measured} "
                           f"[{'green' if ok else 'red'}]{'agrees' if ok else 'differs'}[/]")
         else:
             console.print(f"  {name}: measured {measured}")
-    rate_mode = getattr(summary, "load_mode", "concurrency") == "rate"
+    rate_mode = summary.rate_mode
     client = [f"headers {', '.join(summary.headers)}"] if summary.headers else []
     client += [f"through the proxy {summary.proxy}"] if summary.proxy else []
     if client:
         console.print(f"[dim]requests: {esc('; '.join(client))}[/]")
-    if getattr(summary, "load_description", None):
+    if summary.load_description:
         console.print(f"[dim]load: {esc(summary.load_description)}; latencies from the scheduled send time[/]")
-    table = Table(show_edge=False, pad_edge=False)
-    for col in ("req/s" if rate_mode else "c", "KV pressure", "preempt", "wait", "KV fill", "TTFT ms", "ITL ms", "E2E ms", "tok/s"):
-        table.add_column(col, justify="right", no_wrap=True)
-    table.add_row("", "measured (planned)", "", "peak", "peak (plan)", "p50/p99", "p50/p99", "p99", "", style="dim")
-
-    def ms(v):
-        return "-" if v is None else f"{v * 1000:.0f}"
-
-    short = {"KV-limited": "KV", "admission-limited": "admission", "neither": "-", "failed": "failed"}
-    for p in summary.points:
-        srv = p.server or {}
-        pr = p.predicted or {}
-        label = short.get(p.label, p.label)
-        if pr and p.status == "ok":
-            planned = short.get(pr.get("label"), pr.get("label"))
-            label = f"{label} ({planned})" if planned == label else f"[red]{label} ({planned})[/]"
-        elif p.status != "ok":
-            label = "[red]failed[/]"
-        kv = "-" if srv.get("peak_kv_usage") is None else f"{srv['peak_kv_usage']:.0%}"
-        if pr.get("kv_fill") is not None:
-            kv += f" ({pr['kv_fill']:.0%})"
-        n = int(p.ttft.get("n") or 0)
-        table.add_row(
-            f"{p.rate:g}" if rate_mode else str(p.concurrency), label, f"{srv.get('preemptions') or 0:.0f}", f"{srv.get('peak_waiting') or 0:.0f}", kv,
-            f"{ms(p.ttft.get('p50'))}/{ms(p.ttft.get('p99'))} ({n}{'!' if n < 100 else ''})",
-            f"{ms(p.itl.get('p50'))}/{ms(p.itl.get('p99'))}",
-            ms(p.e2e.get("p99")), "-" if p.throughput_tok_s is None else f"{p.throughput_tok_s:,.0f}",
-        )
-    console.print(table)
+    for table in points_tables(summary.points, rate_mode, console):
+        console.print(table)
+    console.print("[dim]limit: what held requests back, measured (predicted by the block rule): KV = KV blocks, "
+                  "admission = max_num_seqs, - = neither[/]")
     if any(p.warnings for p in summary.points):
         console.print("[yellow](n!) = a p99 from fewer than 100 samples: close to the largest sample; raise --requests "
                       "or --duration[/]")
-    if getattr(summary, "slo", None):
+    if summary.slo:
         from kvplan.bench.slo import describe_slo
 
         best = summary.highest_load_meeting_slo
@@ -550,6 +588,7 @@ def render(summary) -> None:
                               f"= {p.goodput_req_s or 0:.2f} req/s, {p.goodput_tok_s or 0:,.0f} tok/s")
     for p in summary.points:
         if p.status != "ok":
-            console.print(f"[red]concurrency {p.concurrency} failed:[/] {esc(p.error)}")
+            where = f"{p.rate:g} requests/s" if p.mode == "rate" else f"concurrency {p.concurrency}"
+            console.print(f"[red]{where} failed:[/] {esc(p.error)}")
     console.print(f"[dim]run folder: {esc(summary.run_dir)}[/]")
 

@@ -76,6 +76,7 @@ SCHEMAS = {
     "check": ("kvplan.gate.check", "CheckReport"),
     "check-log": ("kvplan.gate.checklog", "CheckLogResult"),
     "validate": ("kvplan.validate.runner", "Validation"),
+    "bench": ("kvplan.bench.results", "BenchSummary"),  # also summary.json and kvplan report --json
 }
 
 

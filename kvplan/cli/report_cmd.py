@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from kvplan.cli.common import esc, make_console, print_json, user_errors
+
+if TYPE_CHECKING:
+    from kvplan.bench.results import BenchSummary
 
 EXAMPLES = """
 Examples:
@@ -45,7 +48,7 @@ def report(
         summary = load_summary(path)
         if targets is not None:
             summary = apply_slo(summary, path, targets)
-        if getattr(summary, "source", "kvplan") == "kvplan":
+        if summary.source == "kvplan":
             write_reports(RunStore(path), summary)
         summaries.append(summary)
     if html is None and len(summaries) > 1:
@@ -60,14 +63,14 @@ def report(
     _print(summaries, html)
 
 
-def apply_slo(summary, path: Path, slo: dict[str, float]):
+def apply_slo(summary: BenchSummary, path: Path, slo: dict[str, float]) -> BenchSummary:
     """The summary judged against ``slo``: point percentiles from the summary; goodput from requests.jsonl
     (kvplan runs only: other harnesses' files carry no per-request latencies)."""
     from kvplan.bench.runner import highest_load_meeting
-    from kvplan.bench.slo import point_checks, request_meets
+    from kvplan.bench.slo import request_meets, slo_results
 
     per_point: dict[int, list] = {}
-    if getattr(summary, "source", "kvplan") == "kvplan":
+    if summary.source == "kvplan":
         from kvplan.bench.loadgen import RequestRecord
         from kvplan.bench.store import RunStore
 
@@ -84,8 +87,8 @@ def apply_slo(summary, path: Path, slo: dict[str, float]):
                 continue
     points = []
     for p in summary.points:
-        checks = point_checks({"ttft": p.ttft, "itl": p.itl, "tpot": p.tpot, "e2e": p.e2e}, slo)
-        met = None if p.status != "ok" else all(c["met"] for c in checks.values())
+        checks = slo_results(p.latencies(), slo)
+        met = None if p.status != "ok" else all(c.met for c in checks.values())
         update = {"slo": checks, "slo_met": met}
         recs = per_point.get(p.seq)
         if recs:
@@ -100,33 +103,27 @@ def apply_slo(summary, path: Path, slo: dict[str, float]):
 
 
 def _print(summaries, html: Optional[Path]) -> None:
-    from rich.table import Table
-
     from kvplan.bench.stats import min_samples
+    from kvplan.cli.bench_cmd import _ms, points_table
 
     console = make_console()
     for s in summaries:
-        rate = getattr(s, "load_mode", "concurrency") == "rate"
-        console.print(f"[bold]{esc(s.run_dir)}[/] ({esc(getattr(s, 'source', 'kvplan'))}): {esc(s.model)}, {esc(s.workload)}")
-        table = Table(show_edge=False, pad_edge=False)
-        for col in ("req/s" if rate else "c", "preempt", "TTFT p99 ms (n)", "ITL p99 ms", "E2E p99 ms", "tok/s", "SLOs"):
-            table.add_column(col, justify="right", no_wrap=True)
+        rate = s.rate_mode
+        console.print(f"[bold]{esc(s.run_dir)}[/] ({esc(s.source)}): {esc(s.model)}, {esc(s.workload)}")
+        rows = []
         for p in s.points:
-            n = int(p.ttft.get("n") or 0)
-            pre = (p.server or {}).get("preemptions")
-
-            def ms(v):
-                return "-" if v is None else f"{v * 1000:.0f}"
-
-            table.add_row(f"{p.rate:g}" if rate else str(p.concurrency), "-" if pre is None else f"{pre:.0f}",
-                          f"{ms(p.ttft.get('p99'))} ({n}{'!' if n < min_samples(99) else ''})", ms(p.itl.get("p99")),
-                          ms(p.e2e.get("p99")), "-" if p.throughput_tok_s is None else f"{p.throughput_tok_s:,.0f}",
-                          "-" if p.slo_met is None else ("met" if p.slo_met else "[red]missed[/]"))
-        console.print(table)
-        if getattr(s, "slo", None):
+            n = p.ttft.count
+            pre = p.server.preemptions
+            rows.append([f"{p.rate:g}" if rate else str(p.concurrency), "-" if pre is None else f"{pre:.0f}",
+                         f"{_ms(p.ttft.p99)} ({n}{'!' if n < min_samples(99) else ''})", _ms(p.itl.p99),
+                         _ms(p.e2e.p99), "-" if p.throughput_tok_s is None else f"{p.throughput_tok_s:,.0f}",
+                         "-" if p.slo_met is None else ("met" if p.slo_met else "[red]missed[/]")])
+        console.print(points_table(("req/s" if rate else "c", "preempt", "TTFT ms\np99 (n)", "ITL ms\np99",
+                                    "E2E ms\np99", "tok/s", "SLOs"), rows))
+        if s.slo:
             best = s.highest_load_meeting_slo
             console.print(f"highest load meeting the SLOs: {'none' if best is None else f'{best:g}'}")
-            if getattr(s, "rate_search", None) is not None:
+            if s.rate_search is not None:
                 console.print(f"rate search: {esc(s.rate_search.describe())}")
         if any(p.warnings for p in s.points):
             console.print("[yellow]! p99 from fewer than 100 samples: see the warnings in report.md[/]")

@@ -44,10 +44,27 @@ from typing import Any
 
 from pydantic import BaseModel, Field, model_serializer
 
+from kvplan.bench.results import LatencyStats, SloResult
 from kvplan.errors import KvplanError
 from kvplan.gate.spec import Spec, SpecEntry, SpecErrors, SpecIssue
+from kvplan.units import cdiv
 
 SUMMARY_FILE = "summary.json"
+
+
+class EvidencePoint(BaseModel):
+    """One measured point of a bench run, as the SLO gate reads it: its load and latencies."""
+
+    mode: str = "concurrency"  # concurrency | rate
+    load: float  # concurrent streams, or requests/s
+    status: str = "ok"
+    ttft: LatencyStats = Field(default_factory=LatencyStats)
+    itl: LatencyStats = Field(default_factory=LatencyStats)
+    tpot: LatencyStats = Field(default_factory=LatencyStats)
+    e2e: LatencyStats = Field(default_factory=LatencyStats)
+
+    def latencies(self) -> dict[str, LatencyStats]:
+        return {"ttft": self.ttft, "itl": self.itl, "tpot": self.tpot, "e2e": self.e2e}
 
 
 class BenchEvidence(BaseModel):
@@ -60,14 +77,14 @@ class BenchEvidence(BaseModel):
     status: str = "complete"
     source: str = "kvplan"
     shows_preemption: bool = True
-    points: list[dict[str, Any]] = Field(default_factory=list)  # {mode, load, status, ttft: {...}, ...}
+    points: list[EvidencePoint] = Field(default_factory=list)
 
 
 class SloCheck(BaseModel):
     run: str
     source: str
     load: float | None = Field(description="the concurrency of the point judged (null: none at or above the required)")
-    checks: dict[str, dict[str, Any]] = Field(default_factory=dict)  # key -> {target, value, met} (seconds)
+    checks: dict[str, SloResult] = Field(default_factory=dict)  # SLO key -> target, value, met (seconds)
     passed: bool
     reason: str | None = None
 
@@ -184,8 +201,13 @@ def _read_summary(file: Path) -> BenchEvidence:
         load = row.get("rate") if mode == "rate" else row.get("concurrency")
         if isinstance(load, bool) or not isinstance(load, (int, float)):
             continue
-        points.append({"mode": mode, "load": float(load), "status": row.get("status", "ok"),
-                       **{m: row.get(m) if isinstance(row.get(m), dict) else {} for m in ("ttft", "itl", "tpot", "e2e")}})
+        try:
+            latencies = {m: LatencyStats.model_validate({k: v for k, v in row[m].items() if k in LatencyStats.model_fields})
+                         for m in ("ttft", "itl", "tpot", "e2e") if isinstance(row.get(m), dict)}
+        except ValueError as exc:  # pydantic's ValidationError: a figure that is not a number
+            raise KvplanError(f"{file}: point at {mode} {load!r}: {str(exc).splitlines()[0]}",
+                              "latencies are {n, mean, p50, p90, p95, p99} in seconds") from None
+        points.append(EvidencePoint(mode=str(mode), load=float(load), status=str(row.get("status", "ok")), **latencies))
     return BenchEvidence(run_dir=str(file.parent), model=model, deployment=deployment, measured_first_preemption=first,
                     status=status, points=points)
 
@@ -203,38 +225,37 @@ def _read_external(path: Path, raw: str) -> BenchEvidence:
         summary = read_external(path)
     except KvplanError as exc:
         raise KvplanError(f"--bench {raw}: {exc.message}", exc.hint or "pass a `kvplan bench` run folder") from None
-    points = [{"mode": p.mode, "load": p.load, "status": p.status, "ttft": p.ttft, "itl": p.itl, "tpot": p.tpot,
-               "e2e": p.e2e} for p in summary.points]
+    points = [EvidencePoint(mode=p.mode, load=p.load, status=p.status, **p.latencies()) for p in summary.points]
     return BenchEvidence(run_dir=str(path), model=summary.model, source=summary.source, shows_preemption=False,
                     points=points)
 
 
 def slo_checks(runs: list[BenchEvidence], slo: dict[str, float], concurrency: int) -> list[SloCheck]:
     """Each run's closed-loop point at ``concurrency`` (else the lowest above it) against the SLOs."""
-    from kvplan.bench.slo import fmt_s, point_checks
+    from kvplan.bench.slo import fmt_s, slo_results
 
     out = []
     for run in runs:
-        candidates = sorted((p for p in run.points if p["mode"] == "concurrency" and p["status"] == "ok"
-                             and p["load"] >= concurrency), key=lambda p: p["load"])
+        candidates = sorted((p for p in run.points if p.mode == "concurrency" and p.status == "ok"
+                             and p.load >= concurrency), key=lambda p: p.load)
         if not candidates:
-            loads = sorted({p["load"] for p in run.points if p["mode"] == "concurrency" and p["status"] == "ok"})
+            loads = sorted({p.load for p in run.points if p.mode == "concurrency" and p.status == "ok"})
             why = ("it measured request rates, not concurrencies" if run.points and not loads else
                    f"it measured no concurrency >= {concurrency}" + (f" (up to {loads[-1]:g})" if loads else ""))
             out.append(SloCheck(run=run.run_dir, source=run.source, load=None, passed=False,
                                 reason=f"cannot show the SLOs at concurrency {concurrency}: {why}"))
             continue
         point = candidates[0]
-        checks = point_checks({m: point.get(m) or {} for m in ("ttft", "itl", "tpot", "e2e")}, slo)
-        missing = [k for k, c in checks.items() if c["met"] is None]
-        missed = [k for k, c in checks.items() if c["met"] is False]
+        checks = slo_results(point.latencies(), slo)
+        missing = [k for k, c in checks.items() if c.met is None]
+        missed = [k for k, c in checks.items() if c.met is False]
         reason = None
         if missing:
             reason = f"{', '.join(missing)} not in the {run.source} results (cannot show)"
         elif missed:
-            reason = "; ".join(f"{k} {fmt_s(checks[k]['value'])} > {fmt_s(checks[k]['target'])}" for k in missed)
-            reason += f" at concurrency {point['load']:g}"
-        out.append(SloCheck(run=run.run_dir, source=run.source, load=point["load"], checks=checks,
+            reason = "; ".join(f"{k} {fmt_s(checks[k].value)} > {fmt_s(checks[k].target)}" for k in missed)
+            reason += f" at concurrency {point.load:g}"
+        out.append(SloCheck(run=run.run_dir, source=run.source, load=point.load, checks=checks,
                             passed=not missing and not missed, reason=reason))
     return out
 
@@ -355,7 +376,7 @@ class Planner:
             field = _field_of(exc.message)
             raise SpecIssue(self.file, entry.line_of(field), entry.label(field), exc.message, exc.hint) from None
         replicas = plan.replicas
-        per_replica = -(-d.concurrency // replicas)
+        per_replica = cdiv(d.concurrency, replicas)
         need = blocks_needed(cap, per_replica, work.request_tokens, work.shared_prefix_tokens)
         usable = max(0, plan.num_blocks - (1 if rules.engine == "v1" else 0))  # V1's null block
         used = need / usable if usable > 0 else None

@@ -34,15 +34,16 @@ def test_concurrent_report_becomes_typed_points_per_load():
     assert [p.concurrency for p in s.points] == [4, 16, 64]
     p = s.points[1]
     assert p.mode == "concurrency" and p.status == "ok" and p.requests_ok == 240
-    assert p.ttft["p99"] == pytest.approx(0.3343933) and p.ttft["n"] == 240  # ms in the report, seconds here
-    assert p.e2e["p99"] == pytest.approx(3.52587)  # request_latency is already in seconds
-    assert p.itl["n"] == 240 * 127  # GuideLLM weights ITL by the token gaps of each request
-    assert p.tpot["n"] == 240  # one TPOT per request
+    assert p.ttft.p99 == pytest.approx(0.3343933) and p.ttft.n == 240  # ms in the report, seconds here
+    assert p.e2e.p99 == pytest.approx(3.52587)  # request_latency is already in seconds
+    assert p.itl.n == 240 * 127  # GuideLLM weights ITL by the token gaps of each request
+    assert p.tpot.n == 240  # one TPOT per request
     assert p.throughput_tok_s == pytest.approx(1024.0) and p.request_throughput == pytest.approx(8.0)
     # what the source cannot show
-    assert p.server == {} and not p.preempted and p.label == "not measured"
+    assert p.server.empty and p.server.model_dump() == {} and not p.preempted and p.label == "not measured"
     assert any("no preemption, KV wait or KV fill" in n for n in p.notes)
-    assert s.measured_first_preemption is None and s.measured == {}
+    assert s.measured_first_preemption is None and s.measured.first_preemption is None
+    assert s.model_dump()["measured"] == {} and s.prediction is None  # nothing claimed that the report does not hold
 
 
 def test_sweep_report_keeps_the_rate_benchmarks_and_says_what_it_left_out():

@@ -19,10 +19,10 @@ from kvplan.bench.engine import (
 )
 from kvplan.bench.metrics import Histogram, parse_metrics, summarize
 from kvplan.bench.stats import describe
-from kvplan.stats import percentile
 from kvplan.bench.sweep import PointOutcome, Sweep, SweepStopped, first_with, parse_levels, waited_for_kv
 from kvplan.bench.workload import Workload, load_trace
 from kvplan.errors import KvplanError
+from kvplan.stats import percentile
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
@@ -330,15 +330,15 @@ def _summary(tmp_path):
             requests_ok=3, requests_failed=0, output_tokens=192, throughput_tok_s=192.0, ttft=lat, itl=lat,
             tpot=lat, e2e=lat, server={"preemptions": preempt, "peak_waiting": wait, "peak_kv_usage": 1.0},
             waited_for_kv=wait > 0, preempted=preempt > 0, label="KV-limited" if wait else "neither",
-            predicted={"label": "neither", "kv_fill": 0.25},
+            predicted={"waits_for_kv": False, "preempts": False, "label": "neither", "kv_fill": 0.25},
         )
 
     return BenchSummary(
         status="complete", run_dir=str(tmp_path), mode="attach", base_url="http://x", model="tiny",
         workload="prompt 64, output 64, /v1/completions",
         capacity={"num_blocks": 17, "block_size": 32, "kv_cache_tokens": 544, "source": "metrics"},
-        prediction={"num_blocks": 17, "block_size": 32, "usable_blocks": 16, "admit_blocks": 2, "peak_blocks": 4,
-                    "first_kv_wait": 5, "first_preemption": 5, "exact": True},
+        prediction={"num_blocks": 17, "block_size": 32, "prompt_tokens": 64, "output_tokens": 64, "usable_blocks": 16,
+                    "admit_blocks": 2, "peak_blocks": 4, "first_kv_wait": 5, "first_preemption": 5, "exact": True},
         measured={"first_kv_wait": {"first": 5, "searched_up_to": 10, "exact": True},
                   "first_preemption": {"first": 6, "searched_up_to": 10, "exact": True}},
         points=[point(1, 0, 0, 0.03), point(4, 0, 0, 0.05), point(5, 3, 1, 0.07), point(10, 12, 6, 0.5)],

@@ -18,6 +18,7 @@ from bench_helpers import bench_env, kvplan_cmd
 from typer.testing import CliRunner
 
 from kvplan.bench.loadgen import RequestRecord, arrival_times, run_open_loop
+from kvplan.bench.results import LatencyStats
 from kvplan.bench.slo import parse_slo
 from kvplan.bench.stats import describe, min_samples, sample_warnings
 from kvplan.bench.workload import Workload
@@ -37,8 +38,9 @@ def test_itl_is_per_token_when_a_delivery_carries_several():
 
 def test_percentile_sample_warnings():
     assert [min_samples(q) for q in (50, 90, 95, 99)] == [2, 10, 20, 100]
-    assert sample_warnings("TTFT", describe([0.1] * 99))[0].startswith("TTFT p99 rests on 99 samples")
-    assert sample_warnings("TTFT", describe([0.1] * 100)) == []
+    assert sample_warnings("TTFT", LatencyStats.of([0.1] * 99))[0].startswith("TTFT p99 rests on 99 samples")
+    assert sample_warnings("TTFT", LatencyStats.of([0.1] * 100)) == []
+    assert LatencyStats.of([0.1] * 3).model_dump() == dict(describe([0.1] * 3), n=3)
 
 
 def test_slo_parsing():

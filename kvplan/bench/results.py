@@ -1,0 +1,318 @@
+"""A bench run's results as typed models, end to end: what the runner measures, what summary.json and
+points.jsonl hold, what the reports, the live view, ``kvplan report`` and ``kvplan check --bench`` read.
+
+The JSON is the one kvplan has always written (run folders of older releases load as they are):
+
+- ``BenchSummary``        summary.json (and ``kvplan bench --json``)
+- ``PointResult``         one line of points.jsonl
+- ``EngineCapacity``      the KV pool the engine reports (kvplan.bench.engine)
+- ``PlannerCapacity``     the planner's pool for the same flags, or why there is none
+- ``OnsetPrediction``     the block rule on the engine's pool (kvplan.plan.blocks.BlockRule)
+- ``MeasuredOnsets``      the measured onsets (kvplan.bench.sweep.Onset) and whether they agree
+- ``PredictedPoint``      what the rule says of one point
+- ``LatencyStats``        n, mean and percentiles of one latency (seconds)
+- ``ServerFigures``       what the server's /metrics said during one point (kvplan.bench.metrics.summarize)
+- ``SloResult``           one SLO of one point: target, value, met
+
+Models whose JSON keys depend on the source (another harness's file gives fewer figures, a server
+without /metrics none) are *sparse*: a figure is written only when it was given, so a reader never
+sees a key the file did not hold, and ``{}`` stays ``{}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
+
+from kvplan import __version__
+from kvplan.bench.engine import EngineCapacity
+from kvplan.bench.sweep import Onset, PointOutcome
+
+LATENCY_FROM = "scheduled"  # every latency counts from the request's scheduled time (see loadgen)
+
+OnsetName = Literal["first_kv_wait", "first_preemption"]
+ONSETS: tuple[OnsetName, ...] = ("first_kv_wait", "first_preemption")
+METRICS = ("ttft", "itl", "tpot", "e2e")  # the latencies of a point (PointResult fields)
+
+
+class _Figures(BaseModel):
+    """Frozen, no unknown keys; written with the keys it was given only (see the module's docstring)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    @model_serializer(mode="wrap")
+    def _given_only(self, handler):
+        data = handler(self)
+        given = self.model_fields_set
+        return {k: v for k, v in data.items() if k in given}
+
+
+class LatencyStats(_Figures):
+    """n, mean and percentiles of one latency over a point's requests, in seconds (None: no sample)."""
+
+    n: int | None = None
+    mean: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> LatencyStats:
+        """The statistics of a list of seconds (kvplan.bench.stats.describe)."""
+        from kvplan.bench.stats import describe
+
+        return cls(**describe(values))
+
+    def stat(self, name: str) -> float | None:
+        """``mean``, ``p50``, ``p90``, ``p95`` or ``p99`` by name (an SLO key's statistic); None otherwise."""
+        return getattr(self, name) if name in ("mean", "p50", "p90", "p95", "p99") else None
+
+    @property
+    def count(self) -> int:
+        return int(self.n or 0)
+
+
+class ServerFigures(_Figures):
+    """What the server said during one point: deltas of counters, peaks of gauges (kvplan.bench.metrics).
+    Empty (``{}``) when the server had no readable /metrics."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")  # a newer kvplan may read more of /metrics
+
+    scrapes: int = 0
+    preemptions: float | None = None
+    peak_running: float | None = None
+    peak_waiting: float | None = None
+    peak_waiting_capacity: float | None = None
+    peak_kv_usage: float | None = None
+    peak_in_engine: float | None = None  # max of running + waiting in one scrape
+    prompt_tokens: float | None = None
+    generation_tokens: float | None = None
+    prefix_queries: float | None = None
+    prefix_hits: float | None = None
+    server_ttft_mean_s: float | None = None
+    server_ttft_p50_s: float | None = None
+    server_ttft_p99_s: float | None = None
+    server_ttft_count: float | None = None
+    series: list[tuple[float, float, float, float, float]] = Field(default_factory=list)  # t, run, wait, kv, preempt
+    incomplete: bool = False  # the server went away before the last scrape: figures up to the last one seen
+
+    @property
+    def empty(self) -> bool:
+        """No figure at all (the server had no readable /metrics, or the file none)."""
+        return not self.model_fields_set
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+class PlannerCapacity(_Figures):
+    """What `kvplan size` plans for the bench's engine flags, next to what the engine reports; or the
+    reason there is no such figure (``error`` alone)."""
+
+    num_blocks: int | None = None
+    kv_cache_tokens: int | None = None
+    block_size: int | None = None
+    vllm_version: str | None = None
+    error: str | None = None
+
+
+class OnsetPrediction(BaseModel):
+    """The block rule (kvplan.plan.blocks.BlockRule) on the pool the engine reports, for the workload."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    num_blocks: int
+    block_size: int
+    prompt_tokens: int
+    output_tokens: int
+    max_num_seqs: int | None = None  # null: not the limit
+    usable_blocks: int
+    admit_blocks: int
+    peak_blocks: int
+    first_kv_wait: int | None  # null: never up to max_num_seqs
+    first_preemption: int | None
+    exact: bool = False  # the requests are identical (else: mean lengths)
+
+    @classmethod
+    def from_rule(cls, rule: Any, exact: bool) -> OnsetPrediction:
+        return cls(num_blocks=rule.num_blocks, block_size=rule.block_size, prompt_tokens=rule.prompt_tokens,
+                   output_tokens=rule.output_tokens,
+                   max_num_seqs=None if rule.max_num_seqs >= (1 << 30) else rule.max_num_seqs,
+                   usable_blocks=rule.usable_blocks, admit_blocks=rule.admit_blocks, peak_blocks=rule.peak_blocks,
+                   first_kv_wait=rule.first_kv_wait, first_preemption=rule.first_preemption, exact=exact)
+
+    def onset(self, name: OnsetName) -> int | None:
+        return self.first_kv_wait if name == "first_kv_wait" else self.first_preemption
+
+
+class OnsetAgreement(_Figures):
+    """Does each measured onset equal the predicted one (null: not measured)? ``{}`` without a prediction."""
+
+    first_kv_wait: bool | None = None
+    first_preemption: bool | None = None
+
+    def onset(self, name: OnsetName) -> bool | None:
+        return self.first_kv_wait if name == "first_kv_wait" else self.first_preemption
+
+    def differs(self) -> bool:
+        return self.first_kv_wait is False or self.first_preemption is False
+
+
+class MeasuredOnsets(_Figures):
+    """The onsets the sweep found (null: not searched); ``{}`` from a harness that measures none."""
+
+    first_kv_wait: Onset | None = None
+    first_preemption: Onset | None = None
+    agrees_with_prediction: OnsetAgreement = Field(default_factory=OnsetAgreement)
+
+    def onset(self, name: OnsetName) -> Onset | None:
+        return self.first_kv_wait if name == "first_kv_wait" else self.first_preemption
+
+
+class PredictedPoint(BaseModel):
+    """What the block rule says of one concurrency."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    waits_for_kv: bool
+    preempts: bool
+    kv_fill: float  # share of the pool the point's requests pin at their peak
+    label: str  # KV-limited | admission-limited | neither
+
+    @classmethod
+    def from_rule(cls, rule: Any, concurrency: int) -> PredictedPoint:
+        return cls(waits_for_kv=rule.waits_for_kv(concurrency), preempts=rule.preempts(concurrency),
+                   kv_fill=round(rule.kv_fill(concurrency), 4), label=rule.label(concurrency))
+
+
+class SloResult(BaseModel):
+    """One SLO of one point (seconds): its target, the point's value, whether it is met (null: no value)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    target: float
+    value: float | None
+    met: bool | None
+
+
+class RateSearchResult(BaseModel):
+    """What the automatic rate search found: the SLO threshold lies in [highest_meeting_slo, first_missing_slo)."""
+
+    highest_meeting_slo: float | None  # requests/s; null: no measured rate met the SLOs
+    first_missing_slo: float | None  # requests/s; null: every measured rate met them
+    resolved: bool  # the bracket is within the resolution
+    stopped: str  # resolved | max points | met up to the ceiling | missed down to the floor
+    points: int
+    start: float
+    resolution: float
+    max_points: int
+
+    def describe(self) -> str:
+        met = "none" if self.highest_meeting_slo is None else f"{self.highest_meeting_slo:g} requests/s"
+        missed = "none" if self.first_missing_slo is None else f"{self.first_missing_slo:g} requests/s"
+        how = (f"within {self.resolution:.0%}" if self.resolved else f"not resolved to {self.resolution:.0%}: "
+               f"{self.stopped}")
+        return (f"highest rate meeting the SLOs: {met}; first rate missing them: {missed} "
+                f"({how}; {self.points} point{'s' if self.points != 1 else ''} from {self.start:g} requests/s)")
+
+
+class PointResult(BaseModel):
+    """One line of points.jsonl."""
+
+    seq: int
+    concurrency: int
+    status: Literal["ok", "failed"]
+    error: str | None = None
+    started_at: str
+    wall_s: float
+    first_index: int
+    requests: int
+    requests_ok: int
+    requests_failed: int
+    output_tokens: int
+    throughput_tok_s: float | None
+    ttft: LatencyStats
+    itl: LatencyStats
+    tpot: LatencyStats
+    e2e: LatencyStats
+    server: ServerFigures = Field(default_factory=ServerFigures)
+    waited_for_kv: bool
+    wait_evidence: list[str] = Field(default_factory=list)
+    preempted: bool
+    label: str
+    predicted: PredictedPoint | None = None
+    notes: list[str] = Field(default_factory=list)
+    # Load: closed loop at `concurrency` streams, or open loop at `rate` requests/s (then `concurrency`
+    # is the most requests the client had in flight at once).
+    mode: Literal["concurrency", "rate"] = "concurrency"
+    rate: float | None = None
+    burstiness: float | None = None
+    max_concurrency: int | None = None  # open loop: the cap on requests in flight
+    latency_from: str = LATENCY_FROM
+    send_lag: LatencyStats = Field(default_factory=LatencyStats)  # actual send - scheduled time
+    request_throughput: float | None = None  # completed requests / wall time
+    multi_token_requests: int = 0  # requests whose deliveries carried several tokens
+    warnings: list[str] = Field(default_factory=list)  # percentiles resting on too few samples
+    slo: dict[str, SloResult] | None = None  # SLO key (ttft_p99) -> its result
+    slo_met: bool | None = None  # every SLO percentile of the point within its target
+    goodput_share: float | None = None  # requests meeting every SLO / requests
+    goodput_req_s: float | None = None
+    goodput_tok_s: float | None = None
+
+    @property
+    def load(self) -> float:
+        return self.rate if self.mode == "rate" and self.rate is not None else float(self.concurrency)
+
+    @property
+    def load_key(self) -> tuple[str, float]:
+        return (self.mode, self.load)
+
+    def latencies(self) -> dict[str, LatencyStats]:
+        """ttft, itl, tpot, e2e by name (what an SLO key's metric names)."""
+        return {m: getattr(self, m) for m in METRICS}
+
+    def outcome(self) -> PointOutcome:
+        return PointOutcome(self.concurrency, self.waited_for_kv, self.preempted, self.status != "ok")
+
+
+class BenchSummary(BaseModel):
+    """summary.json: one run (kvplan's own, or another harness's results read as one)."""
+
+    kvplan_version: str = __version__
+    status: Literal["complete", "interrupted", "failed"]
+    error: str | None = None
+    run_dir: str
+    mode: Literal["launch", "attach"]
+    base_url: str
+    model: str
+    deployment: str | None = None
+    # The onsets as plain fields (kvplan check --bench reads measured_first_preemption; null = none
+    # seen up to the top of the sweep, or not searched when status is not "complete").
+    measured_first_kv_wait: int | None = None
+    measured_first_preemption: int | None = None
+    predicted_first_kv_wait: int | None = None
+    predicted_first_preemption: int | None = None
+    engine_command: str | None = None
+    metrics_error: str | None = None  # set when the server's /metrics could not be read
+    workload: str
+    capacity: EngineCapacity = Field(default_factory=EngineCapacity)
+    planner: PlannerCapacity | None = None
+    prediction: OnsetPrediction | None = None
+    measured: MeasuredOnsets = Field(default_factory=MeasuredOnsets)
+    points: list[PointResult]
+    load_mode: Literal["concurrency", "rate"] = "concurrency"
+    load_description: str | None = None  # how each point was loaded and sized
+    latency_from: str = LATENCY_FROM
+    slo: dict[str, float] = Field(default_factory=dict)
+    highest_load_meeting_slo: float | None = None  # concurrency or rate; null: none (or no SLO)
+    source: str = "kvplan"
+    rate_search: RateSearchResult | None = None  # --sweep-rate auto: what the search found
+    headers: list[str] = Field(default_factory=list)  # extra request headers, values masked: "X-Token: ***"
+    proxy: str | None = None  # the proxy every request went through (credentials masked); null: direct
+
+    @property
+    def rate_mode(self) -> bool:
+        return self.load_mode == "rate"
