@@ -18,24 +18,13 @@ The profile is JSON at ``$KVPLAN_CONFIG_DIR/calibration.json`` (default
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from kvplan.errors import KvplanError
-from kvplan.paths import load_user_json
+from kvplan.paths import CONFIG_DIR_ENV, calibration_file, config_dir, load_user_json  # noqa: F401 - re-exported
 
-CONFIG_DIR_ENV = "KVPLAN_CONFIG_DIR"
 SCHEMA = 1
-
-
-def config_dir() -> Path:
-    env = os.environ.get(CONFIG_DIR_ENV, "").strip()
-    return Path(env).expanduser() if env else Path.home() / ".config" / "kvplan"
-
-
-def calibration_file() -> Path:
-    return config_dir() / "calibration.json"
 
 
 @dataclass(frozen=True)

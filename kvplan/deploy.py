@@ -120,9 +120,13 @@ def plan_deployment(
 def _apply_calibration(
     model: ResolvedModel, gpus: GpuSelection, settings: Settings, version: str, base: OverheadModel, ref: ModelRef
 ) -> tuple[OverheadModel, ModelRef, list[str]]:
+    from kvplan.paths import calibration_file
+
+    if not calibration_file().exists():  # nothing recorded: no need to load the calibration module
+        return base, ref, []
     from dataclasses import replace
 
-    from kvplan.calibration import calibration_file, find_calibration
+    from kvplan.calibration import find_calibration
     from kvplan.units import GiB
 
     cal = find_calibration(gpus.device.name, version, model.arch.model_type)

@@ -8,6 +8,22 @@ from pathlib import Path
 _PACKAGE = Path(__file__).resolve().parent
 
 
+CONFIG_DIR_ENV = "KVPLAN_CONFIG_DIR"
+
+
+def config_dir() -> Path:
+    """kvplan's own settings folder: $KVPLAN_CONFIG_DIR, else ~/.config/kvplan."""
+    import os
+
+    env = os.environ.get(CONFIG_DIR_ENV, "").strip()
+    return Path(env).expanduser() if env else Path.home() / ".config" / "kvplan"
+
+
+def calibration_file() -> Path:
+    """Where `kvplan calibrate` records measured start-ups (kvplan/calibration.py reads it)."""
+    return config_dir() / "calibration.json"
+
+
 def _profiles_dir() -> Path:
     for candidate in (_PACKAGE / "profiles", _PACKAGE.parent / "profiles"):
         if (candidate / "gpus.json").is_file():

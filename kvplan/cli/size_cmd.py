@@ -166,10 +166,12 @@ def render(plan: SizePlan) -> None:
     """The human report: inputs, per-token cost, budget terms, pool, table, verdict."""
     from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
 
     from kvplan.cli.common import make_console
 
     console = make_console()
+    console.soft_wrap = True  # lines keep their length (a terminal wraps them); tables still fit the width
     gpus = f"{plan.gpu_count}x {plan.gpu}" if plan.gpu_count > 1 else plan.gpu
     par = f"TP {plan.tensor_parallel_size}" + (f", PP {plan.pipeline_parallel_size}" if plan.pipeline_parallel_size > 1 else "")
     if plan.replicas > 1:
@@ -193,14 +195,14 @@ def render(plan: SizePlan) -> None:
     console.print()
 
     budget = Table(title="KV budget per GPU", title_justify="left", show_edge=False)
-    budget.add_column("term")
-    budget.add_column("GiB", justify="right")
-    budget.add_column("range", justify="right")
+    budget.add_column("term", no_wrap=True)
+    budget.add_column("GiB", justify="right", no_wrap=True)
+    budget.add_column("range", justify="right", no_wrap=True)
     budget.add_column("how", style="dim")
     for term in plan.memory_terms:
         sign = {1: "", -1: "- ", 0: ""}[term.sign]
         rng = "" if term.low_bytes == term.high_bytes else f"{term.low_bytes / 2**30:.2f}-{term.high_bytes / 2**30:.2f}"
-        budget.add_row(term.name, f"{sign}{term.bytes / 2**30:.2f}", rng, term.how)
+        budget.add_row(Text(term.name), Text(f"{sign}{term.bytes / 2**30:.2f}"), Text(rng), Text(term.how))
     rng = f"{plan.available_kv_bytes_low / 2**30:.2f}-{plan.available_kv_bytes_high / 2**30:.2f}"
     budget.add_row("[bold]= available KV cache[/]", f"[bold]{plan.available_kv_bytes / 2**30:.2f}[/]",
                    rng if plan.available_kv_bytes_low != plan.available_kv_bytes_high else "", "")
@@ -256,19 +258,20 @@ def describe_groups(plan: SizePlan) -> str:
 
 def _render_table(console, plan: SizePlan) -> None:
     from rich.table import Table
+    from rich.text import Text
 
     contexts = sorted({c.context_tokens for c in plan.table})
     levels = sorted({c.concurrency for c in plan.table})
     cells = {(c.context_tokens, c.concurrency): c for c in plan.table}
     table = Table(title="Share of the KV pool (context x concurrent requests)", title_justify="left", show_edge=False)
-    table.add_column("context")
+    table.add_column("context", no_wrap=True)
     for level in levels:
-        table.add_column(str(level), justify="right")
+        table.add_column(str(level), justify="right", no_wrap=True)
     for ctx in contexts:
         row = []
         for level in levels:
             cell = cells[(ctx, level)]
             pct = f"{cell.pool_fraction:.0%}" if cell.pool_fraction < 10 else ">999%"
-            row.append(f"[green]{pct}[/]" if cell.fits else f"[red]{pct}[/]")
-        table.add_row(format_tokens(ctx), *row)
+            row.append(Text(pct, style="green" if cell.fits else "red"))  # a Text: no markup to parse
+        table.add_row(Text(format_tokens(ctx)), *row)
     console.print(table)
