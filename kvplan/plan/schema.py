@@ -83,7 +83,11 @@ class Settings:
         return dataclasses.replace(self, **changes)
 
 
-@dataclass(frozen=True)
+# The report's parts: frozen and never compared, so no __eq__/__hash__ to generate at start-up.
+output_record = dataclass(frozen=True, eq=False)
+
+
+@output_record
 class MemoryTerm:
     """One named term of the per-device KV budget."""
 
@@ -95,7 +99,7 @@ class MemoryTerm:
     how: str
 
 
-@dataclass(frozen=True)
+@output_record
 class KVGroupInfo:
     kind: str
     layers: int
@@ -104,7 +108,7 @@ class KVGroupInfo:
     detail: str
 
 
-@dataclass(frozen=True)
+@output_record
 class ConcurrencyCell:
     context_tokens: int
     concurrency: int
@@ -113,7 +117,7 @@ class ConcurrencyCell:
     fits: bool
 
 
-@dataclass(frozen=True)
+@output_record
 class Suggestion:
     change: str
     flags: str  # as `kvplan size` / `vllm serve` options
@@ -124,7 +128,7 @@ class Suggestion:
     updates: dict[str, str] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@output_record
 class SizePlan:
     """Everything `kvplan size` answers. Top-level names are stable for scripts."""
 
