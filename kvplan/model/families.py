@@ -4,7 +4,7 @@ As vLLM's model registry maps an architecture to its implementation, :data:`FAMI
 a config's ``model_type`` to a :class:`Family`: which decoder layers hold which kind of
 cache (:func:`Family.kinds`), how a recurrent layer's state is shaped (``state``), how the
 SSM state dtype resolves, and any per-layer attention shape of its own. Adding a family is
-one entry here (and a twin test in tests/vllm/); a ``model_type`` absent from the table is
+one entry here (and a twin test in tests/twins/); a ``model_type`` absent from the table is
 refused, never guessed (``kvplan size --allow-unverified-layout`` reads it as a plain
 decoder and says so).
 

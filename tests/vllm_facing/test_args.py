@@ -1,5 +1,6 @@
 """The flags kvplan writes for vLLM (the `vllm serve` line and the bench launcher) are read back by
-the installed vLLM's own argument parser into the values kvplan meant."""
+the installed vLLM's own argument parser into the values kvplan meant. (This folder is not named
+``vllm``: on sys.path a ``tests/vllm`` folder would pass for the package where vLLM is not installed.)"""
 
 from __future__ import annotations
 
