@@ -72,6 +72,7 @@ class EngineConfig:
     # The other engine arguments kvplan writes (kvplan.vllm.args.ENGINE_FLAGS), so a deployment's
     # settings reach the engine whole.
     data_parallel_size: int | None = None
+    enable_expert_parallel: bool | None = None
     language_model_only: bool | None = None
     disable_hybrid_kv_cache_manager: bool | None = None
     async_scheduling: bool | None = None

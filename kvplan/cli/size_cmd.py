@@ -88,6 +88,7 @@ def size(
     prefix_caching: Optional[bool] = typer.Option(None, "--enable-prefix-caching/--no-enable-prefix-caching", "--prefix-caching/--no-prefix-caching", help="vLLM's prefix caching (default on; off also turns Mamba 'align' state caching off).", rich_help_panel="KV cache"),
     async_scheduling: Optional[bool] = typer.Option(None, "--async-scheduling/--no-async-scheduling", help="vLLM's async scheduling (default on from 0.32 unless --pp > 1): 2 batches in flight.", rich_help_panel="vLLM scheduler"),
     mamba_ssm_cache_dtype: StateDtype = typer.Option(StateDtype.auto, "--mamba-ssm-cache-dtype", help="SSM state dtype of Mamba / linear-attention layers.", rich_help_panel="KV cache"),
+    expert_parallel: bool = typer.Option(False, "--enable-expert-parallel", help="vLLM's expert parallel: whole MoE experts per GPU (over all tp x dp GPUs, as without it).", rich_help_panel="Parallelism"),
     dcp: int = typer.Option(1, "--decode-context-parallel-size", "--dcp", help="vLLM's decode context parallel size (a block holds block_size x DCP tokens).", metavar="N", rich_help_panel="Parallelism"),
     layout: Layout = typer.Option(Layout.rules, "--layout", help="rules (kvplan's, per model family) or engine (ask the installed vLLM; needs the [engine] extra).", rich_help_panel="vLLM release and layout"),
     allow_unverified: bool = typer.Option(False, "--allow-unverified-layout", help="Plan a model_type kvplan has no rules for as a plain decoder (marked UNVERIFIED).", rich_help_panel="vLLM release and layout"),
@@ -140,6 +141,7 @@ def size(
         async_scheduling=async_scheduling,
         mamba_ssm_cache_dtype=mamba_ssm_cache_dtype,
         decode_context_parallel_size=dcp,
+        enable_expert_parallel=expert_parallel,
     )
     if layout == "engine" and vllm_version is None:
         from kvplan.vllm.engine_layout import installed_vllm_version

@@ -68,6 +68,7 @@ class Architecture:
     # Where the layer specs come from: "kvplan rules", "unverified: read as a plain decoder",
     # or "vLLM X (exact)" when learned from the installed engine (kvplan.vllm.engine_layout).
     layout_source: str = "kvplan rules"
+    num_experts: int = 0  # routed experts of an MoE layer (0: no MoE)
 
     @property
     def layout_verified(self) -> bool:
@@ -290,7 +291,7 @@ def _count_params(
     gated = family_for(model_type, allow_unverified=True)[0].gated_mlp
     mlp_mats = 3 if gated else 2
     tied = bool(f.get("tie_word_embeddings", default=False))
-    attn = mlp = experts = recurrent = other = 0
+    attn = mlp = experts = shared_experts = recurrent = other = 0
 
     # Attention projections per attention layer.
     if f.get("kv_lora_rank") is not None and "mla" in kinds:
@@ -321,7 +322,7 @@ def _count_params(
     for mlp_kind in mlp_kinds:
         if mlp_kind == "moe":
             experts += num_experts * mlp_mats * hidden * expert_inter
-            experts += shared * mlp_mats * hidden * expert_inter + mlp_mats * hidden * shared_inter
+            shared_experts += shared * mlp_mats * hidden * expert_inter + mlp_mats * hidden * shared_inter
             other += hidden * num_experts  # router
         elif mlp_kind == "dense":
             mlp += mlp_mats * hidden * dense_inter
@@ -359,7 +360,8 @@ def _count_params(
         other += hidden * n * per_layer + n * 2 * hidden * per_layer
     lm_head = 0 if tied else vocab * hidden
     other += (2 * n + 1) * hidden  # norms
-    return ParamCounts(embedding, lm_head, attn, mlp, experts, recurrent, other)
+    return ParamCounts(embedding=embedding, lm_head=lm_head, attention=attn, mlp=mlp, experts=experts,
+                       recurrent=recurrent, other=other, shared_experts=shared_experts)
 
 
 _MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
@@ -581,6 +583,8 @@ def _parse_architecture(config: dict[str, Any], overrides: dict[str, Any] | None
         checkpoint_kv_dtype=ckpt_kv,
         notes=tuple(notes),
         layout_source="kvplan rules" if verified else "unverified: read as a plain decoder",
+        num_experts=int(f.get("n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts", default=0)
+                        or 0) if params.experts else 0,
     )
 
 

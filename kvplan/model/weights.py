@@ -25,18 +25,20 @@ class ParamCounts:
     lm_head: int = 0
     attention: int = 0  # q/k/v/o projections (or MLA's low-rank projections)
     mlp: int = 0  # dense MLP layers
-    experts: int = 0  # routed + shared experts of MoE layers
+    experts: int = 0  # routed experts of MoE layers (sharded over every GPU of the deployment)
     recurrent: int = 0  # Mamba / linear-attention projections
     other: int = 0  # norms, routers, conv kernels, biases: never quantized
     # Multimodal towers (vision / audio encoders and their projectors): loaded unless every
     # modality's limit is 0 (`--language-model-only`); kept in the model dtype.
     towers: int = 0
+    # Shared experts of MoE layers: priced as experts, but tensor-parallel like a dense MLP.
+    shared_experts: int = 0
 
     @property
     def total(self) -> int:
         return (
             self.embedding + self.lm_head + self.attention + self.mlp + self.experts + self.recurrent + self.other
-            + self.towers
+            + self.towers + self.shared_experts
         )
 
 
@@ -166,15 +168,28 @@ def weight_bytes(params: ParamCounts, model_dtype_bytes: int, quant: Quantizatio
     """Bytes the loaded weights occupy, summed over the whole model (all ranks)."""
     if quant.method == "none":
         return params.total * model_dtype_bytes
-    roles = {"attention": params.attention, "mlp": params.mlp, "experts": params.experts, "recurrent": params.recurrent}
-    share = dict(quant.quantized_share)
-    per_role = dict(quant.role_bytes)
-    total = 0.0
-    for role, n in roles.items():
-        if role == "experts" and quant.expert_shape is not None:
-            total += mxfp4_expert_bytes(quant.expert_shape, mxfp4_kernel, tp)
-            continue
-        q = share.get(role, 0.0 if role in quant.unquantized_roles else 1.0)
-        total += n * q * per_role.get(role, quant.bytes_per_param) + n * (1 - q) * model_dtype_bytes
+    total = routed_expert_bytes(params, model_dtype_bytes, quant, mxfp4_kernel=mxfp4_kernel, tp=tp)
+    for role, n in (("attention", params.attention), ("mlp", params.mlp), ("experts", params.shared_experts),
+                    ("recurrent", params.recurrent)):
+        total += _role_bytes(role, n, model_dtype_bytes, quant)
     lm_head_bytes = params.lm_head * (quant.bytes_per_param if quant.quantize_lm_head else model_dtype_bytes)
     return int(total + (params.embedding + params.other + params.towers) * model_dtype_bytes + lm_head_bytes)
+
+
+def routed_expert_bytes(params: ParamCounts, model_dtype_bytes: int, quant: Quantization, *,
+                        mxfp4_kernel: str | None = None, tp: int = 1) -> int:
+    """The routed experts' part of ``weight_bytes``: what vLLM shards over every GPU of a
+    data-parallel deployment (``FusedMoEParallelConfig``)."""
+    if quant.method == "none":
+        return params.experts * model_dtype_bytes
+    if quant.expert_shape is not None:
+        return mxfp4_expert_bytes(quant.expert_shape, mxfp4_kernel, tp)
+    return int(_role_bytes("experts", params.experts, model_dtype_bytes, quant))
+
+
+def _role_bytes(role: str, n: int, model_dtype_bytes: int, quant: Quantization) -> float:
+    """``n`` parameters of ``role`` as the checkpoint stores them: the quantized share at its bytes,
+    the rest in the model dtype."""
+    q = dict(quant.quantized_share).get(role, 0.0 if role in quant.unquantized_roles else 1.0)
+    per_param = dict(quant.role_bytes).get(role, quant.bytes_per_param)
+    return n * q * per_param + n * (1 - q) * model_dtype_bytes

@@ -21,11 +21,11 @@ from kvplan.hardware.catalog import Device
 from kvplan.model.arch import Architecture
 from kvplan.model.dtypes import KVDtype, kv_dtype
 from kvplan.model.layers import MLA, ChunkedLocal, LayerSpec, MambaState, MLAIndexer, RequestContext
-from kvplan.model.weights import mxfp4_kernel_for, weight_bytes
+from kvplan.model.weights import mxfp4_kernel_for, routed_expert_bytes, weight_bytes
 from kvplan.plan.layout import KVLayout, build_layout, with_tp
 from kvplan.plan.overhead import Estimate, OverheadModel
 from kvplan.plan.schema import Settings
-from kvplan.units import GiB
+from kvplan.units import GiB, cdiv
 from kvplan.vllm.rules import VllmRules, parse_version
 
 MLA_BLOCK_SIZE = 64  # FlashMLA (Hopper); vLLM forces it for MLA models
@@ -333,17 +333,27 @@ def with_draft_layers(arch: Architecture, count: int) -> Architecture:
     )
 
 
-def _stage_weights(arch: Architecture, total: int, stage: range, first: bool, last: bool, tp: int) -> int:
-    """Per-device weights of one stage: its share of the layers plus embeddings/LM head."""
+def _stage_weights(arch: Architecture, total: int, stage: range, first: bool, last: bool, tp: int,
+                   routed: int = 0, routed_share: float | None = None) -> int:
+    """Per-device weights of one stage: its share of the layers plus embeddings/LM head. Of the routed
+    experts (``routed`` of the ``total`` bytes) a GPU holds ``routed_share`` where vLLM shards them over
+    a data-parallel deployment; the rest is split over ``tp``."""
     p = arch.params
     if p.total == 0:
         return total // tp
-    scale = total / p.total  # bytes per parameter, averaged over roles
-    layer_params = p.total - p.embedding - p.lm_head
-    share = layer_params * len(stage) / arch.num_hidden_layers
+    layer_fraction = len(stage) / arch.num_hidden_layers
+    if routed_share is None or not routed:
+        scale = total / p.total  # bytes per parameter, averaged over roles
+        share = (p.total - p.embedding - p.lm_head) * layer_fraction
+        share += p.embedding if first else 0
+        share += p.lm_head if last else 0
+        return int(share * scale / tp)
+    rest_params = p.total - p.experts
+    scale = (total - routed) / rest_params
+    share = (rest_params - p.embedding - p.lm_head) * layer_fraction
     share += p.embedding if first else 0
     share += p.lm_head if last else 0
-    return int(share * scale / tp)
+    return int(share * scale / tp + routed * layer_fraction * routed_share)
 
 
 def compute_capacity(
@@ -406,9 +416,28 @@ def compute_capacity(
         arch = replace(arch, params=replace(arch.params, towers=0))
         notes.append("--language-model-only: the multimodal towers are not loaded")
     # MXFP4 experts are laid out for the MoE kernel vLLM picks on this GPU (kvplan/model/weights.py).
-    weights_default = weight_bytes(arch.params, arch.model_dtype_bytes, arch.quantization,
-                                   mxfp4_kernel=mxfp4_kernel_for(device, parse_version(rules.version)), tp=tp)
+    # vLLM shards the routed experts over every GPU of a data-parallel deployment (tp x dp); with
+    # expert parallel each GPU holds whole experts, else every expert is split that many ways.
+    dp = settings.data_parallel_size
+    moe_ranks = tp * dp if dp > 1 and rules.moe_shards_over_dp and arch.params.experts else tp
+    moe_tp = 1 if settings.enable_expert_parallel else moe_ranks
+    kernel = mxfp4_kernel_for(device, parse_version(rules.version))
+    weights_default = weight_bytes(arch.params, arch.model_dtype_bytes, arch.quantization, mxfp4_kernel=kernel,
+                                   tp=moe_tp)
+    routed = routed_expert_bytes(arch.params, arch.model_dtype_bytes, arch.quantization, mxfp4_kernel=kernel,
+                                 tp=moe_tp)
+    if weights_total:  # exact bytes from the checkpoint: the experts' share as the config prices it
+        routed = round(weights_total * routed / weights_default) if weights_default else 0
     weights_total = weights_total or weights_default
+    routed_share = None  # a GPU's share of the routed experts, when not simply 1 / tp
+    if moe_ranks > tp or (settings.enable_expert_parallel and arch.num_experts):
+        # Expert parallel: whole experts, the first E % ranks GPUs one more (expert_map_manager.py:
+        # determine_expert_map); else every expert's matrices split over all the ranks.
+        routed_share = (cdiv(arch.num_experts, moe_ranks) / arch.num_experts if settings.enable_expert_parallel
+                        else 1 / moe_ranks)
+        notes.append(f"vLLM shards the MoE experts over {moe_ranks} GPUs"
+                     + (f" (the {dp} data-parallel replicas' tp x dp)" if dp > 1 else "")
+                     + f": {routed * routed_share / 2**30:.2f} GiB of experts on the fullest GPU")
 
     util = settings.gpu_memory_utilization or rules.default_gpu_memory_utilization
     requested = device.cuda_total_bytes * util
@@ -423,7 +452,7 @@ def compute_capacity(
         if settings.weights_bytes:
             weights = settings.weights_bytes
         else:
-            weights = _stage_weights(arch, weights_total, stage, s == 0, last, tp)
+            weights = _stage_weights(arch, weights_total, stage, s == 0, last, tp, routed, routed_share)
         # The profile run splits max_num_batched_tokens over min(tokens, max_num_seqs) requests.
         activation = overhead.activation(
             min(limits.max_num_seqs, limits.max_num_batched_tokens), arch.vocab_size, limits.max_num_batched_tokens,

@@ -135,6 +135,7 @@ def search(arch: Architecture, devices: Sequence[Device], req: FitRequest, rules
     reasons: dict[str, int] = {}
     memo: dict[tuple, Capacity | None] = {}
     order = {d.name: i for i, d in enumerate(devices)}
+    moe_over_dp = bool(arch.params.experts) and rules.moe_shards_over_dp
 
     def reject(reason: str, count: int = 1) -> None:
         nonlocal evaluated
@@ -149,16 +150,20 @@ def search(arch: Architecture, devices: Sequence[Device], req: FitRequest, rules
                 if arch.num_attention_heads % tp or pp > arch.num_hidden_layers:
                     reject("TP does not divide the heads / PP exceeds the layers", per_cands)
                     continue
-                if weights / (tp * pp) >= device.cuda_total_bytes * util:
+                # MoE experts are sharded over all tp x dp GPUs (kvplan.plan.capacity): a lower bound here.
+                moe_dp = dp if moe_over_dp else 1
+                if weights / (tp * pp * moe_dp) >= device.cuda_total_bytes * util:
                     reject("weights exceed the GPUs' memory", per_cands)
                     continue
                 per_replica = cdiv(req.concurrency, dp)
                 for dtype in req.kv_dtypes:
-                    key = (_capacity_key(device), tp, pp, dtype)
+                    key = (_capacity_key(device), tp, pp, moe_dp, dtype)
                     if key not in memo:
                         try:
                             settings = base.replace(tensor_parallel_size=tp, pipeline_parallel_size=pp,
-                                                    kv_cache_dtype=dtype, max_model_len=caps[0])
+                                                    data_parallel_size=dp, kv_cache_dtype=dtype,
+                                                    max_model_len=caps[0],
+                                                    enable_expert_parallel=_expert_parallel(base, moe_dp))
                             memo[key] = compute_capacity(arch, device, settings, rules, overhead, weights_total)
                         except KvplanError:
                             memo[key] = None
@@ -204,12 +209,22 @@ def search(arch: Architecture, devices: Sequence[Device], req: FitRequest, rules
     return FitResult(evaluated, fitting, best, reasons)
 
 
+def _expert_parallel(base: Settings, moe_dp: int) -> bool:
+    """An MoE model over data-parallel replicas is proposed with expert parallel, as vLLM recommends:
+    whole experts per GPU load for any rank count, while splitting every expert's matrices over tp x dp
+    needs its intermediate size to divide evenly."""
+    return base.enable_expert_parallel or moe_dp > 1
+
+
 def replan(arch: Architecture, cand: Candidate, req: FitRequest, rules: VllmRules, overhead: OverheadModel,
            weights_total: int | None = None, base: Settings | None = None) -> Capacity:
     """The candidate's capacity through the same path as `kvplan size` (at its own context)."""
     base = base or Settings()
-    settings = base.replace(tensor_parallel_size=cand.tp, pipeline_parallel_size=cand.pp, kv_cache_dtype=cand.kv_dtype,
-                            max_model_len=cand.ctx, concurrency=req.concurrency, prompt_tokens=req.prompt,
+    moe_dp = cand.dp if arch.params.experts and rules.moe_shards_over_dp else 1
+    settings = base.replace(tensor_parallel_size=cand.tp, pipeline_parallel_size=cand.pp, data_parallel_size=cand.dp,
+                            enable_expert_parallel=_expert_parallel(base, moe_dp),
+                            kv_cache_dtype=cand.kv_dtype, max_model_len=cand.ctx, concurrency=req.concurrency,
+                            prompt_tokens=req.prompt,
                             output_tokens=req.output, shared_prefix_tokens=req.shared_prefix)
     return compute_capacity(arch, cand.device, settings, rules, overhead, weights_total)
 

@@ -12,13 +12,14 @@ from dataclasses import dataclass, field
 
 from kvplan.errors import KvplanError
 
-_MIN_ONE = ("tensor_parallel_size", "pipeline_parallel_size", "decode_context_parallel_size", "block_size", "max_model_len",
+_MIN_ONE = ("tensor_parallel_size", "pipeline_parallel_size", "decode_context_parallel_size", "data_parallel_size",
+            "block_size", "max_model_len",
             "kv_cache_memory_bytes", "num_gpu_blocks_override", "max_num_seqs", "max_num_batched_tokens",
             "weights_bytes", "concurrency", "prompt_tokens")
 
 
 _MAX = {"draft_layers": 1024, "tensor_parallel_size": 4096, "pipeline_parallel_size": 4096,
-        "decode_context_parallel_size": 4096, "concurrency": 100_000_000, "max_num_seqs": 100_000_000}
+        "decode_context_parallel_size": 4096, "data_parallel_size": 65536, "concurrency": 100_000_000, "max_num_seqs": 100_000_000}
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,10 @@ class Settings:
     async_scheduling: bool | None = None
     mamba_ssm_cache_dtype: str = "auto"  # vLLM's --mamba-ssm-cache-dtype
     decode_context_parallel_size: int = 1  # vLLM's --decode-context-parallel-size
+    # vLLM's --data-parallel-size: replicas of tp x pp GPUs, each with its own KV pool (kvplan size sets it
+    # from the GPUs given). MoE experts are sharded over all of them (kvplan.plan.capacity).
+    data_parallel_size: int = 1
+    enable_expert_parallel: bool = False  # vLLM's --enable-expert-parallel: whole experts per GPU
     # Speculative decoding: KV-holding layers of the draft model (EAGLE: 1; MTP: its layers),
     # shaped like the target's last attention layer and sharing its pool.
     draft_layers: int = 0

@@ -170,6 +170,7 @@ def serve_command(model: str, cap: Capacity, replicas: int = 1) -> str:
     values.update(  # what the plan resolved, where the user's value alone would not say it
         max_model_len=cap.max_model_len,
         data_parallel_size=replicas if replicas > 1 else None,
+        enable_expert_parallel=s.enable_expert_parallel or None,
         # an explicit KV size makes vLLM's budget ignore the utilization: print only the one that counts
         gpu_memory_utilization=None if s.kv_cache_memory_bytes else (s.gpu_memory_utilization or None),
         kv_cache_dtype=cap.dtype.name if s.kv_cache_dtype != "auto" else None,
@@ -204,8 +205,10 @@ def _suggestions(
         count = changes.pop("count", gpu.count)
         try:
             new = settings.replace(**changes)
+            dp = max(1, count // (new.tensor_parallel_size * new.pipeline_parallel_size))
+            new = new.replace(data_parallel_size=dp)
             alt = compute_capacity(arch, device, new, rules, overhead, weights_total)
-            v = verdict_for(alt, max(1, count // (new.tensor_parallel_size * new.pipeline_parallel_size)))
+            v = verdict_for(alt, dp)
         except (KvplanError, ValueError):
             return
         out.append(Suggestion(change=change, flags=flags, result=v.reason, fits=v.fits, updates=updates))
@@ -274,6 +277,7 @@ def plan_size(
     if gpu.count % world:
         raise KvplanError(f"{gpu.count} GPUs do not split into replicas of tp x pp = {world}")
     replicas = gpu.count // world
+    settings = settings.replace(data_parallel_size=replicas)  # vLLM's --data-parallel-size
     cap = compute_capacity(arch, gpu.device, settings, rules, overhead, ref.weights_total)
     work = request_load(settings, cap.max_model_len)
     verdict = verdict_for(cap, replicas)

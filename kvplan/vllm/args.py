@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 ENGINE_FLAGS: tuple[tuple[str, str, str], ...] = (
     ("max_model_len", "--max-model-len", "value"),
     ("data_parallel_size", "--data-parallel-size", "value"),
+    ("enable_expert_parallel", "--enable-expert-parallel", "switch"),
     ("tensor_parallel_size", "--tensor-parallel-size", "value"),
     ("pipeline_parallel_size", "--pipeline-parallel-size", "value"),
     ("kv_cache_memory_bytes", "--kv-cache-memory-bytes", "value"),
@@ -62,6 +63,8 @@ def engine_values(s: Settings) -> dict[str, object]:
     The `vllm serve` line and the bench launcher both start from these."""
     return {
         "max_model_len": s.max_model_len,
+        "data_parallel_size": s.data_parallel_size if s.data_parallel_size > 1 else None,
+        "enable_expert_parallel": s.enable_expert_parallel or None,
         "tensor_parallel_size": s.tensor_parallel_size if s.tensor_parallel_size > 1 else None,
         "pipeline_parallel_size": s.pipeline_parallel_size if s.pipeline_parallel_size > 1 else None,
         "kv_cache_memory_bytes": s.kv_cache_memory_bytes,

@@ -98,6 +98,10 @@ class VllmRules:
     # A waiting request is admitted only if its whole prompt fits (scheduler_reserve_full_isl,
     # 0.19+); before, only its first prefill chunk had to fit.
     admit_full_prompt: bool
+    # MoE layers shard their experts over every GPU of a data-parallel deployment, tp x dp
+    # (`FusedMoEParallelConfig.make`: flatten_tp_across_dp; with --enable-expert-parallel, whole
+    # experts over the same GPUs). Read in 0.10.2 and every later release; earlier ones not read.
+    moe_shards_over_dp: bool
 
     note: str | None = None  # when the asked release is outside what kvplan has read
 
@@ -171,4 +175,5 @@ def rules_for(version: str | None = None) -> VllmRules:
         big_gpu_tier=v >= (0, 28, 0),
         sparse_mla_auto_fp8=(0, 11, 0) <= v < (0, 11, 1),
         admit_full_prompt=v >= (0, 19, 0),
+        moe_shards_over_dp=v >= (0, 10, 0),
     )

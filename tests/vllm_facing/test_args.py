@@ -11,6 +11,7 @@ from kvplan.vllm.args import ENGINE_FIELDS, to_vllm_args
 VALUES = {
     "max_model_len": 32768,
     "data_parallel_size": 2,
+    "enable_expert_parallel": True,
     "tensor_parallel_size": 4,
     "pipeline_parallel_size": 2,
     "kv_cache_memory_bytes": 8 * 1024**3,

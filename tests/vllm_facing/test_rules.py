@@ -288,7 +288,7 @@ def test_every_rule_field_is_covered():
         "mamba_prefix_caching", "hybrid_prefix_caching_default", "mamba2_checkpoint_page",
         "gdn_checkpoint_page_on_hopper", "hybrid_block_alignment", "mla_hybrid_block_min_128", "mla_block_size_rule",
         "nemotron_h_ssm_default", "qwen35_reads_mamba_ssm_dtype", "gdn_respects_ssm_dtype",
-        "max_len_check_counts_padding", "big_gpu_tier", "sparse_mla_auto_fp8", "admit_full_prompt", "note",
+        "max_len_check_counts_padding", "big_gpu_tier", "sparse_mla_auto_fp8", "admit_full_prompt", "moe_shards_over_dp", "note",
     }
     assert set(rules_for(None).__dataclass_fields__) == tested
 
