@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from kvplan.errors import KvplanError
-from kvplan.paths import CONFIG_DIR_ENV, calibration_file, config_dir, load_user_json  # noqa: F401 - re-exported
+from kvplan.paths import CONFIG_DIR_ENV, calibration_file, load_user_json
 
 SCHEMA = 1
 

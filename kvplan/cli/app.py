@@ -68,11 +68,8 @@ def build_app(only: str | None = None) -> typer.Typer:
 
 def _command_in(args: list[str]) -> str | None:
     """The command a command line runs, when the options before it cannot change that."""
-    for arg in args:
-        if arg in ("--debug",):
-            continue
-        return arg if arg in COMMANDS else None
-    return None
+    first = next((arg for arg in args if arg != "--debug"), None)
+    return first if first in COMMANDS else None
 
 
 def __getattr__(name: str):

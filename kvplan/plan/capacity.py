@@ -342,18 +342,13 @@ def _stage_weights(arch: Architecture, total: int, stage: range, first: bool, la
     if p.total == 0:
         return total // tp
     layer_fraction = len(stage) / arch.num_hidden_layers
-    if routed_share is None or not routed:
-        scale = total / p.total  # bytes per parameter, averaged over roles
-        share = (p.total - p.embedding - p.lm_head) * layer_fraction
-        share += p.embedding if first else 0
-        share += p.lm_head if last else 0
-        return int(share * scale / tp)
-    rest_params = p.total - p.experts
-    scale = (total - routed) / rest_params
+    # The routed experts at their own bytes per parameter; the other roles at their average.
+    rest_params = p.total - (p.experts if routed else 0)
     share = (rest_params - p.embedding - p.lm_head) * layer_fraction
     share += p.embedding if first else 0
     share += p.lm_head if last else 0
-    return int(share * scale / tp + routed * layer_fraction * routed_share)
+    experts_held = routed * layer_fraction * (1 / tp if routed_share is None else routed_share)
+    return int(share * (total - routed) / rest_params / tp + experts_held)
 
 
 def compute_capacity(
