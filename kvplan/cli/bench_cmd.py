@@ -434,13 +434,18 @@ def shared_prefix_share(text: str | None, prompt_tokens: int, fixed: bool) -> fl
     """``--shared-prefix``: tokens (``256``, ``1k``), as ``kvplan size`` reads it, or a share of each prompt
     (``25%``). The bench shares a fraction of every prompt; a token count is that fraction of a fixed prompt."""
     from kvplan.errors import KvplanError
-    from kvplan.units import check_positive, parse_tokens
+    from kvplan.units import parse_fraction, parse_tokens
 
     if text is None:
         return 0.0
     raw = str(text).strip()
     if raw.endswith("%"):
-        share = check_positive(_percent(raw), "--shared-prefix", allow_zero=True, maximum=99.999) / 100
+        try:
+            share = 0.0 if raw[:-1].strip() in ("0", "0.0") else parse_fraction(raw, "--shared-prefix")
+        except KvplanError:
+            raise KvplanError(f"invalid --shared-prefix {raw!r}", "write a share of each prompt as 25%") from None
+        if share >= 1:
+            raise KvplanError(f"invalid --shared-prefix {raw!r}: a prompt cannot be shared whole", "use less than 100%")
         return share
     try:
         tokens = parse_tokens(raw, "--shared-prefix", allow_zero=True)
@@ -453,15 +458,6 @@ def shared_prefix_share(text: str | None, prompt_tokens: int, fixed: bool) -> fl
     if tokens >= prompt_tokens:
         raise KvplanError(f"--shared-prefix {tokens:,} is not shorter than the prompt ({prompt_tokens:,} tokens)")
     return tokens / prompt_tokens
-
-
-def _percent(raw: str) -> float:
-    from kvplan.errors import KvplanError
-
-    try:
-        return float(raw[:-1])
-    except ValueError:
-        raise KvplanError(f"invalid --shared-prefix {raw!r}", "write a share as 25%") from None
 
 
 def _stderr_tty() -> bool:
