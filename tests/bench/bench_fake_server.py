@@ -49,32 +49,49 @@ vllm:num_preemptions_total{{engine="0",model_name="fake"}} 0.0
 """
 
 
-class FakeServer:
-    def __init__(self, behaviour: FakeBehaviour | None = None):
-        self.behaviour = behaviour or FakeBehaviour()
+class _LoopThread:
+    """A server on an event loop of its own, in a daemon thread; ``with`` starts and stops it. A
+    subclass's ``_run`` sets ``_loop`` and ``port``, then ``_ready``; ``_close`` stops serving."""
+
+    def __init__(self) -> None:
         self.port = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
+
+    def __enter__(self):
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError(f"{type(self).__name__} did not start")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._loop is not None:
+            self._close()
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            self._thread.join(10)
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def _close(self) -> None:
+        raise NotImplementedError
+
+
+class FakeServer(_LoopThread):
+    def __init__(self, behaviour: FakeBehaviour | None = None):
+        super().__init__()
+        self.behaviour = behaviour or FakeBehaviour()
         self._runner = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def __enter__(self) -> FakeServer:
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        if not self._ready.wait(10):
-            raise RuntimeError("fake server did not start")
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._loop is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
-            self._loop.call_soon_threadsafe(self._loop.stop)
-        if self._thread is not None:
-            self._thread.join(10)
+    def _close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
 
     def _run(self) -> None:
         from aiohttp import web
@@ -180,33 +197,19 @@ class FakeServer:
             b.in_flight -= 1
 
 
-class CountingProxy:
+class CountingProxy(_LoopThread):
     """A forwarding HTTP proxy on 127.0.0.1 (absolute-form requests, as clients send to an HTTP proxy),
     in a background thread: counts what went through it by path, and keeps each request's
     Proxy-Authorization. Responses (SSE streams too) are piped back as they arrive."""
 
     def __init__(self) -> None:
-        self.port = 0
+        super().__init__()
         self.paths: list[str] = []
         self.proxy_auth: list[str | None] = []
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._server = None
-        self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
 
-    def __enter__(self) -> CountingProxy:
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        if not self._ready.wait(10):
-            raise RuntimeError("proxy did not start")
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._server.close)
-            self._loop.call_soon_threadsafe(self._loop.stop)
-        if self._thread is not None:
-            self._thread.join(10)
+    def _close(self) -> None:
+        self._loop.call_soon_threadsafe(self._server.close)
 
     def _run(self) -> None:
         self._loop = asyncio.new_event_loop()
