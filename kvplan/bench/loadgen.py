@@ -24,12 +24,17 @@ Definitions (all times in seconds, measured by the client; the README states the
 - **output tokens** = the server's ``usage.completion_tokens`` (else the chunks counted).
 - **useful throughput** = output tokens of completed requests / the point's wall time.
 
-aiohttp gets a connector limited to the concurrency, one connection per request (no keep-alive
-race with the server: uvicorn closes an idle keep-alive connection on a timer, and a request
-written into it in that instant fails with "Server disconnected" although the server never saw
-it, uvicorn#824; a closed loop sends exactly at that instant; a retry would re-time the request),
-and a stream reader of its own with a 16 MiB line limit: aiohttp's 64 KiB default breaks SSE
-lines of long contexts (vllm#39963).
+aiohttp gets a connector limited to the concurrency and a stream reader of its own with a 16 MiB
+line limit: aiohttp's 64 KiB default breaks SSE lines of long contexts (vllm#39963).
+
+Connections are kept alive and reused (``keep_alive=False``: one connection per request, as
+before). Reuse has one hazard: the server closes an idle keep-alive connection on a timer, and a
+request written into it at that instant fails although the server never read it (uvicorn#824).
+Two defences: the client drops a pooled connection after ``IDLE_KEEP_ALIVE_S``, well before
+vLLM's API server would (see the constant), and a request that fails on a *reused* connection
+before any response byte arrived is sent again, once, on a fresh connection. The retry keeps the
+request's scheduled time, so what it cost shows in its latencies; ``RequestRecord.retries`` and
+``LoadResult.retries`` count it. A failure on a fresh connection is never retried: the server is gone.
 """
 
 from __future__ import annotations
@@ -45,6 +50,18 @@ from kvplan.bench.client import Client
 from kvplan.bench.workload import RequestSpec
 
 READ_BUFSIZE = 1 << 24  # 16 MiB per connection; SSE lines of a 128k-token context fit
+
+#: Seconds a pooled connection may sit idle before the client drops it. vLLM's API server closes an
+#: idle keep-alive connection after VLLM_HTTP_TIMEOUT_KEEP_ALIVE seconds, 5 by default
+#: (https://github.com/vllm-project/vllm/blob/v0.32.0/vllm/envs.py, passed to uvicorn as
+#: timeout_keep_alive in vllm/entrypoints/launchers/api_server/entry.py), counted from the moment
+#: it finished the previous response (uvicorn arms the timer in on_response_complete and cancels it
+#: when the next request's bytes arrive,
+#: https://github.com/Kludex/uvicorn/blob/0.54.0/uvicorn/protocols/http/httptools_impl.py).
+#: The client's idle clock starts a little later (when it read the end of that response) and the
+#: server's loop may be late reading the next request, so the limit sits well below 5 s; a server
+#: configured shorter, or a stalled one, is what the retry is for.
+IDLE_KEEP_ALIVE_S = 2.0
 
 
 @dataclass
@@ -64,6 +81,7 @@ class RequestRecord:
     max_tokens: int = 0
     ok: bool = False
     error: str | None = None
+    retries: int = 0  # sent again on a fresh connection after a stale keep-alive one dropped it
 
     @property
     def ttft_s(self) -> float | None:
@@ -122,6 +140,7 @@ class RequestRecord:
             "max_tokens": self.max_tokens,
             "chunk_times_s": [round(t, 6) for t in self.chunk_times_s],
             **({"chunk_tokens": list(self.chunk_tokens)} if any(k != 1 for k in self.chunk_tokens) else {}),
+            **({"retries": self.retries} if self.retries else {}),
         }
 
 
@@ -130,6 +149,11 @@ class LoadResult:
     records: list[RequestRecord]
     wall_s: float
     aborted: str | None = None  # why the point stopped early (server gone, engine dead)
+
+    @property
+    def retries(self) -> int:
+        """Requests sent again after a reused connection dropped them unread (see the module doc)."""
+        return sum(r.retries for r in self.records)
 
 
 class StopSignal(asyncio.Event):
@@ -214,14 +238,17 @@ def completion_body(spec: RequestSpec, model: str, api: str) -> dict:
 
 
 async def stream_one(session, url: str, body: dict, rec: RequestRecord, clock: Callable[[], float],
-                     request_kwargs: dict | None = None) -> None:
+                     request_kwargs: dict | None = None, fresh_session=None) -> None:
     """Send one streaming request and fill ``rec``; raise ServerGone when the server vanished.
-    ``request_kwargs``: headers and proxy of the request (kvplan.bench.client.Client.aio_kwargs)."""
+    ``request_kwargs``: headers and proxy of the request (kvplan.bench.client.Client.aio_kwargs).
+    ``fresh_session`` (one connection per request): where a request that a reused connection of
+    ``session`` dropped unread is sent again (see the module doc); None: no retry."""
     import aiohttp
 
     rec.sent_s = clock()
     try:
-        async with session.post(url, json=body, **(request_kwargs or {})) as resp:
+        resp = await _post(session, url, body, rec, request_kwargs or {}, fresh_session)
+        async with resp:
             if resp.status != 200:
                 text = (await resp.text())[:300].replace("\n", " ")
                 rec.error = f"HTTP {resp.status}: {text}"
@@ -295,6 +322,42 @@ async def stream_one(session, url: str, body: dict, rec: RequestRecord, clock: C
         rec.error = "timed out waiting for the server"
 
 
+class _Reuse:
+    """Per-request trace context: did the connector hand this request a pooled connection?"""
+
+    reused = False
+
+
+async def _on_reuse(session, trace_ctx, params) -> None:
+    trace_ctx.trace_request_ctx.reused = True
+
+
+def reuse_tracer():
+    """An aiohttp TraceConfig that marks a request's ``_Reuse`` context when its connection is reused."""
+    import aiohttp
+
+    tracer = aiohttp.TraceConfig()
+    tracer.on_connection_reuseconn.append(_on_reuse)
+    return tracer
+
+
+async def _post(session, url: str, body: dict, rec: RequestRecord, request_kwargs: dict, fresh_session):
+    """POST and return the response once its status line arrived. A reused keep-alive connection that
+    the server closed as the request went out (nothing came back) gets the request once more on a
+    fresh connection: the server never read it, so resending cannot run it twice."""
+    import aiohttp
+
+    reuse = _Reuse()
+    try:
+        return await session.post(url, json=body, trace_request_ctx=reuse, **request_kwargs)
+    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, ConnectionResetError) as exc:
+        # A connect failure (ClientConnectorError is a ClientOSError) is on a new connection: no retry.
+        if fresh_session is None or not reuse.reused or isinstance(exc, aiohttp.ClientConnectorError):
+            raise
+    rec.retries += 1
+    return await fresh_session.post(url, json=body, **request_kwargs)
+
+
 def _count(value, default: int | None) -> int | None:
     """A token count from the server's usage: a non-negative int, else the previous value."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0 or value > 1 << 40:
@@ -348,7 +411,7 @@ async def run_closed_loop(
     request_timeout_s: float = 300.0,
     stop: StopSignal | None = None,
     on_request_done: Callable[[RequestRecord], None] | None = None,
-    keep_alive: bool = False,
+    keep_alive: bool = True,
     api_key: str | None = None,
     total_requests: int | None = None,
     duration_s: float | None = None,
@@ -408,7 +471,7 @@ async def run_open_loop(
     request_timeout_s: float = 300.0,
     stop: StopSignal | None = None,
     on_request_done: Callable[[RequestRecord], None] | None = None,
-    keep_alive: bool = False,
+    keep_alive: bool = True,
     api_key: str | None = None,
     client: Client | None = None,
 ) -> LoadResult:
@@ -450,8 +513,9 @@ class _LoadContext:
     """What the closed and the open loop share: the session, the clock, one request, the stop."""
 
     def __init__(self, session, url: str, model: str, api: str, spec_for, stop: StopSignal, records: list,
-                 clock, on_request_done, request_kwargs: dict | None = None) -> None:
+                 clock, on_request_done, request_kwargs: dict | None = None, fresh_session=None) -> None:
         self.session, self.url, self.model, self.api = session, url, model, api
+        self.fresh_session = fresh_session
         self.request_kwargs = request_kwargs or {}
         self.spec_for, self.stop, self.records, self.clock = spec_for, stop, records, clock
         self.on_request_done = on_request_done
@@ -463,7 +527,7 @@ class _LoadContext:
             spec = self.spec_for(number)
             rec.index, rec.max_tokens = spec.index, spec.max_tokens
             await stream_one(self.session, self.url, completion_body(spec, self.model, self.api), rec, self.clock,
-                             self.request_kwargs)
+                             self.request_kwargs, self.fresh_session)
         except ServerGone as exc:
             self.stop.stop(f"the server went away ({exc})")
         except Exception as exc:  # noqa: BLE001 - one request's failure, recorded as such
@@ -507,15 +571,22 @@ async def _run_load(base_url, model, api, connections, spec_for, request_timeout
     def clock() -> float:
         return time.perf_counter() - t0
 
-    # One connection per request (force_close): a closed loop sends the next request the moment the
-    # previous response ends, which is exactly the race in which uvicorn's keep-alive timer drops a
-    # connection holding a new request (uvicorn#824; seen here as "Server disconnected" seconds after
-    # sending). A loopback connect costs ~0.1 ms and counts in TTFT, as it does for a new user.
-    connector = aiohttp.TCPConnector(limit=connections, limit_per_host=connections, force_close=not keep_alive)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=request_timeout_s)
-    # trust_env stays off: the proxy is the one Client.aio_kwargs chose, as for urllib (kvplan.bench.client).
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False) as session:
-        ctx = _LoadContext(session, url, model, api, spec_for, stop, records, clock, on_request_done, request_kwargs)
+
+    def session(reuse: bool):
+        # A connection per request costs a connect (~0.1 ms on loopback, more for a first wave of many
+        # at once) inside TTFT; reuse keeps connections alive for IDLE_KEEP_ALIVE_S (module doc).
+        # trust_env stays off: the proxy is the one Client.aio_kwargs chose, as for urllib (kvplan.bench.client).
+        connector = aiohttp.TCPConnector(limit=connections, limit_per_host=connections, force_close=not reuse,
+                                         keepalive_timeout=IDLE_KEEP_ALIVE_S if reuse else None)
+        return aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False,
+                                     trace_configs=[reuse_tracer()] if reuse else None)
+
+    async with contextlib.AsyncExitStack() as sessions:
+        main = await sessions.enter_async_context(session(keep_alive))
+        fresh = await sessions.enter_async_context(session(False)) if keep_alive else None
+        ctx = _LoadContext(main, url, model, api, spec_for, stop, records, clock, on_request_done, request_kwargs,
+                           fresh)
         await body(ctx)
     for rec in records:
         if rec.end_s is None and rec.error is None:

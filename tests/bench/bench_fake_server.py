@@ -253,6 +253,68 @@ class CountingProxy(_LoopThread):
             writer.close()
 
 
+class KeepAliveDropServer(_LoopThread):
+    """A raw HTTP/1.1 completions server on 127.0.0.1 that answers the first ``serve`` requests of
+    every connection (short SSE streams, kept alive) and closes the connection, unanswered, when the
+    next one arrives on it: a keep-alive timer firing just as the client reuses the connection
+    (uvicorn#824). ``drop_delay_s``: how long it holds the unread request before closing;
+    ``serve=0``: every request's connection is closed unanswered (a server that stopped serving)."""
+
+    def __init__(self, drop_delay_s: float = 0.0, serve: int = 1) -> None:
+        super().__init__()
+        self.drop_delay_s, self.serve = drop_delay_s, serve
+        self.connections = 0
+        self.answered = 0
+        self.dropped = 0
+        self._server = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _close(self) -> None:
+        self._loop.call_soon_threadsafe(self._server.close)
+
+    def _run(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self._loop)
+        self._server = self._loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
+        self.port = self._server.sockets[0].getsockname()[1]
+        self._ready.set()
+        self._loop.run_forever()
+
+    async def _handle(self, reader, writer) -> None:
+        self.connections += 1
+        served = 0
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                length = next((int(v) for k, _, v in (line.partition(":") for line in lines[1:])
+                               if k.strip().lower() == "content-length"), 0)
+                body = json.loads(await reader.readexactly(length)) if length else {}
+                if served >= self.serve:
+                    await asyncio.sleep(self.drop_delay_s)
+                    self.dropped += 1
+                    writer.transport.abort()
+                    return
+                served += 1
+                n = int(body.get("max_tokens") or 1)
+                events = [{"choices": [{"index": 0, "text": "x", "finish_reason": None}]} for _ in range(n)]
+                events.append({"choices": [], "usage": {"prompt_tokens": len(body.get("prompt") or []),
+                                                        "completion_tokens": n}})
+                payload = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+                data = payload.encode()
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                             + f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+                await writer.drain()
+                self.answered += 1
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run as a stand-in engine (``--engine-cmd "python bench_fake_server.py"``): takes vLLM's
     --model/--host/--port (other flags are ignored), requires $VLLM_API_KEY when set, prints its

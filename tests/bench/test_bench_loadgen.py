@@ -9,16 +9,17 @@ import socket
 import subprocess
 
 import pytest
-from bench_fake_server import FakeBehaviour, FakeServer
+from bench_fake_server import FakeBehaviour, FakeServer, KeepAliveDropServer
 from bench_helpers import bench_env, kvplan_cmd
 
 from kvplan.bench.loadgen import run_closed_loop
 from kvplan.bench.workload import Workload
 
 
-def _run(url: str, concurrency: int, per_stream: int, output: int = 4):
+def _run(url: str, concurrency: int, per_stream: int, output: int = 4, keep_alive: bool = True):
     w = Workload(prompt_tokens=8, output_tokens=output, nonce="t")
-    return asyncio.run(run_closed_loop(url, "fake", "completions", concurrency, per_stream, w.request))
+    return asyncio.run(run_closed_loop(url, "fake", "completions", concurrency, per_stream, w.request,
+                                       keep_alive=keep_alive))
 
 
 def test_timestamps_count_from_the_scheduled_time():
@@ -51,6 +52,37 @@ def test_connections_are_limited_to_the_concurrency():
         result = _run(srv.url, concurrency=6, per_stream=3)
         assert srv.behaviour.max_in_flight == 6 and srv.behaviour.requests == 18
     assert sum(r.ok for r in result.records) == 18
+
+
+def test_connections_are_reused_unless_keep_alive_is_off():
+    for keep_alive, connections in ((True, 2), (False, 6)):
+        with KeepAliveDropServer(serve=3) as srv:
+            result = _run(srv.url, concurrency=2, per_stream=3, keep_alive=keep_alive)
+            assert (srv.connections, srv.answered, srv.dropped) == (connections, 6, 0)
+        assert all(r.ok and r.retries == 0 for r in result.records)
+
+
+def test_a_request_a_reused_connection_dropped_unread_is_resent_once_on_a_fresh_one():
+    # The server closes a reused connection 50 ms after the request arrived, without answering: the
+    # request goes again on a new connection, keeps its scheduled time, and the 50 ms are in its TTFT.
+    with KeepAliveDropServer(drop_delay_s=0.05) as srv:
+        result = _run(srv.url, concurrency=1, per_stream=3)
+        assert (srv.answered, srv.dropped) == (3, 1)
+    first, second, third = result.records
+    assert result.aborted is None and all(r.ok for r in result.records)
+    assert [r.retries for r in result.records] == [0, 1, 0] and result.retries == 1
+    assert second.scheduled_s == pytest.approx(first.end_s, abs=0.005)  # the closed loop's time, not the retry's
+    assert second.sent_s < second.scheduled_s + 0.01
+    assert second.ttft_s >= 0.05 > first.ttft_s
+    assert second.to_json()["retries"] == 1 and "retries" not in first.to_json()
+
+
+def test_a_request_dropped_on_a_fresh_connection_is_not_resent():
+    with KeepAliveDropServer(serve=0) as srv:
+        result = _run(srv.url, concurrency=1, per_stream=3)
+        assert srv.dropped == 1
+    assert result.aborted and "the server went away" in result.aborted
+    assert len(result.records) == 1 and result.retries == 0
 
 
 def test_a_one_mebibyte_sse_line_is_read():
