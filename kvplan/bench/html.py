@@ -145,6 +145,14 @@ figure{margin:0}svg{font:11px system-ui,sans-serif;background:#fff}svg .t{font-w
 .frame{fill:none;stroke:#999}.grid{stroke:#eee}.warn{color:#a40}.empty{color:#888}code{background:#f5f5f5}"""
 
 
+PREDICTED_DASH, PREDICTED_DASH_P99 = "2 3", "2 3 8 3"  # predicted series: dotted (p99: dot-dash)
+
+
+def _pred_ms(p: PointResult, metric: str, key: str) -> float | None:
+    v = None if p.predicted_latency is None else p.predicted_latency.stat(metric, key)
+    return None if v is None else v * 1000
+
+
 def _ms(stats: LatencyStats, key: str) -> float | None:
     v = stats.stat(key)
     return None if v is None else v * 1000
@@ -208,11 +216,16 @@ def html_report(summaries: list[BenchSummary], title: str | None = None) -> str:
     for metric, name in (("ttft", "TTFT"), ("itl", "ITL per token"), ("e2e", "E2E")):
         charts.append(chart(f"{name} vs load (ms)", xlabel, "ms",
                             series(lambda p, m=metric: _ms(getattr(p, m), "p50"), "p50")
-                            + series(lambda p, m=metric: _ms(getattr(p, m), "p99"), "p99", "6 3"),
+                            + series(lambda p, m=metric: _ms(getattr(p, m), "p99"), "p99", "6 3")
+                            + series(lambda p, m=metric: _pred_ms(p, m, "p50"), "p50 predicted", PREDICTED_DASH)
+                            + series(lambda p, m=metric: _pred_ms(p, m, "p99"), "p99 predicted", PREDICTED_DASH_P99),
                             vlines if metric == "ttft" else [], log_x=True))
     charts.append(chart("Throughput and goodput vs load (output tok/s)", xlabel, "tok/s",
                         series(lambda p: p.throughput_tok_s, "throughput")
-                        + series(lambda p: p.goodput_tok_s, "goodput", "6 3"), log_x=True))
+                        + series(lambda p: p.goodput_tok_s, "goodput", "6 3")
+                        + series(lambda p: None if p.predicted_latency is None
+                                 else p.predicted_latency.output_tokens_per_s, "throughput predicted",
+                                 PREDICTED_DASH), log_x=True))
     charts.append(chart("KV cache fill vs load (%)", xlabel, "% of the pool",
                         series(lambda p: None if p.server.peak_kv_usage is None
                                else 100 * p.server.peak_kv_usage, "measured peak")
@@ -225,6 +238,7 @@ def html_report(summaries: list[BenchSummary], title: str | None = None) -> str:
     for i, s in enumerate(runs):
         body.append(f"<h2>{escape(_run_name(s, i))}: points</h2>")
         body.append(_points_table(s))
+        body.append(_latency_table(s))
         if s.rate_search is not None:
             body.append(f"<p>Automatic rate search: {escape(s.rate_search.describe())}.</p>")
         if s.headers:  # names with masked values: the values are never stored
@@ -234,6 +248,28 @@ def html_report(summaries: list[BenchSummary], title: str | None = None) -> str:
     body.append(f"<p>{escape(DEFINITIONS)}</p>")
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{escape(title)}</title><style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+
+
+def _latency_table(s: BenchSummary) -> str:
+    """Predicted / measured latency and throughput per point, and the step-time model's source."""
+    from kvplan.bench.report import PREDICTED_FIGURES, latency_model_text, predicted_cells
+
+    text = latency_model_text(s)
+    if text is None:
+        return ""
+    out = [f"<p>{escape(text)}</p>"]
+    rows = [(p, predicted_cells(p)) for p in s.points]
+    rows = [(p, c) for p, c in rows if c is not None]
+    if rows:
+        head = ["rate req/s" if s.rate_mode else "concurrency"] + [f"{h} ms" for _, _, h in PREDICTED_FIGURES] + [
+            "output tok/s"]
+        out.append('<table class="predicted"><caption>predicted / measured</caption><tr>'
+                   + "".join(f"<th>{escape(h)}</th>" for h in head) + "</tr>")
+        for p, cells in rows:
+            load = _fmt(p.rate) if p.mode == "rate" and p.rate is not None else str(p.concurrency)
+            out.append("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in [load] + cells) + "</tr>")
+        out.append("</table>")
+    return "".join(out)
 
 
 def _run_name(s: BenchSummary, i: int) -> str:

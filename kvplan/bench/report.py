@@ -53,7 +53,9 @@ def points_csv(points: list[PointResult]) -> str:
             "slo_met", "goodput_share", "goodput_req_s", "goodput_tok_s"]
     for metric in ("ttft", "itl", "tpot", "e2e", "send_lag"):
         head += [f"{metric}_n"] + [f"{metric}_{k}_ms" for k in _STAT_KEYS[1:]]
-    head += ["warnings", "error"]
+    head += ["warnings", "error", "predicted_source"]
+    head += [f"predicted_{m}_{k}_ms" for m in ("ttft", "itl", "tpot", "e2e") for k in ("p50", "p99")]
+    head += ["predicted_output_tok_s"]
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(head)
@@ -69,6 +71,13 @@ def points_csv(points: list[PointResult]) -> str:
             row.append(stats.n)
             row += [None if stats.stat(k) is None else round(stats.stat(k) * 1000, 3) for k in _STAT_KEYS[1:]]
         row += ["; ".join(p.warnings), p.error]
+        lat = p.predicted_latency
+        row.append(None if lat is None else lat.source)
+        for m in ("ttft", "itl", "tpot", "e2e"):
+            for k in ("p50", "p99"):
+                v = None if lat is None else lat.stat(m, k)
+                row.append(None if v is None else round(v * 1000, 3))
+        row.append(None if lat is None else lat.output_tokens_per_s)
         w.writerow(["" if v is None else v for v in row])
     return _csv_safe(buf.getvalue())
 
@@ -223,6 +232,7 @@ def markdown(summary: BenchSummary) -> str:
         search = s.rate_search
         if search is not None:
             lines += ["", f"Automatic rate search: {search.describe()}."]
+    lines += latency_markdown(s)
     for pt in s.points:
         where = f"{pt.rate:g} requests/s" if pt.mode == "rate" else f"concurrency {pt.concurrency}"
         for note in pt.notes:
@@ -245,6 +255,92 @@ DEFINITIONS = (
     "ITL = per output token (the gap between deliveries divided by the tokens the later one carried); "
     "TPOT = (E2E - TTFT) / (output tokens - 1); output tok/s and req/s count completed requests over the "
     "point's wall time. (n) = samples behind the percentile; a p99 needs >= 100.")
+
+
+#: The predicted figures shown next to the measured ones: (metric, statistic, heading).
+PREDICTED_FIGURES = (("ttft", "p50", "TTFT p50"), ("ttft", "p99", "TTFT p99"), ("itl", "p50", "ITL p50"),
+                     ("itl", "p99", "ITL p99"), ("e2e", "p50", "E2E p50"), ("e2e", "p99", "E2E p99"))
+
+
+def latency_model_text(summary: BenchSummary) -> str | None:
+    """Which step-time model predicted the points' latency, or why none did (None: an older run)."""
+    info = summary.latency_model
+    if info is None:
+        return None
+    if info.source == "none":
+        return f"Latency not predicted: {info.basis}."
+    return (f"Latency predicted by the scheduler simulator on the engine's pool, each point's own load, "
+            f"step times {info.source} ({info.basis}).")
+
+
+def predicted_cells(p: PointResult) -> list[str] | None:
+    """'predicted / measured' per PREDICTED_FIGURES (ms), then output tok/s; None: no prediction."""
+    pred = p.predicted_latency
+    if pred is None:
+        return None
+    if pred.error:
+        return [f"- ({pred.error})"] + ["-"] * len(PREDICTED_FIGURES)
+    cells = [f"{_short_ms(pred.stat(m, k))} / {_short_ms(getattr(p, m).stat(k))}" for m, k, _ in PREDICTED_FIGURES]
+    return cells + [f"{_num(pred.output_tokens_per_s, ',.0f')} / {_num(p.throughput_tok_s, ',.0f')}"]
+
+
+def _short_ms(seconds: float | None) -> str:
+    """Milliseconds to the unit from 10 ms up, to a tenth below (a 0.4 ms ITL is not "0")."""
+    if seconds is None:
+        return "-"
+    ms = seconds * 1000
+    return f"{ms:,.0f}" if ms >= 10 else f"{ms:.1f}"
+
+
+def _load_text(p: PointResult) -> str:
+    return f"{p.rate:g}" if p.mode == "rate" else str(p.concurrency)
+
+
+def latency_markdown(summary: BenchSummary) -> list[str]:
+    """report.md's "Latency: predicted / measured" section (nothing for a run that predicted none)."""
+    text = latency_model_text(summary)
+    if text is None:
+        return []
+    lines = ["", "## Latency: predicted / measured", "", text]
+    rows = [(p, predicted_cells(p)) for p in summary.points]
+    rows = [(p, c) for p, c in rows if c is not None]
+    if not rows:
+        return lines
+    load = "rate req/s" if summary.rate_mode else "concurrency"
+    cols = [load] + [f"{h} ms" for _, _, h in PREDICTED_FIGURES] + ["output tok/s"]
+    lines += ["", "Each cell: predicted / measured.", "", "| " + " | ".join(cols) + " |", "|" + "---:|" * len(cols)]
+    lines += ["| " + " | ".join([_load_text(p)] + cells) + " |" for p, cells in rows]
+    bounded = [p for p, _ in rows if p.predicted_latency.simulated_requests not in (None, p.requests)]
+    if bounded:
+        lines += ["", "Simulated on fewer requests than sent (bounded): " + ", ".join(
+            f"{_load_text(p)}: {p.predicted_latency.simulated_requests} of {p.requests}" for p in bounded) + "."]
+    return lines
+
+
+def latency_lines(summary: BenchSummary) -> list[str]:
+    """The terminal's predicted-vs-measured table, plain text within 80 columns: two rows per point
+    (pred, meas), milliseconds and output tok/s; with the model's source above. [] for older runs."""
+    import textwrap
+
+    text = latency_model_text(summary)
+    if text is None:
+        return []
+    out = textwrap.wrap(text, 80, break_on_hyphens=False)
+    points = [p for p in summary.points if p.predicted_latency is not None]
+    if not points:
+        return out
+    load = "req/s" if summary.rate_mode else "c"
+    out.append(f"{load:>6}      " + "".join(f"{h:>9}" for _, _, h in PREDICTED_FIGURES) + f"{'tok/s':>9}")
+    for p in points:
+        pred = p.predicted_latency
+        if pred.error:
+            out.append(f"{_load_text(p):>6}  pred  not simulated: {pred.error}"[:80])
+            continue
+        out.append(f"{_load_text(p):>6}  pred" + "".join(f"{_short_ms(pred.stat(m, k)):>9}" for m, k, _ in
+                                                       PREDICTED_FIGURES) + f"{_num(pred.output_tokens_per_s, ',.0f'):>9}")
+        out.append(f"{'':>6}  meas" + "".join(f"{_short_ms(getattr(p, m).stat(k)):>9}" for m, k, _ in
+                                             PREDICTED_FIGURES) + f"{_num(p.throughput_tok_s, ',.0f'):>9}")
+    return out
 
 
 def _pn(stats: LatencyStats) -> str:

@@ -10,6 +10,8 @@ The JSON is the one kvplan has always written (run folders of older releases loa
 - ``OnsetPrediction``     the block rule on the engine's pool (kvplan.plan.blocks.BlockRule)
 - ``MeasuredOnsets``      the measured onsets (kvplan.bench.sweep.Onset) and whether they agree
 - ``PredictedPoint``      what the rule says of one point
+- ``PredictedLatency``    what the simulator and the step-time model say of one point's latency
+- ``LatencyModelInfo``    which step-time model predicted them (prior, calibrated), or why none did
 - ``LatencyStats``        n, mean and percentiles of one latency (seconds)
 - ``ServerFigures``       what the server's /metrics said during one point (kvplan.bench.metrics.summarize)
 - ``SloResult``           one SLO of one point: target, value, met
@@ -22,7 +24,7 @@ sees a key the file did not hold, and ``{}`` stays ``{}``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
@@ -47,6 +49,18 @@ class _Figures(BaseModel):
         data = handler(self)
         given = self.model_fields_set
         return {k: v for k, v in data.items() if k in given}
+
+
+class _NewFieldsOptional(BaseModel):
+    """Fields added after the run folders kvplan already wrote (``ADDED``) are written only when set,
+    so an older run's summary.json and points.jsonl come back byte for byte."""
+
+    ADDED: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _without_unset_additions(self, handler):
+        data = handler(self)
+        return {k: v for k, v in data.items() if not (k in self.ADDED and v is None)}
 
 
 class LatencyStats(_Figures):
@@ -188,6 +202,34 @@ class PredictedPoint(BaseModel):
                    kv_fill=round(rule.kv_fill(concurrency), 4), label=rule.label(concurrency))
 
 
+class PredictedLatency(_Figures):
+    """The latency the simulator predicts for one point's load with the run's step-time model
+    (kvplan.bench.latency): p50 and p99 in seconds, output tokens/s; or why none (``error``)."""
+
+    source: Literal["prior", "calibrated"] | None = None
+    ttft: LatencyStats | None = None
+    itl: LatencyStats | None = None
+    tpot: LatencyStats | None = None
+    e2e: LatencyStats | None = None
+    output_tokens_per_s: float | None = None
+    simulated_requests: int | None = None  # fewer than the point's when the simulation was bounded
+    error: str | None = None
+
+    def stat(self, metric: str, key: str) -> float | None:
+        stats = getattr(self, metric, None)
+        return None if stats is None else stats.stat(key)
+
+
+class LatencyModelInfo(BaseModel):
+    """The run's step-time model: ``prior`` (the GPU catalog's figures x assumed efficiencies),
+    ``calibrated`` (kvplan calibrate --bench), or ``none`` (``basis`` says why: no prior for a CPU engine)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    source: Literal["prior", "calibrated", "none"]
+    basis: str
+
+
 class SloResult(BaseModel):
     """One SLO of one point (seconds): its target, the point's value, whether it is met (null: no value)."""
 
@@ -219,8 +261,10 @@ class RateSearchResult(BaseModel):
                 f"({how}; {self.points} point{'s' if self.points != 1 else ''} from {self.start:g} requests/s)")
 
 
-class PointResult(BaseModel):
+class PointResult(_NewFieldsOptional):
     """One line of points.jsonl."""
+
+    ADDED: ClassVar[tuple[str, ...]] = ("predicted_latency",)
 
     seq: int
     concurrency: int
@@ -244,6 +288,7 @@ class PointResult(BaseModel):
     preempted: bool
     label: str
     predicted: PredictedPoint | None = None
+    predicted_latency: PredictedLatency | None = None  # null: not predicted (older runs, no step-time model)
     notes: list[str] = Field(default_factory=list)
     # Load: closed loop at `concurrency` streams, or open loop at `rate` requests/s (then `concurrency`
     # is the most requests the client had in flight at once).
@@ -278,8 +323,10 @@ class PointResult(BaseModel):
         return PointOutcome(self.concurrency, self.waited_for_kv, self.preempted, self.status != "ok")
 
 
-class BenchSummary(BaseModel):
+class BenchSummary(_NewFieldsOptional):
     """summary.json: one run (kvplan's own, or another harness's results read as one)."""
+
+    ADDED: ClassVar[tuple[str, ...]] = ("latency_model",)
 
     kvplan_version: str = __version__
     status: Literal["complete", "interrupted", "failed"]
@@ -312,6 +359,7 @@ class BenchSummary(BaseModel):
     rate_search: RateSearchResult | None = None  # --sweep-rate auto: what the search found
     headers: list[str] = Field(default_factory=list)  # extra request headers, values masked: "X-Token: ***"
     proxy: str | None = None  # the proxy every request went through (credentials masked); null: direct
+    latency_model: LatencyModelInfo | None = None  # what predicted the points' latency; null: older runs
 
     @property
     def rate_mode(self) -> bool:

@@ -12,7 +12,7 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
@@ -65,6 +65,9 @@ from kvplan.errors import KvplanError
 from kvplan.plan.blocks import BlockRule
 from kvplan.vllm.startup_log import redact
 
+if TYPE_CHECKING:
+    from kvplan.bench.latency import PointPredictor
+
 #: Requests per point when neither --requests, --requests-per-stream nor --duration is given: enough
 #: for a p99 that is not just the largest sample (kvplan.bench.stats.min_samples).
 DEFAULT_REQUESTS = 100
@@ -110,6 +113,7 @@ class BenchConfig(BaseModel):
     planner_gpu: str | None = None  # --gpu for the planner's capacity next to the engine's
     deployment: str | None = None  # the kvplan.yaml deployment this run measures
     header_names: list[str] = Field(default_factory=list)  # --header names (values are never stored)
+    steptime: str | None = None  # a calibrated step-time model (RUN or RUN/steptime.json) for predicted latency
 
     def engine_config(self) -> EngineConfig | None:
         if self.engine is None:
@@ -168,6 +172,7 @@ class BenchRun:
         self.metrics_error: str | None = None  # the server has no readable /metrics
         self.onsets: dict[OnsetName, Onset | None] = {"first_kv_wait": None, "first_preemption": None}
         self.rate_search: RateSearch | None = None
+        self.latency: PointPredictor | None = None
 
     @property
     def api_key(self) -> str | None:
@@ -294,6 +299,27 @@ class BenchRun:
         except Exception as exc:  # noqa: BLE001 - the comparison must never stop a run
             self.planner = PlannerCapacity(error=f"{type(exc).__name__}: {exc}")
 
+    def _latency_model(self) -> None:
+        """The step-time model every point's latency is predicted with (best effort: never stops a run)."""
+        from kvplan.bench.latency import no_prediction, predictor_for
+
+        try:
+            self.latency = predictor_for(self.cfg.model_dump(mode="json"), dataclasses.asdict(self.capacity),
+                                         self.model or None, Path(self.cfg.steptime) if self.cfg.steptime else None)
+        except Exception as exc:  # noqa: BLE001 - a prediction must never stop a run
+            self.latency = no_prediction(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+
+    def _predict_latency(self, point: PointResult) -> PointResult:
+        if self.latency is None:
+            return point
+        try:
+            predicted = self.latency.predict(point)
+        except Exception as exc:  # noqa: BLE001
+            from kvplan.bench.results import PredictedLatency
+
+            predicted = PredictedLatency(error=f"{type(exc).__name__}: {exc}")
+        return point if predicted is None else point.model_copy(update={"predicted_latency": predicted})
+
     # ---------------------------------------------------------------- points
 
     def point_requests(self, concurrency: int | None) -> int | None:
@@ -342,6 +368,7 @@ class BenchRun:
         self.view.point_started(concurrency if rate is None else f"rate {rate:g}/s", total or 0)
         started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         result = run_stoppable(self._point_async(concurrency, seq, first_index, started_at, rate))
+        result = self._predict_latency(result)
         total = total or 0
         self._next_index += max(total, result.requests)
         self.points.append(result)
@@ -621,6 +648,7 @@ class BenchRun:
             "capacity": dataclasses.asdict(self.capacity),
             "planner": None if self.planner is None else self.planner.model_dump(mode="json"),
             "prediction": None if self.prediction is None else self.prediction.model_dump(mode="json"),
+            "latency_model": None if self.latency is None else self.latency.info.model_dump(mode="json"),
         }
         self.run_info.setdefault("created", data["created"])
         self.store.write_run(data)
@@ -665,6 +693,7 @@ class BenchRun:
             highest_load_meeting_slo=highest_load_meeting(ordered) if self.cfg.slo else None,
             headers=masked_headers(self.client.headers),
             proxy=shown_proxy(self.client.proxy(self.base_url)) if self.base_url else None,
+            latency_model=None if self.latency is None else self.latency.info,
         )
 
     def _rate_search_result(self) -> RateSearchResult | None:
@@ -703,6 +732,7 @@ class BenchRun:
             self._read_capacity(snap)
             self._predict()
             self._planner()
+            self._latency_model()
             self._write_run()
             try:
                 self._sweep()

@@ -82,6 +82,9 @@ class RichView(NullView):
                 f"preemptions {point.server.preemptions or 0:.0f}  "
                 f"TTFT p99 {_ms(point.ttft.p99)}"
             )
+            pred = point.predicted_latency
+            if pred is not None and pred.ttft is not None:
+                text += f" (predicted {_ms(pred.ttft.p99)})"
         else:
             from kvplan.cli.common import esc
 

@@ -48,11 +48,6 @@ class StepCalibration:
 def run_inputs(run_dir: Path, gpu: str | None = None, model: str | None = None):
     """(config dict, points, Lengths, SchedulerConfig, base StepTimeModel, device label) of a run folder."""
     from kvplan.bench.store import RunStore
-    from kvplan.deploy import load_model, select_gpus
-    from kvplan.plan.capacity import compute_capacity
-    from kvplan.plan.overhead import load_overhead
-    from kvplan.plan.schema import Settings
-    from kvplan.vllm.rules import rules_for
 
     store = RunStore.open_existing(run_dir)
     run = store.read_run()
@@ -60,20 +55,47 @@ def run_inputs(run_dir: Path, gpu: str | None = None, model: str | None = None):
     points = store.read_points()
     if not points:
         raise KvplanError(f"{run_dir} has no measured points (points.jsonl)", "calibrate on a run with finished points")
-    wl = cfg.get("workload") or {}
-    lengths = Lengths(int(wl.get("prompt_tokens") or 512), int(wl.get("output_tokens") or 128),
-                      wl.get("distribution") or "fixed", float(wl.get("spread", 0.25)), int(wl.get("seed") or 0),
-                      tuple(tuple(p) for p in wl.get("trace") or ()))
-    engine = cfg.get("engine") or {}
     capacity = run.get("capacity") or {}
-    num_blocks, block_size = capacity.get("num_blocks"), capacity.get("block_size")
-    if not num_blocks or not block_size:
+    if not capacity.get("num_blocks") or not capacity.get("block_size"):
         raise KvplanError(f"{run_dir}/run.json does not record the engine's pool (num_blocks, block_size)")
-    name = model or run.get("model") or engine.get("model")
+    name = model or run.get("model") or (cfg.get("engine") or {}).get("model")
     if not name:
         raise KvplanError(f"{run_dir} does not name the model", "pass --model org/name")
+    d = deployment_inputs(cfg, capacity, name, gpu or cfg.get("planner_gpu"))
+    base = model_for(d.capacity, d.device)
+    return cfg, points, workload_lengths(cfg.get("workload") or {}), d.scheduler, base, d.label, d.model_name
+
+
+def workload_lengths(wl: dict[str, Any]) -> Lengths:
+    """The simulator's lengths of a run's ``workload`` (the same draws bench sent)."""
+    return Lengths(int(wl.get("prompt_tokens") or 512), int(wl.get("output_tokens") or 128),
+                   wl.get("distribution") or "fixed", float(wl.get("spread", 0.25)), int(wl.get("seed") or 0),
+                   tuple(tuple(p) for p in wl.get("trace") or ()))
+
+
+@dataclass(frozen=True)
+class DeploymentInputs:
+    scheduler: SchedulerConfig
+    capacity: Any  # kvplan.plan.capacity.Capacity of one replica, on ``device``
+    device: Any  # the catalog's GPU, or a NOMINAL one (``nominal``)
+    nominal: bool  # no GPU named: the device's figures are placeholders, not a prior
+    label: str
+    model_name: str
+
+
+def deployment_inputs(cfg: dict[str, Any], capacity: dict[str, Any], name: str, gpu: str | None) -> DeploymentInputs:
+    """The scheduler (the engine's reported pool, its flags or vLLM's defaults) and the planner's
+    capacity of a bench run's deployment (``cfg``: run.json's config; ``capacity``: the engine's
+    pool), the model read offline, on the GPU ``gpu`` (else a NOMINAL device)."""
+    from kvplan.deploy import load_model, select_gpus
+    from kvplan.plan.capacity import compute_capacity
+    from kvplan.plan.overhead import load_overhead
+    from kvplan.plan.schema import Settings
+    from kvplan.vllm.rules import rules_for
+
+    engine = cfg.get("engine") or {}
+    num_blocks, block_size = capacity.get("num_blocks"), capacity.get("block_size")
     resolved = load_model(name, offline=True)
-    gpu = gpu or cfg.get("planner_gpu")
     if gpu:
         device = select_gpus(gpu).device
         label = device.name
@@ -96,7 +118,7 @@ def run_inputs(run_dir: Path, gpu: str | None = None, model: str | None = None):
                             max_num_batched_tokens=engine.get("max_num_batched_tokens")
                             or cap.limits.max_num_batched_tokens,
                             admit_full_prompt=rules.admit_full_prompt, max_model_len=engine.get("max_model_len"))
-    return cfg, points, lengths, sched, model_for(cap, device), label, resolved.config.name
+    return DeploymentInputs(sched, cap, device, not gpu, label, resolved.config.name)
 
 
 def calibrate_run(run_dir: Path, gpu: str | None = None, model: str | None = None,

@@ -1,0 +1,146 @@
+"""Predicted latency of every bench point: the scheduler simulator (kvplan.plan.simulate) replays
+the point's own load (its streams and request numbers, or its rate's very arrival times, the
+workload's lengths and shared prefix) on the engine's reported pool, each step timed by the
+step-time model (kvplan.plan.steptime): calibrated (``--steptime RUN``), or the prior of the GPU
+``--gpu`` names. A CPU engine (or an unnamed GPU) has no prior: the run says so and predicts
+nothing rather than invent one.
+
+Simulating costs ~3-4 us per request-token on one core, so a point is simulated on at most
+`MAX_SIMULATED_TOKENS` output tokens (fewer requests per stream, or the first arrivals of a
+rate); a point whose first wave alone is far above that is not simulated (it says why).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvplan.bench.results import LatencyModelInfo, LatencyStats, PointResult, PredictedLatency
+from kvplan.errors import KvplanError
+from kvplan.plan.simulate import Lengths, Load, SchedulerConfig, closed_loop, open_loop
+from kvplan.plan.steptime import StepTimeModel, predict_latency
+
+#: Output tokens simulated per point at most (~1 s on one core).
+MAX_SIMULATED_TOKENS = 300_000
+#: A closed loop's first wave (one request a stream) is simulated up to this many times the bound.
+MAX_FIRST_WAVE = 4 * MAX_SIMULATED_TOKENS
+PERCENTILES = (50, 99)
+
+
+@dataclass(frozen=True)
+class PointPredictor:
+    """What every point of a run is predicted with (None ``model``: nothing is, ``info`` says why)."""
+
+    info: LatencyModelInfo
+    scheduler: SchedulerConfig | None = None
+    model: StepTimeModel | None = None
+    lengths: Lengths | None = None
+    shared_prefix: float = 0.0
+    requests_per_stream: int | None = None
+    burstiness: float = 1.0
+    seed: int = 0
+
+    def predict(self, point: PointResult) -> PredictedLatency | None:
+        if self.model is None or self.scheduler is None or self.lengths is None or point.status != "ok":
+            return None
+        return predict_point(self.scheduler, self.model, self.lengths, point, self.shared_prefix,
+                             self.requests_per_stream, self.burstiness, self.seed)
+
+
+def no_prediction(reason: str) -> PointPredictor:
+    return PointPredictor(LatencyModelInfo(source="none", basis=reason))
+
+
+def predictor_for(cfg: dict[str, Any], capacity: dict[str, Any], model_name: str | None,
+                  steptime: Path | None = None) -> PointPredictor:
+    """The predictor of a run (``cfg``: the BenchConfig as JSON; ``capacity``: the engine's pool):
+    the calibrated model in ``steptime`` (a run folder or its steptime.json), else the prior of
+    ``cfg["planner_gpu"]``, else none ("no prior for this device")."""
+    from kvplan.plan.steptime import prior_for
+    from kvplan.plan.steptime_io import deployment_inputs, load_steptime, workload_lengths
+
+    if not capacity.get("num_blocks") or not capacity.get("block_size"):
+        return no_prediction("the engine's KV pool is unknown (no log line, no cache_config_info)")
+    gpu = cfg.get("planner_gpu")
+    if steptime is None and not gpu:
+        return no_prediction("no prior for this device (a CPU engine, or a GPU not named): pass --gpu, or "
+                             "--steptime RUN calibrated with kvplan calibrate --bench")
+    name = model_name or (cfg.get("engine") or {}).get("model")
+    if not name:
+        return no_prediction("the served model is unknown")
+    try:
+        d = deployment_inputs(cfg, capacity, name, gpu)
+    except KvplanError as exc:
+        return no_prediction(f"cannot plan the deployment: {str(exc).splitlines()[0]}")
+    attached = "" if cfg.get("engine") else "; attached: tp and pp taken as 1"
+    if steptime is not None:
+        model = load_steptime(steptime)
+        info = LatencyModelInfo(source="calibrated", basis=f"kvplan calibrate --bench {steptime}")
+    else:
+        try:
+            from kvplan.plan.steptime import model_for
+
+            model = model_for(d.capacity, d.device)
+        except KvplanError as exc:
+            return no_prediction(str(exc).splitlines()[0])
+        info = LatencyModelInfo(source="prior", basis=f"{d.device.name}: catalog bandwidth and dense TFLOP/s, "
+                                f"efficiencies {prior_for(d.device).basis}{attached}")
+    wl = cfg.get("workload") or {}
+    return PointPredictor(info, d.scheduler, model, workload_lengths(wl), float(wl.get("shared_prefix") or 0.0),
+                          cfg.get("requests_per_stream"), float(cfg.get("burstiness") or 1.0), int(wl.get("seed") or 0))
+
+
+def point_load(point: PointResult, lengths: Lengths, shared_prefix: float = 0.0, requests_per_stream: int | None = None,
+               burstiness: float = 1.0, seed: int = 0) -> tuple[Load, int]:
+    """The load bench sent in ``point`` (bounded), and how many requests it simulates.
+
+    Closed loop: ``concurrency`` streams from the point's first request number, each sending
+    ``requests_per_stream`` (else the point's requests shared evenly: bench hands a shared budget
+    out in order, so with length distributions the numbering is approximate). Open loop: the
+    point's own arrival times (kvplan.bench.loadgen.arrival_times, seeded by the workload's seed
+    plus the point's ``seq``); a client-side cap on requests in flight is not modelled."""
+    from kvplan.bench.loadgen import arrival_times
+
+    mean_output = _mean_output(lengths)
+    if point.mode == "rate" and point.rate:
+        n = max(1, min(point.requests, MAX_SIMULATED_TOKENS // mean_output))
+        times = arrival_times(point.rate, n, None, point.burstiness or burstiness, seed + point.seq)
+        return open_loop(times, lengths, point.first_index, shared_prefix=shared_prefix), n
+    streams = max(1, point.concurrency)
+    per_stream = requests_per_stream or max(1, round(point.requests / streams))
+    if streams * mean_output > MAX_FIRST_WAVE:
+        raise KvplanError(f"{streams} streams of ~{mean_output} output tokens are too many to simulate "
+                          f"(at most {MAX_FIRST_WAVE:,} tokens)")
+    per_stream = max(1, min(per_stream, MAX_SIMULATED_TOKENS // (streams * mean_output)))
+    return closed_loop(streams, lengths, per_stream, point.first_index, shared_prefix=shared_prefix), \
+        streams * per_stream
+
+
+def _mean_output(lengths: Lengths) -> int:
+    if lengths.trace:
+        return max(1, round(sum(o for _, o in lengths.trace) / len(lengths.trace)))
+    return max(1, lengths.output)
+
+
+def predict_point(scheduler: SchedulerConfig, model: StepTimeModel, lengths: Lengths, point: PointResult,
+                  shared_prefix: float = 0.0, requests_per_stream: int | None = None, burstiness: float = 1.0,
+                  seed: int = 0) -> PredictedLatency:
+    """TTFT / ITL / TPOT / E2E p50 and p99 and output tokens/s the simulator predicts for ``point``."""
+    try:
+        load, n = point_load(point, lengths, shared_prefix, requests_per_stream, burstiness, seed)
+        pred = predict_latency(scheduler, load, model, PERCENTILES)
+    except KvplanError as exc:
+        return PredictedLatency(source=model.source, error=str(exc).splitlines()[0])
+
+    def stats(d: dict[str, float | None]) -> LatencyStats:
+        return LatencyStats(p50=_round(d.get("p50")), p99=_round(d.get("p99")))
+
+    return PredictedLatency(source=model.source, ttft=stats(pred.ttft), itl=stats(pred.itl), tpot=stats(pred.tpot),
+                            e2e=stats(pred.e2e), output_tokens_per_s=round(pred.output_tokens_per_s, 2),
+                            simulated_requests=n)
+
+
+def _round(v: float | None) -> float | None:
+    return None if v is None or not math.isfinite(v) else round(v, 6)

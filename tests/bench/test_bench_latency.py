@@ -1,0 +1,205 @@
+"""Predicted latency next to measured for every bench point (kvplan.bench.latency), offline: the
+recorded run folders tests/bench/data/old-run-* (prompt 8, output 6, a pool of 17 blocks of 32)
+predicted with step-time models whose step times are known by hand, the simulator called directly
+for the open loop, the bound on big loads, the model's source (prior, calibrated, none on a CPU
+engine), and the reports showing the figures."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+from bench_helpers import TINY_MODEL
+
+from kvplan.bench.latency import MAX_FIRST_WAVE, MAX_SIMULATED_TOKENS, predict_point, predictor_for
+from kvplan.bench.render import load_summary
+from kvplan.bench.report import latency_lines, markdown, points_csv
+from kvplan.bench.results import BenchSummary, LatencyModelInfo, PointResult
+from kvplan.plan.simulate import Lengths, SchedulerConfig, open_loop, simulate
+from kvplan.plan.steptime import StepTimeModel
+
+DATA = Path(__file__).parent / "data"
+POOL = {"num_blocks": 17, "block_size": 32, "vllm_version": None}
+LENGTHS = Lengths(8, 6)
+STEP_S = 0.010
+#: Every step takes 10 ms whatever it holds: 1e7 weight bytes at 1e9 B/s, no other term.
+TEN_MS = StepTimeModel(weight_bytes=1e7, kv_bytes_per_token=0, linear_flops_per_token=0, attn_flops_per_pair=0,
+                       bandwidth_bytes_s=1e9, peak_flops=1.0, mem_efficiency=1.0, compute_efficiency=1.0,
+                       overhead_s=0.0, source="calibrated")
+
+
+def old_summary(name: str) -> BenchSummary:
+    return load_summary(DATA / name)
+
+
+def run_config(name: str, **changes) -> dict:
+    cfg = json.loads((DATA / name / "run.json").read_text())["config"]
+    return {**cfg, **changes}
+
+
+def test_closed_loop_points_by_hand():
+    """c=1, 8 requests: each alone, one prefill step (8 tokens) then 5 decode steps: TTFT = ITL = 10 ms,
+    E2E = 60 ms, 48 tokens in 8 x 60 ms = 100 tok/s. c=4, 8 requests (2 a stream): 4 at once, two
+    waves of 6 steps: the same latencies, 48 tokens in 120 ms = 400 tok/s."""
+    c1, c4 = old_summary("old-run-conc").points
+    assert (c1.concurrency, c1.requests, c4.concurrency, c4.requests) == (1, 8, 4, 8)
+    for point, tok_s in ((c1, 100.0), (c4, 400.0)):
+        pred = predict_point(SchedulerConfig(17, 32), TEN_MS, LENGTHS, point)
+        assert pred.error is None and pred.source == "calibrated" and pred.simulated_requests == 8
+        for metric in ("ttft", "itl", "tpot"):
+            assert (pred.stat(metric, "p50"), pred.stat(metric, "p99")) == pytest.approx((STEP_S, STEP_S))
+        assert (pred.e2e.p50, pred.e2e.p99) == pytest.approx((6 * STEP_S, 6 * STEP_S))
+        assert pred.output_tokens_per_s == pytest.approx(tok_s)
+
+
+def test_open_loop_point_replays_its_own_arrivals():
+    """The rate point (20 requests/s, 6 requests, seq 0, seed 0) against the simulator called directly
+    on the arrival times bench drew for it."""
+    from kvplan.bench.loadgen import arrival_times
+    from kvplan.stats import percentile
+
+    (point,) = old_summary("old-run-rate").points
+    assert (point.mode, point.rate, point.requests, point.seq) == ("rate", 20.0, 6, 0)
+    pred = predict_point(SchedulerConfig(17, 32), TEN_MS, LENGTHS, point)
+    arrivals = arrival_times(20.0, 6, None, 1.0, 0)
+    res = simulate(SchedulerConfig(17, 32), open_loop(arrivals, LENGTHS), TEN_MS)
+    ttfts = [r.ttft for r in res.requests]
+    assert pred.ttft.p50 == pytest.approx(percentile(ttfts, 50), abs=1e-6)
+    assert pred.ttft.p99 == pytest.approx(percentile(ttfts, 99), abs=1e-6)
+    # A request waits at most for the step under way: TTFT in [10, 20) ms, E2E at least 6 steps.
+    assert all(STEP_S - 1e-9 <= t < 2 * STEP_S for t in ttfts)
+    assert pred.e2e.p50 >= 6 * STEP_S - 1e-9
+    assert pred.output_tokens_per_s == pytest.approx(36 / res.duration, rel=1e-3)
+
+
+def test_big_loads_are_simulated_bounded():
+    """64 streams of 1,000-token outputs: one wave is 64,000 tokens, so 300,000 // 64,000 = 4 requests a
+    stream (256) are simulated of the 6,400 sent; 2,000 streams (2,000,000 tokens in the first wave)
+    are not simulated at all."""
+    assert (MAX_SIMULATED_TOKENS, MAX_FIRST_WAVE) == (300_000, 1_200_000)
+    base = old_summary("old-run-conc").points[0]
+    big = base.model_copy(update={"concurrency": 64, "requests": 6400})
+    pred = predict_point(SchedulerConfig(100_000, 16), TEN_MS, Lengths(100, 1000), big)
+    assert pred.error is None and pred.simulated_requests == 256
+    assert pred.ttft.p50 == pytest.approx(STEP_S)  # 64 prompts of 100 tokens: one step's budget
+    huge = base.model_copy(update={"concurrency": 2000, "requests": 2000})
+    pred = predict_point(SchedulerConfig(100_000, 16), TEN_MS, Lengths(100, 1000), huge)
+    assert pred.ttft is None and "too many to simulate" in pred.error
+
+
+def test_a_cpu_engine_has_no_prior():
+    """No --gpu and no --steptime (the CPU engine): the run says so and predicts nothing."""
+    predictor = predictor_for(run_config("old-run-conc", planner_gpu=None), POOL, str(TINY_MODEL))
+    assert predictor.info.source == "none" and "no prior for this device" in predictor.info.basis
+    summary = old_summary("old-run-conc")
+    assert all(predictor.predict(p) is None for p in summary.points)
+    shown = summary.model_copy(update={"latency_model": predictor.info})
+    assert "Latency not predicted: no prior for this device" in markdown(shown)
+    assert "Latency not predicted: no prior for this device" in " ".join(latency_lines(shown))
+
+
+def test_the_prior_of_the_named_gpu():
+    """--gpu H100 on the tiny model (853 kB of weights): memory and compute terms are below a
+    microsecond, so every step is the datacenter prior's fixed overhead, 4 ms: TTFT = ITL = 4 ms,
+    E2E = 6 x 4 = 24 ms, one stream makes 1 / 4 ms = 250 tok/s, four 1,000."""
+    predictor = predictor_for(run_config("old-run-conc", planner_gpu="H100"), POOL, str(TINY_MODEL))
+    assert predictor.info.source == "prior" and predictor.info.basis.startswith("H100")
+    c1, c4 = old_summary("old-run-conc").points
+    for point, tok_s in ((c1, 250.0), (c4, 1000.0)):
+        pred = predictor.predict(point)
+        assert pred.source == "prior"
+        assert pred.ttft.p50 == pytest.approx(0.004, rel=1e-3) and pred.itl.p99 == pytest.approx(0.004, rel=1e-3)
+        assert pred.e2e.p50 == pytest.approx(0.024, rel=1e-3)
+        assert pred.output_tokens_per_s == pytest.approx(tok_s, rel=1e-3)
+
+
+def test_a_calibrated_model_from_a_run(tmp_path):
+    """--steptime RUN: the model in RUN/steptime.json, labelled calibrated."""
+    run = tmp_path / "calib"
+    run.mkdir()
+    (run / "steptime.json").write_text(json.dumps({"schema": 1, "steptime": asdict(TEN_MS)}))
+    predictor = predictor_for(run_config("old-run-conc"), POOL, str(TINY_MODEL), run)
+    assert predictor.info.source == "calibrated" and str(run) in predictor.info.basis
+    pred = predictor.predict(old_summary("old-run-conc").points[1])
+    assert pred.ttft.p99 == pytest.approx(STEP_S) and pred.output_tokens_per_s == pytest.approx(400.0)
+
+
+def test_the_runner_predicts_each_point_and_records_the_model(tmp_path):
+    from kvplan.bench import store as st
+    from kvplan.bench.engine import EngineCapacity
+    from kvplan.bench.runner import BenchConfig, BenchRun
+
+    (tmp_path / "steptime.json").write_text(json.dumps({"schema": 1, "steptime": asdict(TEN_MS)}))
+    cfg = BenchConfig.model_validate(run_config("old-run-conc", steptime=str(tmp_path / "steptime.json")))
+    (tmp_path / "run").mkdir()
+    run = BenchRun(cfg, st.RunStore(tmp_path / "run"))
+    run.model = str(TINY_MODEL)
+    run.capacity = EngineCapacity(num_blocks=17, block_size=32)
+    run._latency_model()
+    point = run._predict_latency(old_summary("old-run-conc").points[0])
+    assert point.predicted_latency.e2e.p50 == pytest.approx(6 * STEP_S)
+    run.points = [point]
+    summary = run.summary("complete", None)
+    assert summary.latency_model.source == "calibrated"
+    again = BenchSummary.model_validate_json(summary.model_dump_json())
+    assert again.points[0].predicted_latency == point.predicted_latency
+
+
+def predicted_summary() -> BenchSummary:
+    s = old_summary("old-run-conc")
+    points = [p.model_copy(update={"predicted_latency": predict_point(SchedulerConfig(17, 32), TEN_MS, LENGTHS, p)})
+              for p in s.points]
+    return s.model_copy(update={"points": points, "latency_model": LatencyModelInfo(source="calibrated", basis="x")})
+
+
+def test_reports_show_predicted_next_to_measured():
+    s = predicted_summary()
+    c1 = s.points[0]
+    measured_ttft = f"{c1.ttft.p50 * 1000:.0f}"  # 21.8 ms -> "22"
+    md = markdown(s)
+    section = md[md.index("## Latency: predicted / measured"):]
+    assert "step times calibrated (x)" in section
+    row = next(line for line in section.splitlines() if line.startswith("| 1 |"))
+    assert row.split(" | ")[1] == f"10 / {measured_ttft}"  # TTFT p50: predicted / measured
+    assert row.rstrip(" |").endswith(f"100 / {c1.throughput_tok_s:,.0f}")
+    lines = latency_lines(s)
+    assert max(len(line) for line in lines) <= 80
+    pred_row = next(line for line in lines if line.split()[:2] == ["1", "pred"])
+    meas_row = lines[lines.index(pred_row) + 1]
+    assert pred_row.split()[2:] == ["10", "10", "10", "10", "60", "60", "100"]
+    assert meas_row.split()[:2] == ["meas", measured_ttft]
+    from kvplan.bench.html import html_report
+
+    html = html_report([s])
+    assert '<table class="predicted">' in html and f"<td>10 / {measured_ttft}</td>" in html
+    assert "p50 predicted" in html and "throughput predicted" in html
+    head, *rows = points_csv(s.points).splitlines()
+    cols = head.split(",")
+    assert rows[0].split(",")[cols.index("predicted_e2e_p99_ms")] == "60.0"
+
+
+def test_older_runs_render_without_a_latency_section(tmp_path):
+    run = tmp_path / "old"
+    shutil.copytree(DATA / "old-run-conc", run)
+    s = load_summary(run)
+    assert s.latency_model is None and all(p.predicted_latency is None for p in s.points)
+    assert "## Latency" not in markdown(s) and latency_lines(s) == []
+    line = (run / "points.jsonl").read_text().splitlines()[0]
+    assert "predicted_latency" not in PointResult.model_validate_json(line).model_dump_json()
+
+
+def test_the_live_view_shows_the_predicted_p99(monkeypatch):
+    from kvplan.bench.view import RichView
+
+    view = RichView()
+    try:
+        shown = {}
+        monkeypatch.setattr(view.progress, "update", lambda task, **kw: shown.update(kw))
+        view._task = 0
+        view.point_finished(predicted_summary().points[0])
+        assert "(predicted 10 ms)" in shown["gauges"]
+    finally:
+        view.close()
