@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from kvplan.cli.common import error_line, print_json, user_errors
+from kvplan.cli.tables import OutputFormat, chosen_format, emit_rows, format_option
 
 CHECK_EXAMPLES = """
 Examples:
@@ -17,6 +18,10 @@ Examples:
   kvplan check kvplan.yaml --junit reports/kvplan.xml
 
   kvplan check kvplan.yaml --bench runs/llama-8b-h100 --json
+
+  kvplan check kvplan.yaml --format csv > check.csv   # one row per deployment
+
+  kvplan check kvplan.yaml --format markdown          # the table for a PR comment
 
 Exit code 0: every deployment fits; 1: at least one does not; 2: the spec is invalid
 (the error names file:line and the key).
@@ -41,15 +46,22 @@ def check(
     junit: Optional[str] = typer.Option(None, "--junit", help="Write JUnit XML here (one test case per deployment)."),
     bench: Optional[list[str]] = typer.Option(None, "--bench", help="A `kvplan bench` run folder (repeatable): fail deployments whose measured first preemption is below their concurrency."),
     annotations: Optional[bool] = typer.Option(None, "--github-annotations/--no-github-annotations", help="Print ::error annotations (default: on when GITHUB_ACTIONS=true)."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON document (annotations then go to stderr)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document (same as --format json).", rich_help_panel="Output"),
+    fmt: OutputFormat = format_option(),
 ) -> None:
-    """Check every deployment of a spec against the planner: does it fit, by what margin, what binds."""
+    """Check every deployment of a spec against the planner: does it fit, by what margin, what binds.
+
+    --format csv or markdown prints the result table alone, one row per deployment; json (as --json)
+    the whole report. Other than the table, annotations go to stderr (stdout stays one document).
+    --junit and the GitHub step summary are written whatever the format.
+    """
     from kvplan.gate import outputs
     from kvplan.gate.check import check_spec, read_bench_runs
     from kvplan.gate.spec import SpecErrors, load_spec
 
+    fmt = chosen_format(fmt, as_json)
     want_annotations = outputs.annotations_wanted(annotations)
-    stream = sys.stderr if as_json else sys.stdout
+    stream = sys.stdout if fmt is OutputFormat.table else sys.stderr
     try:
         parsed = load_spec(spec)
         runs = read_bench_runs(bench) if bench else []
@@ -68,10 +80,13 @@ def check(
     if junit:
         outputs.write_file(junit, outputs.junit_xml(report))
     outputs.append_step_summary(outputs.step_summary_markdown(report))
-    if as_json:
+    if fmt is OutputFormat.json:
         print_json(report)
-    else:
+    elif fmt is OutputFormat.table:
         outputs.render_table(report)
+    else:
+        emit_rows(outputs.result_rows(report), outputs.RESULT_COLUMNS, fmt,
+                  footnote=f"{report.passed} of {report.total} deployments fit")
     if want_annotations:
         for line in outputs.annotations(report):
             stream.write(line + "\n")

@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from kvplan.cli.common import esc, print_json, user_errors
+from kvplan.cli.tables import Column, OutputFormat, chosen_format, emit_rows, format_option
 from kvplan.units import cdiv, parse_tokens
 
 FIT_EXAMPLES = """
@@ -19,6 +20,10 @@ Examples:
   kvplan fit meta-llama/Llama-3.1-8B --ctx 32k -c 64 --price H100=2.5 --price L40S=0.9 --json
 
   kvplan fit meta-llama/Llama-3.1-8B --ctx 8k -c 32 --prompt 2k --output 256 --slo ttft_p99=500ms,itl_p99=50ms
+
+  kvplan fit Qwen/Qwen3-32B --ctx 32k -c 64 --gpus H100,H200 --format csv > deployments.csv
+
+  kvplan fit meta-llama/Llama-3.1-70B --ctx 128k -c 16 --format markdown   # a table for a PR or a wiki
 """
 
 #: Deployments simulated at most while looking for ones that meet the SLOs (each takes ~0.1-0.5 s).
@@ -60,10 +65,14 @@ def fit(
     vllm_version: Optional[str] = typer.Option(None, "--vllm-version", help="Accounting rules of this vLLM release (default: newest known).", metavar="VERSION"),
     source: str = typer.Option("auto", "--source", help="auto (local, Hub, bundled), local, hub or bundled.", metavar="auto|local|hub|bundled"),
     offline: bool = typer.Option(False, "--offline", help="Do not contact the Hub."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document (same as --format json).", rich_help_panel="Output"),
+    fmt: OutputFormat = format_option(),
 ) -> None:
     """Search GPU type x count x TP/PP/DP x KV dtype x context cap for deployments of MODEL that
     start and fit the workload; rank them by GPU count (or price) and show the best.
+
+    --format csv or markdown prints the deployments table alone (one row per deployment, with its
+    vllm serve command); json (as --json) the whole search.
 
     Exit code 0: something fits; 1: nothing within --max-gpus; 2: bad input; 3: internal error.
     """
@@ -79,6 +88,7 @@ def fit(
     from kvplan.plan.steptime import model_for, quick_latency
     from kvplan.vllm.rules import rules_for
 
+    fmt = chosen_format(fmt, as_json)
     if source not in ("auto", "local", "hub", "bundled"):
         raise KvplanError(f"invalid --source {source!r}", "use auto, local, hub or bundled")
     for name, value in (("--concurrency", concurrency), ("--max-gpus", max_gpus), ("--top", top)):
@@ -198,11 +208,55 @@ def fit(
         "slo_rejected": slo_rejected, "slo_simulated": simulated, "slo_search_stopped": slo_stopped,
         "deployments": shown,
     }
-    if as_json:
+    if fmt is OutputFormat.json:
         print_json(payload)
-    else:
+    elif fmt is OutputFormat.table:
         _render(payload)
+    else:
+        emit_rows(*deployment_rows(payload), fmt, footnote=_latency_note(payload) if shown else None)
     raise typer.Exit(0 if shown else 1)
+
+
+def _or_dash(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+def deployment_rows(p: dict) -> tuple[list[dict], list[Column]]:
+    """The deployments table as flat records (CSV, Markdown): with SLOs, the latency columns are the
+    simulated figure of each SLO key (``ttft_p99_ms``...); without, the prior estimate."""
+    slo_keys = list(p["slo"] or {})
+    latency = [(f"{k}_ms", f"{k} ms") for k in slo_keys] if slo_keys else [("ttft_ms", "TTFT ms"), ("tpot_ms", "TPOT ms")]
+    rows = []
+    for rank, d in enumerate(p["deployments"], 1):
+        if slo_keys:
+            figures = {f"{k}_ms": (d["slo"] or {}).get(k, {}).get("predicted_ms") for k in slo_keys}
+            tokens_per_s = (d["latency_predicted"] or {}).get("output_tokens_per_s")
+        else:
+            estimate = d["latency_estimate"] or {}
+            figures = {"ttft_ms": estimate.get("ttft_ms"), "tpot_ms": estimate.get("tpot_ms")}
+            tokens_per_s = estimate.get("output_tokens_per_s")
+        rows.append({"rank": rank, "gpu": d["gpu"], "gpus": d["gpus"], "tensor_parallel_size": d["tensor_parallel_size"],
+                     "pipeline_parallel_size": d["pipeline_parallel_size"], "data_parallel_size": d["data_parallel_size"],
+                     "kv_cache_dtype": d["kv_cache_dtype"], "max_model_len": d["max_model_len"], "headroom": d["headroom"],
+                     **figures, "output_tokens_per_s": tokens_per_s, "price_per_hour": d["price_per_hour"],
+                     "vllm_serve_command": d["vllm_serve_command"]})
+    columns = [Column("rank", "#"), Column("gpu", "GPU", right=False), Column("gpus", "GPUs"),
+               Column("tensor_parallel_size", "TP"), Column("pipeline_parallel_size", "PP"),
+               Column("data_parallel_size", "DP"), Column("kv_cache_dtype", "KV dtype", right=False),
+               Column("max_model_len", "context", "{:,}".format), Column("headroom", "headroom", "{:.0%}".format),
+               *(Column(key, head, _or_dash) for key, head in latency),
+               Column("output_tokens_per_s", "tok/s", _or_dash),
+               Column("price_per_hour", "$/h", lambda v: "-" if v is None else f"{v:.2f}"),
+               Column("vllm_serve_command", "vLLM command", lambda v: f"`{v}`", right=False)]
+    return rows, columns
+
+
+def _latency_note(p: dict) -> str:
+    if p.get("slo"):
+        return ("Latency: predicted by the scheduler simulator with the prior step-time model (roofline x "
+                "assumed efficiencies; uncalibrated), per replica, closed loop of the asked concurrency.")
+    return ("Latency: prior step-time estimate (roofline x assumed efficiencies; uncalibrated), TTFT of one "
+            "prompt alone, TPOT at the asked concurrency per replica.")
 
 
 def _render(p: dict) -> None:
@@ -247,11 +301,6 @@ def _render(p: dict) -> None:
                       f"{d['max_model_len']:,}", f"{d['headroom']:.0%}", *cells,
                       "-" if d["price_per_hour"] is None else f"{d['price_per_hour']:.2f}")
     console.print(table)
-    if slo_keys:
-        console.print("Latency: predicted by the scheduler simulator with the prior step-time model (roofline x "
-                      "assumed efficiencies; uncalibrated), per replica, closed loop of the asked concurrency.")
-    else:
-        console.print("Latency: prior step-time estimate (roofline x assumed efficiencies; uncalibrated), TTFT of one "
-                      "prompt alone, TPOT at the asked concurrency per replica.")
+    console.print(_latency_note(p))
     for i, d in enumerate(p["deployments"], 1):
         console.print(f"{i}. {esc(d['vllm_serve_command'])}", soft_wrap=True, highlight=False)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from kvplan.cli.common import esc, make_console, print_json, user_errors
+from kvplan.cli.tables import Column, OutputFormat, chosen_format, emit_rows, format_option
 
 if TYPE_CHECKING:
     from kvplan.bench.results import BenchSummary
@@ -23,6 +24,10 @@ Examples:
 
   # apply SLOs after the fact (goodput needs kvplan's requests.jsonl)
   kvplan report runs/a --slo ttft_p99=500ms,e2e_p99=10s --json
+
+  # every run's points in one CSV (a row per run and load) or one Markdown table
+  kvplan report runs/a runs/b --format csv > points.csv
+  kvplan report runs/a runs/b --format markdown
 """
 
 
@@ -31,9 +36,13 @@ def report(
     runs: list[Path] = typer.Argument(..., help="kvplan bench run folders, `vllm bench serve --save-result` JSON files, or folders of them."),
     html: Optional[Path] = typer.Option(None, "--html", help="Write the comparison page here (default with several runs: ./kvplan-report.html)."),
     slo: Optional[str] = typer.Option(None, "--slo", help="Judge the runs against these SLOs instead of their own: ttft_p99=500ms,itl_p99=50ms."),
-    as_json: bool = typer.Option(False, "--json", help="Print the summaries as JSON."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summaries as JSON (same as --format json).", rich_help_panel="Output"),
+    fmt: OutputFormat = format_option(),
 ) -> None:
     """Re-render and compare bench runs offline: no engine is started, no server contacted.
+
+    --format csv or markdown prints the runs' points as one table (a row per run and load: p99
+    latencies in ms, throughput, SLOs met); json (as --json) the whole summaries.
 
     Exit code 0: done; 2: a run could not be read.
     """
@@ -42,6 +51,7 @@ def report(
     from kvplan.bench.slo import parse_slo
     from kvplan.bench.store import RunStore
 
+    fmt = chosen_format(fmt, as_json)
     targets = parse_slo(slo) if slo else None
     summaries = []
     for path in runs:
@@ -57,10 +67,41 @@ def report(
         from kvplan.bench.html import html_report
 
         html.write_text(html_report(summaries), encoding="utf-8")
-    if as_json:
+    if fmt is OutputFormat.json:
         print_json(summaries[0] if len(summaries) == 1 else [s.model_dump(mode="json") for s in summaries])
-        return
-    _print(summaries, html)
+    elif fmt is OutputFormat.table:
+        _print(summaries, html)
+    else:
+        emit_rows(point_rows(summaries), POINT_COLUMNS, fmt)
+
+
+def _ms_or_none(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 3)  # as the runs' points.csv
+
+
+def point_rows(summaries: list[BenchSummary]) -> list[dict]:
+    """One flat record per run and load point: what the comparison table shows, latencies in ms."""
+    return [{"run": s.run_dir, "source": s.source, "model": s.model, "load_mode": "rate" if s.rate_mode else "concurrency",
+             "load": p.rate if s.rate_mode else p.concurrency, "status": p.status, "preemptions": p.server.preemptions,
+             "ttft_p99_ms": _ms_or_none(p.ttft.p99), "ttft_n": p.ttft.count, "itl_p99_ms": _ms_or_none(p.itl.p99),
+             "e2e_p99_ms": _ms_or_none(p.e2e.p99), "output_tok_s": p.throughput_tok_s, "slo_met": p.slo_met}
+            for s in summaries for p in s.points]
+
+
+def _figure(value: float | None) -> str:
+    """As the terminal table: whole units from 10 up, a tenth below (a 0.4 ms ITL is not "0")."""
+    if value is None:
+        return "-"
+    return f"{value:,.0f}" if value >= 10 else f"{value:.1f}"
+
+
+POINT_COLUMNS = [Column("run", "run", right=False), Column("source", "source", right=False),
+                 Column("load_mode", "mode", right=False), Column("load", "load", "{:g}".format),
+                 Column("preemptions", "preempt", lambda v: "-" if v is None else f"{v:.0f}"),
+                 Column("ttft_p99_ms", "TTFT ms p99", _figure), Column("ttft_n", "n"),
+                 Column("itl_p99_ms", "ITL ms p99", _figure), Column("e2e_p99_ms", "E2E ms p99", _figure),
+                 Column("output_tok_s", "tok/s", lambda v: "-" if v is None else f"{v:,.0f}"),
+                 Column("slo_met", "SLOs", lambda met: "-" if met is None else ("met" if met else "missed"), right=False)]
 
 
 def apply_slo(summary: BenchSummary, path: Path, slo: dict[str, float]) -> BenchSummary:

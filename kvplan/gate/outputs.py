@@ -1,4 +1,5 @@
-"""What `kvplan check` writes: a terminal table, JUnit XML, a GitHub step summary, annotations.
+"""What `kvplan check` writes: a terminal table (or its rows as CSV / Markdown), JUnit XML, a GitHub
+step summary, annotations.
 
 - JUnit: one ``<testcase>`` per deployment (``classname`` = the spec file, ``name`` = the
   deployment); a deployment that does not fit has a ``<failure>`` whose message is why. An
@@ -15,6 +16,7 @@ import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from kvplan.cli.tables import Column
 from kvplan.gate.check import CheckReport, DeploymentResult
 from kvplan.gate.spec import SpecIssue
 from kvplan.units import format_tokens
@@ -93,6 +95,31 @@ def render_table(report: CheckReport) -> None:
         console.print(f"[yellow]note:[/] {term(note)}")
     color = "green" if report.ok else "red"
     console.print(f"[bold {color}]{report.passed} of {report.total} deployments fit[/]")
+
+
+# --- CSV and Markdown (--format) -------------------------------------------------------------------
+
+
+def result_rows(report: CheckReport) -> list[dict]:
+    """One flat record per deployment: the table's columns as raw values, and where it is declared."""
+    return [{"deployment": r.name, "model": r.model, "gpu": r.gpu, "gpu_count": r.gpu_count,
+             "context_tokens": r.context_tokens, "concurrency": r.concurrency, "pool_blocks": r.pool_blocks,
+             "blocks_needed": r.blocks_needed, "pool_used": r.pool_used, "margin": r.margin, "fits": r.fits,
+             "limiting_term": r.limiting_term, "suggestion": r.suggestion, "reason": r.reason,
+             "file": r.file, "line": r.line} for r in report.results]
+
+
+def _cell(value: object) -> str:
+    return "" if value is None else str(value)
+
+
+RESULT_COLUMNS = [Column("deployment", "deployment", right=False), Column("model", "model", right=False),
+                  Column("gpu", "GPU", right=False), Column("gpu_count", "GPUs"),
+                  Column("context_tokens", "context", format_tokens), Column("concurrency", "conc."),
+                  Column("pool_used", "pool used", _pct), Column("margin", "margin", _pct),
+                  Column("fits", "verdict", lambda fits: "fits" if fits else "DOES NOT FIT", right=False),
+                  Column("limiting_term", "limiting term", right=False),
+                  Column("suggestion", "suggested fix", _cell, right=False)]
 
 
 # --- JUnit ------------------------------------------------------------------------------------
