@@ -194,7 +194,9 @@ def _suggestions(
     arch: Architecture, gpu: GpuSelection, settings: Settings, rules: VllmRules, overhead: OverheadModel,
     cap: Capacity, replicas: int, catalog: list[Device], weights_total: int | None,
 ) -> list[Suggestion]:
-    """What would fit: each a re-plan with one change, its verdict from the planner itself."""
+    """What would fit: single changes (a context cap, fp8 KV, a lower concurrency, max_num_seqs) and
+    `kvplan fit`'s search for more or other GPUs (`_searched`), each re-planned: its verdict from
+    the planner itself."""
     out: list[Suggestion] = []
     work = request_load(settings, cap.max_model_len)
     pool_pinned = settings.num_gpu_blocks_override is not None
@@ -224,12 +226,6 @@ def _suggestions(
         return out
     if not pool_pinned and cap.dtype.bytes_per_element >= 2:
         attempt("fp8 KV cache", "--kv-cache-dtype fp8", {"kv_cache_dtype": "fp8"}, kv_cache_dtype="fp8")
-    tp = settings.tensor_parallel_size * 2
-    if not pool_pinned and arch.num_attention_heads % tp == 0:
-        count = gpu.count * 2
-        attempt(f"tensor parallel {tp} on {count} GPUs", f"--gpu {gpu_flag(gpu.device, count)} --tp {tp}",
-                {"gpu": gpu_flag(gpu.device, count), "tensor_parallel_size": str(tp)},
-                tensor_parallel_size=tp, count=count)
     if cap.engine_starts:
         conc = max_concurrency_for(cap, work.request_tokens, work.shared_prefix_tokens) * replicas
         if 0 < conc < work.concurrency:
@@ -242,18 +238,74 @@ def _suggestions(
             attempt("raise max_num_seqs", f"--max-num-seqs {per_replica}", {"max_num_seqs": str(per_replica)},
                     max_num_seqs=per_replica)
     if not pool_pinned:
-        for device in sorted(catalog, key=lambda d: d.cuda_total_bytes):
-            if device.cuda_total_bytes <= gpu.device.cuda_total_bytes:
-                continue
-            before = len(out)
-            flag = gpu_flag(device, gpu.count)
-            attempt(f"a bigger GPU: {device.name}", f"--gpu {flag}", {"gpu": flag}, device=device)
-            if len(out) > before and out[-1].fits:
-                break
-            if len(out) > before:
-                out.pop()
+        for cand in _searched(arch, gpu, settings, rules, overhead, cap, catalog, weights_total):
+            split = _split_text(cand.tp, cand.pp, cand.dp)
+            flag = gpu_flag(cand.device, cand.gpus)
+            flags = f"--gpu {flag}" + (f" --tp {cand.tp}" if cand.tp != settings.tensor_parallel_size else "") \
+                + (f" --pp {cand.pp}" if cand.pp != settings.pipeline_parallel_size else "")
+            updates = {"gpu": flag}
+            if cand.tp != settings.tensor_parallel_size:
+                updates["tensor_parallel_size"] = str(cand.tp)
+            if cand.pp != settings.pipeline_parallel_size:
+                updates["pipeline_parallel_size"] = str(cand.pp)
+            if cand.device.name == gpu.device.name:
+                change = f"{split or 'data parallel'} on {cand.gpus} GPUs"
+            else:
+                size = "a bigger" if cand.device.cuda_total_bytes > gpu.device.cuda_total_bytes else "another"
+                change = f"{size} GPU: {cand.gpus} x {cand.device.name}" + (f", {split}" if split else "")
+            attempt(change, flags, updates, device=cand.device, count=cand.gpus, tensor_parallel_size=cand.tp,
+                    pipeline_parallel_size=cand.pp)
     fitting = [sug for sug in out if sug.fits]
     return fitting or out  # the changes that fit; failing that, how close each one gets
+
+
+#: The most GPUs a "what would fit" suggestion proposes (or twice the asked count, when more).
+MAX_SUGGESTED_GPUS = 8
+
+
+def _split_text(tp: int, pp: int, dp: int) -> str:
+    parts = [f"tensor parallel {tp}"] if tp > 1 else []
+    parts += [f"pipeline parallel {pp}"] if pp > 1 else []
+    parts += [f"{dp} replicas"] if dp > 1 else []
+    return " x ".join(parts)
+
+
+def _searched(arch: Architecture, gpu: GpuSelection, settings: Settings, rules: VllmRules, overhead: OverheadModel,
+              cap: Capacity, catalog: list[Device], weights_total: int | None) -> list:
+    """What would fit from `kvplan fit`'s search (kvplan.plan.fit.search), at the asked context and
+    KV dtype (those are single changes of their own): the fewest GPUs of the asked type (any TP / PP /
+    DP split, user's count included); then the fewest of one other type, the asked vendor's before
+    another's, smaller GPUs first, only with fewer GPUs than scaling out needs (else it adds nothing).
+    Bounded: one GPU type up to `MAX_SUGGESTED_GPUS`, the others below the scale-out count."""
+    from kvplan.plan.fit import FitRequest, search
+
+    work = request_load(settings, cap.max_model_len)
+    top = min(64, max(MAX_SUGGESTED_GPUS, 2 * gpu.count))
+
+    def best(devices: list[Device], max_gpus: int):
+        if max_gpus < 1 or not devices:
+            return None
+        req = FitRequest(ctx=cap.max_model_len, concurrency=work.concurrency, prompt=settings.prompt_tokens,
+                         output=settings.output_tokens, shared_prefix=work.shared_prefix_tokens, max_gpus=max_gpus,
+                         kv_dtypes=(settings.kv_cache_dtype,))
+        try:
+            found = search(arch, devices, req, rules, overhead, weights_total, settings)
+        except KvplanError:
+            return None
+        return next((c for c in found.fitting if c.ctx == cap.max_model_len), None)
+
+    out = []
+    same = best([gpu.device], top)
+    if same is not None:
+        out.append(same)
+    others = sorted((d for d in catalog if d.name != gpu.device.name), key=lambda d: d.cuda_total_bytes)
+    limit = top if same is None else same.gpus - 1
+    for group in ([d for d in others if d.vendor == gpu.device.vendor], [d for d in others if d.vendor != gpu.device.vendor]):
+        other = best(group, limit)
+        if other is not None:
+            out.append(other)
+            break
+    return out
 
 
 def plan_size(
