@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def run_level(url: str, model: str, streams: int, per_stream: int, prompt: int, output: int, first: int,
-              keep_alive: bool = False):
+              keep_alive: bool = True):
     from kvplan.bench.loadgen import run_closed_loop
     from kvplan.bench.metrics import scrape_once
     from kvplan.bench.stats import describe
@@ -52,7 +52,7 @@ def main() -> None:
     ap.add_argument("--streams", default="1,16,64")
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--output", type=int, default=32)
-    ap.add_argument("--keep-alive", action="store_true", help="reuse connections (default: one per request)")
+    ap.add_argument("--no-keep-alive", action="store_true", help="one connection per request (default: reused)")
     ap.add_argument("--requests", type=int, default=128, help="about this many requests per level (>= 2 per stream)")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -84,7 +84,7 @@ def main() -> None:
         for streams in (int(x) for x in args.streams.split(",")):
             per_stream = max(2, args.requests // streams)
             ok, n, client, server = run_level(url, model, streams, per_stream, args.prompt, args.output, first,
-                                              args.keep_alive)
+                                              not args.no_keep_alive)
             first += n
             c, s = client["mean"], server.mean
             diff = (c - s) / s if c and s else float("nan")
