@@ -69,6 +69,7 @@ class Architecture:
     # or "vLLM X (exact)" when learned from the installed engine (kvplan.vllm.engine_layout).
     layout_source: str = "kvplan rules"
     num_experts: int = 0  # routed experts of an MoE layer (0: no MoE)
+    expert_intermediate_size: int = 0  # one routed expert's intermediate size (0: no MoE)
 
     @property
     def layout_verified(self) -> bool:
@@ -585,6 +586,8 @@ def _parse_architecture(config: dict[str, Any], overrides: dict[str, Any] | None
         layout_source="kvplan rules" if verified else "unverified: read as a plain decoder",
         num_experts=int(f.get("n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts", default=0)
                         or 0) if params.experts else 0,
+        expert_intermediate_size=int(f.get("moe_intermediate_size", "intermediate_size", default=0) or 0)
+        if params.experts else 0,
     )
 
 

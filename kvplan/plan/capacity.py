@@ -351,6 +351,21 @@ def _stage_weights(arch: Architecture, total: int, stage: range, first: bool, la
     return int(share * (total - routed) / rest_params / tp + experts_held)
 
 
+def moe_split_error(arch: Architecture, moe_tp: int) -> str | None:
+    """Why vLLM refuses to build the MoE layers split ``moe_tp`` ways (None: it does not).
+
+    Without expert parallel every routed expert's matrices are split over all the MoE ranks
+    (tp x dp, `FusedMoEParallelConfig.make` flattens them), and `FusedMoEConfig.__post_init__`
+    asserts ``intermediate_size % tp_size == 0`` (vllm/model_executor/layers/fused_moe/config.py@0.32.0;
+    `FusedMoE.__init__` in the releases before it): a bare AssertionError while the model is built,
+    so the engine fails to start. With expert parallel each GPU holds whole experts (tp_size 1)."""
+    inter = arch.expert_intermediate_size
+    if not arch.num_experts or not inter or moe_tp <= 1 or inter % moe_tp == 0:
+        return None
+    return (f"vLLM will not start: the experts' intermediate size {inter:,} does not divide over {moe_tp} MoE ranks "
+            f"(tp x dp without expert parallel; FusedMoEConfig asserts intermediate_size % tp_size == 0)")
+
+
 def compute_capacity(
     arch: Architecture,
     device: Device,
@@ -416,6 +431,10 @@ def compute_capacity(
     dp = settings.data_parallel_size
     moe_ranks = tp * dp if dp > 1 and rules.moe_shards_over_dp and arch.params.experts else tp
     moe_tp = 1 if settings.enable_expert_parallel else moe_ranks
+    refused = moe_split_error(arch, moe_tp)
+    if refused:
+        raise KvplanError(refused, f"add --enable-expert-parallel (whole experts per GPU), or use a tp x dp that "
+                                   f"divides {arch.expert_intermediate_size:,}")
     kernel = mxfp4_kernel_for(device, parse_version(rules.version))
     weights_default = weight_bytes(arch.params, arch.model_dtype_bytes, arch.quantization, mxfp4_kernel=kernel,
                                    tp=moe_tp)

@@ -23,13 +23,15 @@ from dataclasses import dataclass, field, replace
 from kvplan.errors import KvplanError
 from kvplan.hardware.catalog import Device
 from kvplan.model.arch import Architecture
-from kvplan.plan.capacity import Capacity, blocks_needed, compute_capacity
+from kvplan.plan.capacity import Capacity, blocks_needed, compute_capacity, moe_split_error
 from kvplan.plan.overhead import OverheadModel
 from kvplan.plan.schema import Settings
 from kvplan.units import cdiv
 from kvplan.vllm.rules import VllmRules
 
 KV_DTYPES = ("auto", "fp8")
+#: kvplan.plan.capacity.moe_split_error: vLLM's fused MoE asserts it (fused_moe/config.py@0.32.0).
+MOE_SPLIT_REFUSED = "vLLM will not start: the experts' intermediate size does not divide over tp (no expert parallel)"
 
 
 @dataclass(frozen=True)
@@ -154,6 +156,9 @@ def search(arch: Architecture, devices: Sequence[Device], req: FitRequest, rules
                 moe_dp = dp if moe_over_dp else 1
                 if weights / (tp * pp * moe_dp) >= device.cuda_total_bytes * util:
                     reject("weights exceed the GPUs' memory", per_cands)
+                    continue
+                if moe_split_error(arch, 1 if _expert_parallel(base, moe_dp) else tp * moe_dp):
+                    reject(MOE_SPLIT_REFUSED, per_cands)
                     continue
                 per_replica = cdiv(req.concurrency, dp)
                 for dtype in req.kv_dtypes:
