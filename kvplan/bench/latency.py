@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvplan.bench.results import LatencyModelInfo, LatencyStats, PointResult, PredictedLatency
+from kvplan.bench.results import BenchSummary, LatencyModelInfo, LatencyStats, PointResult, PredictedLatency
 from kvplan.errors import KvplanError
 from kvplan.plan.simulate import Lengths, Load, SchedulerConfig, closed_loop, open_loop
 from kvplan.plan.steptime import StepTimeModel, predict_latency
@@ -109,7 +109,8 @@ def point_load(point: PointResult, lengths: Lengths, shared_prefix: float = 0.0,
         times = arrival_times(point.rate, n, None, point.burstiness or burstiness, seed + point.seq)
         return open_loop(times, lengths, point.first_index, shared_prefix=shared_prefix), n
     streams = max(1, point.concurrency)
-    per_stream = requests_per_stream or max(1, round(point.requests / streams))
+    # Without --requests-per-stream the streams share the point's budget: ceil, so no request sent is left out.
+    per_stream = requests_per_stream or max(1, math.ceil(point.requests / streams))
     if streams * mean_output > MAX_FIRST_WAVE:
         raise KvplanError(f"{streams} streams of ~{mean_output} output tokens are too many to simulate "
                           f"(at most {MAX_FIRST_WAVE:,} tokens)")
@@ -144,3 +145,19 @@ def predict_point(scheduler: SchedulerConfig, model: StepTimeModel, lengths: Len
 
 def _round(v: float | None) -> float | None:
     return None if v is None or not math.isfinite(v) else round(v, 6)
+
+
+def predict_run(path: Path, steptime: Path | None = None, gpu: str | None = None) -> BenchSummary:
+    """A finished run's summary with every point's latency predicted again, offline (``kvplan report``):
+    with the calibrated model in ``steptime``, else the prior of ``gpu`` (or the run's own --gpu)."""
+    from kvplan.bench import store as st
+    from kvplan.bench.render import load_summary
+
+    summary = load_summary(path)
+    run = st.RunStore.open_existing(path).read_run()
+    cfg = dict(run.get("config") or {})
+    if gpu:
+        cfg["planner_gpu"] = gpu
+    predictor = predictor_for(cfg, run.get("capacity") or {}, run.get("model") or summary.model or None, steptime)
+    points = [p.model_copy(update={"predicted_latency": predictor.predict(p)}) for p in summary.points]
+    return summary.model_copy(update={"points": points, "latency_model": predictor.info})

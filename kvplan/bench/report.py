@@ -310,9 +310,9 @@ def latency_markdown(summary: BenchSummary) -> list[str]:
     cols = [load] + [f"{h} ms" for _, _, h in PREDICTED_FIGURES] + ["output tok/s"]
     lines += ["", "Each cell: predicted / measured.", "", "| " + " | ".join(cols) + " |", "|" + "---:|" * len(cols)]
     lines += ["| " + " | ".join([_load_text(p)] + cells) + " |" for p, cells in rows]
-    bounded = [p for p, _ in rows if p.predicted_latency.simulated_requests not in (None, p.requests)]
+    bounded = [p for p, _ in rows if (p.predicted_latency.simulated_requests or p.requests) < p.requests]
     if bounded:
-        lines += ["", "Simulated on fewer requests than sent (bounded): " + ", ".join(
+        lines += ["", "Simulated on fewer requests than sent (bounded to keep the simulation short): " + ", ".join(
             f"{_load_text(p)}: {p.predicted_latency.simulated_requests} of {p.requests}" for p in bounded) + "."]
     return lines
 

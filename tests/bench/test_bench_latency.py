@@ -85,6 +85,9 @@ def test_big_loads_are_simulated_bounded():
     pred = predict_point(SchedulerConfig(100_000, 16), TEN_MS, Lengths(100, 1000), big)
     assert pred.error is None and pred.simulated_requests == 256
     assert pred.ttft.p50 == pytest.approx(STEP_S)  # 64 prompts of 100 tokens: one step's budget
+    # Streams sharing a budget of 10 requests: 3 a stream (ceil 10 / 4), none of the sent left out.
+    shared = base.model_copy(update={"concurrency": 4, "requests": 10})
+    assert predict_point(SchedulerConfig(17, 32), TEN_MS, LENGTHS, shared).simulated_requests == 12
     huge = base.model_copy(update={"concurrency": 2000, "requests": 2000})
     pred = predict_point(SchedulerConfig(100_000, 16), TEN_MS, Lengths(100, 1000), huge)
     assert pred.ttft is None and "too many to simulate" in pred.error
@@ -203,3 +206,36 @@ def test_the_live_view_shows_the_predicted_p99(monkeypatch):
         assert "(predicted 10 ms)" in shown["gauges"]
     finally:
         view.close()
+
+
+def test_an_old_run_predicted_offline(tmp_path):
+    """kvplan report's route: a finished run folder (its run.json naming the tiny model), predicted again
+    with a calibrated model: the same hand figures, and the reports rewritten with them."""
+    from kvplan.bench import store as st
+    from kvplan.bench.latency import predict_run
+    from kvplan.bench.report import write_reports
+
+    run = tmp_path / "old"
+    shutil.copytree(DATA / "old-run-conc", run)
+    data = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps({**data, "model": str(TINY_MODEL)}))
+    (tmp_path / "steptime.json").write_text(json.dumps({"schema": 1, "steptime": asdict(TEN_MS)}))
+    summary = predict_run(run, tmp_path / "steptime.json")
+    assert summary.latency_model.source == "calibrated"
+    assert [p.predicted_latency.output_tokens_per_s for p in summary.points] == pytest.approx([100.0, 400.0])
+    write_reports(st.RunStore(run), summary)
+    assert "| 4 | 10 / " in (run / "report.md").read_text()
+    assert load_summary(run).points[1].predicted_latency == summary.points[1].predicted_latency
+    # No --gpu, no calibration: the run says why, and nothing is predicted.
+    bare = predict_run(run)
+    assert bare.latency_model.source == "none" and all(p.predicted_latency is None for p in bare.points)
+
+
+def test_a_bounded_point_says_so_in_the_report():
+    s = old_summary("old-run-conc")
+    big = s.points[0].model_copy(update={"concurrency": 64, "requests": 6400})
+    pred = predict_point(SchedulerConfig(100_000, 16), TEN_MS, Lengths(100, 1000), big)
+    shown = s.model_copy(update={"points": [big.model_copy(update={"predicted_latency": pred})],
+                                 "latency_model": LatencyModelInfo(source="calibrated", basis="x")})
+    assert "64: 256 of 6400" in markdown(shown)
+    assert "bounded" not in markdown(predicted_summary())  # 8 of 8 simulated
