@@ -54,7 +54,7 @@ def test_mistral_small_page_math_within_the_rounding_of_the_printed_gib(result):
 def test_every_page_math_miss_but_eagle_is_within_the_rounding_bound(result):
     for c in (c for c in result.cases if c.mode == "page" and c.get("tokens")):
         t = c.get("tokens")
-        if c.case_id == "kv003":
+        if c.case_id in ("kv003", "kv048"):  # kv048: test_qwen3_235b_fp8_tp4_page_math_miss
             continue
         assert abs(t.error_pct) <= c.rounding_bound_pct, c.case_id
     for c in (c for c in result.cases if c.mode == "page" and c.get("blocks")):
@@ -104,28 +104,72 @@ def test_a_hybrid_reported_at_0_24_is_exact_in_page_math(result):
 def test_goals_as_the_shipped_reports_give_them(result):
     goals = {g.name: g for g in result.goals}
     page = goals["page math: KV tokens"]
-    assert page.met and "7/7" in page.achieved  # kv044, a hybrid at 0.24.0, among them
+    # kv044 and kv047 (hybrids at 0.24.0) and kv049 (0.21.0) among them; kv048 misses (1.15%).
+    assert page.met and "9/10" in page.achieved and "kv048" in page.achieved
     full = next(s for s in result.summaries if s.mode == "full" and s.quantity == "available_kv_gib" and s.subset == "all")
-    assert full.n == 14 and full.median_abs_pct <= 5
+    assert full.n == 16 and full.median_abs_pct <= 5
     # The median goal holds; the p90 and the "of requested" goals are MISSED (docs/accuracy.md, "Misses"):
     # - kv030 (gpt-oss-120b, 0.11.0): its figures contradict each other (64.38 + 7.38 + 3.33 GiB exceed the
-    #   requested 71.26); with the MXFP4 weights now as vLLM loads them (64.18 GiB against the printed 64.38)
+    #   requested 71.26); with the MXFP4 weights as vLLM loads them (64.18 GiB against the printed 64.38)
     #   kvplan predicts no KV memory at all (-0.45 GiB), as vllm#33155 reports for gpt-oss-120b on one H100.
-    # - kv044 (NVFP4 Qwen3.6 of unknown module layout; vision tower now counted): +25.7%.
-    # - kv013 (no vLLM version; the newest rules subtract a CUDA-graph prior): -8.5%.
+    # - kv044, kv047 (nvidia/Qwen3.6-35B-A3B-NVFP4 on an RTX 5090, 0.24.0; the checkpoint is now known from
+    #   club-3090's registry): +28.9% / +28.3%, about 1.7 GiB of profile memory kvplan does not model.
+    # - kv048 (Qwen3-235B-A22B-FP8, TP 4, no version, no settings): +36.0%.
+    # kv013 (-3.2%) passes since its container's vLLM (0.19.0) is known: no CUDA-graph term.
     assert not goals["full budget: available KV memory (all reports)"].met
     assert not goals["full budget: available KV memory (V1-engine reports)"].met
     assert full.p90_abs_pct > 10
     of_requested = goals["full budget: available KV memory vs the requested GPU memory"]
-    assert not of_requested.met and of_requested.achieved.startswith("11/14")
-    assert all(c in of_requested.achieved for c in ("kv013", "kv030", "kv044"))
+    assert not of_requested.met and of_requested.achieved.startswith("12/16")
+    assert all(c in of_requested.achieved for c in ("kv030", "kv044", "kv047", "kv048"))
+    assert "kv013" not in of_requested.achieved
     assert full.loo_median_abs_pct is not None
+
+
+def test_kv013_rules_are_the_container_s_vllm(result):
+    # The report names nvcr.io/nvidia/tritonserver:26.05-vllm-python-py3; Triton's compatibility table
+    # (branch r26.05) lists vLLM 0.19.0+6bc3197f for that tag. 0.19 subtracts no CUDA-graph estimate.
+    c = case(result, "kv013", "full")
+    assert c.vllm_rules == "0.19.0"
+    assert any("tritonserver:26.05-vllm-python-py3" in a for a in c.assumptions)
+    # L4 x 0.7 = 15.435 GiB requested - weights 2.875 - activation 1.396 - non-torch 0.132 = 11.03 GiB
+    # against "about 11.4 GiB".
+    assert c.get("available_kv_gib").predicted == pytest.approx(11.03, abs=0.01)
+
+
+def test_qwen3_235b_fp8_tp4_page_math_miss(result):
+    # kv048 (vllm#21348): 94 layers, 4 KV heads / TP 4 = 1 head of 128 per GPU, bf16: a 16-token block
+    # = 16 x 94 x 2 x 1 x 128 x 2 B = 770,048 B; 8.11 GiB = 8,708,190,453 B -> 11,308 blocks -> 180,928
+    # tokens. The engine printed 178,880 = 11,180 blocks (8.02 GiB): 128 blocks fewer, far outside the
+    # printing's rounding (the cause is not in the report; docs/accuracy.md, "Misses").
+    t = case(result, "kv048", "page").get("tokens")
+    assert (t.predicted, t.reported) == (180_928, 178_880)
+
+
+def test_qwen3_8b_page_math_at_0_21(result):
+    # kv049 (LMCache#3430, vLLM 0.21.0): 36 layers x 2 x 8 KV heads x 128 x 2 B = 147,456 B/token, a
+    # 16-token block 2,359,296 B; 6.37 GiB / 2,359,296 = 2,899.05 -> 2,899 blocks; from 0.20.1 the tokens
+    # line is int(max_concurrency x max_model_len) = int(2,899 / 1,024 x 16,384) = 46,384. The engine
+    # printed 46,368 (2,898 blocks = 6.3677 GiB, which also prints as 6.37) and 2.83x (2,899 / 1,024 = 2.831).
+    c = case(result, "kv049", "page")
+    assert (c.get("tokens").predicted, c.get("tokens").reported) == (46_384, 46_368)
+    assert c.get("concurrency").predicted == 2.83
+    assert case(result, "kv049", "full").status == "no GPU"  # RTX A5000: not in the catalog
+
+
+def test_a_second_hybrid_report_at_0_24_is_exact_in_page_math(result):
+    # kv047 (club-3090#652): same rig and settings as kv044, 6.01 GiB printed; the engine printed
+    # 569,878 tokens and 4.35x for 131,072 tokens.
+    c = case(result, "kv047", "page")
+    assert (c.get("tokens").predicted, c.get("tokens").reported) == (569_878, 569_878)
+    assert c.get("concurrency").predicted == pytest.approx(4.35, abs=0.005)
 
 
 def test_gpt_oss_weights_against_model_loading_took(result):
     # MXFP4 experts priced as the logged kernel lays them out (tests/model/test_weights_budget.py):
     # Triton on an H100 (kv029 0.11.0, kv030 0.11.0, kv045 0.14.1) and Marlin (kv046, August 2025).
-    for case_id, reported in (("kv029", 13.47), ("kv030", 64.38), ("kv045", 64.38), ("kv046", 65.9651)):
+    for case_id, reported in (("kv029", 13.47), ("kv030", 64.38), ("kv045", 64.38), ("kv046", 65.9651),
+                              ("kv050", 14.2474)):  # kv050: Qwen3-30B-A3B bf16 over TP 4 (vllm#17469)
         w = case(result, case_id, "full").get("weights_gib")
         assert w.reported == reported
         assert abs(w.error_pct) < 1.0, case_id
