@@ -68,8 +68,9 @@ def fit(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document (same as --format json).", rich_help_panel="Output"),
     fmt: OutputFormat = format_option(),
 ) -> None:
-    """Search GPU type x count x TP/PP/DP x KV dtype x context cap for deployments of MODEL that
-    start and fit the workload; rank them by GPU count (or price) and show the best.
+    """Find the deployments of MODEL that start and fit the workload, ranked by GPU count (or price).
+
+    Searches GPU type x count x TP/PP/DP x KV dtype x context cap and shows the best.
 
     --format csv or markdown prints the deployments table alone (one row per deployment, with its
     vllm serve command); json (as --json) the whole search.

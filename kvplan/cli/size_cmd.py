@@ -1,7 +1,7 @@
 """`kvplan size`: the planner's answer for one model on one set of GPUs."""
 
-from __future__ import annotations
-
+# Annotations evaluated at import, not `from __future__ import annotations`: typer reads the ~40
+# options' types on every run, and as strings each would be compiled and evaluated again (a few ms).
 from enum import Enum
 from typing import Optional
 

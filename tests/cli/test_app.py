@@ -1,0 +1,32 @@
+"""The `kvplan` entry point: the bare command's help, and what a plain `kvplan size` imports."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hostile"))
+from harness import invoke  # noqa: E402
+
+
+def test_kvplan_alone_prints_the_help_once():
+    result = invoke()
+    assert result.code == 0 and result.stderr == ""
+    assert result.stdout.count("Usage: kvplan") == 1 and "size" in result.stdout
+
+
+def test_plain_size_through_the_entry_point_stays_light():
+    """The console script's path (`run`, with the collector paused for start-up): the table, exit 0, and
+    none of the engine, HTTP or validation libraries imported (pydantic only serializes --json)."""
+    code = ("import sys; sys.argv = ['kvplan', 'size', 'meta-llama/Llama-3.1-8B', '--gpu', '4090', '--ctx', '32k']\n"
+            "import atexit, gc\n"
+            "heavy = ('torch', 'vllm', 'transformers', 'aiohttp', 'pydantic')\n"
+            "atexit.register(lambda: print(gc.isenabled(), sorted(m for m in heavy if m in sys.modules), file=sys.stderr))\n"
+            "from kvplan.cli.app import run; run()")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "FITS" in out.stdout and "vllm serve meta-llama/Llama-3.1-8B" in out.stdout
+    assert out.stderr.strip().splitlines()[-1] == "True []"  # the collector runs again once start-up is over
