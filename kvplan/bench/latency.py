@@ -59,7 +59,7 @@ def predictor_for(cfg: dict[str, Any], capacity: dict[str, Any], model_name: str
     the calibrated model in ``steptime`` (a run folder or its steptime.json), else the prior of
     ``cfg["planner_gpu"]``, else none ("no prior for this device")."""
     from kvplan.plan.steptime import prior_for
-    from kvplan.plan.steptime_io import deployment_inputs, load_steptime, workload_lengths
+    from kvplan.plan.steptime_io import calibration_scheduler, deployment_inputs, load_steptime, workload_lengths
 
     if not capacity.get("num_blocks") or not capacity.get("block_size"):
         return no_prediction("the engine's KV pool is unknown (no log line, no cache_config_info)")
@@ -68,16 +68,23 @@ def predictor_for(cfg: dict[str, Any], capacity: dict[str, Any], model_name: str
         return no_prediction("no prior for this device (a CPU engine, or a GPU not named): pass --gpu, or "
                              "--steptime RUN calibrated with kvplan calibrate --bench")
     name = model_name or (cfg.get("engine") or {}).get("model")
-    if not name:
-        return no_prediction("the served model is unknown")
+    wl = cfg.get("workload") or {}
     try:
+        if not name:
+            raise KvplanError("the served model is unknown")
         d = deployment_inputs(cfg, capacity, name, gpu)
+        scheduler = d.scheduler
     except KvplanError as exc:
-        return no_prediction(f"cannot plan the deployment: {str(exc).splitlines()[0]}")
+        limits = calibration_scheduler(steptime) if steptime is not None else {}
+        if not limits:
+            return no_prediction(f"cannot plan the deployment: {str(exc).splitlines()[0]}")
+        # The model's config is not at hand (attached, offline): the limits the calibration ran under.
+        d, scheduler = None, _scheduler_from(cfg, capacity, limits)
     attached = "" if cfg.get("engine") else "; attached: tp and pp taken as 1"
     if steptime is not None:
         model = load_steptime(steptime)
-        info = LatencyModelInfo(source="calibrated", basis=f"kvplan calibrate --bench {steptime}")
+        info = LatencyModelInfo(source="calibrated", basis=f"kvplan calibrate --bench {steptime}"
+                                + ("" if d is not None else "; scheduler limits of the calibration"))
     else:
         try:
             from kvplan.plan.steptime import model_for
@@ -87,9 +94,19 @@ def predictor_for(cfg: dict[str, Any], capacity: dict[str, Any], model_name: str
             return no_prediction(str(exc).splitlines()[0])
         info = LatencyModelInfo(source="prior", basis=f"{d.device.name}: catalog bandwidth and dense TFLOP/s, "
                                 f"efficiencies {prior_for(d.device).basis}{attached}")
-    wl = cfg.get("workload") or {}
-    return PointPredictor(info, d.scheduler, model, workload_lengths(wl), float(wl.get("shared_prefix") or 0.0),
+    return PointPredictor(info, scheduler, model, workload_lengths(wl), float(wl.get("shared_prefix") or 0.0),
                           cfg.get("requests_per_stream"), float(cfg.get("burstiness") or 1.0), int(wl.get("seed") or 0))
+
+
+def _scheduler_from(cfg: dict[str, Any], capacity: dict[str, Any], limits: dict[str, Any]) -> SchedulerConfig:
+    """The engine's pool, its flags where given, else ``limits`` (a calibration's SchedulerConfig)."""
+    engine = cfg.get("engine") or {}
+    return SchedulerConfig(
+        num_blocks=int(capacity["num_blocks"]), block_size=int(capacity["block_size"]),
+        max_num_seqs=int(cfg.get("max_num_seqs") or limits.get("max_num_seqs") or 1 << 30),
+        max_num_batched_tokens=int(engine.get("max_num_batched_tokens") or limits.get("max_num_batched_tokens")
+                                   or 1 << 30),
+        admit_full_prompt=bool(limits.get("admit_full_prompt", True)), max_model_len=engine.get("max_model_len"))
 
 
 def point_load(point: PointResult, lengths: Lengths, shared_prefix: float = 0.0, requests_per_stream: int | None = None,

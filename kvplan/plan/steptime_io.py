@@ -159,3 +159,13 @@ def load_steptime(path: Path) -> StepTimeModel:
         raise KvplanError(f"{file} does not exist", "run `kvplan calibrate --bench RUN` first") from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise KvplanError(f"cannot read the step-time calibration {file}: {exc}") from None
+
+
+def calibration_scheduler(path: Path) -> dict[str, Any]:
+    """The scheduler limits a calibration was fitted under (``scheduler`` of RUN/steptime.json; {} if none)."""
+    file = path / STEPTIME_FILE if path.is_dir() else path
+    try:
+        data = json.loads(file.read_text(encoding="utf-8")).get("scheduler")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return data if isinstance(data, dict) else {}

@@ -239,3 +239,25 @@ def test_a_bounded_point_says_so_in_the_report():
                                  "latency_model": LatencyModelInfo(source="calibrated", basis="x")})
     assert "64: 256 of 6400" in markdown(shown)
     assert "bounded" not in markdown(predicted_summary())  # 8 of 8 simulated
+
+
+def test_a_calibration_without_the_models_config_uses_its_own_limits(tmp_path):
+    """Attached to a server whose model kvplan cannot read offline ("fake"): the calibration's scheduler
+    limits (steptime.json) with this run's pool, labelled so."""
+    (tmp_path / "steptime.json").write_text(json.dumps({
+        "schema": 1, "steptime": asdict(TEN_MS),
+        "scheduler": asdict(SchedulerConfig(99, 16, max_num_seqs=2, max_num_batched_tokens=64))}))
+    predictor = predictor_for(run_config("old-run-conc"), POOL, "fake", tmp_path / "steptime.json")
+    assert predictor.info.source == "calibrated" and "scheduler limits of the calibration" in predictor.info.basis
+    assert (predictor.scheduler.num_blocks, predictor.scheduler.block_size) == (17, 32)  # the run's pool
+    assert (predictor.scheduler.max_num_seqs, predictor.scheduler.max_num_batched_tokens) == (2, 64)
+    # 4 streams of 2 requests, at most 2 running, in rounds of 6 steps: the first pair's first requests
+    # get a token after 10 ms; every later request queues one round behind the pair ahead of it (it
+    # arrived when its stream's previous request ended): 60 + 10 = 70 ms. TTFTs 10, 10 and six of 70:
+    # p50 = p99 = 70 ms; 48 tokens in 4 rounds of 60 ms = 200 tok/s.
+    pred = predictor.predict(old_summary("old-run-conc").points[1])
+    assert (pred.ttft.p50, pred.ttft.p99) == pytest.approx((7 * STEP_S, 7 * STEP_S))
+    assert pred.output_tokens_per_s == pytest.approx(200.0)
+    # Neither the model's config nor a calibration: nothing, and why.
+    none = predictor_for(run_config("old-run-conc", planner_gpu="H100"), POOL, "fake")
+    assert none.info.source == "none" and none.info.basis.startswith("cannot plan the deployment")
