@@ -5,7 +5,7 @@ step-time model (kvplan.plan.steptime): calibrated (``--steptime RUN``), or the 
 ``--gpu`` names. A CPU engine (or an unnamed GPU) has no prior: the run says so and predicts
 nothing rather than invent one.
 
-Simulating costs ~3-4 us per request-token on one core, so a point is simulated on at most
+Simulating costs ~3.5-10 us per output token on one core, so a point is simulated on at most
 `MAX_SIMULATED_TOKENS` output tokens (fewer requests per stream, or the first arrivals of a
 rate); a point whose first wave alone is far above that is not simulated (it says why).
 """
@@ -22,10 +22,10 @@ from kvplan.errors import KvplanError
 from kvplan.plan.simulate import Lengths, Load, SchedulerConfig, closed_loop, open_loop
 from kvplan.plan.steptime import StepTimeModel, predict_latency
 
-#: Output tokens simulated per point at most (~1 s on one core).
-MAX_SIMULATED_TOKENS = 300_000
-#: A closed loop's first wave (one request a stream) is simulated up to this many times the bound.
-MAX_FIRST_WAVE = 4 * MAX_SIMULATED_TOKENS
+#: Output tokens simulated per point at most: 0.7-2 s on one core (3.5-10 us a token, busy or not).
+MAX_SIMULATED_TOKENS = 200_000
+#: A closed loop's first wave (one request a stream) is simulated whole up to twice that; beyond, not at all.
+MAX_FIRST_WAVE = 2 * MAX_SIMULATED_TOKENS
 PERCENTILES = (50, 99)
 
 
@@ -114,8 +114,8 @@ def point_load(point: PointResult, lengths: Lengths, shared_prefix: float = 0.0,
     """The load bench sent in ``point`` (bounded), and how many requests it simulates.
 
     Closed loop: ``concurrency`` streams from the point's first request number, each sending
-    ``requests_per_stream`` (else the point's requests shared evenly: bench hands a shared budget
-    out in order, so with length distributions the numbering is approximate). Open loop: the
+    ``requests_per_stream`` (else ceil(requests / streams): bench hands a shared budget out in
+    order, so with length distributions the numbering is approximate). Open loop: the
     point's own arrival times (kvplan.bench.loadgen.arrival_times, seeded by the workload's seed
     plus the point's ``seq``); a client-side cap on requests in flight is not modelled."""
     from kvplan.bench.loadgen import arrival_times

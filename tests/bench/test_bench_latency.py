@@ -76,14 +76,14 @@ def test_open_loop_point_replays_its_own_arrivals():
 
 
 def test_big_loads_are_simulated_bounded():
-    """64 streams of 1,000-token outputs: one wave is 64,000 tokens, so 300,000 // 64,000 = 4 requests a
-    stream (256) are simulated of the 6,400 sent; 2,000 streams (2,000,000 tokens in the first wave)
-    are not simulated at all."""
-    assert (MAX_SIMULATED_TOKENS, MAX_FIRST_WAVE) == (300_000, 1_200_000)
+    """64 streams of 1,000-token outputs: one wave is 64,000 tokens, so 200,000 // 64,000 = 3 requests a
+    stream (192) are simulated of the 6,400 sent; 2,000 streams (2,000,000 tokens in the first wave,
+    above 400,000) are not simulated at all."""
+    assert (MAX_SIMULATED_TOKENS, MAX_FIRST_WAVE) == (200_000, 400_000)
     base = old_summary("old-run-conc").points[0]
     big = base.model_copy(update={"concurrency": 64, "requests": 6400})
     pred = predict_point(SchedulerConfig(100_000, 16), TEN_MS, Lengths(100, 1000), big)
-    assert pred.error is None and pred.simulated_requests == 256
+    assert pred.error is None and pred.simulated_requests == 192
     assert pred.ttft.p50 == pytest.approx(STEP_S)  # 64 prompts of 100 tokens: one step's budget
     # Streams sharing a budget of 10 requests: 3 a stream (ceil 10 / 4), none of the sent left out.
     shared = base.model_copy(update={"concurrency": 4, "requests": 10})
@@ -237,7 +237,7 @@ def test_a_bounded_point_says_so_in_the_report():
     pred = predict_point(SchedulerConfig(100_000, 16), TEN_MS, Lengths(100, 1000), big)
     shown = s.model_copy(update={"points": [big.model_copy(update={"predicted_latency": pred})],
                                  "latency_model": LatencyModelInfo(source="calibrated", basis="x")})
-    assert "64: 256 of 6400" in markdown(shown)
+    assert "64: 192 of 6400" in markdown(shown)
     assert "bounded" not in markdown(predicted_summary())  # 8 of 8 simulated
 
 
