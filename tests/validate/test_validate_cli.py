@@ -18,7 +18,7 @@ def test_json_is_one_document_with_the_tables():
     r = runner.invoke(app, ["validate", "--json"])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
-    assert doc["reports"] == 21  # kv045, kv046 (gpt-oss weights only); kv047-kv050 (issue 11, new families)
+    assert doc["reports"] == 24  # kv045, kv046 (gpt-oss weights only); kv047-kv053 (issue 11, new families)
     assert {s["mode"] for s in doc["summaries"]} == {"page", "full"}
     assert any(g["name"].startswith("page math") for g in doc["goals"])
 
