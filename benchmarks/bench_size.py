@@ -82,12 +82,22 @@ def _environment() -> dict:
 
 
 def _time(cmd: list[str], env: dict) -> float:
+    return _times(cmd, env)[0]
+
+
+def _times(cmd: list[str], env: dict) -> tuple[float, float]:
+    """Wall time, and the CPU time (user + system) the process used: the CPU time hardly moves when
+    other work on the machine makes the wall time noisy."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True)
     elapsed = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode not in (0, 1):
         sys.exit(f"{cmd[0]} failed: {proc.stderr.decode()[-2000:]}")
-    return elapsed
+    return elapsed, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def compare_with_wizard(wizard: str, runs: int) -> None:
@@ -106,17 +116,23 @@ def compare_with_wizard(wizard: str, runs: int) -> None:
         ours = [kvplan, "size", str(folder), "--ctx", "32768", "--gpu", "4090"]
         theirs = [wizard, "plan", "-m", str(folder), "--max-model-len", "32768", "--gpu", "RTX 4090"]
         _time(ours, env), _time(theirs, env)  # compile .pyc files once
-        a, b = [], []
+        a, b, cpu_a, cpu_b = [], [], [], []
         for _ in range(runs):
-            a.append(_time(ours, env))
-            b.append(_time(theirs, env))
+            for cmd, wall, cpu in ((ours, a, cpu_a), (theirs, b, cpu_b)):
+                elapsed, used = _times(cmd, env)
+                wall.append(elapsed)
+                cpu.append(used)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     ma, mb = statistics.median(a), statistics.median(b)
-    print(f"Llama-3.1-8B config, 32k context, RTX 4090; {runs} paired cold runs, {os.cpu_count()} CPUs")
+    load = os.getloadavg()[0]  # 1 min, this run included: other work slows both tools, not always alike
+    print(f"Llama-3.1-8B config, 32k context, RTX 4090; {runs} paired cold runs, {os.cpu_count()} CPUs, "
+          f"load average {load:.1f}")
     print(f"  kvplan size       median {ma:.3f} s  (min {min(a):.3f}, max {max(a):.3f})")
     print(f"  vllm-wizard plan  median {mb:.3f} s  (min {min(b):.3f}, max {max(b):.3f})")
     print(f"  ratio             {ma / mb:.2f}x  (goal <= 0.60x)")
+    ca, cb = statistics.median(cpu_a), statistics.median(cpu_b)
+    print(f"  CPU time (user + system) medians: kvplan {ca:.3f} s, vllm-wizard {cb:.3f} s, ratio {ca / cb:.2f}x")
 
 
 if __name__ == "__main__":
