@@ -165,11 +165,11 @@ def _click_error(exc: Exception) -> int | None:
 def run() -> None:
     """Console-script entry point (``kvplan``).
 
-    Start-up (typer and click, the command's module and its dataclasses) builds tens of thousands of
-    objects that live as long as the process. The cyclic collector would scan them again and again
-    and free nothing (a `kvplan size` run spent ~5% of its time in ~50 collections), so it is paused
-    until the app is built (`main_exit_code`'s ``gc_paused``); the command itself runs with it on,
-    as usual (about half of those collections remain)."""
+    Start-up (typer and click, the command's module) builds tens of thousands of objects that live as
+    long as the process. The cyclic collector would scan them again and again and free nothing (a
+    `kvplan size` run spent ~5% of its time in ~50 collections), so it is paused until the app is
+    built (`main_exit_code`'s ``gc_paused``); the command itself runs with it on, as usual (about
+    half of those collections remain)."""
     import contextlib
     import sys
 
