@@ -85,11 +85,15 @@ def kvplan_run(url: str, model: str, streams: int, n: int, prompt: int, output: 
             await scraper
         return load, len(during)
 
+    cpu = time.process_time()
     load, scrapes = asyncio.run(point())
+    cpu = time.process_time() - cpu
     ok = [r for r in load.records if r.ok]
     server, count = server_mean_since(url, before)
     return {"client": statistics.fmean(r.ttft_s for r in ok) if ok else None, "server": server, "count": count,
-            "ok": len(ok), "retries": load.retries, "scrapes": scrapes,
+            "ok": len(ok), "retries": load.retries, "scrapes": scrapes, "wall": load.wall_s, "cpu": cpu,
+            "in_flight": sum(r.e2e_s for r in ok) / load.wall_s,
+            "tpot": statistics.fmean(r.tpot_s for r in ok if r.tpot_s is not None),
             "first_wave_lag_ms": 1000 * max((r.sent_s - r.scheduled_s for r in load.records[:streams]), default=0)}
 
 
@@ -118,8 +122,9 @@ def vllm_run(url: str, model: str, tokenizer: str, streams: int, n: int, prompt:
         raise SystemExit(f"vllm bench serve failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     server, count = server_mean_since(url, before)
     result = json.loads((out / name).read_text())
-    return {"client": result["mean_ttft_ms"] / 1000, "server": server, "count": count,
-            "ok": result["completed"]}
+    return {"client": result["mean_ttft_ms"] / 1000, "server": server, "count": count, "ok": result["completed"],
+            "wall": result["duration"], "in_flight": sum(result["latencies"]) / result["duration"],
+            "tpot": result["mean_tpot_ms"] / 1000}
 
 
 def scrape_cpu_ms(url: str, server_pid: int, scrapes: int = 40) -> tuple[float, float]:
@@ -198,8 +203,10 @@ def main() -> None:
         print(f"prompt {args.prompt}, output {args.output}, {args.requests_per_stream} requests per stream, "
               f"kvplan scraping every {interval} s; mean TTFT in ms (kvplan: from the scheduled time; "
               f"vllm bench: from its send time); gap = client - server")
-        print(f"{'streams':>7} {'round':>5} {'tool':>11} {'ok':>5} {'client':>8} {'server':>8} {'gap':>7} {'retries':>7} "
-              f"{'1st-wave lag':>12}")
+        print("in flight: mean requests in flight (sum of client E2E / wall time); TPOT: client mean, ms; "
+              "client CPU: kvplan's process, share of one core over the run")
+        print(f"{'streams':>7} {'round':>5} {'tool':>11} {'ok':>5} {'client':>8} {'server':>8} {'gap':>7} {'wall s':>6} "
+              f"{'in flight':>9} {'TPOT':>6} {'retries':>7} {'1st-wave lag':>12} {'client CPU':>10}")
         rows: dict[int, list[tuple[dict, dict]]] = {}
         seed = 0
         for streams in levels:
@@ -217,9 +224,10 @@ def main() -> None:
                     r = runs[tool]
                     gap = r["client"] - r["server"] if r["client"] and r["server"] else None
                     r["gap"] = gap
-                    extra = f"{r['retries']:>7} {r['first_wave_lag_ms']:>9.1f} ms" if tool == "kvplan" else ""
+                    extra = (f"{r['retries']:>7} {r['first_wave_lag_ms']:>9.1f} ms {r['cpu'] / r['wall']:>9.1%}"
+                             if tool == "kvplan" else "")
                     print(f"{streams:>7} {rnd + 1:>5} {tool:>11} {r['ok']:>5} {ms(r['client']):>8} {ms(r['server']):>8} "
-                          f"{ms(gap):>7} {extra}", flush=True)
+                          f"{ms(gap):>7} {r['wall']:>6.2f} {r['in_flight']:>9.1f} {ms(r['tpot']):>6} {extra}", flush=True)
                 rows.setdefault(streams, []).append((runs["kvplan"], runs["vllm bench"]))
 
         print("\nmedians over the rounds (ratio: server mean TTFT during kvplan's run / during vllm bench's, "

@@ -309,6 +309,7 @@ async def stream_one(session, url: str, body: dict, rec: RequestRecord, clock: C
                 rec.output_tokens = sum(rec.chunk_tokens)
             if done and rec.error is None:
                 rec.ok = True
+                await _drain(resp)
             elif rec.error is None:
                 rec.error = "stream ended before [DONE]"
                 raise ServerGone(rec.error)
@@ -356,6 +357,19 @@ async def _post(session, url: str, body: dict, rec: RequestRecord, request_kwarg
             raise
     rec.retries += 1
     return await fresh_session.post(url, json=body, **request_kwargs)
+
+
+async def _drain(resp, limit: int = 1 << 16, wait_s: float = 0.1) -> None:
+    """Read what follows [DONE] (the chunked body's terminator, a separate write of the server's):
+    aiohttp closes a connection whose response is released before the body's end instead of
+    reusing it. A server that sends more than ``limit`` bytes after [DONE], or takes longer than
+    ``wait_s`` to end the body, only loses the connection; the request is complete either way."""
+    import aiohttp
+
+    left = limit
+    with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+        while left > 0 and (data := await asyncio.wait_for(resp.content.readany(), wait_s)):
+            left -= len(data)
 
 
 def _count(value, default: int | None) -> int | None:

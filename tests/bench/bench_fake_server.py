@@ -35,6 +35,8 @@ class FakeBehaviour:
     bodies: list = field(default_factory=list)
     seen: list = field(default_factory=list)  # (path, {header: value}) of every request, in order
     echo_header: str | None = None  # with status != 200: the error message repeats this request header
+    end_delay_s: float = 0.0  # pause between [DONE] and the end of the chunked body
+    peers: set = field(default_factory=set)  # the client (host, port) of every request: one per connection
 
 
 METRICS = """\
@@ -103,6 +105,7 @@ class FakeServer(_LoopThread):
         @web.middleware
         async def record(request, handler):
             behaviour.seen.append((request.path, dict(request.headers)))
+            behaviour.peers.add(request.transport.get_extra_info("peername") if request.transport else None)
             return await handler(request)
 
         app = web.Application(middlewares=[record])
@@ -191,6 +194,7 @@ class FakeServer(_LoopThread):
                 await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
             usage = {"choices": [], "usage": {"prompt_tokens": len(body.get("prompt") or []), "completion_tokens": n}}
             await resp.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+            await asyncio.sleep(b.end_delay_s)
             await resp.write_eof()
             return resp
         finally:

@@ -62,6 +62,15 @@ def test_connections_are_reused_unless_keep_alive_is_off():
         assert all(r.ok and r.retries == 0 for r in result.records)
 
 
+def test_the_body_is_read_to_its_end_after_done_so_the_connection_is_reused():
+    # The server ends the chunked body 20 ms after [DONE]: released before that, the connection
+    # would be closed by aiohttp and each request would open a new one.
+    with FakeServer(FakeBehaviour(end_delay_s=0.02)) as srv:
+        result = _run(srv.url, concurrency=2, per_stream=3)
+        assert len(srv.behaviour.peers) == 2
+    assert all(r.ok for r in result.records)
+
+
 def test_a_request_a_reused_connection_dropped_unread_is_resent_once_on_a_fresh_one():
     # The server closes a reused connection 50 ms after the request arrived, without answering: the
     # request goes again on a new connection, keeps its scheduled time, and the 50 ms are in its TTFT.
