@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from kvplan.cli.common import esc, print_json, user_errors
+from kvplan.cli.common import esc, print_json, printable, user_errors
 from kvplan.cli.tables import Column, OutputFormat, chosen_format, emit_rows, format_option
 from kvplan.units import cdiv, parse_tokens
 
@@ -215,6 +215,8 @@ def fit(
         _render(payload)
     else:
         emit_rows(*deployment_rows(payload), fmt, footnote=_latency_note(payload) if shown else None)
+        if not shown:  # stdout stays the (empty) table; why goes beside it
+            typer.echo(printable(_why_none(payload)), err=True)
     raise typer.Exit(0 if shown else 1)
 
 
@@ -252,6 +254,15 @@ def deployment_rows(p: dict) -> tuple[list[dict], list[Column]]:
     return rows, columns
 
 
+def _why_none(p: dict) -> str:
+    if p.get("slo") and p["candidates_fitting"]:
+        return ("NO DEPLOYMENT MEETS THE SLOs within the search (its predicted latency, prior step-time model). "
+                "Try more GPUs (--max-gpus), a lower concurrency or looser targets.")
+    reasons = ", ".join(f"{k}: {v:,}" for k, v in sorted(p["rejected"].items(), key=lambda kv: -kv[1]))
+    return (f"NOTHING FITS within the search ({reasons}). Try more GPUs (--max-gpus), fp8, a shorter context "
+            "or a lower concurrency.")
+
+
 def _latency_note(p: dict) -> str:
     if p.get("slo"):
         return ("Latency: predicted by the scheduler simulator with the prior step-time model (roofline x "
@@ -276,14 +287,8 @@ def _render(p: dict) -> None:
         console.print(f"SLOs: {esc(p['slo_description'])}; predicted latency simulated for {p['slo_simulated']} "
                       f"deployment{'s' if p['slo_simulated'] != 1 else ''}" + (f"; missed: {rejected}" if rejected else "")
                       + (" (search stopped: simulation limit reached)" if p["slo_search_stopped"] else "") + ".")
-    if not p["deployments"] and p.get("slo") and p["candidates_fitting"]:
-        console.print("NO DEPLOYMENT MEETS THE SLOs within the search (its predicted latency, prior step-time model). "
-                      "Try more GPUs (--max-gpus), a lower concurrency or looser targets.")
-        return
     if not p["deployments"]:
-        reasons = ", ".join(f"{k}: {v:,}" for k, v in sorted(p["rejected"].items(), key=lambda kv: -kv[1]))
-        console.print(f"NOTHING FITS within the search ({esc(reasons)}). Try more GPUs (--max-gpus), fp8, "
-                      "a shorter context or a lower concurrency.")
+        console.print(esc(_why_none(p)))
         return
     slo_keys = list(p["slo"] or {})
     table = Table(show_header=True, header_style="bold")

@@ -112,7 +112,7 @@ def test_fit_with_slos_tabulates_the_simulated_figures():
 def test_fit_with_nothing_that_fits_prints_the_header_and_exits_1():
     result = invoke("fit", "meta-llama/Llama-3.1-70B", "--ctx", "128k", "-c", "64", "--gpus", "RTX 3090",
                     "--max-gpus", "1", "--format", "csv")
-    assert result.code == 1
+    assert result.code == 1 and result.stderr.startswith("NOTHING FITS within the search (")
     assert result.stdout.splitlines() == ["rank,gpu,gpus,tensor_parallel_size,pipeline_parallel_size,"
                                           "data_parallel_size,kv_cache_dtype,max_model_len,headroom,ttft_ms,tpot_ms,"
                                           "output_tokens_per_s,price_per_hour,vllm_serve_command"]
