@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from kvplan.cli.common import error_line, print_json, user_errors
+from kvplan.cli.common import error_line, print_json, printable, user_errors
 from kvplan.cli.tables import OutputFormat, chosen_format, emit_rows, format_option
 
 CHECK_EXAMPLES = """
@@ -85,8 +85,9 @@ def check(
     elif fmt is OutputFormat.table:
         outputs.render_table(report)
     else:
+        failing = [f"\n- {printable(r.name)}: {printable(r.reason)}" for r in report.results if not r.fits]
         emit_rows(outputs.result_rows(report), outputs.RESULT_COLUMNS, fmt,
-                  footnote=f"{report.passed} of {report.total} deployments fit")
+                  footnote=f"{report.passed} of {report.total} deployments fit" + "".join(failing))
     if want_annotations:
         for line in outputs.annotations(report):
             stream.write(line + "\n")
