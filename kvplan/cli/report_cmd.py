@@ -36,6 +36,8 @@ def report(
     runs: list[Path] = typer.Argument(..., help="kvplan bench run folders, `vllm bench serve --save-result` JSON files, or folders of them."),
     html: Optional[Path] = typer.Option(None, "--html", help="Write the comparison page here (default with several runs: ./kvplan-report.html)."),
     slo: Optional[str] = typer.Option(None, "--slo", help="Judge the runs against these SLOs instead of their own: ttft_p99=500ms,itl_p99=50ms."),
+    steptime: Optional[Path] = typer.Option(None, "--steptime", metavar="RUN", help="Predict every point's latency again with this calibration (a run folder holding steptime.json, or the file; see kvplan calibrate --bench)."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", metavar="GPU", help="Predict every point's latency again with this GPU's prior step-time model (when no --steptime is given)."),
     as_json: bool = typer.Option(False, "--json", help="Print the summaries as JSON (same as --format json).", rich_help_panel="Output"),
     fmt: OutputFormat = format_option(),
 ) -> None:
@@ -56,6 +58,10 @@ def report(
     summaries = []
     for path in runs:
         summary = load_summary(path)
+        if (steptime is not None or gpu) and summary.source == "kvplan":
+            from kvplan.bench.latency import predict_run
+
+            summary = predict_run(path, steptime, gpu)
         if targets is not None:
             summary = apply_slo(summary, path, targets)
         if summary.source == "kvplan":

@@ -303,6 +303,7 @@ _SETTING_TO_KEY = {
     "concurrency": "concurrency",
     "gpu": "gpu",
     "tensor_parallel_size": "tp",
+    "pipeline_parallel_size": "pp",
     "max_num_seqs": "max_num_seqs",
 }
 

@@ -241,10 +241,13 @@ def _suggestions(
         for cand in _searched(arch, gpu, settings, rules, overhead, cap, catalog, weights_total):
             split = _split_text(cand.tp, cand.pp, cand.dp)
             flag = gpu_flag(cand.device, cand.gpus)
-            flags = f"--gpu {flag}" + (f" --tp {cand.tp}" if cand.tp != settings.tensor_parallel_size else "") \
+            # --tp whenever the CLI's and kvplan.yaml's default (all GPUs / pp) would pick another one,
+            # as it would for data-parallel replicas.
+            tp_given = cand.tp != settings.tensor_parallel_size or cand.tp != max(1, cand.gpus // cand.pp)
+            flags = f"--gpu {flag}" + (f" --tp {cand.tp}" if tp_given else "") \
                 + (f" --pp {cand.pp}" if cand.pp != settings.pipeline_parallel_size else "")
             updates = {"gpu": flag}
-            if cand.tp != settings.tensor_parallel_size:
+            if tp_given:
                 updates["tensor_parallel_size"] = str(cand.tp)
             if cand.pp != settings.pipeline_parallel_size:
                 updates["pipeline_parallel_size"] = str(cand.pp)

@@ -261,3 +261,23 @@ def test_a_calibration_without_the_models_config_uses_its_own_limits(tmp_path):
     # Neither the model's config nor a calibration: nothing, and why.
     none = predictor_for(run_config("old-run-conc", planner_gpu="H100"), POOL, "fake")
     assert none.info.source == "none" and none.info.basis.startswith("cannot plan the deployment")
+
+
+def test_kvplan_report_predicts_a_finished_run_again(tmp_path):
+    """`kvplan report RUN --steptime FILE` through the real entry point: no engine, the run's report.md
+    rewritten with the hand figures (10 ms a step: 100 and 400 output tokens/s at 1 and 4 streams)."""
+    import subprocess
+    import sys
+
+    run = tmp_path / "old"
+    shutil.copytree(DATA / "old-run-conc", run)
+    data = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps({**data, "model": str(TINY_MODEL)}))
+    (tmp_path / "steptime.json").write_text(json.dumps({"schema": 1, "steptime": asdict(TEN_MS)}))
+    done = subprocess.run([sys.executable, "-m", "kvplan", "report", str(run), "--steptime",
+                           str(tmp_path / "steptime.json"), "--json"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    shown = json.loads(done.stdout)
+    assert shown["latency_model"]["source"] == "calibrated"
+    assert [p["predicted_latency"]["output_tokens_per_s"] for p in shown["points"]] == pytest.approx([100.0, 400.0])
+    assert "| 4 | 10 / " in (run / "report.md").read_text()

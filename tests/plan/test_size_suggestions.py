@@ -102,3 +102,29 @@ def test_single_changes_are_kept(llama70b):
 def test_a_pinned_pool_gets_no_gpu_suggestion(llama70b):
     p = plan(llama70b, "2xH100-SXM", 8192, tensor_parallel_size=2, num_gpu_blocks_override=10)
     assert not any("GPU" in s.change for s in p.suggestions)
+
+
+def test_every_suggested_command_line_plans_what_it_promised():
+    """Each GPU suggestion's flags, run as given, must fit: a data-parallel suggestion carries `--tp 1`,
+    since `--gpu 3xB300` alone means tensor parallel 3 (all GPUs / pp)."""
+    import json
+    import shlex
+    import subprocess
+    import sys
+
+    base = ["meta-llama/Llama-3.1-8B-Instruct", "--ctx", "32k", "-c", "128", "--gpu", "H100"]
+
+    def size(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "kvplan", "size", *args, "--json"], capture_output=True,
+                              text=True, timeout=120, env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+
+    first = size(*base)
+    assert first.returncode == 1, first.stderr  # 128 x 32k does not fit one H100
+    suggestions = [s for s in json.loads(first.stdout)["suggestions"] if s["flags"].startswith("--gpu")]
+    assert any("replicas" in s["change"] for s in suggestions)
+    for sug in suggestions:
+        flags = shlex.split(sug["flags"])
+        if "replicas" in sug["change"]:
+            assert "--tp" in flags, sug
+        again = size(*base[:-2], *flags)
+        assert again.returncode == 0, (sug, again.stdout[-400:], again.stderr)
