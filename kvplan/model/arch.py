@@ -301,10 +301,19 @@ def _count_params(
         v_head, kv_lora = f.get("v_head_dim", default=128), f.get("kv_lora_rank")
         q = hidden * q_lora + q_lora * num_heads * (nope + rope) if q_lora else hidden * num_heads * (nope + rope)
         per_attn = q + hidden * (kv_lora + rope) + kv_lora * num_heads * (nope + v_head) + num_heads * v_head * hidden
+        attn = per_attn * sum(1 for k in kinds if k in ("full", "sliding", "chunked", "mla", "attention+mamba"))
     else:
-        per_attn = hidden * head * (num_heads * 2 + kv_heads * 2)
-    num_attn = sum(1 for k in kinds if k in ("full", "sliding", "chunked", "mla", "attention+mamba"))
-    attn = per_attn * num_attn
+        # q and o of num_heads x head, k and v of the layer's KV heads. Gemma 4's global layers have
+        # their own shape and keep the V slot even with attention_k_eq_v; a layer reusing another's KV
+        # (Gemma 3n / 4 num_kv_shared_layers) has q and o only (`Gemma4Attention.__init__`,
+        # models/gemma4.py@0.32.0; `Gemma3nAttention.__init__`, models/gemma3n.py@0.32.0).
+        first_kv_shared = n - int(f.get("num_kv_shared_layers", default=0) or 0)
+        for i, kind in enumerate(kinds):
+            if kind not in ("full", "sliding", "chunked", "attention+mamba", "global"):
+                continue
+            layer_kv_heads, layer_head = _gemma4_global_shape(f, kv_heads) if kind == "global" else (kv_heads, head)
+            kv = 2 * layer_kv_heads * layer_head if i < first_kv_shared else 0
+            attn += hidden * (2 * num_heads * layer_head + kv)
 
     # MLPs: dense or mixture of experts.
     moe = _moe_layers(f, model_type, n)

@@ -229,6 +229,26 @@ def test_gemma4_without_k_eq_v_keeps_the_kv_heads_and_forces_the_last_layer_full
     assert len(full) == 1 and (full[0].num_kv_heads, full[0].head_size) == (4, 128)
 
 
+def test_gemma4_attention_weights_per_layer_shape():
+    # nvidia/Gemma-4-31B-IT-NVFP4 (bundled config): hidden 5,376, 32 query heads; 50 sliding layers of
+    # 16 KV heads x 256, 10 global layers of 4 KV heads x 512 whose V slot vLLM allocates even with
+    # attention_k_eq_v (models/gemma4.py@0.32.0). q + o + k + v = hidden x head x (2 x 32 + 2 x kv heads):
+    # 50 x 5,376 x 256 x 96 + 10 x 5,376 x 512 x 72 = 6,606,028,800 + 1,981,808,640
+    assert arch_of("nvidia/Gemma-4-31B-IT-NVFP4").params.attention == 8_587_837_440
+
+
+def test_kv_shared_layers_have_query_and_output_projections_only():
+    # 4 layers, the last 2 reuse earlier layers' KV (Gemma3nAttention / Gemma4Attention: q_proj, o_proj only).
+    base = {"model_type": "gemma4_text", "hidden_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8,
+            "num_key_value_heads": 2, "head_dim": 64, "global_head_dim": 64, "sliding_window": 256,
+            "layer_types": ["sliding_attention"] * 3 + ["full_attention"]}
+    own = parse_architecture(base).params.attention
+    shared = parse_architecture({**base, "num_kv_shared_layers": 2}).params.attention
+    # every layer: 512 x 64 x (2 x 8 + 2 x 2) = 655,360; q + o alone: 512 x 64 x 16 = 524,288
+    assert own == 4 * 655_360
+    assert shared == 2 * 655_360 + 2 * 524_288
+
+
 def test_kimi_linear_kda_state_and_mla_layers():
     config = {"model_type": "kimi_linear", "hidden_size": 2304, "num_hidden_layers": 4, "num_attention_heads": 32,
               "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128,
