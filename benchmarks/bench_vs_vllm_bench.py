@@ -13,15 +13,20 @@ server's TTFT under kvplan to that under vllm bench, with medians over the round
 Goal (issue 12 item 7): kvplan's median gap <= vllm bench's, and the server's median TTFT under
 kvplan within 3% of that under vllm bench.
 
-Then, unless --no-scrape-cost, what scraping costs: the API server's CPU time per /metrics scrape
-(back to back on an idle server) and kvplan runs with the scraper off against the default
+Then, unless --no-scrape-cost, what scraping costs: the server's CPU time (its process tree) per
+/metrics scrape (back to back on an idle server) and kvplan runs with the scraper off against the default
 interval, interleaved: the server's mean TTFT ratio.
 
 Not quite the same clocks: kvplan's TTFT counts from each request's scheduled time (closed loop:
 the point's start, then the end of the stream's previous request), vllm bench's from when its
-task sent the request; vllm bench sends text prompts (the server tokenizes them), kvplan token ids.
+task sent the request. vllm bench sends text prompts; kvplan bench sends token ids, so here kvplan
+sends its ids decoded to text of the same token count (--prompts text, the default): the server's
+TTFT clock starts before it tokenizes (render_cmpl_async in
+https://github.com/vllm-project/vllm/blob/v0.32.0/vllm/renderers/base.py), so the two loads give
+the server the same work inside the same clock.
 
     python benchmarks/bench_vs_vllm_bench.py [--streams 16,64] [--rounds 3] [--requests-per-stream 8]
+        [--prompts text|ids] [--no-scrape-cost] [--url URL]
 """
 
 from __future__ import annotations
@@ -65,13 +70,23 @@ def server_mean_since(url: str, before) -> tuple[float | None, float]:
 
 
 def kvplan_run(url: str, model: str, streams: int, n: int, prompt: int, output: int, first: int,
-               scrape_interval_s: float | None) -> dict:
-    """One point as kvplan bench runs it: a full scrape, the fast scraper during the closed-loop load."""
+               scrape_interval_s: float | None, tokenizer=None) -> dict:
+    """One point as kvplan bench runs it: a full scrape, the fast scraper during the closed-loop load.
+    ``tokenizer``: send kvplan's token-id prompts decoded to text, as vllm bench's random dataset does."""
+    import dataclasses
+
     from kvplan.bench.loadgen import run_closed_loop
     from kvplan.bench.metrics import scrape_during
     from kvplan.bench.workload import Workload
 
     w = Workload(prompt_tokens=prompt, output_tokens=output, nonce=str(time.time_ns()))
+    specs = {}  # built before the clock starts, as vllm bench builds its dataset
+    for i in range(first, first + n):
+        spec = w.request(i)
+        if tokenizer is not None:
+            spec = dataclasses.replace(spec, prompt_token_ids=None,
+                                       prompt_text=text_of(tokenizer, spec.prompt_token_ids, prompt))
+        specs[i] = spec
     before = server_ttft(url)
 
     async def point():
@@ -79,7 +94,8 @@ def kvplan_run(url: str, model: str, streams: int, n: int, prompt: int, output: 
         done, during = asyncio.Event(), []
         scraper = (asyncio.create_task(scrape_during(url, scrape_interval_s, done, t0, during))
                    if scrape_interval_s else None)
-        load = await run_closed_loop(url, model, "completions", streams, None, w.request, first, total_requests=n)
+        load = await run_closed_loop(url, model, "completions", streams, None, specs.__getitem__, first,
+                                     total_requests=n)
         done.set()
         if scraper is not None:
             await scraper
@@ -91,10 +107,29 @@ def kvplan_run(url: str, model: str, streams: int, n: int, prompt: int, output: 
     ok = [r for r in load.records if r.ok]
     server, count = server_mean_since(url, before)
     return {"client": statistics.fmean(r.ttft_s for r in ok) if ok else None, "server": server, "count": count,
-            "ok": len(ok), "retries": load.retries, "scrapes": scrapes, "wall": load.wall_s, "cpu": cpu,
+            "ok": len(ok), "retries": load.retries,
+            "prompt_tokens": statistics.fmean(r.prompt_tokens or 0 for r in ok) if ok else None,
+            "scrapes": scrapes, "wall": load.wall_s, "cpu": cpu,
             "in_flight": sum(r.e2e_s for r in ok) / load.wall_s,
             "tpot": statistics.fmean(r.tpot_s for r in ok if r.tpot_s is not None),
             "first_wave_lag_ms": 1000 * max((r.sent_s - r.scheduled_s for r in load.records[:streams]), default=0)}
+
+
+def text_of(tokenizer, ids, target: int) -> str:
+    """Token ids as text that the server tokenizes back to ``target`` tokens (BOS included), near
+    enough: random ids decode to text that re-encodes longer; trimmed and decoded again until it
+    fits, as vllm bench's random dataset does."""
+    ids = list(ids)[:target]
+    text = tokenizer.decode(ids)
+    for _ in range(10):
+        counted = len(tokenizer.encode(text))
+        if counted == target:
+            break
+        body = tokenizer.encode(text, add_special_tokens=False)
+        specials = counted - len(body)
+        ids = body[:target - specials] if counted > target else body + ids[:target - counted]
+        text = tokenizer.decode(ids)
+    return text
 
 
 def vllm_bench_cmd() -> list[str]:
@@ -123,6 +158,7 @@ def vllm_run(url: str, model: str, tokenizer: str, streams: int, n: int, prompt:
     server, count = server_mean_since(url, before)
     result = json.loads((out / name).read_text())
     return {"client": result["mean_ttft_ms"] / 1000, "server": server, "count": count, "ok": result["completed"],
+            "prompt_tokens": result["total_input_tokens"] / max(1, result["completed"]),
             "wall": result["duration"], "in_flight": sum(result["latencies"]) / result["duration"],
             "tpot": result["mean_tpot_ms"] / 1000}
 
@@ -172,6 +208,9 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--output", type=int, default=32)
     ap.add_argument("--no-scrape-cost", action="store_true", help="skip the scraper-off runs")
+    ap.add_argument("--prompts", choices=("text", "ids"), default="text",
+                    help="kvplan's prompts: token ids (as kvplan bench sends) or those ids decoded to text (default: "
+                         "as vllm bench's random dataset sends; the server tokenizes them inside its TTFT clock)")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -195,18 +234,24 @@ def main() -> None:
         import urllib.request
 
         model = json.load(urllib.request.urlopen(url + "/v1/models"))["data"][0]["id"]
+        tok = None
+        if args.prompts == "text":
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(args.model)
         levels = [int(x) for x in args.streams.split(",")]
         first = 10**6
-        kvplan_run(url, model, 8, 16, args.prompt, args.output, first, interval)  # warm-up, not shown
+        kvplan_run(url, model, 8, 16, args.prompt, args.output, first, interval, tok)  # warm-up, not shown
         first += 10**4
         vllm_run(url, model, args.model, 8, 16, args.prompt, args.output, 999, out)  # warm-up, not shown
         print(f"prompt {args.prompt}, output {args.output}, {args.requests_per_stream} requests per stream, "
-              f"kvplan scraping every {interval} s; mean TTFT in ms (kvplan: from the scheduled time; "
-              f"vllm bench: from its send time); gap = client - server")
+              f"kvplan prompts as {args.prompts}, kvplan scraping every {interval} s; mean TTFT in ms "
+              "(kvplan: from the scheduled time; vllm bench: from its send time); gap = client - server")
         print("in flight: mean requests in flight (sum of client E2E / wall time); TPOT: client mean, ms; "
+              "prompt: mean prompt tokens the server counted; "
               "client CPU: kvplan's process, share of one core over the run")
         print(f"{'streams':>7} {'round':>5} {'tool':>11} {'ok':>5} {'client':>8} {'server':>8} {'gap':>7} {'wall s':>6} "
-              f"{'in flight':>9} {'TPOT':>6} {'retries':>7} {'1st-wave lag':>12} {'client CPU':>10}")
+              f"{'in flight':>9} {'TPOT':>6} {'prompt':>6} {'retries':>7} {'1st-wave lag':>12} {'client CPU':>10}")
         rows: dict[int, list[tuple[dict, dict]]] = {}
         seed = 0
         for streams in levels:
@@ -216,7 +261,8 @@ def main() -> None:
                 runs = {}
                 for tool in (("kvplan", "vllm bench") if rnd % 2 == 0 else ("vllm bench", "kvplan")):
                     if tool == "kvplan":
-                        runs[tool] = kvplan_run(url, model, streams, n, args.prompt, args.output, first, interval)
+                        runs[tool] = kvplan_run(url, model, streams, n, args.prompt, args.output, first, interval,
+                                                tok)
                         first += 10**4
                     else:
                         runs[tool] = vllm_run(url, model, args.model, streams, n, args.prompt, args.output, seed, out)
@@ -227,7 +273,8 @@ def main() -> None:
                     extra = (f"{r['retries']:>7} {r['first_wave_lag_ms']:>9.1f} ms {r['cpu'] / r['wall']:>9.1%}"
                              if tool == "kvplan" else "")
                     print(f"{streams:>7} {rnd + 1:>5} {tool:>11} {r['ok']:>5} {ms(r['client']):>8} {ms(r['server']):>8} "
-                          f"{ms(gap):>7} {r['wall']:>6.2f} {r['in_flight']:>9.1f} {ms(r['tpot']):>6} {extra}", flush=True)
+                          f"{ms(gap):>7} {r['wall']:>6.2f} {r['in_flight']:>9.1f} {ms(r['tpot']):>6} {r['prompt_tokens']:>6.1f} "
+                          f"{extra}", flush=True)
                 rows.setdefault(streams, []).append((runs["kvplan"], runs["vllm bench"]))
 
         print("\nmedians over the rounds (ratio: server mean TTFT during kvplan's run / during vllm bench's, "
@@ -255,7 +302,7 @@ def main() -> None:
                     runs = {}
                     for on in ((True, False) if rnd % 2 == 0 else (False, True)):
                         runs[on] = kvplan_run(url, model, streams, n, args.prompt, args.output, first,
-                                              interval if on else None)
+                                              interval if on else None, tok)
                         first += 10**4
                     ratio = runs[True]["server"] / runs[False]["server"]
                     ratios.append(ratio)
