@@ -10,7 +10,8 @@ Definitions (all times in seconds, measured by the client; the README states the
   count from here, not from when a connection or a concurrency slot happened to be free, so a
   slow client, pool or cap cannot hide server delay (no coordinated omission, vllm#54101).
 - **sent time**: when the client actually handed the request to the connection (recorded per
-  request as ``sent_s``; ``sent_s - scheduled_s`` is the point's ``send_lag``).
+  request as ``sent_s``; ``sent_s - scheduled_s`` is the point's ``send_lag``). A request resent
+  after a stale keep-alive connection dropped it keeps its first send time (``retries`` says so).
 - **TTFT** = arrival of the first streamed chunk carrying output - scheduled time (includes
   queueing for KV, as a user sees it).
 - **ITL** = per output token: the gap between two successive *deliveries* of output (the
