@@ -208,6 +208,8 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--output", type=int, default=32)
     ap.add_argument("--no-scrape-cost", action="store_true", help="skip the scraper-off runs")
+    ap.add_argument("--settle", type=float, default=0.0,
+                    help="seconds the server idles before each kvplan run (vllm bench's runs follow its own start-up)")
     ap.add_argument("--prompts", choices=("text", "ids"), default="text",
                     help="kvplan's prompts: token ids (as kvplan bench sends) or those ids decoded to text (default: "
                          "as vllm bench's random dataset sends; the server tokenizes them inside its TTFT clock)")
@@ -223,8 +225,11 @@ def main() -> None:
     out = Path(tempfile.mkdtemp(prefix="kvplan-vs-vllm-bench-"))
     try:
         if url is None:
+            # Prefix caching off: vllm bench's random prompts are runs of consecutive token ids from a
+            # random offset (vllm/benchmarks/datasets/datasets.py@v0.32.0), which on this model's
+            # 1,024-token vocabulary share whole blocks and hit the cache, kvplan's unique prompts never.
             cfg = EngineConfig(model=args.model, port=free_port(), block_size=32, max_model_len=512,
-                               kv_cache_memory_bytes=256 * 2**20, enforce_eager=True,
+                               kv_cache_memory_bytes=256 * 2**20, enforce_eager=True, enable_prefix_caching=False,
                                env=(("HF_HUB_OFFLINE", "1"),))
             launcher = EngineLauncher(cfg, out / "engine.log", startup_timeout_s=900)
             launcher.start()
@@ -261,6 +266,7 @@ def main() -> None:
                 runs = {}
                 for tool in (("kvplan", "vllm bench") if rnd % 2 == 0 else ("vllm bench", "kvplan")):
                     if tool == "kvplan":
+                        time.sleep(args.settle)
                         runs[tool] = kvplan_run(url, model, streams, n, args.prompt, args.output, first, interval,
                                                 tok)
                         first += 10**4
