@@ -50,7 +50,7 @@ def points_csv(points: list[PointResult]) -> str:
     head = ["seq", "mode", "concurrency", "rate", "burstiness", "max_concurrency", "status", "label", "latency_from",
             "wall_s", "requests", "requests_ok", "requests_failed", "output_tokens", "output_tok_s", "request_s",
             "preemptions", "peak_waiting", "peak_running", "peak_kv_usage", "predicted_label", "predicted_kv_fill",
-            "slo_met", "goodput_share", "goodput_req_s", "goodput_tok_s"]
+            "slo_met", "goodput_share", "goodput_req_s", "goodput_tok_s", "retries"]
     for metric in ("ttft", "itl", "tpot", "e2e", "send_lag"):
         head += [f"{metric}_n"] + [f"{metric}_{k}_ms" for k in _STAT_KEYS[1:]]
     head += ["warnings", "error", "predicted_source"]
@@ -65,7 +65,7 @@ def points_csv(points: list[PointResult]) -> str:
                p.wall_s, p.requests, p.requests_ok, p.requests_failed, p.output_tokens, p.throughput_tok_s,
                p.request_throughput, srv.preemptions, srv.peak_waiting, srv.peak_running, srv.peak_kv_usage,
                None if pred is None else pred.label, None if pred is None else pred.kv_fill, p.slo_met, p.goodput_share,
-               p.goodput_req_s, p.goodput_tok_s]
+               p.goodput_req_s, p.goodput_tok_s, p.retries]
         for metric in ("ttft", "itl", "tpot", "e2e", "send_lag"):
             stats: LatencyStats = getattr(p, metric)
             row.append(stats.n)
@@ -92,7 +92,7 @@ def requests_csv(rows: list[dict]) -> str:
 
     head = ["seq", "concurrency", "rate", "index", "stream", "ok", "scheduled_s", "sent_s", "send_lag_ms",
             "first_token_s", "end_s", "ttft_ms", "e2e_ms", "tpot_ms", "itl_mean_ms", "deliveries", "prompt_tokens",
-            "output_tokens", "error"]
+            "output_tokens", "retries", "error"]
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(head)
@@ -116,7 +116,7 @@ def requests_csv(rows: list[dict]) -> str:
                     "" if rec.first_token_s is None else rec.first_token_s, "" if rec.end_s is None else rec.end_s,
                     ms(rec.ttft_s), ms(rec.e2e_s), ms(rec.tpot_s), ms(sum(itl) / len(itl) if itl else None),
                     len(rec.chunk_times_s), "" if rec.prompt_tokens is None else rec.prompt_tokens, rec.output_tokens,
-                    rec.error or ""])
+                    row.get("retries", 0), rec.error or ""])
     return _csv_safe(buf.getvalue())
 
 

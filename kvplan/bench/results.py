@@ -264,7 +264,7 @@ class RateSearchResult(BaseModel):
 class PointResult(_NewFieldsOptional):
     """One line of points.jsonl."""
 
-    ADDED: ClassVar[tuple[str, ...]] = ("predicted_latency",)
+    ADDED: ClassVar[tuple[str, ...]] = ("predicted_latency", "retries")
 
     seq: int
     concurrency: int
@@ -300,6 +300,7 @@ class PointResult(_NewFieldsOptional):
     send_lag: LatencyStats = Field(default_factory=LatencyStats)  # actual send - scheduled time
     request_throughput: float | None = None  # completed requests / wall time
     multi_token_requests: int = 0  # requests whose deliveries carried several tokens
+    retries: int | None = None  # requests resent after a reused connection dropped them unanswered (null: older runs)
     warnings: list[str] = Field(default_factory=list)  # percentiles resting on too few samples
     slo: dict[str, SloResult] | None = None  # SLO key (ttft_p99) -> its result
     slo_met: bool | None = None  # every SLO percentile of the point within its target

@@ -114,6 +114,7 @@ class BenchConfig(BaseModel):
     deployment: str | None = None  # the kvplan.yaml deployment this run measures
     header_names: list[str] = Field(default_factory=list)  # --header names (values are never stored)
     steptime: str | None = None  # a calibrated step-time model (RUN or RUN/steptime.json) for predicted latency
+    keep_alive: bool = True  # reuse connections (False: one per request, as kvplan did before)
 
     def engine_config(self) -> EngineConfig | None:
         if self.engine is None:
@@ -404,6 +405,7 @@ class BenchRun:
                 burstiness=self.cfg.burstiness, max_concurrency=self.cfg.rate_max_concurrency,
                 seed=self.workload.seed + seq, request_timeout_s=self.cfg.request_timeout_s, stop=stop,
                 on_request_done=lambda r: self.view.request_done(r.ok), client=self.client,
+                keep_alive=self.cfg.keep_alive,
             )
             records, wall, aborted = load.records, load.wall_s, load.aborted
         elif not stop.is_set():
@@ -413,6 +415,7 @@ class BenchRun:
                 on_request_done=lambda r: self.view.request_done(r.ok), client=self.client,
                 total_requests=None if self.cfg.requests_per_stream else self.point_requests(concurrency),
                 duration_s=None if self.cfg.requests_per_stream else self.cfg.duration_s,
+                keep_alive=self.cfg.keep_alive,
             )
             records, wall, aborted = load.records, load.wall_s, load.aborted
         else:
@@ -525,6 +528,7 @@ class BenchRun:
             send_lag=LatencyStats.of([max(0.0, r.sent_s - r.scheduled_s) for r in records if r.sent_s]),
             request_throughput=round(len(ok) / wall, 4) if wall > 0 and ok else None,
             multi_token_requests=multi,
+            retries=sum(r.retries for r in records),
             warnings=warnings,
             slo=checks,
             slo_met=None if not checks or status != "ok" else all(c.met for c in checks.values()),
@@ -624,7 +628,7 @@ class BenchRun:
         self.view.message(f"warm-up: {level} stream{'s' if level != 1 else ''}, not recorded")
         load = run_stoppable(run_closed_loop(
             self.base_url, self.model, self.workload.api, level, 1, self.workload.request, self._next_index,
-            self.cfg.request_timeout_s, client=self.client))
+            self.cfg.request_timeout_s, client=self.client, keep_alive=self.cfg.keep_alive))
         self._next_index += level
         if load.aborted:
             raise BenchFailed(f"the warm-up failed: {load.aborted}")

@@ -86,6 +86,8 @@ def bench(
     slo: Optional[str] = typer.Option(None, "--slo", help="SLOs: ttft_p99=500ms,itl_p99=50ms,e2e_p99=10s (metrics ttft, itl, tpot, e2e; p50/p90/p95/p99/mean; a bare number is ms)."),
     warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="One unrecorded round of requests before the first point."),
     scrape_interval: float = typer.Option(0.5, "--scrape-interval", help="Seconds between /metrics scrapes during a point (default 0.5 = 2 Hz). Every scrape takes server CPU (7-15 ms on the tiny CPU engine: 1-3% of a core at 2 Hz, no TTFT change beyond noise; benchmarks/bench_vs_vllm_bench.py): faster scrapes raise the TTFT being measured."),
+    keep_alive: bool = typer.Option(True, "--keep-alive/--no-keep-alive", help="Reuse connections (idle ones dropped after 2 s, under vLLM's 5 s; a request a stale one drops is resent once, its scheduled time kept), or one connection per request."),
+    steptime: Optional[Path] = typer.Option(None, "--steptime", metavar="RUN", help="Predict every point's latency with this calibration (a run folder holding steptime.json, or the file; kvplan calibrate --bench); default: the --gpu prior."),
     request_timeout: float = typer.Option(300.0, "--request-timeout", help="Seconds without a byte before a request fails."),
     startup_timeout: float = typer.Option(900.0, "--startup-timeout", help="Seconds the engine may take to become ready."),
     gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU for the planner's capacity next to the engine's (as kvplan size --gpu)."),
@@ -164,6 +166,10 @@ def bench(
             raise KvplanError(f"invalid {name}: {value} must be greater than 0")
     # NaN fails every comparison: check_positive refuses it (and inf) instead of passing it on.
     check_positive(scrape_interval, "--scrape-interval", maximum=3600)
+    if steptime is not None:
+        from kvplan.plan.steptime_io import load_steptime
+
+        load_steptime(steptime)  # a calibration that cannot be read is refused before any engine starts
     check_positive(request_timeout, "--request-timeout", maximum=7 * 86400)
     check_positive(startup_timeout, "--startup-timeout", maximum=7 * 86400)
     check_positive(spread, "--spread", allow_zero=True, maximum=100)
@@ -218,6 +224,8 @@ def bench(
         max_num_seqs=max_num_seqs,
         planner_gpu=gpu,
         header_names=[name for name, _ in headers],
+        keep_alive=keep_alive,
+        steptime=None if steptime is None else str(steptime),
     )
     if url:
         if not url.startswith(("http://", "https://")):
@@ -529,7 +537,7 @@ def _point_cells(p, rate_mode: bool) -> list[str]:
 def render(summary) -> None:
     """The summary at the end (human output): readable at 80 columns and in CI logs, where a cell that
     does not fit wraps onto a second line and no figure is cut short."""
-    from kvplan.bench.report import onset_text
+    from kvplan.bench.report import latency_lines, onset_text
     from kvplan.bench.results import ONSETS, PlannerCapacity
 
     console = make_console()
@@ -568,6 +576,8 @@ def render(summary) -> None:
     if any(p.warnings for p in summary.points):
         console.print("[yellow](n!) = a p99 from fewer than 100 samples: close to the largest sample; raise --requests "
                       "or --duration[/]")
+    for line in latency_lines(summary):  # predicted next to measured, when a step-time model was given
+        console.print(esc(line))
     if summary.slo:
         from kvplan.bench.slo import describe_slo
 

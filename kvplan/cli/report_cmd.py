@@ -54,6 +54,10 @@ def report(
     from kvplan.bench.store import RunStore
 
     fmt = chosen_format(fmt, as_json)
+    if steptime is not None:
+        from kvplan.plan.steptime_io import load_steptime
+
+        load_steptime(steptime)  # one clear error up front, not a run reported without its prediction
     targets = parse_slo(slo) if slo else None
     summaries = []
     for path in runs:

@@ -150,22 +150,26 @@ def calibrate_run(run_dir: Path, gpu: str | None = None, model: str | None = Non
 
 def load_steptime(path: Path) -> StepTimeModel:
     """The calibrated model in ``RUN/steptime.json`` (or that file itself)."""
+    from kvplan.paths import load_user_json  # regular files only, bounded size and nesting
+
     file = path / STEPTIME_FILE if path.is_dir() else path
+    if not file.exists():
+        raise KvplanError(f"{file} does not exist", "run `kvplan calibrate --bench RUN` first")
+    data = load_user_json(file, "step-time calibration")
     try:
-        data = json.loads(file.read_text(encoding="utf-8"))
         names = {f.name for f in fields(StepTimeModel)}
         return StepTimeModel(**{k: v for k, v in data["steptime"].items() if k in names})
-    except FileNotFoundError:
-        raise KvplanError(f"{file} does not exist", "run `kvplan calibrate --bench RUN` first") from None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise KvplanError(f"cannot read the step-time calibration {file}: {exc}") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise KvplanError(f"cannot read the step-time calibration {file}: {type(exc).__name__}: {exc}") from None
 
 
 def calibration_scheduler(path: Path) -> dict[str, Any]:
     """The scheduler limits a calibration was fitted under (``scheduler`` of RUN/steptime.json; {} if none)."""
+    from kvplan.paths import load_user_json
+
     file = path / STEPTIME_FILE if path.is_dir() else path
     try:
-        data = json.loads(file.read_text(encoding="utf-8")).get("scheduler")
-    except (OSError, ValueError, AttributeError):
+        data = load_user_json(file, "step-time calibration").get("scheduler")
+    except (KvplanError, AttributeError):
         return {}
     return data if isinstance(data, dict) else {}

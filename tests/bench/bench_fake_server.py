@@ -37,6 +37,7 @@ class FakeBehaviour:
     echo_header: str | None = None  # with status != 200: the error message repeats this request header
     end_delay_s: float = 0.0  # pause between [DONE] and the end of the chunked body
     peers: set = field(default_factory=set)  # the client (host, port) of every request: one per connection
+    load_peers: set = field(default_factory=set)  # the same, of the completion requests only (the load)
 
 
 METRICS = """\
@@ -105,7 +106,10 @@ class FakeServer(_LoopThread):
         @web.middleware
         async def record(request, handler):
             behaviour.seen.append((request.path, dict(request.headers)))
-            behaviour.peers.add(request.transport.get_extra_info("peername") if request.transport else None)
+            peer = request.transport.get_extra_info("peername") if request.transport else None
+            behaviour.peers.add(peer)
+            if request.path.endswith("/completions"):
+                behaviour.load_peers.add(peer)
             return await handler(request)
 
         app = web.Application(middlewares=[record])

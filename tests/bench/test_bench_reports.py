@@ -202,3 +202,20 @@ def test_duration_sizes_points():
 def test_cli_refuses_mixed_loads(tmp_path):
     proc = _cli(["--url", "http://127.0.0.1:9", "--sweep", "1,2", "--rate", "3", "--out", str(tmp_path)])
     assert proc.returncode == 2 and "different loads" in proc.stderr
+
+
+@pytest.mark.parametrize("flag, connections", [(None, 1), ("--no-keep-alive", 6)])
+def test_bench_reuses_connections_unless_told_not_to(tmp_path, flag, connections):
+    """One stream sending 6 requests: one connection kept alive (the fake server sees one client port),
+    or 6 with --no-keep-alive; the choice is kept in run.json, and each point counts its retries."""
+    behaviour = FakeBehaviour(tokens=3, first_token_delay_s=0.0, token_gap_s=0.001)
+    with FakeServer(behaviour) as srv:
+        done = _cli(["--url", srv.url, "--sweep", "1", "--requests", "6", "--prompt", "8", "--output", "3",
+                     "--no-warmup", "--scrape-interval", "30", "--out", str(tmp_path), "--json"] + ([flag] if flag else []))
+    assert done.returncode == 0, done.stderr
+    run = next(tmp_path.iterdir())
+    assert json.loads((run / "run.json").read_text())["config"]["keep_alive"] is (flag is None)
+    assert len(behaviour.load_peers) == connections
+    point = json.loads(done.stdout)["points"][0]
+    assert point["requests_ok"] == 6 and point["retries"] == 0
+    assert next(csv.DictReader((run / "points.csv").open()))["retries"] == "0"
