@@ -83,6 +83,26 @@ class _LoopThread:
         raise NotImplementedError
 
 
+class _StreamServer(_LoopThread):
+    """A raw asyncio stream server on 127.0.0.1; a subclass's ``_handle(reader, writer)`` serves."""
+
+    _server = None
+
+    def _close(self) -> None:
+        self._loop.call_soon_threadsafe(self._server.close)
+
+    def _run(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self._loop)
+        self._server = self._loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
+        self.port = self._server.sockets[0].getsockname()[1]
+        self._ready.set()
+        self._loop.run_forever()
+
+    async def _handle(self, reader, writer) -> None:
+        raise NotImplementedError
+
+
 class FakeServer(_LoopThread):
     def __init__(self, behaviour: FakeBehaviour | None = None):
         super().__init__()
@@ -205,7 +225,7 @@ class FakeServer(_LoopThread):
             b.in_flight -= 1
 
 
-class CountingProxy(_LoopThread):
+class CountingProxy(_StreamServer):
     """A forwarding HTTP proxy on 127.0.0.1 (absolute-form requests, as clients send to an HTTP proxy),
     in a background thread: counts what went through it by path, and keeps each request's
     Proxy-Authorization. Responses (SSE streams too) are piped back as they arrive."""
@@ -214,18 +234,6 @@ class CountingProxy(_LoopThread):
         super().__init__()
         self.paths: list[str] = []
         self.proxy_auth: list[str | None] = []
-        self._server = None
-
-    def _close(self) -> None:
-        self._loop.call_soon_threadsafe(self._server.close)
-
-    def _run(self) -> None:
-        self._loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(self._loop)
-        self._server = self._loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
-        self.port = self._server.sockets[0].getsockname()[1]
-        self._ready.set()
-        self._loop.run_forever()
 
     async def _handle(self, reader, writer) -> None:
         from urllib.parse import urlsplit
@@ -261,7 +269,7 @@ class CountingProxy(_LoopThread):
             writer.close()
 
 
-class KeepAliveDropServer(_LoopThread):
+class KeepAliveDropServer(_StreamServer):
     """A raw HTTP/1.1 completions server on 127.0.0.1 that answers the first ``serve`` requests of
     every connection (short SSE streams, kept alive) and closes the connection, unanswered, when the
     next one arrives on it: a keep-alive timer firing just as the client reuses the connection
@@ -274,22 +282,10 @@ class KeepAliveDropServer(_LoopThread):
         self.connections = 0
         self.answered = 0
         self.dropped = 0
-        self._server = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
-
-    def _close(self) -> None:
-        self._loop.call_soon_threadsafe(self._server.close)
-
-    def _run(self) -> None:
-        self._loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(self._loop)
-        self._server = self._loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
-        self.port = self._server.sockets[0].getsockname()[1]
-        self._ready.set()
-        self._loop.run_forever()
 
     async def _handle(self, reader, writer) -> None:
         self.connections += 1
