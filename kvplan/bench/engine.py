@@ -284,9 +284,15 @@ class EngineLauncher:
             time.sleep(0.5)
 
     def stop(self) -> int | None:
-        """Stop the whole process group: SIGTERM, wait, SIGKILL. Returns the exit code."""
+        """Stop the whole process group: SIGTERM, wait, SIGKILL. Returns the exit code. A second
+        Ctrl-C meanwhile is ignored (the stop is bounded: stop_timeout_s + 10 s), so that no caller's
+        interrupt can leave the engine behind."""
         if self.proc is None:
             return None
+        with no_interrupts():
+            return self._stop()
+
+    def _stop(self) -> int | None:
         pgid = self.proc.pid  # start_new_session: the group id is the leader's pid
         _signal_group(pgid, signal.SIGTERM)
         deadline = time.monotonic() + self.stop_timeout_s
@@ -314,6 +320,33 @@ class EngineLauncher:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class no_interrupts:
+    """Ignore Ctrl-C, SIGTERM and SIGHUP while an engine is being stopped and results written (a
+    second signal must not leave an engine behind or a summary unwritten); restored afterwards.
+    A Python no-op handler, not SIG_IGN: nothing about it is inherited by a process started later."""
+
+    SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
+
+    def __enter__(self) -> None:
+        import threading
+
+        self._old: dict[int, object] = {}
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for name in self.SIGNALS:
+            sig = getattr(signal, name, None)
+            if sig is not None:
+                self._old[sig] = signal.signal(sig, _ignore_signal)
+
+    def __exit__(self, *exc) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def _ignore_signal(signum, frame) -> None:
+    return None
 
 
 def _signal_group(pgid: int, sig: int) -> None:

@@ -25,6 +25,7 @@ from kvplan.bench.engine import (
     EngineLauncher,
     capacity_from_cache_info,
     free_port,
+    no_interrupts,
     parse_capacity_log,
 )
 from kvplan.bench.loadgen import RequestRecord, StopSignal, run_closed_loop, run_open_loop, run_stoppable
@@ -754,7 +755,7 @@ class BenchRun:
             error = str(exc).splitlines()[0]
             raise
         finally:
-            with _no_interrupts():
+            with no_interrupts():
                 if self.launcher is not None:
                     self.launcher.stop()
                 if self.points or status != "failed":
@@ -799,36 +800,6 @@ def wait_evidence(concurrency: int, max_num_seqs: int | None, peak_waiting: floa
     if waited_for_kv(concurrency, max_num_seqs, peak_waiting, 0):
         out.append("waiting gauge")
     return out
-
-
-class _no_interrupts:
-    """Ignore Ctrl-C, SIGTERM and SIGHUP while the engine is being stopped and results written (a
-    second signal must not leave an engine behind or the summary unwritten); restored afterwards.
-    A Python no-op handler, not SIG_IGN: nothing about it is inherited by a process started later."""
-
-    SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
-
-    def __enter__(self) -> None:
-        import signal
-        import threading
-
-        self._old: dict[int, Any] = {}
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for name in self.SIGNALS:
-            sig = getattr(signal, name, None)
-            if sig is not None:
-                self._old[sig] = signal.signal(sig, _ignore_signal)
-
-    def __exit__(self, *exc) -> None:
-        import signal
-
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
-
-
-def _ignore_signal(signum, frame) -> None:
-    return None
 
 
 def planner_capacity(ecfg: EngineConfig, gpu: str | None, max_num_seqs: int | None) -> PlannerCapacity:

@@ -97,11 +97,17 @@ def test_the_predicted_workload_has_loads_below_saturation(comparison):
 
 
 def test_calibration_on_the_engine_gives_a_usable_model(comparison):
-    """`kvplan calibrate --bench` on a real CPU-engine run gives a step-time model that predicts a
-    finite, positive TTFT and throughput for another workload at every load below saturation.
-    Accuracy is NOT asserted: on 2 cores the API server often delivers a stream in one burst, so the
-    measured TTFT is bimodal and the calibration moves with it (throughput off by 16-31% in some runs,
-    by more than half in others); issue 10's 20% goal is not met on this engine."""
+    """`kvplan calibrate --bench` on a real CPU-engine run gives a step-time model that predicts
+    another workload's TTFT p50 within a factor of 3 and its output tokens/s within a factor of 2,
+    at every load below saturation: bounds that catch a wrong unit, a lost term or a broken replay.
+
+    Issue 10's 20% goal is NOT asserted: on 2 cores the engine does not repeat itself that closely.
+    benchmarks/bench_latency_prediction.py runs the same workload several times; three runs on this
+    machine differed from each other by up to 25% in TTFT p50 and 53% in tokens/s at one load (the
+    API server, starved by the engine's spinning loop, at times delivers a whole stream in one burst,
+    so the client's first token comes with its last)."""
     assert comparison, "no load below saturation to compare"
     for r in comparison:
-        assert 0 < r["ttft_p50"][0] < 60 and 0 < r["tok_s"][0] < 1e7, describe(comparison)
+        (ttft_pred, ttft_meas), (tok_pred, tok_meas) = r["ttft_p50"], r["tok_s"]
+        assert 1 / 3 <= ttft_pred / ttft_meas <= 3, describe(comparison)
+        assert 0.5 <= tok_pred / tok_meas <= 2, describe(comparison)
