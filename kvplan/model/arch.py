@@ -344,7 +344,18 @@ def _count_params(
     for kind in kinds:
         if "mamba" not in kind:
             continue
-        if f.get("linear_num_value_heads"):
+        kda = f.get("linear_attn_config") if model_type == "kimi_linear" else None
+        if isinstance(kda, dict) and kda.get("num_heads") and kda.get("head_dim"):
+            # Kimi Delta Attention (`KimiGatedDeltaNetAttention.__init__`,
+            # model_executor/layers/mamba/gdn/kimi_gdn_linear_attn.py@0.32.0): in_proj to q, k, v
+            # (3 x heads x head_dim), beta (heads) and f_a (head_dim); f_b and g_b (head_dim ->
+            # heads x head_dim); g_a (hidden -> head_dim); o_proj back to hidden; the q/k/v conv
+            # kernels, dt_bias, A_log and o_norm. Kimi-K3's full-rank gate is not counted here.
+            kh, kd, kk = kda["num_heads"], kda["head_dim"], kda.get("short_conv_kernel_size", 4)
+            proj = kh * kd
+            recurrent += (hidden * (3 * proj + kh + kd) + 2 * kd * proj + hidden * kd + proj * hidden
+                          + 3 * proj * kk + proj + kh + kd)
+        elif f.get("linear_num_value_heads"):
             kh, vh = f.get("linear_num_key_heads", default=0), f.get("linear_num_value_heads", default=0)
             kd, vd = f.get("linear_key_head_dim", default=0), f.get("linear_value_head_dim", default=0)
             recurrent += hidden * (2 * kh * kd + 2 * vh * vd + 2 * vh) + vh * vd * hidden
