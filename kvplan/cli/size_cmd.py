@@ -203,16 +203,20 @@ def render(plan: SizePlan) -> None:
     budget.add_column("how", style="dim")
     for term in plan.memory_terms:
         sign = {1: "", -1: "- ", 0: ""}[term.sign]
-        rng = "" if term.low_bytes == term.high_bytes else f"{term.low_bytes / 2**30:.2f}-{term.high_bytes / 2**30:.2f}"
+        rng = "" if term.low_bytes == term.high_bytes else _gib_range(term.low_bytes, term.high_bytes)
         budget.add_row(Text(term.name), Text(f"{sign}{term.bytes / 2**30:.2f}"), Text(rng), Text(term.how))
-    rng = f"{plan.available_kv_bytes_low / 2**30:.2f}-{plan.available_kv_bytes_high / 2**30:.2f}"
+    rng = _gib_range(plan.available_kv_bytes_low, plan.available_kv_bytes_high)
     budget.add_row("[bold]= available KV cache[/]", f"[bold]{plan.available_kv_bytes / 2**30:.2f}[/]",
                    rng if plan.available_kv_bytes_low != plan.available_kv_bytes_high else "", "")
     console.print(budget)
     console.print(f"weights: {format_bytes(plan.weights_total_bytes)} in all ({escape(plan.weights_source)})")
     console.print()
     printed = " and ".join(f"[bold]\"{escape(line)}\"[/]" for line in plan.vllm_startup_lines)
-    console.print(f"Pool: [bold]{plan.num_blocks:,}[/] blocks -> vLLM would print {printed}")
+    if not printed:
+        printed_what = "vLLM stops at start-up before printing its KV cache size (see the verdict)"
+    else:
+        printed_what = f"vLLM would print {printed}"
+    console.print(f"Pool: [bold]{plan.num_blocks:,}[/] blocks -> {printed_what}")
     console.print(
         f"Requests of {_n(plan.request_tokens, 'token')} hold {_n(plan.blocks_per_request, 'block')} each: "
         f"[bold]{plan.max_concurrency_at_request:,}[/] fit at once; at concurrency {plan.concurrency} "
@@ -277,3 +281,9 @@ def _render_table(console, plan: SizePlan) -> None:
             row.append(Text(pct, style="green" if cell.fits else "red"))  # a Text: no markup to parse
         table.add_row(Text(format_tokens(ctx)), *row)
     console.print(table)
+
+
+def _gib_range(low_bytes: float, high_bytes: float) -> str:
+    """'2.59-6.06' in GiB; '-27.28 to -21.49' when a bound is negative (a dash would read as a sign)."""
+    low, high = low_bytes / 2**30, high_bytes / 2**30
+    return f"{low:.2f} to {high:.2f}" if min(low, high) < 0 else f"{low:.2f}-{high:.2f}"

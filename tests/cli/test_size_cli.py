@@ -51,6 +51,26 @@ def test_exit_1_when_it_does_not_fit_with_suggestions():
     assert any("bigger GPU" in s["change"] or "tensor parallel" in s["change"] for s in data["suggestions"])
 
 
+def test_no_start_up_lines_when_vllm_stops_before_printing_them():
+    """vLLM raises in `_check_enough_kv_cache_memory` before it reports the pool
+    (v1/core/kv_cache_utils.py@0.32.0), so kvplan must not quote lines it never prints. Llama-3.1-70B
+    at 128k on one 80 GB H100: 70.6e9 bf16 parameters are ~131 GiB of weights alone (no memory left);
+    at 8k with --kv-memory 1GiB: one 8,192-token request needs 8,192 x 327,680 B = 2.5 GiB (too big)."""
+    for args in (("--ctx", "128k"), ("--ctx", "8k", "--kv-memory", "1GiB")):
+        result = run("size", "meta-llama/Llama-3.1-70B", "--gpu", "H100-SXM", *args, "--json")
+        assert result.exit_code == 1, result.output
+        assert json.loads(result.stdout)["vllm_startup_lines"] == []
+        table = run("size", "meta-llama/Llama-3.1-70B", "--gpu", "H100-SXM", *args)
+        assert "stops at start-up before printing its KV cache size" in table.stdout
+        assert "would print" not in table.stdout
+
+
+def test_negative_ranges_are_not_written_with_a_dash():
+    result = run("size", "meta-llama/Llama-3.1-70B", "--ctx", "128k", "--gpu", "H100-SXM")
+    line = next(x for x in result.stdout.splitlines() if "available KV cache" in x)
+    assert " to -" in line and "--" not in line, line
+
+
 def test_kv_memory_skips_the_budget_and_matches_the_seed_pool():
     result = run("size", "meta-llama/Llama-3.1-8B", "--gpu", "H100", "--kv-memory", "32GiB", "--ctx", "32k", "--json")
     data = json.loads(result.stdout)
