@@ -298,6 +298,14 @@ def state_ssm_bytes(state: MambaState, rules: VllmRules, asked: str = "auto") ->
     "auto" policy (kvplan.model.families)."""
     if state.variant not in MambaState.SSM_DTYPE_VARIANTS:
         return state.ssm_bytes
+    if state.variant == "kda" and asked not in ("auto", "float32"):
+        # The layer's own spec passes only the conv dtype, so its recurrent state stays float32
+        # (KimiGatedDeltaNetAttention.get_state_dtype, layers/mamba/gdn/kimi_gdn_linear_attn.py@0.32.0),
+        # while the model's hook that aligns the block size reads the flag
+        # (KimiLinearForCausalLM.get_mamba_state_dtype_from_config, models/kimi_k3/nvidia/model.py@0.32.0).
+        raise KvplanError(f"--mamba-ssm-cache-dtype {asked}: vLLM keeps Kimi-Linear's KDA state in float32 but aligns "
+                          "its blocks to the flag; kvplan cannot predict that mix",
+                          "leave --mamba-ssm-cache-dtype at auto or float32")
     if asked != "auto" and (state.variant != "gated_delta_net" or rules.gdn_respects_ssm_dtype):
         return _STATE_BYTES[asked]
     if state.ssm_policy == "nemotron_h":

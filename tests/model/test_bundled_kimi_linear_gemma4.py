@@ -4,6 +4,8 @@ kvplan itself)."""
 
 from __future__ import annotations
 
+import json
+
 from kvplan.model.arch import parse_architecture
 from kvplan.model.dtypes import kv_dtype
 from kvplan.model.layers import MLA, FullAttention, MambaState, SlidingWindow
@@ -142,3 +144,24 @@ def test_gemma4_31b_text_weights_and_the_published_31b():
     assert arch.params.attention == 8_587_837_440
     # Published: a dense model with 31B parameters; the report's safetensors total is 31,273,088,876.
     assert 30.5e9 <= arch.params.total < 31.5e9
+
+
+def test_kimi_linear_state_dtype_flag():
+    """vLLM 0.32's KDA layer keeps its recurrent state in float32 whatever --mamba-ssm-cache-dtype
+    says (kimi_gdn_linear_attn.py@0.32.0 passes only the conv dtype), while the model hook that
+    aligns the block size reads the flag: float32 plans as auto; bfloat16 is refused, not guessed."""
+    from typer.testing import CliRunner
+
+    from kvplan.cli.app import app
+
+    def size(dtype: str):
+        return CliRunner().invoke(app, ["size", "moonshotai/Kimi-Linear-48B-A3B-Instruct", "--ctx", "32k",
+                                        "--gpu", "2xH100-SXM", "--mamba-ssm-cache-dtype", dtype, "--json"])
+
+    auto, fp32, bf16 = size("auto"), size("float32"), size("bfloat16")
+    assert auto.exit_code == fp32.exit_code == 0, auto.output
+    a, f = json.loads(auto.stdout), json.loads(fp32.stdout)
+    for key in ("block_size", "block_bytes", "num_blocks", "kv_cache_tokens", "max_concurrency"):
+        assert a[key] == f[key], key
+    assert bf16.exit_code == 2 and "KDA state in float32" in bf16.output
+    assert len(bf16.output.strip().splitlines()) == 1
