@@ -36,8 +36,9 @@ PROFILES_DIR = _profiles_dir()
 
 # --- reading user files safely ------------------------------------------------------------------
 # Every file a user (or a log, or a run folder) names goes through these: regular files only (a FIFO,
-# /dev/zero or a folder is refused before a byte is read), a size cap, strict UTF-8, and JSON with a
-# nesting cap (no RecursionError) and no NaN/Infinity. Errors are KvplanError (exit 2) naming the file.
+# /dev/zero or a folder is refused before a byte is read), a size cap, strict UTF-8, and JSON or YAML
+# with a nesting cap (no RecursionError) and no NaN/Infinity; YAML also with its aliases and nodes
+# counted (no alias bomb). Errors are KvplanError (exit 2) naming the file.
 
 MiB_ = 1024 * 1024
 MAX_FILE_BYTES = 64 * MiB_  # configs, specs, summaries, reports, traces
@@ -155,6 +156,186 @@ def load_user_json(path: str | Path, what: str = "", limit: int | None = MAX_FIL
                    max_depth: int = MAX_DEPTH, allow_nonfinite: bool = False):
     """Read and parse a user's JSON file safely (see ``open_user_file`` and ``parse_json_text``)."""
     return parse_json_text(read_user_text(path, what, limit), str(path), max_depth, allow_nonfinite)
+
+
+# --- YAML ---------------------------------------------------------------------------------------
+# A SafeLoader whose composition stays linear whatever the text: aliases are counted and weighed by what
+# they expand to (a "billion laughs" bomb is refused before anything is built), an alias may not refer to
+# the node that holds it (no cycles), nesting is capped (no RecursionError), and so is the number of nodes
+# (memory). Integers past Python's digit limit and, unless allowed, .inf/.nan are errors at their line.
+
+MAX_YAML_NODES = 100_000  # nodes of the document once every alias is expanded (specs: a few hundred)
+MAX_YAML_ALIASES = 100
+
+
+def yaml_loader(max_nodes: int = MAX_YAML_NODES, max_aliases: int = MAX_YAML_ALIASES, max_depth: int = MAX_DEPTH,
+                allow_nonfinite: bool = True, python_tags: bool = False, libyaml: bool = False) -> type:
+    """The bounded loader class (cached per set of limits); use it with ``yaml.compose``/``yaml.load``.
+
+    ``python_tags``: a ``!!python/...`` tag (what ``yaml.dump`` writes for a tuple, and for objects that
+    are not plain data) is read as the plain mapping, list or string it tags: nothing is imported or
+    called. ``libyaml``: scan and parse with libyaml's C parser where PyYAML has it (several times
+    faster on a large file), composing and bounding in Python as without it."""
+    return _yaml_loader(max_nodes, max_aliases, max_depth, allow_nonfinite, python_tags,
+                        libyaml and _c_parser() is not None)
+
+
+def _c_parser():
+    try:
+        from yaml.cyaml import CParser  # absent where PyYAML was built without libyaml
+    except ImportError:
+        return None
+    return CParser
+
+
+_YAML_LOADERS: dict[tuple, type] = {}
+
+
+def _yaml_loader(max_nodes: int, max_aliases: int, max_depth: int, allow_nonfinite: bool, python_tags: bool,
+                 libyaml: bool) -> type:
+    key = (max_nodes, max_aliases, max_depth, allow_nonfinite, python_tags, libyaml)
+    if key in _YAML_LOADERS:
+        return _YAML_LOADERS[key]
+    import math
+
+    import yaml
+    from yaml.composer import Composer, ComposerError
+    from yaml.constructor import ConstructorError, SafeConstructor
+    from yaml.resolver import Resolver
+
+    if libyaml:
+        parser = _c_parser()
+
+        class Base(Composer, SafeConstructor, Resolver, parser):  # type: ignore[valid-type, misc]
+            """libyaml's events, PyYAML's composer (so the bounds below apply), the safe constructor."""
+
+            def __init__(self, stream):
+                parser.__init__(self, stream)
+                Composer.__init__(self)
+                SafeConstructor.__init__(self)
+                Resolver.__init__(self)
+    else:
+        Base = yaml.SafeLoader  # type: ignore[misc]  # noqa: N806
+
+    def _refused(problem: str, node) -> ConstructorError:
+        """Valid YAML, a value kvplan refuses: said without "not valid YAML"."""
+        exc = ConstructorError(None, None, problem, node.start_mark)
+        exc.kvplan_refused = True  # type: ignore[attr-defined]
+        return exc
+
+    class BoundedLoader(Base):  # type: ignore[valid-type, misc]
+        def __init__(self, stream):
+            super().__init__(stream)
+            self._aliases = 0
+            self._nodes = 0
+            self._depth = 0
+            self._open: set[str] = set()
+            self._weight: dict[int, int] = {}  # id(collection node) -> nodes once its aliases are expanded
+
+        def compose_node(self, parent, index):
+            event = self.peek_event()
+            if isinstance(event, yaml.AliasEvent):
+                self._aliases += 1
+                if self._aliases > max_aliases:
+                    raise ComposerError(None, None, f"more than {max_aliases} aliases (*name)", event.start_mark)
+                if event.anchor in self._open:
+                    raise ComposerError(None, None, f"alias *{event.anchor} refers to the node that holds it",
+                                        event.start_mark)
+                return super().compose_node(parent, index)
+            self._nodes += 1
+            if self._nodes > max_nodes:
+                raise ComposerError(None, None, f"more than {max_nodes:,} nodes", event.start_mark)
+            anchor = getattr(event, "anchor", None)
+            self._depth += 1
+            if self._depth > max_depth:
+                raise ComposerError(None, None, f"nested deeper than {max_depth} levels", event.start_mark)
+            if anchor:
+                self._open.add(anchor)
+            try:
+                node = super().compose_node(parent, index)
+            finally:
+                self._depth -= 1
+                if anchor:
+                    self._open.discard(anchor)
+            weigh = self._weight.get
+            if isinstance(node, yaml.MappingNode):
+                weight = 1 + sum(weigh(id(k), 1) + weigh(id(v), 1) for k, v in node.value)
+            elif isinstance(node, yaml.SequenceNode):
+                weight = 1 + sum(weigh(id(item), 1) for item in node.value)
+            else:
+                return node  # a scalar weighs 1 (the default above): not stored
+            if weight > max_nodes:
+                raise ComposerError(None, None, f"expands to more than {max_nodes:,} nodes (aliases repeated "
+                                    "inside aliases?)", event.start_mark)
+            self._weight[id(node)] = weight
+            return node
+
+        def construct_object(self, node, deep=False):
+            try:
+                return super().construct_object(node, deep=deep)
+            except (ValueError, OverflowError) as exc:  # e.g. a timestamp 2025-13-01: month must be in 1..12
+                raise ConstructorError(None, None, str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__,
+                                       node.start_mark) from None
+
+        def construct_yaml_int(self, node):
+            try:
+                return super().construct_yaml_int(node)
+            except ValueError:  # more digits than Python converts (4300)
+                raise _refused(f"the integer {node.value[:20]}... has too many digits", node) from None
+
+        def construct_yaml_float(self, node):
+            value = super().construct_yaml_float(node)
+            if not allow_nonfinite and not math.isfinite(value):
+                raise _refused(f"{node.value[:40]} is not a number kvplan accepts (use a finite value)", node)
+            return value
+
+        def construct_plain(self, suffix, node):
+            if isinstance(node, yaml.MappingNode):
+                return self.construct_mapping(node, deep=True)
+            if isinstance(node, yaml.SequenceNode):
+                return self.construct_sequence(node, deep=True)
+            return self.construct_scalar(node)
+
+    BoundedLoader.add_constructor("tag:yaml.org,2002:int", BoundedLoader.construct_yaml_int)
+    BoundedLoader.add_constructor("tag:yaml.org,2002:float", BoundedLoader.construct_yaml_float)
+    if python_tags:
+        BoundedLoader.add_multi_constructor("tag:yaml.org,2002:python/", BoundedLoader.construct_plain)
+    _YAML_LOADERS[key] = BoundedLoader
+    return BoundedLoader
+
+
+def parse_yaml_text(text: str, where: str, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_YAML_NODES,
+                    max_aliases: int = MAX_YAML_ALIASES, allow_nonfinite: bool = False, python_tags: bool = False):
+    """YAML text (one document) -> plain data; errors name ``where`` and the line; see ``yaml_loader``."""
+    import yaml
+
+    loader = None
+    try:
+        loader = yaml_loader(max_nodes, max_aliases, max_depth, allow_nonfinite, python_tags, libyaml=True)(text)
+        return loader.get_single_data()
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = f":{mark.line + 1}" if mark is not None else ""
+        problem = ", ".join(str(part) for part in (exc.context, exc.problem) if part) or "unreadable"
+        problem = " ".join(problem.split())[:300]  # one line
+        if getattr(exc, "kvplan_refused", False):
+            raise _err(f"{where}{line}: {problem}") from None
+        raise _err(f"{where}{line}: not valid YAML: {problem}") from None
+    except yaml.YAMLError as exc:
+        raise _err(f"{where}: not valid YAML: {' '.join(str(exc).split())[:300]}") from None
+    except RecursionError:
+        raise _err(f"{where}: YAML nested too deeply") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+
+
+def load_user_yaml(path: str | Path, what: str = "", limit: int | None = MAX_FILE_BYTES, max_depth: int = MAX_DEPTH,
+                   max_nodes: int = MAX_YAML_NODES, max_aliases: int = MAX_YAML_ALIASES,
+                   allow_nonfinite: bool = False, python_tags: bool = False):
+    """Read and parse a user's YAML file safely (see ``open_user_file`` and ``parse_yaml_text``)."""
+    return parse_yaml_text(read_user_text(path, what, limit), str(path), max_depth, max_nodes, max_aliases,
+                           allow_nonfinite, python_tags)
 
 
 def iter_user_lines(path: str | Path, what: str = "log", limit: int | None = MAX_LOG_BYTES,

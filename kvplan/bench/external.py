@@ -1,14 +1,24 @@
-"""Results of other harnesses as kvplan bench summaries: ``vllm bench serve --save-result`` JSON.
+"""Results of other harnesses as kvplan bench summaries: ``vllm bench serve --save-result`` JSON, and GuideLLM's
+benchmarks report, saved as JSON or YAML.
 
-What such a file can show: the latency percentiles it saved (``--metric-percentiles``, 99 by default,
-plus mean and median) of TTFT, TPOT, ITL and E2E at one load (``max_concurrency`` closed-ish loop, or
+``vllm bench serve``: what such a file can show: the latency percentiles it saved (``--metric-percentiles``, 99 by
+default, plus mean and median) of TTFT, TPOT, ITL and E2E at one load (``max_concurrency`` closed-ish loop, or
 ``request_rate`` open loop with ``burstiness``), request and token throughput, vLLM's own goodput
 when it was run with ``--goodput``. What it cannot show: preemptions, requests waiting for KV, KV
 fill, the engine's KV pool (vLLM's client never reads /metrics), so no onset and no preemption
 gate; nor per-request latencies unless saved with ``--save-detailed``; nor sample counts of ITL
-(estimated as output tokens - completed requests).
+(estimated as output tokens - completed requests). One file is one point. A folder of such files is one
+sweep (a run), its points ordered by load.
 
-One file is one point. A folder of such files is one sweep (a run), its points ordered by load.
+GuideLLM (``guidellm benchmark --output-path benchmarks.json``, or ``benchmarks.yaml`` / ``.yml``: the same
+report, which GuideLLM writes with ``json.dumps`` or ``yaml.dump`` of one ``model_dump()`` by the file's
+suffix, GenerativeBenchmarksReport.save_file in
+https://github.com/vllm-project/guidellm/blob/main/src/guidellm/benchmark/schemas/generative/report.py):
+one point per benchmark at a fixed load (concurrent streams, or a constant/Poisson rate), TTFT/ITL/TPOT/E2E
+mean and percentiles of its successful requests. A folder holding GuideLLM's default file (``benchmarks.json``,
+else ``benchmarks.yaml``: src/guidellm/benchmark/outputs/serialized.py) is read as that report. YAML goes
+through kvplan.paths.load_user_yaml: safe (no tag runs code), alias bombs, deep nesting, .inf/.nan and too
+many nodes refused at their line.
 """
 
 from __future__ import annotations
@@ -33,9 +43,13 @@ def is_vllm_result(data: Any) -> bool:
 
 def _num(data: dict, key: str) -> float | None:
     v = data.get(key)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
-    return float(v)
+    try:
+        v = float(v)
+    except OverflowError:  # an integer past float's range
+        return None
+    return v if math.isfinite(v) and v >= 0 else None
 
 
 def _stats(data: dict, name: str, n: int | None) -> LatencyStats:
@@ -137,6 +151,24 @@ GUIDELLM_CANNOT_SHOW = ("preemptions as an onset (no concurrency sweep searched 
 _GUIDELLM_METRICS = {"ttft": ("time_to_first_token_ms", 1e-3), "itl": ("inter_token_latency_ms", 1e-3),
                      "tpot": ("time_per_output_token_ms", 1e-3), "e2e": ("request_latency", 1.0)}
 _RATE_STRATEGIES = ("constant", "poisson")
+#: What GuideLLM writes into a folder given as --output-path (benchmarks.{json,yaml}); .yml only when named so.
+GUIDELLM_DEFAULT_FILES = ("benchmarks.json", "benchmarks.yaml", "benchmarks.yml")
+YAML_SUFFIXES = (".yaml", ".yml")
+#: A YAML report holds every request GuideLLM sampled (all by default): more nodes than a spec, still bounded
+#: (about half a KB of memory a node while it is read, and about 10 s a million nodes on one slow core).
+GUIDELLM_YAML_MAX_NODES = 1_000_000
+GUIDELLM_YAML_MAX_ALIASES = 10_000
+
+
+def load_report_file(path: Path) -> Any:
+    """A report file's data: YAML by its suffix (.yaml/.yml), else JSON; safely, with kvplan.paths' limits."""
+    from kvplan.paths import load_user_json, load_user_yaml
+
+    if path.suffix.lower() in YAML_SUFFIXES:
+        # yaml.dump writes a tuple as !!python/tuple: read such tags as plain data (nothing is constructed)
+        return load_user_yaml(path, max_nodes=GUIDELLM_YAML_MAX_NODES, max_aliases=GUIDELLM_YAML_MAX_ALIASES,
+                              python_tags=True)
+    return load_user_json(path)
 
 
 def is_guidellm_report(data: Any) -> bool:
@@ -214,7 +246,7 @@ def guidellm_point(bench: dict, seq: int, file: str) -> PointResult | None:
             return None
     elif kind in ("concurrent", "synchronous"):
         streams = strategy.get("streams") if kind == "concurrent" else 1
-        if isinstance(streams, bool) or not isinstance(streams, int) or streams < 1:
+        if isinstance(streams, bool) or not isinstance(streams, int) or not 1 <= streams <= 10**9:
             return None
         mode, rate, concurrency = "concurrency", None, streams
     else:
@@ -273,17 +305,17 @@ def _guidellm_model(data: dict) -> str:
 
 
 def read_guidellm_report(path: Path, data: Any = None) -> BenchSummary:
-    """A GuideLLM benchmarks report (JSON) as a BenchSummary, one point per benchmark with a fixed load.
+    """A GuideLLM benchmarks report (JSON, or YAML by its suffix) as a BenchSummary, one point per benchmark
+    with a fixed load.
 
     A ``sweep`` profile mixes loads (synchronous, throughput, constant rates): the rate points are kept
     when there are any (else the concurrency ones), ``throughput`` benchmarks never (no fixed load); what
     was left out is said in the load description."""
-    from kvplan.paths import load_user_json
-
     if data is None:
-        data = load_user_json(path)
+        data = load_report_file(path)
     if not is_guidellm_report(data):
-        raise KvplanError(f"{path}: not a GuideLLM benchmarks report", "pass the JSON written by guidellm benchmark")
+        raise KvplanError(f"{path}: not a GuideLLM benchmarks report",
+                          "pass the JSON or YAML written by guidellm benchmark")
     points, skipped = [], []
     for i, bench in enumerate(data["benchmarks"]):
         if not isinstance(bench, dict):
@@ -313,19 +345,26 @@ def read_guidellm_report(path: Path, data: Any = None) -> BenchSummary:
 
 def read_external(path: Path) -> BenchSummary:
     """Another harness's results as a BenchSummary: a `vllm bench serve --save-result` file or folder of
-    them, or a GuideLLM report (a file, or a folder holding its default ``benchmarks.json``)."""
-    from kvplan.paths import load_user_json
-
-    if path.is_file():
-        data = load_user_json(path)
+    them, or a GuideLLM report (a JSON or YAML file, or a folder holding its default ``benchmarks.json``
+    or ``benchmarks.yaml``). A path that is not a folder is read as a file (a FIFO or device: one error)."""
+    if not path.is_dir():
+        data = load_report_file(path)
         if is_guidellm_report(data):
             return read_guidellm_report(path, data)
+        if path.suffix.lower() in YAML_SUFFIXES:  # vllm bench serve saves JSON only
+            raise KvplanError(f"{path}: not a GuideLLM benchmarks report",
+                              "pass the YAML written by guidellm benchmark --output-path benchmarks.yaml")
         if is_vllm_result(data):
             return read_vllm_results(path)
         raise KvplanError(f"{path}: neither a `vllm bench serve --save-result` JSON nor a GuideLLM report")
-    default = path / "benchmarks.json"
-    if default.is_file():
-        data = load_user_json(default)
+    for name in GUIDELLM_DEFAULT_FILES:
+        default = path / name
+        if not default.is_file():
+            continue
+        data = load_report_file(default)
         if is_guidellm_report(data):
             return read_guidellm_report(default, data)
+        if default.suffix in YAML_SUFFIXES and not any(path.glob("*.json")):
+            raise KvplanError(f"{default}: not a GuideLLM benchmarks report",
+                              "pass the YAML written by guidellm benchmark --output-path benchmarks.yaml")
     return read_vllm_results(path)

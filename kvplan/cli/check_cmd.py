@@ -44,7 +44,7 @@ Exit code 0: every reported number is within --tolerance of the plan; 1: one is 
 def check(
     spec: str = typer.Argument(..., help="The deployment spec (kvplan.yaml)."),
     junit: Optional[str] = typer.Option(None, "--junit", help="Write JUnit XML here (one test case per deployment)."),
-    bench: Optional[list[str]] = typer.Option(None, "--bench", help="A `kvplan bench` run folder (repeatable): fail deployments whose measured first preemption is below their concurrency."),
+    bench: Optional[list[str]] = typer.Option(None, "--bench", help="A `kvplan bench` run folder (repeatable): fail deployments whose measured first preemption is below their concurrency. Also other harnesses' latencies for slo: keys (no preemption evidence): a `vllm bench serve --save-result` JSON file or folder, a GuideLLM report (JSON or YAML)."),
     annotations: Optional[bool] = typer.Option(None, "--github-annotations/--no-github-annotations", help="Print ::error annotations (default: on when GITHUB_ACTIONS=true)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document (same as --format json).", rich_help_panel="Output"),
     fmt: OutputFormat = format_option(),

@@ -22,6 +22,9 @@ Examples:
   # compare two runs (and a folder of `vllm bench serve --save-result` files) in one HTML page
   kvplan report runs/a runs/b vllm-results/ --html compare.html
 
+  # a GuideLLM report, saved as JSON or YAML (guidellm benchmark --output-path benchmarks.yaml)
+  kvplan report benchmarks.yaml
+
   # apply SLOs after the fact (goodput needs kvplan's requests.jsonl)
   kvplan report runs/a --slo ttft_p99=500ms,e2e_p99=10s --json
 
@@ -33,7 +36,7 @@ Examples:
 
 @user_errors
 def report(
-    runs: list[Path] = typer.Argument(..., help="kvplan bench run folders, `vllm bench serve --save-result` JSON files, or folders of them."),
+    runs: list[Path] = typer.Argument(..., help="kvplan bench run folders, `vllm bench serve --save-result` JSON files, GuideLLM reports (benchmarks.json, or benchmarks.yaml / .yml), or folders of them."),
     html: Optional[Path] = typer.Option(None, "--html", help="Write the comparison page here (default with several runs: ./kvplan-report.html)."),
     slo: Optional[str] = typer.Option(None, "--slo", help="Judge the runs against these SLOs instead of their own: ttft_p99=500ms,itl_p99=50ms."),
     steptime: Optional[Path] = typer.Option(None, "--steptime", metavar="RUN", help="Predict every point's latency again with this calibration (a run folder holding steptime.json, or the file; see kvplan calibrate --bench)."),
@@ -61,7 +64,7 @@ def report(
     targets = parse_slo(slo) if slo else None
     summaries = []
     for path in runs:
-        summary = load_summary(path)
+        summary = _load(path, load_summary)
         if (steptime is not None or gpu) and summary.source == "kvplan":
             from kvplan.bench.latency import predict_run
 
@@ -83,6 +86,16 @@ def report(
         _print(summaries, html)
     else:
         emit_rows(point_rows(summaries), POINT_COLUMNS, fmt)
+
+
+def _load(path: Path, load_summary) -> BenchSummary:
+    """A run as kvplan.bench.render.load_summary reads it; a GuideLLM YAML report (by its suffix, whatever the
+    path is: a FIFO or device gets its one error) through kvplan.bench.external."""
+    from kvplan.bench.external import YAML_SUFFIXES, read_external
+
+    if path.suffix.lower() in YAML_SUFFIXES and not path.is_dir():
+        return read_external(path)
+    return load_summary(path)
 
 
 def _ms_or_none(seconds: float | None) -> float | None:

@@ -249,67 +249,14 @@ class Spec:
 
 
 MAX_SPEC_BYTES = 1024 * 1024
-MAX_NODES = 100_000  # nodes of the document once every alias is expanded: an alias bomb stops here
-MAX_ALIASES = 100
-_LOADER = None
 
 
 def _yaml_loader():
-    """A SafeLoader that keeps composition linear: aliases are counted and weighed by what they
-    expand to (a "billion laughs" bomb is refused before anything is built), an alias may not refer
-    to the node that holds it (no cycles), and nesting is capped (no RecursionError)."""
-    global _LOADER
-    if _LOADER is not None:
-        return _LOADER
-    import yaml
-    from yaml.composer import ComposerError
+    """kvplan.paths' bounded SafeLoader (alias bombs, cycles and deep nesting refused at their line),
+    with its default limits; .inf and .nan are read as numbers for the field checks to name."""
+    from kvplan.paths import yaml_loader
 
-    from kvplan.paths import MAX_DEPTH
-
-    class BoundedLoader(yaml.SafeLoader):
-        def __init__(self, stream):
-            super().__init__(stream)
-            self._aliases = 0
-            self._depth = 0
-            self._open: set[str] = set()
-            self._weight: dict[int, int] = {}
-
-        def compose_node(self, parent, index):
-            event = self.peek_event()
-            if isinstance(event, yaml.AliasEvent):
-                self._aliases += 1
-                if self._aliases > MAX_ALIASES:
-                    raise ComposerError(None, None, f"more than {MAX_ALIASES} aliases (*name)", event.start_mark)
-                if event.anchor in self._open:
-                    raise ComposerError(None, None, f"alias *{event.anchor} refers to the node that holds it",
-                                        event.start_mark)
-                return super().compose_node(parent, index)
-            anchor = getattr(event, "anchor", None)
-            self._depth += 1
-            if self._depth > MAX_DEPTH:
-                raise ComposerError(None, None, f"nested deeper than {MAX_DEPTH} levels", event.start_mark)
-            if anchor:
-                self._open.add(anchor)
-            try:
-                node = super().compose_node(parent, index)
-            finally:
-                self._depth -= 1
-                if anchor:
-                    self._open.discard(anchor)
-            if isinstance(node, yaml.MappingNode):
-                weight = 1 + sum(self._weight.get(id(k), 1) + self._weight.get(id(v), 1) for k, v in node.value)
-            elif isinstance(node, yaml.SequenceNode):
-                weight = 1 + sum(self._weight.get(id(item), 1) for item in node.value)
-            else:
-                weight = 1
-            if weight > MAX_NODES:
-                raise ComposerError(None, None, f"expands to more than {MAX_NODES:,} nodes (aliases repeated "
-                                    "inside aliases?)", event.start_mark)
-            self._weight[id(node)] = weight
-            return node
-
-    _LOADER = BoundedLoader
-    return _LOADER
+    return yaml_loader()
 
 
 def _compose(text: str, file: str):

@@ -25,6 +25,24 @@ def test_yaml_alias_bomb_is_refused_fast(tmp_path):
     assert r.code == 2 and "aliases" in r.one_line_error()
 
 
+def test_guidellm_yaml_bombs_are_refused_fast_in_bounded_memory(tmp_path):
+    """A GuideLLM report saved as YAML (`kvplan report benchmarks.yaml`): an alias bomb, a wide one (many aliases
+    to one big node) and a flat list of more nodes than a report may hold; each one error, in seconds, in 1 GB."""
+    cases = {
+        "bomb": BOMB.replace("a:", "benchmarks:", 1),
+        "wide": "big: &b [" + ",".join(["1"] * 5000) + "]\nbenchmarks:\n" + "".join("- *b\n" for _ in range(300)),
+        "flat": "benchmarks: [" + "0," * 1_000_001 + "]\n",
+    }
+    for name, text in cases.items():
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(text)
+        start = time.perf_counter()
+        r = invoke_capped("report", str(path), timeout=120, memory_mb=1024)
+        line = r.one_line_error()
+        assert r.code == 2 and "nodes" in line, line
+        assert time.perf_counter() - start < 60, name
+
+
 def test_log_parser_is_linear():
     for text in ("word " * 8000, "w" * 40_000, "x" * 1_000_000, "# GPU blocks: " * 70_000, "9" * 1_000_000):
         start = time.perf_counter()

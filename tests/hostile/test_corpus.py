@@ -352,6 +352,97 @@ def test_bench_resume_refuses_bad_or_untrusted_run_folders(case, tmp_path):
     assert not (tmp_path / "pwned").exists()
 
 
+# --- report: GuideLLM benchmarks reports saved as YAML (and as JSON) -----------------------------------
+
+def _guidellm(**metric: object) -> dict:
+    """A one-benchmark GuideLLM report (tests/bench/data/guidellm-concurrent.json) with a TTFT summary changed."""
+    data = json.loads((ROOT / "tests" / "bench" / "data" / "guidellm-concurrent.json").read_text())
+    data["benchmarks"] = data["benchmarks"][:1]
+    data["benchmarks"][0]["metrics"]["time_to_first_token_ms"]["successful"].update(metric)
+    return data
+
+
+def _yaml(data: object) -> bytes:
+    import yaml
+
+    return yaml.dump(data).encode()  # as GuideLLM writes --output-path *.yaml
+
+
+GUIDELLM_YAML = {
+    "alias-bomb": ('a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n' + "".join(
+        f"{c}: &{c} [" + ",".join([f"*{p}"] * 9) + "]\n" for p, c in zip("abcdefgh", "bcdefghi"))).encode(),
+    "torn-string": _yaml(_guidellm())[:3001] + b'"unterminated\n  x: [',
+    "many-aliases": b"x: &x 1\nbenchmarks:\n" + b"".join(b"  - *x\n" for _ in range(20_000)),
+    "self-alias": b"benchmarks: &x\n  - *x\n",
+    "deep": b"benchmarks: " + b"[" * 5000 + b"]" * 5000 + b"\n",
+    "deep-map": ("a:\n" + "".join("  " * i + f"k{i}:\n" for i in range(1, 200))).encode(),
+    "torn": _yaml(_guidellm())[:3001],
+    "not-yaml": b"benchmarks: [\n",
+    "tab": b"benchmarks:\n\t- metrics: {}\n",
+    "two-documents": _yaml(_guidellm()) + b"---\n" + _yaml(_guidellm()),
+    "empty": b"",
+    "scalar": b"42\n",
+    "list": b"- 1\n- 2\n",
+    "not-a-report": b"deployments:\n  - name: chat\n",
+    "python-tag": b"benchmarks: !!python/object/apply:os.system ['touch pwned']\n",
+    "inf": _yaml(_guidellm(mean=float("inf"))),
+    "nan": _yaml(_guidellm(percentiles={"p99": float("nan")})),
+    "huge-float": _yaml(_guidellm(percentiles={"p99": 1.5})).replace(b"p99: 1.5", b"p99: 1.0e+400"),
+    "huge-int": _yaml(_guidellm()).replace(b"count: 120", b"count: " + b"9" * 5000, 1),
+    "not-utf8": b"benchmarks:\n- metrics: {x: \xff}\n",
+    "utf16": _yaml(_guidellm()).decode().encode("utf-16"),
+    "nul": b"\x00" * 100,
+}
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".yml"])
+@pytest.mark.parametrize("case", list(GUIDELLM_YAML))
+def test_report_hostile_guidellm_yaml(case, suffix, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / f"benchmarks{suffix}"
+    path.write_bytes(GUIDELLM_YAML[case])
+    assert str(path) in bad("report", str(path))
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_report_hostile_guidellm_yaml_cases_are_what_they_say():
+    assert b"p99: 1.0e+400" in GUIDELLM_YAML["huge-float"] and b"9" * 5000 in GUIDELLM_YAML["huge-int"]
+    assert b".inf" in GUIDELLM_YAML["inf"] and b".nan" in GUIDELLM_YAML["nan"]
+
+
+@pytest.mark.parametrize("case", ["inf", "nan", "huge-int", "torn", "list"])
+def test_report_the_same_guidellm_reports_as_json(case, tmp_path):
+    import yaml
+
+    data = yaml.load(GUIDELLM_YAML[case], Loader=yaml.SafeLoader) if case not in ("huge-int", "torn") else None
+    path = tmp_path / "benchmarks.json"
+    if case == "huge-int":
+        text = json.dumps(_guidellm()).replace('"count": 120', '"count": ' + "9" * 5000, 1)
+    elif case == "torn":
+        text = json.dumps(_guidellm())[:3001]
+    else:
+        text = json.dumps(data)
+    path.write_text(text)
+    bad("report", str(path))
+
+
+@pytest.mark.parametrize("target", ["/dev/zero", "fifo", "folder", "missing"])
+def test_report_guidellm_yaml_not_a_file(target, tmp_path):
+    path = tmp_path / "benchmarks.yaml"
+    if target == "fifo":
+        os.mkfifo(path)
+    elif target == "folder":
+        path.mkdir()
+    elif target == "/dev/zero":
+        path.symlink_to("/dev/zero")
+    bad("report", str(path))
+
+
+def test_report_folder_with_a_hostile_benchmarks_yaml(tmp_path):
+    (tmp_path / "benchmarks.yaml").write_bytes(GUIDELLM_YAML["alias-bomb"])
+    assert "benchmarks.yaml" in bad("report", str(tmp_path))
+
+
 # --- the global guard -------------------------------------------------------------------------------
 
 def test_unexpected_exception_is_one_line_exit_3(monkeypatch):
