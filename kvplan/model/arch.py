@@ -811,5 +811,20 @@ def _tower_params(top: dict[str, Any], text_hidden: int) -> tuple[int, str]:
         total = (channels * temporal * patch * patch * h + h + (vc.get("num_position_embeddings") or 0) * h
                  + depth * block + merger + deepstack * (merger - 2 * h + 2 * wide))
         return int(total), f"vision tower ({total / 1e9:.2f}B parameters) loaded unless --language-model-only"
+    if vtype == "gemma4_vision":
+        # transformers' Gemma4VisionModel (vLLM builds it with AutoModel.from_config:
+        # models/gemma4_mm.py@0.32.0), counted from its modules: a 2 x position_embedding_size x h
+        # position table, a bias-free patch projection, ``depth`` blocks of bias-free q/k/v/o with
+        # q/k norms, a gated (gate/up/down) MLP and four norms; then embed_vision's bias-free
+        # projection to the text width (Gemma4MultimodalEmbedder, gemma4_mm.py@0.32.0).
+        heads = vc.get("num_attention_heads") or 1
+        kv_heads = vc.get("num_key_value_heads") or heads
+        head_dim = vc.get("head_dim") or h // heads
+        attention = 2 * h * heads * head_dim + 2 * h * kv_heads * head_dim + 2 * head_dim
+        block = attention + 3 * h * inter + 4 * h
+        position = 2 * (vc.get("position_embedding_size") or 0) * h
+        projector = (vc.get("output_proj_dims") or h) * text_hidden
+        total = position + channels * patch * patch * h + depth * block + projector
+        return int(total), f"vision tower ({total / 1e9:.2f}B parameters) loaded unless --language-model-only"
     total = channels * patch * patch * h + h + depth * block + 2 * h + h * text_hidden
     return int(total), f"vision tower (~{total / 1e9:.2f}B parameters, estimated) loaded unless --language-model-only"

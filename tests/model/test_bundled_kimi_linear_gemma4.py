@@ -146,6 +146,23 @@ def test_gemma4_31b_text_weights_and_the_published_31b():
     assert 30.5e9 <= arch.params.total < 31.5e9
 
 
+def test_gemma4_vision_tower_counted_module_by_module():
+    """Gemma 4's vision tower is transformers' Gemma4VisionModel (vLLM: AutoModel.from_config in
+    models/gemma4_mm.py@0.32.0). Its modules with this vision_config (h 1152, 27 layers, 16 heads x
+    72, intermediate 4304, patch 16, position_embedding_size 10240), as transformers builds them:
+      position table 2 x 10,240 x 1,152                 =  23,592,960
+      patch projection 1,152 x (3 x 16 x 16), no bias   =     884,736
+      per layer: q, k, v, o 4 x 1,152 x 1,152           =   5,308,416
+                 q_norm + k_norm 2 x 72                  =         144
+                 gate, up, down 3 x 1,152 x 4,304        =  14,874,624
+                 four norms 4 x 1,152                    =       4,608
+                 = 20,187,792; x 27                      = 545,070,384
+      tower                                              = 569,548,080
+    plus embed_vision's projection 1,152 x 5,376 (text width), no bias = 6,193,152.
+    (The tower total is what torch counts for Gemma4VisionModel built on the meta device.)"""
+    assert arch_of(GEMMA).params.towers == 569_548_080 + 6_193_152
+
+
 def test_kimi_linear_state_dtype_flag():
     """vLLM 0.32's KDA layer keeps its recurrent state in float32 whatever --mamba-ssm-cache-dtype
     says (kimi_gdn_linear_attn.py@0.32.0 passes only the conv dtype), while the model hook that
