@@ -20,8 +20,9 @@ def finished_run(path: Path) -> bool:
 
 
 def load_summary(path: Path) -> BenchSummary:
-    """A kvplan run folder (summary.json) or a `vllm bench serve` result / folder of results."""
-    from kvplan.bench.external import read_external
+    """A kvplan run folder (summary.json), a `vllm bench serve` result / folder of results, or a GuideLLM
+    report (JSON or YAML; kvplan.bench.external)."""
+    from kvplan.bench.external import YAML_SUFFIXES, read_external
     from kvplan.paths import load_user_json
 
     if path.is_dir() and (path / st.SUMMARY_FILE).is_file():
@@ -34,8 +35,8 @@ def load_summary(path: Path) -> BenchSummary:
             raise KvplanError(f"{path / st.SUMMARY_FILE}: not a kvplan bench summary "
                               f"({str(exc).splitlines()[0][:200]})") from None
         return summary.model_copy(update={"run_dir": str(path)})
-    if path.is_file() and path.suffix == ".json":
-        return read_external(path)
+    if not path.is_dir() and path.suffix.lower() in (".json", *YAML_SUFFIXES):
+        return read_external(path)  # whatever the path is: a FIFO or device gets its one error there
     if path.is_dir():
         if (path / st.RUN_FILE).is_file():
             raise KvplanError(f"{path}: the run has no summary.json yet (no point finished, or it is still running)",

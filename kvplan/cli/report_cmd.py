@@ -64,7 +64,7 @@ def report(
     targets = parse_slo(slo) if slo else None
     summaries = []
     for path in runs:
-        summary = _load(path, load_summary)
+        summary = load_summary(path)
         if (steptime is not None or gpu) and summary.source == "kvplan":
             from kvplan.bench.latency import predict_run
 
@@ -86,16 +86,6 @@ def report(
         _print(summaries, html)
     else:
         emit_rows(point_rows(summaries), POINT_COLUMNS, fmt)
-
-
-def _load(path: Path, load_summary) -> BenchSummary:
-    """A run as kvplan.bench.render.load_summary reads it; a GuideLLM YAML report (by its suffix, whatever the
-    path is: a FIFO or device gets its one error) through kvplan.bench.external."""
-    from kvplan.bench.external import YAML_SUFFIXES, read_external
-
-    if path.suffix.lower() in YAML_SUFFIXES and not path.is_dir():
-        return read_external(path)
-    return load_summary(path)
 
 
 def _ms_or_none(seconds: float | None) -> float | None:

@@ -21,8 +21,9 @@ sub-folders hold one each. Fields read (anything else is ignored):
 A ``vllm bench serve --save-result`` JSON file (or a folder of them) is read too (kvplan.bench.external):
 it shows latency percentiles at its load (``max_concurrency`` or ``request_rate``), so it gates ``slo:``;
 it cannot show preemptions (vLLM's client never reads /metrics), so it proves nothing about them.
-So is a GuideLLM benchmarks report (``guidellm benchmark --output-path benchmarks.json``, or a folder holding
-it): TTFT/ITL/TPOT/E2E percentiles of each benchmark at its concurrent streams or constant/Poisson rate; no
+So is a GuideLLM benchmarks report, JSON or YAML (``guidellm benchmark --output-path benchmarks.json`` or
+``benchmarks.yaml``, or a folder holding it): TTFT/ITL/TPOT/E2E percentiles of each benchmark at its
+concurrent streams or constant/Poisson rate; no
 KV onsets, no preemption gate (even where its optional server metrics counted preemptions, no sweep searched
 the onset).
 
@@ -213,7 +214,10 @@ def _read_summary(file: Path) -> BenchEvidence:
 
 
 def _has_vllm_results(path: Path) -> bool:
-    return any(path.glob("*.json"))
+    """A folder of `vllm bench serve` results, or one holding a GuideLLM report (JSON or YAML)."""
+    from kvplan.bench.external import GUIDELLM_DEFAULT_FILES
+
+    return any(path.glob("*.json")) or any((path / name).is_file() for name in GUIDELLM_DEFAULT_FILES)
 
 
 def _read_external(path: Path, raw: str) -> BenchEvidence:

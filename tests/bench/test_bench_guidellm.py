@@ -190,11 +190,12 @@ def test_kvplan_report_and_check_read_the_yaml_report(tmp_path):
     spec.write_text("deployments:\n  - name: chat\n    model: meta-llama/Llama-3.1-8B-Instruct\n    gpu: H100\n"
                     "    vllm_version: \"0.11.0\"\n    kv_cache_memory: 16GiB\n    context: 32k\n    prompt: 8k\n"
                     "    output: 1\n    concurrency: 14\n    slo: {ttft_p99: 300ms}\n")
-    check = subprocess.run([sys.executable, "-m", "kvplan", "check", str(spec), "--bench", str(report), "--json"],
-                           capture_output=True, text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1",
-                                                                              "GITHUB_ACTIONS": ""})
-    assert check.returncode == 1, check.stderr
-    assert "ttft_p99 334.393 ms > 300 ms at concurrency 16" in json.loads(check.stdout)["results"][0]["reason"]
+    for evidence in (report, tmp_path):  # the file, and the folder GuideLLM wrote it into
+        check = subprocess.run([sys.executable, "-m", "kvplan", "check", str(spec), "--bench", str(evidence), "--json"],
+                               capture_output=True, text=True, timeout=120,
+                               env={**os.environ, "HF_HUB_OFFLINE": "1", "GITHUB_ACTIONS": ""})
+        assert check.returncode == 1, check.stderr
+        assert "ttft_p99 334.393 ms > 300 ms at concurrency 16" in json.loads(check.stdout)["results"][0]["reason"]
 
 
 @pytest.mark.parametrize("case", ["alias-bomb", "torn", "fifo", "not-a-report"])
