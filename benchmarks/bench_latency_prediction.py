@@ -93,8 +93,9 @@ def main() -> None:
             url = cfg.base_url
         calibration = calibrate_run(bench(url, out / "calibrate", *workload(args.calibrate), args.per_stream))
         model = calibration.model
-        print(f"calibrated on {args.calibrate}: overhead {model.overhead_s * 1000:.2f} ms/step, "
-              f"request overhead {model.request_overhead_s * 1000:.1f} ms")
+        print(f"calibrated on {args.calibrate}: {model.overhead_s * 1000:.2f} ms a step + the roofline terms; "
+              f"request overhead {model.request_overhead_s * 1000:.1f} ms + "
+              f"{model.request_overhead_per_rps_s2 * 1000:.2f} ms per request/s")
         repeats = [measured_vs_predicted(bench(url, out / f"predict{i}", *workload(args.predict), args.per_stream),
                                          model, args.per_stream) for i in range(args.repeats)]
     finally:

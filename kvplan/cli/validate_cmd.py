@@ -281,5 +281,6 @@ def _calibrate_steptime(run_dir: Path, gpu: str | None, model: str | None, as_js
     typer.echo(f"calibrated the step-time model of {cal.model_name} on {cal.device} from {len(cal.points_used)} "
                f"point(s) at concurrency {', '.join(map(str, cal.points_used))}")
     typer.echo(f"  per step {m.overhead_s * 1000:.3f} ms + memory / {m.mem_efficiency:.4g} + compute / "
-               f"{m.compute_efficiency:.4g}; per request {m.request_overhead_s * 1000:.2f} ms outside the steps")
+               f"{m.compute_efficiency:.4g}; per request {m.request_overhead_s * 1000:.2f} ms outside the steps "
+               f"+ {m.request_overhead_per_rps_s2 * 1000:.2f} ms per request/s of load")
     typer.echo(f"  saved to {run_dir / STEPTIME_FILE}")

@@ -19,9 +19,12 @@ prediction says "prior" until calibrated on a bench run.
 ``request_overhead_s`` is the time a request spends outside engine steps (HTTP, tokenizing, the
 API server's queues, detokenizing the first token): the simulator does not model the API server,
 so `predict_latency` adds it to TTFT and E2E and, in a closed loop, delays each stream's next
-request by it. The prior is 0; `calibrate_bench` fits it as the median of measured minus
-simulated TTFT over a run's points. With one workload it also absorbs any error of the prefill
-step itself (one prompt length cannot separate the two).
+request by it. The API server is one event loop that also handles every other request, so that
+time grows with the load: ``request_overhead_per_rps_s2`` more per request/s the server handles
+(the request rate is the simulation's own, found by a fixed-point iteration). Both priors are 0;
+`calibrate_bench` fits them by least squares to each point's measured minus simulated TTFT against
+its measured request rate. With one workload they also absorb any error of the prefill step itself
+(one prompt length cannot separate the two).
 """
 
 from __future__ import annotations
@@ -50,13 +53,18 @@ class StepTimeModel:
     overhead_s: float = 0.004
     source: str = "prior"  # prior | calibrated
     request_overhead_s: float = 0.0  # per request, outside the engine's steps (API server)
+    request_overhead_per_rps_s2: float = 0.0  # more of it per request/s of load (the API server's queue)
 
     def __post_init__(self) -> None:
         if self.bandwidth_bytes_s <= 0 or self.peak_flops <= 0:
             raise KvplanError("the step-time model needs a device bandwidth and peak FLOP/s > 0")
         if self.mem_efficiency <= 0 or self.compute_efficiency <= 0 or self.overhead_s < 0 \
-                or self.request_overhead_s < 0:
-            raise KvplanError("efficiencies must be > 0 and the overhead >= 0")
+                or self.request_overhead_s < 0 or self.request_overhead_per_rps_s2 < 0:
+            raise KvplanError("efficiencies must be > 0 and the overheads >= 0")
+
+    def request_overhead_at(self, requests_per_s: float) -> float:
+        """Seconds a request spends outside the engine's steps at this request rate."""
+        return self.request_overhead_s + self.request_overhead_per_rps_s2 * max(0.0, requests_per_s)
 
     def terms(self, batch: StepBatch) -> tuple[float, float]:
         """The ideal memory and compute seconds of a step (before efficiencies)."""
@@ -223,13 +231,10 @@ def predict_latency(config: SchedulerConfig, load: Load, model: StepTimeModel,
                     qs: Sequence[float] = (50, 90, 99), mean: bool = False) -> LatencyPrediction:
     """Simulate ``load`` with ``model``'s step times: TTFT / ITL / TPOT / E2E percentiles, throughput.
     Percentiles ``qs`` (keys ``p50``...), and ``mean`` too when asked.
-    The model's ``request_overhead_s`` is added to TTFT and E2E, and (closed loop) delays each
-    stream's next request: the client sees its last token and the engine its next prompt that
-    much later than the steps alone say."""
-    extra = model.request_overhead_s
-    if extra and load.streams:
-        load = replace(load, think_time=load.think_time + extra)
-    res: SimResult = simulate(config, load, model)
+    The model's request overhead (at the simulated request rate) is added to TTFT and E2E, and
+    (closed loop) delays each stream's next request: the client sees its last token and the engine
+    its next prompt that much later than the steps alone say."""
+    extra, res = _simulate_with_overhead(config, load, model)
 
     def shifted(d):
         return {k: (None if v is None else v + extra) for k, v in d.items()}
@@ -248,6 +253,28 @@ def predict_latency(config: SchedulerConfig, load: Load, model: StepTimeModel,
     )
 
 
+def _simulate_with_overhead(config: SchedulerConfig, load: Load, model: StepTimeModel,
+                            rounds: int = 4) -> tuple[float, SimResult]:
+    """(request overhead, simulation) where the overhead is the model's at the simulation's own request
+    rate: a closed loop's rate falls as the overhead delays each stream, so iterate to a fixed point
+    (a few rounds: the rate moves less each time); an open loop's rate is its arrivals'."""
+    def run(extra: float) -> SimResult:
+        return simulate(config, replace(load, think_time=load.think_time + extra) if load.streams else load, model)
+
+    extra = model.request_overhead_s
+    res = run(extra)
+    if not model.request_overhead_per_rps_s2:
+        return extra, res
+    for _ in range(rounds):
+        rate = len(res.requests) / res.duration if res.duration > 0 else 0.0
+        new = model.request_overhead_at(rate)
+        if abs(new - extra) <= 1e-4 * max(new, 1e-9):
+            break
+        extra = new
+        res = run(extra)
+    return extra, res
+
+
 def decode_step_time(model: StepTimeModel, concurrency: int, context: int) -> float:
     """Closed form of one decode step of ``concurrency`` sequences of ``context`` tokens."""
     return model(StepBatch(0, concurrency, concurrency * context, concurrency, concurrency * context))
@@ -263,12 +290,16 @@ def quick_latency(model: StepTimeModel, prompt: int, output: int, concurrency: i
             "output_tokens_per_s": concurrency * output / e2e if e2e > 0 and not math.isinf(e2e) else 0.0}
 
 
+STEP_SCALE_ROUNDS = 4
+
+
 def calibrate_bench(points: Sequence[dict], lengths, config: SchedulerConfig, base: StepTimeModel,
                     requests_per_stream: int = 1, shared_prefix: float = 0.0) -> StepTimeModel:
     """A step-time model calibrated on one bench run's points (closed loop, below the first KV
     wait): the step factors from the decode steps (`decode_measurements`, `calibrate_steptime`),
-    then ``request_overhead_s`` = the median over those points of measured TTFT p50 minus the
-    simulated one (the simulator replays each point's very requests: ``first_index``)."""
+    then the request overhead from each point's measured TTFT p50 minus the simulated one (the
+    simulator replays each point's very requests: ``first_index``) against the point's measured
+    request rate (`fit_request_overhead`)."""
     from kvplan.plan.simulate import closed_loop
 
     usable = [p for p in points if p.get("status", "ok") == "ok" and p.get("mode", "concurrency") == "concurrency"
@@ -276,16 +307,47 @@ def calibrate_bench(points: Sequence[dict], lengths, config: SchedulerConfig, ba
     if not usable:
         raise KvplanError("the run has no finished closed-loop point below the first KV wait to calibrate on")
     fitted = calibrate_steptime(decode_measurements(usable, lengths.prompt, lengths.output),
-                                replace(base, request_overhead_s=0.0))
-    residuals = []
-    for p in usable:
-        measured = (p.get("ttft") or {}).get("p50")
-        if measured is None:
-            continue
-        load = closed_loop(p["concurrency"], lengths, requests_per_stream, p.get("first_index", 0),
-                           shared_prefix=shared_prefix)
-        simulated = predict_latency(config, load, fitted).ttft["p50"]
-        if simulated is not None:
-            residuals.append(measured - simulated)
-    overhead = max(0.0, statistics.median(residuals)) if residuals else 0.0
-    return replace(fitted, request_overhead_s=overhead, source="calibrated")
+                                replace(base, request_overhead_s=0.0, request_overhead_per_rps_s2=0.0))
+    loads = [(p, closed_loop(p["concurrency"], lengths, requests_per_stream, p.get("first_index", 0),
+                             shared_prefix=shared_prefix)) for p in usable]
+    for _ in range(STEP_SCALE_ROUNDS):
+        samples = []
+        steps_only = replace(fitted, request_overhead_s=0.0, request_overhead_per_rps_s2=0.0)
+        for p, load in loads:
+            measured = (p.get("ttft") or {}).get("p50")
+            simulated = predict_latency(config, load, steps_only).ttft["p50"] if measured is not None else None
+            if simulated is not None:
+                samples.append((float(p.get("request_throughput") or 0.0), measured - simulated))
+        base_s, per_rps = fit_request_overhead(samples)
+        fitted = replace(fitted, request_overhead_s=base_s, request_overhead_per_rps_s2=per_rps)
+        # The median inter-token gap is the typical decode step; throughput follows the mean one (the
+        # steps that also prefill, the hiccups). Scale every step term by how much slower the run's
+        # output was than the simulation's, then refit the request overhead on the new steps.
+        ratios = [predict_latency(config, load, fitted).output_tokens_per_s / p["throughput_tok_s"]
+                  for p, load in loads if p.get("throughput_tok_s")]
+        scale = statistics.median(ratios) if ratios else 1.0
+        if not ratios or abs(scale - 1) < 0.01:
+            break
+        fitted = replace(fitted, overhead_s=fitted.overhead_s * scale, mem_efficiency=fitted.mem_efficiency / scale,
+                         compute_efficiency=fitted.compute_efficiency / scale)
+    return replace(fitted, source="calibrated")
+
+
+def fit_request_overhead(samples: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """(seconds, seconds per request/s): the line through (request rate, TTFT residual) samples by least
+    squares, both terms >= 0. With fewer than two distinct rates, or a line that would fall with the
+    rate (noise: a busier server never answers sooner) or start below zero, it is the samples' median
+    and no slope."""
+    if not samples:
+        return 0.0, 0.0
+    median = max(0.0, statistics.median(r for _, r in samples))
+    rates = [x for x, _ in samples]
+    if len(set(rates)) < 2:
+        return median, 0.0
+    mean_x, mean_y = statistics.fmean(rates), statistics.fmean(r for _, r in samples)
+    sxx = sum((x - mean_x) ** 2 for x in rates)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in samples) / sxx
+    intercept = mean_y - slope * mean_x
+    if slope <= 0 or intercept < 0:
+        return median, 0.0
+    return intercept, slope

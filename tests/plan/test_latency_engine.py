@@ -31,7 +31,7 @@ from kvplan.plan.steptime_io import load_steptime, run_inputs  # noqa: E402
 
 pytestmark = [pytest.mark.engine, engine_required]
 
-PER_STREAM = 6
+PER_STREAM = 20
 CALIBRATE = (["--prompt", "64", "--output", "64"], "1,2,3,4")
 PREDICT = (["--prompt", "128", "--output", "32"], "1,2,3")
 
@@ -102,10 +102,13 @@ def test_calibration_on_the_engine_gives_a_usable_model(comparison):
     at every load below saturation: bounds that catch a wrong unit, a lost term or a broken replay.
 
     Issue 10's 20% goal is NOT asserted: on 2 cores the engine does not repeat itself that closely.
-    benchmarks/bench_latency_prediction.py runs the same workload several times; three runs on this
-    machine differed from each other by up to 25% in TTFT p50 and 53% in tokens/s at one load (the
+    benchmarks/bench_latency_prediction.py runs the same workload several times: on a quiet machine
+    three runs differed from each other by 2-23% in TTFT p50 and 4-34% in tokens/s at one load (the
     API server, starved by the engine's spinning loop, at times delivers a whole stream in one burst,
-    so the client's first token comes with its last)."""
+    so the client's first token comes with its last), and by up to 312% in TTFT p99; while other
+    jobs loaded the machine, by up to 25% and 53%. The calibrated model was within 20% of TTFT p50
+    and tokens/s at every load in one run of this test here and in one benchmark run of three repeats, and
+    up to 29% / 34% off in another, whose calibration run came out faster than its repeats."""
     assert comparison, "no load below saturation to compare"
     for r in comparison:
         (ttft_pred, ttft_meas), (tok_pred, tok_meas) = r["ttft_p50"], r["tok_s"]

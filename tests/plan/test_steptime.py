@@ -5,12 +5,14 @@ from __future__ import annotations
 import pytest
 
 from kvplan.errors import KvplanError
-from kvplan.plan.simulate import Lengths, SchedulerConfig, StepBatch, closed_loop
+from kvplan.plan.simulate import Lengths, SchedulerConfig, StepBatch, closed_loop, open_loop
 from kvplan.plan.steptime import (
     StepTimeModel,
+    calibrate_bench,
     calibrate_steptime,
     decode_measurements,
     decode_step_time,
+    fit_request_overhead,
     predict_latency,
     quick_latency,
 )
@@ -111,3 +113,46 @@ def test_pipeline_parallel_does_not_shorten_a_step_but_tensor_parallel_does():
     assert pp2.linear_flops_per_token == one.linear_flops_per_token
     assert pp2.weight_bytes == pytest.approx(one.weight_bytes, rel=0.03)  # stages split embeddings unevenly
     assert tp2.linear_flops_per_token == pytest.approx(one.linear_flops_per_token / 2)
+
+
+def test_request_overhead_line_by_hand():
+    """Residuals 14, 18, 22 ms at 2, 4, 6 requests/s: 10 ms + 2 ms per request/s. A line that
+    falls with the rate, or a single rate, gives the median and no slope."""
+    assert fit_request_overhead([(2, 0.014), (4, 0.018), (6, 0.022)]) == pytest.approx((0.010, 0.002))
+    assert fit_request_overhead([(2, 0.022), (4, 0.018), (6, 0.014)]) == pytest.approx((0.018, 0.0))
+    assert fit_request_overhead([(3, 0.010), (3, 0.030), (3, 0.020)]) == pytest.approx((0.020, 0.0))
+    assert fit_request_overhead([]) == (0.0, 0.0)
+
+
+def test_request_overhead_at_an_open_loop_rate_by_hand():
+    """0.01 s per step; 4 requests arriving 0.5 s apart, prompt 64, output 8: each alone, TTFT one
+    step (0.01), the last ends at 1.5 + 0.08 = 1.58 s: 4 / 1.58 = 2.5316 requests/s. Overhead
+    20 ms + 10 ms per request/s = 45.316 ms, on TTFT and E2E, not on ITL."""
+    flat = StepTimeModel(0, 0, 0, 0, 1, 1, overhead_s=0.01, request_overhead_s=0.02, request_overhead_per_rps_s2=0.01)
+    cfg = SchedulerConfig(num_blocks=100, block_size=16)
+    lat = predict_latency(cfg, open_loop([0.0, 0.5, 1.0, 1.5], Lengths(64, 8)), flat)
+    extra = 0.02 + 0.01 * 4 / 1.58
+    assert lat.ttft["p50"] == pytest.approx(0.01 + extra)
+    assert lat.e2e["p50"] == pytest.approx(0.08 + extra) and lat.itl["p50"] == pytest.approx(0.01)
+
+
+def test_calibration_recovers_a_request_overhead_that_grows_with_the_rate():
+    """Bench points made by a known model (5 ms a step; 10 ms + 2 ms per request/s outside the
+    steps) at 1-4 streams: calibrate_bench finds the step and both overhead terms again (10.9 ms and
+    1.92 ms per request/s here: its replay without the overhead meets the steps at other phases than
+    the run did, so a request waits a different part of a step)."""
+    truth = StepTimeModel(0, 0, 0, 0, 1, 1, overhead_s=0.005, request_overhead_s=0.010,
+                          request_overhead_per_rps_s2=0.002)
+    cfg = SchedulerConfig(num_blocks=1000, block_size=16)
+    lengths, per_stream, points, first = Lengths(64, 16), 5, [], 0
+    for c in (1, 2, 3, 4):
+        lat = predict_latency(cfg, closed_loop(c, lengths, per_stream, first), truth)
+        points.append({"concurrency": c, "first_index": first, "ttft": lat.ttft, "itl": lat.itl,
+                       "throughput_tok_s": lat.output_tokens_per_s,
+                       "request_throughput": lat.output_tokens_per_s / 16})
+        first += c * per_stream
+    fitted = calibrate_bench(points, lengths, cfg, StepTimeModel(0, 0, 0, 0, 1, 1), per_stream)
+    assert fitted.source == "calibrated"
+    assert fitted.overhead_s == pytest.approx(0.005, rel=0.02)
+    assert fitted.request_overhead_s == pytest.approx(0.010, rel=0.15)
+    assert fitted.request_overhead_per_rps_s2 == pytest.approx(0.002, rel=0.15)
