@@ -1,45 +1,59 @@
 """EngineLauncher.stop() under a second Ctrl-C: the process group still ends.
 
 The "engine" is a Python process that ignores SIGTERM (as a wedged server would), so stop()
-waits its whole stop_timeout_s and then needs SIGKILL; a SIGINT sent to the test's own process
-in the middle of that wait used to raise KeyboardInterrupt out of stop() and leave it running.
+waits its whole stop_timeout_s and then needs SIGKILL; a SIGINT that reached the caller in the
+middle of that wait used to raise KeyboardInterrupt out of stop() and leave the engine running.
+The caller is a child process here, so the SIGINT never reaches pytest itself.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
+import subprocess
 import sys
-import threading
-import time
+from pathlib import Path
 
 from bench_helpers import group_alive
-
-from kvplan.bench.engine import EngineConfig, EngineLauncher, free_port
 
 IGNORES_SIGTERM = ("import signal, sys, time\n"
                    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
                    "print('hand' + 'ler set', flush=True)\n"  # not in the command line the log header shows
                    "time.sleep(120)\n")
 
+CALLER = """
+import json, os, signal, sys, threading, time
+from pathlib import Path
+from kvplan.bench.engine import EngineConfig, EngineLauncher, free_port
+log = Path(sys.argv[1])
+cfg = EngineConfig(model="unused", port=free_port(), engine_cmd=(sys.executable, "-c", sys.argv[2]))
+launcher = EngineLauncher(cfg, log, stop_timeout_s=1.5)
+launcher.start()
+print(json.dumps({"pgid": launcher.pid}), flush=True)
+deadline = time.monotonic() + 30
+while b"handler set" not in log.read_bytes() and time.monotonic() < deadline:
+    time.sleep(0.05)
+before = signal.getsignal(signal.SIGINT)
+threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+started = time.monotonic()
+launcher.stop()  # KeyboardInterrupt here, exit 1, if the SIGINT is not held off
+print(json.dumps({"stop_s": time.monotonic() - started, "handler_back": signal.getsignal(signal.SIGINT) is before}))
+"""
+
 
 def test_a_second_ctrl_c_during_stop_does_not_leave_the_engine(tmp_path):
-    cfg = EngineConfig(model="unused", port=free_port(), engine_cmd=(sys.executable, "-c", IGNORES_SIGTERM))
-    launcher = EngineLauncher(cfg, tmp_path / "engine.log", stop_timeout_s=1.5)
-    launcher.start()
-    pgid = launcher.pid
+    proc = subprocess.run([sys.executable, "-c", CALLER, str(tmp_path / "engine.log"), IGNORES_SIGTERM],
+                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[2])
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    pgid = lines[0]["pgid"] if lines else None
     try:
-        deadline = time.monotonic() + 30
-        while b"handler set" not in (tmp_path / "engine.log").read_bytes() and time.monotonic() < deadline:
-            time.sleep(0.05)  # the child has installed its SIGTERM handler
-        timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
-        timer.start()
-        before = signal.getsignal(signal.SIGINT)
-        launcher.stop()  # raises KeyboardInterrupt here if the SIGINT is not held off
-        timer.join()
-        assert not group_alive(pgid)
-        assert signal.getsignal(signal.SIGINT) is before  # the caller's handler is back
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert pgid is not None and not group_alive(pgid)
+        assert lines[1]["stop_s"] > 0.5, lines  # the SIGINT came while stop() was waiting
+        assert lines[1]["handler_back"] is True  # the caller's own handler is back afterwards
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGKILL)
+        if pgid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
