@@ -299,7 +299,7 @@ def calibrate_bench(points: Sequence[dict], lengths, config: SchedulerConfig, ba
     wait): the step factors from the decode steps (`decode_measurements`, `calibrate_steptime`),
     then the request overhead from each point's measured TTFT p50 minus the simulated one (the
     simulator replays each point's very requests: ``first_index``) against the point's measured
-    request rate (`fit_request_overhead`)."""
+    request rate (`fit_request_overhead`), and the step terms scaled to the points' throughput."""
     from kvplan.plan.simulate import closed_loop
 
     usable = [p for p in points if p.get("status", "ok") == "ok" and p.get("mode", "concurrency") == "concurrency"
@@ -310,27 +310,35 @@ def calibrate_bench(points: Sequence[dict], lengths, config: SchedulerConfig, ba
                                 replace(base, request_overhead_s=0.0, request_overhead_per_rps_s2=0.0))
     loads = [(p, closed_loop(p["concurrency"], lengths, requests_per_stream, p.get("first_index", 0),
                              shared_prefix=shared_prefix)) for p in usable]
+    # The median inter-token gap is the typical decode step; throughput follows the mean one (the
+    # steps that also prefill, the hiccups). Scale every step term by how much slower the run's
+    # output was than the simulation's, and refit the request overhead on the new steps.
     for _ in range(STEP_SCALE_ROUNDS):
-        samples = []
-        steps_only = replace(fitted, request_overhead_s=0.0, request_overhead_per_rps_s2=0.0)
-        for p, load in loads:
-            measured = (p.get("ttft") or {}).get("p50")
-            simulated = predict_latency(config, load, steps_only).ttft["p50"] if measured is not None else None
-            if simulated is not None:
-                samples.append((float(p.get("request_throughput") or 0.0), measured - simulated))
-        base_s, per_rps = fit_request_overhead(samples)
-        fitted = replace(fitted, request_overhead_s=base_s, request_overhead_per_rps_s2=per_rps)
-        # The median inter-token gap is the typical decode step; throughput follows the mean one (the
-        # steps that also prefill, the hiccups). Scale every step term by how much slower the run's
-        # output was than the simulation's, then refit the request overhead on the new steps.
+        fitted = _with_request_overhead(fitted, loads, config)
         ratios = [predict_latency(config, load, fitted).output_tokens_per_s / p["throughput_tok_s"]
                   for p, load in loads if p.get("throughput_tok_s")]
         scale = statistics.median(ratios) if ratios else 1.0
-        if not ratios or abs(scale - 1) < 0.01:
+        if abs(scale - 1) < 0.01:
             break
         fitted = replace(fitted, overhead_s=fitted.overhead_s * scale, mem_efficiency=fitted.mem_efficiency / scale,
                          compute_efficiency=fitted.compute_efficiency / scale)
+    else:
+        fitted = _with_request_overhead(fitted, loads, config)
     return replace(fitted, source="calibrated")
+
+
+def _with_request_overhead(model: StepTimeModel, loads, config: SchedulerConfig) -> StepTimeModel:
+    """``model`` with the request overhead fitted to each (point, load)'s measured TTFT p50 minus the
+    one its steps alone give, against the point's measured request rate."""
+    steps_only = replace(model, request_overhead_s=0.0, request_overhead_per_rps_s2=0.0)
+    samples = []
+    for p, load in loads:
+        measured = (p.get("ttft") or {}).get("p50")
+        simulated = predict_latency(config, load, steps_only).ttft["p50"] if measured is not None else None
+        if simulated is not None:
+            samples.append((float(p.get("request_throughput") or 0.0), measured - simulated))
+    base_s, per_rps = fit_request_overhead(samples)
+    return replace(model, request_overhead_s=base_s, request_overhead_per_rps_s2=per_rps)
 
 
 def fit_request_overhead(samples: Sequence[tuple[float, float]]) -> tuple[float, float]:
