@@ -280,12 +280,25 @@ def decode_step_time(model: StepTimeModel, concurrency: int, context: int) -> fl
     return model(StepBatch(0, concurrency, concurrency * context, concurrency, concurrency * context))
 
 
+QUICK_OVERHEAD_ROUNDS = 50  # fixed-point rounds: each shrinks the error by slope x concurrency / E2E^2 (well below 1 on real runs)
+
+
 def quick_latency(model: StepTimeModel, prompt: int, output: int, concurrency: int) -> dict[str, float]:
     """Without simulating: TTFT of a prompt alone, TPOT at ``concurrency`` streams at mid-output
-    context, E2E, and output tokens/s (a fast estimate for search; `predict_latency` is the real one)."""
+    context, E2E, and output tokens/s (a fast estimate for search; `predict_latency` is the real one).
+    TTFT and E2E include the request overhead at the closed loop's own request rate
+    (``concurrency`` / E2E, a fixed point: the overhead lowers the rate it grows with)."""
     ttft = model(StepBatch(prompt, 0, prompt, 1, prompt * (prompt + 1) // 2))
     tpot = decode_step_time(model, concurrency, prompt + output // 2)
-    e2e = ttft + max(0, output - 1) * tpot
+    steps = ttft + max(0, output - 1) * tpot
+    extra = model.request_overhead_s
+    for _ in range(QUICK_OVERHEAD_ROUNDS if model.request_overhead_per_rps_s2 and steps > 0 else 0):
+        new = model.request_overhead_at(concurrency / (steps + extra))
+        if abs(new - extra) <= 1e-9:
+            break
+        extra = new
+    ttft += extra
+    e2e = steps + extra
     return {"ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e,
             "output_tokens_per_s": concurrency * output / e2e if e2e > 0 and not math.isinf(e2e) else 0.0}
 

@@ -156,3 +156,14 @@ def test_calibration_recovers_a_request_overhead_that_grows_with_the_rate():
     assert fitted.overhead_s == pytest.approx(0.005, rel=0.02)
     assert fitted.request_overhead_s == pytest.approx(0.010, rel=0.15)
     assert fitted.request_overhead_per_rps_s2 == pytest.approx(0.002, rel=0.15)
+
+
+def test_quick_latency_adds_the_request_overhead_at_its_own_rate():
+    """0.01 s a step, prompt 64, output 8, 1 stream: the steps give E2E 0.08 s. Overhead e = 0.02 +
+    0.01 x rate with rate = 1 / (0.08 + e): (e - 0.02)(0.08 + e) = 0.01, e^2 + 0.06 e - 0.0116 = 0,
+    e = (-0.06 + sqrt(0.05)) / 2 = 0.0818034; TTFT 0.0918034, E2E 0.1618034."""
+    flat = StepTimeModel(0, 0, 0, 0, 1, 1, overhead_s=0.01, request_overhead_s=0.02, request_overhead_per_rps_s2=0.01)
+    est = quick_latency(flat, 64, 8, 1)
+    assert est["ttft_s"] == pytest.approx(0.0918034, abs=1e-6)
+    assert est["e2e_s"] == pytest.approx(0.1618034, abs=1e-6) and est["tpot_s"] == pytest.approx(0.01)
+    assert quick_latency(StepTimeModel(0, 0, 0, 0, 1, 1, overhead_s=0.01), 64, 8, 1)["e2e_s"] == pytest.approx(0.08)
