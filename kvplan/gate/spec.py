@@ -251,19 +251,15 @@ class Spec:
 MAX_SPEC_BYTES = 1024 * 1024
 
 
-def _yaml_loader():
-    """kvplan.paths' bounded SafeLoader (alias bombs, cycles and deep nesting refused at their line),
-    with its default limits; .inf and .nan are read as numbers for the field checks to name."""
-    from kvplan.paths import yaml_loader
-
-    return yaml_loader()
-
-
 def _compose(text: str, file: str):
-    """YAML text -> (node tree, data); syntax errors name their line."""
+    """YAML text -> (node tree, data); syntax errors name their line. kvplan.paths' bounded SafeLoader
+    refuses alias bombs, cycles and deep nesting at their line; .inf and .nan are read as numbers for
+    the field checks to name."""
     import yaml
 
-    loader_cls = _yaml_loader()
+    from kvplan.paths import yaml_loader
+
+    loader_cls = yaml_loader()
     try:
         node = yaml.compose(text, Loader=loader_cls)
     except yaml.MarkedYAMLError as exc:
