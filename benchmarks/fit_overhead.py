@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 
 from kvplan.plan.overhead import load_overhead
+from kvplan.units import format_range
 from kvplan.validate.fit import run_fit, write_overhead
 from kvplan.validate.reports import DEFAULT_REPORTS
 from kvplan.validate.runner import validate
@@ -60,7 +61,7 @@ def main(argv: list[str]) -> int:
         if kv is None:
             print(f"| {c.case_id} | {c.model} | | {c.vllm_rules} | {c.status} | | | | | |")
             continue
-        rng = f"{kv.low:.2f}-{kv.high:.2f}" + ("" if kv.in_range else " (out)")
+        rng = format_range(kv.low, kv.high) + ("" if kv.in_range else " (out)")
         print(f"| {c.case_id} | {c.model} | {c.gpu} | {c.vllm_rules} | {kv.predicted:.2f} / {kv.reported:.2f} | "
               f"{_pct(kv.error_pct)} | {rng} | {_pct(kv.loo_error_pct)} | "
               f"{f'{w.predicted:.2f} / {w.reported:.2f}' if w else ''} | {_pct(w.error_pct) if w else ''} |")

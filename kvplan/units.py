@@ -143,6 +143,13 @@ def format_tokens(num_tokens: float) -> str:
     return f"{n:,}"
 
 
+def format_range(low: float, high: float, precision: int = 2) -> str:
+    """'2.59-6.06'; '-27.28 to -21.49' when a bound is negative (a dash would read as a sign)."""
+    if min(low, high) < 0:
+        return f"{low:.{precision}f} to {high:.{precision}f}"
+    return f"{low:.{precision}f}-{high:.{precision}f}"
+
+
 def cdiv(a: int, b: int) -> int:
     """Ceiling division, as vLLM's ``cdiv``."""
     return -(-a // b)

@@ -9,7 +9,7 @@ import typer
 
 from kvplan.cli.common import parse_overrides, print_json, user_errors
 from kvplan.plan.schema import Settings, SizePlan
-from kvplan.units import format_bytes, format_tokens, parse_bytes, parse_fraction, parse_tokens
+from kvplan.units import format_bytes, format_range, format_tokens, parse_bytes, parse_fraction, parse_tokens
 
 EXAMPLES = """
 Examples:
@@ -203,9 +203,9 @@ def render(plan: SizePlan) -> None:
     budget.add_column("how", style="dim")
     for term in plan.memory_terms:
         sign = {1: "", -1: "- ", 0: ""}[term.sign]
-        rng = "" if term.low_bytes == term.high_bytes else _gib_range(term.low_bytes, term.high_bytes)
+        rng = "" if term.low_bytes == term.high_bytes else format_range(term.low_bytes / 2**30, term.high_bytes / 2**30)
         budget.add_row(Text(term.name), Text(f"{sign}{term.bytes / 2**30:.2f}"), Text(rng), Text(term.how))
-    rng = _gib_range(plan.available_kv_bytes_low, plan.available_kv_bytes_high)
+    rng = format_range(plan.available_kv_bytes_low / 2**30, plan.available_kv_bytes_high / 2**30)
     budget.add_row("[bold]= available KV cache[/]", f"[bold]{plan.available_kv_bytes / 2**30:.2f}[/]",
                    rng if plan.available_kv_bytes_low != plan.available_kv_bytes_high else "", "")
     console.print(budget)
@@ -281,9 +281,3 @@ def _render_table(console, plan: SizePlan) -> None:
             row.append(Text(pct, style="green" if cell.fits else "red"))  # a Text: no markup to parse
         table.add_row(Text(format_tokens(ctx)), *row)
     console.print(table)
-
-
-def _gib_range(low_bytes: float, high_bytes: float) -> str:
-    """'2.59-6.06' in GiB; '-27.28 to -21.49' when a bound is negative (a dash would read as a sign)."""
-    low, high = low_bytes / 2**30, high_bytes / 2**30
-    return f"{low:.2f} to {high:.2f}" if min(low, high) < 0 else f"{low:.2f}-{high:.2f}"

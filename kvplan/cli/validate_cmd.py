@@ -10,6 +10,7 @@ import typer
 
 from kvplan.cli.common import esc, make_console, print_json, user_errors
 from kvplan.cli.tables import Column, OutputFormat, chosen_format, emit_rows, format_option
+from kvplan.units import format_range
 
 
 class ValidateMode(str, Enum):
@@ -160,7 +161,7 @@ def render(console, result) -> None:
         for c in fulls:
             kv = c.get("available_kv_gib")
             rng = "" if kv is None or kv.low is None else (
-                f"{kv.low:.2f}-{kv.high:.2f}" + ("" if kv.in_range else " [red]out[/]"))
+                format_range(kv.low, kv.high) + ("" if kv.in_range else " [red]out[/]"))
             loo = "" if kv is None or kv.loo_error_pct is None else f"{kv.loo_error_pct:+.2f}%"
             t.add_row(esc(c.case_id), esc(_short(c.model)), esc(c.gpu or ""), esc(c.vllm_rules),
                       _cell(kv) if kv else f"[dim]{c.status}[/]", rng, loo, _cell(c.get("weights_gib")),
