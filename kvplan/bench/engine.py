@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -330,8 +331,6 @@ class no_interrupts:
     SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
 
     def __enter__(self) -> None:
-        import threading
-
         self._old: dict[int, object] = {}
         if threading.current_thread() is not threading.main_thread():
             return

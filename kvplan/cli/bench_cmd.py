@@ -85,7 +85,7 @@ def bench(
     burstiness: float = typer.Option(1.0, "--burstiness", help="Open loop: gamma shape of the arrival gaps (1 = Poisson, < 1 burstier)."),
     slo: Optional[str] = typer.Option(None, "--slo", help="SLOs: ttft_p99=500ms,itl_p99=50ms,e2e_p99=10s (metrics ttft, itl, tpot, e2e; p50/p90/p95/p99/mean; a bare number is ms)."),
     warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="One unrecorded round of requests before the first point."),
-    scrape_interval: float = typer.Option(0.5, "--scrape-interval", help="Seconds between /metrics scrapes during a point (default 0.5 = 2 Hz). Every scrape takes server CPU (7-15 ms on the tiny CPU engine: 1-3% of a core at 2 Hz, no TTFT change beyond noise; benchmarks/bench_vs_vllm_bench.py): faster scrapes raise the TTFT being measured."),
+    scrape_interval: float = typer.Option(0.5, "--scrape-interval", help="Seconds between /metrics scrapes during a point (default 0.5 = 2 Hz). Every scrape takes server CPU (6-15 ms on the tiny CPU engine: 1-3% of a core at 2 Hz, no TTFT change beyond noise; benchmarks/bench_vs_vllm_bench.py): faster scrapes raise the TTFT being measured."),
     keep_alive: bool = typer.Option(True, "--keep-alive/--no-keep-alive", help="Reuse connections (idle ones dropped after 2 s, under vLLM's 5 s; a request a stale one drops is resent once, its scheduled time kept), or one connection per request."),
     steptime: Optional[Path] = typer.Option(None, "--steptime", metavar="RUN", help="Predict every point's latency with this calibration (a run folder holding steptime.json, or the file; kvplan calibrate --bench); default: the --gpu prior."),
     request_timeout: float = typer.Option(300.0, "--request-timeout", help="Seconds without a byte before a request fails."),

@@ -427,7 +427,7 @@ def startup_lines(cap: Capacity) -> list[str]:
     two lines up to 0.27, one from 0.28 (`_report_kv_cache_config`). None when vLLM stops first:
     `_check_enough_kv_cache_memory` raises before the report when no memory is left or one
     max-length request does not fit (v1/core/kv_cache_utils.py@0.32.0)."""
-    if cap.num_blocks <= 0 or not cap.engine_starts or cap.context_too_long:
+    if not cap.engine_starts:  # also no blocks, or a context beyond the model's
         return []
     tokens = f"GPU KV cache size: {cap.kv_cache_tokens_reported:,} tokens"
     concurrency = (f"Maximum concurrency for {cap.max_model_len:,} tokens per request: "
