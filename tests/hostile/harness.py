@@ -67,3 +67,18 @@ def invoke_capped(*argv: str, timeout: float = 30, memory_mb: int = 1500, env: d
     proc = subprocess.run([sys.executable, "-m", "kvplan", *argv], capture_output=True, text=True, timeout=timeout,
                           preexec_fn=limit, env=full_env, cwd=cwd, stdin=subprocess.DEVNULL)
     return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+def not_a_file(path: Path, target: str) -> str:
+    """Make ``path`` the ``target`` a test names and return the argument to pass: "fifo" (a FIFO there),
+    "folder" (an empty folder there), "missing" (nothing there), "dev-symlink" (a link to /dev/zero),
+    or a device such as "/dev/zero" (passed as it is; nothing is made)."""
+    if target.startswith("/dev/"):
+        return target
+    if target == "fifo":
+        os.mkfifo(path)
+    elif target == "folder":
+        path.mkdir()
+    elif target == "dev-symlink":
+        path.symlink_to("/dev/zero")
+    return str(path)

@@ -9,7 +9,7 @@ import json
 import os
 
 import pytest
-from harness import ROOT, invoke
+from harness import ROOT, invoke, not_a_file
 
 TINY = ROOT / "tests" / "fixtures" / "tiny-llama"
 MODEL = "meta-llama/Llama-3.1-8B"
@@ -200,16 +200,9 @@ def test_check_spec_not_utf8(data, tmp_path):
     assert "UTF-8" in bad("check", str(spec))
 
 
-@pytest.mark.parametrize("target", ["/dev/zero", "fifo", "folder", "missing"])
+@pytest.mark.parametrize("target", ["dev-symlink", "fifo", "folder", "missing"])
 def test_check_spec_not_a_file(target, tmp_path):
-    path = tmp_path / "kvplan.yaml"
-    if target == "fifo":
-        os.mkfifo(path)
-    elif target == "folder":
-        path.mkdir()
-    elif target == "/dev/zero":
-        path.symlink_to("/dev/zero")
-    bad("check", str(path))
+    bad("check", not_a_file(tmp_path / "kvplan.yaml", target))
 
 
 SUMMARIES = {
@@ -234,16 +227,8 @@ def test_check_bad_bench_summary(case, tmp_path):
 @pytest.mark.parametrize("target", ["/dev/zero", "fifo", "folder", "missing", "dev-symlink"])
 @pytest.mark.parametrize("command", ["check-log", "calibrate"])
 def test_logs_that_are_not_files(command, target, tmp_path):
-    path = tmp_path / "engine.log"
-    if target == "fifo":
-        os.mkfifo(path)
-    elif target == "folder":
-        path.mkdir()
-    elif target == "dev-symlink":
-        path.symlink_to("/dev/zero")
-    arg = "/dev/zero" if target == "/dev/zero" else str(path)
     extra = ["--gpu", "H100"] if command == "calibrate" else []
-    bad(command, arg, *extra)
+    bad(command, not_a_file(tmp_path / "engine.log", target), *extra)
 
 
 @pytest.mark.parametrize("value", BAD_FLOATS + ["1", "2"])
@@ -284,12 +269,7 @@ def test_validate_bad_reports(case, tmp_path):
 
 @pytest.mark.parametrize("target", ["/dev/zero", "fifo", "folder", "missing"])
 def test_validate_reports_not_a_file(target, tmp_path):
-    path = tmp_path / "r.jsonl"
-    if target == "fifo":
-        os.mkfifo(path)
-    elif target == "folder":
-        path.mkdir()
-    bad("validate", "/dev/zero" if target == "/dev/zero" else str(path))
+    bad("validate", not_a_file(tmp_path / "r.jsonl", target))
 
 
 # --- bench: option values (all refused before anything starts) ---------------------------------------
@@ -329,12 +309,7 @@ def test_bench_bad_traces(case, tmp_path):
 
 @pytest.mark.parametrize("target", ["/dev/zero", "fifo", "folder"])
 def test_bench_trace_not_a_file(target, tmp_path):
-    path = tmp_path / "t.jsonl"
-    if target == "fifo":
-        os.mkfifo(path)
-    elif target == "folder":
-        path.mkdir()
-    bad("bench", str(TINY), "--trace", "/dev/zero" if target == "/dev/zero" else str(path), "--out", str(tmp_path))
+    bad("bench", str(TINY), "--trace", not_a_file(tmp_path / "t.jsonl", target), "--out", str(tmp_path))
 
 
 RUN_JSON = {"deep": b"[" * 10_000, "not-json": b"{", "not-utf8": b"\xff", "no-config": b"{}", "list": b"[]",
@@ -426,16 +401,9 @@ def test_report_the_same_guidellm_reports_as_json(case, tmp_path):
     bad("report", str(path))
 
 
-@pytest.mark.parametrize("target", ["/dev/zero", "fifo", "folder", "missing"])
+@pytest.mark.parametrize("target", ["dev-symlink", "fifo", "folder", "missing"])
 def test_report_guidellm_yaml_not_a_file(target, tmp_path):
-    path = tmp_path / "benchmarks.yaml"
-    if target == "fifo":
-        os.mkfifo(path)
-    elif target == "folder":
-        path.mkdir()
-    elif target == "/dev/zero":
-        path.symlink_to("/dev/zero")
-    bad("report", str(path))
+    bad("report", not_a_file(tmp_path / "benchmarks.yaml", target))
 
 
 def test_report_folder_with_a_hostile_benchmarks_yaml(tmp_path):
