@@ -89,7 +89,16 @@ class _StreamServer(_LoopThread):
     _server = None
 
     def _close(self) -> None:
-        self._loop.call_soon_threadsafe(self._server.close)
+        """Stop listening, then end the handlers still waiting on kept-alive connections while the loop
+        runs (left pending, they would close their transports on a closed loop when collected)."""
+        async def shut() -> None:
+            self._server.close()
+            handlers = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in handlers:
+                task.cancel()
+            await asyncio.gather(*handlers, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(shut(), self._loop).result(10)
 
     def _run(self) -> None:
         self._loop = asyncio.new_event_loop()
