@@ -318,10 +318,10 @@ class KeepAliveDropServer(_StreamServer):
                                                         "completion_tokens": n}})
                 payload = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
                 data = payload.encode()
+                self.answered += 1  # before the write: a client that has read the answer sees it counted
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                              + f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
                 await writer.drain()
-                self.answered += 1
         except (OSError, asyncio.IncompleteReadError):
             pass
         finally:
