@@ -329,13 +329,15 @@ def _count_params(
         mlp_kinds = [{"-": "dense", "E": "moe"}.get(c) for c in f.get("hybrid_override_pattern", default="")]
     else:
         mlp_kinds = ["moe" if is_moe else "dense" for is_moe in moe]
-    for mlp_kind in mlp_kinds:
+    double_wide_from = _double_wide_from(f, model_type, n)
+    for i, mlp_kind in enumerate(mlp_kinds):
         if mlp_kind == "moe":
             experts += num_experts * mlp_mats * hidden * expert_inter
             shared_experts += shared * mlp_mats * hidden * expert_inter + mlp_mats * hidden * shared_inter
             other += hidden * num_experts  # router
         elif mlp_kind == "dense":
-            mlp += mlp_mats * hidden * dense_inter
+            wide = 2 if double_wide_from is not None and i >= double_wide_from else 1
+            mlp += mlp_mats * hidden * dense_inter * wide
     if model_type.startswith("gemma4") and num_experts:
         # Gemma 4 runs its dense MLP beside the experts in every layer (`Gemma4DecoderLayer`).
         mlp += sum(1 for k in mlp_kinds if k == "moe") * mlp_mats * hidden * dense_inter
@@ -409,10 +411,24 @@ def derived_max_model_len(f: _Fields, model_type: str) -> int | None:
     return int(derived)
 
 
+def _double_wide_from(f: _Fields, model_type: str, num_layers: int) -> int | None:
+    """Gemma 4's first layer whose dense MLP is twice ``intermediate_size``, or None.
+
+    With ``use_double_wide_mlp`` the KV-shared layers (the last ``num_kv_shared_layers``) get a
+    ``2 x intermediate_size`` MLP (`Gemma4DecoderLayer.__init__`, models/gemma4.py@0.32.0:
+    ``is_kv_shared_layer = layer_idx >= first_kv_shared_layer_idx > 0``)."""
+    if not model_type.startswith("gemma4") or not f.get("use_double_wide_mlp", default=False):
+        return None
+    first_shared = num_layers - int(f.get("num_kv_shared_layers", default=0) or 0)
+    return first_shared if 0 < first_shared < num_layers else None
+
+
 def _mlp_activation_width(f: _Fields, model_type: str, num_layers: int, hidden: int) -> int:
     inter = f.get("intermediate_size", "ffn_hidden_size", "n_inner", default=4 * hidden) or 0
     if model_type.startswith("llama4"):
         inter = f.get("intermediate_size_mlp", default=inter)
+    if _double_wide_from(f, model_type, num_layers) is not None:
+        inter *= 2
     if not any(_moe_layers(f, model_type, num_layers)):
         return int(inter)
     top_k = f.get("num_experts_per_tok", "experts_per_token", "moe_topk", default=1) or 1
@@ -577,9 +593,10 @@ def _parse_architecture(config: dict[str, Any], overrides: dict[str, Any] | None
     quant, ckpt_kv = _quantization(top, f)
     params = _count_params(f, model_type, kinds, hidden, num_heads, kv_heads, head)
     towers, tower_note = _tower_params(top, hidden)
-    if towers:
-        params = replace(params, towers=towers)
-        notes.append(tower_note)
+    audio, audio_note = _audio_tower_params(top, hidden)
+    if towers or audio:
+        params = replace(params, towers=towers + audio)
+        notes += [n for n in (tower_note, audio_note) if n]
     quant = _layer_schemes(quant, top.get("quantization_config") or f.get("quantization_config"), f, model_type,
                            kinds, WEIGHT_DTYPE_BYTES.get(dtype, 2))
     if quant.method == "mxfp4":
@@ -774,6 +791,34 @@ def _layer_schemes(quant: Quantization, qc: Any, f: _Fields, model_type: str, ki
     return replace(quant, role_bytes=tuple(role_bytes), quantized_share=tuple((r, 1.0) for r, _ in role_bytes),
                    quantize_lm_head=lm_head is not None and lm_head < dtype_bytes,
                    bytes_per_param=lm_head if lm_head is not None else quant.bytes_per_param)
+
+
+def _audio_tower_params(top: dict[str, Any], text_hidden: int) -> tuple[int, str]:
+    """Parameters of an audio tower vLLM builds beside the language model (0 and a note if unknown).
+
+    Gemma 4's is transformers' Gemma4AudioModel, which vLLM builds with AutoModel.from_config
+    whenever the config has an ``audio_config`` (models/gemma4_mm.py@0.32.0), counted from its
+    modules (models/gemma4/modeling_gemma4.py, transformers 5.x): two 3x3 subsampling convs with
+    norms, a bias-free input projection from ``(c0 // 4) x c1``; per conformer layer two
+    feed-forwards (h -> 4h -> h, two norms each), attention (q, k, v, post and relative_k
+    projections, a per-dim scale of h / heads), a light conv (h -> 2h, h -> h, a depthwise
+    kernel, two norms) and three norms; a biased output projection to ``output_proj_dims``; then
+    embed_audio's bias-free projection to the text width (Gemma4MultimodalEmbedder)."""
+    ac = top.get("audio_config")
+    if not isinstance(ac, dict):
+        return 0, ""
+    if ac.get("model_type") != "gemma4_audio":
+        return 0, f"audio tower ({ac.get('model_type') or 'unknown type'}) not counted in the weights"
+    h, depth = ac.get("hidden_size"), ac.get("num_hidden_layers")
+    heads, kernel = ac.get("num_attention_heads") or 1, ac.get("conv_kernel_size") or 5
+    c0, c1 = (list(ac.get("subsampling_conv_channels") or []) + [0, 0])[:2]
+    out = ac.get("output_proj_dims") or text_hidden
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (h, depth, heads, kernel, c0, c1, out)):
+        return 0, "audio tower not counted in the weights: its audio_config lacks sizes"
+    subsample = c0 * 9 + c0 + c1 * c0 * 9 + c1 + (c0 // 4) * c1 * h
+    layer = 2 * (8 * h * h + 2 * h) + (5 * h * h + h // heads) + (3 * h * h + kernel * h + 2 * h) + 3 * h
+    total = subsample + depth * layer + out * h + out + out * text_hidden
+    return int(total), f"audio tower ({total / 1e9:.2f}B parameters) loaded unless --language-model-only"
 
 
 def _tower_params(top: dict[str, Any], text_hidden: int) -> tuple[int, str]:

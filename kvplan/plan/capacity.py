@@ -433,6 +433,15 @@ def compute_capacity(
         # `--language-model-only`: vLLM builds no multimodal tower (models/interfaces.py@0.32.0).
         arch = replace(arch, params=replace(arch.params, towers=0))
         notes.append("--language-model-only: the multimodal towers are not loaded")
+    elif arch.params.towers:
+        # `profile_run` runs the encoder on a dummy batch "of the maximum feature size" before the text dummy
+        # run (v1/worker/gpu_model_runner.py@0.32.0); its peak depends on the processor's largest input, which
+        # config.json does not give, so it is named here and not guessed.
+        notes.append(
+            "vLLM's profile run also runs the multimodal encoder on its largest input, a peak kvplan does not "
+            "count: the KV memory can be lower (two Qwen3.6-35B-A3B reports held back 1.7 GiB more, "
+            "docs/accuracy.md); --language-model-only avoids it"
+        )
     # MXFP4 experts are laid out for the MoE kernel vLLM picks on this GPU (kvplan/model/weights.py).
     # vLLM shards the routed experts over every GPU of a data-parallel deployment (tp x dp); with
     # expert parallel each GPU holds whole experts, else every expert is split that many ways.

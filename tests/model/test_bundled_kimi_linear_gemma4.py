@@ -1,4 +1,4 @@
-"""The bundled moonshotai/Kimi-Linear-48B-A3B-Instruct and google/gemma-4-31B-it profiles, against
+"""The bundled moonshotai/Kimi-Linear-48B-A3B-Instruct, google/gemma-4-31B-it and google/gemma-4-E2B-it profiles, against
 numbers worked out by hand from their config.json and vLLM 0.32.0's allocation code (never from
 kvplan itself)."""
 
@@ -182,3 +182,52 @@ def test_kimi_linear_state_dtype_flag():
         assert a[key] == f[key], key
     assert bf16.exit_code == 2 and "KDA state in float32" in bf16.output
     assert len(bf16.output.strip().splitlines()) == 1
+
+
+# --- google/gemma-4-E2B-it ---------------------------------------------------------------------
+# config.json (text_config): hidden 1,536, 35 layers, intermediate 6,144, 8 heads of 256, 1 KV head,
+# global_head_dim 512, num_kv_shared_layers 20, use_double_wide_mlp, hidden_size_per_layer_input 256,
+# vocab 262,144 (tied); audio_config: gemma4_audio, hidden 1,024, 12 layers, 8 heads, conv kernel 5,
+# subsampling channels [128, 32], output_proj_dims 1,536.
+E2B = "google/gemma-4-E2B-it"
+
+
+def test_gemma4_e2b_double_wide_mlp_on_the_kv_shared_layers():
+    # vLLM (`Gemma4DecoderLayer.__init__`, models/gemma4.py@0.32.0): layers >= 35 - 20 = 15 get
+    # 2 x 6,144. Gated MLP: 3 x 1,536 x 6,144 = 28,311,552 per plain layer, twice that when wide:
+    # 15 x 28,311,552 + 20 x 56,623,104 = 424,673,280 + 1,132,462,080 = 1,557,135,360.
+    arch = arch_of(E2B)
+    assert arch.params.mlp == 1_557_135_360
+    assert arch.mlp_activation_width == 12_288
+
+
+def test_gemma4_e2b_audio_and_vision_towers():
+    # Audio (transformers' Gemma4AudioModel, built by vLLM with AutoModel.from_config), h = 1,024:
+    #   per layer: 2 feed-forwards x (8 h^2 + 2 h) = 16,781,312; attention 5 h^2 + h / 8 = 5,243,008;
+    #   light conv 3 h^2 + 5 h + 2 h = 3,152,896; 3 norms 3,072 -> 25,180,288; x 12 = 302,163,456
+    #   subsampling: 128 x 9 + 128 + 32 x 128 x 9 + 32 + (128 // 4) x 32 x 1,024 = 1,086,752
+    #   output projection 1,536 x 1,024 + 1,536 = 1,574,400; embed_audio 1,536 x 1,536 = 2,359,296
+    #   -> 307,183,904
+    # Vision (Gemma4VisionModel, h 768, 16 layers, intermediate 3,072, 12 heads of 64, patch 16,
+    # position_embedding_size 10,240, output to 1,536):
+    #   positions 2 x 10,240 x 768 = 15,728,640; patch 3 x 16 x 16 x 768 = 589,824
+    #   per layer: q/k/v/o 4 x 768 x 768 = 2,359,296 + q/k norms 128 + MLP 3 x 768 x 3,072 = 7,077,888
+    #   + 4 norms 3,072 = 9,440,384; x 16 = 151,046,144; embed_vision 768 x 1,536 = 1,179,648
+    #   -> 168,544,256
+    # Together 475,728,160 (transformers 5.19.0 on the meta device: audio_tower 304,824,608 +
+    # embed_audio 2,359,296 + vision_tower 167,364,608 + embed_vision 1,179,648 = 475,728,160).
+    arch = arch_of(E2B)
+    assert arch.params.towers == 475_728_160
+    assert any(n.startswith("audio tower (0.31B parameters)") for n in arch.notes)
+
+
+def test_gemma4_e2b_kv_layout():
+    # 15 layers hold KV (20 reuse an earlier one's): layers 4, 9, 14 of the first 15 are full attention
+    # (every 5th), with global_head_dim 512 and the 1 KV head; the other 12 slide over 512 tokens.
+    arch = arch_of(E2B)
+    full = [s for s in arch.layers if type(s) is FullAttention]
+    sliding = [s for s in arch.layers if type(s) is SlidingWindow]
+    assert len(arch.layers) == 15 and len(full) == 3 and len(sliding) == 12
+    assert [i for i, s in enumerate(arch.layers) if type(s) is FullAttention] == [4, 9, 14]
+    assert {(s.num_kv_heads, s.head_size) for s in full} == {(1, 512)}
+    assert {(s.num_kv_heads, s.head_size, s.window) for s in sliding} == {(1, 256, 512)}

@@ -109,6 +109,9 @@ def test_qwen36_vision_tower_by_hand_and_language_model_only():
     text = compute_capacity(arch, args[0], Settings(max_model_len=8192, language_model_only=True), *args[1:])
     assert full.limiting_stage.weights - text.limiting_stage.weights == pytest.approx(446_571_248 * 2, abs=2)
     assert any("language-model-only" in n for n in text.notes)
+    # With the towers loaded, the encoder's profile peak (not modelled) is named; without them it is not.
+    assert any("multimodal encoder on its largest input" in n for n in full.notes)
+    assert not any("multimodal encoder on its largest input" in n for n in text.notes)
 
 
 def test_mtp_layers_are_not_counted():
