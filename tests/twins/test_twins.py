@@ -163,15 +163,19 @@ CASES = _cases()
 
 
 @pytest.fixture(scope="session")
-def engine_results(tmp_path_factory) -> dict:
-    """One probe run for every distinct (twin, settings) pair."""
+def engine_results(request, tmp_path_factory) -> dict:
+    """One probe run for every distinct (twin, settings) pair the session selected (all of them in
+    CI; only the chosen ones for `pytest -k` or a test id, so one twin does not build them all)."""
     from twin_helpers import run_probe
 
     from kvplan.vllm.twin import write_twin
 
+    selected = {(item.callspec.params["profile"], item.callspec.params["variant"])
+                for item in request.session.items
+                if getattr(item, "originalname", None) == "test_layout_matches_vllm"}
     folder = tmp_path_factory.mktemp("twins")
     cases, seen = [], set()
-    for profile, variant in CASES:
+    for profile, variant in (c for c in CASES if c in selected):
         key = _engine_key(profile, variant)
         if key in seen:
             continue
