@@ -54,6 +54,7 @@ EXTRA_VARIANTS = {  # profile -> variants beyond the default
     "ai21labs/Jamba-v0.1": ["no-prefix-caching"],
     "deepseek-ai/DeepSeek-V3": ["block256"],
     "google/gemma-4-26B-A4B": ["block256", "no-prefix-caching"],
+    "google/gemma-4-E2B-it": ["block256"],
     "Qwen/Qwen3.5-35B-A3B": ["block256", "no-prefix-caching"],
     "zai-org/GLM-5.2": ["no-prefix-caching"],
     "synthetic/falcon-h1": ["no-prefix-caching", "block256"],
