@@ -1,4 +1,4 @@
-"""The bundled moonshotai/Kimi-Linear-48B-A3B-Instruct, google/gemma-4-31B-it and google/gemma-4-E2B-it profiles, against
+"""The bundled moonshotai/Kimi-Linear-48B-A3B-Instruct, google/gemma-4-31B-it, -E2B-it and -E4B-it profiles, against
 numbers worked out by hand from their config.json and vLLM 0.32.0's allocation code (never from
 kvplan itself)."""
 
@@ -231,3 +231,20 @@ def test_gemma4_e2b_kv_layout():
     assert [i for i, s in enumerate(arch.layers) if type(s) is FullAttention] == [4, 9, 14]
     assert {(s.num_kv_heads, s.head_size) for s in full} == {(1, 512)}
     assert {(s.num_kv_heads, s.head_size, s.window) for s in sliding} == {(1, 256, 512)}
+
+
+# --- google/gemma-4-E4B-it ---------------------------------------------------------------------
+# config.json (text_config): hidden 2,560, 42 layers, intermediate 10,240, 2 KV heads of 256, global_head_dim
+# 512, every 6th layer full attention, num_kv_shared_layers 18, use_double_wide_mlp false.
+E4B = "google/gemma-4-E4B-it"
+
+
+def test_gemma4_e4b_no_double_wide_mlp_and_24_kv_layers():
+    # No double-wide flag: 42 x 3 x 2,560 x 10,240 = 3,303,014,400.
+    arch = arch_of(E4B)
+    assert arch.params.mlp == 3_303_014_400 and arch.mlp_activation_width == 10_240
+    # 42 - 18 = 24 layers hold KV; of them 5, 11, 17, 23 are full attention (2 KV heads x 512).
+    assert len(arch.layers) == 24
+    assert [i for i, s in enumerate(arch.layers) if type(s) is FullAttention] == [5, 11, 17, 23]
+    assert {(s.num_kv_heads, s.head_size) for s in arch.layers if type(s) is FullAttention} == {(2, 512)}
+    assert {(s.num_kv_heads, s.head_size, s.window) for s in arch.layers if type(s) is SlidingWindow} == {(2, 256, 512)}
