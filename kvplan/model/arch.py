@@ -821,6 +821,31 @@ def _audio_tower_params(top: dict[str, Any], text_hidden: int) -> tuple[int, str
     return int(total), f"audio tower ({total / 1e9:.2f}B parameters) loaded unless --language-model-only"
 
 
+def _qwen2_vl_tower_params(vc: dict[str, Any], model_type: str, text_hidden: int) -> tuple[int, str]:
+    """Qwen2-VL's and Qwen2.5-VL's vision towers (`Qwen2VisionTransformer`, models/qwen2_vl.py@0.32.0;
+    `Qwen2_5_VisionTransformer`, models/qwen2_5_vl.py@0.32.0): a bias-free Conv3d patch embedding
+    (in x temporal x patch^2 x h), ``depth`` blocks of two norms, a biased qkv and proj and a biased
+    MLP, no position table; then a patch merger (a norm, h*m^2 -> h*m^2 -> out, biased). Qwen2-VL:
+    width ``embed_dim``, LayerNorms (weight and bias), fc1/fc2 of ``mlp_ratio x embed_dim``, output
+    ``hidden_size``. Qwen2.5-VL: width ``hidden_size``, RMSNorms (weight only), a gated
+    gate/up/down MLP of ``intermediate_size``, output ``out_hidden_size``."""
+    qwen25 = model_type == "qwen2_5_vl"
+    h = vc.get("hidden_size") if qwen25 else vc.get("embed_dim")
+    depth = vc.get("depth") or 0
+    inter = vc.get("intermediate_size") if qwen25 else (vc.get("mlp_ratio") or 4) * (h or 0)
+    out = (vc.get("out_hidden_size") if qwen25 else vc.get("hidden_size")) or text_hidden
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (h, depth, inter, out)):
+        return 0, f"vision tower of {model_type} not counted in the weights: its vision_config lacks sizes"
+    channels = vc.get("in_channels") or vc.get("in_chans") or 3
+    patch, temporal, merge = vc.get("patch_size") or 14, vc.get("temporal_patch_size") or 2, vc.get("spatial_merge_size") or 2
+    norm = h if qwen25 else 2 * h
+    mlp = 3 * h * inter + 2 * inter + h if qwen25 else (h * inter + inter) + (inter * h + h)
+    block = 2 * norm + (3 * h * h + 3 * h) + (h * h + h) + mlp
+    wide = h * merge * merge
+    total = channels * temporal * patch * patch * h + depth * block + norm + (wide * wide + wide) + (wide * out + out)
+    return int(total), f"vision tower ({total / 1e9:.2f}B parameters) loaded unless --language-model-only"
+
+
 def _tower_params(top: dict[str, Any], text_hidden: int) -> tuple[int, str]:
     """Parameters of the multimodal towers vLLM builds beside the language model.
 
@@ -837,6 +862,8 @@ def _tower_params(top: dict[str, Any], text_hidden: int) -> tuple[int, str]:
     vc = top.get("vision_config")
     if not isinstance(vc, dict):
         return 0, ""
+    if top.get("model_type") in ("qwen2_vl", "qwen2_5_vl"):
+        return _qwen2_vl_tower_params(vc, str(top.get("model_type")), text_hidden)
     h = vc.get("hidden_size") or 0
     depth = vc.get("depth") or vc.get("num_hidden_layers") or 0
     inter = vc.get("intermediate_size") or 4 * h

@@ -297,6 +297,12 @@ FAMILIES: dict[str, Family] = {
         "olmo", "olmo2", "exaone", "internlm2", "baichuan", "minimax_m2",
         "mistral3", "llama4", "llama4_text",
     )},
+    # Qwen vision-language models: the language model is Qwen2 / Qwen3 / Qwen3-MoE (full attention;
+    # Qwen2's `use_sliding_window: false` as in qwen2); the vision tower holds no KV cache.
+    "qwen2_vl": Family(vllm_file="qwen2_vl.py"),
+    "qwen2_5_vl": Family(vllm_file="qwen2_5_vl.py"),
+    **{t: Family(vllm_file="qwen3_vl.py") for t in ("qwen3_vl", "qwen3_vl_text")},
+    **{t: Family(vllm_file="qwen3_vl_moe.py") for t in ("qwen3_vl_moe", "qwen3_vl_moe_text")},
     "gemma": Family(config_defaults=_TIED),
     "gemma2": Family(kinds=every_other_sliding, config_defaults=_TIED),
     "gemma3": Family(kinds=pattern_sliding(6), config_defaults=_TIED),

@@ -245,12 +245,20 @@ def _shrink_heads_and_hidden(cfg: dict, notes: list[str]) -> None:
 
 
 def _promote_text_config(cfg: dict, notes: list[str]) -> dict:
-    text = cfg.get("text_config")
-    if not isinstance(text, dict):
-        return cfg
     archs = cfg.get("architectures") or []
     arch = archs[0] if archs else None
     target_arch, target_type = TEXT_ONLY_ARCH.get(arch, (None, None))
+    text = cfg.get("text_config")
+    if not isinstance(text, dict):
+        if target_arch and any(k in cfg for k in TOWER_KEYS):
+            # A flat multimodal config (Qwen2-VL, Qwen2.5-VL): the text fields are the top level.
+            out = {k: v for k, v in copy.deepcopy(cfg).items() if k not in TOWER_KEYS}
+            out["architectures"] = [target_arch]
+            if target_type:
+                out["model_type"] = target_type
+            notes.append(f"multimodal {arch} -> text-only {target_arch} ({out.get('model_type')})")
+            return out
+        return cfg
     tmt = text.get("model_type")
     if target_arch is None:
         target_arch = TEXT_MODEL_TYPE_ARCH.get(tmt)

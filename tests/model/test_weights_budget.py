@@ -114,6 +114,40 @@ def test_qwen36_vision_tower_by_hand_and_language_model_only():
     assert not any("multimodal encoder on its largest input" in n for n in text.notes)
 
 
+# Qwen2-VL-7B / Qwen2.5-VL-7B shaped configs: text 28 layers of 3,584; their vision_config as published.
+QWEN2_VL = {"architectures": ["Qwen2VLForConditionalGeneration"], "model_type": "qwen2_vl", "hidden_size": 3584,
+            "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+            "vocab_size": 152064, "use_sliding_window": False, "sliding_window": 32768,
+            "vision_config": {"depth": 32, "embed_dim": 1280, "mlp_ratio": 4, "num_heads": 16, "in_chans": 3,
+                              "hidden_size": 3584, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2}}
+QWEN25_VL = {**QWEN2_VL, "architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl",
+             "vision_config": {"depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16,
+                               "in_chans": 3, "out_hidden_size": 3584, "patch_size": 14, "spatial_merge_size": 2,
+                               "temporal_patch_size": 2, "window_size": 112, "fullatt_block_indexes": [7, 15, 23, 31]}}
+
+
+def test_qwen2_vl_vision_tower_by_hand():
+    # Qwen2VisionTransformer (models/qwen2_vl.py@0.32.0), embed_dim h = 1,280, MLP 4 h = 5,120, out 3,584:
+    #   patch 3 x 2 x 14 x 14 x 1,280 = 1,505,280
+    #   block: 2 LayerNorms 5,120 + qkv 4,919,040 + proj 1,639,680 + fc1 6,558,720 + fc2 6,554,880 = 19,677,440
+    #   32 blocks = 629,678,080; merger: LayerNorm 2,560 + 5,120^2 + 5,120 + 5,120 x 3,584 + 3,584 = 44,575,744
+    #   total 675,759,104 (transformers' Qwen2VLForConditionalGeneration on the meta device: the same)
+    arch = parse_architecture(QWEN2_VL)
+    assert arch.params.towers == 675_759_104
+    assert arch.layout_source == "kvplan rules" and len(arch.layers) == 28
+
+
+def test_qwen25_vl_vision_tower_by_hand():
+    # Qwen2_5_VisionTransformer (models/qwen2_5_vl.py@0.32.0), h = 1,280, gated MLP of 3,420, out 3,584:
+    #   block: 2 RMSNorms 2,560 + qkv 4,919,040 + proj 1,639,680 + gate/up/down 13,132,800 + their biases
+    #   2 x 3,420 + 1,280 = 8,120 -> 19,702,200; 32 blocks = 630,470,400
+    #   merger: RMSNorm 1,280 + 26,219,520 + 18,353,664 = 44,574,464; patch 1,505,280
+    #   total 676,550,144 (transformers' Qwen2_5_VLForConditionalGeneration on the meta device: the same)
+    arch = parse_architecture(QWEN25_VL)
+    assert arch.params.towers == 676_550_144
+    assert arch.layout_source == "kvplan rules" and len(arch.layers) == 28
+
+
 def test_mtp_layers_are_not_counted():
     # Qwen3.5 keeps its MTP block under `mtp.`; DeepSeek/GLM as layers past num_hidden_layers.
     tensors = [

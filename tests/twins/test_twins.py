@@ -97,6 +97,29 @@ SYNTHETIC: dict[str, dict] = {
         "mamba_n_groups": 1, "mamba_d_state": 64, "mamba_d_conv": 4, "mamba_expand": 2, "num_local_experts": 4,
         "num_experts_per_tok": 2, "intermediate_size": 128, "shared_intermediate_size": 128, "vocab_size": 512,
         "max_position_embeddings": 8192, "torch_dtype": "bfloat16", "position_embedding_type": "nope"},
+    "synthetic/qwen2.5-vl": {
+        "architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl", "hidden_size": 256,
+        "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
+        "vocab_size": 512, "max_position_embeddings": 8192, "rope_theta": 1000000.0, "sliding_window": 4096,
+        "use_sliding_window": False, "max_window_layers": 4, "torch_dtype": "bfloat16", "tie_word_embeddings": False,
+        "rope_scaling": {"type": "mrope", "mrope_section": [4, 6, 6]},
+        "vision_start_token_id": 500, "vision_end_token_id": 501, "image_token_id": 502, "video_token_id": 503,
+        "vision_config": {"depth": 2, "hidden_size": 64, "intermediate_size": 128, "num_heads": 2, "in_chans": 3,
+                          "out_hidden_size": 256, "patch_size": 14, "spatial_merge_size": 2, "spatial_patch_size": 14,
+                          "temporal_patch_size": 2, "window_size": 112, "fullatt_block_indexes": [1],
+                          "tokens_per_second": 2, "hidden_act": "silu"}},
+    "synthetic/qwen3-vl": {
+        "architectures": ["Qwen3VLForConditionalGeneration"], "model_type": "qwen3_vl", "tie_word_embeddings": False,
+        "image_token_id": 502, "video_token_id": 503, "vision_start_token_id": 500, "vision_end_token_id": 501,
+        "text_config": {"model_type": "qwen3_vl_text", "hidden_size": 256, "intermediate_size": 512,
+                        "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64,
+                        "vocab_size": 512, "max_position_embeddings": 8192, "rope_theta": 5000000.0,
+                        "rope_scaling": {"rope_type": "default", "mrope_section": [8, 12, 12], "mrope_interleaved": True},
+                        "tie_word_embeddings": False, "dtype": "bfloat16"},
+        "vision_config": {"model_type": "qwen3_vl", "depth": 2, "hidden_size": 64, "intermediate_size": 128,
+                          "num_heads": 2, "in_channels": 3, "out_hidden_size": 256, "patch_size": 16,
+                          "spatial_merge_size": 2, "temporal_patch_size": 2, "num_position_embeddings": 64,
+                          "deepstack_visual_indexes": [1], "hidden_act": "gelu_pytorch_tanh"}},
     "synthetic/kimi-linear": {
         "architectures": ["KimiLinearForCausalLM"], "model_type": "kimi_linear", "hidden_size": 256,
         "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 8, "kv_lora_rank": 128,
@@ -119,9 +142,11 @@ def _profiles() -> list[str]:
 def _twin_config(profile: str) -> str:
     from kvplan.vllm.twin import make_twin
 
-    if profile in SYNTHETIC:
-        return json.dumps(SYNTHETIC[profile], sort_keys=True)  # already tiny
-    twin = make_twin(load_bundled(profile).config)
+    config = SYNTHETIC.get(profile) or load_bundled(profile).config
+    if profile in SYNTHETIC and "vision_config" not in config:
+        return json.dumps(config, sort_keys=True)  # already tiny
+    # A vision-language config becomes its text-only model, as the bundled ones do (make_twin).
+    twin = make_twin(config)
     twin.pop("_kvplan_twin_notes", None)
     return json.dumps(twin, sort_keys=True)
 
