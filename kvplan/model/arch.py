@@ -596,7 +596,7 @@ def _parse_architecture(config: dict[str, Any], overrides: dict[str, Any] | None
     audio, audio_note = _audio_tower_params(top, hidden)
     if towers or audio:
         params = replace(params, towers=towers + audio)
-        notes += [n for n in (tower_note, audio_note) if n]
+    notes += [n for n in (tower_note, audio_note) if n]
     quant = _layer_schemes(quant, top.get("quantization_config") or f.get("quantization_config"), f, model_type,
                            kinds, WEIGHT_DTYPE_BYTES.get(dtype, 2))
     if quant.method == "mxfp4":
@@ -811,7 +811,8 @@ def _audio_tower_params(top: dict[str, Any], text_hidden: int) -> tuple[int, str
         return 0, f"audio tower ({ac.get('model_type') or 'unknown type'}) not counted in the weights"
     h, depth = ac.get("hidden_size"), ac.get("num_hidden_layers")
     heads, kernel = ac.get("num_attention_heads") or 1, ac.get("conv_kernel_size") or 5
-    c0, c1 = (list(ac.get("subsampling_conv_channels") or []) + [0, 0])[:2]
+    channels = ac.get("subsampling_conv_channels")
+    c0, c1 = (list(channels) + [0, 0])[:2] if isinstance(channels, list) else (0, 0)
     out = ac.get("output_proj_dims") or text_hidden
     if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (h, depth, heads, kernel, c0, c1, out)):
         return 0, "audio tower not counted in the weights: its audio_config lacks sizes"
@@ -834,10 +835,11 @@ def _qwen2_vl_tower_params(vc: dict[str, Any], model_type: str, text_hidden: int
     depth = vc.get("depth") or 0
     inter = vc.get("intermediate_size") if qwen25 else (vc.get("mlp_ratio") or 4) * (h or 0)
     out = (vc.get("out_hidden_size") if qwen25 else vc.get("hidden_size")) or text_hidden
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (h, depth, inter, out)):
-        return 0, f"vision tower of {model_type} not counted in the weights: its vision_config lacks sizes"
     channels = vc.get("in_channels") or vc.get("in_chans") or 3
     patch, temporal, merge = vc.get("patch_size") or 14, vc.get("temporal_patch_size") or 2, vc.get("spatial_merge_size") or 2
+    sizes = (h, depth, inter, out, channels, patch, temporal, merge)
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes):
+        return 0, f"vision tower of {model_type} not counted in the weights: its vision_config lacks sizes"
     norm = h if qwen25 else 2 * h
     mlp = 3 * h * inter + 2 * inter + h if qwen25 else (h * inter + inter) + (inter * h + h)
     block = 2 * norm + (3 * h * h + 3 * h) + (h * h + h) + mlp
@@ -864,11 +866,12 @@ def _tower_params(top: dict[str, Any], text_hidden: int) -> tuple[int, str]:
         return 0, ""
     if top.get("model_type") in ("qwen2_vl", "qwen2_5_vl"):
         return _qwen2_vl_tower_params(vc, str(top.get("model_type")), text_hidden)
-    h = vc.get("hidden_size") or 0
-    depth = vc.get("depth") or vc.get("num_hidden_layers") or 0
-    inter = vc.get("intermediate_size") or 4 * h
+    # MoonViT (Kimi-VL / Kimi-K2.5) names its sizes vt_*.
+    h = vc.get("hidden_size") or vc.get("vt_hidden_size") or 0
+    depth = vc.get("depth") or vc.get("num_hidden_layers") or vc.get("vt_num_hidden_layers") or 0
+    inter = vc.get("intermediate_size") or vc.get("vt_intermediate_size") or 4 * h
     if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (h, depth, inter)):
-        return 0, ""
+        return 0, "vision tower not counted in the weights: its vision_config lacks sizes"
     patch = vc.get("patch_size") or 14
     channels = vc.get("in_channels") or vc.get("num_channels") or 3
     block = 2 * 2 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * inter + inter) + (inter * h + h)

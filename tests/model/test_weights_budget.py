@@ -164,3 +164,19 @@ def test_mtp_layers_are_not_counted():
 def test_mtp_note_for_qwen35_field_name():
     arch = arch_of("Qwen/Qwen3.5-27B")
     assert any("MTP" in n for n in arch.notes)
+
+
+@pytest.mark.parametrize("bad", [{"patch_size": -14}, {"patch_size": "14"}, {"in_chans": True}, {"depth": 1e9}])
+def test_a_vision_config_without_usable_sizes_is_named_not_guessed(bad):
+    config = {**QWEN25_VL, "vision_config": {**QWEN25_VL["vision_config"], **bad}}
+    arch = parse_architecture(config)
+    assert arch.params.towers == 0
+    assert any("vision tower of qwen2_5_vl not counted" in n for n in arch.notes)
+
+
+def test_moonvit_sizes_are_read_from_their_vt_keys():
+    # Kimi-K2.5's vision_config names its sizes vt_hidden_size 1,152, vt_num_hidden_layers 27,
+    # vt_intermediate_size 4,304: estimated as a generic ViT (it used to be left out without a word).
+    arch = parse_architecture(load_bundled("moonshotai/Kimi-K2.5").config)
+    assert arch.params.towers > 27 * (4 * 1152 * 1152 + 2 * 1152 * 4304)
+    assert any(n.startswith("vision tower (~0.42B parameters, estimated)") for n in arch.notes)
