@@ -814,7 +814,7 @@ def _audio_tower_params(top: dict[str, Any], text_hidden: int) -> tuple[int, str
     channels = ac.get("subsampling_conv_channels")
     c0, c1 = (list(channels) + [0, 0])[:2] if isinstance(channels, list) else (0, 0)
     out = ac.get("output_proj_dims") or text_hidden
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (h, depth, heads, kernel, c0, c1, out)):
+    if not _all_positive_ints(h, depth, heads, kernel, c0, c1, out):
         return 0, "audio tower not counted in the weights: its audio_config lacks sizes"
     subsample = c0 * 9 + c0 + c1 * c0 * 9 + c1 + (c0 // 4) * c1 * h
     layer = 2 * (8 * h * h + 2 * h) + (5 * h * h + h // heads) + (3 * h * h + kernel * h + 2 * h) + 3 * h
@@ -822,13 +822,34 @@ def _audio_tower_params(top: dict[str, Any], text_hidden: int) -> tuple[int, str
     return int(total), f"audio tower ({total / 1e9:.2f}B parameters) loaded unless --language-model-only"
 
 
+def _all_positive_ints(*values: Any) -> bool:
+    return all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values)
+
+
+def _vit_block(h: int, inter: int, norm: int, gated: bool = False) -> int:
+    """One pre-norm ViT block: two norms of ``norm`` parameters each, a biased qkv and proj, and a
+    biased MLP (fc1/fc2, or gate/up/down when ``gated``)."""
+    mlp = 3 * h * inter + 2 * inter + h if gated else 2 * h * inter + inter + h
+    return 2 * norm + (3 * h * h + 3 * h) + (h * h + h) + mlp
+
+
+def _patch_merger(h: int, merge: int, out: int, norm: int) -> int:
+    """Qwen-VL's patch merger: a norm, then a biased h*m^2 -> h*m^2 -> out MLP."""
+    wide = h * merge * merge
+    return norm + (wide * wide + wide) + (wide * out + out)
+
+
+def _tower_note(total: int, estimated: bool = False) -> str:
+    size = f"~{total / 1e9:.2f}B parameters, estimated" if estimated else f"{total / 1e9:.2f}B parameters"
+    return f"vision tower ({size}) loaded unless --language-model-only"
+
+
 def _qwen2_vl_tower_params(vc: dict[str, Any], model_type: str, text_hidden: int) -> tuple[int, str]:
     """Qwen2-VL's and Qwen2.5-VL's vision towers (`Qwen2VisionTransformer`, models/qwen2_vl.py@0.32.0;
     `Qwen2_5_VisionTransformer`, models/qwen2_5_vl.py@0.32.0): a bias-free Conv3d patch embedding
-    (in x temporal x patch^2 x h), ``depth`` blocks of two norms, a biased qkv and proj and a biased
-    MLP, no position table; then a patch merger (a norm, h*m^2 -> h*m^2 -> out, biased). Qwen2-VL:
-    width ``embed_dim``, LayerNorms (weight and bias), fc1/fc2 of ``mlp_ratio x embed_dim``, output
-    ``hidden_size``. Qwen2.5-VL: width ``hidden_size``, RMSNorms (weight only), a gated
+    (in x temporal x patch^2 x h), ``depth`` ViT blocks, no position table, then a patch merger.
+    Qwen2-VL: width ``embed_dim``, LayerNorms (weight and bias), fc1/fc2 of ``mlp_ratio x embed_dim``,
+    output ``hidden_size``. Qwen2.5-VL: width ``hidden_size``, RMSNorms (weight only), a gated
     gate/up/down MLP of ``intermediate_size``, output ``out_hidden_size``."""
     qwen25 = model_type == "qwen2_5_vl"
     h = vc.get("hidden_size") if qwen25 else vc.get("embed_dim")
@@ -837,15 +858,12 @@ def _qwen2_vl_tower_params(vc: dict[str, Any], model_type: str, text_hidden: int
     out = (vc.get("out_hidden_size") if qwen25 else vc.get("hidden_size")) or text_hidden
     channels = vc.get("in_channels") or vc.get("in_chans") or 3
     patch, temporal, merge = vc.get("patch_size") or 14, vc.get("temporal_patch_size") or 2, vc.get("spatial_merge_size") or 2
-    sizes = (h, depth, inter, out, channels, patch, temporal, merge)
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes):
+    if not _all_positive_ints(h, depth, inter, out, channels, patch, temporal, merge):
         return 0, f"vision tower of {model_type} not counted in the weights: its vision_config lacks sizes"
     norm = h if qwen25 else 2 * h
-    mlp = 3 * h * inter + 2 * inter + h if qwen25 else (h * inter + inter) + (inter * h + h)
-    block = 2 * norm + (3 * h * h + 3 * h) + (h * h + h) + mlp
-    wide = h * merge * merge
-    total = channels * temporal * patch * patch * h + depth * block + norm + (wide * wide + wide) + (wide * out + out)
-    return int(total), f"vision tower ({total / 1e9:.2f}B parameters) loaded unless --language-model-only"
+    total = (channels * temporal * patch * patch * h + depth * _vit_block(h, inter, norm, gated=qwen25)
+             + _patch_merger(h, merge, out, norm))
+    return int(total), _tower_note(total)
 
 
 def _tower_params(top: dict[str, Any], text_hidden: int) -> tuple[int, str]:
@@ -870,22 +888,22 @@ def _tower_params(top: dict[str, Any], text_hidden: int) -> tuple[int, str]:
     h = vc.get("hidden_size") or vc.get("vt_hidden_size") or 0
     depth = vc.get("depth") or vc.get("num_hidden_layers") or vc.get("vt_num_hidden_layers") or 0
     inter = vc.get("intermediate_size") or vc.get("vt_intermediate_size") or 4 * h
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (h, depth, inter)):
+    if not _all_positive_ints(h, depth, inter):
         return 0, "vision tower not counted in the weights: its vision_config lacks sizes"
     patch = vc.get("patch_size") or 14
     channels = vc.get("in_channels") or vc.get("num_channels") or 3
-    block = 2 * 2 * h + (3 * h * h + 3 * h) + (h * h + h) + (h * inter + inter) + (inter * h + h)
+    block = _vit_block(h, inter, norm=2 * h)  # LayerNorms with biases
     vtype = str(vc.get("model_type") or "")
     if vtype.startswith(("qwen3_5", "qwen3_vl")) or "out_hidden_size" in vc:
         temporal = vc.get("temporal_patch_size") or 2
         merge = vc.get("spatial_merge_size") or 2
         out = vc.get("out_hidden_size") or text_hidden
-        wide = h * merge * merge
-        merger = 2 * h + (wide * wide + wide) + (wide * out + out)
         deepstack = len(vc.get("deepstack_visual_indexes") or [])
+        # The deepstack mergers normalise after the shuffle: a LayerNorm of h*m^2.
         total = (channels * temporal * patch * patch * h + h + (vc.get("num_position_embeddings") or 0) * h
-                 + depth * block + merger + deepstack * (merger - 2 * h + 2 * wide))
-        return int(total), f"vision tower ({total / 1e9:.2f}B parameters) loaded unless --language-model-only"
+                 + depth * block + _patch_merger(h, merge, out, 2 * h)
+                 + deepstack * _patch_merger(h, merge, out, 2 * h * merge * merge))
+        return int(total), _tower_note(total)
     if vtype == "gemma4_vision":
         # transformers' Gemma4VisionModel (vLLM builds it with AutoModel.from_config:
         # models/gemma4_mm.py@0.32.0), counted from its modules: a 2 x position_embedding_size x h
@@ -900,6 +918,6 @@ def _tower_params(top: dict[str, Any], text_hidden: int) -> tuple[int, str]:
         position = 2 * (vc.get("position_embedding_size") or 0) * h
         projector = (vc.get("output_proj_dims") or h) * text_hidden
         total = position + channels * patch * patch * h + depth * block + projector
-        return int(total), f"vision tower ({total / 1e9:.2f}B parameters) loaded unless --language-model-only"
+        return int(total), _tower_note(total)
     total = channels * patch * patch * h + h + depth * block + 2 * h + h * text_hidden
-    return int(total), f"vision tower (~{total / 1e9:.2f}B parameters, estimated) loaded unless --language-model-only"
+    return int(total), _tower_note(total, estimated=True)
