@@ -75,6 +75,8 @@ class EngineConfig:
     data_parallel_size: int | None = None
     enable_expert_parallel: bool | None = None
     language_model_only: bool | None = None
+    mm_processor_kwargs: dict[str, int] | None = None
+    skip_mm_profiling: bool | None = None
     disable_hybrid_kv_cache_manager: bool | None = None
     async_scheduling: bool | None = None
     mamba_ssm_cache_dtype: str | None = None

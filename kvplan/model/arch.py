@@ -17,6 +17,7 @@ from typing import Any
 
 from kvplan.errors import KvplanError
 from kvplan.model.dtypes import WEIGHT_DTYPE_BYTES
+from kvplan.model.encoders import VisionEncoderPass, vision_encoder_pass
 from kvplan.model.families import family_for, sliding_window_size
 from kvplan.model.layers import (
     MLA,
@@ -70,6 +71,8 @@ class Architecture:
     layout_source: str = "kvplan rules"
     num_experts: int = 0  # routed experts of an MoE layer (0: no MoE)
     expert_intermediate_size: int = 0  # one routed expert's intermediate size (0: no MoE)
+    # The vision tower's pass in vLLM's profile run, where kvplan has read the tower (else None).
+    vision_encoder: VisionEncoderPass | None = None
 
     @property
     def layout_verified(self) -> bool:
@@ -625,6 +628,7 @@ def _parse_architecture(config: dict[str, Any], overrides: dict[str, Any] | None
                         or 0) if params.experts else 0,
         expert_intermediate_size=int(f.get("moe_intermediate_size", "intermediate_size", default=0) or 0)
         if params.experts else 0,
+        vision_encoder=vision_encoder_pass(top, hidden) if towers else None,
     )
 
 
@@ -669,10 +673,13 @@ def _gemma4_global_shape(f: _Fields, kv_heads: int) -> tuple[int, int]:
 def _check_dims(f: _Fields) -> None:
     """Every whole-number size the config gives must be positive and plausible: a zero or
     negative head count, window or rank is a broken config, never planned as real."""
+    no_experts = not f.get("n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
     for name in sorted(INTEGER_FIELDS):
         value = f.get(name)
         if value is None or name in _MAY_BE_ZERO:
             continue
+        if value == 0 and name in _EXPERT_FIELDS and no_experts:
+            continue  # a dense model of an MoE family says so with zeros (granite-4.0-h-350m)
         if value <= 0 or value > (MAX_DIM if name not in _LENGTH_FIELDS else 1 << 40):
             raise KvplanError(f"invalid {name} in config: {value:,}", f"fix it with --set {name}=N")
 
@@ -685,6 +692,9 @@ _MAY_BE_ZERO = frozenset([
     "qk_nope_head_dim", "moe_layer_freq", "decoder_sparse_step", "interleave_moe_layer_step",
     "hidden_size_per_layer_input", "index_skip_topk_offset", "mtp_num_hidden_layers",
 ])
+# Expert counts and top-k: 0 when a family's dense model has no routed experts.
+_EXPERT_FIELDS = frozenset(["n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts",
+                            "num_experts_per_tok", "experts_per_token", "moe_topk"])
 _LENGTH_FIELDS = frozenset(["max_position_embeddings", "n_positions", "seq_length", "max_seq_len", "n_ctx",
                             "vocab_size", "padded_vocab_size", "attention_chunk_size"])
 

@@ -431,16 +431,30 @@ def compute_capacity(
             )
     if settings.language_model_only and arch.params.towers:
         # `--language-model-only`: vLLM builds no multimodal tower (models/interfaces.py@0.32.0).
-        arch = replace(arch, params=replace(arch.params, towers=0))
+        arch = replace(arch, params=replace(arch.params, towers=0), vision_encoder=None)
         notes.append("--language-model-only: the multimodal towers are not loaded")
+    elif arch.params.towers and settings.skip_mm_profiling:
+        arch = replace(arch, vision_encoder=None)
+        notes.append("--skip-mm-profiling: the profile run leaves the multimodal encoder out, so requests with "
+                     "large images can run out of memory at run time")
+    elif arch.params.towers and arch.vision_encoder is not None and rules.engine == "v1":
+        # `profile_run` pushes a dummy item "of the maximum feature size" through the encoder before the
+        # text dummy run (v1/worker/gpu_model_runner.py@0.24.0); kvplan.model.encoders sizes that pass.
+        if settings.mm_max_pixels:
+            arch = replace(arch, vision_encoder=replace(arch.vision_encoder, max_pixels=settings.mm_max_pixels))
+        peak = arch.vision_encoder.peak_bytes(arch.model_dtype_bytes, tp)
+        largest = "--mm-max-pixels" if settings.mm_max_pixels else "the processor's default; --mm-max-pixels changes it"
+        notes.append(
+            f"vLLM's profile run first pushes its largest image through the vision tower ({largest}): "
+            f"{arch.vision_encoder.describe()}, {peak / GiB:.2f} GiB at its peak per GPU, counted in the "
+            "activation; --language-model-only avoids it"
+        )
     elif arch.params.towers:
-        # `profile_run` runs the encoder on a dummy batch "of the maximum feature size" before the text dummy
-        # run (v1/worker/gpu_model_runner.py@0.32.0); its peak depends on the processor's largest input, which
-        # config.json does not give, so it is named here and not guessed.
+        # Towers whose forward pass kvplan has not read: the pass is named, not guessed.
+        arch = replace(arch, vision_encoder=None)
         notes.append(
             "vLLM's profile run also runs the multimodal encoder on its largest input, a peak kvplan does not "
-            "count: the KV memory can be lower (two Qwen3.6-35B-A3B reports held back 1.7 GiB more, "
-            "docs/accuracy.md); --language-model-only avoids it"
+            "count for this tower: the KV memory can be lower; --language-model-only avoids it"
         )
     # MXFP4 experts are laid out for the MoE kernel vLLM picks on this GPU (kvplan/model/weights.py).
     # vLLM shards the routed experts over every GPU of a data-parallel deployment (tp x dp); with
@@ -475,6 +489,7 @@ def compute_capacity(
     requested = math.ceil(requested) if rules.requested_memory_ceil else int(requested)
     stages: list[StageBudget] = []
     ranges = pipeline_stages(arch.num_hidden_layers, pp)
+    encoder = arch.vision_encoder  # every pipeline stage's worker runs the encoder pass
     for s, stage in enumerate(ranges):
         specs: list[LayerSpec] = [spec for spec, i in zip(arch.layers, arch.layer_index) if i in stage]
         layout = build_layout(with_state_dtype(with_tp(specs, tp), rules, settings.mamba_ssm_cache_dtype), dtype,
@@ -488,6 +503,8 @@ def compute_capacity(
         activation = overhead.activation(
             min(limits.max_num_seqs, limits.max_num_batched_tokens), arch.vocab_size, limits.max_num_batched_tokens,
             arch.hidden_size, arch.model_dtype_bytes, samples=last, mlp_width=arch.mlp_activation_width // tp,
+            encoder_peak=encoder.peak_bytes(arch.model_dtype_bytes, tp) if encoder else 0,
+            encoder_retained=encoder.retained_bytes(arch.model_dtype_bytes) if encoder else 0,
         )
         non_torch = overhead.non_torch(tp * pp)
         graphs = Estimate.exact(0)

@@ -12,6 +12,10 @@ working set plus the retained hidden states, unless the forward pass itself peak
     forward    = MNBT * (3 * mlp_width + 3 * hidden_size) * dtype_bytes
     activation = max(sampler, forward)
 
+Multimodal models first push one item of the processor's largest size through their encoder
+(kvplan/model/encoders.py); the peak is then the larger of the encoder's own peak and the
+activation above on top of what the encoder pass leaves allocated.
+
 The forward term is read off the model code, not fitted: an MLP turns ``[T, hidden]`` into
 ``[T, 2 * intermediate]`` (gate_up_proj), then ``[T, intermediate]`` (SiluAndMul), next to the
 residual, normed and output hidden states (`model_executor/models/llama.py::LlamaMLP`; fused
@@ -86,19 +90,26 @@ class OverheadModel:
         return min(max_num_seqs, max_num_batched_tokens) * vocab_size
 
     def activation(self, max_num_seqs: int, vocab_size: int, max_num_batched_tokens: int,
-                   hidden_size: int, dtype_bytes: int, samples: bool = True, mlp_width: int = 0) -> Estimate:
+                   hidden_size: int, dtype_bytes: int, samples: bool = True, mlp_width: int = 0,
+                   encoder_peak: int = 0, encoder_retained: int = 0) -> Estimate:
         """The profile run's torch peak increase on one device. ``max_num_seqs`` is the number
         of rows the sampler sees (callers pass min(max_num_seqs, MNBT)); ``mlp_width`` the
-        per-rank, per-token MLP intermediate width."""
+        per-rank, per-token MLP intermediate width. A multimodal encoder pass runs first
+        (kvplan.model.encoders): its own peak ``encoder_peak``, and ``encoder_retained`` bytes it
+        leaves allocated under the text dummy run and the sampler run."""
         hidden = max_num_batched_tokens * hidden_size * dtype_bytes
         forward = max_num_batched_tokens * (3 * mlp_width + 3 * hidden_size) * dtype_bytes if mlp_width else 0
+
+        def peak(text: float) -> int:
+            return int(max(encoder_peak, encoder_retained + text))
+
         if not samples:  # a pipeline stage before the last runs no sampler
-            return Estimate.exact(max(hidden, forward))
+            return Estimate.exact(peak(max(hidden, forward)))
         sampler = self.sampler_bytes_per_logit * max_num_seqs * vocab_size
         return Estimate(
-            int(max(sampler + hidden, forward)),
-            int(max(sampler * (1 - self.sampler_spread_low) + hidden, forward)),
-            int(max(sampler * (1 + self.sampler_spread_high) + hidden, forward)),
+            peak(max(sampler + hidden, forward)),
+            peak(max(sampler * (1 - self.sampler_spread_low) + hidden, forward)),
+            peak(max(sampler * (1 + self.sampler_spread_high) + hidden, forward)),
         )
 
     def non_torch(self, world_size: int) -> Estimate:

@@ -15,11 +15,12 @@ from kvplan.errors import KvplanError
 _MIN_ONE = ("tensor_parallel_size", "pipeline_parallel_size", "decode_context_parallel_size", "data_parallel_size",
             "block_size", "max_model_len",
             "kv_cache_memory_bytes", "num_gpu_blocks_override", "max_num_seqs", "max_num_batched_tokens",
-            "weights_bytes", "concurrency", "prompt_tokens")
+            "weights_bytes", "concurrency", "prompt_tokens", "mm_max_pixels")
 
 
 _MAX = {"draft_layers": 1024, "tensor_parallel_size": 4096, "pipeline_parallel_size": 4096,
-        "decode_context_parallel_size": 4096, "data_parallel_size": 65536, "concurrency": 100_000_000, "max_num_seqs": 100_000_000}
+        "decode_context_parallel_size": 4096, "data_parallel_size": 65536, "concurrency": 100_000_000, "max_num_seqs": 100_000_000,
+        "mm_max_pixels": 1 << 32}
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,10 @@ class Settings:
     # vLLM's --language-model-only (or every --limit-mm-per-prompt modality at 0): the
     # multimodal towers are not built, so their weights are not loaded.
     language_model_only: bool = False
+    # The processor's largest image in pixels (vLLM's --mm-processor-kwargs '{"max_pixels": N}'); None: the
+    # processor's default. It sizes the encoder pass of the profile run (kvplan.model.encoders).
+    mm_max_pixels: int | None = None
+    skip_mm_profiling: bool = False  # vLLM's --skip-mm-profiling: no encoder pass in the profile run
     # The workload: concurrent requests of prompt + output tokens, optionally sharing a prefix.
     concurrency: int = 1
     prompt_tokens: int | None = None

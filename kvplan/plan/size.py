@@ -135,7 +135,8 @@ def _memory_terms(cap: Capacity) -> list[MemoryTerm]:
         MemoryTerm(name="activation peak (profile run)", bytes=st.activation.bytes, low_bytes=st.activation.low,
                    high_bytes=st.activation.high, sign=-1,
                    how=f"max_num_seqs {cap.limits.max_num_seqs} x vocab logits, "
-                       f"{cap.limits.max_num_batched_tokens} batched tokens"),
+                       f"{cap.limits.max_num_batched_tokens} batched tokens"
+                       + (", or the vision encoder's pass if higher" if cap.arch.vision_encoder else "")),
         MemoryTerm(name="non-torch memory", bytes=st.non_torch.bytes, low_bytes=st.non_torch.low,
                    high_bytes=st.non_torch.high, sign=-1, how="NCCL, cuBLAS, CUDA context growth"),
     ]

@@ -5,6 +5,7 @@ disagree about a flag's spelling or form."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,8 @@ ENGINE_FLAGS: tuple[tuple[str, str, str], ...] = (
     ("max_num_batched_tokens", "--max-num-batched-tokens", "value"),
     ("enforce_eager", "--enforce-eager", "switch"),
     ("language_model_only", "--language-model-only", "switch"),
+    ("mm_processor_kwargs", "--mm-processor-kwargs", "value"),
+    ("skip_mm_profiling", "--skip-mm-profiling", "switch"),
     ("disable_hybrid_kv_cache_manager", "--disable-hybrid-kv-cache-manager", "switch"),
     ("enable_prefix_caching", "--enable-prefix-caching", "bool"),
     ("async_scheduling", "--async-scheduling", "bool"),
@@ -76,6 +79,8 @@ def engine_values(s: Settings) -> dict[str, object]:
         "max_num_batched_tokens": s.max_num_batched_tokens,
         "enforce_eager": s.enforce_eager or None,
         "language_model_only": s.language_model_only or None,
+        "mm_processor_kwargs": {"max_pixels": s.mm_max_pixels} if s.mm_max_pixels else None,
+        "skip_mm_profiling": s.skip_mm_profiling or None,
         "disable_hybrid_kv_cache_manager": True if s.hybrid_kv_cache_manager is False else None,
         "enable_prefix_caching": s.enable_prefix_caching,
         "async_scheduling": s.async_scheduling,
@@ -107,6 +112,8 @@ def settings_from_engine_args(source: object, **extra: object) -> Settings:
 
 
 def _text(value: object) -> str:
+    if isinstance(value, dict):  # vLLM parses dict-valued flags as JSON
+        return json.dumps(value, separators=(",", ":"))
     if isinstance(value, float):
         short = f"{value:g}"
         return short if float(short) == value else repr(value)

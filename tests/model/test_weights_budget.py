@@ -109,9 +109,10 @@ def test_qwen36_vision_tower_by_hand_and_language_model_only():
     text = compute_capacity(arch, args[0], Settings(max_model_len=8192, language_model_only=True), *args[1:])
     assert full.limiting_stage.weights - text.limiting_stage.weights == pytest.approx(446_571_248 * 2, abs=2)
     assert any("language-model-only" in n for n in text.notes)
-    # With the towers loaded, the encoder's profile peak (not modelled) is named; without them it is not.
-    assert any("multimodal encoder on its largest input" in n for n in full.notes)
-    assert not any("multimodal encoder on its largest input" in n for n in text.notes)
+    # With the towers loaded, the encoder's pass in the profile run is counted and named (tests/model/
+    # test_encoders.py); without them it is not.
+    assert any("largest image through the vision tower" in n for n in full.notes)
+    assert not any("vision tower:" in n or "multimodal encoder" in n for n in text.notes)
 
 
 # Qwen2-VL-7B / Qwen2.5-VL-7B shaped configs: text 28 layers of 3,584; their vision_config as published.

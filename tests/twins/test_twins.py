@@ -57,6 +57,8 @@ EXTRA_VARIANTS = {  # profile -> variants beyond the default
     "google/gemma-4-E2B-it": ["block256"],
     "Qwen/Qwen3.5-35B-A3B": ["block256", "no-prefix-caching"],
     "zai-org/GLM-5.2": ["no-prefix-caching"],
+    "tiiuae/Falcon-H1-34B-Instruct": ["no-prefix-caching", "block256"],
+    "ibm-granite/granite-4.0-h-350m": ["no-prefix-caching"],
     "synthetic/falcon-h1": ["no-prefix-caching", "block256"],
     "synthetic/granite-4.0-h": ["no-prefix-caching"],
 }
@@ -81,8 +83,9 @@ ENGINE_CANNOT_BUILD: dict[str, str] = {
 
 MAX_MODEL_LEN = 4096
 
-# Families with no bundled profile (no verbatim public config was found): small configs of the
-# family's shape, written here, that check kvplan's rules for the family against the engine.
+# Small configs of a family's shape, written here, that check kvplan's rules against the engine where
+# no bundled profile covers that shape: Granite 4.0-H with routed experts (the bundled 350m has none), a
+# small Falcon-H1 (beside the bundled 34B), and Qwen VL and Kimi-Linear shapes.
 SYNTHETIC: dict[str, dict] = {
     "synthetic/falcon-h1": {
         "architectures": ["FalconH1ForCausalLM"], "model_type": "falcon_h1", "hidden_size": 256,

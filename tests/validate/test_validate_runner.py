@@ -108,21 +108,25 @@ def test_goals_as_the_shipped_reports_give_them(result):
     assert page.met and "9/10" in page.achieved and "kv048" in page.achieved
     full = next(s for s in result.summaries if s.mode == "full" and s.quantity == "available_kv_gib" and s.subset == "all")
     assert full.n == 18 and full.median_abs_pct <= 5
-    # The median goal holds; the p90 and the "of requested" goals are MISSED (docs/accuracy.md, "Misses"):
+    # The median goal and the "of requested" goal hold; the p90 goal is MISSED (docs/accuracy.md, "Misses"):
     # - kv030 (gpt-oss-120b, 0.11.0): its figures contradict each other (64.38 + 7.38 + 3.33 GiB exceed the
     #   requested 71.26); with the MXFP4 weights as vLLM loads them (64.18 GiB against the printed 64.38)
     #   kvplan predicts no KV memory at all (-0.45 GiB), as vllm#33155 reports for gpt-oss-120b on one H100.
-    # - kv044, kv047 (nvidia/Qwen3.6-35B-A3B-NVFP4 on an RTX 5090, 0.24.0; the checkpoint is now known from
-    #   club-3090's registry): +28.9% / +28.3%, about 1.7 GiB of profile memory kvplan does not model.
-    # kv048 (Qwen3-235B-A22B-FP8, TP 4, no settings) passes on the release its date gives (0.9.2): 0.9 x 79.18
-    # = 71.26 GiB requested, predicted 10.04 GiB against 8.11: +1.93 GiB = +2.7% of the requested memory.
+    # - kv048 (Qwen3-235B-A22B-FP8, TP 4, no settings) on the release its date gives (0.9.2): 0.9 x 79.18
+    #   = 71.26 GiB requested, predicted 10.04 GiB against 8.11: +23.9%, but +2.7% of the requested memory.
+    # kv044, kv047 (nvidia/Qwen3.6-35B-A3B-NVFP4 on an RTX 5090, 0.24.0) were +6.0% / +5.9% of the requested
+    # memory until the vision encoder's pass in the profile run was counted (1.74 GiB at its peak against
+    # 0.30 GiB for the text run); 0.92 x 31.40 = 28.89 GiB requested, 5.98 and 6.01 GiB printed.
     # kv013 (-3.2%) passes since its container's vLLM (0.19.0) is known: no CUDA-graph term.
     assert not goals["full budget: available KV memory (all reports)"].met
     assert not goals["full budget: available KV memory (V1-engine reports)"].met
     assert full.p90_abs_pct > 10
     of_requested = goals["full budget: available KV memory vs the requested GPU memory"]
-    assert not of_requested.met and of_requested.achieved.startswith("15/18")
-    assert all(c in of_requested.achieved for c in ("kv030", "kv044", "kv047"))
+    assert of_requested.met and of_requested.achieved.startswith("17/18")
+    assert "kv030" in of_requested.achieved
+    for case_id, reported in (("kv044", 5.98), ("kv047", 6.01)):
+        kv = case(result, case_id, "full").get("available_kv_gib")
+        assert kv.reported == reported and abs(kv.error_of_requested_pct) < 1.5, case_id
     assert "kv048" not in of_requested.achieved
     assert "kv013" not in of_requested.achieved
     assert full.loo_median_abs_pct is not None

@@ -22,6 +22,8 @@ VALUES = {
     "max_num_batched_tokens": 4096,
     "enforce_eager": True,
     "language_model_only": True,
+    "mm_processor_kwargs": {"max_pixels": 1048576},
+    "skip_mm_profiling": True,
     "disable_hybrid_kv_cache_manager": True,
     "enable_prefix_caching": False,
     "async_scheduling": True,
