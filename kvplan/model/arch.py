@@ -310,13 +310,15 @@ def _count_params(
         # their own shape and keep the V slot even with attention_k_eq_v; a layer reusing another's KV
         # (Gemma 3n / 4 num_kv_shared_layers) has q and o only (`Gemma4Attention.__init__`,
         # models/gemma4.py@0.32.0; `Gemma3nAttention.__init__`, models/gemma3n.py@0.32.0).
+        # An output gate (Qwen3-Next, Qwen3.5 / 3.6: families.py) doubles q_proj's heads.
         first_kv_shared = n - int(f.get("num_kv_shared_layers", default=0) or 0)
+        q_heads = num_heads * (2 if f.get("attn_output_gate") is True else 1)
         for i, kind in enumerate(kinds):
             if kind not in ("full", "sliding", "chunked", "attention+mamba", "global"):
                 continue
             layer_kv_heads, layer_head = _gemma4_global_shape(f, kv_heads) if kind == "global" else (kv_heads, head)
             kv = 2 * layer_kv_heads * layer_head if i < first_kv_shared else 0
-            attn += hidden * (2 * num_heads * layer_head + kv)
+            attn += hidden * ((q_heads + num_heads) * layer_head + kv)
 
     # MLPs: dense or mixture of experts.
     moe = _moe_layers(f, model_type, n)

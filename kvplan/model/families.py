@@ -288,6 +288,7 @@ _DECODER = Family(vllm_file="llama.py")
 _NON_GATED = Family(gated_mlp=False)
 _MLA = Family(kinds=mla_kinds, vllm_file="deepseek_v2.py")
 _TIED = {"tie_word_embeddings": True}
+_OUTPUT_GATE = {"attn_output_gate": True}
 
 FAMILIES: dict[str, Family] = {
     # Plain decoders: full attention, or one window, or explicit layer_types.
@@ -328,8 +329,13 @@ FAMILIES: dict[str, Family] = {
     "bamba": Family(state=mamba2_state, vllm_file="bamba.py"),
     "zamba2": Family(state=mamba2_state, mamba_all_mode=True, vllm_file="zamba2.py"),
     "falcon_h1": Family(kinds=falcon_h1_kinds, state=mamba2_state, mamba_all_mode=True, vllm_file="falcon_h1.py"),
-    "qwen3_next": Family(kinds=interval_kinds, state=gated_delta_net_state, vllm_file="qwen3_next.py"),
-    **{t: Family(kinds=interval_kinds, state=gated_delta_net_state, ssm_policy="qwen3_5", vllm_file="qwen3_5.py")
+    # Qwen3-Next's attention (also Qwen3.5 / 3.6's) gates its output: q_proj holds twice the query heads
+    # unless the config says attn_output_gate false (`getattr(config, "attn_output_gate", True)`,
+    # `Qwen3NextAttention.__init__`, models/qwen3_next.py@0.32.0).
+    "qwen3_next": Family(kinds=interval_kinds, state=gated_delta_net_state, vllm_file="qwen3_next.py",
+                         config_defaults=_OUTPUT_GATE),
+    **{t: Family(kinds=interval_kinds, state=gated_delta_net_state, ssm_policy="qwen3_5", vllm_file="qwen3_5.py",
+                 config_defaults=_OUTPUT_GATE)
        for t in ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")},
     **{t: Family(kinds=minimax_kinds, state=lightning_state, vllm_file="minimax_text_01.py")
        for t in ("minimax", "minimax_text_01", "minimax_m1")},

@@ -93,7 +93,8 @@ def engine_values(s: Settings) -> dict[str, object]:
 _READ_BACK = (("tensor_parallel_size", 1), ("pipeline_parallel_size", 1), ("kv_cache_dtype", "auto"),
               ("block_size", None), ("max_model_len", None), ("gpu_memory_utilization", None),
               ("kv_cache_memory_bytes", None), ("num_gpu_blocks_override", None), ("max_num_seqs", None),
-              ("max_num_batched_tokens", None), ("enforce_eager", False), ("enable_prefix_caching", None))
+              ("max_num_batched_tokens", None), ("enforce_eager", False), ("enable_prefix_caching", None),
+              ("language_model_only", False), ("skip_mm_profiling", False), ("mm_max_pixels", None))
 
 
 def settings_from_engine_args(source: object, **extra: object) -> Settings:
@@ -106,7 +107,11 @@ def settings_from_engine_args(source: object, **extra: object) -> Settings:
     for name, default in _READ_BACK:
         value = getattr(source, name, None)
         values[name] = default if value is None else value
-    values["enforce_eager"] = bool(values["enforce_eager"])
+    for name in ("enforce_eager", "language_model_only", "skip_mm_profiling"):
+        values[name] = bool(values[name])
+    kwargs = getattr(source, "mm_processor_kwargs", None)  # the bench's EngineConfig carries vLLM's dict
+    if values["mm_max_pixels"] is None and isinstance(kwargs, dict):
+        values["mm_max_pixels"] = kwargs.get("max_pixels")
     values.update(extra)
     return Settings(**values)
 

@@ -166,6 +166,10 @@ class StartupReport(BaseModel):
     kv_cache_memory_bytes: int | None = None
     enable_prefix_caching: bool | None = None
     quantization: str | None = None
+    # Multimodal: what the profile run's encoder pass depends on (kvplan.model.encoders).
+    language_model_only: bool | None = Field(None, description="--language-model-only, or every modality limit 0")
+    skip_mm_profiling: bool | None = None
+    mm_max_pixels: int | None = Field(None, description="--mm-processor-kwargs max_pixels")
     # Reported numbers.
     weights_gib: float | None = Field(None, description="Model loading took X GiB (per device)")
     available_kv_gib: float | None = Field(None, description="Available KV cache memory (per device)")
@@ -259,6 +263,28 @@ _ARG_FIELDS = (
     "kv_cache_dtype", "dtype", "max_num_seqs", "max_num_batched_tokens", "enforce_eager",
     "num_gpu_blocks_override", "kv_cache_memory_bytes", "enable_prefix_caching", "quantization",
 )
+
+
+def multimodal_settings(args: dict[str, Any]) -> dict[str, Any]:
+    """The multimodal engine arguments kvplan plans with, from vLLM's "non-default args": the towers are
+    not built with ``language_model_only`` or when every ``limit_mm_per_prompt`` modality is 0
+    (``MultiModalConfig.get_limit_per_prompt``, config/multimodal.py@0.32.0; a limit is a count or
+    ``{"count": N, ...}``); ``mm_processor_kwargs`` may set the largest image (``max_pixels``)."""
+    out: dict[str, Any] = {}
+    limits = args.get("limit_mm_per_prompt")
+    if args.get("language_model_only") is True:
+        out["language_model_only"] = True
+    elif isinstance(limits, dict) and limits:
+        counts = [v.get("count") if isinstance(v, dict) else v for v in limits.values()]
+        if all(c == 0 and not isinstance(c, bool) for c in counts):
+            out["language_model_only"] = True
+    if isinstance(args.get("skip_mm_profiling"), bool):
+        out["skip_mm_profiling"] = args["skip_mm_profiling"]
+    kwargs = args.get("mm_processor_kwargs")
+    pixels = kwargs.get("max_pixels") if isinstance(kwargs, dict) else None
+    if isinstance(pixels, int) and not isinstance(pixels, bool) and 0 < pixels <= 1 << 32:
+        out["mm_max_pixels"] = pixels
+    return out
 
 
 def _balanced_braces(text: str, start: int) -> str | None:
@@ -381,6 +407,8 @@ def parse_startup_log(text: str) -> StartupReport:
         model = args.get("model") or args.get("model_tag")
         if isinstance(model, str):
             put("model", model, m.start())
+        for field, value in multimodal_settings(args).items():
+            put(field, value, m.start())
 
     m = _last(_BANNER_VERSION, text)
     if m:

@@ -181,3 +181,14 @@ def test_moonvit_sizes_are_read_from_their_vt_keys():
     arch = parse_architecture(load_bundled("moonshotai/Kimi-K2.5").config)
     assert arch.params.towers > 27 * (4 * 1152 * 1152 + 2 * 1152 * 4304)
     assert any(n.startswith("vision tower (~0.42B parameters, estimated)") for n in arch.notes)
+
+
+def test_qwen_next_attention_output_gate_doubles_q_proj():
+    # Qwen3NextAttention (models/qwen3_next.py@0.32.0, used by Qwen3.5 / 3.6): qkv_proj has
+    # total_num_heads * (1 + attn_output_gate) query heads. Qwen3.5-9B: hidden 4,096, 16 heads x 256,
+    # 4 KV heads, 8 full-attention layers:
+    #   gated: 8 x 4,096 x ((32 + 16) x 256 + 2 x 4 x 256) = 469,762,048 (q 2 x 4,096 wide, o, k, v)
+    #   without the gate: 8 x 4,096 x (32 x 256 + 2,048) = 335,544,320
+    config = load_bundled("Qwen/Qwen3.5-9B").config
+    assert parse_architecture(config).params.attention == 469_762_048
+    assert parse_architecture(config, overrides={"attn_output_gate": False}).params.attention == 335_544_320

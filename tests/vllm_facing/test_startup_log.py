@@ -214,3 +214,27 @@ def test_v0_block_counts_with_thousands_separators_are_read_whole():
     # "# GPU blocks: 7,290, # CPU blocks: 2048" must give 7,290, not the "7" before the comma.
     assert parse_startup_log("INFO [executor_base.py] # GPU blocks: 7,290, # CPU blocks: 2048").num_gpu_blocks == 7290
     assert parse_startup_log("INFO [gpu_worker.py] # GPU blocks: 4,096").num_gpu_blocks == 4096
+
+
+def test_multimodal_settings_in_the_non_default_args():
+    # kv044's own non-default args (club-3090#612): two images a prompt, no audio -> the towers are built.
+    kv044 = ("(APIServer pid=1) INFO 07-06 22:50:34 [api_utils.py:273] non-default args: {'model_tag': "
+             "'~/.cache/huggingface/qwen3.6-35b-a3b-nvfp4', 'dtype': 'bfloat16', 'max_model_len': 131072, "
+             "'kv_cache_dtype': 'fp8', 'limit_mm_per_prompt': {'image': 2, 'audio': 0}, 'max_num_seqs': 1}")
+    r = parse_startup_log(kv044)
+    assert (r.language_model_only, r.skip_mm_profiling, r.mm_max_pixels) == (None, None, None)
+    # Every modality at 0 (counts or {"count": 0}) is vLLM's language-model-only mode; the processor
+    # kwargs and --skip-mm-profiling are read as vLLM spells them.
+    line = ("INFO [utils.py:233] non-default args: {'model': 'Qwen/Qwen3.6-35B-A3B', 'limit_mm_per_prompt': "
+            "{'image': 0, 'video': {'count': 0}}, 'mm_processor_kwargs': {'max_pixels': 1048576}, "
+            "'skip_mm_profiling': True}")
+    r = parse_startup_log(line)
+    assert (r.language_model_only, r.skip_mm_profiling, r.mm_max_pixels) == (True, True, 1_048_576)
+    from kvplan.vllm.args import settings_from_engine_args
+
+    s = settings_from_engine_args(r)
+    assert (s.language_model_only, s.skip_mm_profiling, s.mm_max_pixels) == (True, True, 1_048_576)
+    # Absurd or mistyped values are not planned with.
+    bad = "non-default args: {'mm_processor_kwargs': {'max_pixels': 'big'}, 'limit_mm_per_prompt': {'image': False}}"
+    r = parse_startup_log(bad)
+    assert (r.language_model_only, r.mm_max_pixels) == (None, None)
