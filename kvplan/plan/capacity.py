@@ -456,6 +456,8 @@ def compute_capacity(
             "vLLM's profile run also runs the multimodal encoder on its largest input, a peak kvplan does not "
             "count for this tower: the KV memory can be lower; --language-model-only avoids it"
         )
+    if settings.mm_max_pixels and arch.vision_encoder is None:
+        notes.append("--mm-max-pixels: no effect here (no vision encoder pass that kvplan sizes)")
     # MXFP4 experts are laid out for the MoE kernel vLLM picks on this GPU (kvplan/model/weights.py).
     # vLLM shards the routed experts over every GPU of a data-parallel deployment (tp x dp); with
     # expert parallel each GPU holds whole experts, else every expert is split that many ways.

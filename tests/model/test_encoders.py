@@ -105,6 +105,9 @@ def test_the_v0_engine_and_unread_towers_are_named_not_counted():
     assert any("a peak kvplan does not count" in n for n in cap.notes)
     gemma = parse_architecture(load_bundled("google/gemma-4-31B-it").config)
     assert gemma.params.towers and gemma.vision_encoder is None
+    cap = compute_capacity(gemma, find_device("H100 SXM"), Settings(max_model_len=8192, mm_max_pixels=1 << 20),
+                           rules_for("0.32.0"), load_overhead())
+    assert any("--mm-max-pixels: no effect" in n for n in cap.notes)
 
 
 def test_mm_max_pixels_is_checked():
