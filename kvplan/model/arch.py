@@ -17,7 +17,14 @@ from typing import Any
 
 from kvplan.errors import KvplanError
 from kvplan.model.dtypes import WEIGHT_DTYPE_BYTES
-from kvplan.model.encoders import VisionEncoderPass, vision_encoder_pass
+from kvplan.model.encoders import (
+    Qwen3VisionTower,
+    all_positive_ints,
+    is_qwen3_vision,
+    patch_merger,
+    qwen3_vision_tower,
+    vit_block,
+)
 from kvplan.model.families import family_for, sliding_window_size
 from kvplan.model.layers import (
     MLA,
@@ -72,7 +79,7 @@ class Architecture:
     num_experts: int = 0  # routed experts of an MoE layer (0: no MoE)
     expert_intermediate_size: int = 0  # one routed expert's intermediate size (0: no MoE)
     # The vision tower's pass in vLLM's profile run, where kvplan has read the tower (else None).
-    vision_encoder: VisionEncoderPass | None = None
+    vision_encoder: Qwen3VisionTower | None = None
 
     @property
     def layout_verified(self) -> bool:
@@ -597,7 +604,7 @@ def _parse_architecture(config: dict[str, Any], overrides: dict[str, Any] | None
 
     quant, ckpt_kv = _quantization(top, f)
     params = _count_params(f, model_type, kinds, hidden, num_heads, kv_heads, head)
-    towers, tower_note = _tower_params(top, hidden)
+    towers, tower_note, vision = _tower_params(top, hidden)
     audio, audio_note = _audio_tower_params(top, hidden)
     if towers or audio:
         params = replace(params, towers=towers + audio)
@@ -630,7 +637,7 @@ def _parse_architecture(config: dict[str, Any], overrides: dict[str, Any] | None
                         or 0) if params.experts else 0,
         expert_intermediate_size=int(f.get("moe_intermediate_size", "intermediate_size", default=0) or 0)
         if params.experts else 0,
-        vision_encoder=vision_encoder_pass(top, hidden) if towers else None,
+        vision_encoder=vision,
     )
 
 
@@ -826,29 +833,12 @@ def _audio_tower_params(top: dict[str, Any], text_hidden: int) -> tuple[int, str
     channels = ac.get("subsampling_conv_channels")
     c0, c1 = (list(channels) + [0, 0])[:2] if isinstance(channels, list) else (0, 0)
     out = ac.get("output_proj_dims") or text_hidden
-    if not _all_positive_ints(h, depth, heads, kernel, c0, c1, out):
+    if not all_positive_ints(h, depth, heads, kernel, c0, c1, out):
         return 0, "audio tower not counted in the weights: its audio_config lacks sizes"
     subsample = c0 * 9 + c0 + c1 * c0 * 9 + c1 + (c0 // 4) * c1 * h
     layer = 2 * (8 * h * h + 2 * h) + (5 * h * h + h // heads) + (3 * h * h + kernel * h + 2 * h) + 3 * h
     total = subsample + depth * layer + out * h + out + out * text_hidden
     return int(total), f"audio tower ({total / 1e9:.2f}B parameters) loaded unless --language-model-only"
-
-
-def _all_positive_ints(*values: Any) -> bool:
-    return all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values)
-
-
-def _vit_block(h: int, inter: int, norm: int, gated: bool = False) -> int:
-    """One pre-norm ViT block: two norms of ``norm`` parameters each, a biased qkv and proj, and a
-    biased MLP (fc1/fc2, or gate/up/down when ``gated``)."""
-    mlp = 3 * h * inter + 2 * inter + h if gated else 2 * h * inter + inter + h
-    return 2 * norm + (3 * h * h + 3 * h) + (h * h + h) + mlp
-
-
-def _patch_merger(h: int, merge: int, out: int, norm: int) -> int:
-    """Qwen-VL's patch merger: a norm, then a biased h*m^2 -> h*m^2 -> out MLP."""
-    wide = h * merge * merge
-    return norm + (wide * wide + wide) + (wide * out + out)
 
 
 def _tower_note(total: int, estimated: bool = False) -> str:
@@ -870,52 +860,45 @@ def _qwen2_vl_tower_params(vc: dict[str, Any], model_type: str, text_hidden: int
     out = (vc.get("out_hidden_size") if qwen25 else vc.get("hidden_size")) or text_hidden
     channels = vc.get("in_channels") or vc.get("in_chans") or 3
     patch, temporal, merge = vc.get("patch_size") or 14, vc.get("temporal_patch_size") or 2, vc.get("spatial_merge_size") or 2
-    if not _all_positive_ints(h, depth, inter, out, channels, patch, temporal, merge):
+    if not all_positive_ints(h, depth, inter, out, channels, patch, temporal, merge):
         return 0, f"vision tower of {model_type} not counted in the weights: its vision_config lacks sizes"
     norm = h if qwen25 else 2 * h
-    total = (channels * temporal * patch * patch * h + depth * _vit_block(h, inter, norm, gated=qwen25)
-             + _patch_merger(h, merge, out, norm))
+    total = (channels * temporal * patch * patch * h + depth * vit_block(h, inter, norm, gated=qwen25)
+             + patch_merger(h, merge, out, norm))
     return int(total), _tower_note(total)
 
 
-def _tower_params(top: dict[str, Any], text_hidden: int) -> tuple[int, str]:
+def _tower_params(top: dict[str, Any], text_hidden: int) -> tuple[int, str, Qwen3VisionTower | None]:
     """Parameters of the multimodal towers vLLM builds beside the language model.
 
     vLLM builds them inside `_mark_tower_model` and skips them only when every modality's
     limit is 0 (`--limit-mm-per-prompt` zeros, or `--language-model-only`, which makes
     `MultiModalConfig.get_limit_per_prompt` return 0): models/interfaces.py@0.32.0. Qwen3.5 /
-    Qwen3.6 / Qwen3-VL towers follow `Qwen3_VisionTransformer` (models/qwen3_vl.py@0.32.0):
-    a Conv3d patch embedding (in x temporal x patch^2 x h, biased), a learned position table,
-    ``depth`` pre-norm blocks (LayerNorms, biased qkv and proj, biased fc1/fc2 MLP) and a patch
-    merger (LayerNorm, h*m^2 -> h*m^2 -> out_hidden_size) plus one per deepstack index. Other
+    Qwen3.6 / Qwen3-VL towers count themselves (:class:`~kvplan.model.encoders.Qwen3VisionTower`) and
+    are returned too, as they also size their pass in the profile run. Other
     towers (SigLIP-style: Gemma 3/4, Pixtral) are estimated as ``layers`` ViT blocks (4 h^2
     attention, 2 h x intermediate MLP, biases and norms), a patch embedding and a projector to
     the text width."""
     vc = top.get("vision_config")
     if not isinstance(vc, dict):
-        return 0, ""
+        return 0, "", None
     if top.get("model_type") in ("qwen2_vl", "qwen2_5_vl"):
-        return _qwen2_vl_tower_params(vc, str(top.get("model_type")), text_hidden)
+        return *_qwen2_vl_tower_params(vc, str(top.get("model_type")), text_hidden), None
+    if is_qwen3_vision(vc):
+        tower = qwen3_vision_tower(vc, text_hidden)
+        if tower is None:
+            return 0, "vision tower not counted in the weights: its vision_config lacks sizes", None
+        return tower.params(), _tower_note(tower.params()), tower
     # MoonViT (Kimi-VL / Kimi-K2.5) names its sizes vt_*.
     h = vc.get("hidden_size") or vc.get("vt_hidden_size") or 0
     depth = vc.get("depth") or vc.get("num_hidden_layers") or vc.get("vt_num_hidden_layers") or 0
     inter = vc.get("intermediate_size") or vc.get("vt_intermediate_size") or 4 * h
-    if not _all_positive_ints(h, depth, inter):
-        return 0, "vision tower not counted in the weights: its vision_config lacks sizes"
+    if not all_positive_ints(h, depth, inter):
+        return 0, "vision tower not counted in the weights: its vision_config lacks sizes", None
     patch = vc.get("patch_size") or 14
     channels = vc.get("in_channels") or vc.get("num_channels") or 3
-    block = _vit_block(h, inter, norm=2 * h)  # LayerNorms with biases
+    block = vit_block(h, inter, norm=2 * h)  # LayerNorms with biases
     vtype = str(vc.get("model_type") or "")
-    if vtype.startswith(("qwen3_5", "qwen3_vl")) or "out_hidden_size" in vc:
-        temporal = vc.get("temporal_patch_size") or 2
-        merge = vc.get("spatial_merge_size") or 2
-        out = vc.get("out_hidden_size") or text_hidden
-        deepstack = len(vc.get("deepstack_visual_indexes") or [])
-        # The deepstack mergers normalise after the shuffle: a LayerNorm of h*m^2.
-        total = (channels * temporal * patch * patch * h + h + (vc.get("num_position_embeddings") or 0) * h
-                 + depth * block + _patch_merger(h, merge, out, 2 * h)
-                 + deepstack * _patch_merger(h, merge, out, 2 * h * merge * merge))
-        return int(total), _tower_note(total)
     if vtype == "gemma4_vision":
         # transformers' Gemma4VisionModel (vLLM builds it with AutoModel.from_config:
         # models/gemma4_mm.py@0.32.0), counted from its modules: a 2 x position_embedding_size x h
@@ -930,6 +913,6 @@ def _tower_params(top: dict[str, Any], text_hidden: int) -> tuple[int, str]:
         position = 2 * (vc.get("position_embedding_size") or 0) * h
         projector = (vc.get("output_proj_dims") or h) * text_hidden
         total = position + channels * patch * patch * h + depth * block + projector
-        return int(total), _tower_note(total)
+        return int(total), _tower_note(total), None
     total = channels * patch * patch * h + h + depth * block + 2 * h + h * text_hidden
-    return int(total), _tower_note(total, estimated=True)
+    return int(total), _tower_note(total, estimated=True), None

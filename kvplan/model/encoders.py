@@ -1,4 +1,8 @@
-"""The multimodal encoder pass of vLLM's profile run: one item of the processor's largest size.
+"""Vision towers vLLM builds beside the language model: their parameters, and their pass in the profile run.
+
+The ViT pieces (a block, Qwen-VL's patch merger) are counted here for every tower kvplan knows
+(kvplan/model/arch.py). A Qwen3-VL-style tower is also read whole, once, into
+:class:`Qwen3VisionTower`, which counts itself and sizes its profile pass.
 
 Before its text dummy run, V1's `profile_run` pushes a dummy batch "of the maximum feature size"
 through the vision tower and keeps the outputs in the encoder cache until the profile ends
@@ -19,6 +23,8 @@ from typing import Any
 # preprocessor_config.json sets ``size.longest_edge`` to 16,777,216 pixels (4096 x 4096), e.g.
 # Qwen/Qwen3.5-2B-Base and Qwen/Qwen3.6-35B-A3B-FP8 (config.json does not carry it).
 QWEN3_VL_MAX_PIXELS = 16_777_216
+# The largest --mm-max-pixels kvplan plans with (65,536 x 65,536): far above any processor's largest image.
+MAX_MM_PIXELS = 1 << 32
 # `get_image_size_with_most_features` (models/qwen2_vl.py@0.24.0) rejects aspect ratios above 200.
 _MAX_ASPECT_RATIO = 200
 
@@ -37,20 +43,59 @@ def _most_features_tokens(max_pixels: int, unit: int) -> int:
     return 0
 
 
+def all_positive_ints(*values: Any) -> bool:
+    return all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values)
+
+
+def vit_block(h: int, inter: int, norm: int, gated: bool = False) -> int:
+    """One pre-norm ViT block: two norms of ``norm`` parameters each, a biased qkv and proj, and a
+    biased MLP (fc1/fc2, or gate/up/down when ``gated``)."""
+    mlp = 3 * h * inter + 2 * inter + h if gated else 2 * h * inter + inter + h
+    return 2 * norm + (3 * h * h + 3 * h) + (h * h + h) + mlp
+
+
+def patch_merger(h: int, merge: int, out: int, norm: int) -> int:
+    """Qwen-VL's patch merger: a norm, then a biased h*m^2 -> h*m^2 -> out MLP."""
+    wide = h * merge * merge
+    return norm + (wide * wide + wide) + (wide * out + out)
+
+
 @dataclass(frozen=True)
-class VisionEncoderPass:
-    """One image of the processor's largest size through a Qwen3-VL-style vision tower
-    (`Qwen3_VisionTransformer`, models/qwen3_vl.py@0.24.0, unchanged in 0.32.0)."""
+class Qwen3VisionTower:
+    """A Qwen3-VL-style vision tower (`Qwen3_VisionTransformer`, models/qwen3_vl.py@0.24.0, unchanged in
+    0.32.0; Qwen3.5 / Qwen3.6 reuse it): its parameters, and one image of the processor's largest size
+    through it in the profile run."""
 
     width: int  # ViT hidden size
+    depth: int
     mlp_width: int  # ViT MLP intermediate size
-    head_dim: int
+    heads: int
+    channels: int
     patch_size: int
+    temporal_patch_size: int
     merge_size: int  # spatial_merge_size: merge_size^2 patches make one output token
-    values_per_patch: int  # channels x temporal_patch_size x patch_size^2
     out_hidden: int  # one merger's output width (the text model's hidden size)
     deepstack_mergers: int  # extra mergers whose outputs are concatenated to the main one
+    positions: int  # rows of the learned position table
     max_pixels: int = QWEN3_VL_MAX_PIXELS  # the processor's largest image (--mm-processor-kwargs max_pixels)
+
+    @property
+    def head_dim(self) -> int:
+        return self.width // self.heads
+
+    @property
+    def values_per_patch(self) -> int:
+        return self.channels * self.temporal_patch_size * self.patch_size * self.patch_size
+
+    def params(self) -> int:
+        """A biased Conv3d patch embedding, the position table, ``depth`` pre-norm blocks (LayerNorms,
+        biased qkv and proj, biased fc1/fc2 MLP) and a patch merger (LayerNorm, h*m^2 -> h*m^2 -> out),
+        plus one merger per deepstack index, which normalises after the shuffle (a LayerNorm of h*m^2)."""
+        h, m = self.width, self.merge_size
+        return (self.values_per_patch * h + h + self.positions * h
+                + self.depth * vit_block(h, self.mlp_width, norm=2 * h)
+                + patch_merger(h, m, self.out_hidden, 2 * h)
+                + self.deepstack_mergers * patch_merger(h, m, self.out_hidden, 2 * h * m * m))
 
     @property
     def merged_tokens(self) -> int:
@@ -98,32 +143,32 @@ class VisionEncoderPass:
         return f"{size}, {self.merged_tokens:,} tokens, {self.patches:,} patches"
 
 
-def _positive_int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+def is_qwen3_vision(vc: Any) -> bool:
+    """A vision_config of the Qwen3-VL kind (Qwen3-VL, Qwen3.5, Qwen3.6, or untyped with an out_hidden_size)."""
+    return isinstance(vc, dict) and (str(vc.get("model_type") or "").startswith(("qwen3_5", "qwen3_vl"))
+                                     or "out_hidden_size" in vc)
 
 
-def vision_encoder_pass(top: dict[str, Any], text_hidden: int) -> VisionEncoderPass | None:
-    """The profile run's encoder pass for a config whose vision tower kvplan has read, else None."""
-    vc = top.get("vision_config")
-    if not isinstance(vc, dict) or not str(vc.get("model_type") or "").startswith(("qwen3_5", "qwen3_vl")):
-        return None
-    d, depth, inter, heads = (_positive_int(vc.get(k)) for k in ("hidden_size", "depth", "intermediate_size", "num_heads"))
-    patch = _positive_int(vc.get("patch_size", 16))
-    temporal = _positive_int(vc.get("temporal_patch_size", 2))
-    merge = _positive_int(vc.get("spatial_merge_size", 2))
-    channels = _positive_int(vc.get("in_channels", 3))
-    out = _positive_int(vc.get("out_hidden_size", text_hidden))
-    if not all((d, depth, inter, heads, patch, temporal, merge, channels, out)) or d % heads:
-        return None
+def qwen3_vision_tower(vc: dict[str, Any], text_hidden: int) -> Qwen3VisionTower | None:
+    """The tower of a Qwen3-VL-kind vision_config, or None when its sizes are missing or not positive
+    whole numbers. Absent optional fields take transformers' Qwen3VLVisionConfig defaults."""
     deepstack = vc.get("deepstack_visual_indexes") or []
-    mergers = len(deepstack) if isinstance(deepstack, list) else 0
-    return VisionEncoderPass(
-        width=d,
-        mlp_width=inter,
-        head_dim=d // heads,
-        patch_size=patch,
-        merge_size=merge,
-        values_per_patch=channels * temporal * patch * patch,
-        out_hidden=out,
-        deepstack_mergers=mergers,
+    h = vc.get("hidden_size")
+    tower = Qwen3VisionTower(
+        width=h,
+        depth=vc.get("depth") or vc.get("num_hidden_layers"),
+        mlp_width=vc.get("intermediate_size") or (4 * h if isinstance(h, int) else None),
+        heads=vc.get("num_heads", 16),
+        channels=vc.get("in_channels") or vc.get("num_channels") or 3,
+        patch_size=vc.get("patch_size", 16),
+        temporal_patch_size=vc.get("temporal_patch_size", 2),
+        merge_size=vc.get("spatial_merge_size", 2),
+        out_hidden=vc.get("out_hidden_size") or text_hidden,
+        deepstack_mergers=len(deepstack) if isinstance(deepstack, list) else 0,
+        positions=vc.get("num_position_embeddings") or 0,
     )
+    sizes = (tower.width, tower.depth, tower.mlp_width, tower.heads, tower.channels, tower.patch_size,
+             tower.temporal_patch_size, tower.merge_size, tower.out_hidden)
+    if not all_positive_ints(*sizes) or not isinstance(tower.positions, int) or tower.width % tower.heads:
+        return None
+    return tower

@@ -11,6 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from kvplan.errors import KvplanError
+from kvplan.model.encoders import MAX_MM_PIXELS
 
 _MIN_ONE = ("tensor_parallel_size", "pipeline_parallel_size", "decode_context_parallel_size", "data_parallel_size",
             "block_size", "max_model_len",
@@ -20,7 +21,7 @@ _MIN_ONE = ("tensor_parallel_size", "pipeline_parallel_size", "decode_context_pa
 
 _MAX = {"draft_layers": 1024, "tensor_parallel_size": 4096, "pipeline_parallel_size": 4096,
         "decode_context_parallel_size": 4096, "data_parallel_size": 65536, "concurrency": 100_000_000, "max_num_seqs": 100_000_000,
-        "mm_max_pixels": 1 << 32}
+        "mm_max_pixels": MAX_MM_PIXELS}
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from kvplan.model.encoders import MAX_MM_PIXELS
+
 _ANSI_RE = re.compile(r"\x1b\[[0-9;]{0,32}[A-Za-z]")
 # Bounded digit runs that cannot start inside a longer number: every pattern stays linear on a line
 # of digits, and a 4000-digit "number" is not read at all (instead of overflowing int()).
@@ -282,7 +284,7 @@ def multimodal_settings(args: dict[str, Any]) -> dict[str, Any]:
         out["skip_mm_profiling"] = args["skip_mm_profiling"]
     kwargs = args.get("mm_processor_kwargs")
     pixels = kwargs.get("max_pixels") if isinstance(kwargs, dict) else None
-    if isinstance(pixels, int) and not isinstance(pixels, bool) and 0 < pixels <= 1 << 32:
+    if isinstance(pixels, int) and not isinstance(pixels, bool) and 0 < pixels <= MAX_MM_PIXELS:
         out["mm_max_pixels"] = pixels
     return out
 
