@@ -10,11 +10,18 @@ measurements at one load): a prediction cannot be judged closer than the engine 
 
 Goal (issue 10): TTFT p50 and output tokens/s within 20% (TTFT p99 within 35%) at every load.
 
-Without --url it launches the tests' CPU engine (the tiny model, 17 blocks of 32 tokens, context 512)
-with kvplan's EngineLauncher and stops it by PID at the end.
+Without --url it launches a CPU engine (the tests' tiny model unless --model; 17 blocks of 32 tokens,
+context 512) with kvplan's EngineLauncher and stops it by PID at the end. The tiny model decodes a step in
+3-5 ms and answers in 20-45 ms, so the API server's jitter decides its latency; --compute-bound serves the
+engine test's compute-bound model (tests/bench/bench_helpers.py: a config-only folder, dummy weights),
+whose figures the README quotes:
 
-    python benchmarks/bench_latency_prediction.py [--url URL] [--calibrate 64x64:1,2,3,4]
-        [--predict 128x32:1,2,3] [--repeats 2] [--per-stream 20]
+    python benchmarks/bench_latency_prediction.py [--url URL] [--calibrate 64x64[/lognormal]:1,2,3,4]
+        [--predict 128x32[/lognormal]:1,2,3] [--repeats 2] [--per-stream 20] [--model DIR]
+        [--load-format dummy] [--compute-bound]
+
+    python benchmarks/bench_latency_prediction.py --compute-bound --calibrate 64x64/lognormal:1,2,3,4 \
+        --predict 128x32/lognormal:1,2,3 --repeats 2
 """
 
 from __future__ import annotations
@@ -33,10 +40,11 @@ GOAL = {"ttft_p50": 0.20, "ttft_p99": 0.35, "tok_s": 0.20}
 
 
 def workload(text: str) -> tuple[list[str], str]:
-    """'64x64:1,2,3,4' -> (bench flags, sweep)."""
+    """'64x64:1,2,3,4' -> (bench flags, sweep); '128x32/lognormal:1,2,3' draws the lengths (kvplan bench --dist)."""
     lengths, sweep = text.split(":")
+    lengths, _, dist = lengths.partition("/")
     prompt, output = lengths.split("x")
-    return ["--prompt", prompt, "--output", output], sweep
+    return ["--prompt", prompt, "--output", output, *(["--dist", dist] if dist else [])], sweep
 
 
 def bench(url: str, out: Path, flags: list[str], sweep: str, per_stream: int) -> Path:
@@ -72,21 +80,32 @@ def main() -> None:
     ap.add_argument("--predict", default="128x32:1,2,3", help="PROMPTxOUTPUT:SWEEP of the predicted workload")
     ap.add_argument("--repeats", type=int, default=2, help="runs of the predicted workload")
     ap.add_argument("--per-stream", type=int, default=20, help="requests per stream per point")
+    ap.add_argument("--model", type=Path, default=ROOT / "tests" / "fixtures" / "tiny-llama",
+                    help="local model folder the launched engine serves (default: the tests' tiny model)")
+    ap.add_argument("--load-format", default=None,
+                    help="vLLM --load-format of the launched engine ('dummy': random weights, a config-only folder)")
+    ap.add_argument("--compute-bound", action="store_true",
+                    help="serve the engine test's compute-bound model (dummy weights) instead of --model")
     args = ap.parse_args()
 
     from kvplan.plan.steptime_io import calibrate_run
 
     out = Path(tempfile.mkdtemp(prefix="kvplan-latency-"))
+    if args.compute_bound:
+        sys.path.insert(0, str(ROOT / "tests" / "bench"))
+        from bench_helpers import compute_bound_model
+
+        args.model, args.load_format = compute_bound_model(out / "compute-bound-llama"), "dummy"
     launcher = None
     url = args.url
     try:
         if not url:
             from kvplan.bench.engine import EngineConfig, EngineLauncher, free_port
 
-            model = ROOT / "tests" / "fixtures" / "tiny-llama"
-            cfg = EngineConfig(model=str(model), port=free_port(), block_size=32, num_gpu_blocks_override=17,
+            cfg = EngineConfig(model=str(args.model), port=free_port(), block_size=32, num_gpu_blocks_override=17,
                                kv_cache_memory_bytes=64 * 2**20, max_model_len=512, enforce_eager=True,
-                               env=(("HF_HUB_OFFLINE", "1"),))
+                               env=(("HF_HUB_OFFLINE", "1"),),
+                               extra_args=("--load-format", args.load_format) if args.load_format else ())
             launcher = EngineLauncher(cfg, out / "engine.log", startup_timeout_s=900)
             launcher.start()
             launcher.wait_ready()

@@ -26,7 +26,7 @@ https://github.com/vllm-project/vllm/blob/v0.32.0/vllm/renderers/base.py), so th
 the server the same work inside the same clock.
 
     python benchmarks/bench_vs_vllm_bench.py [--streams 16,64] [--rounds 3] [--requests-per-stream 8]
-        [--prompts text|ids] [--no-scrape-cost] [--url URL]
+        [--prompts text|ids] [--no-scrape-cost] [--url URL] [--model DIR | --compute-bound]
 """
 
 from __future__ import annotations
@@ -202,6 +202,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--url", help="attach to this server instead of launching the CPU engine")
     ap.add_argument("--model", default=str(ROOT / "tests" / "fixtures" / "tiny-llama"))
+    ap.add_argument("--compute-bound", action="store_true",
+                    help="serve the latency test's compute-bound model (dummy weights) instead of --model")
     ap.add_argument("--streams", default="16,64")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--requests-per-stream", type=int, default=8, help="requests per run = streams x this")
@@ -223,6 +225,12 @@ def main() -> None:
     launcher = None
     url = args.url
     out = Path(tempfile.mkdtemp(prefix="kvplan-vs-vllm-bench-"))
+    engine_args: tuple[str, ...] = ()
+    if args.compute_bound:
+        sys.path.insert(0, str(ROOT / "tests" / "bench"))
+        from bench_helpers import DUMMY_WEIGHTS, compute_bound_model
+
+        args.model, engine_args = str(compute_bound_model(out / "compute-bound-llama")), DUMMY_WEIGHTS
     try:
         if url is None:
             # Prefix caching off: vllm bench's random prompts are runs of consecutive token ids from a
@@ -230,7 +238,7 @@ def main() -> None:
             # 1,024-token vocabulary share whole blocks and hit the cache, kvplan's unique prompts never.
             cfg = EngineConfig(model=args.model, port=free_port(), block_size=32, max_model_len=512,
                                kv_cache_memory_bytes=256 * 2**20, enforce_eager=True, enable_prefix_caching=False,
-                               env=(("HF_HUB_OFFLINE", "1"),))
+                               env=(("HF_HUB_OFFLINE", "1"),), extra_args=engine_args)
             launcher = EngineLauncher(cfg, out / "engine.log", startup_timeout_s=900)
             launcher.start()
             took = launcher.wait_ready()

@@ -22,9 +22,11 @@ so `predict_latency` adds it to TTFT and E2E and, in a closed loop, delays each 
 request by it. The API server is one event loop that also handles every other request, so that
 time grows with the load: ``request_overhead_per_rps_s2`` more per request/s the server handles
 (the request rate is the simulation's own, found by a fixed-point iteration). Both priors are 0;
-`calibrate_bench` fits them by least squares to each point's measured minus simulated TTFT against
-its measured request rate. With one workload they also absorb any error of the prefill step itself
-(one prompt length cannot separate the two).
+`calibrate_bench` fits the step factors and a constant request overhead together to the decode steps
+and each point's TTFT (a prompt's step is what tells compute from the KV read), then the request
+overhead's line against each point's measured request rate. With one prompt length the prompt steps
+of a point differ only in how many prompts they batch: what the batch size cannot explain, the
+request overhead absorbs.
 """
 
 from __future__ import annotations
@@ -140,33 +142,47 @@ def calibrate_steptime(measurements: Sequence[tuple[StepBatch, float]], base: St
     """Least-squares fit of (overhead, 1 / mem_efficiency, 1 / compute_efficiency) to measured
     (batch, seconds) pairs; a coefficient the data push below zero is dropped (held at its
     bound) and the rest refitted. Needs at least as many distinct measurements as free terms."""
-    rows = [(1.0, *base.terms(b), t) for b, t in measurements]
-    if len(rows) < 1:
+    if not measurements:
         raise KvplanError("calibration needs measured steps")
-    free = [0, 1, 2]
+    rows = [([1.0, *base.terms(b)], t) for b, t in measurements]
+    return _with_step_terms(base, _fit_nonnegative(rows, drop_order=(2, 1, 0)))
+
+
+def _with_step_terms(base: StepTimeModel, coef: list[float]) -> StepTimeModel:
+    """``base`` with (overhead, 1 / mem_efficiency, 1 / compute_efficiency) = ``coef[:3]``."""
+    overhead, mem, compute = coef[:3]
+    return replace(
+        base,
+        overhead_s=overhead,
+        mem_efficiency=1 / mem if mem else 1e9,  # no memory term left: free memory
+        compute_efficiency=1 / compute if compute else 1e9,
+        source="calibrated",
+    )
+
+
+def _fit_nonnegative(rows: Sequence[tuple[list[float], float]], drop_order: Sequence[int]) -> list[float]:
+    """Coefficients >= 0 of ``y ~ features`` by least squares: a coefficient the data push to zero or
+    below is held at 0 and the rest refitted; when the columns cannot be separated, the first free one
+    in ``drop_order`` is held at 0 (a term the steps do not show: a constant, a free memory)."""
+    width = len(rows[0][0])
+    free = [j for j in range(width) if any(f[j] for f, _ in rows)]  # a column of zeros says nothing
     while True:
-        coef = _lstsq([[r[i] for i in free] for r in rows], [r[3] for r in rows])
+        if not free:
+            raise KvplanError("the measured steps give no positive step-time terms")
+        coef = _lstsq([[f[j] for j in free] for f, _ in rows], [y for _, y in rows])
         if coef is None:
             if len(free) == 1:
                 raise KvplanError("the measured steps cannot separate the step-time terms")
-            free = free[:-1]
+            free.remove(next(j for j in drop_order if j in free))
             continue
-        bad = [f for f, c in zip(free, coef) if c <= 0]
+        bad = [j for j, c in zip(free, coef) if c <= 0]
         if not bad:
             break
-        free = [f for f in free if f not in bad]
-        if not free:
-            raise KvplanError("the measured steps give no positive step-time terms")
-    values = {0: 0.0, 1: None, 2: None}
-    for f, c in zip(free, coef):
-        values[f] = c
-    return replace(
-        base,
-        overhead_s=values[0],
-        mem_efficiency=1 / values[1] if values[1] else 1e9,  # no memory term left: free memory
-        compute_efficiency=1 / values[2] if values[2] else 1e9,
-        source="calibrated",
-    )
+        free = [j for j in free if j not in bad]
+    values = [0.0] * width
+    for j, c in zip(free, coef):
+        values[j] = c
+    return values
 
 
 def _lstsq(a: list[list[float]], y: list[float]) -> list[float] | None:
@@ -309,20 +325,22 @@ STEP_SCALE_ROUNDS = 4
 def calibrate_bench(points: Sequence[dict], lengths, config: SchedulerConfig, base: StepTimeModel,
                     requests_per_stream: int = 1, shared_prefix: float = 0.0) -> StepTimeModel:
     """A step-time model calibrated on one bench run's points (closed loop, below the first KV
-    wait): the step factors from the decode steps (`decode_measurements`, `calibrate_steptime`),
-    then the request overhead from each point's measured TTFT p50 minus the simulated one (the
-    simulator replays each point's very requests: ``first_index``) against the point's measured
-    request rate (`fit_request_overhead`), and the step terms scaled to the points' throughput."""
+    wait): a first guess of the step factors from the decode steps (`decode_measurements`,
+    `calibrate_steptime`), then the step factors and a constant request overhead fitted together to
+    the decode steps and each point's TTFT p50 (`_fit_steps_and_ttft`; the simulator replays each
+    point's very requests: ``first_index``), then the request overhead as a line against the points'
+    measured request rates (`fit_request_overhead`), and the step terms scaled to the points' throughput."""
     from kvplan.plan.simulate import closed_loop
 
     usable = [p for p in points if p.get("status", "ok") == "ok" and p.get("mode", "concurrency") == "concurrency"
               and p.get("concurrency") and not p.get("waited_for_kv") and not p.get("preempted")]
     if not usable:
         raise KvplanError("the run has no finished closed-loop point below the first KV wait to calibrate on")
-    fitted = calibrate_steptime(decode_measurements(usable, lengths.prompt, lengths.output),
-                                replace(base, request_overhead_s=0.0, request_overhead_per_rps_s2=0.0))
+    decode = decode_measurements(usable, lengths.prompt, lengths.output)
+    fitted = calibrate_steptime(decode, replace(base, request_overhead_s=0.0, request_overhead_per_rps_s2=0.0))
     loads = [(p, closed_loop(p["concurrency"], lengths, requests_per_stream, p.get("first_index", 0),
                              shared_prefix=shared_prefix)) for p in usable]
+    fitted = _fit_steps_and_ttft(fitted, decode, loads, config)
     # The median inter-token gap is the typical decode step; throughput follows the mean one (the
     # steps that also prefill, the hiccups). Scale every step term by how much slower the run's
     # output was than the simulation's, and refit the request overhead on the new steps.
@@ -338,6 +356,63 @@ def calibrate_bench(points: Sequence[dict], lengths, config: SchedulerConfig, ba
     else:
         fitted = _with_request_overhead(fitted, loads, config)
     return replace(fitted, source="calibrated")
+
+
+JOINT_FIT_ROUNDS = 8
+
+
+def _fit_steps_and_ttft(model: StepTimeModel, decode: Sequence[tuple[StepBatch, float]], loads,
+                        config: SchedulerConfig) -> StepTimeModel:
+    """The step terms and a constant request overhead fitted together to the decode steps AND each
+    point's TTFT p50: decode steps alone cannot tell the compute term from the KV-read term (both grow
+    with the batch), and a prompt's step is mostly compute. The TTFT of the point's median request in
+    the replay is its wait for the step in progress plus the steps from the one that first sees it to
+    the one that samples its first token; those steps' terms are linear in the factors, so each point
+    gives one row (the schedule itself depends on the factors: replay, refit, a few rounds). Rows are
+    weighted by 1 / measured seconds (relative errors: a 30 ms step counts as much as a 1 s TTFT)."""
+    if not decode:
+        return model
+    decode_rows = [([1.0, *model.terms(b), 0.0], t, t) for b, t in decode]
+    for _ in range(JOINT_FIT_ROUNDS):
+        rows = list(decode_rows)
+        for p, load in loads:
+            measured = (p.get("ttft") or {}).get("p50")
+            row = _ttft_row(config, load, model)
+            if measured and measured > 0 and row is not None:
+                features, wait = row
+                rows.append((features, measured - wait, measured))
+        if len(rows) == len(decode_rows):
+            return model
+        weighted = [([f / seconds for f in features], y / seconds) for features, y, seconds in rows if seconds > 0]
+        coef = _fit_nonnegative(weighted, drop_order=(2, 1, 0, 3))
+        new = replace(_with_step_terms(model, coef), request_overhead_s=coef[3], request_overhead_per_rps_s2=0.0)
+        if _close(new, model):
+            return new
+        model = new
+    return model
+
+
+def _ttft_row(config: SchedulerConfig, load, model: StepTimeModel) -> tuple[list[float], float] | None:
+    """([steps, memory s, compute s, 1], wait s) of the median-TTFT request of ``load`` replayed with
+    ``model``: its TTFT = wait + steps x overhead + memory / mem_eff + compute / compute_eff + overhead."""
+    steps_only = replace(model, request_overhead_s=0.0, request_overhead_per_rps_s2=0.0)
+    res = _simulate_with_overhead(config, load, replace(steps_only, request_overhead_s=model.request_overhead_s))[1]
+    done = sorted((r for r in res.requests if r.ttft is not None and r.arrival_step is not None),
+                  key=lambda r: r.ttft)
+    if not done:
+        return None
+    req = done[len(done) // 2]
+    batches = res.step_batches[req.arrival_step:req.first_token_step + 1]
+    mem = sum(model.terms(b)[0] for b in batches)
+    compute = sum(model.terms(b)[1] for b in batches)
+    wait = req.ttft - sum(steps_only(b) for b in batches)
+    return [float(len(batches)), mem, compute, 1.0], wait
+
+
+def _close(a: StepTimeModel, b: StepTimeModel, rel: float = 0.005) -> bool:
+    pairs = ((a.overhead_s, b.overhead_s), (a.mem_efficiency, b.mem_efficiency),
+             (a.compute_efficiency, b.compute_efficiency), (a.request_overhead_s, b.request_overhead_s))
+    return all(abs(x - y) <= rel * max(abs(x), abs(y), 1e-12) for x, y in pairs)
 
 
 def _with_request_overhead(model: StepTimeModel, loads, config: SchedulerConfig) -> StepTimeModel:

