@@ -394,9 +394,10 @@ def _fit_steps_and_ttft(model: StepTimeModel, decode: Sequence[tuple[StepBatch, 
 
 def _ttft_row(config: SchedulerConfig, load, model: StepTimeModel) -> tuple[list[float], float] | None:
     """([steps, memory s, compute s, 1], wait s) of the median-TTFT request of ``load`` replayed with
-    ``model``: its TTFT = wait + steps x overhead + memory / mem_eff + compute / compute_eff + overhead."""
+    ``model``: its TTFT = wait + steps x step overhead + memory / mem_eff + compute / compute_eff
+    + request overhead."""
     steps_only = replace(model, request_overhead_s=0.0, request_overhead_per_rps_s2=0.0)
-    res = _simulate_with_overhead(config, load, replace(steps_only, request_overhead_s=model.request_overhead_s))[1]
+    res = _simulate_with_overhead(config, load, replace(model, request_overhead_per_rps_s2=0.0))[1]
     done = sorted((r for r in res.requests if r.ttft is not None and r.arrival_step is not None),
                   key=lambda r: r.ttft)
     if not done:
