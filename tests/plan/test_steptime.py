@@ -136,6 +136,18 @@ def test_request_overhead_at_an_open_loop_rate_by_hand():
     assert lat.e2e["p50"] == pytest.approx(0.08 + extra) and lat.itl["p50"] == pytest.approx(0.01)
 
 
+def bench_points(truth: StepTimeModel, cfg: SchedulerConfig, lengths: Lengths, per_stream: int) -> list[dict]:
+    """What a bench run of 1-4 closed-loop streams would record if the engine were ``truth``."""
+    points, first = [], 0
+    for c in (1, 2, 3, 4):
+        lat = predict_latency(cfg, closed_loop(c, lengths, per_stream, first), truth)
+        points.append({"concurrency": c, "first_index": first, "ttft": lat.ttft, "itl": lat.itl,
+                       "throughput_tok_s": lat.output_tokens_per_s,
+                       "request_throughput": lat.output_tokens_per_s / lengths.output})
+        first += c * per_stream
+    return points
+
+
 def test_calibration_recovers_a_request_overhead_that_grows_with_the_rate():
     """Bench points made by a known model (5 ms a step; 10 ms + 2 ms per request/s outside the
     steps) at 1-4 streams: calibrate_bench finds the step and both overhead terms again (10.9 ms and
@@ -143,14 +155,8 @@ def test_calibration_recovers_a_request_overhead_that_grows_with_the_rate():
     the run did, so a request waits a different part of a step)."""
     truth = StepTimeModel(0, 0, 0, 0, 1, 1, overhead_s=0.005, request_overhead_s=0.010,
                           request_overhead_per_rps_s2=0.002)
-    cfg = SchedulerConfig(num_blocks=1000, block_size=16)
-    lengths, per_stream, points, first = Lengths(64, 16), 5, [], 0
-    for c in (1, 2, 3, 4):
-        lat = predict_latency(cfg, closed_loop(c, lengths, per_stream, first), truth)
-        points.append({"concurrency": c, "first_index": first, "ttft": lat.ttft, "itl": lat.itl,
-                       "throughput_tok_s": lat.output_tokens_per_s,
-                       "request_throughput": lat.output_tokens_per_s / 16})
-        first += c * per_stream
+    cfg, lengths, per_stream = SchedulerConfig(num_blocks=1000, block_size=16), Lengths(64, 16), 5
+    points = bench_points(truth, cfg, lengths, per_stream)
     fitted = calibrate_bench(points, lengths, cfg, StepTimeModel(0, 0, 0, 0, 1, 1), per_stream)
     assert fitted.source == "calibrated"
     assert fitted.overhead_s == pytest.approx(0.005, rel=0.02)
@@ -180,14 +186,8 @@ def test_calibration_separates_prefill_compute_from_the_kv_read():
     truth = StepTimeModel(weight_bytes=1e6, kv_bytes_per_token=1000, linear_flops_per_token=1e6,
                           attn_flops_per_pair=0, bandwidth_bytes_s=1e9, peak_flops=1e9, mem_efficiency=1.0,
                           compute_efficiency=0.5, overhead_s=0.002, request_overhead_s=0.010)
-    cfg = SchedulerConfig(num_blocks=1000, block_size=16)
-    lengths, per_stream, points, first = Lengths(64, 16), 5, [], 0
-    for c in (1, 2, 3, 4):
-        lat = predict_latency(cfg, closed_loop(c, lengths, per_stream, first), truth)
-        points.append({"concurrency": c, "first_index": first, "ttft": lat.ttft, "itl": lat.itl,
-                       "throughput_tok_s": lat.output_tokens_per_s,
-                       "request_throughput": lat.output_tokens_per_s / 16})
-        first += c * per_stream
+    cfg, lengths, per_stream = SchedulerConfig(num_blocks=1000, block_size=16), Lengths(64, 16), 5
+    points = bench_points(truth, cfg, lengths, per_stream)
     base = StepTimeModel(**{**truth.__dict__, "mem_efficiency": 0.3, "compute_efficiency": 0.9, "overhead_s": 0.0,
                             "request_overhead_s": 0.0})
     fitted = calibrate_bench(points, lengths, cfg, base, per_stream)
