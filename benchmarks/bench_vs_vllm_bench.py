@@ -27,6 +27,7 @@ the server the same work inside the same clock.
 
     python benchmarks/bench_vs_vllm_bench.py [--streams 16,64] [--rounds 3] [--requests-per-stream 8]
         [--prompts text|ids] [--no-scrape-cost] [--url URL] [--model DIR | --compute-bound]
+        [--range-ratio R]
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def server_mean_since(url: str, before) -> tuple[float | None, float]:
 
 
 def kvplan_run(url: str, model: str, streams: int, n: int, prompt: int, output: int, first: int,
-               scrape_interval_s: float | None, tokenizer=None) -> dict:
+               scrape_interval_s: float | None, tokenizer=None, range_ratio: float = 0.0) -> dict:
     """One point as kvplan bench runs it: a full scrape, the fast scraper during the closed-loop load.
     ``tokenizer``: send kvplan's token-id prompts decoded to text, as vllm bench's random dataset does."""
     import dataclasses
@@ -79,13 +80,15 @@ def kvplan_run(url: str, model: str, streams: int, n: int, prompt: int, output: 
     from kvplan.bench.metrics import scrape_during
     from kvplan.bench.workload import Workload
 
-    w = Workload(prompt_tokens=prompt, output_tokens=output, nonce=str(time.time_ns()))
+    w = Workload(prompt_tokens=prompt, output_tokens=output, nonce=str(time.time_ns()),
+                 **({"distribution": "uniform", "spread": range_ratio} if range_ratio else {}))
     specs = {}  # built before the clock starts, as vllm bench builds its dataset
     for i in range(first, first + n):
         spec = w.request(i)
         if tokenizer is not None:
             spec = dataclasses.replace(spec, prompt_token_ids=None,
-                                       prompt_text=text_of(tokenizer, spec.prompt_token_ids, prompt))
+                                       prompt_text=text_of(tokenizer, spec.prompt_token_ids,
+                                                           len(spec.prompt_token_ids)))
         specs[i] = spec
     before = server_ttft(url)
 
@@ -143,10 +146,11 @@ def vllm_bench_cmd() -> list[str]:
 
 
 def vllm_run(url: str, model: str, tokenizer: str, streams: int, n: int, prompt: int, output: int, seed: int,
-             out: Path) -> dict:
+             out: Path, range_ratio: float = 0.0) -> dict:
     name = f"vllm-{streams}-{seed}.json"
     cmd = [*vllm_bench_cmd(), "--backend", "vllm", "--base-url", url, "--model", model, "--tokenizer", tokenizer,
            "--dataset-name", "random", "--random-input-len", str(prompt), "--random-output-len", str(output),
+           "--random-range-ratio", str(range_ratio),
            "--ignore-eos", "--max-concurrency", str(streams), "--num-prompts", str(n), "--seed", str(seed),
            "--temperature", "0", "--disable-tqdm", "--save-result", "--result-dir", str(out),
            "--result-filename", name]
@@ -209,6 +213,10 @@ def main() -> None:
     ap.add_argument("--requests-per-stream", type=int, default=8, help="requests per run = streams x this")
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--output", type=int, default=32)
+    ap.add_argument("--range-ratio", type=float, default=0.0,
+                    help="draw lengths uniformly within +-R x the mean (vllm bench --random-range-ratio; kvplan "
+                         "--dist uniform --spread R): closed-loop streams then fall out of lockstep whatever the first "
+                         "wave did")
     ap.add_argument("--no-scrape-cost", action="store_true", help="skip the scraper-off runs")
     ap.add_argument("--settle", type=float, default=0.0,
                     help="seconds the server idles before each kvplan run (vllm bench's runs follow its own start-up)")
@@ -276,10 +284,11 @@ def main() -> None:
                     if tool == "kvplan":
                         time.sleep(args.settle)
                         runs[tool] = kvplan_run(url, model, streams, n, args.prompt, args.output, first, interval,
-                                                tok)
+                                                tok, args.range_ratio)
                         first += 10**4
                     else:
-                        runs[tool] = vllm_run(url, model, args.model, streams, n, args.prompt, args.output, seed, out)
+                        runs[tool] = vllm_run(url, model, args.model, streams, n, args.prompt, args.output, seed, out,
+                                              args.range_ratio)
                 for tool in ("kvplan", "vllm bench"):
                     r = runs[tool]
                     gap = r["client"] - r["server"] if r["client"] and r["server"] else None
