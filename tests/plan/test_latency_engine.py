@@ -13,7 +13,7 @@ differed by up to 34% at p50 and 312% at p99 (benchmarks/bench_latency_predictio
 
 Both workloads draw lognormal lengths: with fixed lengths, closed-loop streams either prefill
 together every round or stay staggered, decided by how the first wave happens to reach the engine,
-and TTFT p50 doubled or halved between identical runs. Drawn lengths desynchronise the streams
+and TTFT p50 differed by up to 49% between identical runs. Drawn lengths desynchronise the streams
 whatever the first wave did. The pool is the bench tests' pinned one (17 blocks of 32, context 512):
 calibration 64 + 64 tokens at 1-4 streams, prediction 128 + 32 at 1-3 (loads that wait for KV are
 left out, as the goal says).
