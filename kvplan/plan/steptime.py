@@ -370,8 +370,6 @@ def _fit_steps_and_ttft(model: StepTimeModel, decode: Sequence[tuple[StepBatch, 
     the one that samples its first token; those steps' terms are linear in the factors, so each point
     gives one row (the schedule itself depends on the factors: replay, refit, a few rounds). Rows are
     weighted by 1 / measured seconds (relative errors: a 30 ms step counts as much as a 1 s TTFT)."""
-    if not decode:
-        return model
     decode_rows = [([1.0, *model.terms(b), 0.0], t, t) for b, t in decode]
     for _ in range(JOINT_FIT_ROUNDS):
         rows = list(decode_rows)
@@ -383,7 +381,7 @@ def _fit_steps_and_ttft(model: StepTimeModel, decode: Sequence[tuple[StepBatch, 
                 rows.append((features, measured - wait, measured))
         if len(rows) == len(decode_rows):
             return model
-        weighted = [([f / seconds for f in features], y / seconds) for features, y, seconds in rows if seconds > 0]
+        weighted = [([f / seconds for f in features], y / seconds) for features, y, seconds in rows]
         coef = _fit_nonnegative(weighted, drop_order=(2, 1, 0, 3))
         new = replace(_with_step_terms(model, coef), request_overhead_s=coef[3], request_overhead_per_rps_s2=0.0)
         if _close(new, model):
@@ -394,10 +392,10 @@ def _fit_steps_and_ttft(model: StepTimeModel, decode: Sequence[tuple[StepBatch, 
 
 def _ttft_row(config: SchedulerConfig, load, model: StepTimeModel) -> tuple[list[float], float] | None:
     """([steps, memory s, compute s, 1], wait s) of the median-TTFT request of ``load`` replayed with
-    ``model``: its TTFT = wait + steps x step overhead + memory / mem_eff + compute / compute_eff
-    + request overhead."""
-    steps_only = replace(model, request_overhead_s=0.0, request_overhead_per_rps_s2=0.0)
-    res = _simulate_with_overhead(config, load, replace(model, request_overhead_per_rps_s2=0.0))[1]
+    ``model`` (whose request overhead is a constant): its TTFT = wait + steps x step overhead
+    + memory / mem_eff + compute / compute_eff + request overhead."""
+    steps_only = replace(model, request_overhead_s=0.0)
+    res = _simulate_with_overhead(config, load, model)[1]
     done = sorted((r for r in res.requests if r.ttft is not None and r.arrival_step is not None),
                   key=lambda r: r.ttft)
     if not done:

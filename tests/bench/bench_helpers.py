@@ -9,7 +9,9 @@ tests that must own their engine (launch, Ctrl-C, kill) start it through `kvplan
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -42,9 +44,6 @@ DUMMY_WEIGHTS = ("--load-format", "dummy")
 
 def compute_bound_model(dest: Path) -> Path:
     """Write the compute-bound model's config-only folder (the tiny model's tokenizer) into ``dest``."""
-    import json
-    import shutil
-
     dest.mkdir(parents=True, exist_ok=True)
     config = json.loads((TINY_MODEL / "config.json").read_text())
     (dest / "config.json").write_text(json.dumps({**config, **COMPUTE_BOUND}, indent=2))
