@@ -25,9 +25,16 @@ TTFT clock starts before it tokenizes (render_cmpl_async in
 https://github.com/vllm-project/vllm/blob/v0.32.0/vllm/renderers/base.py), so the two loads give
 the server the same work inside the same clock.
 
+With --same-requests both clients send the very same requests (text prompts and output lengths,
+drawn by kvplan's workload) in the same order: vllm bench replays them as its custom dataset
+(--disable-shuffle --skip-chat-template --custom-output-len -1; vLLM reads it with pandas, which
+vLLM's CPU wheel does not install: `pip install pandas`). Each tool otherwise draws its own
+lengths, and with drawn lengths (--range-ratio) the server's TTFT then moves with the draws, not
+only with the client.
+
     python benchmarks/bench_vs_vllm_bench.py [--streams 16,64] [--rounds 3] [--requests-per-stream 8]
         [--prompts text|ids] [--no-scrape-cost] [--url URL] [--model DIR | --compute-bound]
-        [--range-ratio R]
+        [--range-ratio R] [--same-requests]
 """
 
 from __future__ import annotations
@@ -70,19 +77,18 @@ def server_mean_since(url: str, before) -> tuple[float | None, float]:
     return delta.mean, delta.count
 
 
-def kvplan_run(url: str, model: str, streams: int, n: int, prompt: int, output: int, first: int,
-               scrape_interval_s: float | None, tokenizer=None, range_ratio: float = 0.0) -> dict:
-    """One point as kvplan bench runs it: a full scrape, the fast scraper during the closed-loop load.
-    ``tokenizer``: send kvplan's token-id prompts decoded to text, as vllm bench's random dataset does."""
+def requests_for(n: int, prompt: int, output: int, first: int, tokenizer=None, range_ratio: float = 0.0,
+                 seed: int = 0) -> dict:
+    """Requests ``first`` .. ``first + n - 1`` of a kvplan workload, built before any clock starts (as
+    vllm bench builds its dataset). ``tokenizer``: the token-id prompts decoded to text, as vllm
+    bench's random dataset sends them."""
     import dataclasses
 
-    from kvplan.bench.loadgen import run_closed_loop
-    from kvplan.bench.metrics import scrape_during
     from kvplan.bench.workload import Workload
 
-    w = Workload(prompt_tokens=prompt, output_tokens=output, nonce=str(time.time_ns()),
+    w = Workload(prompt_tokens=prompt, output_tokens=output, nonce=str(time.time_ns()), seed=seed,
                  **({"distribution": "uniform", "spread": range_ratio} if range_ratio else {}))
-    specs = {}  # built before the clock starts, as vllm bench builds its dataset
+    specs = {}
     for i in range(first, first + n):
         spec = w.request(i)
         if tokenizer is not None:
@@ -90,6 +96,28 @@ def kvplan_run(url: str, model: str, streams: int, n: int, prompt: int, output: 
                                        prompt_text=text_of(tokenizer, spec.prompt_token_ids,
                                                            len(spec.prompt_token_ids)))
         specs[i] = spec
+    return specs
+
+
+def write_custom_dataset(specs: dict, path: Path) -> Path:
+    """The same requests as vllm bench's custom dataset: one ``{"prompt", "output_tokens"}`` line each,
+    in kvplan's order (sent with --disable-shuffle --skip-chat-template --custom-output-len -1)."""
+    with path.open("w") as f:
+        for i in sorted(specs):
+            f.write(json.dumps({"prompt": specs[i].prompt_text, "output_tokens": specs[i].max_tokens}) + "\n")
+    return path
+
+
+def kvplan_run(url: str, model: str, streams: int, n: int, prompt: int, output: int, first: int,
+               scrape_interval_s: float | None, tokenizer=None, range_ratio: float = 0.0,
+               specs: dict | None = None) -> dict:
+    """One point as kvplan bench runs it: a full scrape, the fast scraper during the closed-loop load.
+    ``specs``: these requests (numbered from ``first``), else drawn here (see requests_for)."""
+    from kvplan.bench.loadgen import run_closed_loop
+    from kvplan.bench.metrics import scrape_during
+
+    if specs is None:
+        specs = requests_for(n, prompt, output, first, tokenizer, range_ratio)
     before = server_ttft(url)
 
     async def point():
@@ -146,11 +174,15 @@ def vllm_bench_cmd() -> list[str]:
 
 
 def vllm_run(url: str, model: str, tokenizer: str, streams: int, n: int, prompt: int, output: int, seed: int,
-             out: Path, range_ratio: float = 0.0) -> dict:
+             out: Path, range_ratio: float = 0.0, dataset: Path | None = None) -> dict:
+    """``dataset``: replay these requests (write_custom_dataset), else vllm bench's random dataset."""
     name = f"vllm-{streams}-{seed}.json"
+    data = (["--dataset-name", "custom", "--dataset-path", str(dataset), "--custom-output-len", "-1",
+             "--disable-shuffle", "--skip-chat-template"] if dataset is not None else
+            ["--dataset-name", "random", "--random-input-len", str(prompt), "--random-output-len", str(output),
+             "--random-range-ratio", str(range_ratio)])
     cmd = [*vllm_bench_cmd(), "--backend", "vllm", "--base-url", url, "--model", model, "--tokenizer", tokenizer,
-           "--dataset-name", "random", "--random-input-len", str(prompt), "--random-output-len", str(output),
-           "--random-range-ratio", str(range_ratio),
+           *data,
            "--ignore-eos", "--max-concurrency", str(streams), "--num-prompts", str(n), "--seed", str(seed),
            "--temperature", "0", "--disable-tqdm", "--save-result", "--result-dir", str(out),
            "--result-filename", name]
@@ -217,6 +249,9 @@ def main() -> None:
                     help="draw lengths uniformly within +-R x the mean (vllm bench --random-range-ratio; kvplan "
                          "--dist uniform --spread R): closed-loop streams then fall out of lockstep whatever the first "
                          "wave did")
+    ap.add_argument("--same-requests", action="store_true",
+                    help="both clients send the same requests in the same order: kvplan's draws (prompts as text) "
+                         "replayed by vllm bench as a custom dataset, so the two loads differ only by the client")
     ap.add_argument("--no-scrape-cost", action="store_true", help="skip the scraper-off runs")
     ap.add_argument("--settle", type=float, default=0.0,
                     help="seconds the server idles before each kvplan run (vllm bench's runs follow its own start-up)")
@@ -224,6 +259,8 @@ def main() -> None:
                     help="kvplan's prompts: token ids (as kvplan bench sends) or those ids decoded to text (default: "
                          "as vllm bench's random dataset sends; the server tokenizes them inside its TTFT clock)")
     args = ap.parse_args()
+    if args.same_requests and args.prompts != "text":
+        ap.error("--same-requests replays text prompts (vllm bench's custom dataset has no token ids)")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     from kvplan.bench.engine import EngineConfig, EngineLauncher, free_port
@@ -280,15 +317,19 @@ def main() -> None:
             for rnd in range(args.rounds):
                 seed += 1
                 runs = {}
+                specs = dataset = None
+                if args.same_requests:
+                    specs = requests_for(n, args.prompt, args.output, first, tok, args.range_ratio, seed)
+                    dataset = write_custom_dataset(specs, out / f"requests-{streams}-{seed}.jsonl")
                 for tool in (("kvplan", "vllm bench") if rnd % 2 == 0 else ("vllm bench", "kvplan")):
                     if tool == "kvplan":
                         time.sleep(args.settle)
                         runs[tool] = kvplan_run(url, model, streams, n, args.prompt, args.output, first, interval,
-                                                tok, args.range_ratio)
-                        first += 10**4
+                                                tok, args.range_ratio, specs)
                     else:
                         runs[tool] = vllm_run(url, model, args.model, streams, n, args.prompt, args.output, seed, out,
-                                              args.range_ratio)
+                                              args.range_ratio, dataset)
+                first += 10**4
                 for tool in ("kvplan", "vllm bench"):
                     r = runs[tool]
                     gap = r["client"] - r["server"] if r["client"] and r["server"] else None
