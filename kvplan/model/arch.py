@@ -11,6 +11,7 @@ Config files are parsed as JSON; no code from a model repository is ever run.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -156,6 +157,9 @@ class _Fields:
             for source in (self.text, self.top):
                 value = source.get(name)
                 if value is not None:
+                    if not _all_finite(value):
+                        raise KvplanError(f"invalid {name} in config: it holds NaN or Infinity, and kvplan reads this "
+                                          "field", f"fix it with --set {name}=VALUE")
                     if name in INTEGER_FIELDS and (isinstance(value, bool) or not isinstance(value, int)):
                         raise KvplanError(
                             f"invalid {name} in config: {value!r} (expected a whole number)",
@@ -170,6 +174,17 @@ class _Fields:
             self.missing.append(names[0])
             return 0
         return value
+
+
+def _all_finite(value: Any, depth: int = 0) -> bool:
+    """No NaN or Infinity anywhere in a field's value (a number, or lists and objects of them)."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if depth < 64 and isinstance(value, (list, tuple)):
+        return all(_all_finite(v, depth + 1) for v in value)
+    if depth < 64 and isinstance(value, dict):
+        return all(_all_finite(v, depth + 1) for v in value.values())
+    return True
 
 
 def text_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -222,6 +237,8 @@ def _quantization(top: dict[str, Any], f: _Fields) -> tuple[Quantization, str | 
     qc = top.get("quantization_config") or f.get("quantization_config")
     if not isinstance(qc, dict):
         return NO_QUANTIZATION, None
+    if not _all_finite(qc):
+        raise KvplanError("invalid quantization_config in config: it holds NaN or Infinity, and kvplan reads it")
     method = str(qc.get("quant_method", "")).lower()
     # vLLM >= 0.19.1 resolves "auto" through the checkpoint's KV scheme for ModelOpt checkpoints
     # only (`resolve_kv_cache_dtype_string`); compressed-tensors, AWQ and GPTQ stay "auto".
@@ -236,8 +253,7 @@ def _quantization(top: dict[str, Any], f: _Fields) -> tuple[Quantization, str | 
     if method in ("fp8", "fbgemm_fp8", "ptpc_fp8"):
         return Quantization(method, 1.0 + 4 / (128 * 128), note="fp8 weights"), kv_dtype
     if method in ("gptq", "awq", "gptq_marlin", "awq_marlin", "auto-round"):
-        bits = int(qc.get("bits", qc.get("w_bit", 4)))
-        group = int(qc.get("group_size", qc.get("q_group_size", 128)))
+        bits, group = _checked_quant(qc.get("bits", qc.get("w_bit", 4)), qc.get("group_size", qc.get("q_group_size", 128)))
         return Quantization(method, int_group_bytes(bits, group), note=f"int{bits}, group {group}"), kv_dtype
     if method == "mxfp4":
         # gpt-oss: only the MoE experts are MXFP4 (modules_to_not_convert lists the rest).
@@ -248,8 +264,8 @@ def _quantization(top: dict[str, Any], f: _Fields) -> tuple[Quantization, str | 
         bits, group_size, kind = 8, 0, "int"
         for group in groups.values():
             weights = (group or {}).get("weights") or {}
-            bits = int(weights.get("num_bits", bits))
-            group_size = int(weights.get("group_size") or 0)
+            bits = weights.get("num_bits", bits)
+            group_size = weights.get("group_size") or 0
             kind = str(weights.get("type", "int"))
             break
         bpp = _group_bytes(bits, group_size, kind)
@@ -259,7 +275,7 @@ def _quantization(top: dict[str, Any], f: _Fields) -> tuple[Quantization, str | 
         algo = str(qc.get("quant_algo", "FP8")).upper()
         bpp = NVFP4_BYTES if "FP4" in algo else 1.0
         if algo == "MIXED_PRECISION":  # per-module groups; the 4-bit one prices the default
-            sizes = [_group_bytes(int(w.get("num_bits", 8)), int(w.get("group_size") or 0), str(w.get("type", "float")))
+            sizes = [_group_bytes(w.get("num_bits", 8), w.get("group_size") or 0, str(w.get("type", "float")))
                      for w in ((g or {}).get("weights") or {} for g in (qc.get("config_groups") or {}).values())]
             bpp = min(sizes, default=1.0)
         return Quantization(method, bpp, note=algo), kv_dtype
@@ -682,10 +698,17 @@ def _gemma4_global_shape(f: _Fields, kv_heads: int) -> tuple[int, int]:
 def _check_dims(f: _Fields) -> None:
     """Every whole-number size the config gives must be positive and plausible: a zero or
     negative head count, window or rank is a broken config, never planned as real."""
+    window = f.get("sliding_window")  # null or 0: no window (HF configs write both); negative: broken
+    if isinstance(window, (int, float)) and not isinstance(window, bool) and window < 0:
+        raise KvplanError(f"invalid sliding_window in config: {window:,} (negative)", "fix it with --set sliding_window=N")
     no_experts = not f.get("n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
     for name in sorted(INTEGER_FIELDS):
         value = f.get(name)
-        if value is None or name in _MAY_BE_ZERO:
+        if value is None:
+            continue
+        if name in _MAY_BE_ZERO:
+            if value < 0:
+                raise KvplanError(f"invalid {name} in config: {value:,} (negative)", f"fix it with --set {name}=N")
             continue
         if value == 0 and name in _EXPERT_FIELDS and no_experts:
             continue  # a dense model of an MoE family says so with zeros (granite-4.0-h-350m)
@@ -708,10 +731,23 @@ _LENGTH_FIELDS = frozenset(["max_position_embeddings", "n_positions", "seq_lengt
                             "vocab_size", "padded_vocab_size", "attention_chunk_size"])
 
 
+def _checked_quant(bits: Any, group_size: Any) -> tuple[int, int]:
+    """A quantization_config's bits and group size, as whole numbers a checkpoint can have: 1-16
+    bits; a positive group, or 0 / -1 for per-channel scales (GPTQ and AWQ write -1)."""
+    if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= 16:
+        raise KvplanError(f"invalid quantization_config bits: {bits!r} (expected 1 to 16)",
+                          "fix the checkpoint's quantization_config, or give --weights-memory")
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < -1 or group_size > MAX_DIM:
+        raise KvplanError(f"invalid quantization_config group_size: {group_size!r} (expected -1, 0 or a positive size)",
+                          "fix the checkpoint's quantization_config, or give --weights-memory")
+    return bits, group_size
+
+
 def _group_bytes(bits: int, group_size: int, kind: str) -> float:
     """Bytes a parameter of one quantization group: NVFP4 (4-bit float, group 16: packed values
     + one fp8 scale per 16), fp8 (8-bit float; per-channel or per-tensor scales are negligible),
     or group-quantized integers."""
+    bits, group_size = _checked_quant(bits, group_size)
     if kind == "float" and bits == 4:
         return NVFP4_BYTES
     if bits == 8:
@@ -781,7 +817,7 @@ def _layer_schemes(quant: Quantization, qc: Any, f: _Fields, model_type: str, ki
     lm_head: float | None = None
     for group in (qc.get("config_groups") or {}).values():
         w = (group or {}).get("weights") or {}
-        size = _group_bytes(int(w.get("num_bits", 8)), int(w.get("group_size") or 0), str(w.get("type", "float")))
+        size = _group_bytes(w.get("num_bits", 8), w.get("group_size") or 0, str(w.get("type", "float")))
         for target in (group or {}).get("targets") or []:
             role = _module_role(str(target))
             if role == "lm_head":

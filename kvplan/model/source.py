@@ -38,10 +38,12 @@ class ModelConfig:
 
 def read_config_file(path: Path) -> dict[str, Any]:
     """Parse a config.json as data, with errors that say where it is broken (regular files only,
-    16 MiB at most, UTF-8, nesting capped, no NaN/Infinity)."""
+    16 MiB at most, UTF-8, nesting capped). NaN and Infinity are kept: published configs carry them in
+    fields no KV figure reads (Granite-4.0-H / Nemotron-H ``"time_step_limit": [0.0, Infinity]``); the
+    architecture reader refuses a non-finite value in a field it does read (``arch._Fields.get``)."""
     from kvplan.paths import load_user_json
 
-    data = load_user_json(path, "", limit=16 * 1024 * 1024)
+    data = load_user_json(path, "", limit=16 * 1024 * 1024, allow_nonfinite=True)
     if not isinstance(data, dict):
         raise KvplanError(f"{path} does not hold a JSON object")
     return data

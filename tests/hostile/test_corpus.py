@@ -63,7 +63,11 @@ def _config_cases() -> dict[str, bytes]:
     cases = {
         "deep-list": b"[" * 100_000,
         "deep-object": b'{"a":' * 50_000 + b"1" + b"}" * 50_000,
-        "infinity": json.dumps(dict(base, rope_theta=float("inf"))).encode(),
+        # Non-finite values are refused where kvplan reads the field (an unread Infinity is accepted:
+        # tests/model/test_source.py::test_bundled_configs_as_plain_json).
+        "infinity": json.dumps(dict(base, max_position_embeddings=float("inf"))).encode(),
+        "infinity-heads": json.dumps(dict(base, num_key_value_heads=float("-inf"))).encode(),
+        "infinity-quant": json.dumps(dict(base, quantization_config={"quant_method": "gptq", "bits": float("inf")})).encode(),
         "nan": json.dumps(dict(base, hidden_size=float("nan"))).encode(),
         "rope-infinity": json.dumps(dict(base, rope_scaling={"type": "linear", "factor": float("inf")})).encode(),
         "huge-int": json.dumps(dict(base, hidden_size=12345)).replace("12345", "9" * 5000).encode(),
@@ -76,6 +80,17 @@ def _config_cases() -> dict[str, bytes]:
         "truncated": json.dumps(base).encode()[:-10],
         "nul": b"\x00" * 100,
     }
+    for name, patch in {  # negative or zero sizes that were planned as real (issue 21)
+        "sliding-window-negative": {"model_type": "mistral", "sliding_window": -4096},
+        "kv-shared-layers-negative": {"num_kv_shared_layers": -3},
+        "max-position-negative": {"max_position_embeddings": -5},
+        "gptq-bits-0": {"quantization_config": {"quant_method": "gptq", "bits": 0, "group_size": 128}},
+        "gptq-bits-negative": {"quantization_config": {"quant_method": "gptq", "bits": -4, "group_size": 128}},
+        "gptq-group-negative": {"quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": -7}},
+        "compressed-bits-0": {"quantization_config": {"quant_method": "compressed-tensors",
+                                                      "config_groups": {"g": {"weights": {"num_bits": 0}}}}},
+    }.items():
+        cases[name] = json.dumps(dict(base, **patch)).encode()
     for field in ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size"):
         for value in (0, -1, 10**7 if field == "num_hidden_layers" else 10**9, "eight", True, [1]):
             cases[f"{field}={value!r}"] = json.dumps(dict(base, **{field: value})).encode()

@@ -117,3 +117,49 @@ def test_a_hub_error_falls_back_to_the_bundled_profile(monkeypatch):
     found = source.resolve_model("meta-llama/Llama-3.1-8B", offline=False)
     assert found.source == "bundled" and found.notes
     server.shutdown()
+
+
+def _plain_json_floats(value):
+    """transformers 5 re-saves write Infinity as {"__float__": "Infinity"}; the published files hold
+    the literal JSON token, which is what a user's config.json has."""
+    if isinstance(value, dict):
+        if set(value) == {"__float__"}:
+            return float(value["__float__"])
+        return {k: _plain_json_floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain_json_floats(v) for v in value]
+    return value
+
+
+def test_bundled_configs_as_plain_json_are_read_as_bundled(tmp_path):
+    """Every bundled config, written out as a user's config.json (literal Infinity included, plus
+    Granite-4.0-H's unused `time_step_limit: [0.0, Infinity]`), reads into the same architecture
+    as the bundled profile: hostile-input rules never refuse what published configs contain."""
+    from kvplan.model.arch import parse_architecture
+    from kvplan.model.source import read_profile
+
+    files = sorted(set(bundled_index().values()))
+    assert len(files) >= 30
+    for number, file in enumerate(files):
+        config = _plain_json_floats(read_profile(file)["config"])
+        config.setdefault("time_step_limit", [0.0, float("inf")])
+        folder = tmp_path / str(number)
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(config))  # json writes inf as Infinity
+        assert "Infinity" in (folder / "config.json").read_text()
+        local = resolve_model(str(folder))
+        assert local.source == "local"
+        bundled = _plain_json_floats(read_profile(file)["config"])
+        assert parse_architecture(local.config) == parse_architecture(dict(bundled, time_step_limit=[0.0, float("inf")])), file.name
+
+
+def test_a_non_finite_value_in_a_field_kvplan_reads_is_refused_with_the_field():
+    from kvplan.model.arch import parse_architecture
+
+    config = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "vocab_size": 100, "max_position_embeddings": 512}
+    assert parse_architecture(dict(config, time_step_limit=[0.0, float("inf")])).num_hidden_layers == 2  # unread
+    for field, value in (("head_dim", float("inf")), ("num_key_value_heads", float("nan")),
+                         ("rope_scaling", {"rope_type": "yarn", "factor": float("inf")})):
+        with pytest.raises(KvplanError, match=f"invalid {field} in config: it holds NaN or Infinity"):
+            parse_architecture(dict(config, **{field: value}))
