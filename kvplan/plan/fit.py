@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from kvplan.errors import KvplanError
 from kvplan.hardware.catalog import Device
 from kvplan.model.arch import Architecture
+from kvplan.model.weights import weight_bytes
 from kvplan.plan.capacity import Capacity, blocks_needed, compute_capacity, moe_split_error
 from kvplan.plan.overhead import OverheadModel
 from kvplan.plan.schema import Settings
@@ -131,7 +132,10 @@ def search(arch: Architecture, devices: Sequence[Device], req: FitRequest, rules
     caps = req.context_caps(limit)
     if req.prompt is not None and req.prompt + (req.output or 0) > caps[0]:
         raise KvplanError(f"prompt {req.prompt:,} + output {req.output or 0:,} tokens exceed the context {caps[0]:,}")
-    weights = weights_total or (arch.params.total * arch.model_dtype_bytes)
+    # A lower bound of any GPU's share, to reject a split before its pool is computed: the
+    # checkpoint's own bytes (quantized layers at their bytes, as `kvplan size` prices them; no MXFP4
+    # kernel padding, which only adds) spread evenly. compute_capacity has the exact figure.
+    weights = weights_total or weight_bytes(arch.params, arch.model_dtype_bytes, arch.quantization)
     evaluated = 0
     fitting: list[Candidate] = []
     reasons: dict[str, int] = {}
