@@ -45,6 +45,9 @@ class GpuRow(BaseModel):
 
     name: str = Field(min_length=1)
     vendor: Literal["nvidia", "amd"]
+    # Where it is deployed (kvplan size suggests GPUs of the asked class first, never a desktop part for a
+    # datacenter ask): datacenter accelerators, workstation cards, desktop (GeForce, DGX Spark GB10).
+    class_: Literal["datacenter", "workstation", "desktop"] = Field(alias="class")
     aliases: list[str] = Field(min_length=1)
     memory_mib: int = Field(gt=0)
     memory_source: str = Field(min_length=1)

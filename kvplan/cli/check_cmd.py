@@ -46,6 +46,7 @@ def check(
     junit: Optional[str] = typer.Option(None, "--junit", help="Write JUnit XML here (one test case per deployment)."),
     bench: Optional[list[str]] = typer.Option(None, "--bench", help="A `kvplan bench` run folder (repeatable): fail deployments whose measured first preemption is below their concurrency. Also other harnesses' latencies for slo: keys (no preemption evidence): a `vllm bench serve --save-result` JSON file or folder, a GuideLLM report (JSON or YAML)."),
     annotations: Optional[bool] = typer.Option(None, "--github-annotations/--no-github-annotations", help="Print ::error annotations (default: on when GITHUB_ACTIONS=true)."),
+    strict: bool = typer.Option(False, "--strict", help="Fail a deployment that fits at the estimate but not at the low end of its KV budget's range."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document (same as --format json).", rich_help_panel="Output"),
     fmt: OutputFormat = format_option(),
 ) -> None:
@@ -65,7 +66,7 @@ def check(
     try:
         parsed = load_spec(spec)
         runs = read_bench_runs(bench) if bench else []
-        report = check_spec(parsed, runs)
+        report = check_spec(parsed, runs, strict)
     except SpecErrors as errors:
         for issue in errors.issues:
             error_line(str(issue))

@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from kvplan.cli.common import parse_overrides, print_json, user_errors
+from kvplan.errors import ExitCode
 from kvplan.plan.schema import Settings, SizePlan
 from kvplan.units import format_bytes, format_range, format_tokens, parse_bytes, parse_fraction, parse_tokens
 
@@ -95,11 +96,13 @@ def size(
     layout: Layout = typer.Option(Layout.rules, "--layout", help="rules (kvplan's, per model family) or engine (ask the installed vLLM; needs the [engine] extra).", rich_help_panel="vLLM release and layout"),
     allow_unverified: bool = typer.Option(False, "--allow-unverified-layout", help="Plan a model_type kvplan has no rules for as a plain decoder (marked UNVERIFIED).", rich_help_panel="vLLM release and layout"),
     steptime: Optional[str] = typer.Option(None, "--steptime", metavar="RUN", help="Latency from a step-time model calibrated on a bench run (`kvplan calibrate --bench RUN`) instead of the prior.", rich_help_panel="Workload"),
+    strict: bool = typer.Option(False, "--strict", help="Exit 1 unless it fits at the low end of the KV budget's range too (the verdict says when it fits at the estimate only).", rich_help_panel="Output"),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document (schema: kvplan schema).", rich_help_panel="Output"),
 ) -> None:
     """Size the KV cache of MODEL on GPUs: bytes per token, pool, tokens, concurrency, verdict.
 
-    Exit code 0: fits; 1: does not fit at the asked context x concurrency; 2: bad input; 3: internal error.
+    Exit code 0: fits (at the estimate; with --strict, at the low end of the budget range too); 1: does not
+    fit at the asked context x concurrency; 2: bad input; 3: internal error.
     """
     from kvplan.deploy import load_model, plan_deployment, select_gpus
     from kvplan.errors import KvplanError
@@ -165,7 +168,7 @@ def size(
         print_json(plan)
     else:
         render(plan)
-    raise typer.Exit(0 if plan.fits else 1)
+    raise typer.Exit(ExitCode.OK if plan.fits and (plan.fits_across_range or not strict) else ExitCode.DOES_NOT_FIT)
 
 
 def render(plan: SizePlan) -> None:
@@ -235,8 +238,14 @@ def render(plan: SizePlan) -> None:
             f"at this concurrency, E2E ~{lat['e2e_ms']:,} ms, ~{lat['output_tokens_per_s']:,} output tokens/s per replica"
         )
     console.print()
-    color = "green" if plan.fits else "red"
-    console.print(f"[bold {color}]{'FITS' if plan.fits else 'DOES NOT FIT'}[/]: {escape(plan.verdict)}")
+    if plan.fits and plan.range_note:  # holds at the estimate only: say so beside the verdict
+        console.print(f"[bold yellow]FITS at the estimate[/]: {escape(plan.verdict)}")
+        console.print(f"  [yellow]but[/] {escape(plan.range_note)}")
+    else:
+        color = "green" if plan.fits else "red"
+        console.print(f"[bold {color}]{'FITS' if plan.fits else 'DOES NOT FIT'}[/]: {escape(plan.verdict)}")
+        if plan.range_note:
+            console.print(f"  [yellow]note:[/] {escape(plan.range_note)}")
     for s in plan.suggestions:
         mark = "[green]fits[/]" if s.fits else "[red]still short[/]"
         console.print(f"  - {escape(s.change)} ({escape(s.flags)}): {escape(s.result)} [{mark}]")

@@ -122,7 +122,7 @@ class DeploymentResult(BaseModel):
     concurrency: int
     request_tokens: int
     fits: bool
-    limiting_term: str = Field(description="none | KV pool | max_model_len | weights | max_num_seqs | headroom | bench | slo")
+    limiting_term: str = Field(description="none | KV pool | max_model_len | weights | max_num_seqs | headroom | range | bench | slo")
     reason: str
     suggestion: str | None = None
     pool_blocks: int = Field(description="usable KV blocks per replica")
@@ -335,6 +335,7 @@ class Planner:
     """Caches models and the overhead model across deployments."""
 
     file: str
+    strict: bool = False  # a plan that fits at the estimate only (not at the low end of its range) fails
 
     def __post_init__(self) -> None:
         from kvplan.plan.overhead import load_overhead
@@ -404,6 +405,12 @@ class Planner:
             else:
                 suggestion = "lower the context or the concurrency, or add GPUs"
         notes = list(plan.notes)
+        if plan.range_note:
+            notes.append(f"budget range: {plan.range_note}")
+        if fits and not plan.fits_across_range and self.strict:
+            fits, limiting = False, "range"
+            reason = f"{plan.verdict} at the estimate, but {plan.range_note} (--strict)"
+            suggestion = suggestion or "calibrate the budget (kvplan calibrate) or give --kv-memory, or leave more headroom"
 
         check = None
         if bench:
@@ -476,9 +483,10 @@ class Planner:
         )
 
 
-def check_spec(spec: Spec, bench_runs: list[BenchEvidence] | None = None) -> CheckReport:
-    """Plan every deployment; SpecErrors (exit 2) if any cannot be planned (unknown model, ...)."""
-    planner = Planner(spec.file)
+def check_spec(spec: Spec, bench_runs: list[BenchEvidence] | None = None, strict: bool = False) -> CheckReport:
+    """Plan every deployment; SpecErrors (exit 2) if any cannot be planned (unknown model, ...).
+    ``strict``: a deployment that fits at the estimate but not at the low end of its budget range fails."""
+    planner = Planner(spec.file, strict)
     by_name, notes = match_bench_runs(spec, bench_runs or [])
     results: list[DeploymentResult] = []
     issues: list[SpecIssue] = []

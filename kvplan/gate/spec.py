@@ -116,6 +116,12 @@ class Deployment(BaseModel):
         except KvplanError as exc:
             raise ValueError(str(exc).splitlines()[0]) from None
 
+    @field_validator("gpu", mode="before")
+    @classmethod
+    def _gpu_name(cls, v: Any) -> Any:
+        """``gpu: 4090`` is a GPU name YAML reads as a number."""
+        return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
     @field_validator("context", "prompt", "max_num_batched_tokens", mode="before")
     @classmethod
     def _tokens(cls, value: Any, info) -> Any:

@@ -35,6 +35,8 @@ class Device:
     bf16_dense_tflops: float | None = None
     vendor: str = "nvidia"
     source: str = ""
+    # datacenter | workstation | desktop (profiles/gpus.json "class"): what "another GPU" may be.
+    gpu_class: str = "datacenter"
     # The attention backends' block-size rules (kvplan.plan.layout.Platform); None: by vendor.
     platform_rules: object | None = None
     # Set by find_device when the name asked matches several catalog variants ("A100"): which
@@ -118,6 +120,7 @@ def load_catalog(path: str | None = None) -> tuple[dict[str, Device], dict[str, 
             bf16_dense_tflops=row.get("bf16_dense_tflops") or row.get("fp16_dense_tflops"),
             vendor=row.get("vendor", "nvidia"),
             source=row.get("memory_source", ""),
+            gpu_class=row.get("class", "datacenter"),
         )
         devices[device.name] = device
         for alias in [row["name"], *row.get("aliases", [])]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from kvplan.errors import KvplanError
 from kvplan.hardware.catalog import Device
@@ -274,6 +275,16 @@ class Capacity:
             else:
                 hi = mid - 1
         return lo
+
+    def at_budget_edge(self, edge: Literal["low", "high"]) -> Capacity:
+        """This deployment with every stage's KV budget at the ``low`` or ``high`` end of its range
+        (the overhead terms' ranges, `kvplan size`'s "range" column): the pool the verdict must also
+        hold for. A given --kv-memory or --num-gpu-blocks-override has no range."""
+        stages = tuple(replace(st, available=Estimate.exact(getattr(st.available, edge)),
+                               num_blocks=st.layout.num_blocks(getattr(st.available, edge))) for st in self.stages)
+        limiting = min(stages, key=lambda st: st.num_blocks)
+        return replace(self, stages=stages, limiting_stage=limiting,
+                       num_blocks=self.settings.num_gpu_blocks_override or limiting.num_blocks)
 
     @property
     def context_too_long(self) -> bool:
@@ -590,20 +601,25 @@ def blocks_needed(cap: Capacity, concurrency: int, tokens: int, shared_prefix: i
     return shared + concurrency * (per_request - shared)
 
 
-def max_concurrency_for(cap: Capacity, tokens: int, shared_prefix: int = 0) -> int:
+def max_concurrency_for(cap: Capacity, tokens: int, shared_prefix: int = 0, pool_blocks: int | None = None) -> int:
+    """How many requests of ``tokens`` fit at once in ``pool_blocks`` (default: the usable pool)."""
+    pool = cap.usable_blocks if pool_blocks is None else pool_blocks
     per_request = cap.blocks_per_request(tokens)
     shared = min(cap.layout.shared_prefix_blocks(shared_prefix), per_request) if cap.prefix_caching else 0
     if per_request - shared <= 0:
         return cap.limits.max_num_seqs
-    return max(0, (cap.usable_blocks - shared) // (per_request - shared))
+    return max(0, (pool - shared) // (per_request - shared))
 
 
-def max_context_for(cap: Capacity, concurrency: int, upper: int, shared_prefix: int = 0) -> int:
-    """The longest request of which ``concurrency`` fit at once (0 if not even 1 token)."""
+def max_context_for(cap: Capacity, concurrency: int, upper: int, shared_prefix: int = 0,
+                    pool_blocks: int | None = None) -> int:
+    """The longest request of which ``concurrency`` fit at once in ``pool_blocks`` (default: the
+    usable pool); 0 if not even 1 token."""
+    pool = cap.usable_blocks if pool_blocks is None else pool_blocks
     lo, hi = 0, upper
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if blocks_needed(cap, concurrency, mid, min(shared_prefix, mid)) <= cap.usable_blocks:
+        if blocks_needed(cap, concurrency, mid, min(shared_prefix, mid)) <= pool:
             lo = mid
         else:
             hi = mid - 1

@@ -178,7 +178,12 @@ class SizePlan:
     max_context_at_concurrency: int
     max_num_seqs: int
     max_num_batched_tokens: int
-    fits: bool
+    fits: bool  # at the estimate: what the exit code says (0 / 1)
+    # The verdict at the low end of the KV budget's range too (--strict exits 1 without it); range_note
+    # says where the verdict does not hold across the range (a FITS whose low end does not fit, or a
+    # DOES NOT FIT whose high end would).
+    fits_across_range: bool
+    range_note: str | None
     verdict: str
     limiting_term: str
     table: list[ConcurrencyCell]

@@ -108,6 +108,25 @@ def verdict_for(cap: Capacity, replicas: int) -> Verdict:
     )
 
 
+def range_note(cap: Capacity, replicas: int, verdict: Verdict) -> str | None:
+    """Where the verdict does not hold over the whole budget range (the overhead terms' ranges):
+    a FITS whose low end does not fit (vLLM might not start, or the load might not fit), or a
+    DOES NOT FIT whose high end would fit. None when the verdict holds at both ends."""
+    if cap.context_too_long:  # no budget changes that (a given --kv-memory has no range at all)
+        return None
+    edge = "low" if verdict.fits else "high"
+    other = cap.at_budget_edge(edge)
+    there = verdict_for(other, replicas)
+    if there.fits == verdict.fits:
+        return None
+    budget = format_bytes(other.limiting_stage.available.bytes)
+    if verdict.fits:
+        return (f"not across the budget range: at its low end ({budget} of KV memory, {other.usable_blocks:,} usable "
+                f"blocks) {there.reason[0].lower()}{there.reason[1:]}")
+    return (f"at the high end of the budget range ({budget} of KV memory, {other.usable_blocks:,} usable blocks) it "
+            f"would fit: {there.reason}")
+
+
 def _memory_terms(cap: Capacity) -> list[MemoryTerm]:
     st = cap.limiting_stage
     d = cap.device
@@ -202,6 +221,7 @@ def _suggestions(
     work = request_load(settings, cap.max_model_len)
     pool_pinned = settings.num_gpu_blocks_override is not None
     limit = min(cap.max_model_len, cap.arch.max_model_len_limit or cap.max_model_len)
+    budget = suggestion_budget(cap.usable_blocks)
 
     def attempt(change: str, flags: str, updates: dict[str, str], **changes) -> None:
         device = changes.pop("device", gpu.device)
@@ -218,9 +238,9 @@ def _suggestions(
 
     per_replica = cdiv(work.concurrency, replicas)
     # The longest context at which the asked concurrency fits (and vLLM accepts and starts).
-    ctx = max_context_for(cap, per_replica if settings.prompt_tokens is None else 1, limit)
+    ctx = max_context_for(cap, per_replica if settings.prompt_tokens is None else 1, limit, pool_blocks=budget)
     if cap.context_too_long or not cap.engine_starts or settings.prompt_tokens is None:
-        ctx = min(ctx, limit)
+        ctx = round_context(min(ctx, limit))
         if ctx >= 256 and ctx < cap.max_model_len and (settings.prompt_tokens or 0) + (settings.output_tokens or 0) <= ctx:
             attempt("cap the context", f"--ctx {ctx}", {"max_model_len": str(ctx)}, max_model_len=ctx)
     if cap.context_too_long:  # nothing else helps a context vLLM refuses
@@ -228,7 +248,7 @@ def _suggestions(
     if not pool_pinned and cap.dtype.bytes_per_element >= 2:
         attempt("fp8 KV cache", "--kv-cache-dtype fp8", {"kv_cache_dtype": "fp8"}, kv_cache_dtype="fp8")
     if cap.engine_starts:
-        conc = max_concurrency_for(cap, work.request_tokens, work.shared_prefix_tokens) * replicas
+        conc = max_concurrency_for(cap, work.request_tokens, work.shared_prefix_tokens, pool_blocks=budget) * replicas
         if 0 < conc < work.concurrency:
             n = min(conc, cap.limits.max_num_seqs * replicas)
             noun = "request" if n == 1 else "requests"
@@ -265,6 +285,23 @@ def _suggestions(
 
 #: The most GPUs a "what would fit" suggestion proposes (or twice the asked count, when more).
 MAX_SUGGESTED_GPUS = 8
+#: A suggestion leaves at least this share of the usable KV pool free: a plan at 0-1% headroom waits or
+#: preempts at the first request a few blocks longer than asked, and no SRE would roll it out.
+MIN_SUGGESTED_HEADROOM = 0.10
+#: "Another GPU" comes from the asked GPU's class, then from the classes above it: a datacenter ask is
+#: never offered a desktop part (profiles/gpus.json "class").
+GPU_CLASSES = ("desktop", "workstation", "datacenter")
+
+
+def suggestion_budget(usable_blocks: int) -> int:
+    """The blocks a suggested plan may use: the usable pool less `MIN_SUGGESTED_HEADROOM`."""
+    return math.floor(usable_blocks * (1 - MIN_SUGGESTED_HEADROOM))
+
+
+def round_context(tokens: int) -> int:
+    """A context cap as people write it: down to a multiple of 1,024 from 2,048 tokens, of 256 below."""
+    step = 1024 if tokens >= 2048 else 256
+    return tokens // step * step
 
 
 def _split_text(tp: int, pp: int, dp: int) -> str:
@@ -296,7 +333,8 @@ def _searched(arch: Architecture, gpu: GpuSelection, settings: Settings, rules: 
             found = search(arch, devices, req, rules, overhead, weights_total, settings)
         except KvplanError:
             return None
-        return next((c for c in found.fitting if c.ctx == cap.max_model_len), None)
+        return next((c for c in found.fitting if c.ctx == cap.max_model_len and c.headroom >= MIN_SUGGESTED_HEADROOM),
+                    None)
 
     out = []
     same = best([gpu.device], top)
@@ -304,7 +342,10 @@ def _searched(arch: Architecture, gpu: GpuSelection, settings: Settings, rules: 
         out.append(same)
     others = sorted((d for d in catalog if d.name != gpu.device.name), key=lambda d: d.cuda_total_bytes)
     limit = top if same is None else same.gpus - 1
-    for group in ([d for d in others if d.vendor == gpu.device.vendor], [d for d in others if d.vendor != gpu.device.vendor]):
+    asked = GPU_CLASSES.index(gpu.device.gpu_class) if gpu.device.gpu_class in GPU_CLASSES else len(GPU_CLASSES) - 1
+    groups = [[d for d in others if d.gpu_class == cls and (d.vendor == gpu.device.vendor) == same_vendor]
+              for cls in GPU_CLASSES[asked:] for same_vendor in (True, False)]
+    for group in groups:  # the asked class first, the asked vendor first within it
         other = best(group, limit)
         if other is not None:
             out.append(other)
@@ -337,6 +378,7 @@ def plan_size(
     cap = compute_capacity(arch, gpu.device, settings, rules, overhead, ref.weights_total)
     work = request_load(settings, cap.max_model_len)
     verdict = verdict_for(cap, replicas)
+    across = range_note(cap, replicas, verdict)
     per_replica = cdiv(work.concurrency, replicas)
     layout = cap.layout
     per_device = layout.kv_bytes_per_token()
@@ -389,6 +431,8 @@ def plan_size(
         max_num_seqs=cap.limits.max_num_seqs,
         max_num_batched_tokens=cap.limits.max_num_batched_tokens,
         fits=verdict.fits,
+        fits_across_range=verdict.fits and across is None,
+        range_note=across,
         verdict=verdict.reason if arch.layout_verified else f"UNVERIFIED LAYOUT ({arch.layout_source}): {verdict.reason}",
         limiting_term=verdict.limiting_term,
         table=_table(cap, replicas, work.request_tokens, work.concurrency, work.shared_prefix_tokens)

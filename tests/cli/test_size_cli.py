@@ -274,3 +274,37 @@ def test_rich_markup_in_a_model_path_is_printed_as_text(tmp_path):
 def test_absurd_sizes_are_refused_before_any_work(flag, value):
     result = run("size", "meta-llama/Llama-3.1-8B", "--gpu", "H100", "--ctx", "8k", flag, value)
     assert result.exit_code == 2, result.output
+
+
+def test_a_fits_that_holds_at_the_estimate_only_says_so_and_strict_exits_1():
+    """The README's first example (issue 21 item 3). One 32,768-token request of Llama-3.1-8B needs
+    32,768 x 131,072 B = 4.00 GiB of KV (32 layers x 8 KV heads x 128 x 2 x 2 B a token). The estimate
+    leaves more than that on a 4090; the low end of the budget range less: vLLM might not start there."""
+    plain = run("size", "meta-llama/Llama-3.1-8B", "--ctx", "32k", "--gpu", "4090", "--json")
+    assert plain.exit_code == 0
+    data = json.loads(plain.stdout)
+    assert data["available_kv_bytes_low"] < 4 * 2**30 <= data["available_kv_bytes"]
+    assert data["fits"] is True and data["fits_across_range"] is False
+    assert "low end" in data["range_note"] and "needs 4.00 GiB of KV" in data["range_note"]
+    text = run("size", "meta-llama/Llama-3.1-8B", "--ctx", "32k", "--gpu", "4090")
+    assert text.exit_code == 0 and "FITS at the estimate" in text.stdout and "not across the budget range" in text.stdout
+    assert run("size", "meta-llama/Llama-3.1-8B", "--ctx", "32k", "--gpu", "4090", "--strict").exit_code == 1
+
+
+def test_a_fits_across_its_range_passes_strict():
+    """At 8k one request needs 8,192 x 131,072 B = 1 GiB, within even the low end."""
+    result = run("size", "meta-llama/Llama-3.1-8B", "--ctx", "8k", "--gpu", "4090", "--json", "--strict")
+    assert result.exit_code == 0
+    data = json.loads(result.stdout)
+    assert data["available_kv_bytes_low"] > 2**30
+    assert data["fits_across_range"] is True and data["range_note"] is None
+
+
+def test_a_does_not_fit_that_the_high_end_would_fit_says_so():
+    """gpt-oss-120b at 128k on one H100: the estimate leaves too little for one request, the high end
+    of the range enough (the verdict still says DOES NOT FIT, exit 1)."""
+    result = run("size", "openai/gpt-oss-120b", "--ctx", "128k", "--gpu", "H100", "--json")
+    assert result.exit_code == 1
+    data = json.loads(result.stdout)
+    assert data["fits"] is False and data["fits_across_range"] is False
+    assert data["range_note"].startswith("at the high end of the budget range")

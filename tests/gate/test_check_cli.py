@@ -264,3 +264,23 @@ def test_example_spec_is_valid():
     result = run(["check", str(example), "--json"])
     assert result.exit_code in (0, 1), result.output
     assert json.loads(result.stdout)["total"] == 3
+
+
+def test_strict_fails_a_deployment_that_fits_at_the_estimate_only(tmp_path):
+    """The README's example as a gate: Llama-3.1-8B at 32k on a 4090 fits at the estimate, but one 32k
+    request (4.00 GiB of KV) does not fit the low end of the budget range. Plain check passes it with a
+    note; --strict fails it with limiting term "range"; an 8k context (1 GiB) passes both."""
+    spec = tmp_path / "kvplan.yaml"
+    spec.write_text("deployments:\n"
+                    "  - {name: at32k, model: meta-llama/Llama-3.1-8B, gpu: 4090, context: 32k, concurrency: 1}\n"
+                    "  - {name: at8k, model: meta-llama/Llama-3.1-8B, gpu: RTX4090, context: 8k, concurrency: 1}\n")
+    plain = run(["check", str(spec), "--json"])
+    assert plain.exit_code == 0, plain.output
+    rows = {r["name"]: r for r in json.loads(plain.stdout)["results"]}
+    assert rows["at32k"]["fits"] and any("budget range" in n for n in rows["at32k"]["notes"])
+    assert not any("budget range" in n for n in rows["at8k"]["notes"])
+    strict = run(["check", str(spec), "--json", "--strict"])
+    assert strict.exit_code == 1
+    rows = {r["name"]: r for r in json.loads(strict.stdout)["results"]}
+    assert (rows["at32k"]["fits"], rows["at32k"]["limiting_term"]) == (False, "range")
+    assert rows["at8k"]["fits"] is True

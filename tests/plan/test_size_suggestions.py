@@ -128,3 +128,41 @@ def test_every_suggested_command_line_plans_what_it_promised():
             assert "--tp" in flags, sug
         again = size(*base[:-2], *flags)
         assert again.returncode == 0, (sug, again.stdout[-400:], again.stderr)
+
+
+def _headroom(result: str) -> int:
+    import re
+
+    return int(re.search(r"\((\d+)% headroom\)", result).group(1))
+
+
+@pytest.mark.parametrize("name,gpu,ctx", [("openai/gpt-oss-120b", "H100", 131072),
+                                          ("meta-llama/Llama-3.1-8B", "4090", 65536),
+                                          ("meta-llama/Llama-3.1-8B", "4090", 60000)])
+def test_suggestions_keep_ten_percent_headroom_and_round_caps(name, gpu, ctx):
+    """Issue 21 item 7: no suggestion at 0-1% headroom, context caps people write (multiples of 1,024)."""
+    from kvplan.plan.size import MIN_SUGGESTED_HEADROOM
+
+    assert MIN_SUGGESTED_HEADROOM == 0.10
+    p = plan(load_model(name, offline=True), gpu, ctx)
+    assert not p.fits and p.suggestions
+    for s in p.suggestions:
+        if s.fits and "headroom" in s.result:
+            assert _headroom(s.result) >= 10, s
+        if s.change == "cap the context":
+            assert int(s.updates["max_model_len"]) % 1024 == 0, s
+
+
+def test_a_datacenter_ask_is_never_offered_a_desktop_gpu():
+    """Mixtral-8x7B (46.7e9 parameters, 87 GiB of bf16 weights) at 4k on one H100 (79.18 GiB): the smallest
+    single GPU that holds it is a DGX Spark (GB10, 119.7 GiB), which kvplan offered before; a datacenter ask
+    gets a datacenter part (H200: 139.8 GiB). A 4090 ask may still get desktop parts."""
+    from kvplan.hardware.catalog import find_device
+
+    model = load_model("mistralai/Mixtral-8x7B-v0.1", offline=True)
+    offered = [s.change.split(" x ", 1)[1].split(",")[0] for s in plan(model, "H100", 4096).suggestions
+               if "GPU:" in s.change]
+    assert offered and all(find_device(o).gpu_class == "datacenter" for o in offered), offered
+    assert find_device("GB10").gpu_class == "desktop" and find_device("4090").gpu_class == "desktop"
+    desktop = plan(load_model("meta-llama/Llama-3.1-8B", offline=True), "4090", 65536)
+    assert any("RTX 5090" in s.change for s in desktop.suggestions)  # the asked class first
