@@ -104,25 +104,38 @@ def vllm_point(data: dict, seq: int, file: str) -> PointResult:
     )
 
 
-def read_vllm_results(path: Path) -> BenchSummary:
-    """A saved result file, or a folder of them, as a BenchSummary (source ``vllm bench serve``)."""
-    from kvplan.paths import load_user_json
+def vllm_result_documents(file: Path) -> list[tuple[str, Any]]:
+    """The results in one saved file, each with its name: one JSON document (``--save-result``), or one a
+    line (``--append-result`` appends ``json.dump(result)`` after a newline, vllm/benchmarks/serve.py@0.32.0)."""
+    from kvplan.paths import parse_json_text, read_user_text
 
+    text = read_user_text(file)
+    try:
+        return [(file.name, parse_json_text(text, str(file)))]
+    except KvplanError as whole:
+        lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+        if len(lines) < 2:
+            raise whole from None
+        return [(f"{file.name}:{n}", parse_json_text(line, f"{file}:{n}")) for n, line in lines]
+
+
+def read_vllm_results(path: Path) -> BenchSummary:
+    """A saved result file (one result, or one a line from --append-result), or a folder of them, as a
+    BenchSummary (source ``vllm bench serve``)."""
     files = [path] if path.is_file() else sorted(path.glob("*.json"))
     results = []
     for f in files:
         try:
-            data = load_user_json(f)
+            documents = vllm_result_documents(f)
         except KvplanError:
             if path.is_file():
                 raise
             continue
-        if is_vllm_result(data):
-            results.append((f, data))
+        results += [(name, data) for name, data in documents if is_vllm_result(data)]
     if not results:
         raise KvplanError(f"{path}: no `vllm bench serve --save-result` JSON found",
                           "pass a kvplan bench run folder, a saved vllm result, or a folder of them")
-    points = [vllm_point(d, i, f.name) for i, (f, d) in enumerate(results)]
+    points = [vllm_point(d, i, name) for i, (name, d) in enumerate(results)]
     modes = {p.mode for p in points}
     if len(modes) > 1:
         raise KvplanError(f"{path}: mixes request-rate and max-concurrency results", "keep one kind per folder")
@@ -348,13 +361,16 @@ def read_external(path: Path) -> BenchSummary:
     them, or a GuideLLM report (a JSON or YAML file, or a folder holding its default ``benchmarks.json``
     or ``benchmarks.yaml``). A path that is not a folder is read as a file (a FIFO or device: one error)."""
     if not path.is_dir():
-        data = load_report_file(path)
-        if is_guidellm_report(data):
-            return read_guidellm_report(path, data)
         if path.suffix.lower() in YAML_SUFFIXES:  # vllm bench serve saves JSON only
+            data = load_report_file(path)
+            if is_guidellm_report(data):
+                return read_guidellm_report(path, data)
             raise KvplanError(f"{path}: not a GuideLLM benchmarks report",
                               "pass the YAML written by guidellm benchmark --output-path benchmarks.yaml")
-        if is_vllm_result(data):
+        documents = vllm_result_documents(path)  # one JSON document, or --append-result's one a line
+        if len(documents) == 1 and is_guidellm_report(documents[0][1]):
+            return read_guidellm_report(path, documents[0][1])
+        if any(is_vllm_result(data) for _, data in documents):
             return read_vllm_results(path)
         raise KvplanError(f"{path}: neither a `vllm bench serve --save-result` JSON nor a GuideLLM report")
     for name in GUIDELLM_DEFAULT_FILES:

@@ -9,6 +9,7 @@ import typer
 
 from kvplan.cli.common import error_line, print_json, printable, user_errors
 from kvplan.cli.tables import OutputFormat, chosen_format, emit_rows, format_option
+from kvplan.units import parse_tokens
 
 CHECK_EXAMPLES = """
 Examples:
@@ -106,6 +107,11 @@ def check_log(
     usage: str = typer.Option("serve", "--usage", help="serve (vllm serve) or llm (offline LLM class): vLLM's batch defaults."),
     gate: str = typer.Option("page", "--gate", help="page: gate blocks, tokens and concurrency given the log's KV memory; all: also weights and the memory budget."),
     draft_layers: Optional[int] = typer.Option(None, "--draft-layers", help="Speculative decoding draft layers sharing the pool (default: 1 when the log shows EAGLE, else 0)."),
+    tp: Optional[int] = typer.Option(None, "--tp", "--tensor-parallel-size", help="Tensor parallel size, instead of (or where the log does not show) the log's.", metavar="N", min=1, max=65536),
+    pp: Optional[int] = typer.Option(None, "--pp", "--pipeline-parallel-size", help="Pipeline parallel size, likewise.", metavar="N", min=1, max=4096),
+    max_model_len: Optional[str] = typer.Option(None, "--max-model-len", "--ctx", help="max_model_len, likewise: 32k, 131072.", metavar="TOKENS"),
+    kv_cache_dtype: Optional[str] = typer.Option(None, "--kv-cache-dtype", help="KV cache dtype, likewise.", metavar="DTYPE"),
+    block_size: Optional[int] = typer.Option(None, "--block-size", help="KV block size, likewise.", metavar="N", min=1, max=1 << 20),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
     """Parse a vLLM start-up log, re-plan the same settings, and show predicted vs reported numbers."""
@@ -124,8 +130,15 @@ def check_log(
         text = relevant_lines(sys.stdin)  # streamed: a huge log on stdin stays in bounded memory
     else:
         text = read_startup_log(log, "")
+    if kv_cache_dtype is not None and kv_cache_dtype != "auto":
+        from kvplan.model.dtypes import kv_dtype
+
+        kv_dtype(kv_cache_dtype)  # refuse an unknown name now, with the list
+    given = {"tensor_parallel_size": tp, "pipeline_parallel_size": pp, "kv_cache_dtype": kv_cache_dtype,
+             "block_size": block_size,
+             "max_model_len": None if max_model_len is None else parse_tokens(max_model_len, "max_model_len")}
     result = check_log_text(text, log, tolerance=tolerance, gpu=gpu, model=model,
-                            vllm_version=vllm_version, usage=usage, gate=gate, draft_layers=draft_layers)
+                            vllm_version=vllm_version, usage=usage, gate=gate, draft_layers=draft_layers, given=given)
     if as_json:
         print_json(result)
     else:

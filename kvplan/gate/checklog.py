@@ -177,11 +177,38 @@ def _capacity_rows(r: StartupReport, plan, plan_free, tolerance: float, gated: b
     return rows
 
 
+#: Settings a log must show (or the command line give) before check-log judges it: each moves every figure.
+#: Flag -> report field.
+SETTING_FLAGS = {"--tp": "tensor_parallel_size", "--pp": "pipeline_parallel_size", "--max-model-len": "max_model_len",
+                 "--kv-cache-dtype": "kv_cache_dtype", "--block-size": "block_size"}
+
+
+def settings_were_read(r: StartupReport) -> bool:
+    """The log shows the engine's settings: its config dump ("Initializing a V0/V1 LLM engine (vX) with
+    config: ..."), which states tensor and pipeline parallel sizes, or the "non-default args" line, where
+    an absent setting is vLLM's default."""
+    return "tensor_parallel_size" in r.sources or bool(r.non_default_args)
+
+
+def with_given_settings(r: StartupReport, given: dict[str, object]) -> StartupReport:
+    """The report with the settings given on the command line (``SETTING_FLAGS`` fields) in place of the log's."""
+    given = {k: v for k, v in given.items() if v is not None}
+    if not given:
+        return r
+    sources = dict(r.sources) | {k: "given on the command line" for k in given}
+    return r.model_copy(update={**given, "sources": sources})
+
+
 def check_log_text(text: str, log_name: str, tolerance: float = 0.02, gpu: str | None = None,
                    model: str | None = None, vllm_version: str | None = None, usage: str = "serve",
-                   gate: str = "page", draft_layers: int | None = None) -> CheckLogResult:
+                   gate: str = "page", draft_layers: int | None = None,
+                   given: dict[str, object] | None = None) -> CheckLogResult:
     """``gate``: "page" gates the page-math numbers (blocks, tokens, concurrency); "all" also the
-    weights and the memory budget (estimates: see `kvplan validate` for their typical error)."""
+    weights and the memory budget (estimates: see `kvplan validate` for their typical error).
+    ``given``: settings from the command line (report field -> value), which replace the log's.
+
+    A log is never judged on settings it does not show: without its config dump or non-default args
+    (and no ``given`` settings), or with nothing to compare, it is refused (exit 2), not passed."""
     from kvplan.deploy import plan_deployment, select_gpus
     from kvplan.plan.overhead import load_overhead
 
@@ -194,6 +221,16 @@ def check_log_text(text: str, log_name: str, tolerance: float = 0.02, gpu: str |
     if not name:
         raise KvplanError(f"{log_name}: the log does not name the model", "pass --model")
     resolved = resolve_log_model(name, notes)
+    given = {k: v for k, v in (given or {}).items() if v is not None}
+    if not settings_were_read(r) and not {"tensor_parallel_size", "pipeline_parallel_size"} <= set(given):
+        missing = [flag for flag, field in SETTING_FLAGS.items() if field not in given and getattr(r, field) is None]
+        raise KvplanError(
+            f"{log_name}: cannot read the engine's settings (no 'Initializing ... LLM engine (vX) with config:' line "
+            f"and no 'non-default args'), so the plan would guess them",
+            f"pass them: {' '.join(f'{m} N' for m in missing)}")
+    if given:
+        notes.append("given on the command line: " + ", ".join(f"{k}={v}" for k, v in given.items()))
+    r = with_given_settings(r, given)
     version = _version(r, vllm_version, notes)
     if draft_layers is None:
         draft_layers = draft_layers_from_log(r, notes)
@@ -281,9 +318,11 @@ def check_log_text(text: str, log_name: str, tolerance: float = 0.02, gpu: str |
                           "pass --gpu H100 (the GPU the log came from)")
 
     gated = [c for s in (page, budget) if s for c in s.comparisons if c.gated and c.within is not None]
+    if not gated:  # nothing was judged: never "within the tolerance"
+        raise KvplanError(f"{log_name}: no reported number could be compared with the plan",
+                          "the log needs its KV lines (blocks, tokens or concurrency) and the KV memory; "
+                          "--gate all with --gpu compares the memory budget too")
     ok = all(c.within for c in gated)
-    if not gated:
-        notes.append("no reported number could be compared with the plan")
     settings = _as_dict(settings_from_log(r, usage, None, draft_layers=draft_layers))
     return CheckLogResult(
         log=log_name,

@@ -215,7 +215,9 @@ def _last(pattern: re.Pattern[str], text: str) -> re.Match[str] | None:
 
 # --- patterns -------------------------------------------------------------------------------
 
-_ENGINE_INIT = re.compile(r"Initializing an? (V1 )?LLM engine \(v([^)\s]+)\)(?: with config:)? ?(.*)")
+# "Initializing an LLM engine (v0.6.3)" (V0 to 0.6), "a V0 LLM engine (v0.7.3)" (V0 in 0.6.5-0.10),
+# "a V1 LLM engine (v0.8.3)" (vllm/v1/engine/core.py).
+_ENGINE_INIT = re.compile(r"Initializing an? (V[01] )?LLM engine \(v([^)\s]+)\)(?: with config:)? ?(.*)")
 _BANNER_VERSION = re.compile(r"(?:vLLM API server version|█\s+version)\s+v?(\d+\.\d+[\w.+\-]*)")
 _NON_DEFAULT = re.compile(r"non-default args: ?\{")
 _USING_MAX_LEN = re.compile(r"Using max model len " + _NUM)
@@ -425,7 +427,7 @@ def parse_startup_log(text: str) -> StartupReport:
     m = _last(_ENGINE_INIT, text)
     if m:
         put("vllm_version", m.group(2), m.start())
-        put("engine", "v1" if m.group(1) else "v0", m.start())
+        put("engine", "v1" if m.group(1) == "V1 " else "v0", m.start())
         dump = m.group(3)
         mm = re.search(r"(?<![\w])model='((?:[^'\\]|\\.)*)'", dump)
         if mm:

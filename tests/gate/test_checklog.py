@@ -21,6 +21,11 @@ QUOTES = json.loads((DATA / "startup-quotes.json").read_text())["quotes"]
 KV001, KV002, KV003, KV040, KV043 = (QUOTES[k]["quote"] for k in ("kv001", "kv002", "kv003", "kv040", "kv043"))
 
 
+# The quotes show no settings (no config dump, no non-default args): check-log refuses to guess them, so the
+# tests state what the reports say (gpu_count 1 in profiles/reports/vllm-startup-reports.jsonl).
+ONE_GPU = ("--tp", "1", "--pp", "1")
+
+
 def check_log(tmp_path: Path, text: str, *args: str):
     log = tmp_path / "vllm.log"
     log.write_text(text)
@@ -32,7 +37,7 @@ def rows(section: dict) -> dict[str, dict]:
 
 
 def test_kv040_gemma3_page_math(tmp_path):
-    result = check_log(tmp_path, KV040, "--json")
+    result = check_log(tmp_path, KV040, *ONE_GPU, "--json")
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
     assert out["ok"] and out["model"] == "google/gemma-3-27b-it" and out["vllm_version"] == "0.11.0"
@@ -74,7 +79,7 @@ def test_kv043_llama_015_page_math_and_budget(tmp_path):
 def test_kv003_eagle_draft_kv_is_outside_the_tolerance(tmp_path):
     """The report ran EAGLE speculative decoding: the draft head's KV layers make each token cost
     more than plain Llama-3.1-8B, so the plan overestimates the tokens. That is what check-log is for."""
-    args = ("--model", "meta-llama/Llama-3.1-8B-Instruct", "--vllm-version", "0.9.1", "--json")
+    args = ("--model", "meta-llama/Llama-3.1-8B-Instruct", "--vllm-version", "0.9.1", *ONE_GPU, "--json")
     result = check_log(tmp_path, KV003, *args)
     assert result.exit_code == 1, result.output
     t = rows(json.loads(result.stdout)["page_math"])["KV cache tokens"]
@@ -102,7 +107,7 @@ def test_eagle_in_the_non_default_args_adds_the_draft_layer():
 
 
 def test_kv001_v0_blocks_and_budget_from_the_logged_total(tmp_path):
-    result = check_log(tmp_path, KV001, "--model", "meta-llama/Llama-3.1-8B-Instruct", "--json")
+    result = check_log(tmp_path, KV001, "--model", "meta-llama/Llama-3.1-8B-Instruct", *ONE_GPU, "--json")
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
     assert out["vllm_version"] == "0.6.0"  # V0 lines, no version printed
@@ -116,7 +121,7 @@ def test_kv001_v0_blocks_and_budget_from_the_logged_total(tmp_path):
 
 
 def test_kv002_failed_start_is_predicted(tmp_path):
-    result = check_log(tmp_path, KV002, "--model", "meta-llama/Llama-3.1-8B-Instruct", "--json")
+    result = check_log(tmp_path, KV002, "--model", "meta-llama/Llama-3.1-8B-Instruct", *ONE_GPU, "--json")
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
     assert out["engine_started"] is False
@@ -150,7 +155,7 @@ def test_cpu_engine_log(tmp_path, tiny_llama_config):
 
 
 def test_human_output(tmp_path):
-    result = check_log(tmp_path, KV040)
+    result = check_log(tmp_path, KV040, *ONE_GPU)
     assert result.exit_code == 0
     assert "205,696" in result.stdout and "89,994" in result.stdout and "within the tolerance of 2.0%" in result.stdout
 
@@ -175,3 +180,41 @@ def test_failed_cpu_start_without_capacity_exits_2():
 def test_missing_log_exits_2(tmp_path):
     result = runner.invoke(app, ["check-log", str(tmp_path / "nope.log")])
     assert result.exit_code == 2 and result.stderr.strip() == f"error: cannot read {tmp_path / 'nope.log'}: no such file"
+
+
+V0_TP2 = DATA / "vllm-0.8.3-v0-tp2.log"
+
+
+def test_a_v0_log_of_0_8_is_read_with_its_settings(tmp_path):
+    """vLLM 0.7-0.9 print "Initializing a V0 LLM engine (v0.8.3) with config: ..." (as in
+    https://github.com/vllm-project/vllm/issues/8031); tests/gate/data/vllm-0.8.3-v0-tp2.log is composed
+    of 0.8.3's V0 line formats for Llama-3.1-8B at TP 2. Each GPU holds 4 of the 8 KV heads: 32 x 4 x 128
+    x 2 x 2 B = 65,536 B a token, a 16-token block 1 MiB; 62.00 GiB / 1 MiB = 63,488 blocks (V0: no
+    null block); 63,488 x 16 / 8,192 = 124.00x. Read as TP 1 (2 MiB blocks) it would be 31,744: off."""
+    result = runner.invoke(app, ["check-log", str(V0_TP2), "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert (out["parsed"]["engine"], out["parsed"]["vllm_version"], out["parsed"]["tensor_parallel_size"]) == \
+        ("v0", "0.8.3", 2)
+    r = rows(out["page_math"])
+    assert (r["KV blocks"]["reported"], r["KV blocks"]["predicted"]) == (63_488, 63_488)
+    c = r["max concurrency at 8,192 tokens"]
+    assert (c["reported"], c["predicted"]) == (124.0, 124.0)
+    # Told TP 1 instead, the same log is outside the tolerance: the settings move every figure.
+    assert runner.invoke(app, ["check-log", str(V0_TP2), "--tp", "1"]).exit_code == 1
+
+
+def test_a_log_without_its_settings_is_never_judged(tmp_path):
+    """The quote shows the KV lines but neither the config dump nor the non-default args: TP and PP are
+    unknown, so check-log refuses (exit 2) and names the flags, instead of planning TP 1 and passing."""
+    result = check_log(tmp_path, KV040)
+    assert result.exit_code == 2
+    assert "cannot read the engine's settings" in result.stderr and "--tp N" in result.stderr
+    assert check_log(tmp_path, KV040, *ONE_GPU).exit_code == 0
+
+
+def test_a_log_with_nothing_to_compare_is_not_passed(tmp_path):
+    """The KV memory alone, no blocks, tokens or concurrency: nothing can be judged, so exit 2, never 0."""
+    text = V0_TP2.read_text().split("# cuda blocks")[0].rsplit("\n", 1)[0] + "\n"
+    result = check_log(tmp_path, text)
+    assert result.exit_code == 2 and "no reported number could be compared" in result.stderr
