@@ -46,11 +46,11 @@ class Device:
     @property
     def platform(self):
         """The attention backends' block-size rules for this device (kvplan.plan.layout)."""
-        from kvplan.vllm.platforms import CPU, CUDA
+        from kvplan.vllm.platforms import CUDA, host_cpu_platform
 
         if self.platform_rules is not None:
             return self.platform_rules
-        return CPU if self.vendor == "cpu" else CUDA
+        return host_cpu_platform() if self.vendor == "cpu" else CUDA
 
     @property
     def is_hopper(self) -> bool:

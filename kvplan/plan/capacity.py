@@ -160,6 +160,8 @@ class Capacity:
     weights_total: int
     hybrid_allocator: bool
     notes: tuple[str, ...]
+    # --mamba-ssm-cache-dtype as the platform leaves it (the CPU build forces float32 on AVX-512 BF16 hosts).
+    mamba_ssm_cache_dtype: str = "auto"
 
     @property
     def layout(self) -> KVLayout:
@@ -502,10 +504,12 @@ def compute_capacity(
     requested = math.ceil(requested) if rules.requested_memory_ceil else int(requested)
     stages: list[StageBudget] = []
     ranges = pipeline_stages(arch.num_hidden_layers, pp)
+    gdn = any(isinstance(s, MambaState) and s.variant == "gated_delta_net" for s in arch.layers)
+    ssm_asked = device.platform.mamba_ssm_cache_dtype(settings.mamba_ssm_cache_dtype, gdn)
     encoder = arch.vision_encoder  # every pipeline stage's worker runs the encoder pass
     for s, stage in enumerate(ranges):
         specs: list[LayerSpec] = [spec for spec, i in zip(arch.layers, arch.layer_index) if i in stage]
-        layout = build_layout(with_state_dtype(with_tp(specs, tp), rules, settings.mamba_ssm_cache_dtype), dtype,
+        layout = build_layout(with_state_dtype(with_tp(specs, tp), rules, ssm_asked), dtype,
                               block_size, rules, hybrid, device.platform, device.is_blackwell)
         last = s == pp - 1
         if settings.weights_bytes:
@@ -564,6 +568,7 @@ def compute_capacity(
         weights_total=weights_total,
         hybrid_allocator=hybrid and rules.hybrid_allocator,
         notes=tuple(notes + list(arch.notes)),
+        mamba_ssm_cache_dtype=ssm_asked,
     )
 
 

@@ -3,7 +3,8 @@ scheduler defaults, independent of the release (release-dependent facts live in 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import lru_cache
 
 
 @dataclass(frozen=True)
@@ -31,9 +32,37 @@ class Platform:
     mla_whole_prompt: bool = False
     # usage context ("serve" / "llm") -> (max_num_seqs, max_num_batched_tokens) per device.
     default_limits: tuple[tuple[str, tuple[int, int]], ...] = ()
+    # x86 CPUs with AVX-512 BF16 run vLLM's accelerated CPU GDN / Mamba kernels, and
+    # `CpuPlatform.check_and_update_config` resets --mamba-ssm-cache-dtype to float32 there unless it is
+    # float16 / bfloat16 on a gated-delta-net model ("Reset SSM cache type to float32 for accelerated GDN
+    # mamba backend", platforms/cpu.py@0.32.0): "auto" becomes float32.
+    float32_ssm_state: bool = False
+
+    def mamba_ssm_cache_dtype(self, asked: str, gated_delta_net: bool) -> str:
+        """The --mamba-ssm-cache-dtype this platform leaves for a model (``gated_delta_net``: its
+        recurrent layers are Qwen3-Next / Qwen3.5-style linear attention)."""
+        if not self.float32_ssm_state or asked == "float32":
+            return asked
+        return asked if gated_delta_net and asked in ("float16", "bfloat16") else "float32"
 
 
 CUDA = Platform("cuda", kernel_block=16, default_block_size=16)
 # The reference (non-AMX) CPU MLA path; x86 CPUs with AMX tiles use AMX MLA instead.
 CPU = Platform("cpu", kernel_block=32, default_block_size=128, mla_block_size=16, async_scheduling=False,
                mla_whole_prompt=True, default_limits=(("serve", (128, 2048)), ("llm", (256, 4096))))
+
+
+def cpu_has_avx512_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """The ``avx512_bf16`` CPU flag (what ``torch.cpu._is_avx512_bf16_supported`` reports), read without torch."""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as fh:
+            return any(line.startswith("flags") and " avx512_bf16" in f" {line.split(':', 1)[-1].strip()} "
+                       for line in fh)
+    except OSError:
+        return False
+
+
+@lru_cache(maxsize=1)
+def host_cpu_platform() -> Platform:
+    """The CPU platform of the machine kvplan runs on (the CPU engine it launches or probes runs here too)."""
+    return replace(CPU, float32_ssm_state=True) if cpu_has_avx512_bf16() else CPU

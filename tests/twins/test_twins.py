@@ -30,7 +30,7 @@ from kvplan.plan.capacity import compute_capacity, with_state_dtype, with_tp
 from kvplan.plan.overhead import load_overhead
 from kvplan.plan.schema import Settings
 from kvplan.units import GiB, MiB
-from kvplan.vllm.platforms import CPU
+from kvplan.vllm.platforms import host_cpu_platform
 from kvplan.vllm.rules import rules_for
 
 pytestmark = pytest.mark.engine
@@ -242,7 +242,7 @@ def _plan(profile: str, engine_settings: dict, async_scheduling: bool = False, v
         kv_cache_dtype=engine_settings.get("kv_cache_dtype") or "auto",
         usage_context="llm",  # the probe builds vLLM's offline LLM class
     )
-    platform = CPU
+    platform = host_cpu_platform()  # this host: the CPU build the probe runs (its SSM dtype rule)
     if any(isinstance(s, MLAIndexer) for s in arch.layers):
         # vLLM's CPU platform refuses sparse MLA; the probe lets FlashMLASparse build the model and
         # its kernels take multiples of 64 only, so the probe asks for 64 (kvplan.vllm.probe).
@@ -275,7 +275,7 @@ def _engine_layer_shapes(result: dict) -> list[tuple]:
 
 def _kvplan_layer_shapes(cap) -> list[tuple]:
     shapes = []
-    specs = with_state_dtype(with_tp(list(cap.arch.layers), 1), cap.rules, cap.settings.mamba_ssm_cache_dtype)
+    specs = with_state_dtype(with_tp(list(cap.arch.layers), 1), cap.rules, cap.mamba_ssm_cache_dtype)
     for s in specs:
         if isinstance(s, MambaState):
             shapes.append(("state", s.state_bytes()))
