@@ -19,13 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvplan.errors import KvplanError
+from kvplan.traffic.tokens import TOKEN_ID_RANGE
+from kvplan.traffic.tokens import token_ids as _token_ids
 
 DISTRIBUTIONS = ("fixed", "uniform", "normal", "lognormal")
 APIS = ("completions", "chat")
 
-#: Token ids drawn for prompts. Below 1000 fits every vocabulary (the tiny test model has 1024)
-#: and skips the low ids where small vocabularies keep their special tokens.
-TOKEN_ID_RANGE = (10, 1000)
 
 _WORDS = ["time", "person", "year", "way", "day", "thing", "man", "world", "life", "hand", "part", "child",
     "eye", "woman", "place", "work", "week", "case", "point", "government", "company", "number", "group",
@@ -104,11 +103,6 @@ class Workload:
         shared_ids = _token_ids(f"ids:{self.seed}:shared", shared, lo, hi)
         own_ids = _token_ids(f"ids:{self.seed}:{self.nonce}:{index}", prompt - shared, lo, hi)
         return RequestSpec(index, prompt, output, prompt_token_ids=tuple(shared_ids + own_ids))
-
-
-def _token_ids(key: str, n: int, lo: int, hi: int) -> list[int]:
-    rng = random.Random(key)
-    return [rng.randrange(lo, hi) for _ in range(n)]
 
 
 def _text_words(key: str, n: int) -> list[str]:
