@@ -40,11 +40,12 @@ from __future__ import annotations
 
 import math
 import random
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kvplan.errors import KvplanError
+from kvplan.plan.block_pool import BlockPool
 from kvplan.stats import percentile
 from kvplan.units import cdiv
 
@@ -100,6 +101,20 @@ def _draw(rng: random.Random, mean: int, distribution: str, spread: float) -> in
 
 
 @dataclass(frozen=True)
+class SimTurn:
+    """One turn of a session as the simulator replays it: lengths, the hash ids of its prompt's full
+    blocks (kvplan.plan.prefix_cache.BlockHasher: equal ids are equal vLLM block hashes), and when it
+    arrives: at ``arrival`` (absolute), else ``think`` after the previous turn of its session ends."""
+
+    session: int
+    prompt: int
+    output: int
+    keys: tuple[int, ...] = ()
+    arrival: float | None = None
+    think: float = 0.0
+
+
+@dataclass(frozen=True)
 class Load:
     """Who sends what, when.
 
@@ -124,17 +139,21 @@ class Load:
     shared_prefix_tokens: int = 0
     think_time: float = 0.0
     client_delay: Callable[[int], float] | None = None
+    # Sessions (traffic with reuse): request number i is turns[i]; a session's turns in order.
+    turns: tuple[SimTurn, ...] = ()
 
     def __post_init__(self) -> None:
         if self.streams < 0 or self.requests_per_stream < 1:
             raise KvplanError("a load needs >= 0 streams and >= 1 request per stream")
-        if not self.streams and not self.arrivals:
-            raise KvplanError("a load needs streams (closed loop) or arrival times (open loop)")
+        if not self.streams and not self.arrivals and not self.turns:
+            raise KvplanError("a load needs streams (closed loop), arrival times (open loop) or sessions")
         if not 0.0 <= self.shared_prefix < 1.0:
             raise KvplanError(f"invalid shared prefix fraction {self.shared_prefix}", "use a fraction in [0, 1)")
 
     @property
     def num_requests(self) -> int:
+        if self.turns:
+            return len(self.turns)
         return self.streams * self.requests_per_stream if self.streams else len(self.arrivals)
 
     def shared_tokens(self, prompt: int) -> int:
@@ -149,6 +168,20 @@ def closed_loop(streams: int, lengths: Callable[[int], tuple[int, int]], request
     return Load(lengths, streams=streams, requests_per_stream=requests_per_stream, first_index=first_index,
                 shared_prefix=shared_prefix, shared_prefix_tokens=shared_prefix_tokens, think_time=think_time,
                 client_delay=client_delay)
+
+
+def session_load(turns: Sequence[SimTurn], client_delay: Callable[[int], float] | None = None) -> Load:
+    """Sessions: every turn with an ``arrival`` is sent then; a turn without one ``think`` after the
+    previous turn of its session ends (request number = position in ``turns``)."""
+    turns = tuple(turns)
+    if not turns:
+        raise KvplanError("a session load needs at least one turn")
+    seen: set[int] = set()
+    for t in turns:
+        if t.arrival is None and t.session not in seen:
+            raise KvplanError(f"the first turn of session {t.session} has no arrival time")
+        seen.add(t.session)
+    return Load(lambda i: (turns[i].prompt, turns[i].output), turns=turns, client_delay=client_delay)
 
 
 def poisson_arrivals(rate: float, num_requests: int, seed: int = 0) -> tuple[float, ...]:
@@ -183,6 +216,8 @@ class SchedulerConfig:
     admit_full_prompt: bool = True  # vLLM >= 0.19 (rules.admit_full_prompt)
     prefix_caching: bool = True
     max_model_len: int | None = None
+    uncached_blocks_first: bool = True  # freed uncached blocks reused first (rules.free_uncached_first)
+    prefix_stats_at_admission: bool = True  # hit counters at admission only (rules.prefix_stats_at_admission)
 
     def __post_init__(self) -> None:
         if self.num_blocks < 2 or self.block_size < 1 or self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
@@ -198,7 +233,8 @@ class SchedulerConfig:
         return cls(num_blocks=num_blocks or cap.num_blocks, block_size=cap.block_size,
                    max_num_seqs=cap.limits.max_num_seqs, max_num_batched_tokens=cap.limits.max_num_batched_tokens,
                    admit_full_prompt=cap.rules.admit_full_prompt, prefix_caching=cap.prefix_caching,
-                   max_model_len=cap.max_model_len)
+                   max_model_len=cap.max_model_len, uncached_blocks_first=cap.rules.free_uncached_first,
+                   prefix_stats_at_admission=cap.rules.prefix_stats_at_admission)
 
 
 @dataclass(frozen=True)
@@ -230,6 +266,8 @@ class RequestTimeline:
     preemptions: int = 0
     waited_for_kv: bool = False
     peak_blocks: int = 0
+    cached_tokens: int = 0  # prefix-cache hit at its first admission (tokens it did not compute)
+    session: int = -1  # its session (session loads)
 
     @property
     def queueing_delay(self) -> float | None:
@@ -271,6 +309,17 @@ class SimResult:
     peak_used_blocks: int
     kv_fill: list[tuple[int, float, float]]  # (step, time at its end, used / usable), one per step
     step_batches: list[StepBatch]
+    # vLLM's prefix-cache counters (`PrefixCacheStats.record` at admission, v1/metrics/stats.py@0.32.0):
+    # tokens looked up and found by requests never preempted (vllm:prefix_cache_queries / _hits), and
+    # the same for re-admitted preempted requests, which vLLM keeps apart.
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+    preempted_queries: int = 0
+    preempted_hits: int = 0
+
+    @property
+    def prefix_hit_rate(self) -> float | None:
+        return self.prefix_hits / self.prefix_queries if self.prefix_queries else None
 
     @property
     def waited_for_kv(self) -> bool:
@@ -316,10 +365,10 @@ class SimResult:
 
 class _Req:
     __slots__ = ("tl", "prompt", "output", "shared", "generated", "computed", "blocks", "stream", "k", "rid",
-                 "num_cached")
+                 "num_cached", "keys")
 
-    def __init__(self, tl: RequestTimeline, rid: int, stream: int, k: int):
-        self.tl, self.rid, self.stream, self.k = tl, rid, stream, k
+    def __init__(self, tl: RequestTimeline, rid: int, stream: int, k: int, keys: tuple[int, ...] = ()):
+        self.tl, self.rid, self.stream, self.k, self.keys = tl, rid, stream, k, keys
         self.prompt, self.output, self.shared = tl.prompt_tokens, tl.output_tokens, tl.shared_tokens
         self.generated = 0
         self.computed = 0
@@ -331,54 +380,27 @@ class _Req:
         return self.prompt + self.generated
 
 
-class _BlockPool:
-    """`block_pool.py`: a free queue in LRU order (evict from the front), hashes of full blocks."""
-
-    def __init__(self, usable: int, caching: bool):
-        self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, usable + 1))
-        self.ref = [0] * (usable + 1)
-        self.key_of: dict[int, tuple] = {}
-        self.block_of: dict[tuple, int] = {}
-        self.caching = caching
-
-    def take(self) -> int:
-        block, _ = self.free.popitem(last=False)
-        key = self.key_of.pop(block, None)
-        if key is not None:
-            del self.block_of[key]
-        self.ref[block] = 1
-        return block
-
-    def touch(self, block: int) -> None:
-        if self.ref[block] == 0:
-            del self.free[block]
-        self.ref[block] += 1
-
-    def release(self, blocks: list[int]) -> None:
-        for block in reversed(blocks):  # the tail first: it is evicted before the prefix
-            self.ref[block] -= 1
-            if self.ref[block] == 0:
-                self.free[block] = None
-
-    def cache(self, block: int, key: tuple) -> None:
-        if self.caching and key not in self.block_of and block not in self.key_of:
-            self.block_of[key] = block
-            self.key_of[block] = key
-
-
 def _key(req: _Req, k: int, block_size: int) -> tuple:
-    """A full block's identity: the shared prefix's blocks are the same for all requests."""
+    """A full block's identity: a session turn's prompt blocks by their hash ids; the shared prefix's
+    blocks the same for all requests; any other block (output included) the request's own."""
+    if k < len(req.keys):
+        return ("hash", req.keys[k])
     if (k + 1) * block_size <= req.shared:
         return ("shared", k)
     return ("req", req.rid, k)
 
 
 def simulate(config: SchedulerConfig, load: Load, step_time: Callable[[StepBatch], float] | None = None,
-             max_steps: int = 5_000_000) -> SimResult:
-    """Run ``load`` through vLLM V1's scheduler on ``config``'s pool until every request ends."""
+             max_steps: int = 5_000_000, trace: list[tuple] | None = None) -> SimResult:
+    """Run ``load`` through vLLM V1's scheduler on ``config``'s pool until every request ends.
+
+    ``trace``, when given, receives every block-pool operation in order, for replaying them on vLLM's
+    own KVCacheManager (tests/vllm_facing/test_block_pool_parity.py): ``("admit", request, num_tokens,
+    hit_blocks, new_tokens, block_table)``, ``("alloc", request, num_tokens, new_tokens, block_table)``,
+    ``("preempt", request)``, ``("finish", request)``."""
     B = config.block_size
     usable = config.usable_blocks
-    pool = _BlockPool(usable, config.prefix_caching)
+    pool = BlockPool(usable, config.prefix_caching, config.uncached_blocks_first)
     timelines: list[RequestTimeline] = []
     pending: list[tuple[float, int, _Req]] = []  # arrivals not yet seen, sorted by time
     counter = 0
@@ -387,6 +409,7 @@ def simulate(config: SchedulerConfig, load: Load, step_time: Callable[[StepBatch
     def make(number: int, arrival: float, stream: int, k: int) -> _Req:
         nonlocal counter
         prompt, output = load.lengths(number)
+        keys = load.turns[number].keys if load.turns else ()
         if prompt < 1 or output < 1:
             raise KvplanError(f"request {number}: prompt and output must be >= 1 token")
         if config.max_model_len and prompt + output > config.max_model_len:
@@ -395,12 +418,23 @@ def simulate(config: SchedulerConfig, load: Load, step_time: Callable[[StepBatch
         if cdiv(prompt + output - 1, B) > usable:
             raise KvplanError(f"request {number} needs {cdiv(prompt + output - 1, B)} blocks; the pool has "
                               f"{usable} usable: it could never finish")
-        tl = RequestTimeline(number, prompt, output, load.shared_tokens(prompt), arrival)
+        tl = RequestTimeline(number, prompt, output, load.shared_tokens(prompt), arrival,
+                             session=load.turns[number].session if load.turns else -1)
         timelines.append(tl)
         counter += 1
-        return _Req(tl, counter, stream, k)
+        return _Req(tl, counter, stream, k, keys)
 
-    if load.streams:
+    next_turn: dict[int, int] = {}  # request number -> the number of its session's next turn sent on its end
+    if load.turns:
+        last_of: dict[int, int] = {}
+        for number, t in enumerate(load.turns):
+            if t.arrival is not None:
+                at = t.arrival + delay(number)
+                pending.append((at, number, make(number, at, t.session, number)))
+            else:
+                next_turn[last_of[t.session]] = number
+            last_of[t.session] = number
+    elif load.streams:
         for s in range(load.streams):
             number = load.first_index + s
             pending.append((delay(number), s, make(number, delay(number), s, 0)))
@@ -422,10 +456,11 @@ def simulate(config: SchedulerConfig, load: Load, step_time: Callable[[StepBatch
     batches: list[StepBatch] = []
     finished = 0
     total = load.num_requests
+    queries = hits_tokens = pre_queries = pre_hits = 0
 
     def allocate(req: _Req, num_tokens: int) -> bool:
         need = cdiv(num_tokens, B) - len(req.blocks)
-        if need > len(pool.free):
+        if need > pool.num_free:
             return False
         for _ in range(max(0, need)):
             req.blocks.append(pool.take())
@@ -441,6 +476,8 @@ def simulate(config: SchedulerConfig, load: Load, step_time: Callable[[StepBatch
 
     def preempt(req: _Req) -> None:
         nonlocal preemptions, first_pre_step, first_pre_time, first_wait_step, first_wait_time
+        if trace is not None:
+            trace.append(("preempt", req.tl.index))
         pool.release(req.blocks)
         req.blocks = []
         req.computed = 0
@@ -489,6 +526,8 @@ def simulate(config: SchedulerConfig, load: Load, step_time: Callable[[StepBatch
             if not ok:
                 break
             cache_full(req, req.computed + n)
+            if trace is not None:
+                trace.append(("alloc", req.tl.index, req.num_tokens, n, tuple(req.blocks)))
             scheduled.append((req, n, req.computed))
             budget -= n
             i += 1
@@ -502,9 +541,17 @@ def simulate(config: SchedulerConfig, load: Load, step_time: Callable[[StepBatch
                 evictable = sum(1 for b in hits if pool.ref[b] == 0)
                 first_chunk = min(req.num_tokens - computed, budget)
                 check = req.num_tokens if config.admit_full_prompt else computed + first_chunk
-                if cdiv(check, B) - len(hits) + evictable > len(pool.free):
+                admitted = cdiv(check, B) - len(hits) + evictable <= pool.num_free
+                if config.prefix_caching and (admitted or not config.prefix_stats_at_admission):
+                    if req.tl.preemptions:
+                        pre_queries, pre_hits = pre_queries + req.num_tokens, pre_hits + computed
+                    else:
+                        queries, hits_tokens = queries + req.num_tokens, hits_tokens + computed
+                if not admitted:
                     kv_blocked = True
                     break
+                if not req.tl.preemptions:
+                    req.tl.cached_tokens = computed
                 for b in hits:
                     pool.touch(b)
                 req.blocks = list(hits)
@@ -512,6 +559,8 @@ def simulate(config: SchedulerConfig, load: Load, step_time: Callable[[StepBatch
                 req.computed = computed
                 allocate(req, computed + first_chunk)
                 cache_full(req, computed + first_chunk)
+                if trace is not None:
+                    trace.append(("admit", req.tl.index, req.num_tokens, tuple(hits), first_chunk, tuple(req.blocks)))
                 waiting.popleft()
                 running.append(req)
                 if req.tl.admitted_step is None:
@@ -529,7 +578,7 @@ def simulate(config: SchedulerConfig, load: Load, step_time: Callable[[StepBatch
                               f"{cdiv(head.num_tokens, B)} blocks, the pool has {usable} usable")
         peak_waiting = max(peak_waiting, len(waiting))
         peak_running = max(peak_running, len(running))
-        used = usable - len(pool.free)
+        used = usable - pool.num_free
         peak_used = max(peak_used, used)
         prefill = sum(n for r, n, c in scheduled if not (n == 1 and c == r.num_tokens - 1 and r.generated > 0))
         decode = sum(1 for r, n, c in scheduled if n == 1 and c == r.num_tokens - 1 and r.generated > 0)
@@ -553,11 +602,18 @@ def simulate(config: SchedulerConfig, load: Load, step_time: Callable[[StepBatch
         for req in done:
             req.tl.peak_blocks = max(req.tl.peak_blocks, len(req.blocks))
             running.remove(req)
+            if trace is not None:
+                trace.append(("finish", req.tl.index))
             pool.release(req.blocks)
             req.blocks = []
             req.tl.finish_step = step
             finished += 1
-            if load.streams and req.k + 1 < load.requests_per_stream:
+            if req.tl.index in next_turn:
+                number = next_turn[req.tl.index]
+                t = load.turns[number]
+                nxt = make(number, end + t.think + delay(number), t.session, number)
+                _insert(pending_q, (nxt.tl.arrival_time, number, nxt))
+            elif load.streams and req.k + 1 < load.requests_per_stream:
                 k = req.k + 1
                 number = load.first_index + k * load.streams + req.stream
                 nxt = make(number, end + load.think_time + delay(number), req.stream, k)
@@ -572,6 +628,7 @@ def simulate(config: SchedulerConfig, load: Load, step_time: Callable[[StepBatch
         preemptions=preemptions, first_kv_wait_step=first_wait_step, first_kv_wait_time=first_wait_time,
         first_preemption_step=first_pre_step, first_preemption_time=first_pre_time, peak_waiting=peak_waiting,
         peak_running=peak_running, peak_used_blocks=peak_used, kv_fill=kv_fill, step_batches=batches,
+        prefix_queries=queries, prefix_hits=hits_tokens, preempted_queries=pre_queries, preempted_hits=pre_hits,
     )
 
 
@@ -587,16 +644,10 @@ def _insert(q: deque, item: tuple) -> None:
     q.extend(items)
 
 
-def _prefix_hits(pool: _BlockPool, req: _Req, block_size: int) -> list[int]:
+def _prefix_hits(pool: BlockPool, req: _Req, block_size: int) -> list[int]:
     """`get_computed_blocks`: the longest run of cached full blocks from the start, at most
     ``num_tokens - 1`` tokens (the last token is always computed)."""
-    hits: list[int] = []
-    for k in range((req.num_tokens - 1) // block_size):
-        block = pool.block_of.get(_key(req, k, block_size))
-        if block is None:
-            break
-        hits.append(block)
-    return hits
+    return pool.longest_hit(_key(req, k, block_size) for k in range((req.num_tokens - 1) // block_size))
 
 
 # --------------------------------------------------------------------------- onsets over concurrency

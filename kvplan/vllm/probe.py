@@ -644,7 +644,12 @@ def main(argv: list[str] | None = None) -> int:
     gc.freeze()
     for case in request.get("cases", []):
         res = run_case(case, tail, rec)
-        gc.freeze()  # run_case ended with a collection (_cleanup): what is left is the imports
+        # Thaw, collect and freeze again: what the case left unreachable (its engine) is freed even if
+        # something still held it at the last freeze; one full walk a case instead of one a collection.
+        gc.unfreeze()
+        gc.collect()
+        gc.freeze()
+        res["max_rss_mib"] = _max_rss_mib()
         doc["cases"].append(res)
         print(f"[kvplan.probe] {res.get('name')}: ok={res['ok']} {res['seconds']}s",
               file=sys.stderr, flush=True)
@@ -661,6 +666,13 @@ def main(argv: list[str] | None = None) -> int:
         real_stdout.write("\n")
     real_stdout.flush()
     return 0
+
+
+def _max_rss_mib() -> int:
+    """The probe's peak resident memory so far (Linux reports KiB), for sizing how many probes fit at once."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
 
 
 def _dump(doc: dict, path: str) -> None:

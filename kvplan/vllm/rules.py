@@ -102,6 +102,13 @@ class VllmRules:
     # (`FusedMoEParallelConfig.make`: flatten_tp_across_dp; with --enable-expert-parallel, whole
     # experts over the same GPUs). Read in 0.10.2 and every later release; earlier ones not read.
     moe_shards_over_dp: bool
+    # Freed blocks without a hash go to the head of the free queue (reused first) and cached ones to
+    # the tail (`BlockPool.free_blocks`, 0.23+); up to 0.22 all went to the tail (read in 0.22.0, 0.23.0).
+    free_uncached_first: bool
+    # vllm:prefix_cache_queries / _hits count a request when it is admitted ("Record at admission so
+    # unscheduled lookups are not counted", scheduler.py, 0.27+); up to 0.26 at every lookup, so a
+    # request waiting for KV counts once a step (`get_computed_blocks`, read in 0.26.0, 0.27.1).
+    prefix_stats_at_admission: bool
 
     note: str | None = None  # when the asked release is outside what kvplan has read
 
@@ -176,4 +183,6 @@ def rules_for(version: str | None = None) -> VllmRules:
         sparse_mla_auto_fp8=(0, 11, 0) <= v < (0, 11, 1),
         admit_full_prompt=v >= (0, 19, 0),
         moe_shards_over_dp=v >= (0, 10, 0),
+        free_uncached_first=v >= (0, 23, 0),
+        prefix_stats_at_admission=v >= (0, 27, 0),
     )

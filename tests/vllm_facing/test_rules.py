@@ -289,6 +289,7 @@ def test_every_rule_field_is_covered():
         "gdn_checkpoint_page_on_hopper", "hybrid_block_alignment", "mla_hybrid_block_min_128", "mla_block_size_rule",
         "nemotron_h_ssm_default", "qwen35_reads_mamba_ssm_dtype", "gdn_respects_ssm_dtype",
         "max_len_check_counts_padding", "big_gpu_tier", "sparse_mla_auto_fp8", "admit_full_prompt", "moe_shards_over_dp", "note",
+        "free_uncached_first", "prefix_stats_at_admission",
     }
     assert set(rules_for(None).__dataclass_fields__) == tested
 
@@ -343,6 +344,8 @@ def test_release_boundaries():
     assert flips("qwen35_reads_mamba_ssm_dtype") == [("0.17.1", True)]
     assert flips("sparse_mla_auto_fp8") == [("0.11.0", True), ("0.11.1", False)]
     assert flips("admit_full_prompt") == [("0.19.1", True)]
+    assert flips("free_uncached_first") == [("0.23.0", True)]  # block_pool.py: prepend_n (0.22.0: none)
+    assert flips("prefix_stats_at_admission") == [("0.27.1", True)]  # "Record at admission" (0.26.0: at lookup)
 
 
 def test_rules_are_a_value_not_shared_state():

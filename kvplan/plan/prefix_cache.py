@@ -1,0 +1,276 @@
+"""vLLM's prefix cache over traffic with reuse: block hashes, and the working set. Pure.
+
+**Block hashes.** vLLM hashes each *full* block of a request's tokens together with its parent
+block's hash (`hash_block_tokens`, v1/core/kv_cache_utils.py@0.32.0): two blocks are the same
+cache entry exactly when every token up to the block's end is the same. `BlockHasher` gives each
+distinct (parent, block content) an integer id, where a block's content is the segments' token
+runs it covers (kvplan.traffic.model: equal segment keys are equal tokens); so equal ids are equal
+vLLM hashes and different ids never collide.
+
+**Working set** (the timing-free answer). Requests served one at a time, the pool's free blocks
+kept in vLLM's eviction order: a finished request's blocks go to the back of the free queue tail
+first, so its prefix is the last to be evicted (`BlockPool.free_blocks` / `FreeKVCacheBlockQueue`,
+v1/core/block_pool.py@0.32.0), and a hit takes the block out of the queue. That order is LRU over
+"last used", with a request's own blocks ordered prefix-most-recent. A block is still cached when
+a request arrives iff fewer than C other blocks were used more recently (its *reuse distance*
+below the pool of C blocks). Because every request that uses block k of a chain also uses blocks
+0..k-1, and uses them later in its own order, reuse distances grow along a chain: the hits a pool
+keeps are always a prefix of the prompt, as vLLM's `find_longest_cache_hit` finds them. So the
+hits at pool size C are ``sum(clamp(C - distance, 0, blocks))`` over the runs of blocks reused,
+one pass computes every C, and the curve says which pool keeps 50 / 90 / 99% of the hits any
+pool could keep. Concurrency is not in it (requests in flight pin blocks and shrink the room
+left for cached ones): the simulator (kvplan.plan.simulate) answers with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from kvplan.errors import KvplanError
+from kvplan.traffic.model import Segment, Traffic, Turn
+
+
+class BlockHasher:
+    """Integer ids for vLLM's chained block hashes of prompts made of segments."""
+
+    def __init__(self, block_size: int):
+        if block_size < 1:
+            raise KvplanError("the block size must be >= 1")
+        self.block_size = block_size
+        self._ids: dict[tuple, int] = {}
+
+    def _id(self, parent: int, content: tuple) -> int:
+        key = (parent, content)
+        found = self._ids.get(key)
+        if found is None:
+            found = self._ids[key] = len(self._ids) + 1
+        return found
+
+    def prompt_keys(self, segments: Sequence[Segment]) -> tuple[int, ...]:
+        """The ids of the prompt's full blocks, in order (the last partial block has none)."""
+        B = self.block_size
+        out: list[int] = []
+        parent = 0
+        spans: list[tuple[str, int, int]] = []  # the block being filled: (segment key, start, end) runs
+        filled = 0
+        for seg in segments:
+            at = 0
+            while at < seg.tokens:
+                take = min(B - filled, seg.tokens - at)
+                spans.append((seg.key, at, at + take))
+                at += take
+                filled += take
+                if filled == B:
+                    parent = self._id(parent, tuple(spans))
+                    out.append(parent)
+                    spans, filled = [], 0
+        return tuple(out)
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+
+# --------------------------------------------------------------------------- working set
+
+
+@dataclass(frozen=True)
+class WorkingSet:
+    """Hits as a function of the pool (in blocks), requests served one at a time.
+
+    ``distances`` / ``weights``: each reused run of blocks, its reuse distance (blocks used more
+    recently) and its length in blocks; ``achievable_blocks``: hits an unbounded pool keeps (every
+    full block that an earlier request cached, up to each prompt's last token)."""
+
+    block_size: int
+    requests: int
+    queried_tokens: int  # prompt tokens of all requests (vLLM's prefix_cache_queries)
+    achievable_blocks: int
+    distances: tuple[int, ...]  # sorted
+    weights: tuple[int, ...]  # in the order of ``distances``
+
+    def hit_blocks(self, pool_blocks: int) -> int:
+        """Blocks a pool of ``pool_blocks`` serves from cache over the whole traffic."""
+        total = 0
+        for d, w in zip(self.distances, self.weights):
+            if d >= pool_blocks:
+                break
+            total += min(w, pool_blocks - d)
+        return total
+
+    def hit_rate(self, pool_blocks: int) -> float:
+        """Hit tokens / queried tokens at that pool (the rate vLLM's counters give)."""
+        return self.hit_blocks(pool_blocks) * self.block_size / self.queried_tokens if self.queried_tokens else 0.0
+
+    def pool_for(self, share: float) -> int:
+        """The smallest pool (blocks) keeping ``share`` of the achievable hits."""
+        if not 0 < share <= 1:
+            raise KvplanError(f"invalid share {share}", "use a fraction in (0, 1]")
+        goal = share * self.achievable_blocks
+        if goal <= 0:
+            return 0
+        lo, hi = 0, (self.distances[-1] + max(self.weights)) if self.distances else 0
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.hit_blocks(mid) >= goal:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+
+class _Fenwick:
+    """Sums over positions 1..n, growing as positions are added at the end."""
+
+    def __init__(self) -> None:
+        self.tree = [0]
+
+    def grow(self, n: int) -> None:
+        while len(self.tree) <= n:
+            i = len(self.tree)
+            # a new node covers (i - lowbit(i), i]: fill it from the nodes it spans
+            low = i & -i
+            total, j = 0, i - 1
+            while j > i - low:
+                total += self.tree[j]
+                j -= j & -j
+            self.tree.append(total)
+
+    def add(self, i: int, delta: int) -> None:
+        n = len(self.tree)
+        while i < n:
+            self.tree[i] += delta
+            i += i & -i
+
+    def prefix(self, i: int) -> int:
+        total = 0
+        while i > 0:
+            total += self.tree[i]
+            i -= i & -i
+        return total
+
+
+def working_set(turns: Iterable[Turn], block_size: int) -> WorkingSet:
+    """The reuse distances of every request's prompt blocks, requests in the order given (a replay's
+    arrival order), at block granularity but computed per *run*: consecutive blocks of one prompt
+    that were last used by the same earlier request move together.
+
+    A request ``r`` that reuses block ``b`` last used by request ``j`` at position ``x`` of ``j``'s
+    prompt finds as more recent: every block last used by requests after ``j`` (a Fenwick tree over
+    request numbers holds each block at its last user), and the blocks of ``j`` before position
+    ``x`` that no later request took (a prefix of ``j``'s prompt moves on as a whole, since chains
+    are reused from the start: ``moved[j]`` blocks)."""
+    hasher = BlockHasher(block_size)
+    tree = _Fenwick()
+    last: dict[int, tuple[int, int]] = {}  # block id -> (last request, position in its prompt)
+    sizes: list[int] = [0]  # blocks each request holds in the tree, by request number (1-based)
+    moved: list[int] = [0]  # leading blocks of each request's prompt that a later request took
+    pairs: list[tuple[int, int]] = []  # (distance, run length)
+    queried = achievable = 0
+    total_blocks = 0  # blocks in the tree (every distinct block seen)
+    uncached_prev = 0  # the previous request's uncached (partial) last block, still in the queue
+    r = 0
+    for r, turn in enumerate(turns, 1):
+        keys = hasher.prompt_keys(turn.segments)
+        queried += turn.prompt_tokens
+        lookup = (turn.prompt_tokens - 1) // block_size  # the last token is always computed
+        tree.grow(r)
+        sizes.append(0)
+        moved.append(0)
+        # 1. Lookup: runs of blocks by their last user; distances before this request moves anything.
+        after: dict[int, int] = {}  # request j -> blocks last used after j (cached per request)
+        run_j = run_start_x = run_len = -1
+        run_d = 0
+        for pos, key in enumerate(keys[:lookup]):
+            seen = last.get(key)
+            if seen is None:
+                break  # a never-seen block ends the chain: nothing after it can be cached
+            j, x = seen
+            if j == run_j and x == run_start_x + run_len:
+                run_len += 1
+                continue
+            if run_len > 0:
+                pairs.append((run_d, run_len))
+                achievable += run_len
+            if j not in after:
+                after[j] = total_blocks - tree.prefix(j)
+            run_j, run_start_x, run_len = j, x, 1
+            # blocks of j before x still at j are more recent; the previous request's partial block
+            # holds a slot
+            run_d = after[j] + (x - moved[j]) + uncached_prev
+        if run_len > 0:
+            pairs.append((run_d, run_len))
+            achievable += run_len
+        # 2. This request now holds all its blocks: move the reused ones here, add the new ones.
+        taken: dict[int, int] = {}  # request j -> blocks moved from it (a prefix of its prompt)
+        for pos, key in enumerate(keys):
+            seen = last.get(key)
+            if seen is not None:
+                j = seen[0]
+                taken[j] = taken.get(j, 0) + 1
+                moved[j] = max(moved[j], seen[1] + 1)
+            else:
+                total_blocks += 1
+            last[key] = (r, pos)
+        # Its other full blocks (the last sampled token is never computed) hold generated tokens no
+        # prompt repeats: cached, never hit, but they take room (freed before the prompt: less recent).
+        computed = turn.prompt_tokens + turn.output_tokens - 1
+        tail = max(0, computed // block_size - len(keys))
+        # Its last block, when partial, holds no hash: freed to the head of the queue, it takes a slot
+        # from the cache until the next request's first new block reuses it (vLLM 0.23+).
+        uncached_prev = 1 if computed % block_size else 0
+        total_blocks += tail
+        for j, n in taken.items():
+            tree.add(j, -n)
+            sizes[j] -= n
+        tree.add(r, len(keys) + tail)
+        sizes[r] = len(keys) + tail
+    pairs.sort()
+    return WorkingSet(block_size=block_size, requests=r, queried_tokens=queried, achievable_blocks=achievable,
+                      distances=tuple(p[0] for p in pairs), weights=tuple(p[1] for p in pairs))
+
+
+def traffic_working_set(traffic: Traffic, block_size: int) -> WorkingSet:
+    """`working_set` of a traffic's turns in the order a one-at-a-time replay sends them: by arrival
+    (a session's later turns follow its earlier ones, with their think times after an earlier turn's
+    arrival as the ordering clock)."""
+    return working_set(replay_order(traffic), block_size)
+
+
+def replay_order(traffic: Traffic) -> list[Turn]:
+    """Turns by the time a request-at-a-time replay would send them: absolute arrivals as given; a
+    later turn at its previous turn's time plus its think time (service time is not known here);
+    ties in file order."""
+    order: list[tuple[float, int, Turn]] = []
+    for index, turn in enumerate(traffic.turns):
+        order.append((0.0, index, turn))
+    at: dict[str, float] = {}
+    timed = []
+    for _, index, turn in order:
+        if turn.arrival_s is not None:
+            t = float(turn.arrival_s)
+        else:
+            t = at.get(turn.session, 0.0) + turn.think_s
+        at[turn.session] = t
+        timed.append((t, index, turn))
+    timed.sort(key=lambda x: (x[0], x[1]))
+    return [t for _, _, t in timed]
+
+
+def traffic_load(traffic: Traffic, block_size: int, time_scale: float = 1.0, client_delay=None):
+    """The traffic as the simulator's session load (kvplan.plan.simulate.session_load): each turn's
+    full prompt blocks as hash ids, arrivals and think times multiplied by ``time_scale`` (a replay's
+    ``--time-scale``), sessions numbered in order of first appearance."""
+    from kvplan.plan.simulate import SimTurn, session_load
+
+    if not 0 < time_scale <= 1e6:
+        raise KvplanError(f"invalid time scale {time_scale}", "use a factor > 0 (0.5 replays twice as fast)")
+    hasher = BlockHasher(block_size)
+    numbers: dict[str, int] = {}
+    turns = []
+    for t in traffic.turns:
+        session = numbers.setdefault(t.session, len(numbers))
+        turns.append(SimTurn(session, t.prompt_tokens, t.output_tokens, hasher.prompt_keys(t.segments),
+                             arrival=None if t.arrival_s is None else t.arrival_s * time_scale,
+                             think=t.think_s * time_scale))
+    return session_load(turns, client_delay)

@@ -1,0 +1,87 @@
+"""vLLM's prefix cache in kvplan's terms: chained block hashes over segments, the working-set curve,
+and the simulator's hits, checked against each other and by hand."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from kvplan.plan.prefix_cache import BlockHasher, working_set
+from kvplan.plan.simulate import SchedulerConfig, SimTurn, session_load, simulate
+from kvplan.traffic.model import Segment, Traffic, Turn
+
+
+def seg(key: str, n: int) -> Segment:
+    return Segment(key, n)
+
+
+def test_block_hashes_follow_the_whole_prefix():
+    """Block size 4. A 10-token prompt has 2 full blocks (the last 2 tokens are a partial block)."""
+    h = BlockHasher(4)
+    a = h.prompt_keys([seg("sys", 6), seg("u1", 4)])
+    assert len(a) == 2
+    b = h.prompt_keys([seg("sys", 6), seg("u2", 4)])
+    # block 0 = sys[0:4] (same); block 1 = sys[4:6] + u1[0:2] vs sys[4:6] + u2[0:2] (different)
+    assert a[0] == b[0] and a[1] != b[1]
+    c = h.prompt_keys([seg("sys", 4), seg("sys2", 4)])
+    assert c[0] == a[0]  # sys[0:4] under the same (empty) parent
+    d = h.prompt_keys([seg("other", 4), seg("sys", 4)])
+    # sys[0:4] again, but after another block: a different chain, a different hash
+    assert d[1] != a[0] and d[0] != a[0]
+    assert h.prompt_keys([seg("x", 3)]) == ()
+
+
+def _traffic(seed: int, n: int = 60) -> list[Turn]:
+    """Requests drawn from a few system prompts, a few tool sets, and unique user tails."""
+    rng = random.Random(seed)
+    turns = []
+    for i in range(n):
+        segs = [seg(f"sys{rng.randrange(3)}", rng.choice([40, 64, 100]))]
+        if rng.random() < 0.7:
+            segs.append(seg(f"tools{rng.randrange(4)}", rng.choice([16, 48])))
+        segs.append(seg(f"user{i}", rng.randrange(1, 40)))
+        turns.append(Turn(f"r{i}", 0, tuple(segs), rng.randrange(1, 20), arrival_s=float(i)))
+    return turns
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_the_working_set_curve_equals_a_one_at_a_time_simulation(seed, block_size):
+    """Requests served one at a time (one session, each turn after the previous ends) through the
+    simulator's vLLM block pool give, at every pool size, exactly the hits the curve says."""
+    turns = _traffic(seed)
+    ws = working_set(turns, block_size)
+    hasher = BlockHasher(block_size)
+    sim_turns = [SimTurn(0, t.prompt_tokens, t.output_tokens, hasher.prompt_keys(t.segments),
+                         arrival=0.0 if i == 0 else None) for i, t in enumerate(turns)]
+    need = max((t.prompt_tokens + t.output_tokens - 1 + block_size - 1) // block_size for t in turns)
+    for usable in sorted({need, need + 3, 2 * need, 4 * need, 10 * need, 100 * need}):
+        res = simulate(SchedulerConfig(num_blocks=usable + 1, block_size=block_size), session_load(sim_turns))
+        assert res.preemptions == 0
+        assert res.prefix_hits == ws.hit_blocks(usable) * block_size, usable
+        assert res.prefix_queries == ws.queried_tokens
+    # An unbounded pool keeps every achievable hit; the curve never decreases.
+    assert ws.hit_blocks(10**9) == ws.achievable_blocks
+    curve = [ws.hit_blocks(c) for c in range(0, 200)]
+    assert curve == sorted(curve)
+
+
+def test_hand_worked_curve():
+    """Block 16. Request 1: S (32 tokens) + a (16), output 1: it holds cdiv(48 + 1 - 1, 16) = 3 blocks,
+    its 3 full prompt blocks [S0 S1 a]. Request 2: S + b (16) looks up (48 - 1) // 16 = 2 blocks, S0
+    and S1, last used by request 1 at positions 0 and 1; request 1 freed its blocks tail first, so S0
+    is the most recent block (distance 0) and S1 the next (1): one run at distance 0 of 2 blocks.
+    Hits at pool 1: 1 block; at pool 2 or more: 2 (32 of the 96 queried tokens)."""
+    t1 = Turn("a", 0, (seg("S", 32), seg("a", 16)), 1, arrival_s=0.0)
+    t2 = Turn("b", 0, (seg("S", 32), seg("b", 16)), 1, arrival_s=1.0)
+    ws = working_set([t1, t2], 16)
+    assert ws.distances == (0,) and ws.weights == (2,)
+    assert [ws.hit_blocks(c) for c in (0, 1, 2, 5)] == [0, 1, 2, 2]
+    assert ws.queried_tokens == 96 and ws.hit_rate(2) == 32 / 96
+    assert ws.pool_for(0.5) == 1 and ws.pool_for(1.0) == 2
+
+
+def test_traffic_turns_validate():
+    with pytest.raises(Exception, match="first turn"):
+        Traffic((Turn("s", 1, (seg("x", 4),), 1, arrival_s=0.0),), "t")
