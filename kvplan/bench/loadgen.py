@@ -83,6 +83,9 @@ class RequestRecord:
     ok: bool = False
     error: str | None = None
     retries: int = 0  # sent again on a fresh connection after a stale keep-alive one dropped it
+    # usage.prompt_tokens_details.cached_tokens: prompt tokens served from the prefix cache (vLLM
+    # reports it with --enable-prompt-tokens-details); None when the server does not say
+    cached_tokens: int | None = None
 
     @property
     def ttft_s(self) -> float | None:
@@ -142,6 +145,7 @@ class RequestRecord:
             "chunk_times_s": [round(t, 6) for t in self.chunk_times_s],
             **({"chunk_tokens": list(self.chunk_tokens)} if any(k != 1 for k in self.chunk_tokens) else {}),
             **({"retries": self.retries} if self.retries else {}),
+            **({"cached_tokens": self.cached_tokens} if self.cached_tokens is not None else {}),
         }
 
 
@@ -294,6 +298,9 @@ async def stream_one(session, url: str, body: dict, rec: RequestRecord, clock: C
                     if isinstance(usage, dict):
                         rec.prompt_tokens = _count(usage.get("prompt_tokens"), rec.prompt_tokens)
                         rec.output_tokens = _count(usage.get("completion_tokens"), rec.output_tokens) or 0
+                        details = usage.get("prompt_tokens_details")
+                        if isinstance(details, dict):
+                            rec.cached_tokens = _count(details.get("cached_tokens"), rec.cached_tokens)
                     choices = chunk.get("choices") or []
                     if isinstance(choices, list) and choices and isinstance(choices[0], dict) and _has_output(choices[0]):
                         ids = choices[0].get("token_ids")
@@ -524,6 +531,61 @@ async def run_open_loop(
                            keep_alive, client or Client(api_key=api_key), body)
 
 
+@dataclass(frozen=True)
+class SessionSend:
+    """When a replay sends request ``number``: at ``at_s`` (seconds from the start), or ``think_s``
+    after request ``after`` (the previous turn of its session) has ended."""
+
+    number: int
+    session: int
+    at_s: float | None = None
+    after: int | None = None
+    think_s: float = 0.0
+
+
+async def run_sessions(
+    base_url: str,
+    model: str,
+    api: str,
+    sends: list[SessionSend],
+    spec_for: Callable[[int], RequestSpec],
+    request_timeout_s: float = 300.0,
+    stop: StopSignal | None = None,
+    on_request_done: Callable[[RequestRecord], None] | None = None,
+    keep_alive: bool = True,
+    client: Client | None = None,
+) -> LoadResult:
+    """Replay sessions: each request goes at its timestamp, or its think time after the previous turn
+    of its session ended (a turn whose previous one failed is not sent: its history would be a lie).
+    Latencies count from the scheduled time; ``stream`` of a record is its session. A session's
+    turns run one after the other, sessions side by side."""
+    by_session: dict[int, list[SessionSend]] = {}
+    for send in sends:
+        by_session.setdefault(send.session, []).append(send)
+    connections = max(1, min(len(by_session), 4096))
+
+    async def body(ctx: _LoadContext) -> None:
+        async def session_worker(turns: list[SessionSend]) -> None:
+            ended: float | None = None
+            for send in turns:
+                at = send.at_s if send.at_s is not None else (ended or 0.0) + send.think_s
+                wait = at - ctx.clock()
+                if wait > 0:
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(ctx.stop.wait(), wait)
+                if ctx.stop.is_set():
+                    return
+                rec = await ctx.one(send.number, send.session, at)
+                if not rec.ok:
+                    return
+                ended = rec.end_s
+
+        await ctx.run_tasks([asyncio.create_task(session_worker(t)) for t in by_session.values()])
+
+    return await _run_load(base_url, model, api, connections, spec_for, request_timeout_s, stop, on_request_done,
+                           keep_alive, client or Client(), body)
+
+
 class _LoadContext:
     """What the closed and the open loop share: the session, the clock, one request, the stop."""
 
@@ -535,7 +597,7 @@ class _LoadContext:
         self.spec_for, self.stop, self.records, self.clock = spec_for, stop, records, clock
         self.on_request_done = on_request_done
 
-    async def one(self, number: int, stream: int, scheduled: float) -> None:
+    async def one(self, number: int, stream: int, scheduled: float) -> RequestRecord:
         rec = RequestRecord(number, stream, scheduled)
         self.records.append(rec)
         try:
@@ -555,6 +617,7 @@ class _LoadContext:
         if self.on_request_done:
             with contextlib.suppress(Exception):  # a display callback never stops the load
                 self.on_request_done(rec)
+        return rec
 
     async def run_tasks(self, tasks: list[asyncio.Task]) -> None:
         stopper = asyncio.create_task(self.stop.wait())

@@ -261,10 +261,32 @@ class RateSearchResult(BaseModel):
                 f"({how}; {self.points} point{'s' if self.points != 1 else ''} from {self.start:g} requests/s)")
 
 
+class ReplayFigures(_Figures):
+    """One replay point: measured against predicted."""
+
+    sessions: int
+    requests: int
+    prefix_queries: float | None = Field(None, description="tokens looked up in the prefix cache (engine counter)")
+    prefix_hits: float | None = Field(None, description="tokens found there (engine counter)")
+    hit_rate: float | None = Field(None, description="prefix_hits / prefix_queries, as the engine counted them")
+    predicted_hit_rate: float | None = None
+    predicted_queries: int | None = None
+    predicted_hits: int | None = None
+    predicted_preemption: bool | None = None
+    predicted_by: str = "none"
+    reused_prompt_tokens: float | None = Field(None, description="prompt tokens served from cache (= prefix_hits)")
+    computed_prompt_tokens: float | None = Field(None, description="prompt tokens computed (queries - hits)")
+    ttft_hit: LatencyStats = Field(default_factory=LatencyStats)  # turns with cached_tokens > 0
+    ttft_miss: LatencyStats = Field(default_factory=LatencyStats)  # turns with cached_tokens == 0
+    cached_tokens_reported: bool = False  # the server reported usage.prompt_tokens_details.cached_tokens
+    peak_sessions_in_flight: int = 0  # sessions with a request sent and not yet ended, at once (client side)
+    send_skew: LatencyStats = Field(default_factory=LatencyStats)  # actual send - scheduled time
+
+
 class PointResult(_NewFieldsOptional):
     """One line of points.jsonl."""
 
-    ADDED: ClassVar[tuple[str, ...]] = ("predicted_latency", "retries")
+    ADDED: ClassVar[tuple[str, ...]] = ("predicted_latency", "retries", "replay")
 
     seq: int
     concurrency: int
@@ -307,6 +329,9 @@ class PointResult(_NewFieldsOptional):
     goodput_share: float | None = None  # requests meeting every SLO / requests
     goodput_req_s: float | None = None
     goodput_tok_s: float | None = None
+    # --traffic: the point replayed the first `concurrency` sessions; its prefix-cache figures,
+    # measured and predicted (kvplan.bench.replay)
+    replay: ReplayFigures | None = None
 
     @property
     def load(self) -> float:

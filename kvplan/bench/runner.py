@@ -28,7 +28,7 @@ from kvplan.bench.engine import (
     no_interrupts,
     parse_capacity_log,
 )
-from kvplan.bench.loadgen import RequestRecord, StopSignal, run_closed_loop, run_open_loop, run_stoppable
+from kvplan.bench.loadgen import RequestRecord, StopSignal, run_closed_loop, run_open_loop, run_sessions, run_stoppable
 from kvplan.bench.metrics import Snapshot, preempted, scrape_during, scrape_once, summarize
 from kvplan.bench.results import (  # noqa: F401 - BenchSummary, PointResult, RateSearchResult: imported from here too
     LATENCY_FROM,
@@ -60,6 +60,7 @@ from kvplan.bench.sweep import (
     search_rate,
     waited_for_kv,
 )
+from kvplan.bench.replay import TrafficReplay
 from kvplan.bench.view import NullView
 from kvplan.bench.workload import Workload
 from kvplan.errors import KvplanError
@@ -116,6 +117,7 @@ class BenchConfig(BaseModel):
     header_names: list[str] = Field(default_factory=list)  # --header names (values are never stored)
     steptime: str | None = None  # a calibrated step-time model (RUN or RUN/steptime.json) for predicted latency
     keep_alive: bool = True  # reuse connections (False: one per request, as kvplan did before)
+    traffic: TrafficReplay | None = None  # --traffic: replay sessions (kvplan.bench.replay) instead of a sweep
 
     def engine_config(self) -> EngineConfig | None:
         if self.engine is None:
@@ -175,6 +177,11 @@ class BenchRun:
         self.onsets: dict[OnsetName, Onset | None] = {"first_kv_wait": None, "first_preemption": None}
         self.rate_search: RateSearch | None = None
         self.latency: PointPredictor | None = None
+        self.traffic = None  # --traffic: the sessions every point replays a part of
+        if cfg.traffic is not None:
+            from kvplan.bench.replay import load_replay_traffic
+
+            self.traffic = load_replay_traffic(cfg.traffic)
 
     @property
     def api_key(self) -> str | None:
@@ -340,6 +347,12 @@ class BenchRun:
 
     def load_description(self) -> str:
         cfg = self.cfg
+        if self.traffic is not None:
+            scale = f", times x {cfg.traffic.time_scale:g}" if cfg.traffic.time_scale != 1 else ""
+            return (f"replay of {self.traffic.source}: each point the first N sessions (the load level), each turn at its "
+                    f"timestamp or its think time after the previous turn of its session ended{scale}; prompts are "
+                    "token ids built from the turns' segments (identical segments, identical ids; new ids each point)"
+                    + ("; one unrecorded warm-up round before the first point" if cfg.warmup else ""))
         if self.rate_mode:
             arrivals = "Poisson" if cfg.burstiness == 1 else f"gamma (burstiness {cfg.burstiness:g})"
             text = f"open loop: requests at a fixed rate, {arrivals} arrivals"
@@ -363,14 +376,22 @@ class BenchRun:
         warm = "; one unrecorded warm-up round before the first point" if cfg.warmup else "; no warm-up"
         return f"{text}; {size}{warm}"
 
-    def _point(self, concurrency: int, rate: float | None = None) -> PointResult:
+    def _point(self, concurrency: int, rate: float | None = None, replay: bool = False) -> PointResult:
         seq = len(self.points)
         first_index = self._next_index  # request numbers (and the run's nonce) make prompts unique
-        total = self.point_requests(None if rate is not None else concurrency)
-        self.view.point_started(concurrency if rate is None else f"rate {rate:g}/s", total or 0)
+        replayed = None
+        if replay:
+            from kvplan.bench.replay import first_sessions
+
+            replayed = first_sessions(self.traffic, concurrency)
+            total = replayed.num_requests
+            self.view.point_started(f"{concurrency} sessions", total)
+        else:
+            total = self.point_requests(None if rate is not None else concurrency)
+            self.view.point_started(concurrency if rate is None else f"rate {rate:g}/s", total or 0)
         started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        result = run_stoppable(self._point_async(concurrency, seq, first_index, started_at, rate))
-        result = self._predict_latency(result)
+        result = run_stoppable(self._point_async(concurrency, seq, first_index, started_at, rate, replayed))
+        result = self._predict_latency(result) if replayed is None else result
         total = total or 0
         self._next_index += max(total, result.requests)
         self.points.append(result)
@@ -380,7 +401,7 @@ class BenchRun:
         return result
 
     async def _point_async(self, concurrency: int, seq: int, first_index: int, started_at: str,
-                           rate: float | None = None) -> PointResult:
+                           rate: float | None = None, replayed=None) -> PointResult:
         stop = StopSignal()
         before = None
         if self.metrics_error is None:
@@ -399,7 +420,16 @@ class BenchRun:
                 client=self.client)))
         if self.launcher is not None:
             tasks.append(asyncio.create_task(self._watch_engine(stop)))
-        if not stop.is_set() and rate is not None:
+        if not stop.is_set() and replayed is not None:
+            from kvplan.bench.replay import request_specs, session_sends
+
+            load = await run_sessions(
+                self.base_url, self.model, "completions", session_sends(replayed, self.cfg.traffic.time_scale),
+                request_specs(replayed, f"{self.nonce}:{seq}"), self.cfg.request_timeout_s, stop,
+                on_request_done=lambda r: self.view.request_done(r.ok), keep_alive=self.cfg.keep_alive,
+                client=self.client)
+            records, wall, aborted = load.records, load.wall_s, load.aborted
+        elif not stop.is_set() and rate is not None:
             load = await run_open_loop(
                 self.base_url, self.model, self.workload.api, rate, self.workload.request, first_index,
                 total_requests=self.point_requests(None), duration_s=self.cfg.duration_s,
@@ -440,8 +470,33 @@ class BenchRun:
                 after = None
         if rate is not None:
             concurrency = peak_in_flight(records)
-        return self._point_result(concurrency, seq, first_index, started_at, records, wall, aborted, before, during,
-                                  after, rate)
+        point = self._point_result(concurrency, seq, first_index, started_at, records, wall, aborted, before, during,
+                                   after, rate)
+        if replayed is not None:
+            point = self._replay_figures(point, replayed, records)
+        return point
+
+    def _replay_figures(self, point: PointResult, replayed, records: list[RequestRecord]) -> PointResult:
+        """The replay's prefix-cache figures against the simulator's (kvplan.bench.replay)."""
+        from kvplan.bench.replay import replay_figures
+        from kvplan.plan.simulate import SchedulerConfig
+        from kvplan.vllm.rules import rules_for
+
+        config = None
+        cap = self.capacity
+        if cap.num_blocks and cap.block_size:
+            rules = rules_for(cap.vllm_version) if cap.vllm_version else rules_for(None)
+            ecfg = self.cfg.engine_config()
+            config = SchedulerConfig(
+                num_blocks=cap.num_blocks, block_size=cap.block_size, max_num_seqs=self.cfg.max_num_seqs or 1 << 30,
+                max_num_batched_tokens=(ecfg.max_num_batched_tokens if ecfg and ecfg.max_num_batched_tokens else 1 << 30),
+                admit_full_prompt=rules.admit_full_prompt, uncached_blocks_first=rules.free_uncached_first,
+                prefix_stats_at_admission=rules.prefix_stats_at_admission)
+        model = self.latency.model if self.latency is not None else None
+        figures = replay_figures(replayed, records, point.server, config, self.cfg.traffic.time_scale, model)
+        notes = list(point.notes)
+        notes = [n for n in notes if "may not have reached this concurrency" not in n]  # concurrency = sessions here
+        return point.model_copy(update={"replay": figures, "notes": notes})
 
     async def _watch_engine(self, stop: StopSignal) -> None:
         while not stop.is_set():
@@ -571,6 +626,13 @@ class BenchRun:
 
         if self.cfg.warmup:
             self._warm_up()
+        if self.traffic is not None:
+            levels = self.cfg.traffic.sessions or [len(self.traffic.sessions)]
+            sweep = Sweep(lambda n: self._point(n, replay=True).outcome(), max(levels), known)
+            sweep.levels(levels)
+            self.onsets["first_kv_wait"] = first_with(sweep.results, lambda o: o.waited_for_kv)
+            self.onsets["first_preemption"] = first_with(sweep.results, lambda o: o.preempted)
+            return
         if self.cfg.rate_search is not None:
             rs = self.cfg.rate_search
             known = {p.rate: bool(p.slo_met) for p in self.points
@@ -685,7 +747,7 @@ class BenchRun:
             predicted_first_preemption=rule.first_preemption if rule else None,
             engine_command=cmd,
             metrics_error=self.metrics_error,
-            workload=self.workload.describe(),
+            workload=self.traffic.describe() if self.traffic is not None else self.workload.describe(),
             capacity=self.capacity,
             planner=self.planner,
             prediction=rule,

@@ -43,6 +43,32 @@ def _tokens(value: Optional[str], what: str) -> Optional[int]:
     return None if value is None else parse_tokens(value, what)
 
 
+def _traffic_replay(traffic: Optional[Path], kind: str, sessions: Optional[str], time_scale: float, sweep: str,
+                    open_loop: bool, trace: Optional[Path], api: str):
+    """--traffic and its options, checked (the file is read now: a bad one fails before any engine starts)."""
+    from kvplan.bench.replay import TrafficReplay, load_replay_traffic
+    from kvplan.bench.sweep import parse_levels
+    from kvplan.errors import KvplanError
+
+    if traffic is None:
+        for given, flag in ((sessions is not None, "--sessions"), (time_scale != 1.0, "--time-scale"),
+                            (kind != "auto", "--traffic-kind")):
+            if given:
+                raise KvplanError(f"{flag} is for --traffic", "give the traffic file with --traffic FILE")
+        return None
+    for clash, flag in ((sweep != "auto", "--sweep"), (open_loop, "--rate/--sweep-rate"), (trace is not None, "--trace"),
+                        (api != "completions", "--api chat")):
+        if clash:
+            raise KvplanError(f"--traffic and {flag} describe different loads", "a replay's points are --sessions levels")
+    replay = TrafficReplay(path=str(traffic.expanduser().resolve()), kind=kind, time_scale=time_scale,
+                           sessions=parse_levels(sessions) if sessions else None)
+    loaded = load_replay_traffic(replay)
+    top = max(replay.sessions or [1])
+    if top > len(loaded.sessions):
+        raise KvplanError(f"--sessions {top}: {traffic} has {len(loaded.sessions)} sessions")
+    return replay
+
+
 @user_errors
 def bench(
     model: Optional[str] = typer.Argument(None, help="Model to launch (Hub id or local folder). Omit to bench ./kvplan.yaml, or with --url."),
@@ -70,6 +96,10 @@ def bench(
     spread: float = typer.Option(0.25, "--spread", help="uniform: +-spread x mean; normal: std = spread x mean; lognormal: sigma."),
     shared_prefix: Optional[str] = typer.Option(None, "--shared-prefix", metavar="TOKENS|SHARE%", help="Prefix all requests share (prefix caching): tokens, as in kvplan size (256, 1k; fixed prompts), or a share of each prompt (25%)."),
     trace: Optional[Path] = typer.Option(None, "--trace", help='JSONL trace, one {"prompt_tokens": P, "output_tokens": M} a line.'),
+    traffic: Optional[Path] = typer.Option(None, "--traffic", help="Replay traffic with reuse: a Mooncake-style trace (JSONL with hash_ids), a ShareGPT-style conversation file, an agent workload (JSON), or a lengths trace. Points replay the first N sessions (--sessions); prefix hits measured next to the simulator's.", rich_help_panel="Traffic replay"),
+    traffic_kind: str = typer.Option("auto", "--traffic-kind", help="auto, mooncake, conversations, agent or lengths.", rich_help_panel="Traffic replay"),
+    sessions: Optional[str] = typer.Option(None, "--sessions", help="--traffic: one point per level, replaying the first N sessions: 1,2,4 (default: one point with all).", rich_help_panel="Traffic replay"),
+    time_scale: float = typer.Option(1.0, "--time-scale", help="--traffic: multiply every timestamp and think time (0.5: twice as fast).", rich_help_panel="Traffic replay"),
     api: str = typer.Option("completions", "--api", help="completions (token-id prompts) or chat."),
     seed: int = typer.Option(0, "--seed", help="Seed of prompts and lengths."),
     sweep: str = typer.Option("auto", "--sweep", help="auto (bracket and bisect the predicted onsets) or levels: 1,2,4,8."),
@@ -204,6 +234,7 @@ def bench(
     from kvplan.bench.workload import Workload
 
     Workload(**workload)  # validate before anything starts
+    replay = _traffic_replay(traffic, traffic_kind, sessions, time_scale, sweep, open_loop, trace, api)
     common = dict(
         model=model_name,
         workload=workload,
@@ -226,6 +257,7 @@ def bench(
         header_names=[name for name, _ in headers],
         keep_alive=keep_alive,
         steptime=None if steptime is None else str(steptime),
+        traffic=replay,
     )
     if url:
         if not url.startswith(("http://", "https://")):
@@ -534,6 +566,25 @@ def _point_cells(p, rate_mode: bool) -> list[str]:
             "-" if p.throughput_tok_s is None else f"{p.throughput_tok_s:,.0f}"]
 
 
+def replay_lines(points) -> list[str]:
+    """One line per --traffic point: the engine's prefix-cache hit rate next to the prediction."""
+
+    def pct(x):
+        return "-" if x is None else f"{x:.1%}"
+
+    out = []
+    for p in points:
+        r = p.replay
+        if r is None:
+            continue
+        line = (f"{r.sessions} sessions, {r.requests} requests: prefix hits {pct(r.hit_rate)} of "
+                f"{r.prefix_queries or 0:,.0f} queried tokens, predicted {pct(r.predicted_hit_rate)} ({r.predicted_by})")
+        if r.cached_tokens_reported and r.ttft_hit.p50 is not None and r.ttft_miss.p50 is not None:
+            line += f"; TTFT p50 {r.ttft_hit.p50 * 1000:.1f} ms on a hit, {r.ttft_miss.p50 * 1000:.1f} ms on a miss"
+        out.append(line)
+    return out
+
+
 def render(summary) -> None:
     """The summary at the end (human output): readable at 80 columns and in CI logs, where a cell that
     does not fit wraps onto a second line and no figure is cut short."""
@@ -577,6 +628,8 @@ def render(summary) -> None:
         console.print("[yellow](n!) = a p99 from fewer than 100 samples: close to the largest sample; raise --requests "
                       "or --duration[/]")
     for line in latency_lines(summary):  # predicted next to measured, when a step-time model was given
+        console.print(esc(line))
+    for line in replay_lines(summary.points):
         console.print(esc(line))
     if summary.slo:
         from kvplan.bench.slo import describe_slo

@@ -97,6 +97,8 @@ def _real(value, lo: float, hi: float) -> float | None:
 
 
 def _show(value) -> str:
+    if _is_int(value) and value.bit_length() > 13_000:  # about 3,900 digits: repr fails past 4,300
+        return f"a whole number of about {math.floor(value.bit_length() * math.log10(2)) + 1:,} digits"
     text = repr(value) if not isinstance(value, (dict, list)) else type(value).__name__
     return text if len(text) <= 40 else text[:37] + "..."
 
@@ -224,6 +226,16 @@ def _trace_lines(path: Path, what: str) -> Iterator[tuple[int, str]]:
             yield number, line
 
 
+def _parse_line(line: str, where: str):
+    """One JSONL line (``where`` is ``file:line``): parse_json_text, its "file:line:1:" said "file:line:"."""
+    try:
+        return parse_json_text(line, where)
+    except KvplanError as exc:
+        if exc.message.startswith(f"{where}:1: "):
+            raise KvplanError(f"{where}: {exc.message[len(where) + 4:]}", exc.hint) from None
+        raise
+
+
 def load_mooncake(path: Path, *, hash_block_tokens: int = 512) -> Traffic:
     """A Mooncake trace (module docstring): one single-turn session a line, its blocks as segments,
     so requests sharing leading hash ids share those prefix segments."""
@@ -235,7 +247,7 @@ def load_mooncake(path: Path, *, hash_block_tokens: int = 512) -> Traffic:
     last_line = 0
     for number, line in _trace_lines(path, "trace"):
         where = f"{path}:{number}"
-        row = parse_json_text(line, where)
+        row = _parse_line(line, where)
         if not isinstance(row, dict):
             raise KvplanError(f"{where}: not a trace line (a JSON {type(row).__name__}, not an object)",
                               '{"timestamp": ms, "input_length": n, "output_length": m, "hash_ids": [...]}')
@@ -304,7 +316,7 @@ def load_conversations(path: Path, *, chars_per_token: float = 4.0, session_gap_
         raise KvplanError(f"{where}: JSON nested deeper than {MAX_DEPTH} levels")
     turns: list[Turn] = []
     seen: dict[str, int] = {}
-    counted = {"field": 0, "chars": 0}
+    counted = {"field": 0, "chars": 0}  # messages of the conversations kept
     skipped = unanswered = refs = 0
     for index, (conv, offset) in enumerate(_top_values(text, where)):
 
@@ -329,12 +341,13 @@ def load_conversations(path: Path, *, chars_per_token: float = 4.0, session_gap_
                  field="conversations" if "conversations" in conv else None)
         history: list[Segment] = []
         history_tokens = 0
+        by_field = by_chars = opening = 0
         session_turns: list[Turn] = []
         for i, msg in enumerate(messages):
             label = f"conversation {cid[:60]!r} message {i}"
             if not isinstance(msg, dict):
                 fail(f"{label}: a JSON {type(msg).__name__}, not an object", i)
-            role = msg.get("from", msg.get("role"))
+            role = msg.get("from")
             if role not in ASSISTANT_ROLES and role not in PROMPT_ROLES:
                 roles = ", ".join(sorted(PROMPT_ROLES | ASSISTANT_ROLES))
                 fail(f"{label}: from {_show(role)}: expected one of {roles}", i, "from" if "from" in msg else None)
@@ -344,7 +357,7 @@ def load_conversations(path: Path, *, chars_per_token: float = 4.0, session_gap_
                 if _whole(tokens, 1, MAX_TURN_TOKENS) is None:
                     fail(f"{label}: {name} {_show(tokens)}: expected a whole number from 1 to {MAX_TURN_TOKENS:,}",
                          i, name)
-                counted["field"] += 1
+                by_field += 1
             else:
                 value = msg.get("value")
                 if not isinstance(value, str):
@@ -353,10 +366,10 @@ def load_conversations(path: Path, *, chars_per_token: float = 4.0, session_gap_
                 tokens = max(1, math.ceil(len(value) / cpt))
                 if tokens > MAX_TURN_TOKENS:
                     fail(f"{label}: {tokens:,} tokens (at most {MAX_TURN_TOKENS:,})", i, "value")
-                counted["chars"] += 1
+                by_chars += 1
             if role in ASSISTANT_ROLES:
                 if not history:
-                    unanswered += 1
+                    opening += 1
                 else:
                     refs += len(history)
                     if refs > MAX_SEGMENT_REFS or len(history) > MAX_SEGMENTS_PER_TURN:
@@ -382,6 +395,9 @@ def load_conversations(path: Path, *, chars_per_token: float = 4.0, session_gap_
         if arrival_s > MAX_SECONDS:
             fail(f"conversation {cid[:60]!r} would start at {arrival_s:,.0f} s (session_gap_s={gap:g}; at most "
                  f"{MAX_SECONDS:,.0f} s)", hint="use a smaller session_gap_s")
+        counted["field"] += by_field
+        counted["chars"] += by_chars
+        unanswered += opening
         first = session_turns[0]
         session_turns[0] = Turn(cid, 0, first.segments, first.output_tokens, arrival_s=arrival_s)
         turns.extend(session_turns)
@@ -615,12 +631,13 @@ def sniff_kind(path: Path) -> str:
     head: list[str] = []
     size = 0
     first = None
-    for line in iter_user_lines(path, "traffic", MAX_FILE_BYTES, _SNIFF_CHARS):
-        line = line.lstrip("\ufeff") if not head else line
+    first_line = 1
+    for number, line in enumerate(iter_user_lines(path, "traffic", MAX_FILE_BYTES, _SNIFF_CHARS), 1):
+        line = line.lstrip("\ufeff") if number == 1 else line
         if first is None and not line.strip():
             continue
         if first is None:
-            first = line
+            first, first_line = line, number
         head.append(line)
         size += len(line) + 1
         if size >= _SNIFF_CHARS:
@@ -643,7 +660,7 @@ def sniff_kind(path: Path) -> str:
             found = [(m.start(), k) for rx, k in _SNIFF_KEYS if (m := rx.search(text))]
             kind = min(found)[1] if found else None
     if kind is None:
-        raise KvplanError(f"{path}:1: cannot tell which traffic format this is",
+        raise KvplanError(f"{path}:{first_line}: cannot tell which traffic format this is",
                           f"name its kind: {', '.join(LOADERS)}")
     return kind
 

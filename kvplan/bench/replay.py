@@ -1,0 +1,166 @@
+"""`kvplan bench --traffic FILE`: replay sessions, traces and shared prefixes on the engine, and
+check vLLM's prefix cache against the prediction.
+
+A point replays the first N sessions of the traffic (``--sessions N1,N2,...``; all of them by
+default): each turn is sent at its timestamp, or its think time after the previous turn of its
+session ended (kvplan.bench.loadgen.run_sessions; ``--time-scale`` multiplies every time). Prompts
+are token ids built from the turns' segments (kvplan.traffic.tokens: identical segments are identical
+ids, with a per-point nonce so one point's cache never serves another's), so the engine's prefix
+cache sees exactly the reuse the traffic describes. Each point records the engine's prefix-cache
+counters over the point (vllm:prefix_cache_queries / _hits: tokens of never-preempted requests),
+the prompt tokens reused and computed, preemptions, the sessions in flight, TTFT of turns that hit
+the cache and of those that did not (when the server reports ``cached_tokens``:
+``--enable-prompt-tokens-details``), and the send skew.
+
+The prediction, beside it: the simulator (kvplan.plan.simulate) replays the same turns on the
+engine's reported pool with vLLM's block pool and counters (kvplan.plan.block_pool) -
+
+- with the run's step-time model (a calibration, or a GPU's prior) when it has one: times in seconds;
+- else, when every session starts at once and turns follow without think time (a closed loop per
+  session), in engine steps: the order of events then does not depend on how long a step takes;
+- else, for traffic whose requests do not overlap (arrivals further apart than a request lasts), the
+  working set (kvplan.plan.prefix_cache): requests one at a time, no timing needed. A replay whose
+  requests do overlap then gets no prediction rather than a wrong one (`predicted_by` says which).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from kvplan.bench.loadgen import RequestRecord, SessionSend
+from kvplan.bench.results import LatencyStats, ReplayFigures, ServerFigures
+from kvplan.bench.workload import RequestSpec
+from kvplan.errors import KvplanError
+from kvplan.plan.prefix_cache import traffic_load, traffic_working_set
+from kvplan.plan.simulate import SchedulerConfig, SimResult, simulate
+from kvplan.traffic.model import Traffic
+from kvplan.traffic.tokens import prompt_token_ids
+
+
+class TrafficReplay(BaseModel):
+    """What `--traffic` asks for (stored in run.json, so ``--resume`` replays the same file)."""
+
+    path: str
+    kind: str = "auto"
+    time_scale: float = 1.0
+    sessions: list[int] | None = None  # points: the first N sessions each; None: one point with all
+
+
+def load_replay_traffic(spec: TrafficReplay) -> Traffic:
+    from kvplan.traffic.loaders import load_traffic
+
+    if not 0 < spec.time_scale <= 1e6:
+        raise KvplanError(f"invalid --time-scale {spec.time_scale:g}", "use a factor > 0 (0.5 replays twice as fast)")
+    return load_traffic(Path(spec.path), spec.kind)
+
+
+def first_sessions(traffic: Traffic, n: int) -> Traffic:
+    """The turns of the first ``n`` sessions (in order of first appearance), in file order."""
+    if n < 1:
+        raise KvplanError(f"invalid --sessions level {n}", "replay at least 1 session")
+    keep = list(traffic.sessions)[:n]
+    if len(keep) < n:
+        raise KvplanError(f"--sessions {n}: the traffic has {len(traffic.sessions)} sessions")
+    chosen = set(keep)
+    return Traffic(tuple(t for t in traffic.turns if t.session in chosen), traffic.source, traffic.notes)
+
+
+def session_sends(traffic: Traffic, time_scale: float = 1.0) -> list[SessionSend]:
+    """When each turn goes (request number = position in ``traffic.turns``)."""
+    numbers: dict[str, int] = {}
+    previous: dict[str, int] = {}
+    sends = []
+    for number, t in enumerate(traffic.turns):
+        session = numbers.setdefault(t.session, len(numbers))
+        if t.arrival_s is not None:
+            sends.append(SessionSend(number, session, at_s=t.arrival_s * time_scale))
+        else:
+            sends.append(SessionSend(number, session, after=previous[t.session], think_s=t.think_s * time_scale))
+        previous[t.session] = number
+    return sends
+
+
+def request_specs(traffic: Traffic, nonce: str):
+    """``spec_for(number)``: turn ``number`` as token ids (kvplan.traffic.tokens)."""
+
+    def spec_for(number: int) -> RequestSpec:
+        turn = traffic.turns[number]
+        ids = prompt_token_ids(turn, nonce)
+        return RequestSpec(number, len(ids), turn.output_tokens, prompt_token_ids=tuple(ids))
+
+    return spec_for
+
+
+def lockstep(traffic: Traffic) -> bool:
+    """Every session starts at once and its turns follow with no think time: a closed loop per session,
+    whose order of events does not depend on the step time."""
+    firsts = {t.arrival_s for t in traffic.turns if t.turn == 0}
+    return len(firsts) == 1 and all(t.arrival_s is None and t.think_s == 0 for t in traffic.turns if t.turn > 0)
+
+
+def predict(traffic: Traffic, config: SchedulerConfig, time_scale: float = 1.0, step_time=None) -> tuple[SimResult | None, str]:
+    """The simulator's run of the replay, and how it was timed (see the module doc); (None, why) when
+    kvplan cannot predict it honestly."""
+    B = config.block_size
+    if step_time is not None:
+        return simulate(config, traffic_load(traffic, B, time_scale), step_time), "simulator, step-time model"
+    if lockstep(traffic):
+        return simulate(config, traffic_load(traffic, B)), "simulator, in engine steps (sessions in lockstep)"
+    return None, "working set"
+
+
+def replay_figures(traffic: Traffic, records: list[RequestRecord], server: ServerFigures, config: SchedulerConfig | None,
+                   time_scale: float = 1.0, step_time=None) -> ReplayFigures:
+    queries, hits = server.prefix_queries, server.prefix_hits
+    fig: dict = dict(sessions=len(traffic.sessions), requests=len(records), prefix_queries=queries, prefix_hits=hits,
+                     hit_rate=round(hits / queries, 6) if queries and hits is not None else None,
+                     reused_prompt_tokens=hits,
+                     computed_prompt_tokens=None if queries is None or hits is None else queries - hits,
+                     send_skew=LatencyStats.of([max(0.0, r.sent_s - r.scheduled_s) for r in records if r.sent_s]),
+                     peak_sessions_in_flight=_peak_sessions(records))
+    reported = [r for r in records if r.ok and r.cached_tokens is not None and r.ttft_s is not None]
+    if reported:
+        fig.update(cached_tokens_reported=True,
+                   ttft_hit=LatencyStats.of([r.ttft_s for r in reported if r.cached_tokens > 0]),
+                   ttft_miss=LatencyStats.of([r.ttft_s for r in reported if r.cached_tokens == 0]))
+    fig.update(_prediction(traffic, records, config, time_scale, step_time))
+    return ReplayFigures(**fig)
+
+
+def _prediction(traffic: Traffic, records: list[RequestRecord], config: SchedulerConfig | None, time_scale: float,
+                step_time) -> dict:
+    if config is None:
+        return {"predicted_by": "none: the engine's KV pool is unknown"}
+    try:
+        sim, how = predict(traffic, config, time_scale, step_time)
+    except KvplanError as exc:
+        return {"predicted_by": f"none: {str(exc).splitlines()[0]}"}
+    if sim is not None:
+        return {"predicted_by": how, "predicted_queries": sim.prefix_queries, "predicted_hits": sim.prefix_hits,
+                "predicted_hit_rate": None if sim.prefix_hit_rate is None else round(sim.prefix_hit_rate, 6),
+                "predicted_preemption": sim.preempted}
+    if not _one_at_a_time(records):
+        return {"predicted_by": "none: requests overlapped and the run has no step-time model (--steptime RUN or "
+                                "--gpu) to time them"}
+    ws = traffic_working_set(traffic, config.block_size)
+    return {"predicted_by": "working set (requests one at a time, in the traffic's order)",
+            "predicted_queries": ws.queried_tokens, "predicted_hits": ws.hit_blocks(config.usable_blocks) * ws.block_size,
+            "predicted_hit_rate": round(ws.hit_rate(config.usable_blocks), 6), "predicted_preemption": False}
+
+
+def _one_at_a_time(records: list[RequestRecord]) -> bool:
+    """No request was sent before the one before it ended (the client's view)."""
+    spans = sorted((r.sent_s, r.end_s or r.sent_s) for r in records)
+    return all(b[0] >= a[1] for a, b in zip(spans, spans[1:]))
+
+
+def _peak_sessions(records: list[RequestRecord]) -> int:
+    events = sorted([(r.sent_s, 1) for r in records] + [(r.end_s if r.end_s is not None else r.sent_s, -1)
+                                                          for r in records])
+    now = peak = 0
+    for _, step in events:
+        now += step
+        peak = max(peak, now)
+    return peak
