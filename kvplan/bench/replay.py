@@ -25,6 +25,7 @@ engine's reported pool with vLLM's block pool and counters (kvplan.plan.block_po
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -34,7 +35,7 @@ from kvplan.bench.results import LatencyStats, ReplayFigures, ServerFigures
 from kvplan.bench.workload import RequestSpec
 from kvplan.errors import KvplanError
 from kvplan.plan.prefix_cache import traffic_load, traffic_working_set
-from kvplan.plan.simulate import SchedulerConfig, SimResult, simulate
+from kvplan.plan.simulate import SchedulerConfig, SimResult, wave_scenarios, simulate
 from kvplan.traffic.model import Traffic
 from kvplan.traffic.tokens import prompt_token_ids
 
@@ -44,6 +45,7 @@ class TrafficReplay(BaseModel):
 
     path: str
     kind: str = "auto"
+    options: dict[str, float] = {}  # the loader's options (--traffic-option hash_block_tokens=32)
     time_scale: float = 1.0
     sessions: list[int] | None = None  # points: the first N sessions each; None: one point with all
 
@@ -53,7 +55,8 @@ def load_replay_traffic(spec: TrafficReplay) -> Traffic:
 
     if not 0 < spec.time_scale <= 1e6:
         raise KvplanError(f"invalid --time-scale {spec.time_scale:g}", "use a factor > 0 (0.5 replays twice as fast)")
-    return load_traffic(Path(spec.path), spec.kind)
+    options = {k: int(v) if float(v).is_integer() and k.endswith("tokens") else v for k, v in spec.options.items()}
+    return load_traffic(Path(spec.path), spec.kind, **options)
 
 
 def first_sessions(traffic: Traffic, n: int) -> Traffic:
@@ -100,15 +103,56 @@ def lockstep(traffic: Traffic) -> bool:
     return len(firsts) == 1 and all(t.arrival_s is None and t.think_s == 0 for t in traffic.turns if t.turn > 0)
 
 
-def predict(traffic: Traffic, config: SchedulerConfig, time_scale: float = 1.0, step_time=None) -> tuple[SimResult | None, str]:
-    """The simulator's run of the replay, and how it was timed (see the module doc); (None, why) when
-    kvplan cannot predict it honestly."""
+#: Client timings a lockstep replay is simulated under (in engine steps): the first turns of the sessions
+#: reach the engine spread over up to `WAVE_SPREAD_STEPS` steps (an idle engine starts its first step on
+#: the first request alone; kvplan.plan.simulate.timing_verdict), and each later turn comes 0 to 8 steps
+#: after the previous one ended (the client reads the end, the API server passes the next one on).
+WAVE_SPREAD_STEPS = 3
+TURN_DELAY_STEPS = (0, 1, 2, 4, 8)
+MAX_WAVES = 30
+#: Above this many turns a lockstep replay is simulated once (all at once, no delay), not per timing.
+MAX_TIMED_TURNS = 5000
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The simulator's figures of a replay: at the nominal timing (``nominal``), and the range over the
+    client timings it may meet (one value each when only the nominal one was simulated)."""
+
+    nominal: SimResult
+    how: str
+    hit_rate_low: float | None
+    hit_rate_high: float | None
+    preemption: bool | None  # None: some timings preempt, others do not
+
+
+def predict(traffic: Traffic, config: SchedulerConfig, time_scale: float = 1.0, step_time=None) -> Prediction | None:
+    """The simulator's run of the replay (see the module doc); None when kvplan cannot time it honestly."""
     B = config.block_size
     if step_time is not None:
-        return simulate(config, traffic_load(traffic, B, time_scale), step_time), "simulator, step-time model"
-    if lockstep(traffic):
-        return simulate(config, traffic_load(traffic, B)), "simulator, in engine steps (sessions in lockstep)"
-    return None, "working set"
+        sim = simulate(config, traffic_load(traffic, B, time_scale), step_time)
+        return Prediction(sim, "simulator, step-time model", sim.prefix_hit_rate, sim.prefix_hit_rate, sim.preempted)
+    if not lockstep(traffic):
+        return None
+    nominal = simulate(config, traffic_load(traffic, B))
+    if traffic.num_requests > MAX_TIMED_TURNS:
+        return Prediction(nominal, "simulator, in engine steps (sessions in lockstep; one timing)",
+                          nominal.prefix_hit_rate, nominal.prefix_hit_rate, nominal.preempted)
+    session_of = {name: i for i, name in enumerate(traffic.sessions)}
+    rates, preempts = [], set()
+    for wave in wave_scenarios(len(session_of), WAVE_SPREAD_STEPS, MAX_WAVES, 0):
+        for turn_delay in TURN_DELAY_STEPS:
+            def delay(number: int, wave=wave, turn_delay=turn_delay) -> float:
+                turn = traffic.turns[number]
+                return float(wave[session_of[turn.session]]) if turn.turn == 0 else float(turn_delay)
+
+            sim = simulate(config, traffic_load(traffic, B, client_delay=delay))
+            rates.append(sim.prefix_hit_rate)
+            preempts.add(sim.preempted)
+    known = [r for r in rates if r is not None]
+    return Prediction(nominal, "simulator, in engine steps (sessions in lockstep, over client timings)",
+                      min(known) if known else None, max(known) if known else None,
+                      preempts.pop() if len(preempts) == 1 else None)
 
 
 def replay_figures(traffic: Traffic, records: list[RequestRecord], server: ServerFigures, config: SchedulerConfig | None,
@@ -134,20 +178,27 @@ def _prediction(traffic: Traffic, records: list[RequestRecord], config: Schedule
     if config is None:
         return {"predicted_by": "none: the engine's KV pool is unknown"}
     try:
-        sim, how = predict(traffic, config, time_scale, step_time)
+        pred = predict(traffic, config, time_scale, step_time)
     except KvplanError as exc:
         return {"predicted_by": f"none: {str(exc).splitlines()[0]}"}
-    if sim is not None:
-        return {"predicted_by": how, "predicted_queries": sim.prefix_queries, "predicted_hits": sim.prefix_hits,
-                "predicted_hit_rate": None if sim.prefix_hit_rate is None else round(sim.prefix_hit_rate, 6),
-                "predicted_preemption": sim.preempted}
+    if pred is not None:
+        sim = pred.nominal
+        return {"predicted_by": pred.how, "predicted_queries": sim.prefix_queries, "predicted_hits": sim.prefix_hits,
+                "predicted_hit_rate": _round(sim.prefix_hit_rate), "predicted_hit_rate_low": _round(pred.hit_rate_low),
+                "predicted_hit_rate_high": _round(pred.hit_rate_high), "predicted_preemption": pred.preemption}
     if not _one_at_a_time(records):
         return {"predicted_by": "none: requests overlapped and the run has no step-time model (--steptime RUN or "
                                 "--gpu) to time them"}
     ws = traffic_working_set(traffic, config.block_size)
+    rate = _round(ws.hit_rate(config.usable_blocks))
     return {"predicted_by": "working set (requests one at a time, in the traffic's order)",
             "predicted_queries": ws.queried_tokens, "predicted_hits": ws.hit_blocks(config.usable_blocks) * ws.block_size,
-            "predicted_hit_rate": round(ws.hit_rate(config.usable_blocks), 6), "predicted_preemption": False}
+            "predicted_hit_rate": rate, "predicted_hit_rate_low": rate, "predicted_hit_rate_high": rate,
+            "predicted_preemption": False}
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 6)
 
 
 def _one_at_a_time(records: list[RequestRecord]) -> bool:

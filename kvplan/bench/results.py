@@ -269,10 +269,12 @@ class ReplayFigures(_Figures):
     prefix_queries: float | None = Field(None, description="tokens looked up in the prefix cache (engine counter)")
     prefix_hits: float | None = Field(None, description="tokens found there (engine counter)")
     hit_rate: float | None = Field(None, description="prefix_hits / prefix_queries, as the engine counted them")
-    predicted_hit_rate: float | None = None
+    predicted_hit_rate: float | None = None  # at the nominal timing
+    predicted_hit_rate_low: float | None = None  # the range over the client timings simulated
+    predicted_hit_rate_high: float | None = None
     predicted_queries: int | None = None
     predicted_hits: int | None = None
-    predicted_preemption: bool | None = None
+    predicted_preemption: bool | None = None  # None: some client timings preempt, others do not
     predicted_by: str = "none"
     reused_prompt_tokens: float | None = Field(None, description="prompt tokens served from cache (= prefix_hits)")
     computed_prompt_tokens: float | None = Field(None, description="prompt tokens computed (queries - hits)")

@@ -43,8 +43,8 @@ def _tokens(value: Optional[str], what: str) -> Optional[int]:
     return None if value is None else parse_tokens(value, what)
 
 
-def _traffic_replay(traffic: Optional[Path], kind: str, sessions: Optional[str], time_scale: float, sweep: str,
-                    open_loop: bool, trace: Optional[Path], api: str):
+def _traffic_replay(traffic: Optional[Path], kind: str, options: Optional[list[str]], sessions: Optional[str],
+                    time_scale: float, sweep: str, open_loop: bool, trace: Optional[Path], api: str):
     """--traffic and its options, checked (the file is read now: a bad one fails before any engine starts)."""
     from kvplan.bench.replay import TrafficReplay, load_replay_traffic
     from kvplan.bench.sweep import parse_levels
@@ -52,7 +52,7 @@ def _traffic_replay(traffic: Optional[Path], kind: str, sessions: Optional[str],
 
     if traffic is None:
         for given, flag in ((sessions is not None, "--sessions"), (time_scale != 1.0, "--time-scale"),
-                            (kind != "auto", "--traffic-kind")):
+                            (kind != "auto", "--traffic-kind"), (bool(options), "--traffic-option")):
             if given:
                 raise KvplanError(f"{flag} is for --traffic", "give the traffic file with --traffic FILE")
         return None
@@ -60,7 +60,17 @@ def _traffic_replay(traffic: Optional[Path], kind: str, sessions: Optional[str],
                         (api != "completions", "--api chat")):
         if clash:
             raise KvplanError(f"--traffic and {flag} describe different loads", "a replay's points are --sessions levels")
-    replay = TrafficReplay(path=str(traffic.expanduser().resolve()), kind=kind, time_scale=time_scale,
+    parsed: dict[str, float] = {}
+    for pair in options or []:
+        key, sep, raw = pair.partition("=")
+        try:
+            value = float(raw)
+        except ValueError:
+            value = float("nan")
+        if not sep or not key.strip() or value != value or value in (float("inf"), float("-inf")):
+            raise KvplanError(f"invalid --traffic-option {pair[:80]!r}", "use KEY=NUMBER, e.g. hash_block_tokens=32")
+        parsed[key.strip()] = value
+    replay = TrafficReplay(path=str(traffic.expanduser().resolve()), kind=kind, options=parsed, time_scale=time_scale,
                            sessions=parse_levels(sessions) if sessions else None)
     loaded = load_replay_traffic(replay)
     top = max(replay.sessions or [1])
@@ -98,6 +108,7 @@ def bench(
     trace: Optional[Path] = typer.Option(None, "--trace", help='JSONL trace, one {"prompt_tokens": P, "output_tokens": M} a line.'),
     traffic: Optional[Path] = typer.Option(None, "--traffic", help="Replay traffic with reuse: a Mooncake-style trace (JSONL with hash_ids), a ShareGPT-style conversation file, an agent workload (JSON), or a lengths trace. Points replay the first N sessions (--sessions); prefix hits measured next to the simulator's.", rich_help_panel="Traffic replay"),
     traffic_kind: str = typer.Option("auto", "--traffic-kind", help="auto, mooncake, conversations, agent or lengths.", rich_help_panel="Traffic replay"),
+    traffic_option: Optional[list[str]] = typer.Option(None, "--traffic-option", metavar="KEY=NUMBER", help="--traffic: a loader option (repeatable): hash_block_tokens=32 (Mooncake), chars_per_token=4, session_gap_s=1, think_s=0 (conversations).", rich_help_panel="Traffic replay"),
     sessions: Optional[str] = typer.Option(None, "--sessions", help="--traffic: one point per level, replaying the first N sessions: 1,2,4 (default: one point with all).", rich_help_panel="Traffic replay"),
     time_scale: float = typer.Option(1.0, "--time-scale", help="--traffic: multiply every timestamp and think time (0.5: twice as fast).", rich_help_panel="Traffic replay"),
     api: str = typer.Option("completions", "--api", help="completions (token-id prompts) or chat."),
@@ -234,7 +245,7 @@ def bench(
     from kvplan.bench.workload import Workload
 
     Workload(**workload)  # validate before anything starts
-    replay = _traffic_replay(traffic, traffic_kind, sessions, time_scale, sweep, open_loop, trace, api)
+    replay = _traffic_replay(traffic, traffic_kind, traffic_option, sessions, time_scale, sweep, open_loop, trace, api)
     common = dict(
         model=model_name,
         workload=workload,

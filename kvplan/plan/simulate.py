@@ -764,7 +764,7 @@ def timing_verdict(config: SchedulerConfig, load: Load, spread_steps: int = 1, m
         raise KvplanError("spread_steps must be >= 0")
     numbers = [load.first_index + s for s in range(load.streams)]
     preempts = waits = True
-    for steps in _wave_scenarios(len(numbers), spread_steps, max_scenarios, seed):
+    for steps in wave_scenarios(len(numbers), spread_steps, max_scenarios, seed):
         wave = Load(lambda i: load.lengths(numbers[i]), arrivals=tuple(float(t) for t in steps),
                     shared_prefix=load.shared_prefix, shared_prefix_tokens=load.shared_prefix_tokens)
         res = simulate(config, wave)
@@ -776,7 +776,7 @@ def timing_verdict(config: SchedulerConfig, load: Load, spread_steps: int = 1, m
     return TimingVerdict(load.streams, worst_case_blocks(config, load), config.usable_blocks, preempts, waits)
 
 
-def _wave_scenarios(n: int, top: int, limit: int, seed: int) -> list[list[int]]:
+def wave_scenarios(n: int, top: int, limit: int, seed: int) -> list[list[int]]:
     """Non-decreasing lists of ``n`` arrival steps in ``0..top`` starting at 0: all of them when
     there are at most ``limit``, else the extremes and seeded random ones (``limit`` in all)."""
     if math.comb(n - 1 + top, top) <= limit:

@@ -45,7 +45,6 @@ from bench_helpers import (  # noqa: E402
     BLOCK_SIZE,
     POOL_BLOCKS,
     bench_env,
-    cpu_engine_fixture,
     engine_required,
     kvplan_cmd,
 )
@@ -69,9 +68,9 @@ TRACE = ((116, 37), (110, 28), (59, 25), (55, 21), (114, 38), (37, 54), (120, 37
 
 
 @pytest.fixture(scope="module")
-def cpu_engine(tmp_path_factory):
-    """tests/bench's engine: one real CPU engine pinned to POOL_BLOCKS x BLOCK_SIZE."""
-    yield from cpu_engine_fixture(tmp_path_factory)
+def cpu_engine(pinned_cpu_engine):
+    """tests/bench's engine: the session's real CPU engine pinned to POOL_BLOCKS x BLOCK_SIZE."""
+    return pinned_cpu_engine
 
 
 # (bench flags, the Lengths they draw, shared fraction, levels, expected onsets (wait, preemption),
