@@ -45,7 +45,7 @@ class TrafficReplay(BaseModel):
 
     path: str
     kind: str = "auto"
-    options: dict[str, float] = {}  # the loader's options (--traffic-option hash_block_tokens=32)
+    options: dict[str, float | int] = {}  # the loader's options (--traffic-option hash_block_tokens=32)
     time_scale: float = 1.0
     sessions: list[int] | None = None  # points: the first N sessions each; None: one point with all
 
@@ -55,8 +55,7 @@ def load_replay_traffic(spec: TrafficReplay) -> Traffic:
 
     if not 0 < spec.time_scale <= 1e6:
         raise KvplanError(f"invalid --time-scale {spec.time_scale:g}", "use a factor > 0 (0.5 replays twice as fast)")
-    options = {k: int(v) if float(v).is_integer() and k.endswith("tokens") else v for k, v in spec.options.items()}
-    return load_traffic(Path(spec.path), spec.kind, **options)
+    return load_traffic(Path(spec.path), spec.kind, **spec.options)
 
 
 def first_sessions(traffic: Traffic, n: int) -> Traffic:

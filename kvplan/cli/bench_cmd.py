@@ -43,6 +43,25 @@ def _tokens(value: Optional[str], what: str) -> Optional[int]:
     return None if value is None else parse_tokens(value, what)
 
 
+def parse_loader_options(options: Optional[list[str]], flag: str) -> dict[str, float | int]:
+    """``KEY=NUMBER`` pairs for a traffic loader (kvplan.traffic.loaders): whole numbers stay ints."""
+    import math
+
+    from kvplan.errors import KvplanError
+
+    parsed: dict[str, float | int] = {}
+    for pair in options or []:
+        key, sep, raw = pair.partition("=")
+        try:
+            value = float(raw) if len(raw) < 40 else math.nan
+        except ValueError:
+            value = math.nan
+        if not sep or not key.strip() or not math.isfinite(value):
+            raise KvplanError(f"invalid {flag} {pair[:80]!r}", "use KEY=NUMBER, e.g. hash_block_tokens=32")
+        parsed[key.strip()] = int(value) if value.is_integer() and abs(value) < 1 << 53 else value
+    return parsed
+
+
 def _traffic_replay(traffic: Optional[Path], kind: str, options: Optional[list[str]], sessions: Optional[str],
                     time_scale: float, sweep: str, open_loop: bool, trace: Optional[Path], api: str):
     """--traffic and its options, checked (the file is read now: a bad one fails before any engine starts)."""
@@ -60,16 +79,7 @@ def _traffic_replay(traffic: Optional[Path], kind: str, options: Optional[list[s
                         (api != "completions", "--api chat")):
         if clash:
             raise KvplanError(f"--traffic and {flag} describe different loads", "a replay's points are --sessions levels")
-    parsed: dict[str, float] = {}
-    for pair in options or []:
-        key, sep, raw = pair.partition("=")
-        try:
-            value = float(raw)
-        except ValueError:
-            value = float("nan")
-        if not sep or not key.strip() or value != value or value in (float("inf"), float("-inf")):
-            raise KvplanError(f"invalid --traffic-option {pair[:80]!r}", "use KEY=NUMBER, e.g. hash_block_tokens=32")
-        parsed[key.strip()] = value
+    parsed = parse_loader_options(options, "--traffic-option")
     replay = TrafficReplay(path=str(traffic.expanduser().resolve()), kind=kind, options=parsed, time_scale=time_scale,
                            sessions=parse_levels(sessions) if sessions else None)
     loaded = load_replay_traffic(replay)

@@ -96,6 +96,8 @@ def size(
     layout: Layout = typer.Option(Layout.rules, "--layout", help="rules (kvplan's, per model family) or engine (ask the installed vLLM; needs the [engine] extra).", rich_help_panel="vLLM release and layout"),
     allow_unverified: bool = typer.Option(False, "--allow-unverified-layout", help="Plan a model_type kvplan has no rules for as a plain decoder (marked UNVERIFIED).", rich_help_panel="vLLM release and layout"),
     steptime: Optional[str] = typer.Option(None, "--steptime", metavar="RUN", help="Latency from a step-time model calibrated on a bench run (`kvplan calibrate --bench RUN`) instead of the prior.", rich_help_panel="Workload"),
+    workload: Optional[str] = typer.Option(None, "--workload", metavar="FILE", help="Traffic with reuse (a Mooncake-style trace, conversations, an agent workload: as kvplan bench --traffic): the prefix-cache hits this pool keeps and the pool 50/90/99% of the achievable hits need.", rich_help_panel="Workload"),
+    workload_option: Optional[list[str]] = typer.Option(None, "--workload-option", metavar="KEY=NUMBER", help="--workload: a loader option (repeatable), as kvplan bench --traffic-option.", rich_help_panel="Workload"),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 unless it fits at the low end of the KV budget's range too (the verdict says when it fits at the estimate only).", rich_help_panel="Output"),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document (schema: kvplan schema).", rich_help_panel="Output"),
 ) -> None:
@@ -164,11 +166,28 @@ def size(
 
         model_steptime = load_steptime(Path(steptime))
     plan = plan_deployment(resolved, selection, settings, vllm_version, steptime=model_steptime)
+    if workload is not None:
+        plan = plan.replace(workload=_workload_plan(plan, workload, workload_option))
+    elif workload_option:
+        raise KvplanError("--workload-option is for --workload", "give the traffic file with --workload FILE")
     if as_json:
         print_json(plan)
     else:
         render(plan)
     raise typer.Exit(ExitCode.OK if plan.fits and (plan.fits_across_range or not strict) else ExitCode.DOES_NOT_FIT)
+
+
+def _workload_plan(plan: SizePlan, path: str, options: Optional[list[str]]):
+    """--workload: the traffic's working set on the plan's pool (one replica's usable blocks)."""
+    from pathlib import Path
+
+    from kvplan.cli.bench_cmd import parse_loader_options
+    from kvplan.plan.prefix_cache import workload_plan
+    from kvplan.traffic.loaders import load_traffic
+
+    traffic = load_traffic(Path(path).expanduser(), **parse_loader_options(options, "--workload-option"))
+    usable = max(0, plan.num_blocks - 1)  # V1's null block
+    return workload_plan(traffic, plan.block_size, usable, [g.kind for g in plan.kv_groups])
 
 
 def render(plan: SizePlan) -> None:
@@ -251,6 +270,8 @@ def render(plan: SizePlan) -> None:
         console.print(f"  - {escape(s.change)} ({escape(s.flags)}): {escape(s.result)} [{mark}]")
     for note in plan.notes:
         console.print(f"[yellow]note:[/] {escape(note)}")
+    if plan.workload is not None:
+        _render_workload(console, plan.workload)
     label = "vLLM command" if plan.fits else "vLLM command for these settings (does not fit as is)"
     console.print(f"\n{label}:")
     console.print(plan.vllm_serve_command, soft_wrap=True, style="dim", markup=False)
@@ -294,3 +315,20 @@ def _render_table(console, plan: SizePlan) -> None:
             row.append(Text(pct, style="green" if cell.fits else "red"))  # a Text: no markup to parse
         table.add_row(Text(format_tokens(ctx)), *row)
     console.print(table)
+
+
+def _render_workload(console, w) -> None:
+    from rich.markup import escape
+
+    console.print(f"\n[bold]Prefix cache[/] for {escape(w.source)}: {w.requests:,} requests in {w.sessions:,} sessions, "
+                  f"{w.queried_tokens:,} prompt tokens")
+    console.print(f"  hits this pool keeps: {w.hit_rate_at_pool:.1%} of prompt tokens (any pool: at most "
+                  f"{w.achievable_hit_rate:.1%})")
+    for share, blocks in w.pool_for_share.items():
+        used = w.pool_share_used[share]
+        fits = "fits" if used <= 1 else "[red]more than this pool[/]"
+        console.print(f"  {share} of the achievable hits: a pool of {blocks:,} blocks ({blocks * w.block_size:,} tokens), "
+                      f"{used:.0%} of this one: {fits}")
+    console.print(f"  sessions held at once (their largest turns, the heaviest first): {w.sessions_held_at_once:,}")
+    for note in w.notes:
+        console.print(f"[yellow]note:[/] {escape(note)}")

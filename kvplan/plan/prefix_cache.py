@@ -274,3 +274,63 @@ def traffic_load(traffic: Traffic, block_size: int, time_scale: float = 1.0, cli
                              arrival=None if t.arrival_s is None else t.arrival_s * time_scale,
                              think=t.think_s * time_scale))
     return session_load(turns, client_delay)
+
+
+# --------------------------------------------------------------------------- kvplan size --workload
+
+
+#: The shares of the achievable hits `kvplan size --workload` names a pool for.
+HIT_SHARES = (0.5, 0.9, 0.99)
+
+
+def session_peak_blocks(traffic: Traffic, block_size: int) -> tuple[dict[str, int], dict[str, frozenset[int]]]:
+    """Per session: the most blocks one of its turns holds (``cdiv(P + M - 1, B)``), and the hash ids
+    of that turn's full prompt blocks (what it can share with turns of other sessions)."""
+    hasher = BlockHasher(block_size)
+    peaks: dict[str, int] = {}
+    keys: dict[str, frozenset[int]] = {}
+    for t in traffic.turns:
+        held = -(-(t.prompt_tokens + t.output_tokens - 1) // block_size)
+        if held > peaks.get(t.session, 0):
+            peaks[t.session] = held
+            keys[t.session] = frozenset(hasher.prompt_keys(t.segments))
+    return peaks, keys
+
+
+def sessions_held_at_once(traffic: Traffic, block_size: int, usable_blocks: int) -> int:
+    """The most sessions whose largest turns fit the pool together, the blocks they share counted once,
+    taking the largest sessions first (a worst case: the sessions in flight are the heaviest)."""
+    peaks, keys = session_peak_blocks(traffic, block_size)
+    held: set[int] = set()
+    unique = 0
+    count = 0
+    for session in sorted(peaks, key=lambda s: -peaks[s]):
+        shared = len(keys[session] & held)
+        need = peaks[session] - shared
+        if unique + need > usable_blocks:
+            break
+        unique += need
+        held |= keys[session]
+        count += 1
+    return count
+
+
+def workload_plan(traffic: Traffic, block_size: int, usable_blocks: int, kinds: Sequence[str] = ("full_attention",)):
+    """What `kvplan size --workload` prints: the hits the pool keeps and the pool each share needs."""
+    from kvplan.plan.schema import WorkloadPlan
+
+    ws = traffic_working_set(traffic, block_size)
+    notes = ["requests served one at a time (no timing): requests in flight pin blocks and leave less room for "
+             "cached ones; kvplan bench --traffic replays it on the engine beside the simulator's figures"]
+    other = sorted(set(kinds) - {"full_attention", "mla"})
+    if other:
+        notes.append(f"the model also has {', '.join(other)} groups: vLLM caches those sparsely (the replay boundary "
+                     "and shared-prefix junctions), which kvplan does not model; hits are the full-attention groups'")
+    need = {f"{share:.0%}": ws.pool_for(share) for share in HIT_SHARES}
+    return WorkloadPlan(
+        source=traffic.source, requests=traffic.num_requests, sessions=len(traffic.sessions), block_size=block_size,
+        pool_blocks=usable_blocks, queried_tokens=ws.queried_tokens,
+        achievable_hit_rate=round(ws.achievable_blocks * block_size / ws.queried_tokens, 6) if ws.queried_tokens else 0.0,
+        hit_rate_at_pool=round(ws.hit_rate(usable_blocks), 6), pool_for_share=need,
+        pool_share_used={k: round(v / usable_blocks, 4) if usable_blocks else float("inf") for k, v in need.items()},
+        sessions_held_at_once=sessions_held_at_once(traffic, block_size, usable_blocks), notes=notes)

@@ -140,6 +140,25 @@ class Suggestion:
 
 
 @output_record
+class WorkloadPlan:
+    """`kvplan size --workload FILE`: the traffic's prefix-cache working set on this deployment's pool,
+    requests served one at a time (kvplan.plan.prefix_cache.working_set)."""
+
+    source: str
+    requests: int
+    sessions: int
+    block_size: int
+    pool_blocks: int  # usable blocks of one replica
+    queried_tokens: int
+    achievable_hit_rate: float  # an unbounded pool's hits / queried tokens
+    hit_rate_at_pool: float  # this pool's
+    pool_for_share: dict[str, int]  # "50%" / "90%" / "99%" of the achievable hits -> blocks needed
+    pool_share_used: dict[str, float]  # the same, as a share of this pool (> 1: it does not fit)
+    sessions_held_at_once: int  # sessions whose largest turns fit together (the heaviest first)
+    notes: list[str] = field(default_factory=list)
+
+
+@output_record
 class SizePlan:
     """Everything `kvplan size` answers. Top-level names are stable for scripts."""
 
@@ -198,6 +217,7 @@ class SizePlan:
     # With --prompt: a step-time estimate (kvplan.plan.steptime.quick_latency): ttft_ms, tpot_ms, e2e_ms,
     # output_tokens_per_s, and "source" (prior: roofline x assumed efficiencies; or calibrated).
     latency: dict[str, object] | None = None
+    workload: WorkloadPlan | None = None  # --workload FILE
 
     def replace(self, **changes: object) -> SizePlan:
         return dataclasses.replace(self, **changes)

@@ -308,3 +308,26 @@ def test_a_does_not_fit_that_the_high_end_would_fit_says_so():
     data = json.loads(result.stdout)
     assert data["fits"] is False and data["fits_across_range"] is False
     assert data["range_note"].startswith("at the high end of the budget range")
+
+
+def test_size_workload_json_and_text(tmp_path):
+    """--workload: the agent sample (kvplan/traffic/samples) on an 8B on an L4; bad files are exit 2."""
+    from kvplan.paths import PROFILES_DIR
+
+    sample = PROFILES_DIR.parent / "kvplan" / "traffic" / "samples" / "agent-sample.json"
+    if not sample.is_file():  # an installed wheel: the package's own copy
+        import kvplan.traffic
+
+        sample = Path(kvplan.traffic.__file__).parent / "samples" / "agent-sample.json"
+    result = run("size", "meta-llama/Llama-3.1-8B", "--gpu", "L4", "--ctx", "16k", "--workload", str(sample), "--json")
+    assert result.exit_code == 0, result.output
+    w = json.loads(result.stdout)["workload"]
+    assert (w["requests"], w["sessions"], w["block_size"]) == (32, 8, 16)
+    assert set(w["pool_for_share"]) == {"50%", "90%", "99%"}
+    assert w["pool_for_share"]["50%"] <= w["pool_for_share"]["90%"] <= w["pool_for_share"]["99%"]
+    text = run("size", "meta-llama/Llama-3.1-8B", "--gpu", "L4", "--ctx", "16k", "--workload", str(sample))
+    assert text.exit_code == 0 and "Prefix cache" in text.stdout and "of the achievable hits" in text.stdout
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": -1, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n')
+    out = run("size", "meta-llama/Llama-3.1-8B", "--gpu", "L4", "--workload", str(bad))
+    assert out.exit_code == 2 and "bad.jsonl:1" in out.stderr

@@ -85,3 +85,28 @@ def test_hand_worked_curve():
 def test_traffic_turns_validate():
     with pytest.raises(Exception, match="first turn"):
         Traffic((Turn("s", 1, (seg("x", 4),), 1, arrival_s=0.0),), "t")
+
+
+def test_workload_plan_worked_by_hand():
+    """2 agent sessions of 2 turns, one group: a 32-token prefix P, 16 new tokens and 16 output tokens a
+    turn; block 16. Order (ties in file order): s0t0, s0t1, s1t0, s1t1.
+    s0t0: 48 tokens = [P0 P1 u0], looks up (48-1)//16 = 2 blocks: none cached.
+    s0t1: 80 = [P0 P1 u0 a0 u1], looks up 4: P0 P1 u0 cached by s0t0 (3 blocks); a0 is the replay's own
+      assistant text, not the tokens the engine generated: a miss.
+    s1t0: looks up P0 P1 (2); s1t1: P0 P1 and its u0 (3). Hits 8 blocks = 128 of 256 queried tokens.
+    Every run of hits sits at distance 1: the request before left a partial block (63 or 95 computed
+    tokens) at the head of the free queue, holding one slot. So a pool of C keeps min(C - 1, run) blocks a
+    run: 3 blocks (C=2), 6 (C=3), 8 (C >= 4): 50% of the achievable hits need 3 blocks, 90% and 99% need 4.
+    Sessions at once: s0's largest turn holds cdiv(95, 16) = 6 blocks, s1's 6 too, 2 of them (P0 P1)
+    shared: 10 blocks."""
+    from kvplan.plan.prefix_cache import workload_plan
+    from kvplan.traffic.loaders import agent_traffic
+
+    traffic = agent_traffic(2, 2, 1, 32, 16, 16)
+    assert [(t.session, t.turn) for t in traffic.turns] == [("s0", 0), ("s0", 1), ("s1", 0), ("s1", 1)]
+    w = workload_plan(traffic, 16, 99)
+    assert (w.queried_tokens, w.achievable_hit_rate, w.hit_rate_at_pool) == (256, 0.5, 0.5)
+    assert w.pool_for_share == {"50%": 3, "90%": 4, "99%": 4}
+    assert w.sessions_held_at_once == 2
+    assert workload_plan(traffic, 16, 9).sessions_held_at_once == 1  # 10 blocks do not fit 9
+    assert workload_plan(traffic, 16, 2).hit_rate_at_pool == 3 * 16 / 256

@@ -1,0 +1,73 @@
+"""Speed of the prefix-cache predictions on a large trace (issue 23's goals: the working-set curve of a
+100,000-request trace in <= 2 s on one core, its full simulation in <= 10 s).
+
+The trace is Mooncake-shaped (kvplan.traffic.samples.make_samples' reuse, scaled): 512-token hash
+blocks, a few hundred shared system prompts of 1-6 blocks, a third of the requests extending an
+earlier one, the rest a fresh tail; 600-8,000 prompt tokens, 20-400 output tokens; timestamps
+100 ms apart on average. Prints the figures; asserts nothing (speed goals live here, not in tests).
+
+    python benchmarks/bench_working_set.py [--requests 100000] [--block-size 16] [--simulate]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+
+from kvplan.plan.prefix_cache import traffic_load, traffic_working_set
+from kvplan.plan.simulate import SchedulerConfig, simulate
+from kvplan.traffic.model import Segment, Traffic, Turn
+
+
+def trace(n: int, seed: int = 0) -> Traffic:
+    rng = random.Random(seed)
+    systems = [[f"sys{i}b{k}" for k in range(rng.randint(1, 6))] for i in range(300)]
+    earlier: list[list[str]] = []
+    turns, t, fresh = [], 0.0, 0
+    for i in range(n):
+        if earlier and rng.random() < 1 / 3:
+            keys = list(rng.choice(earlier[-2000:]))
+        else:
+            keys = list(rng.choice(systems))
+        want = rng.randint(600, 8000)
+        while len(keys) * 512 < want:
+            keys.append(f"t{fresh}")
+            fresh += 1
+        keys = keys[: -(-want // 512)]
+        earlier.append(keys)
+        segs = [Segment(k, 512) for k in keys[:-1]] + [Segment(keys[-1], want - 512 * (len(keys) - 1))]
+        t += rng.expovariate(10.0)
+        turns.append(Turn(f"r{i}", 0, tuple(segs), rng.randint(20, 400), arrival_s=t))
+    return Traffic(tuple(turns), "synthetic Mooncake-shaped trace")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--requests", type=int, default=100_000)
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--pool", type=int, default=200_000, help="usable blocks for the simulation")
+    ap.add_argument("--simulate", action="store_true", help="also time the full simulation (slow)")
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    traffic = trace(args.requests)
+    print(f"trace: {traffic.describe()} (built in {time.perf_counter() - t0:.1f} s)")
+    t0 = time.perf_counter()
+    ws = traffic_working_set(traffic, args.block_size)
+    took = time.perf_counter() - t0
+    print(f"working set: {took:.2f} s for {ws.requests:,} requests ({len(ws.distances):,} reused runs); achievable "
+          f"hit rate {ws.achievable_blocks * args.block_size / ws.queried_tokens:.1%}; pools for 50/90/99%: "
+          f"{ws.pool_for(0.5):,} / {ws.pool_for(0.9):,} / {ws.pool_for(0.99):,} blocks")
+    if args.simulate:
+        t0 = time.perf_counter()
+        load = traffic_load(traffic, args.block_size, time_scale=1.0)
+        built = time.perf_counter() - t0
+        res = simulate(SchedulerConfig(num_blocks=args.pool + 1, block_size=args.block_size,
+                                       max_num_batched_tokens=8192, max_num_seqs=256), load,
+                       step_time=lambda b: 0.005 + 2e-6 * b.prefill_tokens)
+        print(f"simulation: {time.perf_counter() - t0:.1f} s ({built:.1f} s hashing the prompts), {res.steps:,} steps, "
+              f"hit rate {res.prefix_hit_rate:.1%}, {res.preemptions} preemptions")
+
+
+if __name__ == "__main__":
+    main()
