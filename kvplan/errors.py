@@ -11,12 +11,13 @@ from enum import IntEnum
 
 
 class ExitCode(IntEnum):
-    """What a kvplan exit status means (CI reads 1 as "does not fit" only)."""
+    """What a kvplan exit status means: one code one meaning, so CI can tell a verdict from a breakage."""
 
     OK = 0
-    DOES_NOT_FIT = 1  # also: a bench run failed or --check found a difference
+    DOES_NOT_FIT = 1  # a verdict: does not fit, a gate failed, or bench --check found a measured onset differ
     BAD_INPUT = 2
     INTERNAL = 3
+    RUN_FAILED = 4  # kvplan bench could not finish: the engine died, the server went away, every request failed
     INTERRUPTED = 130
 
 

@@ -125,6 +125,15 @@ def check_positive(value: float | int | None, what: str, allow_zero: bool = Fals
     return value
 
 
+def format_ms(seconds: float | None) -> str:
+    """Milliseconds as every table prints them: to the unit from 10 ms up, to a tenth below (a 0.4 ms
+    ITL is not "0"); "-" when unknown."""
+    if seconds is None:
+        return "-"
+    ms = seconds * 1000
+    return f"{ms:,.0f}" if ms >= 10 else f"{ms:.1f}"
+
+
 def format_bytes(num_bytes: float, precision: int = 2) -> str:
     """Binary units, as vLLM prints them: ``14.99 GiB``."""
     sign = "-" if num_bytes < 0 else ""

@@ -35,7 +35,7 @@ from kvplan.bench.results import LatencyStats, ReplayFigures, ServerFigures
 from kvplan.bench.workload import RequestSpec
 from kvplan.errors import KvplanError
 from kvplan.plan.prefix_cache import traffic_load, traffic_working_set
-from kvplan.plan.simulate import SchedulerConfig, SimResult, wave_scenarios, simulate
+from kvplan.plan.simulate import SchedulerConfig, SimResult, simulate, wave_scenarios
 from kvplan.traffic.model import Traffic
 from kvplan.traffic.tokens import prompt_token_ids
 

@@ -9,6 +9,7 @@ from typing import Any
 from kvplan.bench import store as st
 from kvplan.bench.results import BenchSummary, LatencyStats, PlannerCapacity, PointResult
 from kvplan.bench.sweep import Onset
+from kvplan.units import format_ms
 
 
 def write_reports(store: st.RunStore, summary: BenchSummary) -> None:
@@ -127,8 +128,6 @@ def _csv_safe(text: str) -> str:
     return re.sub(r'(^|,|")([=+@])', r"\1'\2", text, flags=re.M) if any(c in text for c in "=+@") else text
 
 
-def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1000:.1f}"
 
 
 def _num(value: Any, fmt: str = ",") -> str:
@@ -213,7 +212,7 @@ def markdown(summary: BenchSummary) -> str:
             "-" if predicted is None else predicted.label, pt.label, _num(_int(srv.preemptions)),
             _num(_int(srv.peak_waiting)),
             "-" if kv_pred is None else f"{kv_pred:.0%}", "-" if kv_meas is None else f"{kv_meas:.0%}",
-            _ms(pt.ttft.p50), _pn(pt.ttft), _ms(pt.itl.p50), _pn(pt.itl), _ms(pt.tpot.p50),
+            format_ms(pt.ttft.p50), _pn(pt.ttft), format_ms(pt.itl.p50), _pn(pt.itl), format_ms(pt.tpot.p50),
             _pn(pt.e2e), _num(pt.throughput_tok_s, ",.0f"), _num(pt.request_throughput, ",.2f"),
             f"{pt.requests_ok}/{pt.requests}"]
         if slo:

@@ -30,6 +30,7 @@ from kvplan.bench.engine import (
 )
 from kvplan.bench.loadgen import RequestRecord, StopSignal, run_closed_loop, run_open_loop, run_sessions, run_stoppable
 from kvplan.bench.metrics import Snapshot, preempted, scrape_during, scrape_once, summarize
+from kvplan.bench.replay import TrafficReplay
 from kvplan.bench.results import (  # noqa: F401 - BenchSummary, PointResult, RateSearchResult: imported from here too
     LATENCY_FROM,
     BenchSummary,
@@ -60,10 +61,9 @@ from kvplan.bench.sweep import (
     search_rate,
     waited_for_kv,
 )
-from kvplan.bench.replay import TrafficReplay
 from kvplan.bench.view import NullView
 from kvplan.bench.workload import Workload
-from kvplan.errors import KvplanError
+from kvplan.errors import ExitCode, KvplanError
 from kvplan.plan.blocks import BlockRule
 from kvplan.vllm.startup_log import redact
 
@@ -76,9 +76,9 @@ DEFAULT_REQUESTS = 100
 
 
 class BenchFailed(KvplanError):
-    """The run could not go on (engine died, server went away): exit code 1."""
+    """The run could not go on (engine died, server went away): exit code 4 (ExitCode.RUN_FAILED)."""
 
-    exit_code = 1
+    exit_code = int(ExitCode.RUN_FAILED)
 
 
 class RateSearchConfig(BaseModel):

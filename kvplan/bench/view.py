@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kvplan.units import format_ms
+
 if TYPE_CHECKING:
     from kvplan.bench.results import PointResult
 
@@ -97,4 +99,4 @@ class RichView(NullView):
 
 
 def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1000:.0f} ms"
+    return "-" if seconds is None else f"{format_ms(seconds)} ms"

@@ -8,6 +8,8 @@ from typing import Optional
 import typer
 
 from kvplan.cli.common import error_line, esc, make_console, print_json, user_errors
+from kvplan.errors import ExitCode
+from kvplan.units import format_ms
 
 EXAMPLES = """
 Examples:
@@ -151,8 +153,9 @@ def bench(
 ) -> None:
     """Sweep concurrency on a real vLLM engine; show the first KV wait and first preemption next to the plan.
 
-    Exit code 0: done; 1: the run failed (engine died, server went away) or --check found a difference;
-    2: bad input or the engine could not start; 130: interrupted (finished points are kept).
+    Exit code 0: done; 1: --check found a measured onset that differs from the prediction; 2: bad input or the
+    engine could not start; 4: the run failed (engine died, server went away, every request failed); 130:
+    interrupted (finished points are kept).
     """
     import os
     import shlex
@@ -485,7 +488,7 @@ def _run(runs: list, as_json: bool, check: bool, api_key: str | None = None, exp
         if not as_json:
             render(summary)
         if check and summary.measured.agrees_with_prediction.differs():
-            exit_code = 1
+            exit_code = ExitCode.DOES_NOT_FIT
     if as_json:
         print_json(summaries[0] if len(summaries) == 1 else [s.model_dump(mode="json") for s in summaries])
     raise typer.Exit(exit_code)
@@ -527,12 +530,6 @@ def _stderr_tty() -> bool:
     return sys.stderr.isatty()
 
 
-def _ms(seconds: float | None) -> str:
-    """Milliseconds, to the unit from 10 ms up, to a tenth below (a 0.4 ms ITL is not "0")."""
-    if seconds is None:
-        return "-"
-    ms = seconds * 1000
-    return f"{ms:,.0f}" if ms >= 10 else f"{ms:.1f}"
 
 
 def points_tables(points, rate_mode: bool, console) -> list:
@@ -582,8 +579,8 @@ def _point_cells(p, rate_mode: bool) -> list[str]:
         kv += f" ({pr.kv_fill:.0%})"
     n = p.ttft.count
     return [f"{p.rate:g}" if rate_mode else str(p.concurrency), label, f"{srv.preemptions or 0:.0f}",
-            f"{srv.peak_waiting or 0:.0f}", kv, f"{_ms(p.ttft.p50)}/{_ms(p.ttft.p99)} ({n}{'!' if n < 100 else ''})",
-            f"{_ms(p.itl.p50)}/{_ms(p.itl.p99)}", _ms(p.e2e.p99),
+            f"{srv.peak_waiting or 0:.0f}", kv, f"{format_ms(p.ttft.p50)}/{format_ms(p.ttft.p99)} ({n}{'!' if n < 100 else ''})",
+            f"{format_ms(p.itl.p50)}/{format_ms(p.itl.p99)}", format_ms(p.e2e.p99),
             "-" if p.throughput_tok_s is None else f"{p.throughput_tok_s:,.0f}"]
 
 

@@ -8,7 +8,7 @@ import typer
 
 from kvplan.cli.common import esc, print_json, printable, user_errors
 from kvplan.cli.tables import Column, OutputFormat, chosen_format, emit_rows, format_option
-from kvplan.units import cdiv, parse_tokens
+from kvplan.units import cdiv, format_ms, parse_tokens
 
 FIT_EXAMPLES = """
 Examples:
@@ -291,21 +291,31 @@ def _render(p: dict) -> None:
         console.print(esc(_why_none(p)))
         return
     slo_keys = list(p["slo"] or {})
-    table = Table(show_header=True, header_style="bold")
+    priced = any(d["price_per_hour"] is not None for d in p["deployments"])
+    # Readable at 80 columns: TP/PP/DP in one cell, numbers never wrapped, names folded, no empty price column.
+    table = Table(show_header=True, header_style="bold", show_edge=False, pad_edge=False)
     latency_cols = ("TTFT ms", "TPOT ms", "tok/s") if not slo_keys else tuple(f"{k} ms" for k in slo_keys) + ("tok/s",)
-    for col in ("#", "GPUs", "TP", "PP", "DP", "KV dtype", "context", "headroom", *latency_cols, "$/h"):
-        table.add_column(col, justify="right" if col not in ("GPUs", "KV dtype") else "left")
+    for col in ("#", "GPUs", "TP/PP/DP", "KV dtype", "context", "headroom", *latency_cols, *(("$/h",) if priced else ())):
+        text = col in ("GPUs", "KV dtype")
+        table.add_column(col, justify="left" if text else "right", overflow="fold", no_wrap=col != "GPUs")
+
+    def ms(value) -> str:
+        return "-" if value is None else format_ms(float(value) / 1000)
+
+    def per_s(value) -> str:
+        return "-" if value is None else f"{float(value):,.1f}"
+
     for i, d in enumerate(p["deployments"], 1):
         lat = d["latency_estimate"] or {}
         if slo_keys:
-            cells = [str((d["slo"] or {}).get(k, {}).get("predicted_ms", "-")) for k in slo_keys]
-            cells.append(str((d["latency_predicted"] or {}).get("output_tokens_per_s", "-")))
+            cells = [ms((d["slo"] or {}).get(k, {}).get("predicted_ms")) for k in slo_keys]
+            cells.append(per_s((d["latency_predicted"] or {}).get("output_tokens_per_s")))
         else:
-            cells = [str(lat.get("ttft_ms", "-")), str(lat.get("tpot_ms", "-")), str(lat.get("output_tokens_per_s", "-"))]
-        table.add_row(str(i), f"{d['gpus']} x {esc(d['gpu'])}", str(d["tensor_parallel_size"]),
-                      str(d["pipeline_parallel_size"]), str(d["data_parallel_size"]), d["kv_cache_dtype"],
-                      f"{d['max_model_len']:,}", f"{d['headroom']:.0%}", *cells,
-                      "-" if d["price_per_hour"] is None else f"{d['price_per_hour']:.2f}")
+            cells = [ms(lat.get("ttft_ms")), ms(lat.get("tpot_ms")), per_s(lat.get("output_tokens_per_s"))]
+        price = ["-" if d["price_per_hour"] is None else f"{d['price_per_hour']:.2f}"] if priced else []
+        table.add_row(str(i), f"{d['gpus']} x {esc(d['gpu'])}",
+                      f"{d['tensor_parallel_size']}/{d['pipeline_parallel_size']}/{d['data_parallel_size']}",
+                      d["kv_cache_dtype"], f"{d['max_model_len']:,}", f"{d['headroom']:.0%}", *cells, *price)
     console.print(table)
     console.print(_latency_note(p))
     for i, d in enumerate(p["deployments"], 1):

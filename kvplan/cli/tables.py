@@ -65,8 +65,8 @@ def emit_rows(rows: Sequence[dict], columns: Sequence[Column], fmt: OutputFormat
         from kvplan.cli.common import esc, make_console
 
         table = Table(show_edge=False)
-        for c in columns:
-            table.add_column(c.header, justify="right" if c.right else "left")
+        for c in columns:  # a cell that does not fit wraps onto more lines: no id or figure is cut short
+            table.add_column(c.header, justify="right" if c.right else "left", overflow="fold")
         for row in rows:
             table.add_row(*(esc(c.cell(row[c.key])) for c in columns))
         console = make_console()
@@ -78,7 +78,7 @@ def emit_rows(rows: Sequence[dict], columns: Sequence[Column], fmt: OutputFormat
 def _inert(value: Any) -> Any:
     """A CSV cell no spreadsheet runs as a formula: names and reasons come from users' files and servers
     (as kvplan.bench.report's CSV files)."""
-    return "'" + value if isinstance(value, str) and value[:1] in ("=", "+", "@") else value
+    return "'" + value if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r") else value
 
 
 def markdown_table(rows: Sequence[dict], columns: Sequence[Column]) -> str:

@@ -144,7 +144,7 @@ def render(console, result) -> None:
         t = Table(title="Page math: the reported available KV memory in, the pool out (predicted / reported)",
                   title_justify="left", show_edge=False)
         for col in ("case", "model", "rules", "KV tokens", "blocks", "max concurrency", "rounding bound"):
-            t.add_column(col)
+            t.add_column(col, overflow="fold")
         for c in pages:
             bound = f"±{c.rounding_bound_pct:.3f}%" if c.rounding_bound_pct is not None else ""
             t.add_row(esc(c.case_id), esc(_short(c.model)) + (" [dim](hybrid)[/]" if c.hybrid else ""), esc(c.vllm_rules),
@@ -157,7 +157,7 @@ def render(console, result) -> None:
                   title_justify="left", show_edge=False)
         for col in ("case", "model", "GPU", "rules", "available KV GiB", "range", "LOO", "weights GiB/GPU",
                     "KV tokens"):
-            t.add_column(col)
+            t.add_column(col, overflow="fold")
         for c in fulls:
             kv = c.get("available_kv_gib")
             rng = "" if kv is None or kv.low is None else (
@@ -170,7 +170,7 @@ def render(console, result) -> None:
         console.print()
     s = Table(title="Absolute % error", title_justify="left", show_edge=False)
     for col in ("mode", "quantity", "reports", "n", "median", "p90", "max", "LOO median", "LOO p90"):
-        s.add_column(col, justify="right" if col not in ("mode", "quantity", "reports") else "left")
+        s.add_column(col, justify="right" if col not in ("mode", "quantity", "reports") else "left", overflow="fold")
     for x in result.summaries:
         if not x.n:
             continue
@@ -203,7 +203,7 @@ def render_fit(console, fit) -> None:
     )
     t = Table(title="Fit residuals", title_justify="left", show_edge=False)
     for col in ("case", "used for", "B/logit", "non-torch GiB", "KV residual GiB", "KV error", "left out because"):
-        t.add_column(col)
+        t.add_column(col, overflow="fold")
     for r in fit.rows:
         t.add_row(r.case_id, ", ".join(r.used_for), "" if r.bytes_per_logit is None else f"{r.bytes_per_logit:.2f}",
                   "" if r.non_torch_gib is None else f"{r.non_torch_gib:.3f}",

@@ -364,7 +364,7 @@ def render(result: CheckLogResult) -> None:
         table = Table(title=f"{section.mode} - {section.gpu}", title_justify="left", show_edge=False)
         for col, justify in (("quantity", "left"), ("reported", "right"), ("predicted", "right"),
                              ("error", "right"), ("", "left")):
-            table.add_column(col, justify=justify)
+            table.add_column(col, justify=justify, overflow="fold")
         for c in section.comparisons:
             if c.within is None:
                 mark = f"[dim]{c.note}[/]"

@@ -163,7 +163,6 @@ def working_set(turns: Iterable[Turn], block_size: int) -> WorkingSet:
     hasher = BlockHasher(block_size)
     tree = _Fenwick()
     last: dict[int, tuple[int, int]] = {}  # block id -> (last request, position in its prompt)
-    sizes: list[int] = [0]  # blocks each request holds in the tree, by request number (1-based)
     moved: list[int] = [0]  # leading blocks of each request's prompt that a later request took
     pairs: list[tuple[int, int]] = []  # (distance, run length)
     queried = achievable = 0
@@ -175,13 +174,12 @@ def working_set(turns: Iterable[Turn], block_size: int) -> WorkingSet:
         queried += turn.prompt_tokens
         lookup = (turn.prompt_tokens - 1) // block_size  # the last token is always computed
         tree.grow(r)
-        sizes.append(0)
         moved.append(0)
         # 1. Lookup: runs of blocks by their last user; distances before this request moves anything.
         after: dict[int, int] = {}  # request j -> blocks last used after j (cached per request)
         run_j = run_start_x = run_len = -1
         run_d = 0
-        for pos, key in enumerate(keys[:lookup]):
+        for key in keys[:lookup]:
             seen = last.get(key)
             if seen is None:
                 break  # a never-seen block ends the chain: nothing after it can be cached
@@ -222,9 +220,7 @@ def working_set(turns: Iterable[Turn], block_size: int) -> WorkingSet:
         total_blocks += tail
         for j, n in taken.items():
             tree.add(j, -n)
-            sizes[j] -= n
         tree.add(r, len(keys) + tail)
-        sizes[r] = len(keys) + tail
     pairs.sort()
     return WorkingSet(block_size=block_size, requests=r, queried_tokens=queried, achievable_blocks=achievable,
                       distances=tuple(p[0] for p in pairs), weights=tuple(p[1] for p in pairs))

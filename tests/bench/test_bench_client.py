@@ -117,7 +117,7 @@ def test_headers_reach_every_endpoint_and_no_file(tmp_path):
 def test_a_server_echoing_the_header_value_does_not_get_it_written(tmp_path):
     with FakeServer(FakeBehaviour(status=401, echo_header="X-Gateway-Token")) as srv:
         proc = _cli(["--url", srv.url, "--header", "X-Gateway-Token: " + TOKEN, *SMALL, "--out", str(tmp_path)])
-    assert proc.returncode == 1, proc.stderr  # every request failed
+    assert proc.returncode == 4, proc.stderr  # every request failed
     assert "you sent" in proc.stderr and TOKEN not in proc.stdout + proc.stderr
     assert _files_hold(tmp_path, TOKEN) == []
     assert "you sent '***'" in (next(tmp_path.iterdir()) / "requests.jsonl").read_text()

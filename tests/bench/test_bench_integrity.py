@@ -97,12 +97,12 @@ def test_a_point_of_failed_requests_is_never_ok():
 
 
 @pytest.mark.parametrize("status", [500, 401])
-def test_a_sweep_where_every_request_fails_exits_1(tmp_path, status):
+def test_a_sweep_where_every_request_fails_exits_4(tmp_path, status):
     with FakeServer(FakeBehaviour(status=status)) as srv:
         proc = _cli(["--url", srv.url, "--sweep", "1,2",
             "--requests-per-stream", "3", "--prompt", "8", "--output", "4", "--out", str(tmp_path),
                      "--no-warmup", "--json"])
-    assert proc.returncode == 1, proc.stderr
+    assert proc.returncode == 4, proc.stderr
     _no_traceback(proc)
     run = next(tmp_path.iterdir())
     points = [json.loads(x) for x in (run / "points.jsonl").read_text().splitlines()]

@@ -138,7 +138,7 @@ def test_engine_killed_mid_point(tmp_path):
         _, err = _finish(proc, 120)
     finally:
         kill_group(pgid)
-    assert proc.returncode == 1, err[-3000:]
+    assert proc.returncode == 4, err[-3000:]
     (line,) = _error_lines(err)
     points = _points(run)
     ok, failed = points[:-1], points[-1]

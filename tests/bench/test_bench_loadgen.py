@@ -152,7 +152,7 @@ def test_server_dies_mid_stream(tmp_path):
         proc = _cli(["--url", srv.url, "--sweep", "1,2",
             "--requests-per-stream", "3", "--prompt", "8", "--output", "8", "--out", str(tmp_path),
                      "--no-warmup", "--json"])
-    assert proc.returncode == 1, proc.stderr
+    assert proc.returncode == 4, proc.stderr
     line = _one_line_error(proc)
     assert line.startswith("error: the point at concurrency 1 failed: the server went away")
     # The failed point is in the run folder; the summary says why.

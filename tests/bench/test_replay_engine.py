@@ -18,7 +18,6 @@ import subprocess
 import pytest
 from bench_helpers import bench_env, engine_required, kvplan_cmd
 
-
 pytestmark = [pytest.mark.engine, engine_required]
 
 
