@@ -105,10 +105,14 @@ def lockstep(traffic: Traffic) -> bool:
 #: Client timings a lockstep replay is simulated under (in engine steps): the first turns of the sessions
 #: reach the engine spread over up to `WAVE_SPREAD_STEPS` steps (an idle engine starts its first step on
 #: the first request alone; kvplan.plan.simulate.timing_verdict), and each later turn comes 0 to 8 steps
-#: after the previous one ended (the client reads the end, the API server passes the next one on).
+#: after the previous one ended (the client reads the end, the API server passes the next one on); and
+#: one session's first turn late by a quarter to a whole of a turn's output (a busy API server on a
+#: 2-core host passed a first request on that late: tests/plan/test_simulate_engine.py's notes).
 WAVE_SPREAD_STEPS = 3
 TURN_DELAY_STEPS = (0, 1, 2, 4, 8)
+LATE_SHARES = (0.25, 0.5, 0.75, 1.0)
 MAX_WAVES = 30
+MAX_LATE_SESSIONS = 16
 #: Above this many turns a lockstep replay is simulated once (all at once, no delay), not per timing.
 MAX_TIMED_TURNS = 5000
 
@@ -138,16 +142,21 @@ def predict(traffic: Traffic, config: SchedulerConfig, time_scale: float = 1.0, 
         return Prediction(nominal, "simulator, in engine steps (sessions in lockstep; one timing)",
                           nominal.prefix_hit_rate, nominal.prefix_hit_rate, nominal.preempted)
     session_of = {name: i for i, name in enumerate(traffic.sessions)}
-    rates, preempts = [], set()
+    timings: list = []
     for wave in wave_scenarios(len(session_of), WAVE_SPREAD_STEPS, MAX_WAVES, 0):
         for turn_delay in TURN_DELAY_STEPS:
-            def delay(number: int, wave=wave, turn_delay=turn_delay) -> float:
-                turn = traffic.turns[number]
-                return float(wave[session_of[turn.session]]) if turn.turn == 0 else float(turn_delay)
-
-            sim = simulate(config, traffic_load(traffic, B, client_delay=delay))
-            rates.append(sim.prefix_hit_rate)
-            preempts.add(sim.preempted)
+            timings.append(lambda turn, wave=wave, d=turn_delay: float(wave[session_of[turn.session]])
+                           if turn.turn == 0 else float(d))
+    output = sum(t.output_tokens for t in traffic.turns) / traffic.num_requests  # ~ a turn's steps
+    for late in range(min(len(session_of), MAX_LATE_SESSIONS)):
+        for share in LATE_SHARES:
+            timings.append(lambda turn, late=late, d=round(share * output): float(d)
+                           if turn.turn == 0 and session_of[turn.session] == late else 0.0)
+    rates, preempts = [], set()
+    for timing in timings:
+        sim = simulate(config, traffic_load(traffic, B, client_delay=lambda number, t=timing: t(traffic.turns[number])))
+        rates.append(sim.prefix_hit_rate)
+        preempts.add(sim.preempted)
     known = [r for r in rates if r is not None]
     return Prediction(nominal, "simulator, in engine steps (sessions in lockstep, over client timings)",
                       min(known) if known else None, max(known) if known else None,

@@ -289,11 +289,13 @@ def check_log_text(text: str, log_name: str, tolerance: float = 0.02, gpu: str |
     predicted_starts = None
     if page is not None and page_plan is not None:
         predicted_starts = _starts(page_plan)
-        # Given the same KV memory, whether vLLM starts is page math too: gate it.
-        if predicted_starts == r.failed and (r.failed or r.has_capacity):
+        # Given the same KV memory, whether vLLM starts is page math too: gate it (a failed start's one
+        # comparable fact, so always shown for one; for an engine that started, only when the plan disagrees).
+        agrees = predicted_starts != r.failed
+        if (r.failed or r.has_capacity) and (r.failed or not agrees):
             page.comparisons.append(LogComparison(
                 quantity="engine starts", reported=0.0 if r.failed else 1.0, predicted=1.0 if predicted_starts else 0.0,
-                error_pct=None, within=False, gated=True,
+                error_pct=None, within=agrees, gated=True,
                 note=f"vLLM {'failed to start' if r.failed else 'started'}; the plan says it "
                      f"{'would start' if predicted_starts else 'would not start'}"))
     if selection is not None and r.platform != "CPU":

@@ -42,14 +42,17 @@ def _agent_file(tmp_path) -> str:
 
 def test_agent_sessions_in_lockstep(cpu_engine, tmp_path):
     """The simulator replays each level under the client timings it may meet (the first turns spread over
-    0-3 steps, later turns 0-8 steps after the previous one ended): levels 1-4 never preempt, 5 and 6
-    always do, so 4 sessions are sustainable. The measured hit rate lies within 2 points of the range."""
+    0-3 steps, later turns 0-8 steps after the previous one ended, one session's first turn late by a
+    quarter to a whole turn): levels 1-2 never preempt, 5-6 always do, 3-4 do when one session runs late.
+    Where the prediction is definite the engine agrees; the first preemption falls in the predicted range
+    (sustainable sessions: 2 to 4); the measured hit rate lies within 2 points of the predicted range."""
     out = _bench(cpu_engine, tmp_path, _agent_file(tmp_path), "--sessions", "1,2,3,4,5,6")
     points = {p["concurrency"]: p for p in out["points"]}
     predicted = {n: p["replay"]["predicted_preemption"] for n, p in points.items()}
-    assert predicted == {1: False, 2: False, 3: False, 4: False, 5: True, 6: True}
-    assert {n: p["preempted"] for n, p in points.items()} == predicted
-    assert out["measured_first_preemption"] == 5  # sustainable sessions: 4, measured as predicted
+    assert predicted == {1: False, 2: False, 3: None, 4: None, 5: True, 6: True}
+    assert all(points[n]["preempted"] == want for n, want in predicted.items() if want is not None), \
+        {n: p["preempted"] for n, p in points.items()}
+    assert 3 <= out["measured_first_preemption"] <= 5
     for n, p in points.items():
         r = p["replay"]
         assert r["predicted_by"].startswith("simulator, in engine steps"), r
