@@ -20,6 +20,7 @@ SMOLLM3 = {
     "max_position_embeddings": 8192, "sliding_window": 1024,
     "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
     "torch_dtype": "bfloat16", "rms_norm_eps": 1e-6, "rope_theta": 500000,
+    "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,  # SmolLM3Config's defaults exceed the small vocabulary
 }
 
 

@@ -81,6 +81,10 @@ ENGINE_CANNOT_BUILD: dict[str, str] = {
     # The same for the real config (checked against vLLM 0.32.0's CPU build); its KDA, MLA and
     # weights are checked by hand in tests/model/test_bundled_kimi_linear_gemma4.py.
     "moonshotai/Kimi-Linear-48B-A3B-Instruct": "--mamba-block-size can only be set with --enable-prefix-caching",
+    # As the Nemotron 3 Nano profile: no CPU kernel for the non-gated experts of its "moe" blocks. The same
+    # block list with "mlp" blocks builds (synthetic/nemotron-3.5-blocks); kvplan's "moe" blocks are checked
+    # by hand in tests/model/test_added_families.py.
+    "synthetic/nemotron-3.5-moe": "No Unquantized MoE backend supports the deployment configuration",
 }
 
 MAX_MODEL_LEN = 4096
@@ -112,6 +116,16 @@ SYNTHETIC: dict[str, dict] = {
         "layers_block_type": ["mamba", "mlp", "attention", "mlp", "linear_attention", "mlp"],
         "mamba_num_heads": 16, "mamba_head_dim": 32, "n_groups": 2, "ssm_state_size": 64, "conv_kernel": 4,
         "expand": 2, "chunk_size": 128, "intermediate_size": 256, "mlp_hidden_act": "relu2",
+        "mamba_ssm_cache_dtype": "float32", "vocab_size": 512, "max_position_embeddings": 8192,
+        "torch_dtype": "bfloat16", "tie_word_embeddings": False},
+    "synthetic/nemotron-3.5-moe": {
+        "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "hidden_size": 256,
+        "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64,
+        "layers_block_type": ["mamba", "moe", "attention", "moe"], "mamba_num_heads": 16, "mamba_head_dim": 32,
+        "n_groups": 2, "ssm_state_size": 64, "conv_kernel": 4, "expand": 2, "chunk_size": 128,
+        "intermediate_size": 256, "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+        "moe_shared_expert_intermediate_size": 64, "n_shared_experts": 1, "n_group": 1, "topk_group": 1,
+        "norm_topk_prob": True, "routed_scaling_factor": 1.0, "mlp_hidden_act": "relu2",
         "mamba_ssm_cache_dtype": "float32", "vocab_size": 512, "max_position_embeddings": 8192,
         "torch_dtype": "bfloat16", "tie_word_embeddings": False},
     "synthetic/falcon-h1": {
