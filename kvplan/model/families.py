@@ -141,8 +141,9 @@ def exaone4_kinds(f: Fields, n: int) -> list[LayerKind]:
     Without ``layer_types``, transformers' Exaone4Config derives them from ``sliding_window_pattern``:
     an integer k makes every k-th layer global (``(i + 1) % k``, as its ``__post_init__``); a string
     of "L" (local, sliding) and "G" (global) repeats from layer 0, the last layer always global (the
-    class's documented meaning; released EXAONE 4.0 configs, e.g. the 32B's "LLLG", list
-    ``layer_types`` beside it, which vLLM reads)."""
+    class's documented meaning: transformers 5.19's ``__post_init__`` itself raises a TypeError on a
+    string without ``layer_types``, so vLLM loads such a string only beside ``layer_types``, as the
+    EXAONE 4.0-32B config's "LLLG" is written)."""
     if sliding_window_size(f) is None:
         return ["full"] * n
     explicit = _explicit_layer_types(f, n)
