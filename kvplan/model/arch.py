@@ -26,7 +26,12 @@ from kvplan.model.encoders import (
     qwen3_vision_tower,
     vit_block,
 )
-from kvplan.model.families import family_for, sliding_window_size
+from kvplan.model.families import (
+    TEXT_CONFIG_DEFAULTS,
+    WRAPPER_TEXT_MODEL_TYPE,
+    family_for,
+    sliding_window_size,
+)
 from kvplan.model.layers import (
     MLA,
     ChunkedLocal,
@@ -133,7 +138,7 @@ INTEGER_FIELDS = frozenset([
     "num_experts_per_tok", "experts_per_token", "moe_topk", "n_shared_experts", "num_shared_experts",
     "first_k_dense_replace", "moe_layer_freq", "decoder_sparse_step", "interleave_moe_layer_step",
     "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "index_head_dim",
-    "attention_chunk_size", "sliding_window_pattern", "max_window_layers", "attn_layer_period",
+    "attention_chunk_size", "max_window_layers", "attn_layer_period",
     "attn_layer_offset", "expert_layer_period", "expert_layer_offset", "full_attention_interval",
     "mamba_d_state", "mamba_d_conv", "mamba_expand", "mamba_num_heads", "mamba_n_heads", "n_mamba_heads",
     "mamba_head_dim", "mamba_d_head", "n_groups", "mamba_n_groups", "mamba_ngroups", "ssm_state_size",
@@ -188,12 +193,46 @@ def _all_finite(value: Any, depth: int = 0) -> bool:
 
 
 def text_config(config: dict[str, Any]) -> dict[str, Any]:
-    """vLLM's ``hf_text_config``: the language model's part of a multimodal config."""
+    """vLLM's ``hf_text_config``: the language model's part of a multimodal config. A LLaVA-style
+    ``text_config`` may name only its model type and leave layers and heads to that text config
+    class's defaults (filled by :func:`_parse_architecture`)."""
     for key in _TEXT_CONFIG_KEYS:
         sub = config.get(key)
         if isinstance(sub, dict) and ("num_hidden_layers" in sub or "hidden_size" in sub):
             return sub
+    sub = config.get("text_config")
+    if isinstance(sub, dict) and (config.get("model_type") in WRAPPER_TEXT_MODEL_TYPE
+                                  or sub.get("model_type") in TEXT_CONFIG_DEFAULTS):
+        return sub
     return config
+
+
+def _text_defaults(config: dict[str, Any], text: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+    """The text config a multimodal wrapper's config class builds: a LLaVA / LLaVA-NeXT
+    ``text_config`` without ``model_type`` is a Llama (``text_config.get("model_type", "llama")``,
+    a missing one ``CONFIG_MAPPING["llama"]()``: transformers' LlavaConfig / LlavaNextConfig), and
+    the fields it leaves out take that class's defaults (:data:`TEXT_CONFIG_DEFAULTS`). vLLM builds
+    the language model from that object (`LlavaNextForConditionalGeneration.__init__`,
+    models/llava_next.py@0.32.0: ``init_vllm_registered_model(hf_config=config.text_config)``)."""
+    wrapper = WRAPPER_TEXT_MODEL_TYPE.get(str(config.get("model_type") or ""))
+    nested = text is not config
+    if not nested and wrapper and not isinstance(config.get("text_config"), dict):
+        text, nested = {}, True  # no text_config at all: the wrapper's default text model
+    if not nested:
+        return dict(text)
+    text = dict(text)
+    if wrapper:
+        text.setdefault("model_type", wrapper)
+    defaults = TEXT_CONFIG_DEFAULTS.get(str(text.get("model_type") or ""), {})
+    filled = [k for k in defaults if k not in text]
+    for key in filled:
+        text[key] = defaults[key]
+    shaping = [k for k in filled if k in ("num_hidden_layers", "hidden_size", "num_attention_heads",
+                                          "num_key_value_heads", "sliding_window")]
+    if shaping:
+        notes.append(f"text_config leaves {', '.join(shaping)} to transformers' {text['model_type']} defaults: "
+                     + ", ".join(f"{k} {defaults[k]}" for k in shaping))
+    return text
 
 
 def total_kv_heads(f: _Fields, model_type: str, num_heads: int) -> int:
@@ -354,7 +393,11 @@ def _count_params(
     if model_type.startswith("llama4"):
         shared_inter = inter  # one shared expert of intermediate_size in every MoE layer
     if model_type == "nemotron_h":  # '-' dense MLP layer, 'E' MoE layer, others none
-        mlp_kinds = [{"-": "dense", "E": "moe"}.get(c) for c in f.get("hybrid_override_pattern", default="")]
+        pattern = f.get("hybrid_override_pattern")
+        if pattern is None:  # layers_block_type, as transformers' NemotronHConfig maps it to the pattern
+            blocks = f.get("layers_block_type", "layer_types", default=[]) or []
+            pattern = "".join({"mlp": "-", "moe": "E"}.get(str(b).lower(), "?") for b in blocks)
+        mlp_kinds = [{"-": "dense", "E": "moe"}.get(c) for c in pattern]
     else:
         mlp_kinds = ["moe" if is_moe else "dense" for is_moe in moe]
     double_wide_from = _double_wide_from(f, model_type, n)
@@ -497,12 +540,12 @@ def _parse_architecture(config: dict[str, Any], overrides: dict[str, Any] | None
     if not isinstance(config, dict):
         raise KvplanError("config.json is not a JSON object")
     top = dict(config)
-    text = dict(text_config(config))
+    notes: list[str] = []
+    text = _text_defaults(config, text_config(config), notes)
     family_type = str(text.get("model_type") or top.get("model_type") or "")
     family, verified = family_for(family_type, allow_unverified)
     for key, value in family.config_defaults.items():
         text.setdefault(key, value)
-    notes: list[str] = []
     if overrides:
         unknown = sorted(k for k in overrides if k not in text and k not in top and k not in INTEGER_FIELDS)
         if unknown:

@@ -44,6 +44,11 @@ _LAYER_TYPE_NAMES = {
     "mamba2": "mamba",
     "conv": "mamba",
     "hybrid": "attention+mamba",  # zamba2: Mamba-2 plus a shared attention block
+    # Nemotron-H's layers_block_type (transformers' NemotronHConfig, which also accepts the legacy
+    # "mamba" / "attention"): "moe" and "mlp" blocks are feed-forward only and hold no cache
+    # (`NemotronHMoEDecoderLayer` / `NemotronHMLPDecoderLayer`, models/nemotron_h.py@0.32.0).
+    "moe": "none",
+    "mlp": "none",
 }
 
 
@@ -106,6 +111,14 @@ def every_other_sliding(f: Fields, n: int) -> list[LayerKind]:
     return explicit or ["sliding" if i % 2 == 0 else "full" for i in range(n)]
 
 
+def _int_pattern(pattern: Any) -> int:
+    """An integer ``sliding_window_pattern``: every pattern-th layer is global."""
+    if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern <= 0:
+        raise KvplanError(f"invalid sliding_window_pattern in config: {pattern!r}",
+                          "fix it with --set sliding_window_pattern=N")
+    return pattern
+
+
 def pattern_sliding(default_pattern: int) -> Callable[[Fields, int], list[LayerKind]]:
     """Gemma 3 / Cohere 2: every ``sliding_window_pattern``-th layer is global."""
 
@@ -113,12 +126,52 @@ def pattern_sliding(default_pattern: int) -> Callable[[Fields, int], list[LayerK
         explicit = _explicit_layer_types(f, n)
         if explicit is not None:
             return explicit
-        pattern = f.get("sliding_window_pattern", default=default_pattern)
-        if pattern <= 0:
-            raise KvplanError(f"invalid sliding_window_pattern in config: {pattern}")
+        pattern = _int_pattern(f.get("sliding_window_pattern", default=default_pattern))
         return ["sliding" if (i + 1) % pattern else "full" for i in range(n)]
 
     return kinds
+
+
+def exaone4_kinds(f: Fields, n: int) -> list[LayerKind]:
+    """EXAONE 4.0: layer i slides when ``config.layer_types[i] == "sliding_attention"``, with
+    ``config.sliding_window`` (`Exaone4Attention.__init__`, models/exaone4.py@0.32.0); a null window
+    leaves every layer full (the sliding layers get ``sliding_window=None``, and vLLM sets the
+    cache-wide window only for all-sliding models, engine/arg_utils.py@0.32.0).
+
+    Without ``layer_types``, transformers' Exaone4Config derives them from ``sliding_window_pattern``:
+    an integer k makes every k-th layer global (``(i + 1) % k``, as its ``__post_init__``); a string
+    of "L" (local, sliding) and "G" (global) repeats from layer 0, the last layer always global (the
+    class's documented meaning: transformers 5.19's ``__post_init__`` itself raises a TypeError on a
+    string without ``layer_types``, so vLLM loads such a string only beside ``layer_types``, as the
+    EXAONE 4.0-32B config's "LLLG" is written)."""
+    if sliding_window_size(f) is None:
+        return ["full"] * n
+    explicit = _explicit_layer_types(f, n)
+    if explicit is not None:
+        return explicit
+    pattern = f.get("sliding_window_pattern", default=4)  # Exaone4Config's default
+    if isinstance(pattern, str):
+        code = pattern.upper()
+        if not code or set(code) - {"L", "G"}:
+            raise KvplanError(f"invalid sliding_window_pattern in config: {pattern!r} (expected L and G letters)",
+                              "fix it with --set sliding_window_pattern=LLLG")
+        kinds = ["sliding" if code[i % len(code)] == "L" else "full" for i in range(n)]
+        kinds[-1] = "full"
+        return kinds
+    pattern = _int_pattern(pattern)
+    return ["sliding" if (i + 1) % pattern else "full" for i in range(n)]
+
+
+def olmo3_kinds(f: Fields, n: int) -> list[LayerKind]:
+    """OLMo 3 runs on vLLM's Transformers backend (registry.py@0.32.0: ``Olmo3ForCausalLM`` ->
+    ``TransformersForCausalLM``), which gives layer i ``per_layer_sliding_window =
+    text_config.sliding_window`` when ``layer_types[i] == "sliding_attention"``
+    (`_create_attention_instances`, models/transformers/base.py@0.32.0); transformers'
+    Olmo3Config defaults ``layer_types`` to three sliding layers then one full, and
+    ``sliding_window`` to 4096 (config_defaults). A null window leaves every layer full."""
+    if sliding_window_size(f) is None:
+        return ["full"] * n
+    return _explicit_layer_types(f, n) or ["sliding" if (i + 1) % 4 else "full" for i in range(n)]
 
 
 def gemma4_kinds(f: Fields, n: int) -> list[LayerKind]:
@@ -132,7 +185,10 @@ def gemma4_kinds(f: Fields, n: int) -> list[LayerKind]:
 
 
 def nemotron_h_kinds(f: Fields, n: int) -> list[LayerKind]:
-    """``hybrid_override_pattern``: 'M' Mamba-2, '*' attention; '-' MLP and 'E' MoE hold no cache."""
+    """``hybrid_override_pattern``: 'M' Mamba-2, '*' attention; '-' MLP and 'E' MoE hold no cache.
+    Newer configs (Nemotron 3.5) list ``layers_block_type`` instead (transformers' NemotronHConfig
+    turns it into the pattern vLLM reads: mamba / linear_attention 'M', attention / full_attention
+    '*', moe 'E', mlp '-')."""
     pattern = f.get("hybrid_override_pattern")
     if pattern is None:
         explicit = _explicit_layer_types(f, n)
@@ -298,6 +354,19 @@ FAMILIES: dict[str, Family] = {
         "olmo", "olmo2", "exaone", "internlm2", "baichuan", "minimax_m2",
         "mistral3", "llama4", "llama4_text",
     )},
+    # Ministral 3 (the text model of Mistral3ForConditionalGeneration, or Ministral3ForCausalLM):
+    # vLLM's registry maps it to MistralForCausalLM (registry.py@0.32.0), Llama attention with
+    # config.head_dim (models/llama.py@0.32.0). Defaults: transformers' Ministral3Config.
+    "ministral3": Family(vllm_file="mistral.py", config_defaults={
+        "vocab_size": 131072, "head_dim": 128, "num_key_value_heads": 8, "max_position_embeddings": 262144}),
+    # Seed-OSS: vLLM's Transformers backend (registry.py@0.32.0: SeedOssForCausalLM ->
+    # TransformersForCausalLM), full attention; transformers' SeedOssConfig defaults head_dim to 128
+    # (not hidden / heads) and num_key_value_heads to 8.
+    "seed_oss": Family(vllm_file="transformers/base.py", config_defaults={"head_dim": 128, "num_key_value_heads": 8}),
+    "exaone4": Family(kinds=exaone4_kinds, vllm_file="exaone4.py",
+                      config_defaults={"sliding_window": 4096, "sliding_window_pattern": 4,
+                                       "num_key_value_heads": 32}),  # transformers' Exaone4Config
+    "olmo3": Family(kinds=olmo3_kinds, vllm_file="transformers/base.py", config_defaults={"sliding_window": 4096}),
     # Qwen vision-language models: the language model is Qwen2 / Qwen3 / Qwen3-MoE (full attention;
     # Qwen2's `use_sliding_window: false` as in qwen2); the vision tower holds no KV cache.
     "qwen2_vl": Family(vllm_file="qwen2_vl.py"),
@@ -344,6 +413,25 @@ FAMILIES: dict[str, Family] = {
     "kimi_linear": Family(kinds=kimi_linear_kinds, state=kda_state, ssm_policy="float32",
                           vllm_file="models/kimi_k3/nvidia/model.py"),
 }
+
+# The defaults of transformers' text config classes (5.x) for the fields kvplan reads, filled into a
+# multimodal config's text_config that leaves them out (kvplan.model.arch._text_defaults): LLaVA
+# checkpoints write only what differs, e.g. llava-hf/llava-v1.6-mistral-7b-hf's text_config has no
+# layer or head counts. num_key_value_heads and head_dim default to None in LlamaConfig (then the
+# head count and hidden / heads, as kvplan reads a config without them); MistralConfig's head_dim
+# too. tests/twins/test_twins.py checks these against the installed transformers.
+TEXT_CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+              "num_attention_heads": 32, "max_position_embeddings": 2048, "tie_word_embeddings": False},
+    "mistral": {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 131072,
+                "sliding_window": 4096, "tie_word_embeddings": False},
+}
+# Multimodal wrappers whose config class builds a text_config without model_type (or a missing one) as
+# this text model: transformers' LlavaConfig and LlavaNextConfig (``text_config.get("model_type",
+# "llama")``). vLLM serves both (`LlavaForConditionalGeneration`, models/llava.py@0.32.0;
+# `LlavaNextForConditionalGeneration`, models/llava_next.py@0.32.0); the KV cache is the text model's.
+WRAPPER_TEXT_MODEL_TYPE: dict[str, str] = {"llava": "llama", "llava_next": "llama"}
 
 # Read as a plain decoder only when the user opts in (--allow-unverified-layout).
 UNVERIFIED = Family()

@@ -37,7 +37,7 @@ still yields the original head size.  When an
 field such as ``mamba_d_ssm`` is set) the factor is rescaled so ``expand' * hidden' == expand *
 hidden``; if that is not an integer the original ``hidden_size`` is kept.
 
-Pure stdlib; nothing here imports vLLM or torch.
+Nothing here imports vLLM or torch.
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ import copy
 import json
 import os
 from typing import Any
+
+from kvplan.model.families import TEXT_CONFIG_DEFAULTS, WRAPPER_TEXT_MODEL_TYPE
 
 TWIN_VOCAB = 512
 TWIN_FFN = 64
@@ -63,6 +65,7 @@ TEXT_ONLY_ARCH = {
     "Mistral3ForConditionalGeneration": ("MistralForCausalLM", None),
     "PixtralForConditionalGeneration": ("MistralForCausalLM", None),
     "LlavaForConditionalGeneration": (None, None),  # text arch from text_config.model_type
+    "LlavaNextForConditionalGeneration": (None, None),
     "Qwen3VLForConditionalGeneration": ("Qwen3ForCausalLM", "qwen3"),
     "Qwen3VLMoeForConditionalGeneration": ("Qwen3MoeForCausalLM", "qwen3_moe"),
     "Qwen2_5_VLForConditionalGeneration": ("Qwen2ForCausalLM", "qwen2"),
@@ -75,6 +78,7 @@ TEXT_ONLY_ARCH = {
 TEXT_MODEL_TYPE_ARCH = {
     "mistral": "MistralForCausalLM",
     "llama": "LlamaForCausalLM",
+    "ministral3": "Ministral3ForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
@@ -92,6 +96,7 @@ HONOURS_HEAD_DIM = {
     "qwen3", "qwen3_moe", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text",
     "gemma", "gemma2", "gemma3_text", "gemma4_text", "gpt_oss", "llama4_text",
     "glm4_moe", "nemotron_h", "minimax_m2", "olmo2", "olmo3", "phi3", "falcon_h1",
+    "exaone4", "seed_oss", "ministral3",
 }
 
 INTERMEDIATE_KEYS = (
@@ -259,7 +264,18 @@ def _promote_text_config(cfg: dict, notes: list[str]) -> dict:
             notes.append(f"multimodal {arch} -> text-only {target_arch} ({out.get('model_type')})")
             return out
         return cfg
+    wrapper = WRAPPER_TEXT_MODEL_TYPE.get(str(cfg.get("model_type") or ""))
+    if wrapper and not text.get("model_type"):  # LlavaConfig / LlavaNextConfig: a Llama by default
+        text = dict(text, model_type=wrapper)
     tmt = text.get("model_type")
+    if wrapper or tmt in TEXT_CONFIG_DEFAULTS:
+        # Fields the text_config leaves to its config class (LLaVA writes only what differs), written
+        # out so the twin can shrink them; kvplan.model.families.TEXT_CONFIG_DEFAULTS is checked against
+        # the installed transformers by tests/twins/test_twins.py.
+        filled = {k: v for k, v in TEXT_CONFIG_DEFAULTS.get(str(tmt), {}).items() if k not in text}
+        if filled:
+            text = dict(text, **filled)
+            notes.append(f"text_config defaults of {tmt} written out: {', '.join(sorted(filled))}")
     if target_arch is None:
         target_arch = TEXT_MODEL_TYPE_ARCH.get(tmt)
     if target_arch is None:

@@ -11,14 +11,16 @@ import pytest
 
 pytestmark = pytest.mark.engine
 
-# An architecture vLLM 0.32 serves and kvplan has no family rules for: Olmo 3 (sliding windows on
-# three of every four layers, from layer_types). Small shapes, written here.
-OLMO3 = {
-    "architectures": ["Olmo3ForCausalLM"], "model_type": "olmo3", "hidden_size": 256, "num_hidden_layers": 4,
+# An architecture vLLM 0.32 serves (on its Transformers backend, which slides the layers layer_types
+# names) and kvplan has no family rules for: SmolLM3 with sliding windows on three of every four
+# layers. Small shapes, written here.
+SMOLLM3 = {
+    "architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3", "hidden_size": 256, "num_hidden_layers": 4,
     "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 256, "vocab_size": 512,
     "max_position_embeddings": 8192, "sliding_window": 1024,
     "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
     "torch_dtype": "bfloat16", "rms_norm_eps": 1e-6, "rope_theta": 500000,
+    "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,  # SmolLM3Config's defaults exceed the small vocabulary
 }
 
 
@@ -29,14 +31,14 @@ def kvplan(*args: str, cache: str) -> subprocess.CompletedProcess:
 
 
 def test_an_unknown_architecture_is_planned_from_the_engine_and_cached(tmp_path):
-    model = tmp_path / "olmo3"
+    model = tmp_path / "smollm3"
     model.mkdir()
-    (model / "config.json").write_text(json.dumps(OLMO3))
+    (model / "config.json").write_text(json.dumps(SMOLLM3))
     cache = str(tmp_path / "cache")
     args = [str(model), "--gpu", "H100", "--ctx", "4k", "--kv-memory", "1GiB", "--json"]
 
     refused = kvplan(*args[:-1], cache=cache)
-    assert refused.returncode == 2 and "no layout rules for model_type 'olmo3'" in refused.stderr
+    assert refused.returncode == 2 and "no layout rules for model_type 'smollm3'" in refused.stderr
 
     learned = kvplan(*args, "--layout", "engine", cache=cache)
     assert learned.returncode == 0, learned.stderr[-2000:]

@@ -61,6 +61,8 @@ EXTRA_VARIANTS = {  # profile -> variants beyond the default
     "ibm-granite/granite-4.0-h-350m": ["no-prefix-caching"],
     "synthetic/falcon-h1": ["no-prefix-caching", "block256"],
     "synthetic/granite-4.0-h": ["no-prefix-caching"],
+    "synthetic/exaone4.0-32b-shape": ["block256"],
+    "synthetic/nemotron-3.5-blocks": ["no-prefix-caching"],
 }
 
 # Architectures the CI's vLLM CPU build cannot construct, with the engine error that says why.
@@ -79,14 +81,53 @@ ENGINE_CANNOT_BUILD: dict[str, str] = {
     # The same for the real config (checked against vLLM 0.32.0's CPU build); its KDA, MLA and
     # weights are checked by hand in tests/model/test_bundled_kimi_linear_gemma4.py.
     "moonshotai/Kimi-Linear-48B-A3B-Instruct": "--mamba-block-size can only be set with --enable-prefix-caching",
+    # As the Nemotron 3 Nano profile: no CPU kernel for the non-gated experts of its "moe" blocks. The same
+    # block list with "mlp" blocks builds (synthetic/nemotron-3.5-blocks); kvplan's "moe" blocks are checked
+    # by hand in tests/model/test_added_families.py.
+    "synthetic/nemotron-3.5-moe": "No Unquantized MoE backend supports the deployment configuration",
 }
 
 MAX_MODEL_LEN = 4096
 
 # Small configs of a family's shape, written here, that check kvplan's rules against the engine where
 # no bundled profile covers that shape: Granite 4.0-H with routed experts (the bundled 350m has none), a
-# small Falcon-H1 (beside the bundled 34B), and Qwen VL and Kimi-Linear shapes.
+# small Falcon-H1 (beside the bundled 34B), Qwen VL and Kimi-Linear shapes; EXAONE 4.0 (no complete
+# published config.json was found: the 32B's shape, its "LLLG" sliding_window_pattern beside layer_types,
+# and the 1.2B's all-global layers with a null window) and a Nemotron 3.5-style layers_block_type list
+# (no published config was found; "mlp" blocks here, as the CPU build has no kernel for Nemotron-H's
+# non-gated MoE: kvplan's "moe" blocks are checked by hand in tests/model/test_added_families.py).
+_EXAONE4 = {
+    "architectures": ["Exaone4ForCausalLM"], "model_type": "exaone4", "hidden_size": 256, "intermediate_size": 256,
+    "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 128, "vocab_size": 512,
+    "max_position_embeddings": 8192, "rms_norm_eps": 1e-05, "rope_theta": 1000000, "torch_dtype": "bfloat16",
+    "rope_scaling": {"factor": 16.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"}}
 SYNTHETIC: dict[str, dict] = {
+    "synthetic/exaone4.0-32b-shape": {
+        **_EXAONE4, "num_hidden_layers": 8, "sliding_window": 1024, "sliding_window_pattern": "LLLG",
+        "layer_types": ["sliding_attention"] * 3 + ["full_attention"] + ["sliding_attention"] * 3 + ["full_attention"],
+        "tie_word_embeddings": False},
+    "synthetic/exaone4.0-1.2b-shape": {
+        **_EXAONE4, "num_hidden_layers": 4, "sliding_window": None, "sliding_window_pattern": None,
+        "layer_types": ["full_attention"] * 4, "tie_word_embeddings": True},
+    "synthetic/nemotron-3.5-blocks": {
+        "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "hidden_size": 256,
+        "num_hidden_layers": 6, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64,
+        "layers_block_type": ["mamba", "mlp", "attention", "mlp", "linear_attention", "mlp"],
+        "mamba_num_heads": 16, "mamba_head_dim": 32, "n_groups": 2, "ssm_state_size": 64, "conv_kernel": 4,
+        "expand": 2, "chunk_size": 128, "intermediate_size": 256, "mlp_hidden_act": "relu2",
+        "mamba_ssm_cache_dtype": "float32", "vocab_size": 512, "max_position_embeddings": 8192,
+        "torch_dtype": "bfloat16", "tie_word_embeddings": False},
+    "synthetic/nemotron-3.5-moe": {
+        "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "hidden_size": 256,
+        "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64,
+        "layers_block_type": ["mamba", "moe", "attention", "moe"], "mamba_num_heads": 16, "mamba_head_dim": 32,
+        "n_groups": 2, "ssm_state_size": 64, "conv_kernel": 4, "expand": 2, "chunk_size": 128,
+        "intermediate_size": 256, "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+        "moe_shared_expert_intermediate_size": 64, "n_shared_experts": 1, "n_group": 1, "topk_group": 1,
+        "norm_topk_prob": True, "routed_scaling_factor": 1.0, "mlp_hidden_act": "relu2",
+        "mamba_ssm_cache_dtype": "float32", "vocab_size": 512, "max_position_embeddings": 8192,
+        "torch_dtype": "bfloat16", "tie_word_embeddings": False},
     "synthetic/falcon-h1": {
         "architectures": ["FalconH1ForCausalLM"], "model_type": "falcon_h1", "hidden_size": 256,
         "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64,
@@ -314,3 +355,22 @@ def test_layout_matches_vllm(profile, variant, engine_results):
     assert async_cap.kv_cache_tokens_reported == async_engine["kv_cache_size_tokens"]
     assert async_cap.max_concurrency_reported == pytest.approx(async_engine["max_concurrency"], rel=1e-12)
 
+
+
+def test_text_config_defaults_are_transformers_own():
+    """kvplan fills a LLaVA text_config's missing fields from TEXT_CONFIG_DEFAULTS (and the twins write
+    them out): they must be the installed transformers' config class defaults, which vLLM reads."""
+    from transformers import CONFIG_MAPPING
+
+    from kvplan.model.families import TEXT_CONFIG_DEFAULTS, WRAPPER_TEXT_MODEL_TYPE
+
+    for model_type, defaults in TEXT_CONFIG_DEFAULTS.items():
+        built = CONFIG_MAPPING[model_type]()
+        assert {k: getattr(built, k) for k in defaults} == defaults, model_type
+        # head_dim and num_key_value_heads left out: hidden / heads and (for Llama) the head count
+        assert built.head_dim == built.hidden_size // built.num_attention_heads, model_type
+        if "num_key_value_heads" not in defaults:
+            assert built.num_key_value_heads == built.num_attention_heads, model_type
+    for wrapper, text_type in WRAPPER_TEXT_MODEL_TYPE.items():
+        assert CONFIG_MAPPING[wrapper](text_config={}).text_config.model_type == text_type, wrapper
+        assert CONFIG_MAPPING[wrapper]().text_config.model_type == text_type, wrapper
