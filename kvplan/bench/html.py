@@ -238,6 +238,7 @@ def html_report(summaries: list[BenchSummary], title: str | None = None) -> str:
     for i, s in enumerate(runs):
         body.append(f"<h2>{escape(_run_name(s, i))}: points</h2>")
         body.append(_points_table(s))
+        body.append(_replay_table(s))
         body.append(_latency_table(s))
         if s.rate_search is not None:
             body.append(f"<p>Automatic rate search: {escape(s.rate_search.describe())}.</p>")
@@ -248,6 +249,30 @@ def html_report(summaries: list[BenchSummary], title: str | None = None) -> str:
     body.append(f"<p>{escape(DEFINITIONS)}</p>")
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{escape(title)}</title><style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+
+
+def _replay_table(s: BenchSummary) -> str:
+    """A --traffic run's prefix cache per point: the engine's hit rate beside the prediction."""
+    rows = [p for p in s.points if p.replay is not None]
+    if not rows:
+        return ""
+
+    def pct(x) -> str:
+        return "-" if x is None else f"{x:.1%}"
+
+    head = ["sessions", "requests", "queried tokens", "hits measured", "hits predicted", "predicted range",
+            "preempts (predicted)", "predicted by"]
+    out = ['<table class="replay"><caption>prefix cache: measured / predicted</caption><tr>'
+           + "".join(f"<th>{escape(h)}</th>" for h in head) + "</tr>"]
+    for p in rows:
+        r = p.replay
+        want = {True: "yes", False: "no", None: "timing-dependent"}[r.predicted_preemption]
+        cells = [str(r.sessions), str(r.requests), "-" if r.prefix_queries is None else f"{r.prefix_queries:,.0f}",
+                 pct(r.hit_rate), pct(r.predicted_hit_rate), f"{pct(r.predicted_hit_rate_low)} - {pct(r.predicted_hit_rate_high)}",
+                 f"{'yes' if p.preempted else 'no'} ({want})", r.predicted_by]
+        out.append("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in cells) + "</tr>")
+    out.append("</table>")
+    return "".join(out)
 
 
 def _latency_table(s: BenchSummary) -> str:

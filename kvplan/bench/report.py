@@ -57,6 +57,7 @@ def points_csv(points: list[PointResult]) -> str:
     head += ["warnings", "error", "predicted_source"]
     head += [f"predicted_{m}_{k}_ms" for m in ("ttft", "itl", "tpot", "e2e") for k in ("p50", "p99")]
     head += ["predicted_output_tok_s"]
+    head += [f"replay_{k}" for k in REPLAY_CSV_KEYS]  # --traffic points (kvplan.bench.replay); empty otherwise
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(head)
@@ -79,8 +80,34 @@ def points_csv(points: list[PointResult]) -> str:
                 v = None if lat is None else lat.stat(m, k)
                 row.append(None if v is None else round(v * 1000, 3))
         row.append(None if lat is None else lat.output_tokens_per_s)
+        row += [None if p.replay is None else getattr(p.replay, k) for k in REPLAY_CSV_KEYS]
         w.writerow(["" if v is None else v for v in row])
     return _csv_safe(buf.getvalue())
+
+
+REPLAY_CSV_KEYS = ("sessions", "prefix_queries", "prefix_hits", "hit_rate", "predicted_hit_rate",
+                   "predicted_hit_rate_low", "predicted_hit_rate_high", "predicted_preemption", "predicted_by")
+
+
+def replay_markdown(points: list[PointResult]) -> list[str]:
+    """The prefix-cache table of a --traffic run (measured by the engine's counters, predicted beside)."""
+    rows = [p for p in points if p.replay is not None]
+    if not rows:
+        return []
+
+    def pct(x):
+        return "-" if x is None else f"{x:.1%}"
+
+    lines = ["", "## Prefix cache (traffic replay)", "",
+             "| sessions | requests | queried tokens | hits measured | predicted | predicted range | preempts "
+             "(predicted) | predicted by |", "|---:|---:|---:|---:|---:|---:|---|---|"]
+    for p in rows:
+        r = p.replay
+        want = {True: "yes", False: "no", None: "timing-dependent"}[r.predicted_preemption]
+        lines.append(f"| {r.sessions} | {r.requests} | {_num(r.prefix_queries)} | {pct(r.hit_rate)} | "
+                     f"{pct(r.predicted_hit_rate)} | {pct(r.predicted_hit_rate_low)}-{pct(r.predicted_hit_rate_high)} | "
+                     f"{'yes' if p.preempted else 'no'} ({want}) | {r.predicted_by} |")
+    return lines
 
 
 def requests_csv(rows: list[dict]) -> str:
@@ -193,6 +220,7 @@ def markdown(summary: BenchSummary) -> str:
         )]
     rate_mode = s.rate_mode
     slo = s.slo
+    lines += replay_markdown(s.points)
     lines += ["", "## Points", ""]
     if s.load_description:
         lines += [f"Load: {s.load_description}.", ""]

@@ -4,7 +4,8 @@ Prompts are lists of token ids sent to ``/v1/completions`` (no tokenizer needed,
 is exactly ``prompt_tokens`` long), or text for ``/v1/chat/completions``. Every request of a
 run gets a prompt no other request shares (its tokens are drawn from a generator seeded by
 the run's nonce and the request's number), so prefix caching cannot fake capacity; with
-``shared_prefix`` > 0 the first ``round(shared_prefix * prompt)`` tokens are the same for all.
+``shared_prefix`` > 0 the first ``round(shared_prefix * prompt)`` tokens are the same for all requests of
+the run (and differ from every other run's).
 
 Lengths: ``fixed`` (every request ``prompt`` + ``output``), ``uniform`` in
 ``[x (1 - spread), x (1 + spread)]``, ``normal`` with std ``spread * x``, ``lognormal`` with
@@ -96,11 +97,12 @@ class Workload:
         prompt, output = self.lengths(index)
         shared = int(round(self.shared_prefix * prompt))
         lo, hi = self.token_id_range
+        # The shared prefix is the run's own too (the nonce): a previous run's cached blocks never serve it.
         if self.api == "chat":
-            words = _text_words(f"chat:{self.seed}:shared", shared) + [f"r{self.nonce}x{index}"]
+            words = _text_words(f"chat:{self.seed}:{self.nonce}:shared", shared) + [f"r{self.nonce}x{index}"]
             words += _text_words(f"chat:{self.seed}:{self.nonce}:{index}", max(0, prompt - shared - 1))
             return RequestSpec(index, prompt, output, prompt_text=" ".join(words))
-        shared_ids = _token_ids(f"ids:{self.seed}:shared", shared, lo, hi)
+        shared_ids = _token_ids(f"ids:{self.seed}:{self.nonce}:shared", shared, lo, hi)
         own_ids = _token_ids(f"ids:{self.seed}:{self.nonce}:{index}", prompt - shared, lo, hi)
         return RequestSpec(index, prompt, output, prompt_token_ids=tuple(shared_ids + own_ids))
 

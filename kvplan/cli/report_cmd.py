@@ -158,7 +158,8 @@ def apply_slo(summary: BenchSummary, path: Path, slo: dict[str, float]) -> Bench
 
 def _print(summaries, html: Optional[Path]) -> None:
     from kvplan.bench.stats import min_samples
-    from kvplan.cli.bench_cmd import _ms, points_table
+    from kvplan.cli.bench_cmd import points_table
+    from kvplan.units import format_ms
 
     console = make_console()
     for s in summaries:
@@ -169,8 +170,8 @@ def _print(summaries, html: Optional[Path]) -> None:
             n = p.ttft.count
             pre = p.server.preemptions
             rows.append([f"{p.rate:g}" if rate else str(p.concurrency), "-" if pre is None else f"{pre:.0f}",
-                         f"{_ms(p.ttft.p99)} ({n}{'!' if n < min_samples(99) else ''})", _ms(p.itl.p99),
-                         _ms(p.e2e.p99), "-" if p.throughput_tok_s is None else f"{p.throughput_tok_s:,.0f}",
+                         f"{format_ms(p.ttft.p99)} ({n}{'!' if n < min_samples(99) else ''})", format_ms(p.itl.p99),
+                         format_ms(p.e2e.p99), "-" if p.throughput_tok_s is None else f"{p.throughput_tok_s:,.0f}",
                          "-" if p.slo_met is None else ("met" if p.slo_met else "[red]missed[/]")])
         console.print(points_table(("req/s" if rate else "c", "preempt", "TTFT ms\np99 (n)", "ITL ms\np99",
                                     "E2E ms\np99", "tok/s", "SLOs"), rows))

@@ -122,7 +122,8 @@ class DeploymentResult(BaseModel):
     concurrency: int
     request_tokens: int
     fits: bool
-    limiting_term: str = Field(description="none | KV pool | max_model_len | weights | max_num_seqs | headroom | range | bench | slo")
+    limiting_term: str = Field(description="none | KV pool | max_model_len | weights | max_num_seqs | headroom | range | "
+                                           "workload | bench | slo")
     reason: str
     suggestion: str | None = None
     pool_blocks: int = Field(description="usable KV blocks per replica")
@@ -134,6 +135,10 @@ class DeploymentResult(BaseModel):
     kv_cache_tokens: int
     available_kv_gib: float
     bench: BenchCheck | None = None
+    # workload: the pool's prefix-cache figures (kvplan.plan.prefix_cache.workload_plan)
+    workload_hit_rate: float | None = Field(None, description="prompt tokens this pool serves from cache / queried")
+    workload_kept_share: float | None = Field(None, description="this pool's hits / the hits any pool could keep")
+    workload_sessions: int | None = Field(None, description="sessions whose largest turns fit the pool at once")
     notes: list[str] = Field(default_factory=list)
 
 
@@ -405,6 +410,19 @@ class Planner:
             else:
                 suggestion = "lower the context or the concurrency, or add GPUs"
         notes = list(plan.notes)
+        work = self._workload(entry, plan, usable) if d.workload else None
+        if work is not None:
+            kept = work.hit_rate_at_pool / work.achievable_hit_rate if work.achievable_hit_rate else 1.0
+            if fits and d.min_hit_share and kept < d.min_hit_share:
+                fits, limiting = False, "workload"
+                reason = (f"the pool keeps {kept:.0%} of the workload's achievable prefix-cache hits, below the asked "
+                          f"{d.min_hit_share:.0%} (a pool of {work.pool_for_share.get('90%', 0):,} blocks keeps 90%)")
+                suggestion = suggestion or "more KV memory (GPUs, fp8 KV, a shorter context), or a lower min_hit_share"
+            elif fits and d.sessions and work.sessions_held_at_once < d.sessions:
+                fits, limiting = False, "workload"
+                reason = (f"{work.sessions_held_at_once} of the workload's sessions fit the pool at once (their largest "
+                          f"turns, the heaviest first); {d.sessions} asked")
+                suggestion = suggestion or "more KV memory, or fewer sessions at once"
         if plan.range_note:
             notes.append(f"budget range: {plan.range_note}")
         if fits and not plan.fits_across_range and self.strict:
@@ -479,8 +497,30 @@ class Planner:
             kv_cache_tokens=plan.kv_cache_tokens,
             available_kv_gib=round(plan.available_kv_bytes / 2**30, 2),
             bench=check,
+            workload_hit_rate=None if work is None else work.hit_rate_at_pool,
+            workload_kept_share=None if work is None or not work.achievable_hit_rate
+            else round(work.hit_rate_at_pool / work.achievable_hit_rate, 4),
+            workload_sessions=None if work is None else work.sessions_held_at_once,
             notes=notes,
         )
+
+    def _workload(self, entry: SpecEntry, plan, usable: int):
+        """The deployment's workload file read (relative to the spec) and its working set on the pool."""
+        from pathlib import Path
+
+        from kvplan.plan.prefix_cache import workload_plan
+        from kvplan.traffic.loaders import load_traffic
+
+        d = entry.deployment
+        path = Path(d.workload).expanduser()
+        if not path.is_absolute():
+            path = Path(self.file).resolve().parent / path
+        options = {k: int(v) if float(v).is_integer() else v for k, v in d.workload_options.items()}
+        try:
+            traffic = load_traffic(path, **options)
+        except KvplanError as exc:
+            raise SpecIssue(self.file, entry.line_of("workload"), entry.label("workload"), exc.message, exc.hint) from None
+        return workload_plan(traffic, plan.block_size, usable, [g.kind for g in plan.kv_groups])
 
 
 def check_spec(spec: Spec, bench_runs: list[BenchEvidence] | None = None, strict: bool = False) -> CheckReport:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kvplan.errors import KvplanError
 from kvplan.units import parse_bytes, parse_fraction, parse_tokens
@@ -97,6 +97,14 @@ class Deployment(BaseModel):
     usage: str = Field("serve", pattern="^(serve|llm)$")
     vllm_version: str | None = None
     headroom: float = Field(0.0, description="fraction of the KV pool that must stay free at the asked load")
+    workload: str | None = Field(None, description="traffic with reuse (a file kvplan bench --traffic reads; relative "
+                                 "to the spec's folder): its prefix-cache working set on the deployment's pool")
+    workload_options: dict[str, float] = Field(default_factory=dict, description="the loader's options: "
+                                               "{hash_block_tokens: 512, chars_per_token: 4}")
+    min_hit_share: float | None = Field(None, gt=0, le=1, description="with workload: the pool must keep at least this "
+                                        "share of the hits any pool could keep (0.9)")
+    sessions: int | None = Field(None, ge=1, le=10_000_000, description="with workload: this many sessions' largest "
+                                 "turns must fit the pool at once")
     slo: dict[str, float] = Field(default_factory=dict, description="latency targets checked against --bench runs "
                                   "at the asked concurrency: {ttft_p99: 500ms, itl_p99: 50ms, e2e_p99: 10s} (seconds)")
 
@@ -115,6 +123,13 @@ class Deployment(BaseModel):
             return slo_from_mapping(value)
         except KvplanError as exc:
             raise ValueError(str(exc).splitlines()[0]) from None
+
+    @model_validator(mode="after")
+    def _workload_gates(self):
+        for name in ("min_hit_share", "sessions", "workload_options"):
+            if getattr(self, name) and not self.workload:
+                raise ValueError(f"{name} needs workload: (the traffic file it is about)")
+        return self
 
     @field_validator("gpu", mode="before")
     @classmethod

@@ -67,6 +67,38 @@ class BlockHasher:
                     spans, filled = [], 0
         return tuple(out)
 
+    def prompt_runs(self, segments):
+        """The prompt's full blocks as runs: ``(run id, blocks)`` in order, a run being the blocks one segment
+        holds whole from one offset after one chain (an id per distinct (chain, segment, offset)), or a single
+        block straddling segments. Equal prefixes give equal runs; a shorter copy of a segment covers a prefix
+        of the same run (token ids are prefix-stable: kvplan.traffic.tokens)."""
+        B = self.block_size
+        out: list[tuple[int, int]] = []
+        parent = 0
+        spans: list[tuple[str, int, int]] = []
+        filled = 0
+        for seg in segments:
+            at = 0
+            if filled:
+                take = min(B - filled, seg.tokens)
+                spans.append((seg.key, 0, take))
+                at, filled = take, filled + take
+                if filled == B:
+                    parent = self._id(parent, ("block", tuple(spans)))
+                    out.append((parent, 1))
+                    spans, filled = [], 0
+                else:
+                    continue
+            whole = (seg.tokens - at) // B
+            if whole:
+                run = self._id(parent, ("run", seg.key, at))
+                out.append((run, whole))
+                parent = self._id(run, ("after", whole))
+                at += whole * B
+            if at < seg.tokens:
+                spans, filled = [(seg.key, at, seg.tokens)], seg.tokens - at
+        return out
+
     def __len__(self) -> int:
         return len(self._ids)
 
@@ -152,77 +184,84 @@ class _Fenwick:
 
 def working_set(turns: Iterable[Turn], block_size: int) -> WorkingSet:
     """The reuse distances of every request's prompt blocks, requests in the order given (a replay's
-    arrival order), at block granularity but computed per *run*: consecutive blocks of one prompt
-    that were last used by the same earlier request move together.
+    arrival order), computed per *run* of blocks (`BlockHasher.prompt_runs`: the blocks one segment holds
+    whole), so a 512-token segment costs one step, not 32.
 
     A request ``r`` that reuses block ``b`` last used by request ``j`` at position ``x`` of ``j``'s
     prompt finds as more recent: every block last used by requests after ``j`` (a Fenwick tree over
-    request numbers holds each block at its last user), and the blocks of ``j`` before position
-    ``x`` that no later request took (a prefix of ``j``'s prompt moves on as a whole, since chains
-    are reused from the start: ``moved[j]`` blocks)."""
-    hasher = BlockHasher(block_size)
+    request numbers holds each block at its last user), and the blocks of ``j`` before position ``x``
+    that no later request took (a prefix of ``j``'s prompt moves on as a whole, since chains are reused
+    from the start: ``moved[j]`` blocks). A run's blocks can have several last users (a shorter copy of a
+    segment reused only its first blocks): ``pieces[run]`` holds them as ``[first, end, j, x]``, from the
+    run's first block on, contiguous."""
+    B = block_size
+    hasher = BlockHasher(B)
     tree = _Fenwick()
-    last: dict[int, tuple[int, int]] = {}  # block id -> (last request, position in its prompt)
+    pieces: dict[int, list[list[int]]] = {}
     moved: list[int] = [0]  # leading blocks of each request's prompt that a later request took
     pairs: list[tuple[int, int]] = []  # (distance, run length)
-    queried = achievable = 0
-    total_blocks = 0  # blocks in the tree (every distinct block seen)
+    queried = achievable = total_blocks = 0
     uncached_prev = 0  # the previous request's uncached (partial) last block, still in the queue
     r = 0
     for r, turn in enumerate(turns, 1):
-        keys = hasher.prompt_keys(turn.segments)
+        runs = hasher.prompt_runs(turn.segments)
         queried += turn.prompt_tokens
-        lookup = (turn.prompt_tokens - 1) // block_size  # the last token is always computed
         tree.grow(r)
         moved.append(0)
-        # 1. Lookup: runs of blocks by their last user; distances before this request moves anything.
-        after: dict[int, int] = {}  # request j -> blocks last used after j (cached per request)
-        run_j = run_start_x = run_len = -1
-        run_d = 0
-        for key in keys[:lookup]:
-            seen = last.get(key)
-            if seen is None:
+        # 1. Lookup (the last token is always computed): runs of blocks by their last user.
+        after: dict[int, int] = {}  # request j -> blocks last used after j
+        left = (turn.prompt_tokens - 1) // B
+        for run, count in runs:
+            if left <= 0:
+                break
+            want, covered = min(count, left), 0
+            for a, b, j, x in pieces.get(run, ()):
+                if a >= want or a != covered:
+                    break
+                n = min(b, want) - a
+                if j not in after:
+                    after[j] = total_blocks - tree.prefix(j)
+                # blocks of j before x still at j are more recent; the previous request's partial block
+                # holds a slot (uncached blocks go to the head of the free queue, vLLM 0.23+)
+                pairs.append((after[j] + (x - moved[j]) + uncached_prev, n))
+                achievable += n
+                covered += n
+            left -= covered
+            if covered < want:
                 break  # a never-seen block ends the chain: nothing after it can be cached
-            j, x = seen
-            if j == run_j and x == run_start_x + run_len:
-                run_len += 1
-                continue
-            if run_len > 0:
-                pairs.append((run_d, run_len))
-                achievable += run_len
-            if j not in after:
-                after[j] = total_blocks - tree.prefix(j)
-            run_j, run_start_x, run_len = j, x, 1
-            # blocks of j before x still at j are more recent; the previous request's partial block
-            # holds a slot
-            run_d = after[j] + (x - moved[j]) + uncached_prev
-        if run_len > 0:
-            pairs.append((run_d, run_len))
-            achievable += run_len
-        # 2. This request now holds all its blocks: move the reused ones here, add the new ones.
-        taken: dict[int, int] = {}  # request j -> blocks moved from it (a prefix of its prompt)
-        for pos, key in enumerate(keys):
-            seen = last.get(key)
-            if seen is not None:
-                j = seen[0]
-                taken[j] = taken.get(j, 0) + 1
-                moved[j] = max(moved[j], seen[1] + 1)
-            else:
-                total_blocks += 1
-            last[key] = (r, pos)
+        # 2. This request now holds all its prompt blocks: take the reused ones, add the new ones.
+        taken: dict[int, int] = {}
+        held = 0
+        for run, count in runs:
+            kept: list[list[int]] = [[0, count, r, held]]
+            seen = 0
+            for piece in pieces.get(run, ()):
+                a, b, j, x = piece
+                if a >= count:
+                    kept.append(piece)
+                    continue
+                n = min(b, count) - a
+                taken[j] = taken.get(j, 0) + n
+                moved[j] = max(moved[j], x + n)
+                seen = min(b, count)
+                if b > count:
+                    kept.append([count, b, j, x + count - a])
+            total_blocks += count - seen
+            pieces[run] = kept
+            held += count
         # Its other full blocks (the last sampled token is never computed) hold generated tokens no
         # prompt repeats: cached, never hit, but they take room (freed before the prompt: less recent).
         computed = turn.prompt_tokens + turn.output_tokens - 1
-        tail = max(0, computed // block_size - len(keys))
-        # Its last block, when partial, holds no hash: freed to the head of the queue, it takes a slot
-        # from the cache until the next request's first new block reuses it (vLLM 0.23+).
-        uncached_prev = 1 if computed % block_size else 0
+        tail = max(0, computed // B - held)
         total_blocks += tail
         for j, n in taken.items():
             tree.add(j, -n)
-        tree.add(r, len(keys) + tail)
+        tree.add(r, held + tail)
+        # Its last block, when partial, holds no hash: freed to the head of the queue, it takes a slot
+        # from the cache until the next request's first new block reuses it (vLLM 0.23+).
+        uncached_prev = 1 if computed % B else 0
     pairs.sort()
-    return WorkingSet(block_size=block_size, requests=r, queried_tokens=queried, achievable_blocks=achievable,
+    return WorkingSet(block_size=B, requests=r, queried_tokens=queried, achievable_blocks=achievable,
                       distances=tuple(p[0] for p in pairs), weights=tuple(p[1] for p in pairs))
 
 

@@ -130,7 +130,7 @@ def _table_lines(text: str) -> list[str]:
 
 
 def _assert_whole(text: str, points: list[PointResult], width: int = 80) -> None:
-    from kvplan.cli.bench_cmd import _ms
+    from kvplan.units import format_ms as _ms
 
     assert "…" not in text, text
     assert all(len(line) <= width for line in text.splitlines()), text

@@ -40,6 +40,8 @@ def _traffic(seed: int, n: int = 60) -> list[Turn]:
         segs = [seg(f"sys{rng.randrange(3)}", rng.choice([40, 64, 100]))]
         if rng.random() < 0.7:
             segs.append(seg(f"tools{rng.randrange(4)}", rng.choice([16, 48])))
+        if rng.random() < 0.4:  # one document at different lengths: a shorter copy is a prefix of a longer one
+            segs.append(seg("doc", rng.choice([20, 70, 130])))
         segs.append(seg(f"user{i}", rng.randrange(1, 40)))
         turns.append(Turn(f"r{i}", 0, tuple(segs), rng.randrange(1, 20), arrival_s=float(i)))
     return turns
