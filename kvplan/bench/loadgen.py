@@ -517,11 +517,7 @@ async def run_open_loop(
                     await ctx.one(first_index + i, i, at)
 
         for i, at in enumerate(times):
-            wait = at - ctx.clock()
-            if wait > 0:
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(ctx.stop.wait(), wait)
-            if ctx.stop.is_set():
+            if not await ctx.wait_until(at):
                 break
             tasks.append(asyncio.create_task(send(i, at)))
         if tasks:
@@ -569,11 +565,7 @@ async def run_sessions(
             ended: float | None = None
             for send in turns:
                 at = send.at_s if send.at_s is not None else (ended or 0.0) + send.think_s
-                wait = at - ctx.clock()
-                if wait > 0:
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(ctx.stop.wait(), wait)
-                if ctx.stop.is_set():
+                if not await ctx.wait_until(at):
                     return
                 rec = await ctx.one(send.number, send.session, at)
                 if not rec.ok:
@@ -596,6 +588,14 @@ class _LoadContext:
         self.request_kwargs = request_kwargs or {}
         self.spec_for, self.stop, self.records, self.clock = spec_for, stop, records, clock
         self.on_request_done = on_request_done
+
+    async def wait_until(self, at: float) -> bool:
+        """Sleep until ``at`` (seconds on the point's clock), waking early on a stop; False when stopped."""
+        wait = at - self.clock()
+        if wait > 0:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), wait)
+        return not self.stop.is_set()
 
     async def one(self, number: int, stream: int, scheduled: float) -> RequestRecord:
         rec = RequestRecord(number, stream, scheduled)
