@@ -642,11 +642,6 @@ def main(argv: list[str] | None = None) -> int:
     # lives to the end anyway: freeze it, so a collection walks only the case's own objects.
     gc.collect()
     gc.freeze()
-    # vLLM's shutdown (EngineCore.shutdown -> cleanup_dist_env_and_memory) thaws everything first
-    # ("Ensure all objects are not frozen before cleanup"), which would undo the freeze every case: here,
-    # in the probe's own interpreter, thawing is a no-op. Nothing frozen is garbage (frozen right after a
-    # collection), so nothing is kept that a thaw would have freed.
-    gc.unfreeze = lambda: None
     for case in request.get("cases", []):
         res = run_case(case, tail, rec)
         # run_case ended with a collection (_cleanup): what is left lives on (imported model modules, caches).
