@@ -563,16 +563,26 @@ async def run_sessions(
     async def body(ctx: _LoadContext) -> None:
         async def session_worker(turns: list[SessionSend]) -> None:
             ended: float | None = None
-            for send in turns:
+            for k, send in enumerate(turns):
                 at = send.at_s if send.at_s is not None else (ended or 0.0) + send.think_s
-                if not await ctx.wait_until(at):
+                if k and not await ctx.wait_until(at):  # the first turn was dispatched at its time
                     return
                 rec = await ctx.one(send.number, send.session, at)
                 if not rec.ok:
                     return
                 ended = rec.end_s
 
-        await ctx.run_tasks([asyncio.create_task(session_worker(t)) for t in by_session.values()])
+        # One dispatcher starts each session at its first turn's time (as the open loop sends requests),
+        # so only the sessions under way hold a task and a timer: a trace of 10,000 sessions is not
+        # 10,000 sleepers on one event loop.
+        starts = sorted(by_session.values(), key=lambda turns: turns[0].at_s or 0.0)
+        tasks: list[asyncio.Task] = []
+        for turns in starts:
+            if not await ctx.wait_until(turns[0].at_s or 0.0):
+                break
+            tasks.append(asyncio.create_task(session_worker(turns)))
+        if tasks:
+            await ctx.run_tasks(tasks)
 
     return await _run_load(base_url, model, api, connections, spec_for, request_timeout_s, stop, on_request_done,
                            keep_alive, client or Client(), body)
