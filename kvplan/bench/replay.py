@@ -106,8 +106,9 @@ def lockstep(traffic: Traffic) -> bool:
 #: reach the engine spread over up to `WAVE_SPREAD_STEPS` steps (an idle engine starts its first step on
 #: the first request alone; kvplan.plan.simulate.timing_verdict), and each later turn comes 0 to 8 steps
 #: after the previous one ended (the client reads the end, the API server passes the next one on); and
-#: one session's first turn late by a quarter to a whole of a turn's output (a busy API server on a
-#: 2-core host passed a first request on that late: tests/plan/test_simulate_engine.py's notes).
+#: one session's first turn late by a quarter to a whole of a turn's output, or the wave spread evenly
+#: over that long or split in two that far apart (a busy API server on a 2-core host passes a wave's requests on that far apart:
+#: on CI, 5 sessions the simulator preempted at every tighter timing did not preempt on the engine).
 WAVE_SPREAD_STEPS = 3
 TURN_DELAY_STEPS = (0, 1, 2, 4, 8)
 LATE_SHARES = (0.25, 0.5, 0.75, 1.0)
@@ -148,7 +149,13 @@ def predict(traffic: Traffic, config: SchedulerConfig, time_scale: float = 1.0, 
             timings.append(lambda turn, wave=wave, d=turn_delay: float(wave[session_of[turn.session]])
                            if turn.turn == 0 else float(d))
     output = sum(t.output_tokens for t in traffic.turns) / traffic.num_requests  # ~ a turn's steps
-    for late in range(min(len(session_of), MAX_LATE_SESSIONS)):
+    n = len(session_of)
+    for share in LATE_SHARES:  # the wave spread evenly over a share of a turn, or split in two that far apart
+        d = round(share * output)
+        waves = [[round(i * d / max(1, n - 1)) for i in range(n)], *([0] * k + [d] * (n - k) for k in range(1, n))]
+        for wave in waves:
+            timings.append(lambda turn, wave=wave: float(wave[session_of[turn.session]]) if turn.turn == 0 else 0.0)
+    for late in range(min(n, MAX_LATE_SESSIONS)):
         for share in LATE_SHARES:
             timings.append(lambda turn, late=late, d=round(share * output): float(d)
                            if turn.turn == 0 and session_of[turn.session] == late else 0.0)

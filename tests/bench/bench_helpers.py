@@ -122,6 +122,9 @@ def cpu_engine_fixture(tmp_path_factory, model: Path = TINY_MODEL, extra_args: t
     launcher.start()
     try:
         launcher.wait_ready()
+        # Engine tests count engine steps, not host speed: on CI's 2 cores vLLM's busy-polling EngineCore
+        # would otherwise starve the API server and the load generator (see the method's notes).
+        launcher.yield_cpu_to_front_end()
         yield launcher
     finally:
         launcher.stop()
