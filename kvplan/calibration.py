@@ -96,15 +96,11 @@ def load_calibrations(path: Path | None = None) -> list[Calibration]:
 
 def save_calibrations(entries: list[Calibration], path: Path | None = None) -> Path:
     file = path or calibration_file()
-    try:
-        file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = file.with_suffix(".json.tmp")
-        rows = [asdict(e) | {"residual_gib": round(e.residual_gib, 4)} for e in entries]
-        tmp.write_text(json.dumps({"schema": SCHEMA, "calibrations": rows}, indent=2) + "\n", encoding="utf-8")
-        tmp.replace(file)  # atomic: an interrupted write leaves the old profile intact
-    except OSError as exc:
-        raise KvplanError(f"cannot write the calibration profile {file}: {exc.strerror}") from None
-    return file
+    from kvplan.paths import write_file_safely
+
+    rows = [asdict(e) | {"residual_gib": round(e.residual_gib, 4)} for e in entries]
+    text = json.dumps({"schema": SCHEMA, "calibrations": rows}, indent=2) + "\n"
+    return write_file_safely(file, text, "the calibration profile", make_parent=True)
 
 
 def record_calibration(entry: Calibration, path: Path | None = None) -> Path:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 _PACKAGE = Path(__file__).resolve().parent
@@ -362,3 +363,49 @@ def _bounded_lines(fh, max_line: int):
                 if not more or more.endswith(b"\n"):
                     break
         yield raw.decode("utf-8", errors="replace").rstrip("\r\n")[:max_line]
+
+
+# --- writing files safely -----------------------------------------------------------------------
+# Every file kvplan writes (run folders, reports, the calibration profile, caches, outputs) goes through
+# this one writer: the text lands in a fresh temporary file beside the target, created exclusively with a
+# random name (a symlink planted at a predictable ``NAME.tmp`` is never followed), then renamed over the
+# target (a symlink at the target is replaced, never written through; readers see the old file or the new
+# one, never half of it). A target that is a folder, FIFO or device is refused; a full disk or a missing
+# permission is one line and exit 2, with the temporary file removed.
+
+
+def write_file_safely(path: str | Path, text: str | bytes, what: str = "", make_parent: bool = False) -> Path:
+    """Write ``text`` (UTF-8; bytes as they are) to ``path`` as described above; returns the path."""
+    import os
+    import stat
+    import tempfile
+
+    target = Path(path)
+    shown = f"{what} {target}" if what else str(target)
+    try:
+        st = os.lstat(target)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise _err(f"cannot write {shown}: {exc.strerror or exc}") from None
+    if st is not None and not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+        raise _err(f"cannot write {shown}: it is not a regular file", "name a file path")
+    tmp = None
+    try:
+        if make_parent:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name[:80]}.", suffix=".tmp")
+        os.fchmod(fd, 0o644)  # as the run folder's other files (mkstemp makes 0600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(text.encode("utf-8") if isinstance(text, str) else text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+        tmp = None
+    except OSError as exc:
+        raise _err(f"cannot write {shown}: {exc.strerror or exc}") from None
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+    return target

@@ -132,6 +132,45 @@ def split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
         return url, None
 
 
+def credential_secrets(url: str) -> tuple[str, ...]:
+    """What of ``url``'s credentials is secret: the password, ``user:password``, and a user name that
+    stands alone (``http://TOKEN@host``: a token in the user part), as given and percent-decoded."""
+    from urllib.parse import urlsplit
+
+    try:
+        netloc = urlsplit(url).netloc
+    except ValueError:
+        return ()
+    if "@" not in netloc:
+        return ()
+    raw = netloc.rpartition("@")[0]
+    basic = split_credentials(url)[1]
+    out = {raw}
+    if basic is not None:
+        user, password = basic
+        out |= {password, f"{user}:{password}"} if password else {user}
+        out |= set(raw.split(":", 1)[1:])
+        out.add(_basic(user, password).split(" ", 1)[1])  # as the Authorization header carries them
+    return tuple(sorted(s for s in out if s))
+
+
+#: Why no request kvplan sends follows a redirect (urllib and aiohttp alike): the key, the --header values
+#: and the URL's credentials go with every request, and a 3xx to another origin would hand them over.
+REDIRECT_HINT = ("kvplan does not follow redirects (the key, headers and URL credentials would go with them): "
+                 "pass the URL the server redirects to as --url")
+
+
+def is_redirect(status: int) -> bool:
+    return 300 <= status < 400
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """urllib's opener without redirects: a 3xx comes back as the HTTPError it is (``Client.get``)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: PLR0913 - urllib's signature
+        return None
+
+
 def auth_headers(api_key: str | None, basic: tuple[str, str] | None = None) -> dict[str, str]:
     """``Authorization: Bearer KEY`` (vLLM's --api-key), else HTTP basic auth from credentials in the URL."""
     if api_key:
@@ -157,6 +196,9 @@ class Client:
     api_key: str | None = field(default=None, repr=False)
     headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     use_env_proxy: bool = True
+    #: The credentials of the server URL (``credential_secrets``): masked like the key wherever a server
+    #: echoes them back.
+    url_secrets: tuple[str, ...] = field(default=(), repr=False)
 
     def request(self, url: str) -> tuple[str, dict[str, str], str | None]:
         """(url without credentials, headers to send, proxy URL or None) for one request to ``url``."""
@@ -181,6 +223,7 @@ class Client:
         out = [v for _, v in self.headers]
         if self.api_key:
             out.append(self.api_key)
+        out.extend(self.url_secrets)
         for proxy in urllib.request.getproxies().values() if self.use_env_proxy else ():
             basic = _split_proxy(_with_scheme(proxy))[1]
             if basic and basic[1]:
@@ -200,7 +243,7 @@ class Client:
             handler = urllib.request.ProxyHandler({"http": proxy_url, "https": proxy_url})
         else:
             handler = urllib.request.ProxyHandler({})
-        opener = urllib.request.build_opener(handler)
+        opener = urllib.request.build_opener(handler, _NoRedirects())
         request = urllib.request.Request(bare, headers=headers)
         try:
             with opener.open(request, timeout=timeout_s) as resp:
@@ -213,7 +256,7 @@ class Client:
     def aio_kwargs(self, url: str) -> tuple[str, dict]:
         """(bare url, keyword arguments of session.get/post: headers, proxy, proxy_auth)."""
         bare, headers, proxy = self.request(url)
-        kwargs: dict = {"headers": headers}
+        kwargs: dict = {"headers": headers, "allow_redirects": False}  # see REDIRECT_HINT
         if proxy:
             import aiohttp
 

@@ -204,6 +204,59 @@ def http_get(url: str, timeout_s: float = 2.0, api_key: str | None = None,
     return Client(api_key=api_key, headers=tuple(headers), use_env_proxy=False).get(url, timeout_s)
 
 
+#: The watchdog beside every engine kvplan starts: it waits for EOF on a pipe only kvplan holds, which
+#: the kernel closes however kvplan ends (SIGKILL by the OOM killer or a CI timeout included), then stops
+#: the engine's process group as ``EngineLauncher.stop`` would: SIGTERM, the grace period, SIGKILL.
+#: (PR_SET_PDEATHSIG alone reaches only the group leader, with a SIGTERM a wedged server may ignore.)
+_WATCHDOG = """
+import os, signal, sys, time
+pgid, grace = int(sys.argv[1]), float(sys.argv[2])
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+sys.stdin.buffer.read()
+def alive():
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+if alive():
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except OSError:
+        pass
+    end = time.monotonic() + grace
+    while alive() and time.monotonic() < end:
+        time.sleep(0.1)
+    if alive():
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except OSError:
+            pass
+"""
+
+
+def _start_watchdog(pgid: int, grace_s: float) -> subprocess.Popen | None:
+    try:
+        return subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(pgid), str(grace_s)], stdin=subprocess.PIPE,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    except OSError:  # pragma: no cover - no process to spare: stop() and PR_SET_PDEATHSIG remain
+        return None
+
+
+def _end_watchdog(watchdog: subprocess.Popen | None) -> None:
+    """After ``stop()``: the group is gone, so the watchdog finds nothing to stop and exits."""
+    if watchdog is None:
+        return
+    with contextlib.suppress(OSError):
+        watchdog.stdin.close()
+    try:
+        watchdog.wait(timeout=5)
+    except subprocess.TimeoutExpired:  # pragma: no cover
+        watchdog.kill()
+
+
 @dataclass
 class EngineLauncher:
     """One engine subprocess: ``start()``, ``wait_ready()``, ``stop()``; also a context manager."""
@@ -258,6 +311,7 @@ class EngineLauncher:
             log.close()
             raise KvplanError(f"cannot start the engine ({self.command[0]}): {exc.strerror or exc}") from None
         self._log = log
+        self._watchdog = _start_watchdog(self.proc.pid, self.stop_timeout_s)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -315,6 +369,7 @@ class EngineLauncher:
         log = getattr(self, "_log", None)
         if log and not log.closed:
             log.close()
+        _end_watchdog(getattr(self, "_watchdog", None))
         return code
 
     def yield_cpu_to_front_end(self, niceness: int = 19) -> int:

@@ -47,7 +47,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kvplan.bench.client import Client
+from kvplan.bench.client import REDIRECT_HINT, Client, is_redirect
 from kvplan.bench.workload import RequestSpec
 
 READ_BUFSIZE = 1 << 24  # 16 MiB per connection; SSE lines of a 128k-token context fit
@@ -255,8 +255,11 @@ async def stream_one(session, url: str, body: dict, rec: RequestRecord, clock: C
         resp = await _post(session, url, body, rec, request_kwargs or {}, fresh_session)
         async with resp:
             if resp.status != 200:
-                text = (await resp.text())[:300].replace("\n", " ")
-                rec.error = f"HTTP {resp.status}: {text}"
+                if is_redirect(resp.status):
+                    rec.error = f"HTTP {resp.status}, a redirect: {REDIRECT_HINT}"
+                else:
+                    text = (await read_at_most(resp.content, ERROR_BODY_BYTES)).decode(errors="replace")
+                    rec.error = f"HTTP {resp.status}: {text[:300]}".replace("\n", " ")
                 rec.end_s = clock()
                 return
             done = False
@@ -316,6 +319,8 @@ async def stream_one(session, url: str, body: dict, rec: RequestRecord, clock: C
             if not rec.output_tokens:
                 rec.output_tokens = sum(rec.chunk_tokens)
             if done and rec.error is None:
+                rec.error = implausible(rec)
+            if done and rec.error is None:
                 rec.ok = True
                 await _drain(resp)
             elif rec.error is None:
@@ -339,6 +344,35 @@ class _Reuse:
 
 async def _on_reuse(session, trace_ctx, params) -> None:
     trace_ctx.trace_request_ctx.reused = True
+
+
+def implausible(rec: RequestRecord) -> str | None:
+    """Why a finished stream's own figures cannot be true (a failed request, not a measurement): more
+    output tokens than ``max_tokens`` allows (a lying ``usage``: 40,000,000 tokens for ``max_tokens`` 4
+    would be a point at 1.3 G tokens/s), or ``[DONE]`` with no token before it (``max_tokens`` >= 1 and
+    ``ignore_eos``: vLLM streams at least one)."""
+    if rec.max_tokens and rec.output_tokens > rec.max_tokens:
+        return (f"the server reported {rec.output_tokens:,} output tokens for max_tokens {rec.max_tokens:,}: "
+                "not trusted")
+    if rec.max_tokens and not rec.chunk_tokens:
+        return "the stream ended ([DONE]) before any token"
+    return None
+
+
+#: How much of an error response is read (a server may send an endless body with its 500).
+ERROR_BODY_BYTES = 4096
+
+
+async def read_at_most(content, limit: int) -> bytes:
+    """Up to ``limit`` bytes of an aiohttp stream, never more, whatever the server keeps sending."""
+    parts, size = [], 0
+    while size < limit:
+        chunk = await content.read(limit - size)
+        if not chunk:
+            break
+        parts.append(chunk)
+        size += len(chunk)
+    return b"".join(parts)
 
 
 def reuse_tracer():

@@ -216,7 +216,10 @@ async def fetch_text(session, url: str, request_kwargs: dict | None = None) -> s
     """GET ``url`` as text (at most MAX_METRICS_BYTES); ``request_kwargs``: headers and proxy (Client.aio_kwargs)."""
     async with session.get(url, **(request_kwargs or {})) as resp:
         if resp.status != 200:
-            raise RuntimeError(f"GET {url}: HTTP {resp.status}")
+            from kvplan.bench.client import REDIRECT_HINT, is_redirect
+
+            why = f", a redirect: {REDIRECT_HINT}" if is_redirect(resp.status) else ""
+            raise RuntimeError(f"GET {url}: HTTP {resp.status}{why}")
         if (resp.content_length or 0) > MAX_METRICS_BYTES:
             raise RuntimeError(f"GET {url}: {resp.content_length:,} bytes, over the {MAX_METRICS_BYTES:,} read")
         parts, size = [], 0

@@ -26,14 +26,9 @@ def write_reports(store: st.RunStore, summary: BenchSummary) -> None:
     except ImportError:
         png = None
     if png is not None:
-        import os
+        from kvplan.paths import write_file_safely
 
-        tmp = store.path / (st.PLOT_FILE + ".tmp")
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-        with os.fdopen(st._open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "wb") as fh:
-            fh.write(png)
-        os.replace(tmp, store.path / st.PLOT_FILE)
+        write_file_safely(store.path / st.PLOT_FILE, png)
 
 
 POINTS_CSV = "points.csv"
@@ -45,8 +40,9 @@ _STAT_KEYS = ("n", "mean", "p50", "p90", "p95", "p99")
 
 def points_csv(points: list[PointResult]) -> str:
     """One row per point; latencies in ms, with the sample count of each metric."""
-    import csv
     import io
+
+    from kvplan.cli.common import csv_writer
 
     head = ["seq", "mode", "concurrency", "rate", "burstiness", "max_concurrency", "status", "label", "latency_from",
             "wall_s", "requests", "requests_ok", "requests_failed", "output_tokens", "output_tok_s", "request_s",
@@ -59,7 +55,7 @@ def points_csv(points: list[PointResult]) -> str:
     head += ["predicted_output_tok_s"]
     head += [f"replay_{k}" for k in REPLAY_CSV_KEYS]  # --traffic points (kvplan.bench.replay); empty otherwise
     buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
+    w = csv_writer(buf)
     w.writerow(head)
     for p in points:
         srv, pred = p.server, p.predicted
@@ -82,7 +78,7 @@ def points_csv(points: list[PointResult]) -> str:
         row.append(None if lat is None else lat.output_tokens_per_s)
         row += [None if p.replay is None else getattr(p.replay, k) for k in REPLAY_CSV_KEYS]
         w.writerow(["" if v is None else v for v in row])
-    return _csv_safe(buf.getvalue())
+    return buf.getvalue()
 
 
 REPLAY_CSV_KEYS = ("sessions", "prefix_queries", "prefix_hits", "hit_rate", "predicted_hit_rate",
@@ -113,16 +109,16 @@ def replay_markdown(points: list[PointResult]) -> list[str]:
 def requests_csv(rows: list[dict]) -> str:
     """One row per request (requests.jsonl): scheduled and actual send times, TTFT/E2E from the scheduled
     time, mean ITL per token, tokens."""
-    import csv
     import io
 
     from kvplan.bench.loadgen import RequestRecord
+    from kvplan.cli.common import csv_writer
 
     head = ["seq", "concurrency", "rate", "index", "stream", "ok", "scheduled_s", "sent_s", "send_lag_ms",
             "first_token_s", "end_s", "ttft_ms", "e2e_ms", "tpot_ms", "itl_mean_ms", "deliveries", "prompt_tokens",
             "output_tokens", "retries", "error"]
     buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
+    w = csv_writer(buf)
     w.writerow(head)
     for row in rows:
         try:
@@ -145,14 +141,7 @@ def requests_csv(rows: list[dict]) -> str:
                     ms(rec.ttft_s), ms(rec.e2e_s), ms(rec.tpot_s), ms(sum(itl) / len(itl) if itl else None),
                     len(rec.chunk_times_s), "" if rec.prompt_tokens is None else rec.prompt_tokens, rec.output_tokens,
                     row.get("retries", 0), rec.error or ""])
-    return _csv_safe(buf.getvalue())
-
-
-def _csv_safe(text: str) -> str:
-    """No cell may start a spreadsheet formula (an error message from a server is data)."""
-    import re
-
-    return re.sub(r'(^|,|")([=+@])', r"\1'\2", text, flags=re.M) if any(c in text for c in "=+@") else text
+    return buf.getvalue()
 
 
 

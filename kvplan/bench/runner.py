@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 
 from kvplan import __version__
 from kvplan.bench import store as st
-from kvplan.bench.client import Client, masked_headers, shown_proxy
+from kvplan.bench.client import REDIRECT_HINT, Client, credential_secrets, is_redirect, masked_headers, shown_proxy
 from kvplan.bench.engine import (
     EngineCapacity,
     EngineConfig,
@@ -150,7 +150,8 @@ class BenchRun:
         self.cfg = cfg
         # The key (a bearer token) and --header values go with every client request and probe; held
         # here only, never in BenchConfig (which run.json stores) nor in any file (kvplan.bench.client).
-        self.client = Client(api_key=api_key or None, headers=tuple(headers))
+        self.client = Client(api_key=api_key or None, headers=tuple(headers),
+                             url_secrets=credential_secrets(cfg.url or ""))
         self.expected_model = expected_model or None  # --resume: the model the run's points measured
         self.store = store
         self.store.secrets = tuple(self.client.secrets())  # masked in every file, whatever wrote them
@@ -229,10 +230,14 @@ class BenchRun:
         if status == 407:
             raise KvplanError(f"the proxy {shown_proxy(self.client.proxy(self.base_url))} answered HTTP 407: it wants "
                               "credentials", "put them in the proxy URL (HTTP_PROXY=http://user:pass@host:port)")
+        if is_redirect(status):
+            raise KvplanError(f"{self.shown_url}/v1/models answered HTTP {status}, a redirect{via}", REDIRECT_HINT)
         if status != 200:
             raise KvplanError(f"{self.shown_url}/v1/models answered HTTP {status}{via}",
                               "is this a vLLM OpenAI-compatible server?")
         health, _ = self.client.get(self.base_url + "/health", timeout_s=5)
+        if is_redirect(health):
+            raise KvplanError(f"{self.shown_url}/health answered HTTP {health}, a redirect{via}", REDIRECT_HINT)
         if health not in (200, 404):
             raise KvplanError(f"{self.shown_url}/health answered HTTP {health}{via}: the engine is not healthy")
 

@@ -13,6 +13,7 @@ runs the points still missing (failed points run again).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -30,6 +31,38 @@ ENGINE_LOG = "engine.log"
 SUMMARY_FILE = "summary.json"
 REPORT_FILE = "report.md"
 PLOT_FILE = "plot.png"
+
+
+LOCK_FILE = ".kvplan.lock"
+_held: dict[str, list[int]] = {}  # run folder -> [descriptor, depth] of the locks this process holds
+
+
+@contextlib.contextmanager
+def hold_run_folder(path: Path):
+    """Hold ``path`` for this process while a run writes it: an exclusive ``flock`` on its lock file,
+    taken without waiting (a second kvplan on the same folder, say two ``--resume`` at once, is refused
+    rather than duplicating points) and released by the kernel however this process ends, SIGKILL
+    included. Re-entrant within the process (a resume holds it while it reads the folder and runs)."""
+    import fcntl
+
+    key = os.path.realpath(path)
+    if key in _held:
+        _held[key][1] += 1
+    else:
+        fd = _open_nofollow(Path(path) / LOCK_FILE, os.O_RDWR | os.O_CREAT)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise KvplanError(f"another kvplan is writing the run folder {path}",
+                              "let it finish (or stop it), then resume") from None
+        _held[key] = [fd, 1]
+    try:
+        yield
+    finally:
+        _held[key][1] -= 1
+        if not _held[key][1]:
+            os.close(_held.pop(key)[0])  # closing the descriptor releases the lock
 
 
 def slug(text: str) -> str:
@@ -168,12 +201,7 @@ def _scrub(text: str, secrets: tuple[str, ...]) -> str:
 
 
 def _atomic_write(path: Path, text: str, secrets: tuple[str, ...] = ()) -> None:
-    """Write a whole file by rename: the temporary file is created fresh (never through a planted
-    symlink) and the rename replaces a link at ``path`` instead of following it."""
-    tmp = path.with_name(path.name + ".tmp")
-    if os.path.lexists(tmp):
-        os.unlink(tmp)
-    fd = _open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(_scrub(redact(text), secrets))
-    os.replace(tmp, path)
+    """Write a whole file, its secrets masked, through kvplan's one safe writer (kvplan.paths)."""
+    from kvplan.paths import write_file_safely
+
+    write_file_safely(path, _scrub(redact(text), secrets))

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from kvplan.cli.common import error_line, esc, make_console, print_json, user_errors
+from kvplan.cli.common import error_line, esc, make_console, print_json, printable, user_errors
 from kvplan.errors import ExitCode
 from kvplan.units import format_ms
 
@@ -195,22 +196,30 @@ def bench(
             else:
                 render(summary)
             raise typer.Exit(0)
-        store, cfg, previous = resume_state(resume)
-        given = {name.lower() for name, _ in headers}
-        missing = [name for name in cfg.header_names if name.lower() not in given]
-        if missing:
-            raise KvplanError(f"cannot resume {resume}: the run sent --header {', '.join(missing)}, whose values kvplan "
-                              "never stores", "pass " + " ".join(f"--header '{n}: ...'" for n in missing) + " again")
-        cfg = cfg.model_copy(update={"header_names": [name for name, _ in headers]})
-        if url:
-            cfg = cfg.model_copy(update={"url": url, "engine": None})
-        elif cfg.url and "***" in cfg.url:
-            raise KvplanError(f"cannot resume {resume}: its URL held credentials, which kvplan never stores",
-                              "restate the server with --url")
-        elif cfg.engine is not None:
-            cfg = _trusted_engine(cfg, resume, engine_prefix, list(engine_arg or []))
-        _run([(store, cfg, previous)], as_json, check, key if cfg.engine is None else api_key, resumed_model(resume),
-             headers)
+        st.RunStore.open_existing(resume)  # a folder that is no run is refused as such, before any lock
+        with st.hold_run_folder(resume):  # before its points are read: a second resume must not run them too
+            store, cfg, previous = resume_state(resume)
+            given = {name.lower() for name, _ in headers}
+            missing = [name for name in cfg.header_names if name.lower() not in given]
+            if missing:
+                raise KvplanError(f"cannot resume {resume}: the run sent --header {', '.join(missing)}, whose values kvplan "
+                                  "never stores", "pass " + " ".join(f"--header '{n}: ...'" for n in missing) + " again")
+            cfg = cfg.model_copy(update={"header_names": [name for name, _ in headers]})
+            if url:
+                cfg = cfg.model_copy(update={"url": url, "engine": None})
+            elif cfg.url and "***" in cfg.url:
+                raise KvplanError(f"cannot resume {resume}: its URL held credentials, which kvplan never stores",
+                                  "restate the server with --url")
+            elif cfg.engine is not None:
+                cfg = _trusted_engine(cfg, resume, engine_prefix, list(engine_arg or []))
+            # $OPENAI_API_KEY goes only to a server this command names: not to the one run.json names (a
+            # planted or shared run folder must not collect the key); --api-key is the user's explicit choice.
+            resume_key = key if url else api_key
+            if url is None and cfg.engine is None and key and not api_key:
+                sys.stderr.write(f"note: $OPENAI_API_KEY is not sent to the server the run's run.json names "
+                                 f"({printable(cfg.url or '', 200)}); pass --url or --api-key to send a key\n")
+            _run([(store, cfg, previous)], as_json, check, resume_key if cfg.engine is None else api_key,
+                 resumed_model(resume), headers)
         return
 
     for name, value in (("--num-gpu-blocks-override", blocks_override), ("--block-size", block_size), ("--tp", tp),
@@ -472,7 +481,10 @@ def _run(runs: list, as_json: bool, check: bool, api_key: str | None = None, exp
         view = RichView() if not as_json or _stderr_tty() else NullView()
         run = BenchRun(cfg, store, view, previous, api_key=api_key, expected_model=expected_model, headers=headers)
         try:
-            summary = run.execute()
+            from kvplan.bench.store import hold_run_folder
+
+            with hold_run_folder(store.path):
+                summary = run.execute()
         except KeyboardInterrupt:
             view.close()
             if run.points:

@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import math
 import re
 import sys
 from collections.abc import Callable
@@ -34,6 +35,35 @@ def printable(text: object, limit: int = 2000) -> str:
     at most ``limit`` characters."""
     out = _CONTROL_RE.sub(lambda m: repr(m.group())[1:-1], str(text))
     return out if len(out) <= limit else out[: limit - 3] + "..."
+
+
+def csv_cell(value: Any) -> Any:
+    """A CSV cell no spreadsheet runs as a formula and no terminal takes for control text: names, reasons
+    and errors come from users' files and servers. Control characters (CR, LF, ESC) become escapes; text
+    whose first character past blanks would start a formula (= + - @, or a leading tab) gets a quote
+    mark, unless it is a plain number (``-1.5``)."""
+    if not isinstance(value, str):
+        return value
+    text = _CONTROL_RE.sub(lambda m: repr(m.group())[1:-1], value)
+    if text[:1] == "\t" or text.lstrip(" ")[:1] in ("=", "+", "-", "@"):
+        try:
+            float(text)
+        except ValueError:
+            return "'" + text
+    return text
+
+
+def csv_writer(stream):
+    """``csv.writer`` whose every cell goes through ``csv_cell`` (kvplan's one CSV dialect)."""
+    import csv
+
+    writer = csv.writer(stream, lineterminator="\n")
+
+    class _Writer:
+        def writerow(self, row) -> None:
+            writer.writerow([csv_cell(v) for v in row])
+
+    return _Writer()
 
 
 def esc(text: object) -> str:
@@ -143,8 +173,24 @@ def make_console(stderr: bool = False):
 
 
 def print_json(payload: Any) -> None:
-    """Exactly one JSON document on stdout."""
-    sys.stdout.write(json.dumps(to_jsonable(payload), indent=2, default=str) + "\n")
+    """Exactly one JSON document on stdout: strict JSON, so a non-finite figure (which JSON cannot
+    hold; ``Infinity`` would break every parser but Python's) is written as null."""
+    data = to_jsonable(payload)
+    try:
+        text = json.dumps(data, indent=2, default=str, allow_nan=False)
+    except ValueError:
+        text = json.dumps(_finite_or_null(data), indent=2, default=str, allow_nan=False)
+    sys.stdout.write(text + "\n")
+
+
+def _finite_or_null(data: Any) -> Any:
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: _finite_or_null(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_finite_or_null(v) for v in data]
+    return data
 
 
 def parse_overrides(pairs: list[str] | None) -> dict[str, Any]:

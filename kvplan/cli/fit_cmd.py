@@ -30,6 +30,10 @@ Examples:
 MAX_SLO_SIMULATIONS = 100
 
 
+#: A price per GPU-hour above this is a typo (or an attack on the cost columns: 1e308 x GPUs x hours is inf).
+MAX_PRICE_PER_GPU_HOUR = 1_000_000
+
+
 def _prices(pairs: list[str] | None) -> dict[str, float]:
     from kvplan.errors import KvplanError
     from kvplan.hardware.catalog import find_device
@@ -39,10 +43,11 @@ def _prices(pairs: list[str] | None) -> dict[str, float]:
         name, sep, value = pair.partition("=")
         try:
             price = float(value)
-            if not sep or price < 0 or price != price or price == float("inf"):
+            if not sep or not 0 <= price <= MAX_PRICE_PER_GPU_HOUR:  # NaN fails this too
                 raise ValueError
         except ValueError:
-            raise KvplanError(f"invalid --price {pair!r}", "use GPU=USD per GPU-hour: --price H100=2.5") from None
+            raise KvplanError(f"invalid --price {pair!r}", "use GPU=USD per GPU-hour, 0 to "
+                              f"{MAX_PRICE_PER_GPU_HOUR:,}: --price H100=2.5") from None
         out[find_device(name).name] = price
     return out
 

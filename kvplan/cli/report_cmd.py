@@ -78,8 +78,9 @@ def report(
         html = Path("kvplan-report.html")
     if html is not None:
         from kvplan.bench.html import html_report
+        from kvplan.paths import write_file_safely
 
-        html.write_text(html_report(summaries), encoding="utf-8")
+        write_file_safely(html, html_report(summaries), "the report")
     if fmt is OutputFormat.json:
         print_json(summaries[0] if len(summaries) == 1 else [s.model_dump(mode="json") for s in summaries])
     elif fmt is OutputFormat.table:

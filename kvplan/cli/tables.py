@@ -51,10 +51,12 @@ def emit_rows(rows: Sequence[dict], columns: Sequence[Column], fmt: OutputFormat
 
         print_json(list(rows))
     elif fmt is OutputFormat.csv:
+        from kvplan.cli.common import csv_cell
+
         keys = list(rows[0]) if rows else [c.key for c in columns]
         writer = csv.DictWriter(sys.stdout, fieldnames=keys, lineterminator="\n")
         writer.writeheader()
-        writer.writerows({k: _inert(v) for k, v in row.items()} for row in rows)
+        writer.writerows({k: csv_cell(v) for k, v in row.items()} for row in rows)
     elif fmt is OutputFormat.markdown:
         sys.stdout.write(markdown_table(rows, columns))
         if footnote:
@@ -73,12 +75,6 @@ def emit_rows(rows: Sequence[dict], columns: Sequence[Column], fmt: OutputFormat
         console.print(table)
         if footnote:
             console.print(esc(footnote))
-
-
-def _inert(value: Any) -> Any:
-    """A CSV cell no spreadsheet runs as a formula: names and reasons come from users' files and servers
-    (as kvplan.bench.report's CSV files)."""
-    return "'" + value if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r") else value
 
 
 def markdown_table(rows: Sequence[dict], columns: Sequence[Column]) -> str:

@@ -197,15 +197,9 @@ def _document(suite: ET.Element) -> str:
 
 
 def write_file(path: str, text: str) -> None:
-    from kvplan.errors import KvplanError
+    from kvplan.paths import write_file_safely
 
-    try:
-        target = Path(path)
-        if target.parent != Path("."):
-            target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise KvplanError(f"cannot write {path}: {exc.strerror}") from None
+    write_file_safely(path, text, make_parent=True)
 
 
 # --- GitHub -----------------------------------------------------------------------------------

@@ -138,13 +138,9 @@ def calibrate_run(run_dir: Path, gpu: str | None = None, model: str | None = Non
         recorded_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )
     if write:
-        target = run_dir / STEPTIME_FILE
-        tmp = target.with_suffix(".json.tmp")
-        try:
-            tmp.write_text(json.dumps(result.to_json(), indent=2) + "\n", encoding="utf-8")
-            tmp.replace(target)  # atomic: an interrupted write leaves the old file
-        except OSError as exc:
-            raise KvplanError(f"cannot write {target}: {exc.strerror}") from None
+        from kvplan.paths import write_file_safely
+
+        write_file_safely(run_dir / STEPTIME_FILE, json.dumps(result.to_json(), indent=2) + "\n")
     return result
 
 

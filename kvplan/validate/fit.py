@@ -255,8 +255,9 @@ def overhead_document(result: FitResult, reports_file: Path) -> dict:
 
 
 def write_overhead(result: FitResult, reports_file: Path, path: Path = OVERHEAD_FILE) -> Path:
-    path.write_text(json.dumps(overhead_document(result, reports_file), indent=2) + "\n")
-    return path
+    from kvplan.paths import write_file_safely
+
+    return write_file_safely(path, json.dumps(overhead_document(result, reports_file), indent=2) + "\n")
 
 
 def run_fit(reports_file: Path | None = None, configs_dir: Path | None = None) -> FitResult:

@@ -15,6 +15,7 @@ layout with recurrent state refuses ``--tp`` > 1.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -190,19 +191,45 @@ def engine_architecture(config: dict[str, Any], overrides: dict[str, Any] | None
         else:
             patched = {k: (dict(v, **overrides) if v is text else v) for k, v in patched.items()}
     key = hashlib.sha256(json.dumps([patched, installed], sort_keys=True, default=str).encode()).hexdigest()[:24]
-    cache = _cache_dir() / f"{key}.json"
-    case = None
-    if cache.is_file():
-        try:
-            case = json.loads(cache.read_text())
-        except (OSError, ValueError):
-            case = None
+    folder = _private_cache_dir()
+    case = _cached_case(folder / f"{key}.json", key, installed) if folder is not None else None
     if case is None:
         case = probe_config(patched)
-        if case.get("ok"):
-            cache.parent.mkdir(parents=True, exist_ok=True)
+        if case.get("ok") and folder is not None:
+            from kvplan.paths import write_file_safely
+
             slim = {k: case.get(k) for k in ("ok", "vllm_version", "layer_specs", "cache_config")}
-            tmp = cache.with_suffix(".tmp")
-            tmp.write_text(json.dumps(slim))
-            os.replace(tmp, cache)
+            with contextlib.suppress(KvplanError):  # a cache that cannot be written is only a cache
+                write_file_safely(folder / f"{key}.json", json.dumps(dict(slim, key=key, installed=installed)))
     return layout_from_probe(case, arch)
+
+
+def _private_cache_dir() -> Path | None:
+    """The layout cache folder, made 0700 if missing; None (no cache: every plan probes) when it is not
+    this user's alone: an entry decides a verdict, so nobody else may plant one."""
+    folder = _cache_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        st = os.stat(folder)
+    except OSError:
+        return None
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        return None
+    return folder
+
+
+def _cached_case(path: Path, key: str, installed: str) -> dict[str, Any] | None:
+    """The entry at ``path`` if it is the one its name claims (the same config hash, the vLLM installed
+    now, a successful probe's layer specs); else None, and the model is probed again."""
+    from kvplan.paths import load_user_json
+
+    if not path.is_file():
+        return None
+    try:
+        entry = load_user_json(path, "layout cache entry", limit=4 * 1024 * 1024)
+    except KvplanError:
+        return None
+    if not (isinstance(entry, dict) and entry.get("key") == key and entry.get("installed") == installed
+            and entry.get("ok") is True and isinstance(entry.get("layer_specs"), dict) and entry["layer_specs"]):
+        return None
+    return entry

@@ -38,6 +38,7 @@ class FakeBehaviour:
     end_delay_s: float = 0.0  # pause between [DONE] and the end of the chunked body
     peers: set = field(default_factory=set)  # the client (host, port) of every request: one per connection
     load_peers: set = field(default_factory=set)  # the same, of the completion requests only (the load)
+    redirect: dict = field(default_factory=dict)  # path -> (status, Location): answered with that redirect
 
 
 METRICS = """\
@@ -139,6 +140,9 @@ class FakeServer(_LoopThread):
             behaviour.peers.add(peer)
             if request.path.endswith("/completions"):
                 behaviour.load_peers.add(peer)
+            if request.path in behaviour.redirect:
+                status, location = behaviour.redirect[request.path]
+                return web.Response(status=status, headers={"Location": location})
             return await handler(request)
 
         app = web.Application(middlewares=[record])

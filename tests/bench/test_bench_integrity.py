@@ -379,3 +379,53 @@ def test_launch_passes_the_key_to_the_engine_and_the_probe(tmp_path):
 
 def test_os_environ_is_not_changed_by_a_run():
     assert "VLLM_API_KEY" not in os.environ or os.environ["VLLM_API_KEY"] not in (API_KEY, ENGINE_KEY)
+
+
+# ------------------------------------------------------------------ a server whose figures cannot be true
+
+
+def test_a_usage_over_max_tokens_is_a_failed_request_not_a_measurement():
+    chunks = [b'{"choices": [{"index": 0, "text": "x"}]}',
+              b'{"choices": [], "usage": {"prompt_tokens": 8, "completion_tokens": 40000000}}']
+    with FakeServer(FakeBehaviour(raw_chunks=chunks)) as srv:
+        result = _load(srv.url, output=4)
+    assert len(result.records) == 4 and not any(r.ok for r in result.records)
+    assert all(r.error == "the server reported 40,000,000 output tokens for max_tokens 4: not trusted"
+               for r in result.records), [r.error for r in result.records]
+
+
+def test_done_before_any_token_is_a_failed_request():
+    with FakeServer(FakeBehaviour(raw_chunks=[])) as srv:  # data: [DONE] straight away
+        result = _load(srv.url, output=4)
+    assert len(result.records) == 4
+    assert all(not r.ok and r.error == "the stream ended ([DONE]) before any token" for r in result.records)
+
+
+def test_an_honest_stream_of_max_tokens_is_ok():  # the control: the same fake, telling the truth
+    chunks = [b'{"choices": [{"index": 0, "text": "x"}]}'] * 4 + [
+        b'{"choices": [], "usage": {"prompt_tokens": 8, "completion_tokens": 4}}']
+    with FakeServer(FakeBehaviour(raw_chunks=chunks)) as srv:
+        result = _load(srv.url, output=4)
+    assert all(r.ok and r.output_tokens == 4 for r in result.records), [r.error for r in result.records]
+
+
+def test_a_second_kvplan_on_the_same_run_folder_is_refused(tmp_path):
+    from kvplan.bench.store import hold_run_folder
+
+    small = ["--requests", "2", "--prompt", "8", "--output", "2", "--no-warmup", "--json", "--scrape-interval", "0.05"]
+    with FakeServer(FakeBehaviour(tokens=2)) as srv:
+        first = _cli(["--url", srv.url, "--sweep", "1,2", *small, "--out", str(tmp_path)])
+        assert first.returncode == 0, first.stderr
+        run = next(tmp_path.iterdir())
+        lines = (run / "points.jsonl").read_text().splitlines()
+        (run / "points.jsonl").write_text(lines[0] + "\n")  # as if stopped after the first point
+        (run / "summary.json").unlink()
+        with hold_run_folder(run):  # held by this process, as a bench still running on it would
+            second = _cli(["--resume", str(run), "--url", srv.url, "--json"])
+        third = _cli(["--resume", str(run), "--url", srv.url, "--json"])  # released: the resume runs
+    _no_traceback(second)
+    assert second.returncode == 2, second.stderr
+    assert second.stderr.startswith(f"error: another kvplan is writing the run folder {run}"), second.stderr
+    assert third.returncode == 0, third.stderr
+    points = [json.loads(x) for x in (run / "points.jsonl").read_text().splitlines()]
+    assert [p["concurrency"] for p in points] == [1, 2]  # the refused resume added nothing

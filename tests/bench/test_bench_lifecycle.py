@@ -1,6 +1,7 @@
-"""`kvplan bench MODEL` launching its own real vLLM CPU engine: a full automatic run and its run
-folder, Ctrl-C in the middle of a sweep, the engine killed in the middle of a point, a bad engine
-flag. After each, no process of the engine's process group may be left."""
+"""`kvplan bench MODEL` launching its own engine: a full automatic run of the real vLLM CPU engine and
+its run folder, and a bad engine flag; Ctrl-C in the middle of a sweep and the engine killed in the
+middle of a point with the stand-in engine (failure paths: kvplan's handling is under test, and each
+real start costs ~35 s of CI). After each, no process of the engine's process group may be left."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -32,6 +34,18 @@ STARTUP_S = 600
 
 def _start(tmp_path: Path, *args: str) -> subprocess.Popen:
     return subprocess.Popen(kvplan_cmd(str(TINY_MODEL), *ENGINE_FLAGS, "--out", str(tmp_path), *args),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=bench_env())
+
+
+FAKE_ENGINE = Path(__file__).resolve().parent / "bench_fake_server.py"
+
+
+def _start_fake(tmp_path: Path, *args: str) -> subprocess.Popen:
+    """The same launch with the stand-in engine (bench_fake_server.main): for the failure paths, where
+    what is under test is kvplan's handling (the real engine's start and stop: the first test)."""
+    engine_cmd = f"{sys.executable} {FAKE_ENGINE} --token-gap 0.01"
+    return subprocess.Popen(kvplan_cmd("some/model", "--engine-cmd", engine_cmd, "--no-warmup", "--out", str(tmp_path),
+                                       "--startup-timeout", "60", *args),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=bench_env())
 
 
@@ -105,7 +119,7 @@ def test_launch_sweep_run_folder_and_nothing_left(tmp_path):
 
 
 def test_ctrl_c_mid_sweep_keeps_finished_points_and_stops_the_engine(tmp_path):
-    proc = _start(tmp_path, "--sweep", "1,2,3,4,5,6,7,8", "--prompt", "64", "--output", "64",
+    proc = _start_fake(tmp_path, "--sweep", "1,2,3,4,5,6,7,8", "--prompt", "64", "--output", "64",
                   "--requests-per-stream", "4")
     run = _run_dir(tmp_path)
     pgid = _engine_pid(run)
@@ -128,7 +142,7 @@ def test_ctrl_c_mid_sweep_keeps_finished_points_and_stops_the_engine(tmp_path):
 
 
 def test_engine_killed_mid_point(tmp_path):
-    proc = _start(tmp_path, "--sweep", "1,4,8", "--prompt", "64", "--output", "64", "--requests-per-stream", "6")
+    proc = _start_fake(tmp_path, "--sweep", "1,4,8", "--prompt", "64", "--output", "64", "--requests-per-stream", "6")
     run = _run_dir(tmp_path)
     pgid = _engine_pid(run)
     try:

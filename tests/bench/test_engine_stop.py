@@ -57,3 +57,43 @@ def test_a_second_ctrl_c_during_stop_does_not_leave_the_engine(tmp_path):
         if pgid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGKILL)
+
+
+KILLED_CALLER = """
+import json, sys, time
+from pathlib import Path
+from kvplan.bench.engine import EngineConfig, EngineLauncher, free_port
+cfg = EngineConfig(model="unused", port=free_port(), engine_cmd=(sys.executable, "-c", sys.argv[2]))
+launcher = EngineLauncher(cfg, Path(sys.argv[1]), stop_timeout_s=1.5)
+launcher.start()
+print(json.dumps({"pgid": launcher.pid}), flush=True)
+time.sleep(120)  # SIGKILLed here: no handler, no finally, no stop() runs
+"""
+
+
+def test_kvplan_killed_with_sigkill_does_not_leave_the_engine(tmp_path):
+    """The OOM killer or a CI timeout sends SIGKILL: kvplan's own stop() never runs, and the engine (here
+    one that ignores SIGTERM, as a wedged server would) must still end: the watchdog stops its group."""
+    import time
+
+    log = tmp_path / "engine.log"
+    caller = subprocess.Popen([sys.executable, "-c", KILLED_CALLER, str(log), IGNORES_SIGTERM],
+                              stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2])
+    pgid = None
+    try:
+        pgid = json.loads(caller.stdout.readline())["pgid"]
+        deadline = time.monotonic() + 30
+        while b"handler set" not in log.read_bytes() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert b"handler set" in log.read_bytes()  # the engine runs, SIGTERM ignored
+        caller.kill()
+        caller.wait(10)
+        deadline = time.monotonic() + 15  # the grace period (1.5 s), then SIGKILL
+        while group_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not group_alive(pgid)
+    finally:
+        caller.kill()
+        if pgid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
