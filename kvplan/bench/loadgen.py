@@ -264,6 +264,7 @@ async def stream_one(session, url: str, body: dict, rec: RequestRecord, clock: C
                 return
             done = False
             buffer = b""
+            streamed = 0  # output tokens delivered so far
             async for data_in in resp.content.iter_any():
                 # Everything read in one go is one delivery: its events share one timestamp, and
                 # the output tokens they carry count together (ITL per token, not per event).
@@ -308,6 +309,10 @@ async def stream_one(session, url: str, body: dict, rec: RequestRecord, clock: C
                     if isinstance(choices, list) and choices and isinstance(choices[0], dict) and _has_output(choices[0]):
                         ids = choices[0].get("token_ids")
                         delivered += len(ids) if isinstance(ids, list) and ids else 1
+                streamed += delivered
+                if rec.error is None and rec.max_tokens and streamed > rec.max_tokens + 1:
+                    rec.error = f"the server streamed more tokens than max_tokens {rec.max_tokens:,}: not trusted"
+                    stop_reading = True  # an endless stream ends here, not at a timeout
                 if delivered:
                     if rec.first_token_s is None:
                         rec.first_token_s = now
@@ -358,6 +363,9 @@ def implausible(rec: RequestRecord) -> str | None:
         return "the stream ended ([DONE]) before any token"
     return None
 
+
+#: The longest one request may take, start to end, however steadily the server sends bytes.
+REQUEST_DEADLINE_S = 3600.0
 
 #: How much of an error response is read (a server may send an endless body with its 500).
 ERROR_BODY_BYTES = 4096
@@ -693,7 +701,10 @@ async def _run_load(base_url, model, api, connections, spec_for, request_timeout
     def clock() -> float:
         return time.perf_counter() - t0
 
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=request_timeout_s)
+    # A byte every few seconds forever (a slowloris server) never trips sock_read: a request also ends
+    # after REQUEST_DEADLINE_S in all (vLLM's own benchmark client allows 6 h; a longer --request-timeout wins).
+    timeout = aiohttp.ClientTimeout(total=max(REQUEST_DEADLINE_S, request_timeout_s), sock_connect=10,
+                                    sock_read=request_timeout_s)
 
     def session(reuse: bool):
         # A connection per request costs a connect (~0.1 ms on loopback, more for a first wave of many

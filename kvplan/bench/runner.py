@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from kvplan import __version__
 from kvplan.bench import store as st
@@ -118,6 +118,13 @@ class BenchConfig(BaseModel):
     steptime: str | None = None  # a calibrated step-time model (RUN or RUN/steptime.json) for predicted latency
     keep_alive: bool = True  # reuse connections (False: one per request, as kvplan did before)
     traffic: TrafficReplay | None = None  # --traffic: replay sessions (kvplan.bench.replay) instead of a sweep
+
+    @model_validator(mode="after")
+    def _within_bounds(self) -> BenchConfig:
+        from kvplan.bench.limits import check_bench_bounds
+
+        check_bench_bounds(self)  # the command line and a resumed run.json alike
+        return self
 
     def engine_config(self) -> EngineConfig | None:
         if self.engine is None:

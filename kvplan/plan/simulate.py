@@ -90,14 +90,19 @@ def draw_lengths(index: int, prompt: int, output: int, distribution: str = "fixe
     return _draw(rng, prompt, distribution, spread), _draw(rng, output, distribution, spread)
 
 
+#: The longest request a distribution draws (as a trace's: kvplan.bench.workload.MAX_TRACE_TOKENS): a
+#: lognormal with a wide spread would otherwise draw 10^40 tokens, or overflow.
+MAX_DRAWN_TOKENS = 1 << 24
+
+
 def _draw(rng: random.Random, mean: int, distribution: str, spread: float) -> int:
     if distribution == "uniform":
         value = rng.uniform(mean * (1 - spread), mean * (1 + spread))
     elif distribution == "normal":
         value = rng.gauss(mean, spread * mean)
     else:  # lognormal: median `mean`, sigma `spread`
-        value = math.exp(rng.gauss(math.log(mean), spread))
-    return max(1, int(round(value)))
+        value = math.exp(min(rng.gauss(math.log(mean), spread), math.log(MAX_DRAWN_TOKENS)))
+    return max(1, min(MAX_DRAWN_TOKENS, int(round(value))))
 
 
 @dataclass(frozen=True)

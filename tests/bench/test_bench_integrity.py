@@ -429,3 +429,11 @@ def test_a_second_kvplan_on_the_same_run_folder_is_refused(tmp_path):
     assert third.returncode == 0, third.stderr
     points = [json.loads(x) for x in (run / "points.jsonl").read_text().splitlines()]
     assert [p["concurrency"] for p in points] == [1, 2]  # the refused resume added nothing
+
+
+def test_an_endless_stream_ends_at_max_tokens_not_at_a_timeout():
+    chunks = [b'{"choices": [{"index": 0, "text": "x"}]}'] * 5000  # far more than max_tokens 4, no [DONE] needed
+    with FakeServer(FakeBehaviour(raw_chunks=chunks)) as srv:
+        result = _load(srv.url, output=4, concurrency=1, per_stream=1)
+    (r,) = result.records
+    assert not r.ok and r.error == "the server streamed more tokens than max_tokens 4: not trusted", r.error
