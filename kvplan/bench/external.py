@@ -52,6 +52,16 @@ def _num(data: dict, key: str) -> float | None:
     return v if math.isfinite(v) and v >= 0 else None
 
 
+#: The largest count (requests, tokens, concurrency) a result file may claim: past it, the figure is a lie.
+MAX_COUNT = 10**12
+
+
+def _count(data: dict, key: str) -> int | None:
+    """A whole count of a result file, 1 to MAX_COUNT; anything else (a string, 1e308, 400 digits) is None."""
+    v = data.get(key)
+    return v if isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_COUNT else None
+
+
 def _stats(data: dict, name: str, n: int | None) -> LatencyStats:
     """One latency of a saved result (ms) as a kvplan.bench.results.LatencyStats (seconds)."""
 
@@ -71,15 +81,13 @@ def vllm_point(data: dict, seq: int, file: str) -> PointResult:
     """One saved result -> a kvplan PointResult (mode rate when request_rate is finite)."""
     from kvplan.bench.stats import sample_warnings
 
-    completed = int(_num(data, "completed") or 0)
-    failed = int(_num(data, "failed") or 0)
-    out_tokens = int(_num(data, "total_output_tokens") or 0)
+    completed = int(min(_num(data, "completed") or 0, MAX_COUNT))
+    failed = int(min(_num(data, "failed") or 0, MAX_COUNT))
+    out_tokens = int(min(_num(data, "total_output_tokens") or 0, MAX_COUNT))
     rate_raw = data.get("request_rate")
     rate = _num(data, "request_rate") if not isinstance(rate_raw, str) else None
-    cap = data.get("max_concurrency")
-    cap = cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None
-    peak = data.get("max_concurrent_requests")
-    peak = peak if isinstance(peak, int) and not isinstance(peak, bool) else None
+    cap = _count(data, "max_concurrency")
+    peak = _count(data, "max_concurrent_requests")
     mode = "rate" if rate is not None else "concurrency"
     concurrency = cap or peak or 0
     if mode == "concurrency" and not concurrency:
@@ -296,7 +304,7 @@ def guidellm_point(bench: dict, seq: int, file: str) -> PointResult | None:
         throughput_tok_s=_num(tps, "mean"), ttft=stats["ttft"], itl=stats["itl"], tpot=stats["tpot"], e2e=stats["e2e"],
         server=server, waited_for_kv=False, preempted=bool(preemptions), label="not measured", notes=notes,
         mode=mode, rate=rate, burstiness=(1.0 if kind == "poisson" else None) if mode == "rate" else None,
-        max_concurrency=strategy.get("max_concurrency") if isinstance(strategy.get("max_concurrency"), int) else None,
+        max_concurrency=_count(strategy, "max_concurrency"),
         latency_from=f"sent ({GUIDELLM_SOURCE} {label}: from each request's start)",
         request_throughput=_num(rps, "mean"), warnings=warnings,
     )
