@@ -45,6 +45,27 @@ def _debug(value: bool) -> None:
         common.DEBUG = True
 
 
+def _help_folds_option_names() -> None:
+    """Typer's help table cuts long option names to fit 80 columns (``--kv-cache-dtype…``): a user then
+    cannot copy the flag. Its highlighters make each name's Text; ours make it fold onto the next line."""
+    from typer import rich_utils
+
+    class Fold(type(rich_utils.highlighter)):
+        def __call__(self, text):
+            out = super().__call__(text)
+            out.overflow = "fold"
+            return out
+
+    class FoldNegative(type(rich_utils.negative_highlighter)):
+        def __call__(self, text):
+            out = super().__call__(text)
+            out.overflow = "fold"
+            return out
+
+    rich_utils.highlighter = Fold()
+    rich_utils.negative_highlighter = FoldNegative()
+
+
 def build_app(only: str | None = None) -> typer.Typer:
     """The `kvplan` app with every command, or with ``only`` that one (what a run needs)."""
     import typer
@@ -105,6 +126,8 @@ def main_exit_code(argv: list[str] | None = None, *, gc_paused: bool = False) ->
 
     args = list(sys.argv[1:] if argv is None else argv)
     common.DEBUG = common.debug_from_env() or "--debug" in args[: args.index("--") if "--" in args else len(args)]
+    if not args or "-h" in args or "--help" in args:
+        _help_folds_option_names()
     try:
         completing = any(key.endswith("_COMPLETE") for key in os.environ)  # shell completion asks for everything
         app = build_app(None if completing else _command_in(args))

@@ -30,3 +30,25 @@ def test_plain_size_through_the_entry_point_stays_light():
     assert out.returncode == 0, out.stderr[-2000:]
     assert "FITS" in out.stdout and "vllm serve meta-llama/Llama-3.1-8B" in out.stdout
     assert out.stderr.strip().splitlines()[-1] == "True []"  # the collector runs again once start-up is over
+
+
+def test_help_at_80_columns_cuts_no_option_name():
+    """Typer's help would print `--kv-cache-dtype…` at 80 columns (11 names cut in `size --help`, 19 in
+    `bench --help`): no name is cut, and every option's name is found whole in the option column (a long
+    one folds onto the next row)."""
+    import typer.main
+
+    from kvplan.cli.app import COMMANDS, build_app
+
+    for name in COMMANDS:
+        r = invoke(name, "--help", env={"COLUMNS": "80"})
+        assert r.code == 0, (name, r.stderr[-1000:])
+        assert "…" not in r.stdout, (name, [line for line in r.stdout.splitlines() if "…" in line])
+        rows = [line.split("│")[1].split() for line in r.stdout.splitlines() if line.count("│") >= 2]
+        rows = [cells[1:] if cells[:1] == ["*"] else cells for cells in rows]  # the "required" mark
+        column = "".join(cells[0] for cells in rows if cells)  # the first cell of each row, folds rejoined
+        command = typer.main.get_command(build_app(name)).commands[name]
+        for param in command.params:
+            for opt in param.opts:
+                if opt.startswith("--"):
+                    assert opt in column, (name, opt)
