@@ -173,13 +173,19 @@ def _open_nofollow(path: Path, flags: int) -> int:
         raise KvplanError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
+#: The longest line of a run folder's JSONL that is read back: a request's line holds a time per delivery,
+#: ~15 bytes each, so 100,000 output tokens make a 1.5 MB line (the 1 MiB cap before dropped them: their
+#: requests were missing from requests.csv, and a finished point was measured again on --resume).
+MAX_RUN_LINE_CHARS = 64 * 1024 * 1024
+
+
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    from kvplan.paths import MAX_LINE_CHARS, iter_user_lines, parse_json_text
+    from kvplan.paths import iter_user_lines, parse_json_text
 
     if not path.is_file():
         return []
     out = []
-    for line in iter_user_lines(path, "", limit=None, max_line=16 * MAX_LINE_CHARS):
+    for line in iter_user_lines(path, "", limit=None, max_line=MAX_RUN_LINE_CHARS):
         if not line.strip():
             continue
         try:

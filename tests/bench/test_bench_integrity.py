@@ -437,3 +437,19 @@ def test_an_endless_stream_ends_at_max_tokens_not_at_a_timeout():
         result = _load(srv.url, output=4, concurrency=1, per_stream=1)
     (r,) = result.records
     assert not r.ok and r.error == "the server streamed more tokens than max_tokens 4: not trusted", r.error
+
+
+def test_a_long_request_line_is_read_back_whole(tmp_path):
+    """100,000 output tokens: a time per delivery makes a ~2 MB line in requests.jsonl and points.jsonl;
+    both are read back (the 1 MiB cap before dropped them from requests.csv and re-ran the point)."""
+    from kvplan.bench.store import RunStore
+
+    store = RunStore(tmp_path)
+    times = [round(10 + 0.0123457 * i, 6) for i in range(100_000)]  # seconds into the run, as recorded
+    store.append_requests([{"index": 0, "stream": 0, "chunk_times_s": times}])
+    store.append_point({"concurrency": 1, "status": "ok", "note": "x" * 1_500_000})
+    assert len((tmp_path / "requests.jsonl").read_text()) > 1_048_576
+    (row,) = store.read_requests()
+    assert row["chunk_times_s"] == times
+    (point,) = store.read_points()
+    assert len(point["note"]) == 1_500_000
