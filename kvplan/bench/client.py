@@ -32,6 +32,9 @@ from kvplan.errors import KvplanError
 _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 #: Headers kvplan (or HTTP itself) must set: a user value would break the requests.
 _RESERVED = {"content-length", "transfer-encoding", "connection", "proxy-authorization"}
+#: The most of a probe's or the model list's body kvplan reads (300,000 models listed by a lying server
+#: made gigabytes); a body cut there is not JSON, and the model list then reads as empty.
+MAX_BODY_BYTES = 16 * 1024 * 1024
 #: Secrets shorter than this are not scrubbed out of text (masking "1" would garble every number).
 MIN_SCRUB = 6
 
@@ -246,8 +249,8 @@ class Client:
         opener = urllib.request.build_opener(handler, _NoRedirects())
         request = urllib.request.Request(bare, headers=headers)
         try:
-            with opener.open(request, timeout=timeout_s) as resp:
-                return resp.status, resp.read().decode(errors="replace")
+            with opener.open(request, timeout=timeout_s) as resp:  # at most MAX_BODY_BYTES: a server may lie
+                return resp.status, resp.read(MAX_BODY_BYTES).decode(errors="replace")
         except urllib.error.HTTPError as exc:
             return exc.code, ""
         except (urllib.error.URLError, OSError, ValueError):

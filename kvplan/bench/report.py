@@ -417,7 +417,10 @@ def plot_png(summary: BenchSummary) -> bytes | None:
     handles = ax.get_legend_handles_labels()
     h2 = ax2.get_legend_handles_labels()
     ax.legend(handles[0] + h2[0], handles[1] + h2[1], loc="upper left", fontsize=8)
-    ax.set_title(f"{summary.model}: {summary.workload}", fontsize=9)
+    from kvplan.cli.common import printable
+
+    # A title is one short line: a 1 MB model name from a server took matplotlib over a minute to lay out.
+    ax.set_title(printable(f"{summary.model}: {summary.workload}", 160), fontsize=9)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     buf = io.BytesIO()

@@ -54,3 +54,18 @@ def test_plain_figures_stay_figures_in_csv():
 
     assert [csv_cell(v) for v in ("-1.5", "+1", "12", "name", 3, None, -2.0)] == [
         "-1.5", "+1", "12", "name", 3, None, -2.0]
+
+
+def test_a_megabyte_model_name_is_reported_in_bounded_time(tmp_path):
+    """A server's 1 MB model name reaches the plot title, the tables and the HTML: `report` ends within
+    the hostile-input bounds (it took matplotlib over a minute to lay out such a title)."""
+    from harness import invoke_capped
+
+    run = tmp_path / "run"
+    shutil.copytree(OLD_RUN, run)
+    for name in ("run.json", "summary.json"):
+        doc = json.loads((run / name).read_text())
+        doc["model"] = "m" * 1_000_000
+        (run / name).write_text(json.dumps(doc))
+    r = invoke_capped("report", str(run), "--format", "markdown", timeout=40, memory_mb=1024)
+    assert r.code in (0, 2), (r.code, r.stderr[-1500:])
