@@ -38,6 +38,7 @@ deployment whose model matches (case-insensitive; a path matches by its last com
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -200,13 +201,20 @@ def _read_summary(file: Path) -> BenchEvidence:
     if not isinstance(status, str):
         raise KvplanError(f"{file}: status: expected a string, got {status!r}")
     points = []
-    for row in data.get("points") or []:
+    rows = data.get("points") or []
+    if not isinstance(rows, list):
+        raise KvplanError(f"{file}: points: expected a list, got {type(rows).__name__}")
+    # Evidence that cannot be read is refused, not skipped: a gate that drops a point it cannot read
+    # could pass a deployment on the points left.
+    for i, row in enumerate(rows):
         if not isinstance(row, dict):
-            continue
+            raise KvplanError(f"{file}: points[{i}]: expected an object, got {type(row).__name__}")
         mode = row.get("mode", "concurrency")
+        if mode not in ("concurrency", "rate"):
+            raise KvplanError(f"{file}: points[{i}].mode: expected concurrency or rate, got {repr(mode)[:80]}")
         load = row.get("rate") if mode == "rate" else row.get("concurrency")
-        if isinstance(load, bool) or not isinstance(load, (int, float)):
-            continue
+        if isinstance(load, bool) or not isinstance(load, (int, float)) or not math.isfinite(load) or load < 0:
+            raise KvplanError(f"{file}: points[{i}].{mode}: expected a number >= 0, got {repr(load)[:80]}")
         try:
             latencies = {m: LatencyStats.model_validate({k: v for k, v in row[m].items() if k in LatencyStats.model_fields})
                          for m in ("ttft", "itl", "tpot", "e2e") if isinstance(row.get(m), dict)}

@@ -243,6 +243,13 @@ def test_bench_run_that_did_not_complete_is_not_evidence(tmp_path):
     ({"model": "m", "measured_first_preemption": "x"}, "measured_first_preemption: expected an int >= 1 or null"),
     ({"model": "m"}, "measured_first_preemption: missing"),
     ({"measured_first_preemption": 3}, "model: expected the model name"),
+    # Evidence that cannot be read is refused, not skipped (a gate passing on the points left):
+    ({"model": "m", "measured_first_preemption": None, "points": {"a": 1}}, "points: expected a list"),
+    ({"model": "m", "measured_first_preemption": None, "points": [7]}, "points[0]: expected an object"),
+    ({"model": "m", "measured_first_preemption": None, "points": [{"concurrency": "14"}]},
+     "points[0].concurrency: expected a number >= 0"),
+    ({"model": "m", "measured_first_preemption": None, "points": [{"mode": "burst", "concurrency": 1}]},
+     "points[0].mode: expected concurrency or rate"),
 ])
 def test_bad_bench_summary_exits_2(tmp_path, summary, message):
     path = write(tmp_path, only("fits14"))
