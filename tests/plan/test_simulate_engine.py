@@ -135,9 +135,16 @@ def test_onsets_are_timing_proof(name):
             assert (late.first_kv_wait, late.first_preemption) == expected
 
 
+#: Measured on the engine: every workload but this one, whose onsets no client timing can be proven not
+#: to move (ProvenOnsets(None, None, False, False)): it measured (5, 5) in every run until CI's of
+#: 2026-12-02 measured (6, 6), as the pure lognormal one before it (dropped, see the module notes).
+#: Its simulated onsets stay checked above (test_onsets_are_timing_proof).
+NOT_ON_THE_ENGINE = {"lognormal+shared"}
+
+
 @pytest.mark.engine
 @engine_required
-@pytest.mark.parametrize("name", list(WORKLOADS))
+@pytest.mark.parametrize("name", [n for n in WORKLOADS if n not in NOT_ON_THE_ENGINE])
 def test_simulated_onsets_match_the_engine(cpu_engine, tmp_path, name):
     flags, lengths, shared, levels, expected, _ = WORKLOADS[name]
     if "{trace}" in flags:
@@ -162,7 +169,13 @@ def test_simulated_onsets_match_the_engine(cpu_engine, tmp_path, name):
     detail = {p["concurrency"]: (p["server"].get("preemptions"), p["server"].get("peak_waiting"),
                                  onsets.results[p["concurrency"]].preemptions) for p in summary["points"]}
     assert predicted == expected, detail
-    assert measured == predicted, detail
+    proof = WORKLOADS[name][5]
+    if proof.preemption_proven:
+        assert measured == predicted, detail
+    else:  # shared-prefix: its wait onset is proven; whether that level also preempts is up to which of the
+        # engine's first steps sees its last stream, so the preemption may come a level later
+        assert proof.wait_proven and measured[0] == predicted[0], detail
+        assert measured[1] in [c for c in levels if c >= predicted[1]], detail
     if name == "shared-prefix":  # the closed-form rule, blind to sharing, is one stream short
         rule = BlockRule(num_blocks=cap["num_blocks"], block_size=cap["block_size"], prompt_tokens=96,
                          output_tokens=32, max_num_seqs=128)
