@@ -50,20 +50,17 @@ def _help_folds_option_names() -> None:
     cannot copy the flag. Its highlighters make each name's Text; ours make it fold onto the next line."""
     from typer import rich_utils
 
-    class Fold(type(rich_utils.highlighter)):
-        def __call__(self, text):
-            out = super().__call__(text)
-            out.overflow = "fold"
-            return out
+    def folding(highlighter):
+        class Folding(type(highlighter)):
+            def __call__(self, text):
+                out = super().__call__(text)
+                out.overflow = "fold"
+                return out
 
-    class FoldNegative(type(rich_utils.negative_highlighter)):
-        def __call__(self, text):
-            out = super().__call__(text)
-            out.overflow = "fold"
-            return out
+        return Folding()
 
-    rich_utils.highlighter = Fold()
-    rich_utils.negative_highlighter = FoldNegative()
+    rich_utils.highlighter = folding(rich_utils.highlighter)
+    rich_utils.negative_highlighter = folding(rich_utils.negative_highlighter)
 
 
 def build_app(only: str | None = None) -> typer.Typer:
