@@ -17,7 +17,6 @@ import json
 import multiprocessing as mp
 import os
 import resource
-import socket
 import sys
 from pathlib import Path
 
@@ -75,6 +74,8 @@ def measure(url: str, streams: int, seconds: float, tokens: int) -> tuple[float,
 
 
 def main() -> None:
+    from kvplan.bench.engine import free_port
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=256, help="tokens (SSE events) per response")
     ap.add_argument("--streams", default="1,16,64,256")
@@ -82,9 +83,7 @@ def main() -> None:
     args = ap.parse_args()
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {0})
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     ready = mp.Event()
     server = mp.Process(target=serve, args=(port, args.tokens, ready), daemon=True)
     server.start()

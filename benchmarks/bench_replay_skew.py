@@ -16,7 +16,6 @@ import asyncio
 import multiprocessing as mp
 import random
 import resource
-import socket
 import sys
 from pathlib import Path
 
@@ -27,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 def main() -> None:
     from bench_loadgen_ceiling import serve
 
+    from kvplan.bench.engine import free_port
     from kvplan.bench.loadgen import run_sessions
     from kvplan.bench.replay import request_specs, session_sends
     from kvplan.stats import percentile
@@ -37,9 +37,7 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=500.0, help="requests per second")
     ap.add_argument("--tokens", type=int, default=4, help="output tokens a response streams")
     args = ap.parse_args()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     ready = mp.Event()
     server = mp.Process(target=serve, args=(port, args.tokens, ready), daemon=True)
     server.start()
