@@ -93,6 +93,8 @@ def default_block_size(arch: Architecture, device: Device, rules: VllmRules) -> 
     if any(isinstance(s, MLA) for s in arch.layers):
         if platform.mla_block_size:
             return platform.mla_block_size
+        if platform.mla_takes_default_block:
+            return platform.default_block_size
         if device.is_blackwell and rules.kv_cache_memory_flag:
             return MLA_BLOCK_SIZE_BLACKWELL
         return MLA_BLOCK_SIZE

@@ -30,6 +30,8 @@ class Platform:
     mla_block_size: int | None = None
     async_scheduling: bool = True
     mla_whole_prompt: bool = False
+    # MLA takes the platform's default block size (CPU AMX MLA), not the GPU MLA backends' 16 / 64.
+    mla_takes_default_block: bool = False
     # usage context ("serve" / "llm") -> (max_num_seqs, max_num_batched_tokens) per device.
     default_limits: tuple[tuple[str, tuple[int, int]], ...] = ()
     # x86 CPUs with AVX-512 BF16 run vLLM's accelerated CPU GDN / Mamba kernels, and
@@ -52,17 +54,36 @@ CPU = Platform("cpu", kernel_block=32, default_block_size=128, mla_block_size=16
                mla_whole_prompt=True, default_limits=(("serve", (128, 2048)), ("llm", (256, 4096))))
 
 
-def cpu_has_avx512_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
-    """The ``avx512_bf16`` CPU flag (what ``torch.cpu._is_avx512_bf16_supported`` reports), read without torch."""
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
+    """The CPU's feature flags (what ``torch.cpu._is_avx512_bf16_supported`` and ``_is_amx_tile_supported``
+    report), read without torch; empty where /proc/cpuinfo cannot be read."""
     try:
         with open(cpuinfo, encoding="utf-8", errors="replace") as fh:
-            return any(line.startswith("flags") and " avx512_bf16" in f" {line.split(':', 1)[-1].strip()} "
-                       for line in fh)
+            for line in fh:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[-1].split())
     except OSError:
-        return False
+        pass
+    return frozenset()
+
+
+def cpu_has_avx512_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    return "avx512_bf16" in cpu_flags(cpuinfo)
 
 
 @lru_cache(maxsize=1)
 def host_cpu_platform() -> Platform:
-    """The CPU platform of the machine kvplan runs on (the CPU engine it launches or probes runs here too)."""
-    return replace(CPU, float32_ssm_state=True) if cpu_has_avx512_bf16() else CPU
+    """The CPU platform of the machine kvplan runs on (the CPU engine it launches or probes runs here too).
+
+    vllm/platforms/cpu.py@0.32.0 ``check_and_update_config``: on x86 with AMX tiles MLA models run the
+    AMX MLA backend, which keeps the CPU's default block size (128, or the one asked), prefix caching and
+    chunked prefill; only the reference MLA kernel forces 16 and a whole prompt per step."""
+    return cpu_platform_for(cpu_flags())
+
+
+def cpu_platform_for(flags: frozenset[str]) -> Platform:
+    """The CPU platform vLLM's CPU build sets up on a CPU with these feature flags."""
+    platform = replace(CPU, float32_ssm_state=True) if "avx512_bf16" in flags else CPU
+    if "amx_tile" in flags:
+        platform = replace(platform, mla_block_size=None, mla_whole_prompt=False, mla_takes_default_block=True)
+    return platform
