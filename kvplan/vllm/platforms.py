@@ -67,10 +67,6 @@ def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
     return frozenset()
 
 
-def cpu_has_avx512_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
-    return "avx512_bf16" in cpu_flags(cpuinfo)
-
-
 @lru_cache(maxsize=1)
 def host_cpu_platform() -> Platform:
     """The CPU platform of the machine kvplan runs on (the CPU engine it launches or probes runs here too).
