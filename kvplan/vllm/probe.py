@@ -51,9 +51,6 @@ under ``patched``):
   builds the model (dummy weights), collects ``get_kv_cache_spec`` from every attention / Mamba
   layer, runs ``get_kv_cache_configs``, allocates the pool and builds the scheduler exactly as
   usual, but never executes the model.
-* model-class inspection - vLLM's registry inspects each architecture in a fresh interpreter (to keep
-  CUDA uninitialized); the CPU build has no CUDA, so the probe runs it in-process
-  (``_install_in_process_inspection``): the same answer without re-importing vLLM per architecture.
 * non-gated MoE (Nemotron-H ``relu2`` experts): ``FusedMoEConfig.__post_init__`` refuses
   ``is_act_and_mul=False`` off CUDA/XPU/ROCm as its last statement; that one error is swallowed.
 * torchvision missing: model files such as ``qwen3_5.py`` import Qwen-VL image processors at
@@ -266,29 +263,6 @@ class _Recorder:
 _SKIP_PATCHED = False
 
 
-def _install_in_process_inspection() -> list[str]:
-    """Inspect model classes in this process instead of a fresh interpreter per architecture.
-
-    vLLM's registry imports the model class in a subprocess "to avoid initializing CUDA"
-    (``_run_in_subprocess`` in vllm/model_executor/models/registry.py@0.32.0), which re-imports vLLM:
-    ~15 s per distinct architecture on a CI core, against well under 1 s in-process. The CPU build has no
-    CUDA to initialize, and this process imports the same model module a moment later to build the twin,
-    so the answer (``_ModelInfo.from_model_cls``) is the same one."""
-    try:
-        from vllm.model_executor.models import registry
-    except Exception as e:  # noqa: BLE001 - recorded per case, the engine still runs as shipped
-        return [f"in-process inspection patch failed: {type(e).__name__}: {e}"]
-    if getattr(registry._run_in_subprocess, "_kvplan_in_process", False):
-        return ["registry._run_in_subprocess -> in process (already installed)"]
-
-    def _in_process(fn):
-        return fn()
-
-    _in_process._kvplan_in_process = True
-    registry._run_in_subprocess = _in_process
-    return ["registry._run_in_subprocess -> in process"]
-
-
 def _install_skip_forward() -> list[str]:
     """No-op the CPU worker's warm-up forward passes (see module docstring)."""
     global _SKIP_PATCHED
@@ -450,7 +424,6 @@ def run_case(case: dict, tail: _Tail, rec: _Recorder) -> dict:
     try:
         if settings.get("skip_forward", True):
             result["patched"] = _install_skip_forward()
-        result.setdefault("patched", []).extend(_install_in_process_inspection())
         kwargs: dict[str, Any] = dict(
             model=case["twin"],
             load_format="dummy",
