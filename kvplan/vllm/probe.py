@@ -51,6 +51,16 @@ under ``patched``):
   builds the model (dummy weights), collects ``get_kv_cache_spec`` from every attention / Mamba
   layer, runs ``get_kv_cache_configs``, allocates the pool and builds the scheduler exactly as
   usual, but never executes the model.
+* model-class inspection - vLLM's registry inspects each architecture in a fresh interpreter (to keep
+  CUDA uninitialized); the CPU build has no CUDA, so the probe runs it in-process
+  (``_install_in_process_inspection``): the same answer without re-importing vLLM per architecture.
+* llvmlite's lazy library (``llvmlite.binding.ffi.lib``, imported with numba by e.g. the Kimi-K2.5
+  processor): vLLM's kernel-override scan reads ``vars()`` of every module attribute that has a
+  ``__dict__`` (``_rebind_kernels`` in vllm/triton_utils/dispatcher.py@0.32.0), and llvmlite 0.47's
+  ``_lib_wrapper.__getattr__`` answers ``__dict__`` with a function wrapper, so every later engine in
+  the process failed at ``init_worker`` ("'_lib_fn_wrapper' object has no attribute 'get'"). The
+  probe makes it answer dunder names the way ``ctypes.CDLL`` does: AttributeError
+  (``_install_llvmlite_dunder_guard``).
 * non-gated MoE (Nemotron-H ``relu2`` experts): ``FusedMoEConfig.__post_init__`` refuses
   ``is_act_and_mul=False`` off CUDA/XPU/ROCm as its last statement; that one error is swallowed.
 * torchvision missing: model files such as ``qwen3_5.py`` import Qwen-VL image processors at
@@ -263,6 +273,51 @@ class _Recorder:
 _SKIP_PATCHED = False
 
 
+def _install_in_process_inspection() -> list[str]:
+    """Inspect model classes in this process instead of a fresh interpreter per architecture.
+
+    vLLM's registry imports the model class in a subprocess "to avoid initializing CUDA"
+    (``_run_in_subprocess`` in vllm/model_executor/models/registry.py@0.32.0), which re-imports vLLM:
+    ~15 s per distinct architecture on a CI core, against well under 1 s in-process. The CPU build has no
+    CUDA to initialize, and this process imports the same model module a moment later to build the twin,
+    so the answer (``_ModelInfo.from_model_cls``) is the same one."""
+    try:
+        from vllm.model_executor.models import registry
+    except Exception as e:  # noqa: BLE001 - recorded per case, the engine still runs as shipped
+        return [f"in-process inspection patch failed: {type(e).__name__}: {e}"]
+    if getattr(registry._run_in_subprocess, "_kvplan_in_process", False):
+        return ["registry._run_in_subprocess -> in process (already installed)"]
+
+    def _in_process(fn):
+        return fn()
+
+    _in_process._kvplan_in_process = True
+    registry._run_in_subprocess = _in_process
+    return ["registry._run_in_subprocess -> in process"]
+
+
+def _install_llvmlite_dunder_guard() -> list[str]:
+    """Let llvmlite's lazy library refuse dunder names, as the ``ctypes.CDLL`` it wraps does (see the
+    module docstring): one twin importing numba must not break every later twin's engine."""
+    try:
+        from llvmlite.binding import ffi
+    except Exception:  # noqa: BLE001 - no llvmlite, nothing to guard
+        return []
+    wrapper_cls = getattr(ffi, "_lib_wrapper", None)
+    if wrapper_cls is None or getattr(wrapper_cls.__getattr__, "_kvplan_guard", False):
+        return []
+    lazy_getattr = wrapper_cls.__getattr__
+
+    def _getattr(self, name):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return lazy_getattr(self, name)
+
+    _getattr._kvplan_guard = True
+    wrapper_cls.__getattr__ = _getattr
+    return ["llvmlite.binding.ffi._lib_wrapper: dunder names raise AttributeError"]
+
+
 def _install_skip_forward() -> list[str]:
     """No-op the CPU worker's warm-up forward passes (see module docstring)."""
     global _SKIP_PATCHED
@@ -424,6 +479,9 @@ def run_case(case: dict, tail: _Tail, rec: _Recorder) -> dict:
     try:
         if settings.get("skip_forward", True):
             result["patched"] = _install_skip_forward()
+        result.setdefault("patched", []).extend(_install_in_process_inspection())
+        result["patched"].extend(_install_llvmlite_dunder_guard())
+        result["patched"].extend(_install_no_heap_freeze())
         kwargs: dict[str, Any] = dict(
             model=case["twin"],
             load_format="dummy",
@@ -501,16 +559,53 @@ def run_case(case: dict, tail: _Tail, rec: _Recorder) -> dict:
                 result["layer_specs"] = {n: spec_to_dict(s) for n, s in call["specs"][0].items()}
     finally:
         result["seconds"] = round(time.perf_counter() - t0, 2)
-        if llm is not None:
-            with contextlib.suppress(Exception):
-                llm.llm_engine.engine_core.shutdown()
-        del llm
-        _cleanup()
+        with _heap_stays_frozen():  # vLLM's shutdown unfreezes and walks the whole heap, five times a case
+            if llm is not None:
+                with contextlib.suppress(Exception):
+                    llm.llm_engine.engine_core.shutdown()
+            del llm
+            _cleanup()
+        gc.collect()  # once: the case's own objects (the heap before it is frozen, see main)
     return result
 
 
+@contextlib.contextmanager
+def _heap_stays_frozen():
+    """Within: ``gc.unfreeze`` and ``gc.collect`` do nothing.
+
+    An engine's shutdown unfreezes the heap and collects it in full (``EngineCore.shutdown``,
+    ``Worker.shutdown``, ``cleanup_dist_env_and_memory`` in vllm/v1/engine/core.py,
+    vllm/v1/worker/gpu_worker.py, vllm/distributed/parallel_state.py@0.32.0): ~0.4 s per walk over
+    everything torch and vLLM imported, five walks, two thirds of a twin's time. The probe keeps what
+    was alive before the case frozen and collects the case's own objects once, after."""
+    unfreeze, collect = gc.unfreeze, gc.collect
+    gc.unfreeze, gc.collect = (lambda: None), (lambda generation=2: 0)
+    try:
+        yield
+    finally:
+        gc.unfreeze, gc.collect = unfreeze, collect
+
+
+def _install_no_heap_freeze() -> list[str]:
+    """Keep an engine's objects collectable: ``EngineCore.__init__`` freezes the whole heap once
+    built (``freeze_gc_heap``, vllm/v1/engine/core.py@0.32.0), which would keep the case's engine
+    past the probe's one collection (``_heap_stays_frozen``) for good."""
+    try:
+        from vllm.v1.engine import core
+    except Exception as e:  # noqa: BLE001
+        return [f"no-heap-freeze patch failed: {type(e).__name__}: {e}"]
+    if getattr(core.freeze_gc_heap, "_kvplan_noop", False):
+        return []
+
+    def _no_freeze() -> None:
+        return None
+
+    _no_freeze._kvplan_noop = True
+    core.freeze_gc_heap = _no_freeze
+    return ["EngineCore: freeze_gc_heap -> no-op (the probe collects each case once)"]
+
+
 def _cleanup() -> None:
-    gc.collect()
     try:
         from vllm.v1.worker.workspace import reset_workspace_manager
 
@@ -523,12 +618,6 @@ def _cleanup() -> None:
         cleanup_dist_env_and_memory()
     except Exception:  # noqa: BLE001
         pass
-    try:
-        from vllm.config import set_current_vllm_config  # noqa: F401
-        from vllm.forward_context import _forward_context  # noqa: F401
-    except Exception:  # noqa: BLE001
-        pass
-    gc.collect()
 
 
 _TV_STUB = r"""
@@ -644,7 +733,7 @@ def main(argv: list[str] | None = None) -> int:
     gc.freeze()
     for case in request.get("cases", []):
         res = run_case(case, tail, rec)
-        # run_case ended with a collection (_cleanup): what is left lives on (imported model modules, caches).
+        # run_case ended with a collection of its own objects: what is left lives on (imported model modules, caches).
         # A full walk here (unfreeze, collect) cost ~3 s a case once the heap had grown: freeze instead.
         gc.freeze()
         res["max_rss_mib"] = _max_rss_mib()

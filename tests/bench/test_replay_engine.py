@@ -7,7 +7,7 @@ counters against the prediction bench prints beside them.
   first preemption over the session levels as predicted;
 - a Mooncake-style trace (hash ids of 32-token blocks, chained prefixes), its requests spaced apart by
   their timestamps: predicted by the working set (requests one at a time);
-- a ShareGPT-style conversation file, its conversations a second apart: the working set too.
+- a ShareGPT-style conversation file, its conversations interleaved round-robin: the working set too.
 """
 
 from __future__ import annotations
@@ -111,17 +111,20 @@ def _conversations_file(tmp_path) -> str:
 
 
 def test_a_conversation_file(cpu_engine, tmp_path):
-    """Conversations start 0.5 s apart and each turn follows 1.7 s after the previous one: they interleave
-    (so one conversation's history is evicted while others run), one request at a time."""
+    """Conversations start 0.8 s apart and each turn follows 4.4 s (5.5 gaps) after the previous one: they
+    interleave round-robin (so one conversation's history is evicted while the other five run), one request
+    at a time. Each later turn lands mid-way between two sessions' turns, so the requests stay one at a time
+    and in the traffic's order while a request takes up to ~0.4 s more than the one before it (at 0.5 s and
+    1.7 s the margin was 0.15 s, and a CI run overlapped two)."""
     from pathlib import Path
 
     from kvplan.plan.prefix_cache import traffic_working_set
     from kvplan.traffic.loaders import load_traffic
 
     path = _conversations_file(tmp_path)
-    ws = traffic_working_set(load_traffic(Path(path), session_gap_s=0.5, think_s=1.7), 32)
+    ws = traffic_working_set(load_traffic(Path(path), session_gap_s=0.8, think_s=4.4), 32)
     assert ws.hit_rate(16) < ws.hit_rate(10**6)  # the pinned pool of 16 blocks evicts
-    out = _bench(cpu_engine, tmp_path, path, "--traffic-option", "session_gap_s=0.5", "--traffic-option", "think_s=1.7")
+    out = _bench(cpu_engine, tmp_path, path, "--traffic-option", "session_gap_s=0.8", "--traffic-option", "think_s=4.4")
     (point,) = out["points"]
     r = point["replay"]
     assert r["predicted_by"].startswith("working set"), r
