@@ -81,6 +81,7 @@ class EngineConfig:
     async_scheduling: bool | None = None
     mamba_ssm_cache_dtype: str | None = None
     decode_context_parallel_size: int | None = None
+    speculative_config: dict | None = None  # vLLM's --speculative-config, as given
     extra_args: tuple[str, ...] = ()
     engine_cmd: tuple[str, ...] = ()  # replaces the launcher prefix (`python -m ...`)
     env: tuple[tuple[str, str], ...] = ()

@@ -106,7 +106,7 @@ def check_log(
     vllm_version: Optional[str] = typer.Option(None, "--vllm-version", help="Rules of this release, when the log does not print it."),
     usage: str = typer.Option("serve", "--usage", help="serve (vllm serve) or llm (offline LLM class): vLLM's batch defaults."),
     gate: str = typer.Option("page", "--gate", help="page: gate blocks, tokens and concurrency given the log's KV memory; all: also weights and the memory budget."),
-    draft_layers: Optional[int] = typer.Option(None, "--draft-layers", help="Speculative decoding draft layers sharing the pool (default: 1 when the log shows EAGLE, else 0)."),
+    draft_layers: Optional[int] = typer.Option(None, "--draft-layers", help="Speculative decoding draft layers sharing the pool (default: as the log's speculative config gives them)."),
     tp: Optional[int] = typer.Option(None, "--tp", "--tensor-parallel-size", help="Tensor parallel size, instead of (or where the log does not show) the log's.", metavar="N", min=1, max=65536),
     pp: Optional[int] = typer.Option(None, "--pp", "--pipeline-parallel-size", help="Pipeline parallel size, likewise.", metavar="N", min=1, max=4096),
     max_model_len: Optional[str] = typer.Option(None, "--max-model-len", "--ctx", help="max_model_len, likewise: 32k, 131072.", metavar="TOKENS"),

@@ -81,7 +81,8 @@ def size(
     language_model_only: bool = typer.Option(False, "--language-model-only", help="vLLM's --language-model-only (or every --limit-mm-per-prompt modality 0): multimodal towers are not loaded.", rich_help_panel="Memory budget"),
     mm_max_pixels: Optional[int] = typer.Option(None, "--mm-max-pixels", help="The image processor's largest image in pixels, as vLLM's --mm-processor-kwargs '{\"max_pixels\": N}' (sizes the profile run's encoder pass).", metavar="PIXELS", rich_help_panel="Memory budget"),
     skip_mm_profiling: bool = typer.Option(False, "--skip-mm-profiling", help="vLLM's --skip-mm-profiling: the profile run skips the multimodal encoder.", rich_help_panel="Memory budget"),
-    draft_layers: int = typer.Option(0, "--draft-layers", help="Speculative decoding: the draft's KV layers (EAGLE 1, MTP its layers).", metavar="N", rich_help_panel="KV cache"),
+    speculative_config: Optional[str] = typer.Option(None, "--speculative-config", help="vLLM's --speculative-config JSON as you give vLLM: '{\"method\": \"mtp\", \"num_speculative_tokens\": 3}' (draft KV layers, Mamba state, lookahead, draft weights).", metavar="JSON", rich_help_panel="KV cache"),
+    draft_layers: int = typer.Option(0, "--draft-layers", help="Speculative decoding: the draft's KV layers, where --speculative-config cannot tell them (a draft model) or without it.", metavar="N", rich_help_panel="KV cache"),
     usage: Usage = typer.Option(Usage.serve, "--usage", help="serve (vllm serve) or llm (offline LLM class): picks vLLM's defaults.", rich_help_panel="vLLM scheduler"),
     vllm_version: Optional[str] = typer.Option(None, "--vllm-version", help="Accounting rules of this vLLM release (default: newest known).", metavar="VERSION", rich_help_panel="vLLM release and layout"),
     revision: Optional[str] = typer.Option(None, "--revision", help="Hub revision of the config.", metavar="REV", rich_help_panel="Model and GPUs"),
@@ -108,6 +109,7 @@ def size(
     """
     from kvplan.deploy import load_model, plan_deployment, select_gpus
     from kvplan.errors import KvplanError
+    from kvplan.plan.speculative import parse_speculative_config
 
     source, usage, layout = Source(source).value, Usage(usage).value, Layout(layout).value  # choices, checked by the parser
     mamba_ssm_cache_dtype = StateDtype(mamba_ssm_cache_dtype).value
@@ -138,6 +140,7 @@ def size(
         hybrid_kv_cache_manager=False if disable_hybrid else None,
         usage_context=usage,
         weights_bytes=None if weights_memory is None else parse_bytes(weights_memory, "weights memory"),
+        speculative=None if speculative_config is None else parse_speculative_config(speculative_config),
         draft_layers=draft_layers,
         language_model_only=language_model_only,
         mm_max_pixels=mm_max_pixels,

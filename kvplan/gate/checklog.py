@@ -90,15 +90,18 @@ def compare(quantity: str, reported: float | None, predicted: float | None, tole
 # --- settings ---------------------------------------------------------------------------------
 
 
-def draft_layers_from_log(r: StartupReport, notes: list[str] | None = None) -> int:
-    """EAGLE-style speculative decoding (``speculative_config`` in the non-default args) adds one
-    draft decoder layer whose KV shares the pool; other methods are not modelled."""
-    spec = str(r.non_default_args.get("speculative_config") or "").lower()
-    if "eagle" in spec:
-        if notes is not None:
-            notes.append("speculative_config uses EAGLE: one draft layer shares the KV pool (--draft-layers 1)")
-        return 1
-    return 0
+def speculative_note(r: StartupReport) -> str | None:
+    """What the log's speculative config does to the pool, in one line (None: the log shows none)."""
+    if not r.speculative_config:
+        return None
+    from kvplan.plan.speculative import parse_speculative_config
+
+    try:
+        spec = parse_speculative_config(r.speculative_config, strict=False)
+    except KvplanError as exc:
+        raise KvplanError(f"cannot read the log's speculative config {r.speculative_config}: {exc}",
+                          "pass --draft-layers N for its draft layers") from None
+    return f"speculative decoding from the log: {spec.describe()}"
 
 
 def settings_from_log(r: StartupReport, usage: str, kv_memory_bytes: int | None, override: bool = True,
@@ -107,7 +110,7 @@ def settings_from_log(r: StartupReport, usage: str, kv_memory_bytes: int | None,
 
     return settings_from_engine_args(
         r,
-        draft_layers=draft_layers_from_log(r) if draft_layers is None else draft_layers,
+        draft_layers=draft_layers or 0,
         kv_cache_memory_bytes=kv_memory_bytes,
         num_gpu_blocks_override=r.num_gpu_blocks_override if override else None,
         usage_context=usage,
@@ -232,8 +235,9 @@ def check_log_text(text: str, log_name: str, tolerance: float = 0.02, gpu: str |
         notes.append("given on the command line: " + ", ".join(f"{k}={v}" for k, v in given.items()))
     r = with_given_settings(r, given)
     version = _version(r, vllm_version, notes)
-    if draft_layers is None:
-        draft_layers = draft_layers_from_log(r, notes)
+    note = speculative_note(r)
+    if note:
+        notes.append(note)
     overhead = load_overhead()  # no user calibration: see the module docstring
     if r.max_model_len is None:
         notes.append("the log does not show max_model_len: planned with the model's maximum")

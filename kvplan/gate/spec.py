@@ -94,6 +94,8 @@ class Deployment(BaseModel):
     max_num_seqs: int | None = Field(None, ge=1, le=10_000_000)
     max_num_batched_tokens: int | None = None
     enforce_eager: bool = False
+    speculative_config: Any = Field(None, description="vLLM's --speculative-config, as a mapping or its JSON text: "
+                                    "{method: mtp, num_speculative_tokens: 3}")
     usage: str = Field("serve", pattern="^(serve|llm)$")
     vllm_version: str | None = None
     headroom: float = Field(0.0, description="fraction of the KV pool that must stay free at the asked load")
@@ -181,6 +183,18 @@ class Deployment(BaseModel):
             _check(parse_version, value)
         return value
 
+    @field_validator("speculative_config", mode="before")
+    @classmethod
+    def _speculative(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        from kvplan.plan.speculative import parse_speculative_config
+
+        try:
+            return parse_speculative_config(value)
+        except KvplanError as exc:
+            raise ValueError(str(exc).splitlines()[0].removeprefix("--speculative-config: ")) from None
+
     @field_validator("kv_cache_dtype")
     @classmethod
     def _kv_dtype(cls, value: str) -> str:
@@ -206,6 +220,7 @@ class Deployment(BaseModel):
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
             enforce_eager=self.enforce_eager,
+            speculative=self.speculative_config,
             usage_context=self.usage,
             concurrency=self.concurrency,
             prompt_tokens=self.prompt,

@@ -86,6 +86,9 @@ class Architecture:
     expert_intermediate_size: int = 0  # one routed expert's intermediate size (0: no MoE)
     # The vision tower's pass in vLLM's profile run, where kvplan has read the tower (else None).
     vision_encoder: Qwen3VisionTower | None = None
+    # MTP modules the checkpoint carries (`num_nextn_predict_layers`, `mtp_num_hidden_layers`; 0: none
+    # named): the KV layers an MTP drafter adds (kvplan.plan.speculative).
+    mtp_layers: int = 0
 
     @property
     def layout_verified(self) -> bool:
@@ -654,7 +657,7 @@ def _parse_architecture(config: dict[str, Any], overrides: dict[str, Any] | None
     # MiMo `mtp_num_hidden_layers`) are separate models in vLLM (`deepseek_mtp.py`,
     # `qwen3_5_mtp.py`, models/@0.32.0): the target's loader skips their tensors
     # (`model.layers.{n}` past num_hidden_layers, `mtp.*`) unless `--speculative-config` asks
-    # for them, so their weights are not counted here (kvplan size --draft-layers adds them).
+    # for them, so their weights are not counted here (--speculative-config adds them).
     mtp = f.get("num_nextn_predict_layers", "mtp_num_hidden_layers")
     if mtp:
         notes.append(f"{mtp} MTP draft layer(s) in the checkpoint are not loaded unless speculative decoding is on")
@@ -697,6 +700,7 @@ def _parse_architecture(config: dict[str, Any], overrides: dict[str, Any] | None
         expert_intermediate_size=int(f.get("moe_intermediate_size", "intermediate_size", default=0) or 0)
         if params.experts else 0,
         vision_encoder=vision,
+        mtp_layers=int(mtp) if isinstance(mtp, int) and not isinstance(mtp, bool) and mtp > 0 else 0,
     )
 
 

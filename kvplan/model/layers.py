@@ -51,6 +51,9 @@ class RequestContext:
     # Decode context parallel: a block of a sharded attention layer holds block_size x dcp
     # tokens (`AttentionSpec.max_num_blocks_per_req`, `resolve_dcp_kv_block_size`).
     kv_shards: int = 1
+    # Speculative decoding: state blocks a recurrent layer keeps per request for the drafted tokens
+    # (`MambaSpec.num_speculative_blocks` = K, counted by `max_memory_usage_bytes` where the release does).
+    speculative_blocks: int = 0
 
 
 def _kv_heads_per_rank(total_kv_heads: int, tp: int) -> int:
@@ -244,6 +247,9 @@ class MambaState(LayerSpec):
     ssm_policy: str = "conv"
     ssm_hint: str | None = None
     all_mode_capable: bool = False  # the family gets Mamba cache mode "all" in 0.26-0.27
+    # Speculative decoding's K: the conv state keeps K more columns where the mixer verifies drafted tokens
+    # (``conv_kernel - 1 + num_spec``, mamba_utils.py; which variants, by release: VllmRules).
+    spec_tokens: int = 0
 
     VARIANTS: ClassVar[tuple[str, ...]] = (
         "mamba1", "mamba2", "gated_delta_net", "kda", "linear_attention", "short_conv")
@@ -262,8 +268,14 @@ class MambaState(LayerSpec):
         shaped.shapes()  # validate divisibility now, with a clear error
         return shaped
 
+    def with_spec_tokens(self, k: int, variants: frozenset) -> MambaState:
+        """The state with K drafted tokens, where the release's ``variants`` widen their conv state by them."""
+        return replace(self, spec_tokens=k) if self.variant in variants else self
+
     def shapes(self) -> StateShapes:
         d, tp = dict(self.dims), self.tp
+        if self.spec_tokens:
+            d["d_conv"] = d["d_conv"] + self.spec_tokens  # the conv state keeps d_conv - 1 + K columns
         if self.variant == "mamba1":
             # conv (d_inner/tp, d_conv-1), ssm (d_inner/tp, d_state)
             d_inner = _divide(d["d_inner"], tp, "mamba d_inner")
@@ -309,13 +321,13 @@ class MambaState(LayerSpec):
         return self.state_bytes()
 
     def blocks_for_request(self, num_tokens: int, block_size: int, ctx: RequestContext) -> int:
-        if ctx.mamba_all and self.all_mode_capable:
-            return cdiv(num_tokens, block_size)
+        if ctx.mamba_all and self.all_mode_capable:  # 0.26-0.27: a page per block, plus the drafted tokens' (0.22+)
+            return cdiv(num_tokens, block_size) + ctx.speculative_blocks
         if ctx.mamba_align or (ctx.mamba_all and not self.all_mode_capable):
             # 2 pages, plus the mixer's prefill checkpoint where it exports one (Mamba-2:
             # `mamba_mixer2.py::get_kv_cache_spec`, num_prefill_checkpoint_blocks=1).
-            return 2 + (1 if self.variant in ctx.checkpoint_variants else 0)
-        return 1
+            return 2 + (1 if self.variant in ctx.checkpoint_variants else 0) + ctx.speculative_blocks
+        return 1 + ctx.speculative_blocks
 
     def describe(self) -> str:
         return f"{self.variant} state {self.state_bytes():,} B/request"

@@ -26,6 +26,7 @@ from kvplan.model.weights import mxfp4_kernel_for, routed_expert_bytes, weight_b
 from kvplan.plan.layout import KVLayout, build_layout, with_tp
 from kvplan.plan.overhead import Estimate, OverheadModel
 from kvplan.plan.schema import Settings
+from kvplan.plan.speculative import SpeculativeConfig
 from kvplan.units import GiB, cdiv
 from kvplan.vllm.rules import VllmRules, parse_version
 
@@ -234,7 +235,14 @@ class Capacity:
             mamba_all=mode == "all",
             checkpoint_variants=frozenset(checkpoints),
             kv_shards=self.settings.decode_context_parallel_size,
+            speculative_blocks=self.speculative_tokens if self.rules.mamba_counts_speculative_blocks else 0,
         )
+
+    @property
+    def speculative_tokens(self) -> int:
+        """K of the speculative config (0 without one)."""
+        spec = self.settings.speculative
+        return spec.num_speculative_tokens if spec else 0
 
     @property
     def usable_blocks(self) -> int:
@@ -341,19 +349,40 @@ def with_state_dtype(specs: list[LayerSpec], rules: VllmRules, asked: str = "aut
 
 
 def with_draft_layers(arch: Architecture, count: int) -> Architecture:
-    """The target plus ``count`` draft layers shaped like its last attention layer: vLLM gives
-    an EAGLE/MTP draft's attention layers KV pages in the same pool (on the last stage)."""
-    growing = [s for s in arch.layers if s.grows_with_tokens]
+    """The target plus ``count`` draft layers shaped like its last layer that holds KV (every spec of it: MLA
+    and its sparse indexer): an MTP module is the target's decoder layer, and vLLM gives the drafter's
+    attention layers pages in the same pool (on the last stage). Their weights: the target's average layer."""
+    growing = [(s, i) for s, i in zip(arch.layers, arch.layer_index) if s.grows_with_tokens]
     if not growing:
-        raise KvplanError("--draft-layers needs a model with attention layers")
+        raise KvplanError("speculative draft layers need a model with attention layers")
+    last = growing[-1][1]
+    shape = tuple(s for s, i in growing if i == last)
     per_layer = (arch.params.total - arch.params.embedding - arch.params.lm_head) // arch.num_hidden_layers
     params = replace(arch.params, other=arch.params.other + count * per_layer)
     return replace(
         arch,
-        layers=arch.layers + (growing[-1],) * count,
-        layer_index=arch.layer_index + (arch.num_hidden_layers - 1,) * count,
+        layers=arch.layers + shape * count,
+        layer_index=arch.layer_index + (arch.num_hidden_layers - 1,) * (len(shape) * count),
         params=params,
     )
+
+
+def speculative_draft_layers(spec: SpeculativeConfig, arch: Architecture) -> tuple[int, str]:
+    """The KV layers a drafter adds to the pool, and how kvplan knows (kvplan.plan.speculative)."""
+    if not spec.adds_kv_layers:
+        return 0, f"speculative decoding ({spec.describe()}): the drafter holds no KV"
+    if spec.method == "mtp":
+        if arch.model_type.startswith("gemma4"):
+            # The assistant's layers read the target's KV (`kv_sharing_target_layer_name`, v1/spec_decode/gemma4.py@0.32.0).
+            return 0, f"speculative decoding ({spec.describe()}): Gemma 4's MTP drafter shares the target's KV"
+        n = arch.mtp_layers or 1
+        return n, (f"speculative decoding ({spec.describe()}): {n} MTP layer(s) of the target's attention shape "
+                   "share the KV pool" + ("" if arch.mtp_layers else " (the config names no MTP modules: vLLM builds 1)"))
+    if spec.method in ("eagle", "eagle3"):
+        return 1, (f"speculative decoding ({spec.describe()}): one draft layer of the target's attention shape "
+                   "assumed (kvplan does not read the EAGLE head's config; --draft-layers N sets its layers)")
+    raise KvplanError(f"speculative decoding with {spec.method}: kvplan does not read the draft model's config",
+                      "give its attention layers with --draft-layers N (and its weights in --weights-memory)")
 
 
 def _stage_weights(arch: Architecture, total: int, stage: range, first: bool, last: bool, tp: int,
@@ -400,9 +429,25 @@ def compute_capacity(
     """Size the KV cache of one replica of a deployment, as that vLLM release would."""
     tp, pp = settings.tensor_parallel_size, settings.pipeline_parallel_size
     notes: list[str] = []
-    if settings.draft_layers:
-        arch = with_draft_layers(arch, settings.draft_layers)
-        notes.append(f"{settings.draft_layers} speculative draft layer(s) share the KV pool")
+    draft_layers = settings.draft_layers
+    if settings.speculative:
+        spec = settings.speculative
+        if draft_layers:
+            notes.append(f"speculative decoding ({spec.describe()}): {draft_layers} draft layer(s), as --draft-layers gives")
+        else:
+            draft_layers, how = speculative_draft_layers(spec, arch)
+            notes.append(how)
+        # The drafted tokens widen the recurrent states whose shape calculator takes them (mamba_utils.py).
+        k, variants = spec.num_speculative_tokens, rules.speculative_conv_variants
+        arch = replace(arch, layers=tuple(s.with_spec_tokens(k, variants) if isinstance(s, MambaState) else s
+                                          for s in arch.layers))
+        if spec.kv_cache_dtype and spec.kv_cache_dtype != settings.kv_cache_dtype:
+            notes.append(f"the draft's own KV dtype ({spec.kv_cache_dtype}) is not modelled: its layers are sized "
+                         "at the target's")
+    elif draft_layers:
+        notes.append(f"{draft_layers} speculative draft layer(s) share the KV pool")
+    if draft_layers:
+        arch = with_draft_layers(arch, draft_layers)
     if arch.num_attention_heads % tp:
         raise KvplanError(
             f"tensor parallel size {tp} does not divide the {arch.num_attention_heads} attention heads",
@@ -584,8 +629,10 @@ class RequestLoad:
 
 
 def request_load(settings: Settings, max_model_len: int) -> RequestLoad:
-    """Prompt + output - 1 tokens: the last sampled token's KV is never written. Without a
-    prompt length, a request fills the whole context (vLLM's own concurrency figure)."""
+    """Prompt + output - 1 tokens: the last sampled token's KV is never written; with speculative
+    decoding, plus the lookahead slots a running request allocates each step (`allocate_slots`, capped at
+    max_model_len, v1/core/sched/scheduler.py@0.32.0). Without a prompt length, a request fills the whole
+    context (vLLM's own concurrency figure, which leaves the lookahead out)."""
     if settings.prompt_tokens is None:
         tokens = max_model_len
     else:
@@ -595,7 +642,8 @@ def request_load(settings: Settings, max_model_len: int) -> RequestLoad:
                 f"prompt {settings.prompt_tokens:,} + output {output:,} tokens exceed the context {max_model_len:,}",
                 "raise --ctx or shorten --prompt/--output",
             )
-        tokens = settings.prompt_tokens + max(output - 1, 0)
+        lookahead = settings.speculative.lookahead_tokens if settings.speculative else 0
+        tokens = min(settings.prompt_tokens + max(output - 1, 0) + lookahead, max_model_len)
     if settings.shared_prefix_tokens > tokens:
         raise KvplanError(f"--shared-prefix {settings.shared_prefix_tokens:,} is longer than a request ({tokens:,} tokens)")
     return RequestLoad(settings.concurrency, tokens, settings.shared_prefix_tokens)

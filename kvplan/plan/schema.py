@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from kvplan.errors import KvplanError
 from kvplan.model.encoders import MAX_MM_PIXELS
+from kvplan.plan.speculative import SpeculativeConfig
 
 _MIN_ONE = ("tensor_parallel_size", "pipeline_parallel_size", "decode_context_parallel_size", "data_parallel_size",
             "block_size", "max_model_len",
@@ -52,8 +53,10 @@ class Settings:
     # from the GPUs given). MoE experts are sharded over all of them (kvplan.plan.capacity).
     data_parallel_size: int = 1
     enable_expert_parallel: bool = False  # vLLM's --enable-expert-parallel: whole experts per GPU
-    # Speculative decoding: KV-holding layers of the draft model (EAGLE: 1; MTP: its layers),
-    # shaped like the target's last attention layer and sharing its pool.
+    # Speculative decoding: vLLM's --speculative-config as vLLM resolves it (kvplan.plan.speculative).
+    speculative: SpeculativeConfig | None = None
+    # KV-holding layers of the draft, shaped like the target's last attention layer and sharing its pool;
+    # 0: as the speculative config gives them (MTP: the checkpoint's modules; EAGLE: 1).
     draft_layers: int = 0
     # vLLM's --language-model-only (or every --limit-mm-per-prompt modality at 0): the
     # multimodal towers are not built, so their weights are not loaded.

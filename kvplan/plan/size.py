@@ -200,7 +200,7 @@ def serve_command(model: str, cap: Capacity, replicas: int = 1) -> str:
     )
     args = ["vllm", "serve", model, *to_vllm_args(values)]
     line = shlex.join(args)
-    if s.draft_layers:
+    if s.draft_layers and not s.speculative:
         line += "  # plus your --speculative-config (its draft layers share this KV pool)"
     return line
 

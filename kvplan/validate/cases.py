@@ -179,7 +179,7 @@ def known_limits(case: Case) -> list[str]:
     """What kvplan's model leaves out for this report, said up front."""
     out: list[str] = []
     cur = case.report.kvplan
-    if cur.speculative_decoding and not getattr(cur, "draft_layers", 0):
+    if cur.speculative_decoding and not getattr(cur, "draft_layers", 0) and not case.report.speculative_config:
         out.append(f"{cur.speculative_decoding} speculative decoding: draft-model KV layers are not modelled")
     if case.is_v0:
         out.append("V0 engine: its profile peak is the forward pass over max_num_batched_tokens, not the V1 "

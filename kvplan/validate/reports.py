@@ -66,6 +66,7 @@ class Report(BaseModel):
     kv_cache_dtype: str | None = None
     block_size: int | None = None
     enforce_eager: bool | None = None
+    speculative_config: dict[str, Any] | None = None  # vLLM's --speculative-config, as the source gives it
     reported_kv_tokens: int | None = None
     reported_gpu_blocks: int | None = None
     reported_max_concurrency: float | None = None

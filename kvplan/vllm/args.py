@@ -36,6 +36,7 @@ ENGINE_FLAGS: tuple[tuple[str, str, str], ...] = (
     ("async_scheduling", "--async-scheduling", "bool"),
     ("mamba_ssm_cache_dtype", "--mamba-ssm-cache-dtype", "value"),
     ("decode_context_parallel_size", "--decode-context-parallel-size", "value"),
+    ("speculative_config", "--speculative-config", "value"),
 )
 ENGINE_FIELDS = frozenset(field for field, _, _ in ENGINE_FLAGS)
 
@@ -86,6 +87,7 @@ def engine_values(s: Settings) -> dict[str, object]:
         "async_scheduling": s.async_scheduling,
         "mamba_ssm_cache_dtype": None if s.mamba_ssm_cache_dtype == "auto" else s.mamba_ssm_cache_dtype,
         "decode_context_parallel_size": s.decode_context_parallel_size if s.decode_context_parallel_size > 1 else None,
+        "speculative_config": s.speculative.as_vllm_dict() if s.speculative else None,
     }
 
 
@@ -109,6 +111,11 @@ def settings_from_engine_args(source: object, **extra: object) -> Settings:
         values[name] = default if value is None else value
     for name in ("enforce_eager", "language_model_only", "skip_mm_profiling"):
         values[name] = bool(values[name])
+    spec = getattr(source, "speculative_config", None)  # vLLM's dict (a log's non-default args) or its JSON
+    if spec:
+        from kvplan.plan.speculative import parse_speculative_config
+
+        values["speculative"] = parse_speculative_config(spec, strict=False)  # another release's keys too
     kwargs = getattr(source, "mm_processor_kwargs", None)  # the bench's EngineConfig carries vLLM's dict
     if values["mm_max_pixels"] is None and isinstance(kwargs, dict):
         values["mm_max_pixels"] = kwargs.get("max_pixels")

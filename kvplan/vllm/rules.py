@@ -74,6 +74,13 @@ class VllmRules:
     # Prefix caching on by default for hybrid (attention + state) models, 0.26+.
     hybrid_prefix_caching_default: bool
     mamba2_checkpoint_page: bool  # Mamba-2 mixers add a prefill checkpoint page, 0.32+
+    # Speculative decoding: a recurrent layer's `num_speculative_blocks` (K, set for every method, ngram too)
+    # counted per request in the start-up figures and the max_model_len check (`MambaSpec.max_memory_usage_bytes`:
+    # 1 + K pages, 2 + K in align mode), 0.15.0+ (read in 0.14.1 and 0.15.0); before, without K.
+    mamba_counts_speculative_blocks: bool
+    # The recurrent variants whose conv state keeps K more columns (`conv_kernel - 1 + num_spec`): gated delta net
+    # in every release read (0.10.2+), Mamba-2 from 0.17.0, KDA from 0.27.0, short conv from 0.29.0; never Mamba-1.
+    speculative_conv_variants: frozenset
     # Qwen gated delta net adds one with the FlashInfer prefill backend (auto on SM90), 0.33+.
     gdn_checkpoint_page_on_hopper: bool
     # Hybrid attention block raised to hold a state page, aligned to A
@@ -171,6 +178,10 @@ def rules_for(version: str | None = None) -> VllmRules:
         mamba_prefix_caching=mamba_prefix_caching,
         hybrid_prefix_caching_default=v >= (0, 26, 0),
         mamba2_checkpoint_page=v >= (0, 32, 0),
+        mamba_counts_speculative_blocks=v >= (0, 15, 0),
+        speculative_conv_variants=frozenset(
+            ["gated_delta_net"] + ["mamba2"] * (v >= (0, 17, 0)) + ["kda"] * (v >= (0, 27, 0))
+            + ["short_conv"] * (v >= (0, 29, 0))),
         gdn_checkpoint_page_on_hopper=v >= (0, 33, 0),
         hybrid_block_alignment="16" if v < (0, 11, 1) else "model" if v < (0, 20, 0) else "kernel",
         mla_hybrid_block_min_128=v >= (0, 27, 1),

@@ -52,6 +52,7 @@ Formats read (vLLM source, see docs/vllm-accounting.md section 5):
 from __future__ import annotations
 
 import ast
+import json
 import re
 from typing import Any
 
@@ -172,6 +173,8 @@ class StartupReport(BaseModel):
     language_model_only: bool | None = Field(None, description="--language-model-only, or every modality limit 0")
     skip_mm_profiling: bool | None = None
     mm_max_pixels: int | None = Field(None, description="--mm-processor-kwargs max_pixels")
+    speculative_config: dict[str, Any] | None = Field(
+        None, description="--speculative-config as the log shows it (the engine's resolved method, else as given)")
     # Reported numbers.
     weights_gib: float | None = Field(None, description="Model loading took X GiB (per device)")
     available_kv_gib: float | None = Field(None, description="Available KV cache memory (per device)")
@@ -383,6 +386,45 @@ def _engine_from(version: str | None, text: str) -> str | None:
     return None
 
 
+def speculative_from_args(args: dict[str, Any]) -> dict[str, Any] | None:
+    """The speculative config of a log's non-default args: ``speculative_config`` as given (a dict, or its
+    JSON text), or the shorthand ``--spec-method`` / ``--spec-model`` / ``--spec-tokens`` vLLM merges into it
+    (`EngineArgs.create_speculative_config`, engine/arg_utils.py@0.32.0)."""
+    given = args.get("speculative_config")
+    if isinstance(given, str):
+        try:
+            given = json.loads(given)
+        except ValueError:
+            given = None
+    doc = dict(given) if isinstance(given, dict) else {}
+    for flag, key in (("spec_method", "method"), ("spec_model", "model"), ("spec_tokens", "num_speculative_tokens")):
+        if args.get(flag) is not None:
+            doc.setdefault(key, args[flag])
+    return doc or None
+
+
+_SPEC_REPR = re.compile(r"(?<![\w])speculative_config=SpeculativeConfig\(([^)]*)\)")
+
+
+def speculative_from_dump(dump: str) -> dict[str, Any] | None:
+    """The engine's resolved speculative config from its config dump:
+    ``speculative_config=SpeculativeConfig(method='mtp', model='...', num_spec_tokens=3)``
+    (`SpeculativeConfig.__repr__`, config/speculative.py@0.32.0), the MTP aliases already folded."""
+    m = _SPEC_REPR.search(dump)
+    if not m:
+        return None
+    body = m.group(1)
+    method = re.search(r"method='([^']+)'", body)
+    tokens = re.search(r"num_spec_tokens=(\d+)", body)
+    model = re.search(r"model='((?:[^'\\]|\\.)*)'", body)
+    if not (method and tokens):
+        return None
+    doc: dict[str, Any] = {"method": method.group(1), "num_speculative_tokens": int(tokens.group(1))}
+    if model:
+        doc["model"] = model.group(1)
+    return doc
+
+
 def parse_startup_log(text: str) -> StartupReport:
     """Parse a vLLM start-up log (any release from 0.6 to 0.33; GPU or CPU build)."""
     if len(text) > MAX_LINE or text.count("\n") > MAX_KEPT_LINES:
@@ -413,6 +455,8 @@ def parse_startup_log(text: str) -> StartupReport:
             put("model", model, m.start())
         for field, value in multimodal_settings(args).items():
             put(field, value, m.start())
+        spec = speculative_from_args(args)
+        put("speculative_config", redact_data(spec) if spec else None, m.start())
 
     m = _last(_BANNER_VERSION, text)
     if m:
@@ -429,6 +473,9 @@ def parse_startup_log(text: str) -> StartupReport:
         put("vllm_version", m.group(2), m.start())
         put("engine", "v1" if m.group(1) == "V1 " else "v0", m.start())
         dump = m.group(3)
+        spec = speculative_from_dump(dump)
+        if spec:  # the engine's resolved method and K, over what was given
+            put("speculative_config", redact_data({**(r.get("speculative_config") or {}), **spec}), m.start())
         mm = re.search(r"(?<![\w])model='((?:[^'\\]|\\.)*)'", dump)
         if mm:
             put("model", mm.group(1), m.start())

@@ -94,16 +94,19 @@ def test_kv003_eagle_draft_kv_is_outside_the_tolerance(tmp_path):
     assert (t["predicted"], t["within"]) == (410_128, True)
 
 
-def test_eagle_in_the_non_default_args_adds_the_draft_layer():
-    from kvplan.gate.checklog import draft_layers_from_log
-    from kvplan.vllm.startup_log import parse_startup_log
-
-    log = ("INFO 06-20 10:00:00 [cli_args.py:1] non-default args: {'model': 'meta-llama/Llama-3.1-8B', "
-           "'speculative_config': {'method': 'eagle', 'model': 'yuhuili/EAGLE-LLaMA3.1-Instruct-8B', "
-           "'num_speculative_tokens': 3}}\n")
-    notes: list[str] = []
-    assert draft_layers_from_log(parse_startup_log(log), notes) == 1 and notes
-    assert draft_layers_from_log(parse_startup_log("non-default args: {'model': 'x'}\n")) == 0
+def test_eagle_in_the_non_default_args_adds_the_draft_layer(tmp_path):
+    """KV003's log with the EAGLE config in its non-default args (the published quote is cut before them): the
+    draft layer is read from the log, and the plan is exact (410,128 tokens, as printed) without --draft-layers."""
+    args_line = ("INFO 06-20 10:00:00 [cli_args.py:1] non-default args: {'model': 'meta-llama/Llama-3.1-8B', "
+                 "'speculative_config': {'method': 'eagle', 'model': 'yuhuili/EAGLE-LLaMA3.1-Instruct-8B', "
+                 "'num_speculative_tokens': 3}}\n")
+    result = check_log(tmp_path, args_line + KV003, "--model", "meta-llama/Llama-3.1-8B-Instruct", "--vllm-version",
+                       "0.9.1", *ONE_GPU, "--json")
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    t = rows(out["page_math"])["KV cache tokens"]
+    assert (t["predicted"], t["within"]) == (410_128, True)
+    assert any("speculative decoding from the log: eagle, 3 speculative token(s)" in n for n in out["notes"])
 
 
 def test_kv001_v0_blocks_and_budget_from_the_logged_total(tmp_path):

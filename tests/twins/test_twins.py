@@ -29,6 +29,7 @@ from kvplan.paths import PROFILES_DIR
 from kvplan.plan.capacity import compute_capacity, with_state_dtype, with_tp
 from kvplan.plan.overhead import load_overhead
 from kvplan.plan.schema import Settings
+from kvplan.plan.speculative import parse_speculative_config
 from kvplan.units import GiB, MiB
 from kvplan.vllm.platforms import host_cpu_platform
 from kvplan.vllm.rules import rules_for
@@ -43,6 +44,10 @@ DEFAULT = {}
 VARIANTS = {
     "block256": {"block_size": 256},
     "no-prefix-caching": {"enable_prefix_caching": False},
+    # Speculative decoding, vLLM's JSON as given (kvplan.plan.speculative): MTP drafts with the checkpoint's
+    # own MTP module; ngram drafts without KV layers but widens the recurrent state.
+    "mtp2": {"extra_engine_args": {"speculative_config": {"method": "mtp", "num_speculative_tokens": 2}}},
+    "ngram3": {"extra_engine_args": {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3}}},
 }
 EXTRA_VARIANTS = {  # profile -> variants beyond the default
     "meta-llama/Llama-3.1-8B": ["block256"],
@@ -52,13 +57,14 @@ EXTRA_VARIANTS = {  # profile -> variants beyond the default
     "nvidia/Nemotron-H-56B-Base-8K": ["block256", "no-prefix-caching"],
     "Qwen/Qwen3-Next-80B-A3B-Thinking": ["block256", "no-prefix-caching"],
     "ai21labs/Jamba-v0.1": ["no-prefix-caching"],
-    "deepseek-ai/DeepSeek-V3": ["block256"],
+    "deepseek-ai/DeepSeek-V3": ["block256", "mtp2"],
     "google/gemma-4-26B-A4B": ["block256", "no-prefix-caching"],
     "google/gemma-4-E2B-it": ["block256"],
     "Qwen/Qwen3.5-35B-A3B": ["block256", "no-prefix-caching"],
     "zai-org/GLM-5.2": ["no-prefix-caching"],
     "tiiuae/Falcon-H1-34B-Instruct": ["no-prefix-caching", "block256"],
-    "ibm-granite/granite-4.0-h-350m": ["no-prefix-caching"],
+    "ibm-granite/granite-4.0-h-350m": ["no-prefix-caching", "ngram3"],
+    "Qwen/Qwen3.5-9B": ["mtp2"],
     "synthetic/falcon-h1": ["no-prefix-caching", "block256"],
     "synthetic/granite-4.0-h": ["no-prefix-caching"],
     "synthetic/exaone4.0-32b-shape": ["block256"],
@@ -285,6 +291,7 @@ def _plan(profile: str, engine_settings: dict, async_scheduling: bool = False, v
         enable_prefix_caching=engine_settings.get("enable_prefix_caching"),
         kv_cache_dtype=engine_settings.get("kv_cache_dtype") or "auto",
         usage_context="llm",  # the probe builds vLLM's offline LLM class
+        speculative=_speculative(engine_settings),
     )
     platform = host_cpu_platform()  # this host: the CPU build the probe runs (its SSM dtype rule)
     if any(isinstance(s, MLAIndexer) for s in arch.layers) and platform.mla_block_size:
@@ -296,6 +303,11 @@ def _plan(profile: str, engine_settings: dict, async_scheduling: bool = False, v
         platform = replace(platform, async_scheduling=True)
     device = replace(CPU_DEVICE, platform_rules=platform)
     return compute_capacity(arch, device, settings, rules_for(version), load_overhead())
+
+
+def _speculative(engine_settings: dict):
+    given = (engine_settings.get("extra_engine_args") or {}).get("speculative_config")
+    return parse_speculative_config(given) if given else None
 
 
 def _engine_layer_shapes(result: dict) -> list[tuple]:

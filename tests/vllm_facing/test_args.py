@@ -29,6 +29,7 @@ VALUES = {
     "async_scheduling": True,
     "mamba_ssm_cache_dtype": "float32",
     "decode_context_parallel_size": 2,
+    "speculative_config": {"method": "mtp", "num_speculative_tokens": 3},
 }
 
 

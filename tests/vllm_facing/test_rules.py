@@ -16,6 +16,7 @@ from kvplan.model.source import load_bundled
 from kvplan.plan.capacity import compute_capacity, default_block_size, default_scheduler_limits, resolve_kv_dtype
 from kvplan.plan.overhead import load_overhead
 from kvplan.plan.schema import Settings
+from kvplan.plan.speculative import parse_speculative_config
 from kvplan.units import GiB, MiB
 from kvplan.vllm.rules import NEWEST_KNOWN, parse_version, rules_for
 
@@ -278,6 +279,35 @@ def test_max_len_check_counts_padding_from_0_19_1():
     assert old.needed_for_max_model_len() == 151_322_624
 
 
+def test_speculative_state_blocks_count_per_request_from_0_15():
+    """Qwen3-Next: 12 full-attention and 36 gated-delta-net layers, the state in 3 groups of 12. With K = 2
+    drafted tokens each state group keeps 1 + 2 pages a request from 0.15.0 (0.14.1: 1): 3 x 2 = 6 blocks more,
+    the same block size in both (the 0.11.1-0.19 alignment)."""
+    spec = parse_speculative_config({"method": "ngram", "num_speculative_tokens": 2})
+    old, new = (cap("Qwen/Qwen3-Next-80B-A3B-Thinking", v, tensor_parallel_size=4, max_model_len=32768,
+                    kv_cache_memory_bytes=8 * GiB, enable_prefix_caching=False, speculative=spec) for v in ("0.14.1", "0.15.0"))
+    assert old.block_size == new.block_size
+    assert new.blocks_per_request(32768) - old.blocks_per_request(32768) == 6
+
+
+def test_mamba2_conv_state_keeps_the_drafted_tokens_from_0_17():
+    """granite-4.0-h-350m: Mamba-2 conv dim 48 x 32 + 2 x 1 x 128 = 1,792 rows of bf16; K = 3 drafted tokens add 3
+    columns from 0.17.0: 1,792 x 3 x 2 = 10,752 B a state (0.16.0: none). Gated delta net: always."""
+    from kvplan.model.layers import MambaState
+
+    spec = parse_speculative_config({"method": "ngram", "num_speculative_tokens": 3})
+
+    def state_bytes(version, speculative):
+        c = cap("ibm-granite/granite-4.0-h-350m", version, max_model_len=4096, kv_cache_memory_bytes=GiB,
+                speculative=speculative)
+        return next(s for s in c.arch.layers if isinstance(s, MambaState)).state_bytes()
+
+    assert state_bytes("0.16.0", spec) == state_bytes("0.16.0", None)
+    assert state_bytes("0.17.0", spec) - state_bytes("0.17.0", None) == 10_752
+    assert rules_for("0.10.2").speculative_conv_variants == {"gated_delta_net"}
+    assert rules_for("0.29.0").speculative_conv_variants == {"gated_delta_net", "mamba2", "kda", "short_conv"}
+
+
 def test_every_rule_field_is_covered():
     """A new rule in VllmRules needs a test here: this list is the inventory."""
     tested = {
@@ -289,7 +319,8 @@ def test_every_rule_field_is_covered():
         "gdn_checkpoint_page_on_hopper", "hybrid_block_alignment", "mla_hybrid_block_min_128", "mla_block_size_rule",
         "nemotron_h_ssm_default", "qwen35_reads_mamba_ssm_dtype", "gdn_respects_ssm_dtype",
         "max_len_check_counts_padding", "big_gpu_tier", "sparse_mla_auto_fp8", "admit_full_prompt", "moe_shards_over_dp", "note",
-        "free_uncached_first", "prefix_stats_at_admission",
+        "free_uncached_first", "prefix_stats_at_admission", "mamba_counts_speculative_blocks",
+        "speculative_conv_variants",
     }
     assert set(rules_for(None).__dataclass_fields__) == tested
 

@@ -1,0 +1,206 @@
+"""vLLM's --speculative-config in the pool (issue 21 item 4).
+
+Expected numbers are the engine's own start-up lines where a public log gives them, else hand arithmetic
+from the bundled configs and vLLM 0.32.0's rules (cited in kvplan/plan/speculative.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from kvplan.cli.app import app
+from kvplan.errors import KvplanError
+from kvplan.plan.speculative import parse_speculative_config
+
+runner = CliRunner()
+
+MTP3 = '{"method": "mtp", "num_speculative_tokens": 3}'
+
+
+def size_json(*args: str) -> dict:
+    result = runner.invoke(app, ["size", *args, "--offline", "--json"])
+    assert result.exit_code in (0, 1), result.output
+    return json.loads(result.stdout)
+
+
+# --- reading the JSON as vLLM does ---------------------------------------------------------------------
+
+
+def test_mtp_aliases_fold_to_mtp_and_the_lookahead_is_k():
+    spec = parse_speculative_config('{"method": "qwen3_5_mtp", "num_speculative_tokens": 2}')
+    assert (spec.method, spec.num_speculative_tokens, spec.lookahead_tokens, spec.adds_kv_layers) == ("mtp", 2, 2, True)
+
+
+@pytest.mark.parametrize("doc, method, lookahead", [
+    ({"model": "yuhuili/EAGLE-LLaMA3.1-Instruct-8B", "num_speculative_tokens": 3}, "eagle", 3),
+    ({"model": "AngelSlim/Qwen3-8B_eagle3", "num_speculative_tokens": 3}, "eagle3", 3),
+    ({"model": "z-lab/Qwen3-8B-DFlash-b16", "num_speculative_tokens": 15}, "dflash", 16),  # K + 1
+    ({"model": "[ngram]", "num_speculative_tokens": 4}, "ngram", 0),
+    ({"model": "meta-llama/Llama-3.2-1B", "num_speculative_tokens": 5}, "draft_model", 5),
+    ({"method": "suffix"}, "suffix", 0),
+])
+def test_the_method_is_detected_from_the_draft_name_as_vllm_does(doc, method, lookahead):
+    spec = parse_speculative_config(doc)
+    assert (spec.method, spec.lookahead_tokens) == (method, lookahead)
+
+
+def test_suffix_decoding_drafts_vllms_default_tree_depth():
+    assert parse_speculative_config({"method": "suffix"}).num_speculative_tokens == 24
+
+
+@pytest.mark.parametrize("text, said", [
+    ('{"method": "mtp", "num_speculative_tokens": 3, "num_lookahead_slots": 3}', "unknown key"),
+    ('{"method": "mtp"}', "needs num_speculative_tokens"),
+    ('{"method": "mtp", "num_speculative_tokens": 0}', "from 1 to 128"),
+    ('{"method": "mtp", "num_speculative_tokens": 1e9}', "from 1 to 128"),
+    ('{"method": "mtp", "num_speculative_tokens": true}', "from 1 to 128"),
+    ('{"method": "telepathy", "num_speculative_tokens": 3}', "unknown method"),
+    ('[1, 2]', "JSON object"),
+    ('{"method": ', "not JSON"),
+    ('{"model": 7, "num_speculative_tokens": 3}', "model must be a string"),
+])
+def test_bad_configs_are_refused_with_the_reason(text, said):
+    with pytest.raises(KvplanError, match=said):
+        parse_speculative_config(text)
+
+
+def test_a_bad_config_on_the_command_line_is_one_line_and_exit_2():
+    result = runner.invoke(app, ["size", "Qwen/Qwen3.5-27B", "--gpu", "H100", "--offline",
+                                 "--speculative-config", '{"method": "mtp"}'])
+    assert result.exit_code == 2
+    assert "needs num_speculative_tokens" in result.output and "Traceback" not in result.output
+
+
+# --- the pool: Qwen3.5/3.6-27B with MTP, against public start-up logs -----------------------------------
+
+
+def test_qwen3_6_27b_with_mtp3_prints_what_vllm_printed():
+    """https://github.com/noonghunna/club-3090/issues/294: Qwen3.6-27B (Qwen3.5-27B's shape) on 2 x RTX 3090,
+    TP 2, fp8_e5m2 KV, max_model_len 262,144, prefix caching, MTP with 3 tokens: "GPU KV cache size: 622,408
+    tokens", "Maximum concurrency for 262,144 tokens per request: 2.37x"; #295, the same settings: 620,944.
+
+    By hand (config: 48 gated-delta-net layers, 16 k-heads and 48 v-heads of 128, conv kernel 4, SSM float32;
+    16 full-attention layers, 4 KV heads of 256):
+    - state per GPU: conv (2 x 16 x 128 + 48 x 128) / 2 = 5,120 rows x (4 - 1 + 3) columns x 2 B = 61,440,
+      SSM 24 x 128 x 128 x 4 B = 1,572,864: 1,634,304 B;
+    - attention: 2 KV heads x 256 x 2 x 1 B = 1,024 B a token a layer; block 16 x cdiv(1,634,304, 16 x 1,024) =
+      1,600 tokens;
+    - 16 + 1 MTP = 17 full layers in one group, 48 state layers in 3 groups of 17 (3 padding);
+    - a request: cdiv(262,144, 1,600) = 164 blocks + 3 state groups x (2 + 3) = 179;
+    - 425 blocks / 179 = 2.3743 -> int(2.3743 x 262,144) = 622,408; 424 -> 620,944."""
+    args = ("Qwen/Qwen3.5-27B", "--gpu", "2x3090", "--tp", "2", "--ctx", "262144", "--kv-cache-dtype", "fp8_e5m2",
+            "--enable-prefix-caching", "--speculative-config", MTP3, "--vllm-version", "0.32.0")
+    plan = size_json(*args, "--num-gpu-blocks-override", "425")
+    assert (plan["block_size"], plan["kv_cache_tokens"], round(plan["max_concurrency"], 2)) == (1600, 622_408, 2.37)
+    assert size_json(*args, "--num-gpu-blocks-override", "424")["kv_cache_tokens"] == 620_944
+    groups = {g["kind"]: g for g in plan["kv_groups"]}
+    assert groups["full_attention"]["layers"] == 17
+
+
+def test_vllm_0_20_1_counts_the_speculative_state_blocks_too():
+    """https://github.com/noonghunna/club-3090/issues/91: the same deployment on "Initializing a V1 LLM engine
+    (v0.20.1)", speculative_config=SpeculativeConfig(method='mtp', ..., num_spec_tokens=3): "GPU KV cache size:
+    619,479 tokens", "Maximum concurrency for 262,144 tokens per request: 2.36x" = 423 blocks / 179 a request
+    (423 / 179 x 262,144 = 619,479.4). Without the 3 x 3 speculative state blocks (170 a request) no whole
+    number of blocks prints 619,479."""
+    plan = size_json("Qwen/Qwen3.5-27B", "--gpu", "2x3090", "--tp", "2", "--ctx", "262144", "--kv-cache-dtype",
+                     "fp8_e5m2", "--enable-prefix-caching", "--speculative-config", MTP3, "--vllm-version", "0.20.1",
+                     "--num-gpu-blocks-override", "423")
+    assert (plan["block_size"], plan["kv_cache_tokens"], round(plan["max_concurrency"], 2)) == (1600, 619_479, 2.36)
+
+
+def test_without_mtp_the_same_pool_holds_more_tokens():
+    """The same 425 blocks without the drafter: block 16 x cdiv(5,120 x 3 x 2 + 1,572,864, 16,384) = 1,568, a
+    request cdiv(262,144, 1,568) = 168 + 3 x 2 = 174 blocks: 425 / 174 x 262,144 = 640,294 tokens."""
+    plan = size_json("Qwen/Qwen3.5-27B", "--gpu", "2x3090", "--tp", "2", "--ctx", "262144", "--kv-cache-dtype",
+                     "fp8_e5m2", "--enable-prefix-caching", "--vllm-version", "0.32.0", "--num-gpu-blocks-override", "425")
+    assert (plan["block_size"], plan["kv_cache_tokens"]) == (1568, 640_294)
+
+
+def test_ngram_adds_no_layers_but_widens_the_recurrent_state():
+    """ngram drafts no KV layers, yet vLLM sizes every gated-delta-net state for K more tokens and keeps K
+    more state blocks a request (num_speculative_blocks = vllm_config.num_speculative_tokens): K = 3 gives the
+    block of 1,600 tokens, 16 full layers, 164 + 3 x 5 = 179 blocks a request: 425 / 179 -> 622,408."""
+    plan = size_json("Qwen/Qwen3.5-27B", "--gpu", "2x3090", "--tp", "2", "--ctx", "262144", "--kv-cache-dtype",
+                     "fp8_e5m2", "--enable-prefix-caching", "--vllm-version", "0.32.0", "--num-gpu-blocks-override", "425",
+                     "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}')
+    groups = {g["kind"]: g for g in plan["kv_groups"]}
+    assert (plan["block_size"], groups["full_attention"]["layers"], plan["kv_cache_tokens"]) == (1600, 16, 622_408)
+
+
+def test_ngram_on_an_attention_model_changes_nothing_at_start_up():
+    base = ("meta-llama/Llama-3.1-8B", "--gpu", "H100", "--ctx", "32k")
+    plain = size_json(*base)
+    ngram = size_json(*base, "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4}')
+    assert (ngram["num_blocks"], ngram["kv_cache_tokens"]) == (plain["num_blocks"], plain["kv_cache_tokens"])
+
+
+def test_eagle_adds_one_layer_of_the_targets_shape_and_its_weights():
+    """Llama-3.1-8B: 32 layers of 8 KV heads x 128 x 2 x 2 B = 4,096 B a token each; EAGLE's one draft layer
+    makes it 33 x 4,096 = 135,168 B a token, with a block of 16: 2,162,688 B a block."""
+    base = ("meta-llama/Llama-3.1-8B", "--gpu", "H100", "--ctx", "32k", "--kv-memory", "20GiB")
+    plan = size_json(*base, "--speculative-config", '{"model": "yuhuili/EAGLE-LLaMA3.1-Instruct-8B", '
+                                                     '"num_speculative_tokens": 3}')
+    assert plan["block_bytes"] == 33 * 4096 * 16
+    assert plan["num_blocks"] == 20 * 2**30 // (33 * 4096 * 16)
+    assert any("one draft layer" in n for n in plan["notes"])
+
+
+def test_a_draft_model_needs_its_layers_given():
+    result = runner.invoke(app, ["size", "meta-llama/Llama-3.1-8B", "--gpu", "H100", "--offline", "--speculative-config",
+                                 '{"model": "meta-llama/Llama-3.2-1B", "num_speculative_tokens": 5}'])
+    assert result.exit_code == 2 and "--draft-layers" in result.output
+    ok = size_json("meta-llama/Llama-3.1-8B", "--gpu", "H100", "--ctx", "32k", "--kv-memory", "20GiB", "--speculative-config",
+                   '{"model": "meta-llama/Llama-3.2-1B", "num_speculative_tokens": 5}', "--draft-layers", "16")
+    assert ok["block_bytes"] == (32 + 16) * 4096 * 16
+
+
+def test_the_lookahead_counts_in_a_running_request_not_in_vllms_figure():
+    """Llama-3.1-8B, blocks of 16: a 1,000 + 25 token request holds 1,024 tokens: 64 blocks; with MTP-style
+    lookahead of 3 (EAGLE) it allocates 1,027 slots: 65 blocks. vLLM's own concurrency figure (whole
+    context) leaves the lookahead out."""
+    base = ("meta-llama/Llama-3.1-8B", "--gpu", "H100", "--ctx", "32k", "--prompt", "1000", "--output", "25")
+    assert size_json(*base)["blocks_per_request"] == 64
+    eagle = size_json(*base, "--speculative-config", '{"method": "eagle", "model": "x/EAGLE-8B", "num_speculative_tokens": 3}')
+    assert eagle["blocks_per_request"] == 65
+
+
+def test_the_serve_line_carries_the_config_as_given():
+    plan = size_json("Qwen/Qwen3.5-27B", "--gpu", "2xH100", "--ctx", "64k", "--speculative-config",
+                     '{"method":"qwen3_5_mtp","num_speculative_tokens":2}')
+    assert """--speculative-config '{"method":"qwen3_5_mtp","num_speculative_tokens":2}'""" in plan["vllm_serve_command"]
+
+
+# --- start-up logs --------------------------------------------------------------------------------------
+
+
+def test_a_log_shows_the_config_in_its_args_and_the_engines_resolved_method():
+    from kvplan.vllm.startup_log import parse_startup_log
+
+    args = ("INFO 06-20 10:00:00 [api_utils.py:286] non-default args: {'model': 'Qwen/Qwen3.6-27B', "
+            "'speculative_config': {'method': 'qwen3_5_mtp', 'num_speculative_tokens': 3}}\n")
+    assert parse_startup_log(args).speculative_config == {"method": "qwen3_5_mtp", "num_speculative_tokens": 3}
+    init = ("INFO 06-20 10:00:01 [core.py:133] Initializing a V1 LLM engine (v0.32.0) with config: "
+            "model='Qwen/Qwen3.6-27B', speculative_config=SpeculativeConfig(method='mtp', model='Qwen/Qwen3.6-27B', "
+            "num_spec_tokens=3), tokenizer='Qwen/Qwen3.6-27B', max_seq_len=262144, tensor_parallel_size=2\n")
+    r = parse_startup_log(args + init)
+    assert r.speculative_config == {"method": "mtp", "num_speculative_tokens": 3, "model": "Qwen/Qwen3.6-27B"}
+    shorthand = "non-default args: {'model': 'm', 'spec_method': 'ngram', 'spec_tokens': 4}\n"
+    assert parse_startup_log(shorthand).speculative_config == {"method": "ngram", "num_speculative_tokens": 4}
+    assert parse_startup_log("non-default args: {'model': 'x'}\n").speculative_config is None
+
+
+def test_kvplan_yaml_takes_the_config_and_refuses_a_bad_one(tmp_path):
+    from kvplan.gate.spec import load_spec
+
+    good = tmp_path / "kvplan.yaml"
+    good.write_text("deployments:\n  - name: a\n    model: Qwen/Qwen3.5-27B\n    gpu: 2xH100\n"
+                    "    speculative_config: {method: mtp, num_speculative_tokens: 2}\n")
+    (entry,) = load_spec(good).entries
+    assert entry.deployment.settings(2).speculative.num_speculative_tokens == 2
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("deployments:\n  - name: a\n    model: m\n    gpu: H100\n    speculative_config: {method: mtp}\n")
+    with pytest.raises(KvplanError, match="needs num_speculative_tokens"):
+        load_spec(bad)
