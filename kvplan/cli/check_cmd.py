@@ -109,6 +109,7 @@ def check_log(
     draft_layers: Optional[int] = typer.Option(None, "--draft-layers", help="Speculative decoding draft layers sharing the pool (default: as the log's speculative config gives them)."),
     tp: Optional[int] = typer.Option(None, "--tp", "--tensor-parallel-size", help="Tensor parallel size, instead of (or where the log does not show) the log's.", metavar="N", min=1, max=65536),
     pp: Optional[int] = typer.Option(None, "--pp", "--pipeline-parallel-size", help="Pipeline parallel size, likewise.", metavar="N", min=1, max=4096),
+    dcp: Optional[int] = typer.Option(None, "--dcp", "--decode-context-parallel-size", help="Decode context parallel size, likewise.", metavar="N", min=1, max=4096),
     max_model_len: Optional[str] = typer.Option(None, "--max-model-len", "--ctx", help="max_model_len, likewise: 32k, 131072.", metavar="TOKENS"),
     kv_cache_dtype: Optional[str] = typer.Option(None, "--kv-cache-dtype", help="KV cache dtype, likewise.", metavar="DTYPE"),
     block_size: Optional[int] = typer.Option(None, "--block-size", help="KV block size, likewise.", metavar="N", min=1, max=1 << 20),
@@ -134,7 +135,8 @@ def check_log(
         from kvplan.model.dtypes import kv_dtype
 
         kv_dtype(kv_cache_dtype)  # refuse an unknown name now, with the list
-    given = {"tensor_parallel_size": tp, "pipeline_parallel_size": pp, "kv_cache_dtype": kv_cache_dtype,
+    given = {"tensor_parallel_size": tp, "pipeline_parallel_size": pp, "decode_context_parallel_size": dcp,
+             "kv_cache_dtype": kv_cache_dtype,
              "block_size": block_size,
              "max_model_len": None if max_model_len is None else parse_tokens(max_model_len, "max_model_len")}
     result = check_log_text(text, log, tolerance=tolerance, gpu=gpu, model=model,

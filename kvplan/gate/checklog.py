@@ -183,7 +183,7 @@ def _capacity_rows(r: StartupReport, plan, plan_free, tolerance: float, gated: b
 #: Settings a log must show (or the command line give) before check-log judges it: each moves every figure.
 #: Flag -> report field.
 SETTING_FLAGS = {"--tp": "tensor_parallel_size", "--pp": "pipeline_parallel_size", "--max-model-len": "max_model_len",
-                 "--kv-cache-dtype": "kv_cache_dtype", "--block-size": "block_size"}
+                 "--kv-cache-dtype": "kv_cache_dtype", "--block-size": "block_size", "--dcp": "decode_context_parallel_size"}
 
 
 def settings_were_read(r: StartupReport) -> bool:

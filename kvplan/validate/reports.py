@@ -61,6 +61,7 @@ class Report(BaseModel):
     gpu_total_memory_gib_logged: float | None = None
     tensor_parallel_size: int | None = None
     pipeline_parallel_size: int | None = None
+    decode_context_parallel_size: int | None = None  # --decode-context-parallel-size, where the source gives it
     gpu_memory_utilization: float | None = None
     max_model_len: int | None = None
     kv_cache_dtype: str | None = None

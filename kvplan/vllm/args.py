@@ -96,7 +96,8 @@ _READ_BACK = (("tensor_parallel_size", 1), ("pipeline_parallel_size", 1), ("kv_c
               ("block_size", None), ("max_model_len", None), ("gpu_memory_utilization", None),
               ("kv_cache_memory_bytes", None), ("num_gpu_blocks_override", None), ("max_num_seqs", None),
               ("max_num_batched_tokens", None), ("enforce_eager", False), ("enable_prefix_caching", None),
-              ("language_model_only", False), ("skip_mm_profiling", False), ("mm_max_pixels", None))
+              ("language_model_only", False), ("skip_mm_profiling", False), ("mm_max_pixels", None),
+              ("decode_context_parallel_size", 1))
 
 
 def settings_from_engine_args(source: object, **extra: object) -> Settings:

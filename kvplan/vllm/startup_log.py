@@ -159,6 +159,7 @@ class StartupReport(BaseModel):
     gpu_memory_utilization: float | None = None
     tensor_parallel_size: int | None = None
     pipeline_parallel_size: int | None = None
+    decode_context_parallel_size: int | None = Field(None, description="--decode-context-parallel-size (DCP)")
     block_size: int | None = None
     kv_cache_dtype: str | None = None
     dtype: str | None = None
@@ -256,6 +257,7 @@ _CONFIG_KEYS: dict[str, tuple[str, str]] = {
     "max_seq_len": ("max_model_len", r"(\d{1,18})(?!\d)"),
     "tensor_parallel_size": ("tensor_parallel_size", r"(\d{1,9})(?!\d)"),
     "pipeline_parallel_size": ("pipeline_parallel_size", r"(\d{1,9})(?!\d)"),
+    "decode_context_parallel_size": ("decode_context_parallel_size", r"(\d{1,9})(?!\d)"),
     "kv_cache_dtype": ("kv_cache_dtype", r"([\w.]+)"),
     "dtype": ("dtype", r"([\w.]+)"),
     "enforce_eager": ("enforce_eager", r"(True|False)"),
@@ -269,6 +271,7 @@ _ARG_FIELDS = (
     "max_model_len", "gpu_memory_utilization", "tensor_parallel_size", "pipeline_parallel_size", "block_size",
     "kv_cache_dtype", "dtype", "max_num_seqs", "max_num_batched_tokens", "enforce_eager",
     "num_gpu_blocks_override", "kv_cache_memory_bytes", "enable_prefix_caching", "quantization",
+    "decode_context_parallel_size",
 )
 
 

@@ -222,3 +222,23 @@ def test_a_log_with_nothing_to_compare_is_not_passed(tmp_path):
     text = V0_TP2.read_text().split("# cuda blocks")[0].rsplit("\n", 1)[0] + "\n"
     result = check_log(tmp_path, text)
     assert result.exit_code == 2 and "no reported number could be compared" in result.stderr
+
+
+def test_decode_context_parallel_is_read_from_the_log_and_can_be_given():
+    """A log of a DCP deployment states it (non-default args; the engine's config dump prints
+    decode_context_parallel_size=N): the plan uses it, so a block holds block_size x DCP tokens."""
+    from kvplan.gate.checklog import settings_from_log, with_given_settings
+    from kvplan.vllm.startup_log import parse_startup_log
+
+    args = ("INFO 10-01 10:00:00 [api_utils.py:286] non-default args: {'model': 'deepseek-ai/DeepSeek-R1', "
+            "'tensor_parallel_size': 8, 'decode_context_parallel_size': 8}\n")
+    assert parse_startup_log(args).decode_context_parallel_size == 8
+    dump = ("INFO 10-01 10:00:01 [core.py:133] Initializing a V1 LLM engine (v0.32.0) with config: "
+            "model='deepseek-ai/DeepSeek-R1', tensor_parallel_size=8, pipeline_parallel_size=1, data_parallel_size=1, "
+            "decode_context_parallel_size=4, dcp_comm_backend=ag_rs, max_seq_len=131072\n")
+    r = parse_startup_log(args + dump)
+    assert r.decode_context_parallel_size == 4  # the engine's effective value over the args
+    assert settings_from_log(r, "serve", 40 * 2**30).decode_context_parallel_size == 4
+    given = with_given_settings(parse_startup_log(dump.replace("decode_context_parallel_size=4, ", "")),
+                                {"decode_context_parallel_size": 8})
+    assert settings_from_log(given, "serve", 40 * 2**30).decode_context_parallel_size == 8
