@@ -65,6 +65,7 @@ def fit(
     price: Optional[list[str]] = typer.Option(None, "--price", help="USD per GPU-hour (repeatable): --price H100=2.5; ranks by price.", metavar="GPU=USD"),
     kv_dtypes: str = typer.Option("auto,fp8", "--kv-dtypes", help="KV cache dtypes to try.", metavar="LIST"),
     no_pp: bool = typer.Option(False, "--no-pp", help="Do not propose pipeline parallel."),
+    speculative_config: Optional[str] = typer.Option(None, "--speculative-config", help="vLLM's --speculative-config JSON, as kvplan size takes it.", metavar="JSON"),
     top: int = typer.Option(5, "--top", help="How many deployments to show.", metavar="N"),
     slo: Optional[str] = typer.Option(None, "--slo", help="Keep deployments whose predicted latency meets these (as kvplan bench --slo): ttft_p99=500ms,itl_p99=50ms.", metavar="KEY=VALUE,..."),
     vllm_version: Optional[str] = typer.Option(None, "--vllm-version", help="Accounting rules of this vLLM release (default: newest known).", metavar="VERSION"),
@@ -129,7 +130,11 @@ def fit(
     rules = rules_for(vllm_version)
     overhead = load_overhead()
     t0 = time.perf_counter()
-    result = search(resolved.arch, devices, req, rules, overhead, resolved.weights_total)
+    from kvplan.plan.schema import Settings
+    from kvplan.plan.speculative import parse_speculative_config
+
+    base = Settings(speculative=None if speculative_config is None else parse_speculative_config(speculative_config))
+    result = search(resolved.arch, devices, req, rules, overhead, resolved.weights_total, base)
     elapsed = time.perf_counter() - t0
     shown, seen, sized = [], set(), set()
     slo_rejected: dict[str, int] = {}
@@ -143,7 +148,7 @@ def fit(
         seen.add(group)
         if not slo_targets:
             sized.add(same_size)
-        cap = replan(resolved.arch, cand, req, rules, overhead, resolved.weights_total)
+        cap = replan(resolved.arch, cand, req, rules, overhead, resolved.weights_total, base)
         verdict = verdict_for(cap, cand.dp)
         if not verdict.fits:  # the fast path and the full plan disagree: trust the full plan
             continue

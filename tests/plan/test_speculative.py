@@ -204,3 +204,17 @@ def test_kvplan_yaml_takes_the_config_and_refuses_a_bad_one(tmp_path):
     bad.write_text("deployments:\n  - name: a\n    model: m\n    gpu: H100\n    speculative_config: {method: mtp}\n")
     with pytest.raises(KvplanError, match="needs num_speculative_tokens"):
         load_spec(bad)
+
+
+def test_fit_plans_the_speculative_config_as_size_does():
+    """Every `fit` row is the plan `size` makes: with MTP, 2 x H100 TP 2 at 128k holds the blocks and needs the
+    blocks per request `size` gives for the same deployment, and its serve line carries the config."""
+    mtp = '{"method":"mtp","num_speculative_tokens":3}'
+    result = runner.invoke(app, ["fit", "Qwen/Qwen3.5-27B", "--ctx", "128k", "-c", "4", "--gpus", "H100", "--offline",
+                                 "--speculative-config", mtp, "--json"])
+    assert result.exit_code == 0, result.output
+    row = next(r for r in json.loads(result.stdout)["deployments"] if r["gpus"] == 2 and r["tensor_parallel_size"] == 2
+               and r["kv_cache_dtype"] == "bfloat16")
+    plan = size_json("Qwen/Qwen3.5-27B", "--ctx", "128k", "-c", "4", "--gpu", "2xH100", "--speculative-config", mtp)
+    assert (row["usable_blocks"], row["blocks_needed"]) == (plan["num_blocks"] - 1, 4 * plan["blocks_per_request"])
+    assert f"--speculative-config '{mtp}'" in row["vllm_serve_command"]
