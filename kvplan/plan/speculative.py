@@ -58,9 +58,6 @@ NO_KV_DRAFTERS = frozenset({"ngram", "ngram_gpu", "suffix", "medusa", "mlp_specu
 METHODS = KV_DRAFTERS | NO_KV_DRAFTERS
 MAX_SPECULATIVE_TOKENS = 128  # far above any drafter's; more is a typo
 
-# Where a target's config gives its MTP modules (hf_config_override, speculative.py@0.32.0:661-1072).
-MTP_LAYER_FIELDS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_modules")
-
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
@@ -166,12 +163,3 @@ def _resolve_method(method: str | None, model: str | None) -> str:
                           "one of " + ", ".join(sorted(METHODS)) + " (or an MTP alias such as qwen3_5_mtp)")
     return method
 
-
-def mtp_modules(config_fields: Mapping) -> int:
-    """MTP modules in a target's config (`num_nextn_predict_layers`, `mtp_num_hidden_layers`, ...); vLLM's MTP
-    models build 1 where the config names none (qwen3_5_mtp.py, qwen3_next_mtp.py@0.32.0)."""
-    for name in MTP_LAYER_FIELDS:
-        value = config_fields.get(name)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return 1
