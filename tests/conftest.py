@@ -1,13 +1,23 @@
 """Shared test setup: no network but loopback, no user state."""
 
+import atexit
+import functools
 import os
+import shutil
 import tempfile
+
+
+def _session_folder(prefix: str) -> str:
+    folder = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(functools.partial(shutil.rmtree, folder, ignore_errors=True))
+    return folder
+
 
 # Set before anything imports kvplan or huggingface_hub: tests never reach the Hub.
 os.environ["HF_HUB_OFFLINE"] = "1"
-os.environ.setdefault("HF_HUB_CACHE", tempfile.mkdtemp(prefix="kvplan-hf-cache-"))
+os.environ.setdefault("HF_HUB_CACHE", _session_folder("kvplan-hf-cache-"))
 # User calibration profiles must not leak into tests.
-os.environ["KVPLAN_CONFIG_DIR"] = tempfile.mkdtemp(prefix="kvplan-config-")
+os.environ["KVPLAN_CONFIG_DIR"] = _session_folder("kvplan-config-")
 
 
 import sys  # noqa: E402
@@ -26,3 +36,18 @@ def pinned_cpu_engine(tmp_path_factory):
     from bench_helpers import cpu_engine_fixture
 
     yield from cpu_engine_fixture(tmp_path_factory)
+
+
+def _phase(item) -> int:
+    """0: needs no engine; 1: a twin, answered by the probe started at collection (tests/twins/conftest.py);
+    2: starts or uses a real engine."""
+    if item.get_closest_marker("engine") is None:
+        return 0
+    return 1 if "engine_results" in getattr(item, "fixturenames", ()) else 2
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """The tests that need no engine run first, beside the twins' probe (niced: they keep their core);
+    then the twins, whose engines were built meanwhile; then the engine tests, alone on the machine, so
+    their timings see no probe. Within a phase the order is pytest's own (a stable sort)."""
+    items.sort(key=_phase)

@@ -23,13 +23,22 @@ def test_the_built_wheel_installs_and_sizes_offline(tmp_path):
     `kvplan size` from it, away from the checkout."""
     import json
     import os
+    import shutil
     import subprocess
     import sys
     import zipfile
 
+    # Built from a copy of what the wheel is made of: setuptools writes build/ and *.egg-info into the
+    # source tree, and .ci/run runs this test in two venvs at once (the floors job beside the main one).
+    source = tmp_path / "source"
+    shutil.copytree(ROOT / "kvplan", source / "kvplan", symlinks=True,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "profiles", source / "profiles")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
     wheels = tmp_path / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(wheels), str(ROOT)], check=True, capture_output=True, timeout=300)
+                    str(wheels), str(source)], check=True, capture_output=True, timeout=300)
     (wheel,) = wheels.glob("kvplan-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "kvplan/profiles/gpus.json" in names and "kvplan/profiles/models/meta-llama--Llama-3.1-8B.json" in names

@@ -35,12 +35,13 @@ def test_timestamps_count_from_the_scheduled_time():
         assert r.e2e_s >= 0.05 + 4 * 0.02
         assert r.tpot_s == pytest.approx((r.e2e_s - r.ttft_s) / 4)
         assert r.sent_s >= r.scheduled_s
-    # A stream's second request is scheduled when its first one ended (closed loop).
+    # A stream's second request is scheduled when its first one ended (closed loop), not on a clock: each
+    # request takes >= 0.13 s, so 30 ms of slack (a busy 2-core CI machine's scheduler) tells them apart.
     by_stream = {}
     for r in result.records:
         by_stream.setdefault(r.stream, []).append(r)
     for first, second in by_stream.values():
-        assert second.scheduled_s == pytest.approx(first.end_s, abs=0.01)
+        assert first.end_s <= second.scheduled_s <= first.end_s + 0.03
     # What was sent: token ids, ignore_eos, fixed max_tokens, streaming with usage.
     assert all(b["ignore_eos"] is True and b["max_tokens"] == 5 and b["stream"] is True for b in bodies)
     assert all(isinstance(b["prompt"], list) and len(b["prompt"]) == 8 for b in bodies)

@@ -241,18 +241,12 @@ def _engine_key(profile: str, variant: str) -> str:
 CASES = _cases()
 
 
-@pytest.fixture(scope="session")
-def engine_results(request, tmp_path_factory) -> dict:
-    """One probe run for every distinct (twin, settings) pair the session selected (all of them in
-    CI; only the chosen ones for `pytest -k` or a test id, so one twin does not build them all)."""
-    from twin_helpers import run_probe
-
+def probe_cases(selected: set[tuple[str, str]], folder) -> list[dict]:
+    """One probe case for every distinct (twin, settings) pair the session selected (all of them in CI;
+    only the chosen ones for `pytest -k` or a test id, so one twin does not build them all), its twin
+    folder written under ``folder``. Called by tests/twins/conftest.py when collection ends."""
     from kvplan.vllm.twin import write_twin
 
-    selected = {(item.callspec.params["profile"], item.callspec.params["variant"])
-                for item in request.session.items
-                if getattr(item, "originalname", None) == "test_layout_matches_vllm"}
-    folder = tmp_path_factory.mktemp("twins")
     cases, seen = [], set()
     for profile, variant in (c for c in CASES if c in selected):
         key = _engine_key(profile, variant)
@@ -263,7 +257,15 @@ def engine_results(request, tmp_path_factory) -> dict:
         if not twin_dir.exists():
             write_twin(json.loads(_twin_config(profile)), twin_dir, shrink=False)
         cases.append({"name": key, "twin": str(twin_dir), "settings": json.loads(_settings_json(profile, variant))})
-    return run_probe(cases, folder)
+    return cases
+
+
+@pytest.fixture(scope="session")
+def engine_results(request) -> dict:
+    """The engine's answers for the session's cases, from the probe started when collection ended."""
+    from twin_helpers import PROBE_RUN
+
+    return request.config.stash[PROBE_RUN].results()
 
 
 CPU_DEVICE = Device(name="CPU (vLLM CPU build)", memory_bytes=24 * GiB, cuda_total_bytes=24 * GiB,

@@ -1,34 +1,23 @@
-"""Runs vLLM once for every twin case of the differential tests (see test_twins.py)."""
+"""Runs vLLM once for every twin case of the differential tests (see test_twins.py).
+
+The probe starts as soon as the session knows its cases (tests/twins/conftest.py), niced, so it builds
+engines on the core the tests that need no engine leave idle; the twin tests, ordered after those
+(tests/conftest.py), wait for its results."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-PROBE_TIMEOUT_S = 1500
-
-
-def run_probe(cases: list[dict], folder: Path) -> dict:
-    """One probe process (vLLM imported once) for all cases; results by case name.
-
-    ``KVPLAN_TWIN_RESULTS=FILE`` keeps the engine's results in FILE and reuses the cases it
-    already holds (for working on the rules without rebuilding every engine); CI never sets it."""
-    keep = os.environ.get("KVPLAN_TWIN_RESULTS")
-    known: dict = {}
-    if keep and Path(keep).is_file():
-        known = {c["name"]: c for c in json.loads(Path(keep).read_text())["cases"]}
-    todo = [c for c in cases if c["name"] not in known]
-    results = {name: dict(c, vllm_version=c.get("vllm_version")) for name, c in known.items()}
-    if todo:
-        results.update(_probe(todo, folder))
-    if keep:
-        Path(keep).write_text(json.dumps({"cases": list(results.values())}))
-    return results
+PROBE_TIMEOUT_S = 2400  # from its start: it may run starved beside the rest of the suite for a while
+PROBE_NICENESS = 19  # the tests beside it keep their core; the probe gets what they leave
 
 
 def probe_shards(cases: list[dict], workers: int | None = None) -> list[list[dict]]:
@@ -46,35 +35,67 @@ def probe_shards(cases: list[dict], workers: int | None = None) -> list[list[dic
     return [s for s in shards if s]
 
 
-def _probe(cases: list[dict], folder: Path) -> dict:
-    """The probe processes run side by side (a CI machine's 2 cores: half the wall time of one)."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    running = []  # (process, result file, log file): logs go to files, so no pipe fills and stalls a probe
-    try:
-        for number, shard in enumerate(probe_shards(cases)):
+class ProbeRun:
+    """The probe processes for ``cases``, started on construction; ``results()`` waits for them.
+
+    ``KVPLAN_TWIN_RESULTS=FILE`` keeps the engine's results in FILE and reuses the cases it already
+    holds (for working on the rules without rebuilding every engine); CI never sets it."""
+
+    def __init__(self, cases: list[dict], folder: Path):
+        self.cases, self.folder = cases, folder
+        self.keep = os.environ.get("KVPLAN_TWIN_RESULTS")
+        self.known: dict = {}
+        if self.keep and Path(self.keep).is_file():
+            self.known = {c["name"]: c for c in json.loads(Path(self.keep).read_text())["cases"]}
+        self.started = time.monotonic()
+        self.running: list[tuple[subprocess.Popen, Path, Path]] = []  # (process, result file, log file)
+        self._results: dict | None = None
+        todo = [c for c in cases if c["name"] not in self.known]
+        env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+        for number, shard in enumerate(probe_shards(todo) if todo else []):
             request, out, log = (folder / f"{name}-{number}.{ext}" for name, ext in
                                  (("request", "json"), ("result", "json"), ("probe", "log")))
             request.write_text(json.dumps({"cases": shard}))
-            with log.open("wb") as log_fh:
-                proc = subprocess.Popen([sys.executable, "-m", "kvplan.vllm.probe", str(request), "-o", str(out)],
-                                        stdout=subprocess.DEVNULL, stderr=log_fh, env=env, start_new_session=True)
-            running.append((proc, out, log))
-        for proc, _, _ in running:
-            proc.wait(timeout=PROBE_TIMEOUT_S)
-    finally:
-        for proc, _, _ in running:
-            if proc.poll() is None:  # timed out or interrupted: stop the engines we started
-                os.killpg(proc.pid, 9)
+            with log.open("wb") as log_fh:  # logs go to files, so no pipe fills and stalls a probe
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "kvplan.vllm.probe", str(request), "-o", str(out)],
+                    stdout=subprocess.DEVNULL, stderr=log_fh, env=env, start_new_session=True,
+                    preexec_fn=lambda: os.nice(PROBE_NICENESS))
+            self.running.append((proc, out, log))
+
+    def results(self) -> dict:
+        """Every case's result by name (waiting for the probes); a probe that stopped early fails the test."""
+        if self._results is None:
+            try:
+                for proc, _, _ in self.running:
+                    proc.wait(timeout=max(1.0, self.started + PROBE_TIMEOUT_S - time.monotonic()))
+            finally:
+                self.stop()
+            self._results = self._collect()
+        return self._results
+
+    def stop(self) -> None:
+        """Stop the probes we started (timed out, interrupted, or the session ending early)."""
+        for proc, _, _ in self.running:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-    errors = [log.read_bytes()[-3000:] for _, _, log in running]
-    results: dict = {}
-    for (_, out, _), err in zip(running, errors):
-        if not out.is_file():
-            pytest.fail("the vLLM probe wrote no result: " + err.decode("utf-8", "replace")[-3000:])
-        doc = json.loads(out.read_text())
-        results.update({c["name"]: dict(c, vllm_version=doc.get("vllm_version")) for c in doc["cases"]})
-    missing = [c["name"] for c in cases if c["name"] not in results]
-    if missing:
-        tail = b"".join(errors).decode("utf-8", "replace")[-3000:]
-        pytest.fail(f"the vLLM probe stopped before {missing[:3]}: " + tail)
-    return results
+
+    def _collect(self) -> dict:
+        results = {name: dict(c, vllm_version=c.get("vllm_version")) for name, c in self.known.items()}
+        errors = [log.read_bytes()[-3000:] for _, _, log in self.running]
+        for (_, out, _), err in zip(self.running, errors):
+            if not out.is_file():
+                pytest.fail("the vLLM probe wrote no result: " + err.decode("utf-8", "replace")[-3000:])
+            doc = json.loads(out.read_text())
+            results.update({c["name"]: dict(c, vllm_version=doc.get("vllm_version")) for c in doc["cases"]})
+        if self.keep:
+            Path(self.keep).write_text(json.dumps({"cases": list(results.values())}))
+        missing = [c["name"] for c in self.cases if c["name"] not in results]
+        if missing:
+            tail = b"".join(errors).decode("utf-8", "replace")[-3000:]
+            pytest.fail(f"the vLLM probe stopped before {missing[:3]}: " + tail)
+        return results
+
+
+PROBE_RUN = pytest.StashKey[ProbeRun]()  # the session's probe, in config.stash (tests/twins/conftest.py)
