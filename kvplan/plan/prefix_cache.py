@@ -24,8 +24,10 @@ left for cached ones): the simulator (kvplan.plan.simulate) answers with it.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import accumulate
 
 from kvplan.errors import KvplanError
 from kvplan.traffic.model import Segment, Traffic, Turn
@@ -39,6 +41,9 @@ class BlockHasher:
             raise KvplanError("the block size must be >= 1")
         self.block_size = block_size
         self._ids: dict[tuple, int] = {}
+        # (chain, segment key, tokens) -> (run id, whole blocks, chain after): a segment that starts on a block
+        # boundary, seen before after the same chain, is one lookup (prompt_runs)
+        self._whole_segments: dict[tuple[int, str, int], tuple[int, int, int]] = {}
 
     def _id(self, parent: int, content: tuple) -> int:
         key = (parent, content)
@@ -73,30 +78,50 @@ class BlockHasher:
         block straddling segments. Equal prefixes give equal runs; a shorter copy of a segment covers a prefix
         of the same run (token ids are prefix-stable: kvplan.traffic.tokens)."""
         B = self.block_size
+        ids, whole_segments = self._ids, self._whole_segments
         out: list[tuple[int, int]] = []
         parent = 0
         spans: list[tuple[str, int, int]] = []
         filled = 0
         for seg in segments:
+            key, tokens = seg.key, seg.tokens
             at = 0
             if filled:
-                take = min(B - filled, seg.tokens)
-                spans.append((seg.key, 0, take))
+                take = min(B - filled, tokens)
+                spans.append((key, 0, take))
                 at, filled = take, filled + take
-                if filled == B:
-                    parent = self._id(parent, ("block", tuple(spans)))
-                    out.append((parent, 1))
-                    spans, filled = [], 0
-                else:
+                if filled < B:
                     continue
-            whole = (seg.tokens - at) // B
+                parent = self._id(parent, ("block", tuple(spans)))
+                out.append((parent, 1))
+                spans, filled = [], 0
+            else:
+                memo = (parent, key, tokens)
+                seen = whole_segments.get(memo)
+                if seen is not None:  # the usual case: a segment seen after this chain
+                    run, whole, parent = seen
+                    if whole:
+                        out.append((run, whole))
+                    at = whole * B
+                    if at < tokens:
+                        spans, filled = [(key, at, tokens)], tokens - at
+                    continue
+            whole = (tokens - at) // B
+            run = 0
+            chain = parent
             if whole:
-                run = self._id(parent, ("run", seg.key, at))
+                run = ids.get((chain, "run", key, at))
+                if run is None:
+                    run = ids[chain, "run", key, at] = len(ids) + 1
                 out.append((run, whole))
-                parent = self._id(run, ("after", whole))
-                at += whole * B
-            if at < seg.tokens:
-                spans, filled = [(seg.key, at, seg.tokens)], seg.tokens - at
+                parent = ids.get((run, "after", whole))
+                if parent is None:
+                    parent = ids[run, "after", whole] = len(ids) + 1
+            if not at:
+                whole_segments[memo] = (run, whole, parent)
+            at += whole * B
+            if at < tokens:
+                spans, filled = [(key, at, tokens)], tokens - at
         return out
 
     def __len__(self) -> int:
@@ -120,15 +145,25 @@ class WorkingSet:
     achievable_blocks: int
     distances: tuple[int, ...]  # sorted
     weights: tuple[int, ...]  # in the order of ``distances``
+    # distances + weights sorted, and running sums of both (hit_blocks in O(log n))
+    _ends: tuple[int, ...] = field(default=(), init=False, repr=False, compare=False)
+    _distance_sums: tuple[int, ...] = field(default=(), init=False, repr=False, compare=False)
+    _end_sums: tuple[int, ...] = field(default=(), init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        ends = tuple(sorted(d + w for d, w in zip(self.distances, self.weights)))
+        object.__setattr__(self, "_ends", ends)
+        object.__setattr__(self, "_distance_sums", tuple(accumulate(self.distances, initial=0)))
+        object.__setattr__(self, "_end_sums", tuple(accumulate(ends, initial=0)))
 
     def hit_blocks(self, pool_blocks: int) -> int:
-        """Blocks a pool of ``pool_blocks`` serves from cache over the whole traffic."""
-        total = 0
-        for d, w in zip(self.distances, self.weights):
-            if d >= pool_blocks:
-                break
-            total += min(w, pool_blocks - d)
-        return total
+        """Blocks a pool of ``pool_blocks`` serves from cache over the whole traffic: a run at distance d of w
+        blocks keeps min(w, C - d) when d < C, which is (C - d) - (C - d - w) once its end d + w is below C,
+        so the sum is two sums over sorted positions."""
+        c = pool_blocks
+        started = bisect_left(self.distances, c)
+        ended = bisect_left(self._ends, c)
+        return (started * c - self._distance_sums[started]) - (ended * c - self._end_sums[ended])
 
     def hit_rate(self, pool_blocks: int) -> float:
         """Hit tokens / queried tokens at that pool (the rate vLLM's counters give)."""
@@ -152,32 +187,21 @@ class WorkingSet:
 
 
 class _Fenwick:
-    """Sums over positions 1..n, growing as positions are added at the end."""
+    """Sums over positions 1..n."""
 
-    def __init__(self) -> None:
-        self.tree = [0]
-
-    def grow(self, n: int) -> None:
-        while len(self.tree) <= n:
-            i = len(self.tree)
-            # a new node covers (i - lowbit(i), i]: fill it from the nodes it spans
-            low = i & -i
-            total, j = 0, i - 1
-            while j > i - low:
-                total += self.tree[j]
-                j -= j & -j
-            self.tree.append(total)
+    def __init__(self, n: int) -> None:
+        self.tree = [0] * (n + 1)
 
     def add(self, i: int, delta: int) -> None:
-        n = len(self.tree)
+        tree, n = self.tree, len(self.tree)
         while i < n:
-            self.tree[i] += delta
+            tree[i] += delta
             i += i & -i
 
     def prefix(self, i: int) -> int:
-        total = 0
+        tree, total = self.tree, 0
         while i > 0:
-            total += self.tree[i]
+            total += tree[i]
             i -= i & -i
         return total
 
@@ -192,68 +216,70 @@ def working_set(turns: Iterable[Turn], block_size: int) -> WorkingSet:
     request numbers holds each block at its last user), and the blocks of ``j`` before position ``x``
     that no later request took (a prefix of ``j``'s prompt moves on as a whole, since chains are reused
     from the start: ``moved[j]`` blocks). A run's blocks can have several last users (a shorter copy of a
-    segment reused only its first blocks): ``pieces[run]`` holds them as ``[first, end, j, x]``, from the
-    run's first block on, contiguous."""
+    segment reused only its first blocks): ``pieces[run]`` holds them as ``(first, end, j, x)``, from the
+    run's first block on, contiguous. One pass over a request's runs both looks its blocks up (against the
+    state before the request: what it changes is applied after the pass) and takes them."""
+    turns = list(turns)
     B = block_size
     hasher = BlockHasher(B)
-    tree = _Fenwick()
-    pieces: dict[int, list[list[int]]] = {}
-    moved: list[int] = [0]  # leading blocks of each request's prompt that a later request took
+    tree = _Fenwick(len(turns))
+    pieces: dict[int, list[tuple[int, int, int, int]]] = {}
+    moved: list[int] = [0] * (len(turns) + 1)  # leading blocks of each request's prompt a later request took
     pairs: list[tuple[int, int]] = []  # (distance, run length)
     queried = achievable = total_blocks = 0
     uncached_prev = 0  # the previous request's uncached (partial) last block, still in the queue
     r = 0
     for r, turn in enumerate(turns, 1):
-        runs = hasher.prompt_runs(turn.segments)
-        queried += turn.prompt_tokens
-        tree.grow(r)
-        moved.append(0)
-        # 1. Lookup (the last token is always computed): runs of blocks by their last user.
-        after: dict[int, int] = {}  # request j -> blocks last used after j
-        left = (turn.prompt_tokens - 1) // B
-        for run, count in runs:
-            if left <= 0:
-                break
-            want, covered = min(count, left), 0
-            for a, b, j, x in pieces.get(run, ()):
-                if a >= want or a != covered:
-                    break
-                n = min(b, want) - a
-                if j not in after:
-                    after[j] = total_blocks - tree.prefix(j)
-                # blocks of j before x still at j are more recent; the previous request's partial block
-                # holds a slot (uncached blocks go to the head of the free queue, vLLM 0.23+)
-                pairs.append((after[j] + (x - moved[j]) + uncached_prev, n))
-                achievable += n
-                covered += n
-            left -= covered
-            if covered < want:
-                break  # a never-seen block ends the chain: nothing after it can be cached
-        # 2. This request now holds all its prompt blocks: take the reused ones, add the new ones.
-        taken: dict[int, int] = {}
-        held = 0
-        for run, count in runs:
-            kept: list[list[int]] = [[0, count, r, held]]
+        prompt_tokens = turn.prompt_tokens
+        queried += prompt_tokens
+        after: dict[int, int] = {}  # request j -> blocks last used after j (before this request)
+        taken: dict[int, int] = {}  # request j -> blocks this request takes from j
+        reach: dict[int, int] = {}  # request j -> the end of the leading blocks this request takes from j
+        left = (prompt_tokens - 1) // B  # blocks looked up (the last token is always computed)
+        held = new_blocks = 0
+        for run, count in hasher.prompt_runs(turn.segments):
+            found = pieces.get(run, ())
+            # 1. Lookup: the run's blocks by their last user, while the chain is still cached.
+            if left > 0:
+                want, covered = min(count, left), 0
+                for a, b, j, x in found:
+                    if a >= want or a != covered:
+                        break
+                    n = (b if b < want else want) - a
+                    if j not in after:
+                        after[j] = total_blocks - tree.prefix(j)
+                    # blocks of j before x still at j are more recent; the previous request's partial block
+                    # holds a slot (uncached blocks go to the head of the free queue, vLLM 0.23+)
+                    pairs.append((after[j] + (x - moved[j]) + uncached_prev, n))
+                    covered += n
+                achievable += covered
+                left = left - covered if covered == want else 0  # a never-seen block ends the chain
+            # 2. This request now holds the run's blocks: the reused ones move to it, the rest are new.
+            kept = [(0, count, r, held)]
             seen = 0
-            for piece in pieces.get(run, ()):
+            for piece in found:
                 a, b, j, x = piece
                 if a >= count:
                     kept.append(piece)
                     continue
-                n = min(b, count) - a
+                seen = b if b < count else count
+                n = seen - a
                 taken[j] = taken.get(j, 0) + n
-                moved[j] = max(moved[j], x + n)
-                seen = min(b, count)
+                if x + n > reach.get(j, 0):
+                    reach[j] = x + n
                 if b > count:
-                    kept.append([count, b, j, x + count - a])
-            total_blocks += count - seen
+                    kept.append((count, b, j, x + count - a))
+            new_blocks += count - seen
             pieces[run] = kept
             held += count
+        for j, end in reach.items():
+            if end > moved[j]:
+                moved[j] = end
         # Its other full blocks (the last sampled token is never computed) hold generated tokens no
         # prompt repeats: cached, never hit, but they take room (freed before the prompt: less recent).
-        computed = turn.prompt_tokens + turn.output_tokens - 1
+        computed = prompt_tokens + turn.output_tokens - 1
         tail = max(0, computed // B - held)
-        total_blocks += tail
+        total_blocks += new_blocks + tail
         for j, n in taken.items():
             tree.add(j, -n)
         tree.add(r, held + tail)
@@ -275,21 +301,15 @@ def traffic_working_set(traffic: Traffic, block_size: int) -> WorkingSet:
 def replay_order(traffic: Traffic) -> list[Turn]:
     """Turns by the time a request-at-a-time replay would send them: absolute arrivals as given; a
     later turn at its previous turn's time plus its think time (service time is not known here);
-    ties in file order."""
-    order: list[tuple[float, int, Turn]] = []
-    for index, turn in enumerate(traffic.turns):
-        order.append((0.0, index, turn))
+    ties in file order (a stable sort)."""
+    turns = traffic.turns
+    times: list[float] = []
     at: dict[str, float] = {}
-    timed = []
-    for _, index, turn in order:
-        if turn.arrival_s is not None:
-            t = float(turn.arrival_s)
-        else:
-            t = at.get(turn.session, 0.0) + turn.think_s
+    for turn in turns:
+        t = float(turn.arrival_s) if turn.arrival_s is not None else at.get(turn.session, 0.0) + turn.think_s
         at[turn.session] = t
-        timed.append((t, index, turn))
-    timed.sort(key=lambda x: (x[0], x[1]))
-    return [t for _, _, t in timed]
+        times.append(t)
+    return [turns[i] for i in sorted(range(len(turns)), key=times.__getitem__)]
 
 
 def traffic_load(traffic: Traffic, block_size: int, time_scale: float = 1.0, client_delay=None):

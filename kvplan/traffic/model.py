@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from kvplan.errors import KvplanError
 
@@ -53,7 +54,7 @@ class Turn:
     arrival_s: float | None = None  # absolute arrival (required on a session's first turn)
     think_s: float = 0.0  # else: seconds after the previous turn of the session finished
 
-    @property
+    @cached_property  # read once per request by every consumer: the working set, the simulator, the replay
     def prompt_tokens(self) -> int:
         return sum(s.tokens for s in self.segments)
 
