@@ -345,6 +345,9 @@ def _moe_layers(f: _Fields, model_type: str, n: int) -> list[bool]:
     if isinstance(f.get("moe_layers"), list):
         moe = set(f.get("moe_layers"))
         return [i in moe for i in range(n)]
+    mlp_layer_types = f.get("mlp_layer_types")  # Laguna: "dense" / "sparse" per layer
+    if isinstance(mlp_layer_types, list) and len(mlp_layer_types) == n:
+        return [t == "sparse" for t in mlp_layer_types]
     return [
         i >= first_dense and i % freq == 0 and (i + 1) % step == 0 and i not in only_mlp for i in range(n)
     ]
@@ -376,14 +379,24 @@ def _count_params(
         # (Gemma 3n / 4 num_kv_shared_layers) has q and o only (`Gemma4Attention.__init__`,
         # models/gemma4.py@0.32.0; `Gemma3nAttention.__init__`, models/gemma3n.py@0.32.0).
         # An output gate (Qwen3-Next, Qwen3.5 / 3.6: families.py) doubles q_proj's heads.
+        # Laguna: query heads per layer (num_attention_heads_per_layer) and a softplus output gate, one per head
+        # (gating true / "per-head") or per channel ("per-element") (`LagunaAttention.__init__`,
+        # models/laguna.py@0.32.0).
         first_kv_shared = n - int(f.get("num_kv_shared_layers", default=0) or 0)
-        q_heads = num_heads * (2 if f.get("attn_output_gate") is True else 1)
+        gate = 2 if f.get("attn_output_gate") is True else 1
+        heads_per_layer = f.get("num_attention_heads_per_layer")
+        if not (isinstance(heads_per_layer, list) and len(heads_per_layer) == n):
+            heads_per_layer = [num_heads] * n
+        gating = f.get("gating") if model_type == "laguna" else None
         for i, kind in enumerate(kinds):
             if kind not in ("full", "sliding", "chunked", "attention+mamba", "global"):
                 continue
             layer_kv_heads, layer_head = _gemma4_global_shape(f, kv_heads) if kind == "global" else (kv_heads, head)
             kv = 2 * layer_kv_heads * layer_head if i < first_kv_shared else 0
-            attn += hidden * ((q_heads + num_heads) * layer_head + kv)
+            heads = int(heads_per_layer[i])
+            attn += hidden * ((gate * heads + heads) * layer_head + kv)
+            if gating:
+                attn += hidden * heads * (1 if gating is True or gating == "per-head" else layer_head)
 
     # MLPs: dense or mixture of experts.
     moe = _moe_layers(f, model_type, n)

@@ -174,6 +174,14 @@ def olmo3_kinds(f: Fields, n: int) -> list[LayerKind]:
     return _explicit_layer_types(f, n) or ["sliding" if (i + 1) % 4 else "full" for i in range(n)]
 
 
+def laguna_kinds(f: Fields, n: int) -> list[LayerKind]:
+    """Laguna (models/laguna.py@0.32.0): a layer slides (``config.sliding_window``) only where
+    ``layer_types`` says ``sliding_attention``; without ``layer_types`` every layer is global
+    (transformers' LagunaConfig default), and ``LagunaModel.__init__`` clears
+    ``cache_config.sliding_window`` so the model-level window never reaches a global layer."""
+    return _explicit_layer_types(f, n) or ["full"] * n
+
+
 def gemma4_kinds(f: Fields, n: int) -> list[LayerKind]:
     """transformers' Gemma4TextConfig: ``layer_types`` (default 5 sliding : 1 full), the last
     layer forced to full attention; full layers use the global head shape."""
@@ -367,6 +375,13 @@ FAMILIES: dict[str, Family] = {
                       config_defaults={"sliding_window": 4096, "sliding_window_pattern": 4,
                                        "num_key_value_heads": 32}),  # transformers' Exaone4Config
     "olmo3": Family(kinds=olmo3_kinds, vllm_file="transformers/base.py", config_defaults={"sliding_window": 4096}),
+    # Laguna (poolside): defaults of transformers' LagunaConfig (5.17+, which vLLM requires: it refuses a config
+    # without mlp_layer_types); first_k_dense_replace 1 stands for its default mlp_layer_types (dense, then sparse).
+    "laguna": Family(kinds=laguna_kinds, vllm_file="laguna.py", config_defaults={
+        "vocab_size": 100352, "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 40,
+        "num_attention_heads": 48, "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 131072,
+        "sliding_window": 512, "num_experts": 256, "moe_intermediate_size": 512,
+        "shared_expert_intermediate_size": 512, "gating": True, "first_k_dense_replace": 1}),
     # Qwen vision-language models: the language model is Qwen2 / Qwen3 / Qwen3-MoE (full attention;
     # Qwen2's `use_sliding_window: false` as in qwen2); the vision tower holds no KV cache.
     "qwen2_vl": Family(vllm_file="qwen2_vl.py"),

@@ -238,3 +238,41 @@ def test_the_added_model_types_are_no_longer_refused(model_type):
     assert arch.layout_verified and not any("UNVERIFIED" in n for n in arch.notes)
     # 8 layers x 2 x 2 KV heads x 128 x 2 B = 8,192 B/token, whatever slides
     assert kv_bytes(arch) == 8 * 2 * 2 * 128 * 2 == 8_192
+
+
+# Laguna-XS.2's shape (poolside; transformers' LagunaConfig defaults, layer_types one global in four; no published
+# config.json was found in the stored sources): 40 layers, 8 KV heads, head_dim 128, a 512-token window on the
+# layers layer_types names sliding, 48 query heads on the global layers and 64 on the sliding ones.
+LAGUNA_XS = {
+    "architectures": ["LagunaForCausalLM"], "model_type": "laguna", "vocab_size": 100352, "hidden_size": 2048,
+    "intermediate_size": 8192, "num_hidden_layers": 40, "num_attention_heads": 48, "num_key_value_heads": 8,
+    "head_dim": 128, "sliding_window": 512, "num_experts": 256, "num_experts_per_tok": 8,
+    "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512, "gating": "per-head",
+    "max_position_embeddings": 262144, "tie_word_embeddings": False,
+    "layer_types": ["full_attention" if i % 4 == 0 else "sliding_attention" for i in range(40)],
+    "mlp_layer_types": ["dense"] + ["sparse"] * 39,
+    "num_attention_heads_per_layer": [48 if i % 4 == 0 else 64 for i in range(40)],
+}
+
+
+def test_laguna_slides_where_layer_types_says_and_counts_its_per_layer_heads():
+    arch = parse_architecture(LAGUNA_XS)
+    assert arch.layout_verified
+    assert kinds(arch) == ["full" if i % 4 == 0 else "sliding" for i in range(40)]
+    assert {s.window for s in arch.layers if isinstance(s, SlidingWindow)} == {512}
+    assert kv_bytes(arch) == 40 * 2 * 8 * 128 * 2  # 163,840 B a token before the windows cap the sliding layers
+    # q and o: heads x 128 each way, k and v: 2 x 8 x 128, the per-head gate: heads, all times hidden 2,048.
+    per_layer = [2048 * (2 * h * 128 + 2 * 8 * 128 + h) for h in LAGUNA_XS["num_attention_heads_per_layer"]]
+    assert arch.params.attention == sum(per_layer) == 10 * 2048 * (12288 + 2048 + 48) + 30 * 2048 * (16384 + 2048 + 64)
+    # Layer 0 dense (3 x 2,048 x 8,192); 39 layers of 256 experts of 3 x 2,048 x 512 and one shared expert of 512.
+    assert arch.params.mlp == 3 * 2048 * 8192
+    assert arch.params.experts == 39 * 256 * 3 * 2048 * 512
+    assert arch.params.shared_experts == 39 * 3 * 2048 * 512
+
+
+def test_laguna_without_layer_types_is_global_everywhere():
+    """transformers' LagunaConfig defaults layer_types to full attention on every layer, and vLLM's LagunaModel
+    clears the model-level window, so a config without layer_types has no sliding layer despite sliding_window."""
+    config = {k: v for k, v in LAGUNA_XS.items() if k not in ("layer_types", "num_attention_heads_per_layer")}
+    arch = parse_architecture(config)
+    assert kinds(arch) == ["full"] * 40

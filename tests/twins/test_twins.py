@@ -68,6 +68,7 @@ EXTRA_VARIANTS = {  # profile -> variants beyond the default
     "synthetic/falcon-h1": ["no-prefix-caching", "block256"],
     "synthetic/granite-4.0-h": ["no-prefix-caching"],
     "synthetic/exaone4.0-32b-shape": ["block256"],
+    "synthetic/laguna": ["no-prefix-caching"],
     "synthetic/nemotron-3.5-blocks": ["no-prefix-caching"],
 }
 
@@ -173,6 +174,19 @@ SYNTHETIC: dict[str, dict] = {
                           "num_heads": 2, "in_channels": 3, "out_hidden_size": 256, "patch_size": 16,
                           "spatial_merge_size": 2, "temporal_patch_size": 2, "num_position_embeddings": 64,
                           "deepstack_visual_indexes": [1], "hidden_act": "gelu_pytorch_tanh"}},
+    # Laguna (poolside Laguna-XS.2's layout: one global layer in four, the sliding ones with more query heads,
+    # per-head output gates, a dense first layer then experts); no published config.json was found in the
+    # stored sources, so the shapes are small ones written here after transformers' LagunaConfig.
+    "synthetic/laguna": {
+        "architectures": ["LagunaForCausalLM"], "model_type": "laguna", "hidden_size": 256, "intermediate_size": 256,
+        "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+        "num_attention_heads_per_layer": [4 if i % 4 == 0 else 8 for i in range(8)], "sliding_window": 512,
+        "layer_types": ["full_attention" if i % 4 == 0 else "sliding_attention" for i in range(8)],
+        "mlp_layer_types": ["dense"] + ["sparse"] * 7, "num_experts": 4, "num_experts_per_tok": 2,
+        "moe_intermediate_size": 64, "shared_expert_intermediate_size": 64, "gating": True,
+        "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 500000.0, "partial_rotary_factor": 0.5},
+                            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+        "vocab_size": 512, "max_position_embeddings": 8192, "torch_dtype": "bfloat16", "tie_word_embeddings": False},
     "synthetic/kimi-linear": {
         "architectures": ["KimiLinearForCausalLM"], "model_type": "kimi_linear", "hidden_size": 256,
         "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 8, "kv_lora_rank": 128,
