@@ -150,7 +150,10 @@ INTEGER_FIELDS = frozenset([
     "num_nextn_predict_layers", "max_position_embeddings", "n_positions", "seq_length", "max_seq_len", "n_ctx",
     "no_rope_layer_interval", "hidden_size_per_layer_input", "vocab_size_per_layer_input", "global_head_dim",
     "num_global_key_value_heads", "index_topk_freq", "index_skip_topk_offset", "mtp_num_hidden_layers",
+    "swa_num_attention_heads", "swa_num_key_value_heads", "swa_head_dim", "swa_v_head_dim", "sliding_window_size",
 ])
+# Whole numbers, or one whole number per layer (MiMo-V2-Flash's moe_layer_freq flags).
+INTEGER_OR_PER_LAYER_FIELDS = frozenset(["moe_layer_freq"])
 
 class _Fields:
     """Reads config fields by their many names, recording what was missing."""
@@ -168,6 +171,9 @@ class _Fields:
                     if not _all_finite(value):
                         raise KvplanError(f"invalid {name} in config: it holds NaN or Infinity, and kvplan reads this "
                                           "field", f"fix it with --set {name}=VALUE")
+                    if name in INTEGER_OR_PER_LAYER_FIELDS and isinstance(value, list) and all(
+                            isinstance(v, int) and not isinstance(v, bool) for v in value):
+                        return value
                     if name in INTEGER_FIELDS and (isinstance(value, bool) or not isinstance(value, int)):
                         raise KvplanError(
                             f"invalid {name} in config: {value!r} (expected a whole number)",
@@ -337,6 +343,10 @@ def _moe_layers(f: _Fields, model_type: str, n: int) -> list[bool]:
         return [False] * n
     first_dense = f.get("first_k_dense_replace", default=0)
     freq = f.get("moe_layer_freq", default=1)
+    if isinstance(freq, list):  # MiMo-V2-Flash: one flag per layer (`is_moe_layer`, models/mimo_v2.py@0.32.0)
+        if len(freq) != n:
+            raise KvplanError(f"moe_layer_freq has {len(freq)} entries for {n} layers")
+        return [bool(x) for x in freq]
     step = f.get("decoder_sparse_step", "interleave_moe_layer_step", default=1) or 1
     only_mlp = set(f.get("mlp_only_layers", default=[]) or [])
     if model_type == "jamba":
@@ -388,8 +398,15 @@ def _count_params(
         if not (isinstance(heads_per_layer, list) and len(heads_per_layer) == n):
             heads_per_layer = [num_heads] * n
         gating = f.get("gating") if model_type == "laguna" else None
+        family = family_for(model_type, allow_unverified=True)[0]
         for i, kind in enumerate(kinds):
             if kind not in ("full", "sliding", "chunked", "attention+mamba", "global"):
+                continue
+            shape = family.attention_shape(f, kind) if family.attention_shape else None
+            if shape is not None:  # q: heads x K size; k, v: KV heads x K and V sizes; o: heads x V size
+                value = shape.head_size_v or shape.head_size
+                attn += hidden * (shape.num_heads * (shape.head_size + value)
+                                  + shape.num_kv_heads * (shape.head_size + value))
                 continue
             layer_kv_heads, layer_head = _gemma4_global_shape(f, kv_heads) if kind == "global" else (kv_heads, head)
             kv = 2 * layer_kv_heads * layer_head if i < first_kv_shared else 0
@@ -626,6 +643,13 @@ def _parse_architecture(config: dict[str, Any], overrides: dict[str, Any] | None
         spec = family.state(f, hidden, num_heads, conv_bytes, ssm_bytes)
         return replace(spec, ssm_policy=family.ssm_policy, ssm_hint=ssm_hint, all_mode_capable=family.mamba_all_mode)
 
+    # The family's own shape per attention kind, where its kinds differ in shape (MiMo-V2-Flash).
+    shapes = {k: family.attention_shape(f, k) for k in sorted(set(kinds))} if family.attention_shape else {}
+    if f.missing:
+        raise KvplanError(
+            f"cannot read the attention shapes of model_type {model_type!r}: missing {', '.join(dict.fromkeys(f.missing))}",
+            "add them with --set, e.g. " + " ".join(f"--set {m}=N" for m in dict.fromkeys(f.missing)),
+        )
     specs: list[LayerSpec] = []
     index: list[int] = []
     for i, kind in enumerate(kinds):
@@ -636,6 +660,9 @@ def _parse_architecture(config: dict[str, Any], overrides: dict[str, Any] | None
             new = [MLA(latent_size=latent)]
             if f.get("index_head_dim") and _has_indexer(f, i):  # DeepSeek-V3.2 / GLM-5 sparse attention
                 new.append(MLAIndexer(latent_size=int(f.get("index_head_dim"))))
+        elif kind in ("full", "sliding") and (shape := shapes.get(kind)) is not None:
+            new = [FullAttention(shape.num_kv_heads, shape.head_size, shape.head_size_v) if kind == "full" else
+                   SlidingWindow(shape.num_kv_heads, shape.head_size, shape.head_size_v, window=int(shape.window))]
         elif kind == "full":
             new = [FullAttention(kv_heads, head)]
         elif kind == "global":
@@ -765,6 +792,10 @@ def _check_dims(f: _Fields) -> None:
     for name in sorted(INTEGER_FIELDS):
         value = f.get(name)
         if value is None:
+            continue
+        if isinstance(value, list):  # per-layer flags (INTEGER_OR_PER_LAYER_FIELDS)
+            if any(v < 0 for v in value):
+                raise KvplanError(f"invalid {name} in config: a negative entry", f"fix it with --set {name}=N")
             continue
         if name in _MAY_BE_ZERO:
             if value < 0:

@@ -182,6 +182,42 @@ def laguna_kinds(f: Fields, n: int) -> list[LayerKind]:
     return _explicit_layer_types(f, n) or ["full"] * n
 
 
+def mimo_v2_kinds(f: Fields, n: int) -> list[LayerKind]:
+    """MiMo-V2-Flash (models/mimo_v2.py@0.32.0): ``hybrid_layer_pattern[i] == 1`` marks a sliding-window
+    layer (``is_compressed_softmax_layer``), 0 a global one; vLLM reads nothing else for it."""
+    pattern = f.get("hybrid_layer_pattern")
+    if not isinstance(pattern, list):
+        raise KvplanError("this MiMo-V2-Flash config has no hybrid_layer_pattern, which vLLM's mimo_v2.py reads "
+                          "to place its sliding-window layers", "use the checkpoint's own config.json")
+    if len(pattern) != n:
+        raise KvplanError(f"hybrid_layer_pattern has {len(pattern)} entries for {n} layers")
+    return ["sliding" if p == 1 else "full" for p in pattern]
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """One attention kind's shape where a family gives its kinds different ones (MiMo-V2-Flash)."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_size: int
+    head_size_v: int | None = None  # V's head size where it differs from K's
+    window: int | None = None  # sliding-window layers
+
+
+def mimo_v2_shape(f: Fields, kind: LayerKind) -> AttentionShape | None:
+    """``MiMoV2FlashDecoderLayer.__init__`` (models/mimo_v2.py@0.32.0): sliding layers take the ``swa_*``
+    heads and head sizes and ``sliding_window_size``; global layers the plain fields; V's head size is
+    ``[swa_]v_head_dim`` when given, else K's."""
+    if kind == "sliding":
+        return AttentionShape(f.need("swa_num_attention_heads"), f.need("swa_num_key_value_heads"),
+                              f.need("swa_head_dim"), f.get("swa_v_head_dim"), f.need("sliding_window_size"))
+    if kind == "full":
+        return AttentionShape(f.need("num_attention_heads"), f.need("num_key_value_heads"), f.need("head_dim"),
+                              f.get("v_head_dim"))
+    return None
+
+
 def gemma4_kinds(f: Fields, n: int) -> list[LayerKind]:
     """transformers' Gemma4TextConfig: ``layer_types`` (default 5 sliding : 1 full), the last
     layer forced to full attention; full layers use the global head shape."""
@@ -346,6 +382,8 @@ class Family:
     config_defaults: dict[str, Any] = field(default_factory=dict)
     gated_mlp: bool = True  # False: a plain up/down MLP pair (weights estimate)
     vllm_file: str = ""  # the vLLM model file these rules follow
+    # Per kind, the attention shape where the family's kinds differ in it (else the config's one shape).
+    attention_shape: Callable[[Fields, LayerKind], AttentionShape | None] | None = None
 
 
 _DECODER = Family(vllm_file="llama.py")
@@ -375,6 +413,9 @@ FAMILIES: dict[str, Family] = {
                       config_defaults={"sliding_window": 4096, "sliding_window_pattern": 4,
                                        "num_key_value_heads": 32}),  # transformers' Exaone4Config
     "olmo3": Family(kinds=olmo3_kinds, vllm_file="transformers/base.py", config_defaults={"sliding_window": 4096}),
+    # MiMo-V2-Flash (Xiaomi): sliding and global layers of different shapes (vLLM unifies their pages by block
+    # size); the checkpoint's own config fields, which vLLM reads (transformers' MiMoV2FlashConfig has others).
+    "mimo_v2_flash": Family(kinds=mimo_v2_kinds, attention_shape=mimo_v2_shape, vllm_file="mimo_v2.py"),
     # Laguna (poolside): defaults of transformers' LagunaConfig (5.17+, which vLLM requires: it refuses a config
     # without mlp_layer_types); first_k_dense_replace 1 stands for its default mlp_layer_types (dense, then sparse).
     "laguna": Family(kinds=laguna_kinds, vllm_file="laguna.py", config_defaults={

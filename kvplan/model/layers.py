@@ -133,7 +133,8 @@ class FullAttention(LayerSpec):
         return self.num_kv_heads * per_head
 
     def describe(self) -> str:
-        return f"{self.num_kv_heads} KV heads x {self.head_size}"
+        sizes = f"{self.head_size}" if self.head_size_v in (None, self.head_size) else f"{self.head_size} (V {self.head_size_v})"
+        return f"{self.num_kv_heads} KV heads x {sizes}"
 
 
 @dataclass(frozen=True)

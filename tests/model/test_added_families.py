@@ -276,3 +276,41 @@ def test_laguna_without_layer_types_is_global_everywhere():
     config = {k: v for k, v in LAGUNA_XS.items() if k not in ("layer_types", "num_attention_heads_per_layer")}
     arch = parse_architecture(config)
     assert kinds(arch) == ["full"] * 40
+
+
+# MiMo-V2-Flash's shape in the checkpoint's own fields (those vLLM's mimo_v2.py reads; third-party figures, no
+# published config.json was found in the stored sources): 48 layers, layer 0 and every 6th global (4 KV heads),
+# the rest sliding (8 KV heads, a 128-token window), K heads of 192 and V heads of 128, 256 experts from layer 1.
+MIMO_V2_FLASH = {
+    "architectures": ["MiMoV2FlashForCausalLM"], "model_type": "mimo_v2_flash", "hidden_size": 4096,
+    "num_hidden_layers": 48, "num_attention_heads": 64, "num_key_value_heads": 4, "head_dim": 192, "v_head_dim": 128,
+    "swa_num_attention_heads": 64, "swa_num_key_value_heads": 8, "swa_head_dim": 192, "swa_v_head_dim": 128,
+    "sliding_window_size": 128, "hybrid_layer_pattern": [0 if i == 0 or (i + 1) % 6 == 0 else 1 for i in range(48)],
+    "moe_layer_freq": [0] + [1] * 47, "n_routed_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 2048,
+    "intermediate_size": 16384, "vocab_size": 152576, "max_position_embeddings": 262144, "torch_dtype": "bfloat16",
+}
+
+
+def test_mimo_v2_flash_gives_its_sliding_and_global_layers_their_own_shapes():
+    arch = parse_architecture(MIMO_V2_FLASH)
+    assert arch.layout_verified
+    globals_ = [s for s in arch.layers if not isinstance(s, SlidingWindow)]
+    sliding = [s for s in arch.layers if isinstance(s, SlidingWindow)]
+    assert len(globals_) == 9 and len(sliding) == 39
+    assert {(s.num_kv_heads, s.head_size, s.head_size_v) for s in globals_} == {(4, 192, 128)}
+    assert {(s.num_kv_heads, s.head_size, s.head_size_v, s.window) for s in sliding} == {(8, 192, 128, 128)}
+    # K 192 + V 128 per KV head, 2 B: 9 x 4 x 320 x 2 + 39 x 8 x 320 x 2
+    assert kv_bytes(arch) == 9 * 4 * 320 * 2 + 39 * 8 * 320 * 2 == 222_720
+    # q 64 x 192, o 64 x 128, k 192 and v 128 per KV head, times hidden 4,096
+    assert arch.params.attention == 9 * 4096 * (64 * 320 + 4 * 320) + 39 * 4096 * (64 * 320 + 8 * 320)
+    assert arch.params.experts == 47 * 256 * 3 * 4096 * 2048 and arch.params.mlp == 3 * 4096 * 16384
+
+
+def test_mimo_v2_flash_without_its_layer_pattern_is_refused_as_vllm_would():
+    config = {k: v for k, v in MIMO_V2_FLASH.items() if k != "hybrid_layer_pattern"}
+    with pytest.raises(KvplanError, match="hybrid_layer_pattern"):
+        parse_architecture(config)
+    with pytest.raises(KvplanError, match="swa_head_dim"):
+        parse_architecture({k: v for k, v in MIMO_V2_FLASH.items() if k != "swa_head_dim"})
+    with pytest.raises(KvplanError, match="moe_layer_freq"):
+        parse_architecture({**MIMO_V2_FLASH, "moe_layer_freq": [1, -1] + [1] * 46})

@@ -69,6 +69,7 @@ EXTRA_VARIANTS = {  # profile -> variants beyond the default
     "synthetic/granite-4.0-h": ["no-prefix-caching"],
     "synthetic/exaone4.0-32b-shape": ["block256"],
     "synthetic/laguna": ["no-prefix-caching"],
+    "synthetic/mimo-v2-flash": ["no-prefix-caching", "block256"],
     "synthetic/nemotron-3.5-blocks": ["no-prefix-caching"],
 }
 
@@ -186,6 +187,19 @@ SYNTHETIC: dict[str, dict] = {
         "moe_intermediate_size": 64, "shared_expert_intermediate_size": 64, "gating": True,
         "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 500000.0, "partial_rotary_factor": 0.5},
                             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+        "vocab_size": 512, "max_position_embeddings": 8192, "torch_dtype": "bfloat16", "tie_word_embeddings": False},
+    # MiMo-V2-Flash's layout, in the checkpoint's own fields (the ones vLLM's mimo_v2.py reads): global layers with
+    # fewer KV heads than the sliding ones (so their pages differ: vLLM doubles the global block), K heads of 192 and
+    # V heads of 128, MoE layers by moe_layer_freq; small shapes written here (no published config.json was found
+    # in the stored sources).
+    "synthetic/mimo-v2-flash": {
+        "architectures": ["MiMoV2FlashForCausalLM"], "model_type": "mimo_v2_flash", "hidden_size": 256,
+        "num_hidden_layers": 6, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 192, "v_head_dim": 128,
+        "swa_num_attention_heads": 8, "swa_num_key_value_heads": 4, "swa_head_dim": 192, "swa_v_head_dim": 128,
+        "sliding_window_size": 128, "hybrid_layer_pattern": [0, 1, 1, 1, 1, 0], "moe_layer_freq": [0, 1, 1, 1, 1, 1],
+        "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64, "intermediate_size": 256,
+        "n_group": 1, "topk_group": 1, "norm_topk_prob": True, "attention_bias": False, "layernorm_epsilon": 1e-5,
+        "rope_theta": 5000000, "swa_rope_theta": 10000, "partial_rotary_factor": 0.334,
         "vocab_size": 512, "max_position_embeddings": 8192, "torch_dtype": "bfloat16", "tie_word_embeddings": False},
     "synthetic/kimi-linear": {
         "architectures": ["KimiLinearForCausalLM"], "model_type": "kimi_linear", "hidden_size": 256,
