@@ -195,7 +195,7 @@ def bench(
                 print_json(summary)
             else:
                 render(summary)
-            raise typer.Exit(0)
+            raise typer.Exit(ExitCode.OK)
         st.RunStore.open_existing(resume)  # a folder that is no run is refused as such, before any lock
         with st.hold_run_folder(resume):  # before its points are read: a second resume must not run them too
             store, cfg, previous = resume_state(resume)
@@ -476,7 +476,7 @@ def _run(runs: list, as_json: bool, check: bool, api_key: str | None = None, exp
     if hasattr(signal, "SIGHUP"):
         signal.signal(signal.SIGHUP, _sigterm)  # the terminal went away: stop cleanly, keep the points
     summaries = []
-    exit_code = 0
+    exit_code = ExitCode.OK
     for store, cfg, previous in runs:
         view = RichView() if not as_json or _stderr_tty() else NullView()
         run = BenchRun(cfg, store, view, previous, api_key=api_key, expected_model=expected_model, headers=headers)
@@ -491,7 +491,7 @@ def _run(runs: list, as_json: bool, check: bool, api_key: str | None = None, exp
                 error_line(f"interrupted; finished points kept in {store.path} (continue with --resume {store.path})")
             else:
                 error_line(f"interrupted before any point finished (run folder: {store.path})")
-            raise typer.Exit(130) from None
+            raise typer.Exit(ExitCode.INTERRUPTED) from None
         except Exception:
             view.close()
             raise

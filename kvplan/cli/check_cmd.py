@@ -9,6 +9,7 @@ import typer
 
 from kvplan.cli.common import error_line, print_json, printable, user_errors
 from kvplan.cli.tables import OutputFormat, chosen_format, emit_rows, format_option
+from kvplan.errors import ExitCode
 from kvplan.units import parse_tokens
 
 CHECK_EXAMPLES = """
@@ -77,7 +78,7 @@ def check(
         if junit:
             outputs.write_file(junit, outputs.junit_xml_for_issues(spec, errors.issues))
         outputs.append_step_summary(outputs.step_summary_for_issues(spec, errors.issues))
-        raise typer.Exit(2) from None
+        raise typer.Exit(ExitCode.BAD_INPUT) from None
 
     if junit:
         outputs.write_file(junit, outputs.junit_xml(report))
@@ -94,7 +95,7 @@ def check(
         for line in outputs.annotations(report):
             stream.write(line + "\n")
         stream.flush()
-    raise typer.Exit(0 if report.ok else 1)
+    raise typer.Exit(ExitCode.OK if report.ok else ExitCode.DOES_NOT_FIT)
 
 
 @user_errors
@@ -145,5 +146,5 @@ def check_log(
         print_json(result)
     else:
         render(result)
-    raise typer.Exit(0 if result.ok else 1)
+    raise typer.Exit(ExitCode.OK if result.ok else ExitCode.DOES_NOT_FIT)
 

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from kvplan.errors import KvplanError
+from kvplan.errors import ExitCode, KvplanError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -144,7 +144,7 @@ def user_errors(func: F) -> F:
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
             error_line("interrupted")
-            raise typer.Exit(130) from None
+            raise typer.Exit(ExitCode.INTERRUPTED) from None
 
     return wrapper  # type: ignore[return-value]
 

@@ -8,6 +8,7 @@ import typer
 
 from kvplan.cli.common import esc, print_json, printable, user_errors
 from kvplan.cli.tables import Column, OutputFormat, chosen_format, emit_rows, format_option
+from kvplan.errors import ExitCode
 from kvplan.units import cdiv, format_ms, parse_tokens
 
 FIT_EXAMPLES = """
@@ -227,7 +228,7 @@ def fit(
         emit_rows(*deployment_rows(payload), fmt, footnote=_latency_note(payload) if shown else None)
         if not shown:  # stdout stays the (empty) table; why goes beside it
             typer.echo(printable(_why_none(payload)), err=True)
-    raise typer.Exit(0 if shown else 1)
+    raise typer.Exit(ExitCode.OK if shown else ExitCode.DOES_NOT_FIT)
 
 
 def _or_dash(value: object) -> str:
