@@ -108,6 +108,19 @@ class LayerSpec:
     def describe(self) -> str:
         raise NotImplementedError
 
+    def uniform_type_key(self) -> tuple:
+        """Layers whose keys are equal share one KV group when a model has no other kind
+        (``UniformTypeKVCacheSpecs.is_uniform_type``, v1/kv_cache_interface.py@0.32.0: full
+        attention of any size, MLA of any size, one window, one chunk). A kind without a rule has
+        no grouping vLLM would give it: kvplan refuses to guess."""
+        raise NotImplementedError(f"{type(self).__name__} has no KV grouping rule")
+
+    def without_hybrid_allocator(self) -> LayerSpec:
+        """What the layer becomes when vLLM's hybrid KV-cache manager is off: windows and chunks
+        are kept as full attention (``unify_hybrid_kv_cache_specs``, v1/core/kv_cache_utils.py);
+        other kinds stay themselves."""
+        return self
+
 
 @dataclass(frozen=True)
 class FullAttention(LayerSpec):
@@ -136,6 +149,12 @@ class FullAttention(LayerSpec):
         sizes = f"{self.head_size}" if self.head_size_v in (None, self.head_size) else f"{self.head_size} (V {self.head_size_v})"
         return f"{self.num_kv_heads} KV heads x {sizes}"
 
+    def uniform_type_key(self) -> tuple:
+        return ("full",)
+
+    def without_hybrid_allocator(self) -> LayerSpec:
+        return FullAttention(self.num_kv_heads, self.head_size, self.head_size_v)
+
 
 @dataclass(frozen=True)
 class SlidingWindow(FullAttention):
@@ -152,6 +171,9 @@ class SlidingWindow(FullAttention):
     def describe(self) -> str:
         return f"{super().describe()}, window {self.window:,}"
 
+    def uniform_type_key(self) -> tuple:
+        return ("sliding", self.window)
+
 
 @dataclass(frozen=True)
 class ChunkedLocal(FullAttention):
@@ -165,6 +187,9 @@ class ChunkedLocal(FullAttention):
 
     def describe(self) -> str:
         return f"{super().describe()}, chunk {self.chunk:,}"
+
+    def uniform_type_key(self) -> tuple:
+        return ("chunked", self.chunk)
 
 
 @dataclass(frozen=True)
@@ -191,6 +216,9 @@ class MLA(LayerSpec):
 
     def describe(self) -> str:
         return f"latent {self.latent_size}"
+
+    def uniform_type_key(self) -> tuple:
+        return ("mla",)  # the indexer's keys too (MLAIndexer)
 
 
 @dataclass(frozen=True)
@@ -332,3 +360,6 @@ class MambaState(LayerSpec):
 
     def describe(self) -> str:
         return f"{self.variant} state {self.state_bytes():,} B/request"
+
+    def uniform_type_key(self) -> tuple:
+        return ("state", self)  # each state shape is its own type

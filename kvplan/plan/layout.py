@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from kvplan.errors import KvplanError
 from kvplan.model.dtypes import KVDtype
-from kvplan.model.layers import MLA, ChunkedLocal, FullAttention, LayerSpec, RequestContext, SlidingWindow
+from kvplan.model.layers import MLA, LayerSpec, RequestContext
 from kvplan.units import cdiv
 from kvplan.vllm.platforms import CUDA, Platform
 from kvplan.vllm.rules import VllmRules
@@ -148,25 +148,6 @@ class KVLayout:
         return sum(g.spec.bytes_per_token(self.dtype) * g.num_layers for g in self.groups)
 
 
-def _as_full_attention(spec: LayerSpec) -> LayerSpec:
-    if isinstance(spec, (SlidingWindow, ChunkedLocal)):
-        return FullAttention(spec.num_kv_heads, spec.head_size, spec.head_size_v)
-    return spec
-
-
-def _type_key(spec: LayerSpec) -> tuple:
-    """``UniformTypeKVCacheSpecs``: full attention (any size), MLA (any size), one window..."""
-    if isinstance(spec, MLA):
-        return ("mla",)
-    if isinstance(spec, SlidingWindow):
-        return ("sliding", spec.window)
-    if isinstance(spec, ChunkedLocal):
-        return ("chunked", spec.chunk)
-    if isinstance(spec, FullAttention):
-        return ("full",)
-    return ("state", spec)
-
-
 def build_layout(
     specs: list[LayerSpec],
     dtype: KVDtype,
@@ -180,7 +161,7 @@ def build_layout(
     if not specs:
         raise KvplanError("this pipeline stage has no KV-holding layers")
     if not (rules.hybrid_allocator and hybrid_allocator):
-        specs = [_as_full_attention(s) for s in specs]
+        specs = [s.without_hybrid_allocator() for s in specs]
 
     # Hybrid attention + recurrent state: raise the attention block size until one
     # attention page holds at least one state page, then pad the state pages to match.
@@ -204,7 +185,7 @@ def build_layout(
         page = spec.page_bytes(block_size, dtype)
         return KVLayout((KVGroup(spec, count, 0, block_size),), page, page * count, dtype)
 
-    if len({_type_key(s) for s in by_spec}) == 1:
+    if len({s.uniform_type_key() for s in by_spec}) == 1:
         groups = tuple(KVGroup(spec, count, 0, block_size) for spec, count in by_spec.items())
         pages = [spec.page_bytes(block_size, dtype) * count for spec, count in by_spec.items()]
         return KVLayout(groups, max(s.page_bytes(block_size, dtype) for s in by_spec), sum(pages), dtype,
