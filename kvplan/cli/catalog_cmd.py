@@ -73,10 +73,12 @@ def models(
 
 SCHEMAS = {
     "size": ("kvplan.plan.schema", "SizePlan"),
+    "fit": ("kvplan.plan.schema", "FitOutput"),
     "check": ("kvplan.gate.check", "CheckReport"),
     "check-log": ("kvplan.gate.checklog", "CheckLogResult"),
     "validate": ("kvplan.validate.runner", "Validation"),
-    "bench": ("kvplan.bench.results", "BenchSummary"),  # also summary.json and kvplan report --json
+    "bench": ("kvplan.bench.results", "BenchSummary"),  # also summary.json
+    "report": ("kvplan.bench.results", "BenchSummary"),  # one summary, or a list of them for several runs
 }
 
 

@@ -224,3 +224,88 @@ class SizePlan:
 
     def replace(self, **changes: object) -> SizePlan:
         return dataclasses.replace(self, **changes)
+
+
+# --------------------------------------------------------------------------- kvplan fit --json
+# What `kvplan fit --json` prints (kvplan.cli.fit_cmd builds it; `kvplan schema fit` prints this schema).
+# Times in the unit their name says (_ms, _s); rates per second; memory in blocks of the plan's block size.
+
+
+@output_record
+class FitLatencyEstimate:
+    """One request's latency at the asked concurrency, from the step-time prior (roofline x assumed efficiencies)."""
+
+    ttft_ms: float
+    tpot_ms: float
+    e2e_s: float
+    output_tokens_per_s: float  # all replicas
+    source: str  # "prior"
+
+
+@output_record
+class FitLatencyPrediction:
+    """With --slo: the scheduler simulator's prediction of the deployment under load (kvplan.plan.steptime)."""
+
+    ttft_ms: dict[str, float | None]  # percentile ("p50", "p90", "p99") -> ms
+    itl_ms: dict[str, float | None]
+    tpot_ms: dict[str, float | None]
+    e2e_ms: dict[str, float | None]
+    queueing_ms: dict[str, float | None]
+    output_tokens_per_s: float  # all replicas
+    preemptions: int
+    peak_kv_fill: float  # the largest share of the pool in use
+    source: str  # "prior" or "calibrated"
+    requests_per_stream: int
+    load: str
+
+
+@output_record
+class FitSloCheck:
+    target_ms: float
+    predicted_ms: float | None
+    met: bool | None
+
+
+@output_record
+class FitDeployment:
+    """One deployment that fits, planned as `kvplan size` plans it."""
+
+    gpu: str
+    gpus: int  # GPUs of the whole deployment (tensor x pipeline x data parallel)
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    data_parallel_size: int  # replicas
+    kv_cache_dtype: str
+    max_model_len: int  # tokens
+    headroom: float  # share of the pool left at the asked load (0.2: 20%)
+    blocks_needed: int  # blocks the asked load holds, per replica
+    usable_blocks: int  # blocks of one replica's pool
+    price_per_hour: float | None  # with --price or a catalog price, the deployment's
+    verdict: str
+    latency_estimate: FitLatencyEstimate | None
+    latency_predicted: FitLatencyPrediction | None
+    slo: dict[str, FitSloCheck] | None  # SLO name ("ttft_p99"...) -> target and prediction
+    vllm_serve_command: str
+
+
+@output_record
+class FitOutput:
+    """Everything `kvplan fit` answers: the deployments that fit, best first, and why others were rejected."""
+
+    model: str
+    model_source: str
+    vllm_version: str  # the rules planned with
+    ctx: int  # context asked, tokens
+    concurrency: int
+    prompt_tokens: int | None
+    output_tokens: int | None
+    candidates_evaluated: int
+    candidates_fitting: int
+    search_seconds: float
+    rejected: dict[str, int]  # reason -> candidates
+    slo: dict[str, float] | None  # SLO name -> target in ms
+    slo_description: str | None
+    slo_rejected: dict[str, int]  # reason -> deployments the SLOs ruled out
+    slo_simulated: int  # deployments simulated for the SLOs
+    slo_search_stopped: bool  # the simulation budget ran out before every deployment was tried
+    deployments: list[FitDeployment]

@@ -1,0 +1,77 @@
+"""`kvplan schema NAME` describes what the command's --json really prints: every key the output has is in the
+schema, every key the schema requires is in the output, at every level, and pydantic validates the output."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from pydantic import TypeAdapter
+from typer.testing import CliRunner
+
+from kvplan.bench.results import BenchSummary
+from kvplan.cli.app import app
+from kvplan.plan.schema import FitOutput, SizePlan
+
+ENV = {"HF_HUB_OFFLINE": "1"}
+
+
+def _json(*args: str):
+    result = CliRunner().invoke(app, list(args), env=ENV)
+    assert result.exit_code in (0, 1), result.output
+    return json.loads(result.stdout)
+
+
+def _same_keys(data, schema: dict, defs: dict, where: str = "$") -> None:
+    """Walk the output beside its schema: an object has no key its schema does not declare, and every key
+    the schema requires (fields with a default, such as a summary's later additions, may be left out)."""
+    if "$ref" in schema:
+        schema = defs[schema["$ref"].rsplit("/", 1)[-1]]
+    if "anyOf" in schema:  # X | None: follow the branch that matches
+        if data is None:
+            return
+        schema = next(s for s in schema["anyOf"] if s.get("type") != "null")
+        return _same_keys(data, schema, defs, where)
+    if isinstance(data, dict) and "properties" in schema:
+        undeclared = set(data) - set(schema["properties"])
+        missing = set(schema.get("required", ())) - set(data)
+        assert not undeclared and not missing, f"{where}: undeclared {undeclared}, missing {missing}"
+        for key, value in data.items():
+            _same_keys(value, schema["properties"][key], defs, f"{where}.{key}")
+    elif isinstance(data, dict) and isinstance(schema.get("additionalProperties"), dict):
+        for key, value in data.items():
+            _same_keys(value, schema["additionalProperties"], defs, f"{where}.{key}")
+    elif isinstance(data, list) and "items" in schema:
+        for i, value in enumerate(data):
+            _same_keys(value, schema["items"], defs, f"{where}[{i}]")
+
+
+@pytest.mark.parametrize("name, cls, args", [
+    ("fit", FitOutput, ["fit", "meta-llama/Llama-3.1-8B", "--ctx", "32k", "-c", "8", "--json"]),
+    # with SLOs: the simulator's prediction and the per-SLO checks are filled in
+    ("fit", FitOutput, ["fit", "meta-llama/Llama-3.1-8B", "--ctx", "8k", "-c", "32", "--prompt", "2k", "--output",
+                        "256", "--gpus", "H100,L40S", "--slo", "ttft_p99=500ms,itl_p99=50ms", "--json"]),
+    ("size", SizePlan, ["size", "meta-llama/Llama-3.1-8B", "--ctx", "32k", "--gpu", "4090", "--prompt", "1k", "--json"]),
+])
+def test_the_schema_describes_the_output(name, cls, args):
+    schema = _json("schema", name)
+    data = _json(*args)
+    _same_keys(data, schema, schema.get("$defs", {}))
+    TypeAdapter(cls).validate_python(data)
+    if name == "fit":
+        assert data["deployments"], "a fit that shows no deployment checks nothing below the top level"
+        assert any(d["latency_estimate"] for d in data["deployments"])
+        if "--slo" in args:
+            assert any(d["latency_predicted"] and d["slo"] for d in data["deployments"])
+
+
+@pytest.mark.parametrize("report", ["vllm-bench-serve-c16.json", "guidellm-sweep.json"])
+def test_report_json_is_the_bench_summary_schema(report):
+    """`kvplan report --json` of one result is one BenchSummary (`kvplan schema report`)."""
+    path = Path(__file__).resolve().parents[1] / "bench" / "data" / report
+    schema = _json("schema", "report")
+    data = _json("report", str(path), "--json")
+    _same_keys(data, schema, schema.get("$defs", {}))
+    TypeAdapter(BenchSummary).validate_python(data)
+    assert data["points"]
