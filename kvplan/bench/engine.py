@@ -82,6 +82,8 @@ class EngineConfig:
     mamba_ssm_cache_dtype: str | None = None
     decode_context_parallel_size: int | None = None
     speculative_config: dict | None = None  # vLLM's --speculative-config, as given
+    kv_offloading_size: float | None = None  # vLLM's --kv-offloading-size, GiB
+    kv_offloading_backend: str | None = None
     extra_args: tuple[str, ...] = ()
     engine_cmd: tuple[str, ...] = ()  # replaces the launcher prefix (`python -m ...`)
     env: tuple[tuple[str, str], ...] = ()

@@ -10,7 +10,7 @@ import typer
 from kvplan.cli.common import parse_overrides, print_json, user_errors
 from kvplan.errors import ExitCode
 from kvplan.plan.schema import Settings, SizePlan
-from kvplan.units import format_bytes, format_range, format_tokens, parse_bytes, parse_fraction, parse_tokens
+from kvplan.units import GiB, format_bytes, format_range, format_tokens, parse_bytes, parse_fraction, parse_tokens
 
 EXAMPLES = """
 Examples:
@@ -97,6 +97,8 @@ def size(
     layout: Layout = typer.Option(Layout.rules, "--layout", help="rules (kvplan's, per model family) or engine (ask the installed vLLM; needs the [engine] extra).", rich_help_panel="vLLM release and layout"),
     allow_unverified: bool = typer.Option(False, "--allow-unverified-layout", help="Plan a model_type kvplan has no rules for as a plain decoder (marked UNVERIFIED).", rich_help_panel="vLLM release and layout"),
     steptime: Optional[str] = typer.Option(None, "--steptime", metavar="RUN", help="Latency from a step-time model calibrated on a bench run (`kvplan calibrate --bench RUN`) instead of the prior.", rich_help_panel="Workload"),
+    kv_offloading_size: Optional[float] = typer.Option(None, "--kv-offloading-size", metavar="GiB", help="vLLM's CPU offload tier, GiB over the engine's ranks: the chunks, host memory and tokens vLLM's native backend gives it.", rich_help_panel="KV cache"),
+    kv_offloading_backend: Optional[str] = typer.Option(None, "--kv-offloading-backend", metavar="BACKEND", help="native (vLLM's default) or lmcache (its server holds the capacity: nothing to size).", rich_help_panel="KV cache"),
     workload: Optional[str] = typer.Option(None, "--workload", metavar="FILE", help="Traffic with reuse (a Mooncake-style trace, conversations, an agent workload: as kvplan bench --traffic): the prefix-cache hits this pool keeps and the pool 50/90/99% of the achievable hits need.", rich_help_panel="Workload"),
     workload_option: Optional[list[str]] = typer.Option(None, "--workload-option", metavar="KEY=NUMBER", help="--workload: a loader option (repeatable), as kvplan bench --traffic-option.", rich_help_panel="Workload"),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 unless it fits at the low end of the KV budget's range too (the verdict says when it fits at the estimate only).", rich_help_panel="Output"),
@@ -154,6 +156,8 @@ def size(
         mamba_ssm_cache_dtype=mamba_ssm_cache_dtype,
         decode_context_parallel_size=dcp,
         enable_expert_parallel=expert_parallel,
+        kv_offloading_size=kv_offloading_size,
+        kv_offloading_backend=kv_offloading_backend,
     )
     if layout == "engine" and vllm_version is None:
         from kvplan.vllm.engine_layout import installed_vllm_version
@@ -275,6 +279,8 @@ def render(plan: SizePlan) -> None:
         console.print(f"[yellow]note:[/] {escape(note)}")
     if plan.workload is not None:
         _render_workload(console, plan.workload)
+    if plan.offload is not None:
+        _render_offload(console, plan.offload)
     label = "vLLM command" if plan.fits else "vLLM command for these settings (does not fit as is)"
     console.print(f"\n{label}:")
     console.print(plan.vllm_serve_command, soft_wrap=True, style="dim", markup=False)
@@ -318,6 +324,19 @@ def _render_table(console, plan: SizePlan) -> None:
             row.append(Text(pct, style="green" if cell.fits else "red"))  # a Text: no markup to parse
         table.add_row(Text(format_tokens(ctx)), *row)
     console.print(table)
+
+
+def _render_offload(console, t) -> None:
+    from rich.markup import escape
+
+    copies = "one copy for all TP ranks (MLA)" if t.replicated_layout else f"the blocks of {_n(t.copies, 'rank')}"
+    console.print(f"\n[bold]CPU offload tier[/] ({t.backend}, {t.size_gib:g} GiB over the ranks): {t.num_chunks:,} chunks "
+                  f"of {t.chunk_bytes:,} B ({copies}, {t.tokens_per_chunk:,} tokens each)")
+    console.print(f"  host memory: {t.host_bytes / GiB:,.2f} GiB; holds {t.tokens:,} tokens of context "
+                  f"({t.tokens / t.gpu_pool_tokens:,.1f}x the GPU pool's {t.gpu_pool_tokens:,})" if t.gpu_pool_tokens
+                  else f"  host memory: {t.host_bytes / GiB:,.2f} GiB; holds {t.tokens:,} tokens of context")
+    for note in t.notes:
+        console.print(f"[yellow]note:[/] {escape(note)}")
 
 
 def _render_workload(console, w) -> None:

@@ -96,6 +96,9 @@ class Deployment(BaseModel):
     enforce_eager: bool = False
     speculative_config: Any = Field(None, description="vLLM's --speculative-config, as a mapping or its JSON text: "
                                     "{method: mtp, num_speculative_tokens: 3}")
+    kv_offloading_size: float | None = Field(None, gt=0, le=1 << 20, allow_inf_nan=False,
+                                             description="vLLM's --kv-offloading-size: the CPU tier, GiB over the ranks")
+    kv_offloading_backend: str | None = Field(None, pattern="^(native|lmcache)$")
     usage: str = Field("serve", pattern="^(serve|llm)$")
     vllm_version: str | None = None
     headroom: float = Field(0.0, description="fraction of the KV pool that must stay free at the asked load")
@@ -226,6 +229,8 @@ class Deployment(BaseModel):
             prompt_tokens=self.prompt,
             output_tokens=self.output,
             shared_prefix_tokens=self.shared_prefix,
+            kv_offloading_size=self.kv_offloading_size,
+            kv_offloading_backend=self.kv_offloading_backend,
         )
 
 

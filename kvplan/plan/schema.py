@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from kvplan.errors import KvplanError
 from kvplan.model.encoders import MAX_MM_PIXELS
+from kvplan.plan.offload import OffloadTier, check_offloading_size
 from kvplan.plan.speculative import SpeculativeConfig
 
 _MIN_ONE = ("tensor_parallel_size", "pipeline_parallel_size", "decode_context_parallel_size", "data_parallel_size",
@@ -70,6 +71,10 @@ class Settings:
     prompt_tokens: int | None = None
     output_tokens: int | None = None
     shared_prefix_tokens: int = 0
+    # vLLM's --kv-offloading-size (GiB over the engine's ranks) and --kv-offloading-backend: a CPU tier beside
+    # the GPU pool (kvplan.plan.offload); the pool itself is planned as without it.
+    kv_offloading_size: float | None = None
+    kv_offloading_backend: str | None = None  # None: vLLM's default, native
 
     def __post_init__(self) -> None:
         for name in _MIN_ONE:
@@ -92,6 +97,7 @@ class Settings:
                               "(auto, float32, bfloat16 or float16)")
         if self.usage_context not in ("serve", "llm"):
             raise KvplanError(f"invalid usage_context: {self.usage_context!r} (serve or llm)")
+        check_offloading_size(self.kv_offloading_size, self.kv_offloading_backend or "native")
 
     def replace(self, **changes: object) -> Settings:
         return dataclasses.replace(self, **changes)
@@ -221,6 +227,7 @@ class SizePlan:
     # output_tokens_per_s, and "source" (prior: roofline x assumed efficiencies; or calibrated).
     latency: dict[str, object] | None = None
     workload: WorkloadPlan | None = None  # --workload FILE
+    offload: OffloadTier | None = None  # --kv-offloading-size GiB (native backend): the CPU tier, per replica
 
     def replace(self, **changes: object) -> SizePlan:
         return dataclasses.replace(self, **changes)

@@ -17,6 +17,7 @@ from kvplan.plan.capacity import (
     max_context_for,
     request_load,
 )
+from kvplan.plan.offload import offload_tier_for
 from kvplan.plan.overhead import OverheadModel
 from kvplan.plan.schema import (
     ConcurrencyCell,
@@ -439,11 +440,22 @@ def plan_size(
         if cap.num_blocks > 0 else [],
         suggestions=suggestions,
         vllm_serve_command=serve_command(ref.name, cap, replicas),
-        notes=list(cap.notes),
+        notes=list(cap.notes) + _offload_notes(settings),
         layout_source=arch.layout_source,
         vllm_startup_lines=startup_lines(cap),
         latency=_latency(cap, settings, per_replica, steptime) if verdict.fits else None,
+        offload=offload_tier_for(cap, settings.kv_offloading_size, settings.kv_offloading_backend or "native")
+        if settings.kv_offloading_size else None,
     )
+
+
+def _offload_notes(settings: Settings) -> list[str]:
+    if settings.kv_offloading_backend == "lmcache":
+        return ["--kv-offloading-backend lmcache: the LMCache server holds the tier's capacity (vLLM 0.32 passes it no "
+                "size), so kvplan sizes no CPU tier"]
+    if settings.kv_offloading_backend and not settings.kv_offloading_size:
+        return ["--kv-offloading-backend without --kv-offloading-size: vLLM turns offloading on only with a size"]
+    return []
 
 
 def _latency(cap: Capacity, settings: Settings, per_replica: int, steptime: object | None) -> dict | None:

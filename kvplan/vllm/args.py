@@ -37,6 +37,8 @@ ENGINE_FLAGS: tuple[tuple[str, str, str], ...] = (
     ("mamba_ssm_cache_dtype", "--mamba-ssm-cache-dtype", "value"),
     ("decode_context_parallel_size", "--decode-context-parallel-size", "value"),
     ("speculative_config", "--speculative-config", "value"),
+    ("kv_offloading_size", "--kv-offloading-size", "value"),
+    ("kv_offloading_backend", "--kv-offloading-backend", "value"),
 )
 ENGINE_FIELDS = frozenset(field for field, _, _ in ENGINE_FLAGS)
 
@@ -88,6 +90,8 @@ def engine_values(s: Settings) -> dict[str, object]:
         "mamba_ssm_cache_dtype": None if s.mamba_ssm_cache_dtype == "auto" else s.mamba_ssm_cache_dtype,
         "decode_context_parallel_size": s.decode_context_parallel_size if s.decode_context_parallel_size > 1 else None,
         "speculative_config": s.speculative.as_vllm_dict() if s.speculative else None,
+        "kv_offloading_size": s.kv_offloading_size,
+        "kv_offloading_backend": s.kv_offloading_backend,
     }
 
 

@@ -113,6 +113,7 @@ DEFAULT_SETTINGS = {
     "async_scheduling": None,
     "skip_forward": True,
     "extra_engine_args": {},
+    "kv_offloading_size": None,  # GiB: also size the native CPU tier vLLM would give (``offload``)
 }
 
 
@@ -460,6 +461,35 @@ def _async_capacity(vllm_config, rec_call: dict) -> dict:
     return out
 
 
+def _offload_tier(vllm_config, kv_cache_config, size_gib: float) -> dict:
+    """The native CPU tier vLLM would give ``--kv-offloading-size size_gib`` on this engine: its own
+    ``build_offloading_config`` and ``CPUOffloadingSpec`` (scheduler side; the worker's copy path asserts a
+    CUDA or XPU tensor, so the CPU build never builds it), with the KV-transfer config
+    ``VllmConfig._post_init_kv_transfer_config`` writes for the native backend."""
+    out: dict[str, Any] = {}
+    old = vllm_config.kv_transfer_config
+    try:
+        from vllm.config import KVTransferConfig
+        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import build_offloading_config
+        from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+
+        vllm_config.kv_transfer_config = KVTransferConfig(
+            kv_connector="OffloadingConnector", kv_role="kv_both", engine_id="kvplan-probe",
+            kv_connector_extra_config={"cpu_bytes_to_use": size_gib * (1 << 30)})
+        config = build_offloading_config(vllm_config, kv_cache_config)
+        spec = CPUOffloadingSpec(config)
+        out.update(num_chunks=spec.num_chunks, kv_bytes_per_chunk=spec.kv_bytes_per_chunk,
+                   blocks_per_chunk=spec.blocks_per_chunk, replicated_layout=spec.replicated_layout,
+                   worker_kv_bytes_per_block=config.worker_kv_bytes_per_block,
+                   tokens_per_block=[g.tokens_per_block for g in config.groups],
+                   group_ids=[g.group_id for g in config.groups])
+    except Exception as e:  # noqa: BLE001
+        out["error"] = {"type": type(e).__name__, "message": str(e)[-2000:]}
+    finally:
+        vllm_config.kv_transfer_config = old
+    return out
+
+
 def run_case(case: dict, tail: _Tail, rec: _Recorder) -> dict:
     from vllm import LLM
 
@@ -545,6 +575,8 @@ def run_case(case: dict, tail: _Tail, rec: _Recorder) -> dict:
         }
         if rec.calls:
             result["capacity_async"] = _async_capacity(vc, rec.calls[-1])
+        if settings.get("kv_offloading_size"):
+            result["offload"] = _offload_tier(vc, core.scheduler.kv_cache_config, settings["kv_offloading_size"])
         result["ok"] = True
         result["seconds_build"] = round(t_built - t0, 2)
     except BaseException as e:  # noqa: BLE001 - report everything, never skip

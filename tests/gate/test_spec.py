@@ -129,3 +129,14 @@ def test_missing_gpu_and_empty_and_missing_file(tmp_path):
     with pytest.raises(SpecErrors) as info:
         load_spec(tmp_path / "nope.yaml")
     assert str(info.value) == f"{tmp_path / 'nope.yaml'}: no such file (pass the path of your kvplan.yaml)"
+
+
+def test_the_cpu_offload_tier_reaches_the_settings_and_bad_sizes_are_refused():
+    text = "- name: a\n  model: meta-llama/Llama-3.1-8B\n  gpu: H100\n  kv_offloading_size: 200\n"
+    settings = parse_spec_text(text).entries[0].deployment.settings(1)
+    assert (settings.kv_offloading_size, settings.kv_offloading_backend) == (200, None)
+    for bad in ("-5", "0", ".inf", "lots"):
+        (issue,) = issues_of(text.replace("kv_offloading_size: 200", f"kv_offloading_size: {bad}"))
+        assert "kv_offloading_size" in issue, bad
+    (issue,) = issues_of(text + "  kv_offloading_backend: nfs\n")
+    assert "kv_offloading_backend" in issue

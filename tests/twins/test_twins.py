@@ -21,12 +21,14 @@ from functools import cache
 
 import pytest
 
+from kvplan.errors import KvplanError
 from kvplan.hardware.catalog import Device
 from kvplan.model.arch import parse_architecture
 from kvplan.model.layers import MLA, ChunkedLocal, FullAttention, MambaState, MLAIndexer, SlidingWindow
 from kvplan.model.source import load_bundled
 from kvplan.paths import PROFILES_DIR
 from kvplan.plan.capacity import compute_capacity, with_state_dtype, with_tp
+from kvplan.plan.offload import offload_tier_for
 from kvplan.plan.overhead import load_overhead
 from kvplan.plan.schema import Settings
 from kvplan.plan.speculative import parse_speculative_config
@@ -250,7 +252,9 @@ def _settings(profile: str, variant: str) -> dict:
     except Exception:  # noqa: BLE001 - a planner error shows in the test itself
         one = limit * 1024
     memory = int(min(max(3 * one, 64 * MiB), 4 * GiB)) + 12_345
-    return {**settings, "kv_cache_memory_bytes": memory}
+    # The native CPU tier vLLM's own offloading spec would give (the probe sizes it beside the engine; an odd
+    # size, so the floor division is exercised): no engine of its own.
+    return {**settings, "kv_cache_memory_bytes": memory, "kv_offloading_size": 1.37}
 
 
 def _cases() -> list[tuple[str, str]]:
@@ -402,6 +406,16 @@ def test_layout_matches_vllm(profile, variant, engine_results):
     async_cap = _plan(profile, result["settings"], async_scheduling=True, version=version)
     assert async_cap.kv_cache_tokens_reported == async_engine["kv_cache_size_tokens"]
     assert async_cap.max_concurrency_reported == pytest.approx(async_engine["max_concurrency"], rel=1e-12)
+    offload = result.get("offload") or {}
+    if "divisible by tokens_per_hash" in json.dumps(offload.get("error")):  # vLLM refuses the tier: so must kvplan
+        with pytest.raises(KvplanError, match="refuses the CPU offload tier"):
+            offload_tier_for(cap, result["settings"]["kv_offloading_size"])
+        return
+    assert "num_chunks" in offload, f"the probe sized no CPU offload tier: {offload}"
+    tier = offload_tier_for(cap, result["settings"]["kv_offloading_size"])
+    assert (tier.num_chunks, tier.chunk_bytes, tier.blocks_per_chunk, tier.groups) == (
+        offload["num_chunks"], offload["kv_bytes_per_chunk"], offload["blocks_per_chunk"], len(offload["group_ids"]))
+    assert tier.tokens_per_chunk == min(offload["tokens_per_block"]) * offload["blocks_per_chunk"]
 
 
 

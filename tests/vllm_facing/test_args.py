@@ -30,6 +30,8 @@ VALUES = {
     "mamba_ssm_cache_dtype": "float32",
     "decode_context_parallel_size": 2,
     "speculative_config": {"method": "mtp", "num_speculative_tokens": 3},
+    "kv_offloading_size": 200.5,
+    "kv_offloading_backend": "lmcache",
 }
 
 

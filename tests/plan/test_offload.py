@@ -1,0 +1,84 @@
+"""vLLM's native CPU offload tier (`--kv-offloading-size GiB`, kvplan.plan.offload), by hand from vLLM 0.32's
+``CPUOffloadingSpec`` arithmetic: a chunk is one GPU block of every rank holding a copy, rounded up to the 4 KiB
+host page; chunks = GiB x 2^30 // chunk. The twins (tests/twins) check the same against vLLM's own spec code."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from kvplan.cli.app import app
+from kvplan.errors import KvplanError
+from kvplan.plan.offload import cpu_offload_tier
+
+GiB = 1 << 30
+ENV = {"HF_HUB_OFFLINE": "1"}
+
+
+def size(*args: str) -> dict:
+    result = CliRunner().invoke(app, ["size", *args, "--json"], env=ENV)
+    assert result.exit_code in (0, 1), result.output
+    return json.loads(result.stdout)
+
+
+def test_llama_8b_on_one_and_two_h100s():
+    """Llama-3.1-8B, bf16, block 16: 16 x 32 layers x 2 x 8 KV heads x 128 x 2 B = 2 MiB a block on one GPU;
+    200 GiB / 2 MiB = 102,400 chunks of 16 tokens. At TP 2 a rank's block is 1 MiB and a chunk holds both ranks'."""
+    one = size("meta-llama/Llama-3.1-8B", "--gpu", "H100", "--ctx", "32k", "--kv-offloading-size", "200")["offload"]
+    assert (one["chunk_bytes"], one["num_chunks"], one["tokens_per_chunk"]) == (2 * 1024**2, 102_400, 16)
+    assert one["tokens"] == 102_400 * 16 == 1_638_400 and one["host_bytes"] == 200 * GiB
+    two = size("meta-llama/Llama-3.1-8B", "--gpu", "2xH100", "--ctx", "32k", "--kv-offloading-size", "200")["offload"]
+    assert (two["copies"], two["chunk_bytes"], two["num_chunks"]) == (2, 2 * 1024**2, 102_400)
+
+
+def test_deepseek_v3_keeps_one_mla_copy_on_nvidia_and_one_per_rank_elsewhere():
+    """DeepSeek-V3 at TP 8 on H200: FlashMLA's block 64 x 61 layers x 576 latent x 2 B = 4,497,408 B (a multiple
+    of 4 KiB), one copy for the 8 ranks: 200 GiB // 4,497,408 = 47,749 chunks of 64 tokens."""
+    plan = size("deepseek-ai/DeepSeek-V3", "--gpu", "8xH200", "--ctx", "32k", "--kv-offloading-size", "200")
+    tier = plan["offload"]
+    assert plan["block_size"] == 64 and tier["replicated_layout"] and tier["copies"] == 1
+    assert (tier["chunk_bytes"], tier["num_chunks"], tier["tokens"]) == (4_497_408, 47_749, 47_749 * 64)
+    assert "--kv-offloading-size 200" in plan["vllm_serve_command"]
+    # vLLM shares the copy only where its shared region is used (CUDA, not ROCm; XPU): 8 copies on AMD
+    amd = cpu_offload_tier(200, "native", block_bytes_per_rank=4_497_408, block_size=64, groups=1,
+                           tensor_parallel_size=8, pipeline_parallel_size=1, decode_context_parallel_size=1,
+                           mla=True, nvidia_or_xpu=False, gpu_pool_tokens=1)
+    assert (amd.copies, amd.chunk_bytes, amd.num_chunks) == (8, 8 * 4_497_408, 200 * GiB // (8 * 4_497_408))
+
+
+def test_a_chunk_is_rounded_up_to_the_host_page():
+    """An MLA block of 16 tokens x 61 layers x 576 x 2 B = 1,124,352 B rounds up to 1,126,400 (275 pages of 4 KiB)."""
+    tier = cpu_offload_tier(1.5, "native", block_bytes_per_rank=1_124_352, block_size=16, groups=1,
+                            tensor_parallel_size=1, pipeline_parallel_size=1, decode_context_parallel_size=1,
+                            mla=True, nvidia_or_xpu=True, gpu_pool_tokens=1)
+    assert tier.chunk_bytes == 275 * 4096 == 1_126_400
+    assert tier.num_chunks == int(1.5 * GiB) // 1_126_400 == 1429
+
+
+def test_several_groups_each_take_whole_chunks():
+    """gpt-oss: a sliding and a full group; each group's block takes its own chunk row (vllm#56871)."""
+    tier = size("openai/gpt-oss-20b", "--gpu", "H100", "--ctx", "32k", "--kv-offloading-size", "64")["offload"]
+    assert tier["groups"] == 2
+    assert tier["tokens"] == tier["num_chunks"] * tier["tokens_per_chunk"] // 2
+    assert any("vllm#56871" in n for n in tier["notes"])
+
+
+def test_refusals_and_lmcache():
+    with pytest.raises(KvplanError, match="pipeline parallelism"):
+        cpu_offload_tier(10, "native", block_bytes_per_rank=4096, block_size=16, groups=1, tensor_parallel_size=1,
+                         pipeline_parallel_size=2, decode_context_parallel_size=1, mla=False, nvidia_or_xpu=True,
+                         gpu_pool_tokens=1)
+    for bad in ("0", "-1", "nan", "inf", "1e9"):
+        result = CliRunner().invoke(app, ["size", "meta-llama/Llama-3.1-8B", "--gpu", "H100",
+                                          "--kv-offloading-size", bad], env=ENV)
+        assert result.exit_code == 2 and "--kv-offloading-size" in result.output, bad
+    # A hybrid whose Mamba state is not in "align" mode: vLLM's build_offloading_config asserts, so kvplan refuses.
+    result = CliRunner().invoke(app, ["size", "Qwen/Qwen3.5-9B", "--gpu", "H100", "--no-prefix-caching",
+                                      "--kv-offloading-size", "10"], env=ENV)
+    assert result.exit_code == 2 and "refuses the CPU offload tier" in result.output
+    lm = size("meta-llama/Llama-3.1-8B", "--gpu", "H100", "--kv-offloading-size", "10", "--kv-offloading-backend",
+              "lmcache")
+    assert lm["offload"] is None and any("LMCache server" in n for n in lm["notes"])
+    assert "--kv-offloading-backend lmcache" in lm["vllm_serve_command"]
