@@ -370,7 +370,8 @@ def _count_params(
     n = len(kinds)
     vocab = f.get("vocab_size", "padded_vocab_size", default=0)
     inter = f.get("intermediate_size", "ffn_hidden_size", "n_inner", default=4 * hidden)
-    gated = family_for(model_type, allow_unverified=True)[0].gated_mlp
+    family = family_for(model_type, allow_unverified=True)[0]
+    gated = family.gated_mlp
     mlp_mats = 3 if gated else 2
     tied = bool(f.get("tie_word_embeddings", default=False))
     attn = mlp = experts = shared_experts = recurrent = other = 0
@@ -397,8 +398,7 @@ def _count_params(
         heads_per_layer = f.get("num_attention_heads_per_layer")
         if not (isinstance(heads_per_layer, list) and len(heads_per_layer) == n):
             heads_per_layer = [num_heads] * n
-        gating = f.get("gating") if model_type == "laguna" else None
-        family = family_for(model_type, allow_unverified=True)[0]
+        gating = f.get(family.output_gate_field) if family.output_gate_field else None
         for i, kind in enumerate(kinds):
             if kind not in ("full", "sliding", "chunked", "attention+mamba", "global"):
                 continue

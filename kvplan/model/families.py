@@ -382,6 +382,9 @@ class Family:
     config_defaults: dict[str, Any] = field(default_factory=dict)
     gated_mlp: bool = True  # False: a plain up/down MLP pair (weights estimate)
     vllm_file: str = ""  # the vLLM model file these rules follow
+    # A config field naming a softplus output gate per head (true / "per-head") or per channel ("per-element"):
+    # its projection's weights (Laguna's ``gating``).
+    output_gate_field: str | None = None
     # Per kind, the attention shape where the family's kinds differ in it (else the config's one shape).
     attention_shape: Callable[[Fields, LayerKind], AttentionShape | None] | None = None
 
@@ -418,7 +421,7 @@ FAMILIES: dict[str, Family] = {
     "mimo_v2_flash": Family(kinds=mimo_v2_kinds, attention_shape=mimo_v2_shape, vllm_file="mimo_v2.py"),
     # Laguna (poolside): defaults of transformers' LagunaConfig (5.17+, which vLLM requires: it refuses a config
     # without mlp_layer_types); first_k_dense_replace 1 stands for its default mlp_layer_types (dense, then sparse).
-    "laguna": Family(kinds=laguna_kinds, vllm_file="laguna.py", config_defaults={
+    "laguna": Family(kinds=laguna_kinds, vllm_file="laguna.py", output_gate_field="gating", config_defaults={
         "vocab_size": 100352, "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 40,
         "num_attention_heads": 48, "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 131072,
         "sliding_window": 512, "num_experts": 256, "moe_intermediate_size": 512,
