@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -645,47 +646,14 @@ def _parse_architecture(config: dict[str, Any], overrides: dict[str, Any] | None
 
     # The family's own shape per attention kind, where its kinds differ in shape (MiMo-V2-Flash).
     shapes = {k: family.attention_shape(f, k) for k in sorted(set(kinds))} if family.attention_shape else {}
-    if f.missing:
-        raise KvplanError(
-            f"cannot read the attention shapes of model_type {model_type!r}: missing {', '.join(dict.fromkeys(f.missing))}",
-            "add them with --set, e.g. " + " ".join(f"--set {m}=N" for m in dict.fromkeys(f.missing)),
-        )
+    _refuse_missing(f, "attention shapes", model_type)
     specs: list[LayerSpec] = []
     index: list[int] = []
     for i, kind in enumerate(kinds):
-        if kind == "mla":
-            latent = f.need("kv_lora_rank") + (f.get("qk_rope_head_dim", default=0) or 0)
-            if latent <= 0:
-                raise KvplanError(f"invalid MLA latent size in config: kv_lora_rank + qk_rope_head_dim = {latent}")
-            new = [MLA(latent_size=latent)]
-            if f.get("index_head_dim") and _has_indexer(f, i):  # DeepSeek-V3.2 / GLM-5 sparse attention
-                new.append(MLAIndexer(latent_size=int(f.get("index_head_dim"))))
-        elif kind in ("full", "sliding") and (shape := shapes.get(kind)) is not None:
-            new = [FullAttention(shape.num_kv_heads, shape.head_size, shape.head_size_v) if kind == "full" else
-                   SlidingWindow(shape.num_kv_heads, shape.head_size, shape.head_size_v, window=int(shape.window))]
-        elif kind == "full":
-            new = [FullAttention(kv_heads, head)]
-        elif kind == "global":
-            new = [FullAttention(*_gemma4_global_shape(f, kv_heads))]
-        elif kind == "sliding":
-            if not window:
-                raise KvplanError("a sliding-window layer has no sliding_window size", "add --set sliding_window=N")
-            new = [SlidingWindow(kv_heads, head, window=int(window))]
-        elif kind == "chunked":
-            new = [ChunkedLocal(kv_heads, head, chunk=int(f.get("attention_chunk_size")))]
-        elif kind == "mamba":
-            new = [state_spec()]
-        elif kind == "attention+mamba":
-            new = [FullAttention(kv_heads, head), state_spec()]
-        else:
-            new = []
+        new = _kind_specs(kind, i, f, shapes.get(kind), kv_heads, head, window, state_spec)
         specs.extend(new)
         index.extend([i] * len(new))
-    if f.missing:
-        raise KvplanError(
-            f"cannot read the layers of model_type {model_type!r}: missing {', '.join(dict.fromkeys(f.missing))}",
-            "add them with --set, e.g. " + " ".join(f"--set {m}=N" for m in dict.fromkeys(f.missing)),
-        )
+    _refuse_missing(f, "layers", model_type)
 
     # Layers that reuse another layer's KV (Gemma 3n's num_kv_shared_layers) own no cache.
     shared = int(f.get("num_kv_shared_layers", default=0) or 0)
@@ -767,6 +735,47 @@ def _has_indexer(f: _Fields, layer: int) -> bool:
     if not isinstance(freq, int) or not isinstance(offset, int) or freq <= 0:
         raise KvplanError(f"invalid index_topk_freq / index_skip_topk_offset in config: {freq!r}, {offset!r}")
     return max(layer - offset + 1, 0) % freq == 0
+
+
+def _refuse_missing(f: _Fields, what: str, model_type: str) -> None:
+    """The fields a step read and the config lacks, as one error naming them (and the --set that adds them)."""
+    if f.missing:
+        missing = list(dict.fromkeys(f.missing))
+        raise KvplanError(f"cannot read the {what} of model_type {model_type!r}: missing {', '.join(missing)}",
+                          "add them with --set, e.g. " + " ".join(f"--set {m}=N" for m in missing))
+
+
+def _kind_specs(kind: str, i: int, f: _Fields, shape, kv_heads: int, head: int, window: int,
+                state_spec: Callable[[], LayerSpec]) -> list[LayerSpec]:
+    """The KV specs layer ``i`` of ``kind`` holds: the family's own shape for the kind where it gives one
+    (``shape``), else the config's one attention shape; none for a layer without a cache."""
+    if kind == "mla":
+        latent = f.need("kv_lora_rank") + (f.get("qk_rope_head_dim", default=0) or 0)
+        if latent <= 0:
+            raise KvplanError(f"invalid MLA latent size in config: kv_lora_rank + qk_rope_head_dim = {latent}")
+        new: list[LayerSpec] = [MLA(latent_size=latent)]
+        if f.get("index_head_dim") and _has_indexer(f, i):  # DeepSeek-V3.2 / GLM-5 sparse attention
+            new.append(MLAIndexer(latent_size=int(f.get("index_head_dim"))))
+        return new
+    if kind in ("full", "sliding") and shape is not None:
+        if kind == "full":
+            return [FullAttention(shape.num_kv_heads, shape.head_size, shape.head_size_v)]
+        return [SlidingWindow(shape.num_kv_heads, shape.head_size, shape.head_size_v, window=int(shape.window))]
+    if kind == "full":
+        return [FullAttention(kv_heads, head)]
+    if kind == "global":
+        return [FullAttention(*_gemma4_global_shape(f, kv_heads))]
+    if kind == "sliding":
+        if not window:
+            raise KvplanError("a sliding-window layer has no sliding_window size", "add --set sliding_window=N")
+        return [SlidingWindow(kv_heads, head, window=int(window))]
+    if kind == "chunked":
+        return [ChunkedLocal(kv_heads, head, chunk=int(f.get("attention_chunk_size")))]
+    if kind == "mamba":
+        return [state_spec()]
+    if kind == "attention+mamba":
+        return [FullAttention(kv_heads, head), state_spec()]
+    return []
 
 
 def _gemma4_global_shape(f: _Fields, kv_heads: int) -> tuple[int, int]:

@@ -418,6 +418,28 @@ def moe_split_error(arch: Architecture, moe_tp: int) -> str | None:
             f"(tp x dp without expert parallel; FusedMoEConfig asserts intermediate_size % tp_size == 0)")
 
 
+def _with_speculative(arch: Architecture, settings: Settings, rules: VllmRules, notes: list[str]) -> Architecture:
+    """The model as speculative decoding serves it: the draft's KV layers in the pool (as the speculative config
+    or --draft-layers gives them) and the recurrent states widened by the drafted tokens (mamba_utils.py)."""
+    draft_layers = settings.draft_layers
+    spec = settings.speculative
+    if spec:
+        if draft_layers:
+            notes.append(f"speculative decoding ({spec.describe()}): {draft_layers} draft layer(s), as --draft-layers gives")
+        else:
+            draft_layers, how = speculative_draft_layers(spec, arch)
+            notes.append(how)
+        k, variants = spec.num_speculative_tokens, rules.speculative_conv_variants
+        arch = replace(arch, layers=tuple(s.with_spec_tokens(k, variants) if isinstance(s, MambaState) else s
+                                          for s in arch.layers))
+        if spec.kv_cache_dtype and spec.kv_cache_dtype != settings.kv_cache_dtype:
+            notes.append(f"the draft's own KV dtype ({spec.kv_cache_dtype}) is not modelled: its layers are sized "
+                         "at the target's")
+    elif draft_layers:
+        notes.append(f"{draft_layers} speculative draft layer(s) share the KV pool")
+    return with_draft_layers(arch, draft_layers) if draft_layers else arch
+
+
 def compute_capacity(
     arch: Architecture,
     device: Device,
@@ -429,25 +451,7 @@ def compute_capacity(
     """Size the KV cache of one replica of a deployment, as that vLLM release would."""
     tp, pp = settings.tensor_parallel_size, settings.pipeline_parallel_size
     notes: list[str] = []
-    draft_layers = settings.draft_layers
-    if settings.speculative:
-        spec = settings.speculative
-        if draft_layers:
-            notes.append(f"speculative decoding ({spec.describe()}): {draft_layers} draft layer(s), as --draft-layers gives")
-        else:
-            draft_layers, how = speculative_draft_layers(spec, arch)
-            notes.append(how)
-        # The drafted tokens widen the recurrent states whose shape calculator takes them (mamba_utils.py).
-        k, variants = spec.num_speculative_tokens, rules.speculative_conv_variants
-        arch = replace(arch, layers=tuple(s.with_spec_tokens(k, variants) if isinstance(s, MambaState) else s
-                                          for s in arch.layers))
-        if spec.kv_cache_dtype and spec.kv_cache_dtype != settings.kv_cache_dtype:
-            notes.append(f"the draft's own KV dtype ({spec.kv_cache_dtype}) is not modelled: its layers are sized "
-                         "at the target's")
-    elif draft_layers:
-        notes.append(f"{draft_layers} speculative draft layer(s) share the KV pool")
-    if draft_layers:
-        arch = with_draft_layers(arch, draft_layers)
+    arch = _with_speculative(arch, settings, rules, notes)
     if arch.num_attention_heads % tp:
         raise KvplanError(
             f"tensor parallel size {tp} does not divide the {arch.num_attention_heads} attention heads",

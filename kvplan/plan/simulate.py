@@ -395,7 +395,7 @@ def _key(req: _Req, k: int, block_size: int) -> tuple:
     return ("req", req.rid, k)
 
 
-def simulate(config: SchedulerConfig, load: Load, step_time: Callable[[StepBatch], float] | None = None,
+def simulate(config: SchedulerConfig, load: Load, step_time: Callable[[StepBatch], float] | None = None,  # noqa: C901 (54: the scheduler loop, still to split)
              max_steps: int = 5_000_000, trace: list[tuple] | None = None) -> SimResult:
     """Run ``load`` through vLLM V1's scheduler on ``config``'s pool until every request ends.
 
