@@ -30,6 +30,7 @@ from kvplan.model.encoders import (
 from kvplan.model.families import (
     TEXT_CONFIG_DEFAULTS,
     WRAPPER_TEXT_MODEL_TYPE,
+    AttentionShape,
     family_for,
     sliding_window_size,
 )
@@ -365,7 +366,8 @@ def _moe_layers(f: _Fields, model_type: str, n: int) -> list[bool]:
 
 
 def _count_params(
-    f: _Fields, model_type: str, kinds: list[str], hidden: int, num_heads: int, kv_heads: int, head: int
+    f: _Fields, model_type: str, kinds: list[str], hidden: int, num_heads: int, kv_heads: int, head: int,
+    shapes: dict[str, AttentionShape | None] | None = None,
 ) -> ParamCounts:
     """Parameters of the loaded model, by role (an estimate from the config)."""
     n = len(kinds)
@@ -403,7 +405,7 @@ def _count_params(
         for i, kind in enumerate(kinds):
             if kind not in ("full", "sliding", "chunked", "attention+mamba", "global"):
                 continue
-            shape = family.attention_shape(f, kind) if family.attention_shape else None
+            shape = (shapes or {}).get(kind)  # the family's own shape for the kind (_parse_architecture)
             if shape is not None:  # q: heads x K size; k, v: KV heads x K and V sizes; o: heads x V size
                 value = shape.head_size_v or shape.head_size
                 attn += hidden * (shape.num_heads * (shape.head_size + value)
@@ -673,7 +675,7 @@ def _parse_architecture(config: dict[str, Any], overrides: dict[str, Any] | None
         raise KvplanError(f"model_type {model_type!r} has no attention or state layers to size")
 
     quant, ckpt_kv = _quantization(top, f)
-    params = _count_params(f, model_type, kinds, hidden, num_heads, kv_heads, head)
+    params = _count_params(f, model_type, kinds, hidden, num_heads, kv_heads, head, shapes)
     towers, tower_note, vision = _tower_params(top, hidden)
     audio, audio_note = _audio_tower_params(top, hidden)
     if towers or audio:
