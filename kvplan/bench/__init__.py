@@ -2,7 +2,7 @@
 
 engine.py (launch/stop/capacity), workload.py (requests), loadgen.py (streaming client),
 metrics.py (/metrics), sweep.py (onset search), runner.py (one run), store.py (run folder),
-results.py (the typed results: summary.json, points.jsonl), report.py (Markdown, CSV, PNG),
-html.py (report.html), external.py (other harnesses' results), render.py (finished runs, offline),
+results.py (the typed results: summary.json, points.jsonl), outputs/ (one module per file a run
+writes: registry.py, summary_json, markdown, csv, html, png), external.py (other harnesses' results), render.py (finished runs, offline),
 view.py (progress display).
 """

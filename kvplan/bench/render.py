@@ -47,7 +47,7 @@ def load_summary(path: Path) -> BenchSummary:
 
 def rerender(path: Path) -> BenchSummary:
     """Write a finished kvplan run's report.md, report.html, points.csv and requests.csv again."""
-    from kvplan.bench.report import write_reports
+    from kvplan.bench.outputs import write_reports
 
     summary = load_summary(path)
     write_reports(st.RunStore(path), summary)

@@ -1,7 +1,7 @@
 """One bench run: engine (launched or attached) -> capacity -> prediction -> sweep -> results.
 
 Ties the parts together; each part stays testable on its own (engine.py, loadgen.py, metrics.py,
-sweep.py, store.py, report.py). Every finished point is appended to the run folder before the
+sweep.py, store.py, outputs/). Every finished point is appended to the run folder before the
 next one starts; the engine is stopped in ``finally`` whatever happens.
 """
 
@@ -261,7 +261,7 @@ class BenchRun:
         if self.expected_model is not None:
             # --resume: the finished points measured that model; points of another one must not join them.
             if ids and self.expected_model not in ids:
-                from kvplan.cli.common import printable
+                from kvplan.term import printable
 
                 raise KvplanError(
                     f"cannot resume: the run measured {printable(self.expected_model, 200)!r}, but "
@@ -787,7 +787,7 @@ class BenchRun:
                                 start=rs.start, resolution=rs.resolution, max_points=rs.max_points)
 
     def finish(self, status: str, error: str | None) -> BenchSummary:
-        from kvplan.bench.report import write_reports
+        from kvplan.bench.outputs import write_reports
 
         summary = self.summary(status, error)
         write_reports(self.store, summary)
@@ -808,7 +808,7 @@ class BenchRun:
             except Exception as exc:  # noqa: BLE001 - a server without /metrics can still be benched
                 snap = None
                 self.metrics_error = f"{type(exc).__name__}: {exc}"
-                from kvplan.cli.common import esc
+                from kvplan.term import esc
 
                 self.view.message(f"no server metrics ({esc(self.metrics_error)}): onsets cannot be measured")
             self._read_capacity(snap)

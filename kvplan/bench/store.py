@@ -132,6 +132,14 @@ class RunStore:
         _atomic_write(target, text, self.secrets)
         return target
 
+    def write_bytes(self, name: str, data: bytes) -> Path:
+        """A binary file (a PNG): no secret scrubbing (its text is drawn, not stored), never through a link."""
+        from kvplan.paths import write_file_safely
+
+        target = self.path / name
+        write_file_safely(target, data)
+        return target
+
 
 def _append(path: Path, rows: list[dict[str, Any]], secrets: tuple[str, ...] = ()) -> None:
     """Append JSON lines: never through a symlink planted in the run folder; a torn last line (a

@@ -8,8 +8,9 @@ from typing import Optional
 
 import typer
 
-from kvplan.cli.common import error_line, esc, make_console, print_json, printable, user_errors
+from kvplan.cli.common import error_line, print_json, user_errors
 from kvplan.errors import ExitCode
+from kvplan.term import esc, make_console, printable
 from kvplan.units import format_ms
 
 EXAMPLES = """
@@ -618,7 +619,7 @@ def replay_lines(points) -> list[str]:
 def render(summary) -> None:
     """The summary at the end (human output): readable at 80 columns and in CI logs, where a cell that
     does not fit wraps onto a second line and no figure is cut short."""
-    from kvplan.bench.report import latency_lines, onset_text
+    from kvplan.bench.outputs.text import latency_lines, onset_text
     from kvplan.bench.results import ONSETS, PlannerCapacity
 
     console = make_console()

@@ -7,9 +7,10 @@ from typing import Optional
 
 import typer
 
-from kvplan.cli.common import error_line, print_json, printable, user_errors
+from kvplan.cli.common import error_line, print_json, user_errors
 from kvplan.cli.tables import OutputFormat, chosen_format, emit_rows, format_option
 from kvplan.errors import ExitCode
+from kvplan.term import printable
 from kvplan.units import parse_tokens
 
 CHECK_EXAMPLES = """

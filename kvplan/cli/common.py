@@ -7,12 +7,12 @@ import dataclasses
 import functools
 import json
 import math
-import re
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from kvplan.errors import ExitCode, KvplanError
+from kvplan.term import printable
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -20,58 +20,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 #: Set by ``kvplan --debug`` or KVPLAN_DEBUG=1: internal errors print their traceback.
 DEBUG = False
 
-# C0 controls but tab, DEL, C1 controls (ESC starts terminal sequences, OSC-8 links, cursor moves).
-_CONTROL_RE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
-
-
 def debug_from_env() -> bool:
     import os
 
     return os.environ.get("KVPLAN_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def printable(text: object, limit: int = 2000) -> str:
-    """``text`` safe for one terminal line: control characters (newlines, ESC) shown as escapes,
-    at most ``limit`` characters."""
-    out = _CONTROL_RE.sub(lambda m: repr(m.group())[1:-1], str(text))
-    return out if len(out) <= limit else out[: limit - 3] + "..."
-
-
-def csv_cell(value: Any) -> Any:
-    """A CSV cell no spreadsheet runs as a formula and no terminal takes for control text: names, reasons
-    and errors come from users' files and servers. Control characters (CR, LF, ESC) become escapes; text
-    whose first character past blanks would start a formula (= + - @, or a leading tab) gets a quote
-    mark, unless it is a plain number (``-1.5``)."""
-    if not isinstance(value, str):
-        return value
-    text = _CONTROL_RE.sub(lambda m: repr(m.group())[1:-1], value)
-    if text[:1] == "\t" or text.lstrip(" ")[:1] in ("=", "+", "-", "@"):
-        try:
-            float(text)
-        except ValueError:
-            return "'" + text
-    return text
-
-
-def csv_writer(stream):
-    """``csv.writer`` whose every cell goes through ``csv_cell`` (kvplan's one CSV dialect)."""
-    import csv
-
-    writer = csv.writer(stream, lineterminator="\n")
-
-    class _Writer:
-        def writerow(self, row) -> None:
-            writer.writerow([csv_cell(v) for v in row])
-
-    return _Writer()
-
-
-def esc(text: object) -> str:
-    """A value for a rich console line that holds markup: ``[/]`` in a name is printed, not
-    interpreted; control characters are escaped."""
-    from rich.markup import escape
-
-    return escape(printable(text))
 
 
 def error_line(message: str) -> None:
@@ -158,18 +110,6 @@ def to_jsonable(payload: Any) -> Any:
 
         return TypeAdapter(type(payload)).dump_python(payload, mode="json")
     return payload
-
-
-def make_console(stderr: bool = False):
-    """A rich console that does not wrap at 80 columns when output goes to a file or CI log. No emoji
-    codes: a ``:smile:`` in a model name or path is text, and replacing codes costs start-up time."""
-    import os
-
-    from rich.console import Console
-
-    stream = sys.stderr if stderr else sys.stdout
-    width = None if stream.isatty() else int(os.environ.get("COLUMNS") or 160)
-    return Console(highlight=False, emoji=False, width=width, stderr=stderr)
 
 
 def print_json(payload: Any) -> None:

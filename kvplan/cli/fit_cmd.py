@@ -6,9 +6,10 @@ from typing import Optional
 
 import typer
 
-from kvplan.cli.common import esc, print_json, printable, user_errors
+from kvplan.cli.common import print_json, user_errors
 from kvplan.cli.tables import Column, OutputFormat, chosen_format, emit_rows, format_option
 from kvplan.errors import ExitCode
+from kvplan.term import esc, printable
 from kvplan.units import cdiv, format_ms, parse_tokens
 
 FIT_EXAMPLES = """
@@ -285,7 +286,7 @@ def _latency_note(p: dict) -> str:
 def _render(p: dict) -> None:
     from rich.table import Table
 
-    from kvplan.cli.common import make_console
+    from kvplan.term import make_console
 
     console = make_console()
     work = f"{p['concurrency']} x " + (f"prompt {p['prompt_tokens']:,} + output {p['output_tokens'] or 0:,}"

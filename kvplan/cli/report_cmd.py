@@ -7,8 +7,9 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from kvplan.cli.common import esc, make_console, print_json, user_errors
+from kvplan.cli.common import print_json, user_errors
 from kvplan.cli.tables import Column, OutputFormat, chosen_format, emit_rows, format_option
+from kvplan.term import esc, make_console
 
 if TYPE_CHECKING:
     from kvplan.bench.results import BenchSummary
@@ -51,8 +52,8 @@ def report(
 
     Exit code 0: done; 2: a run could not be read.
     """
+    from kvplan.bench.outputs import write_reports
     from kvplan.bench.render import load_summary
-    from kvplan.bench.report import write_reports
     from kvplan.bench.slo import parse_slo
     from kvplan.bench.store import RunStore
 
@@ -77,7 +78,7 @@ def report(
     if html is None and len(summaries) > 1:
         html = Path("kvplan-report.html")
     if html is not None:
-        from kvplan.bench.html import html_report
+        from kvplan.bench.outputs.html import html_report
         from kvplan.paths import write_file_safely
 
         write_file_safely(html, html_report(summaries), "the report")

@@ -203,7 +203,7 @@ def render(plan: SizePlan) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from kvplan.cli.common import make_console
+    from kvplan.term import make_console
 
     console = make_console()
     console.soft_wrap = True  # lines keep their length (a terminal wraps them); tables still fit the width

@@ -51,7 +51,7 @@ def emit_rows(rows: Sequence[dict], columns: Sequence[Column], fmt: OutputFormat
 
         print_json(list(rows))
     elif fmt is OutputFormat.csv:
-        from kvplan.cli.common import csv_cell
+        from kvplan.term import csv_cell
 
         keys = list(rows[0]) if rows else [c.key for c in columns]
         writer = csv.DictWriter(sys.stdout, fieldnames=keys, lineterminator="\n")
@@ -64,7 +64,7 @@ def emit_rows(rows: Sequence[dict], columns: Sequence[Column], fmt: OutputFormat
     else:
         from rich.table import Table
 
-        from kvplan.cli.common import esc, make_console
+        from kvplan.term import esc, make_console
 
         table = Table(show_edge=False)
         for c in columns:  # a cell that does not fit wraps onto more lines: no id or figure is cut short

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import typer
 
-from kvplan.cli.common import esc, make_console, print_json, user_errors
+from kvplan.cli.common import print_json, user_errors
 from kvplan.cli.tables import Column, OutputFormat, chosen_format, emit_rows, format_option
+from kvplan.term import esc, make_console
 from kvplan.units import format_range
 
 

@@ -40,7 +40,7 @@ def term(text: object) -> str:
     """User text for a rich console line (markup escaped, controls escaped, no workflow commands)."""
     from rich.markup import escape
 
-    from kvplan.cli.common import printable
+    from kvplan.term import printable
 
     return escape(_no_commands(printable(text)))
 
@@ -213,7 +213,7 @@ _MD_ESCAPES.update({ord("&"): "&amp;", ord("<"): "&lt;", ord(">"): "&gt;", ord('
 
 def _md(text: object) -> str:
     """User text for the step summary: one line, controls escaped, HTML and Markdown inert."""
-    from kvplan.cli.common import printable
+    from kvplan.term import printable
 
     return printable(text).translate(_MD_ESCAPES)
 
@@ -267,7 +267,7 @@ def append_step_summary(markdown: str, environ: dict[str, str] | None = None) ->
 def _escape_data(text: str) -> str:
     # actions/toolkit core/command.ts: escapeData; other control characters (ESC: colours, OSC-8
     # links) are written as visible escapes first, so the annotation is one plain line.
-    from kvplan.cli.common import printable
+    from kvplan.term import printable
 
     text = "\n".join(printable(part, 4000) for part in str(text).replace("\r\n", "\n").split("\n"))
     return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")

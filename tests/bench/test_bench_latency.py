@@ -15,8 +15,10 @@ import pytest
 from bench_helpers import TINY_MODEL
 
 from kvplan.bench.latency import MAX_FIRST_WAVE, MAX_SIMULATED_TOKENS, predict_point, predictor_for
+from kvplan.bench.outputs.csv import points_csv
+from kvplan.bench.outputs.markdown import markdown
+from kvplan.bench.outputs.text import latency_lines
 from kvplan.bench.render import load_summary
-from kvplan.bench.report import latency_lines, markdown, points_csv
 from kvplan.bench.results import BenchSummary, LatencyModelInfo, PointResult
 from kvplan.plan.simulate import Lengths, SchedulerConfig, open_loop, simulate
 from kvplan.plan.steptime import StepTimeModel
@@ -174,7 +176,7 @@ def test_reports_show_predicted_next_to_measured():
     meas_row = lines[lines.index(pred_row) + 1]
     assert pred_row.split()[2:] == ["10", "10", "10", "10", "60", "60", "100"]
     assert meas_row.split()[:2] == ["meas", measured_ttft]
-    from kvplan.bench.html import html_report
+    from kvplan.bench.outputs.html import html_report
 
     html = html_report([s])
     assert '<table class="predicted">' in html and f"<td>10 / {measured_ttft}</td>" in html
@@ -213,7 +215,7 @@ def test_an_old_run_predicted_offline(tmp_path):
     with a calibrated model: the same hand figures, and the reports rewritten with them."""
     from kvplan.bench import store as st
     from kvplan.bench.latency import predict_run
-    from kvplan.bench.report import write_reports
+    from kvplan.bench.outputs import write_reports
 
     run = tmp_path / "old"
     shutil.copytree(DATA / "old-run-conc", run)

@@ -346,7 +346,7 @@ def _summary(tmp_path):
 
 
 def test_markdown_and_png(tmp_path):
-    from kvplan.bench.report import write_reports
+    from kvplan.bench.outputs import write_reports
 
     pytest.importorskip("matplotlib")
     run = st.RunStore(tmp_path)
@@ -358,3 +358,28 @@ def test_markdown_and_png(tmp_path):
     assert md.count("\n| 10 |") == 1 and "| 12 |" in md
     assert (tmp_path / st.PLOT_FILE).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((tmp_path / st.SUMMARY_FILE).read_text())["model"] == "tiny"
+
+
+def test_an_output_is_one_registered_function(tmp_path):
+    """A new format is one @output function: write_reports writes its file beside the built-in ones, in
+    registration order (the summary first); a second output of the same name or file is refused."""
+    from kvplan.bench.outputs import OUTPUTS, write_reports
+    from kvplan.bench.outputs.registry import output
+
+    assert list(OUTPUTS)[0] == "summary-json"
+    assert {o.file for o in OUTPUTS.values()} >= {"summary.json", "report.md", "points.csv", "requests.csv",
+                                                  "report.html"}
+    try:
+        @output("test-models", "models.txt")
+        def models(summary, store):
+            return f"{summary.model}\n"
+
+        with pytest.raises(ValueError, match="registered twice"):
+            output("test-other", "models.txt")(models)
+        with pytest.raises(ValueError, match="registered twice"):
+            output("test-models", "other.txt")(models)
+        written = write_reports(st.RunStore(tmp_path), _summary(tmp_path))
+        assert written[0] == "summary.json" and written[-1] == "models.txt"
+        assert (tmp_path / "models.txt").read_text() == "tiny\n"
+    finally:
+        OUTPUTS.pop("test-models", None)

@@ -33,7 +33,7 @@ import pytest
 from bench_fake_server import FakeBehaviour, FakeServer
 from bench_helpers import bench_env, kvplan_cmd
 
-from kvplan.bench.html import COLOURS, ONSET_COLOURS
+from kvplan.bench.outputs.html import COLOURS, ONSET_COLOURS
 
 CHROMIUM = Path("/usr/bin/chromium")
 REQUIRE_BROWSER = os.environ.get("KVPLAN_REQUIRE_BROWSER", "") not in ("", "0")

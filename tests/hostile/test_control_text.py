@@ -42,7 +42,7 @@ def test_report_never_prints_control_text_from_a_run_folder(tmp_path, fmt):
 @pytest.mark.parametrize("cell", ["=1+1", "-2+3+cmd|' /C calc'!A0", "+1+cmd", "@SUM(A1)", "\t=1", "\r=1", " =1",
                                   "\x1b[2J=1"])
 def test_no_csv_cell_starts_a_formula_or_holds_control_text(cell):
-    from kvplan.cli.common import csv_cell
+    from kvplan.term import csv_cell
 
     out = csv_cell(cell)
     assert out.startswith("'") or out.lstrip(" ")[:1] not in ("=", "+", "-", "@", "\t"), out
@@ -50,7 +50,7 @@ def test_no_csv_cell_starts_a_formula_or_holds_control_text(cell):
 
 
 def test_plain_figures_stay_figures_in_csv():
-    from kvplan.cli.common import csv_cell
+    from kvplan.term import csv_cell
 
     assert [csv_cell(v) for v in ("-1.5", "+1", "12", "name", 3, None, -2.0)] == [
         "-1.5", "+1", "12", "name", 3, None, -2.0]

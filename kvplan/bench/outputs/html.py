@@ -7,7 +7,13 @@ from __future__ import annotations
 import math
 from html import escape
 
+from kvplan.bench.outputs.registry import output
+from kvplan.bench.outputs.text import DEFINITIONS, PREDICTED_FIGURES, latency_model_text, onset_text, predicted_cells
 from kvplan.bench.results import BenchSummary, LatencyStats, PointResult
+from kvplan.bench.slo import describe_slo
+from kvplan.bench.store import RunStore
+
+HTML_FILE = "report.html"
 
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
 W, H, L, R, T, B = 560, 300, 64, 16, 28, 44  # size and margins of a chart (T: above the legend)
@@ -158,11 +164,13 @@ def _ms(stats: LatencyStats, key: str) -> float | None:
     return None if v is None else v * 1000
 
 
+@output("html", HTML_FILE)
+def write_html(summary: BenchSummary, store: RunStore) -> str:
+    return html_report([summary])
+
+
 def html_report(summaries: list[BenchSummary], title: str | None = None) -> str:
     """The report of one run, or the comparison of several (each run one colour)."""
-    from kvplan.bench.report import DEFINITIONS, onset_text
-    from kvplan.bench.slo import describe_slo
-
     runs = list(summaries)
     many = len(runs) > 1
     modes = {s.load_mode for s in runs}
@@ -277,8 +285,6 @@ def _replay_table(s: BenchSummary) -> str:
 
 def _latency_table(s: BenchSummary) -> str:
     """Predicted / measured latency and throughput per point, and the step-time model's source."""
-    from kvplan.bench.report import PREDICTED_FIGURES, latency_model_text, predicted_cells
-
     text = latency_model_text(s)
     if text is None:
         return ""

@@ -1,0 +1,52 @@
+"""The output registry: one entry per file a run writes from its typed summary (GuideLLM's
+``GenerativeBenchmarkerOutput.register``). A new format is one module in this package holding one
+``@output(name, file)`` function; kvplan/bench/outputs/__init__.py imports it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kvplan.bench.results import BenchSummary
+from kvplan.bench.store import RunStore
+
+#: What an output returns: the file's text, its bytes, or None (nothing to write, e.g. no matplotlib).
+Render = Callable[[BenchSummary, RunStore], "str | bytes | None"]
+
+
+@dataclass(frozen=True)
+class Output:
+    name: str  # e.g. "markdown"
+    file: str  # the file it writes in the run folder, e.g. "report.md"
+    render: Render
+
+
+OUTPUTS: dict[str, Output] = {}
+
+
+def output(name: str, file: str) -> Callable[[Render], Render]:
+    """Register ``render`` as the output ``name`` writing ``file``; two outputs of one name or one file are a bug."""
+
+    def register(render: Render) -> Render:
+        if name in OUTPUTS or any(o.file == file for o in OUTPUTS.values()):
+            raise ValueError(f"output {name!r} ({file}) is registered twice")
+        OUTPUTS[name] = Output(name, file, render)
+        return render
+
+    return register
+
+
+def write_reports(store: RunStore, summary: BenchSummary) -> list[str]:
+    """Every registered output of ``summary`` into ``store`` (text scrubbed of the run's secrets, nothing
+    followed through a link: RunStore's writers). Returns the files written."""
+    written = []
+    for out in OUTPUTS.values():
+        content = out.render(summary, store)
+        if content is None:
+            continue
+        if isinstance(content, bytes):
+            store.write_bytes(out.file, content)
+        else:
+            store.write_text(out.file, content)
+        written.append(out.file)
+    return written
