@@ -59,7 +59,7 @@ def bench(url: str, out: Path, flags: list[str], sweep: str, per_stream: int) ->
 def measured_vs_predicted(run: Path, model, per_stream: int) -> dict[int, dict]:
     from kvplan.plan.simulate import closed_loop
     from kvplan.plan.steptime import predict_latency
-    from kvplan.plan.steptime_io import run_inputs
+    from kvplan.bench.steptime_io import run_inputs
 
     _, points, lengths, sched, _, _, _ = run_inputs(run)
     rows = {}
@@ -88,7 +88,7 @@ def main() -> None:
                     help="serve the engine test's compute-bound model (dummy weights) instead of --model")
     args = ap.parse_args()
 
-    from kvplan.plan.steptime_io import calibrate_run
+    from kvplan.bench.steptime_io import calibrate_run
 
     out = Path(tempfile.mkdtemp(prefix="kvplan-latency-"))
     if args.compute_bound:

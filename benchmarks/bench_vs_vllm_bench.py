@@ -263,8 +263,8 @@ def main() -> None:
         ap.error("--same-requests replays text prompts (vllm bench's custom dataset has no token ids)")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+    from kvplan.bench.config import BenchConfig
     from kvplan.bench.engine import EngineConfig, EngineLauncher, free_port
-    from kvplan.bench.runner import BenchConfig
 
     interval = BenchConfig.model_fields["scrape_interval_s"].default  # kvplan bench's --scrape-interval
     launcher = None

@@ -8,6 +8,8 @@ import csv
 import os
 import re
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 # C0 controls but tab, DEL, C1 controls (ESC starts terminal sequences, OSC-8 links, cursor moves).
@@ -64,3 +66,13 @@ def make_console(stderr: bool = False):
     stream = sys.stderr if stderr else sys.stdout
     width = None if stream.isatty() else int(os.environ.get("COLUMNS") or 160)
     return Console(highlight=False, emoji=False, width=width, stderr=stderr)
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a table a command prints in several formats (kvplan.cli.tables.emit_rows)."""
+
+    key: str  # the record's field (CSV header, JSON key)
+    header: str  # what a person reads (table, Markdown)
+    cell: Callable[[Any], str] = str
+    right: bool = True

@@ -58,8 +58,8 @@ def predictor_for(cfg: dict[str, Any], capacity: dict[str, Any], model_name: str
     """The predictor of a run (``cfg``: the BenchConfig as JSON; ``capacity``: the engine's pool):
     the calibrated model in ``steptime`` (a run folder or its steptime.json), else the prior of
     ``cfg["planner_gpu"]``, else none ("no prior for this device")."""
+    from kvplan.bench.steptime_io import calibration_scheduler, deployment_inputs, load_steptime, workload_lengths
     from kvplan.plan.steptime import prior_for
-    from kvplan.plan.steptime_io import calibration_scheduler, deployment_inputs, load_steptime, workload_lengths
 
     if not capacity.get("num_blocks") or not capacity.get("block_size"):
         return no_prediction("the engine's KV pool is unknown (no log line, no cache_config_info)")

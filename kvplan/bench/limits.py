@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from kvplan.errors import KvplanError
 
 if TYPE_CHECKING:
-    from kvplan.bench.runner import BenchConfig
+    from kvplan.bench.config import BenchConfig
 
 MAX_CONCURRENCY = 100_000  # streams, sessions or requests in flight at once
 MAX_LEVELS = 1_000  # points of one sweep
@@ -17,7 +17,7 @@ MAX_REQUESTS_PER_POINT = 1_000_000  # a request's record is ~1 KB: a point stays
 MIN_RATE, MAX_RATE = 0.001, 100_000.0  # requests/s: one every ~17 minutes .. the most a client sends
 MAX_DURATION_S = 7 * 86_400
 MIN_BURSTINESS = 0.01  # gamma shape: 1e-300 makes one gap longer than the universe's age
-MAX_TOKENS_PER_REQUEST = 1 << 24  # prompt or output (kvplan.bench.workload.MAX_TRACE_TOKENS)
+MAX_TOKENS_PER_REQUEST = 1 << 24  # prompt or output (kvplan.traffic.loaders.MAX_TRACE_TOKENS)
 
 
 def _refuse(what: str, value, bound: str, source: str) -> KvplanError:

@@ -14,11 +14,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, Field, model_validator
-
 from kvplan import __version__
 from kvplan.bench import store as st
 from kvplan.bench.client import REDIRECT_HINT, Client, credential_secrets, is_redirect, masked_headers, shown_proxy
+from kvplan.bench.config import DEFAULT_REQUESTS, BenchConfig, BenchFailed
 from kvplan.bench.engine import (
     EngineCapacity,
     EngineConfig,
@@ -29,8 +28,10 @@ from kvplan.bench.engine import (
     parse_capacity_log,
 )
 from kvplan.bench.loadgen import RequestRecord, StopSignal, run_closed_loop, run_open_loop, run_sessions, run_stoppable
+from kvplan.bench.loads import ClosedLoad, Load, OpenLoad, ReplayLoad
 from kvplan.bench.metrics import Snapshot, preempted, scrape_during, scrape_once, summarize
-from kvplan.bench.replay import TrafficReplay
+from kvplan.bench.profiles import profile_for
+from kvplan.bench.replay import first_sessions, load_replay_traffic, request_specs, session_sends
 from kvplan.bench.results import (  # noqa: F401 - BenchSummary, PointResult, RateSearchResult: imported from here too
     LATENCY_FROM,
     BenchSummary,
@@ -51,98 +52,18 @@ from kvplan.bench.sweep import (
     Onset,
     PointOutcome,
     RateSearch,
-    Sweep,
     SweepStopped,
     block_rule,
-    default_max_concurrency,
-    fallback_guess,
-    first_with,
     measured_label,
-    search_rate,
     waited_for_kv,
 )
 from kvplan.bench.view import NullView
-from kvplan.bench.workload import Workload
-from kvplan.errors import ExitCode, KvplanError
+from kvplan.errors import KvplanError
 from kvplan.plan.blocks import BlockRule
 from kvplan.vllm.startup_log import redact
 
 if TYPE_CHECKING:
     from kvplan.bench.latency import PointPredictor
-
-#: Requests per point when neither --requests, --requests-per-stream nor --duration is given: enough
-#: for a p99 that is not just the largest sample (kvplan.bench.stats.min_samples).
-DEFAULT_REQUESTS = 100
-
-
-class BenchFailed(KvplanError):
-    """The run could not go on (engine died, server went away): exit code 4 (ExitCode.RUN_FAILED)."""
-
-    exit_code = int(ExitCode.RUN_FAILED)
-
-
-class RateSearchConfig(BaseModel):
-    """``--sweep-rate auto``: where the search starts, when it stops (kvplan.bench.sweep.search_rate)."""
-
-    start: float = 1.0  # requests/s of the first point
-    resolution: float = 0.1  # stop when (first missed - highest met) / highest met <= this
-    max_points: int = 12
-
-
-class BenchConfig(BaseModel):
-    """Everything a run needs; stored in run.json so ``--resume`` can continue it."""
-
-    url: str | None = None  # attach to a running server instead of launching
-    engine: dict[str, Any] | None = None  # EngineConfig fields (launch mode)
-    model: str | None = None  # model name in requests (default: the server's first model)
-    workload: dict[str, Any] = Field(default_factory=dict)  # Workload fields
-    sweep: list[int] | None = None  # None: automatic
-    max_concurrency: int | None = None
-    include_levels: list[int] = Field(default_factory=list)  # also measured by an automatic sweep
-    requests_per_stream: int | None = None  # closed loop: each stream sends this many (old runs: 3)
-    requests: int | None = None  # requests per point (default DEFAULT_REQUESTS unless duration_s is set)
-    duration_s: float | None = None  # per point: no new request after this many seconds
-    rates: list[float] | None = None  # open loop: one point per rate (requests/s) instead of concurrencies
-    rate_search: RateSearchConfig | None = None  # open loop: search the highest rate meeting the SLOs
-    burstiness: float = 1.0  # open loop: gamma shape of the inter-arrival gaps (1 = Poisson)
-    rate_max_concurrency: int | None = None  # open loop: at most this many requests in flight
-    slo: dict[str, float] = Field(default_factory=dict)  # SLO key -> seconds (kvplan.bench.slo)
-    warmup: bool = True  # one unrecorded round before the first point
-    scrape_interval_s: float = 0.5
-    request_timeout_s: float = 300.0
-    startup_timeout_s: float = 900.0
-    max_num_seqs: int | None = None  # the engine's, for the prediction (None: not the limit)
-    planner_gpu: str | None = None  # --gpu for the planner's capacity next to the engine's
-    deployment: str | None = None  # the kvplan.yaml deployment this run measures
-    header_names: list[str] = Field(default_factory=list)  # --header names (values are never stored)
-    steptime: str | None = None  # a calibrated step-time model (RUN or RUN/steptime.json) for predicted latency
-    keep_alive: bool = True  # reuse connections (False: one per request, as kvplan did before)
-    traffic: TrafficReplay | None = None  # --traffic: replay sessions (kvplan.bench.replay) instead of a sweep
-
-    @model_validator(mode="after")
-    def _within_bounds(self) -> BenchConfig:
-        from kvplan.bench.limits import check_bench_bounds
-
-        check_bench_bounds(self)  # the command line and a resumed run.json alike
-        return self
-
-    def engine_config(self) -> EngineConfig | None:
-        if self.engine is None:
-            return None
-        data = dict(self.engine)
-        for key in ("extra_args", "engine_cmd"):
-            data[key] = tuple(data.get(key) or ())
-        data["env"] = tuple(tuple(pair) for pair in data.get("env") or ())
-        return EngineConfig(**data)
-
-    def workload_obj(self, nonce: str = "") -> Workload:
-        data = dict(self.workload)
-        data["trace"] = tuple(tuple(pair) for pair in data.get("trace") or ())
-        if "token_id_range" in data:
-            data["token_id_range"] = tuple(data["token_id_range"])
-        data["nonce"] = nonce
-        return Workload(**data)
-
 
 def _first(onset: Onset | None) -> int | None:
     return None if onset is None else onset.first
@@ -185,15 +106,17 @@ class BenchRun:
         self.onsets: dict[OnsetName, Onset | None] = {"first_kv_wait": None, "first_preemption": None}
         self.rate_search: RateSearch | None = None
         self.latency: PointPredictor | None = None
-        self.traffic = None  # --traffic: the sessions every point replays a part of
-        if cfg.traffic is not None:
-            from kvplan.bench.replay import load_replay_traffic
-
-            self.traffic = load_replay_traffic(cfg.traffic)
+        # --traffic: the sessions every point replays a part of
+        self.traffic = load_replay_traffic(cfg.traffic) if cfg.traffic is not None else None
+        self.profile = profile_for(cfg)  # which points the run measures (kvplan/bench/profiles/)
 
     @property
     def api_key(self) -> str | None:
         return self.client.api_key
+
+    @property
+    def run_dir(self) -> Path:
+        return self.store.path
 
     @property
     def shown_url(self) -> str:
@@ -358,54 +281,36 @@ class BenchRun:
 
     @property
     def rate_mode(self) -> bool:
-        return bool(self.cfg.rates) or self.cfg.rate_search is not None
+        return self.profile.load_mode == "rate"
 
     def load_description(self) -> str:
-        cfg = self.cfg
-        if self.traffic is not None:
-            scale = f", times x {cfg.traffic.time_scale:g}" if cfg.traffic.time_scale != 1 else ""
-            return (f"replay of {self.traffic.source}: each point the first N sessions (the load level), each turn at its "
-                    f"timestamp or its think time after the previous turn of its session ended{scale}; prompts are "
-                    "token ids built from the turns' segments (identical segments, identical ids; new ids each point)"
-                    + ("; one unrecorded warm-up round before the first point" if cfg.warmup else ""))
-        if self.rate_mode:
-            arrivals = "Poisson" if cfg.burstiness == 1 else f"gamma (burstiness {cfg.burstiness:g})"
-            text = f"open loop: requests at a fixed rate, {arrivals} arrivals"
-            if cfg.rate_max_concurrency:
-                text += f", at most {cfg.rate_max_concurrency} in flight"
-            if cfg.rate_search is not None:
-                rs = cfg.rate_search
-                text += (f"; rates searched for the highest meeting the SLOs (from {rs.start:g} requests/s, doubled "
-                         f"or halved to a bracket, then bisected to {rs.resolution:.0%}, at most {rs.max_points} points)")
-        else:
-            text = "closed loop: concurrent streams, each sending its next request when the previous one ends"
-        if cfg.requests_per_stream:
-            size = f"{cfg.requests_per_stream} requests per stream"
-        else:
-            parts = []
-            if cfg.requests is not None or cfg.duration_s is None:
-                parts.append(f"{cfg.requests or DEFAULT_REQUESTS} requests")
-            if cfg.duration_s is not None:
-                parts.append(f"{cfg.duration_s:g} s")
-            size = " or ".join(parts) + " per point" + (", whichever ends first" if len(parts) > 1 else "")
-        warm = "; one unrecorded warm-up round before the first point" if cfg.warmup else "; no warm-up"
-        return f"{text}; {size}{warm}"
+        return self.profile.describe(self)
 
-    def _point(self, concurrency: int, rate: float | None = None, replay: bool = False) -> PointResult:
+    def measure(self, load: Load) -> PointResult:
+        """One point at ``load`` (ProfileContext.measure): measured, stored, shown."""
+        return self._point(load)
+
+    def progress(self, onsets: dict[OnsetName, Onset | None]) -> None:
+        self.onsets = dict(onsets)
+        self._write_run()
+
+    def _point(self, load: Load) -> PointResult:
         seq = len(self.points)
         first_index = self._next_index  # request numbers (and the run's nonce) make prompts unique
         replayed = None
-        if replay:
-            from kvplan.bench.replay import first_sessions
-
-            replayed = first_sessions(self.traffic, concurrency)
-            total = replayed.num_requests
-            self.view.point_started(f"{concurrency} sessions", total)
-        else:
-            total = self.point_requests(None if rate is not None else concurrency)
-            self.view.point_started(concurrency if rate is None else f"rate {rate:g}/s", total or 0)
+        match load:
+            case ReplayLoad(sessions):
+                replayed = first_sessions(self.traffic, sessions)
+                total = replayed.num_requests
+                self.view.point_started(load.label(), total)
+            case OpenLoad():
+                total = self.point_requests(None)
+                self.view.point_started(load.label(), total or 0)
+            case ClosedLoad(concurrency):
+                total = self.point_requests(concurrency)
+                self.view.point_started(concurrency, total or 0)
         started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        result = run_stoppable(self._point_async(concurrency, seq, first_index, started_at, rate, replayed))
+        result = run_stoppable(self._point_async(load, seq, first_index, started_at, replayed))
         result = self._predict_latency(result) if replayed is None else result
         total = total or 0
         self._next_index += max(total, result.requests)
@@ -415,8 +320,9 @@ class BenchRun:
         self.view.point_finished(result)
         return result
 
-    async def _point_async(self, concurrency: int, seq: int, first_index: int, started_at: str,
-                           rate: float | None = None, replayed=None) -> PointResult:
+    async def _point_async(self, load: Load, seq: int, first_index: int, started_at: str,
+                           replayed=None) -> PointResult:
+        rate = load.rate if isinstance(load, OpenLoad) else None
         stop = StopSignal()
         before = None
         if self.metrics_error is None:
@@ -435,37 +341,10 @@ class BenchRun:
                 client=self.client)))
         if self.launcher is not None:
             tasks.append(asyncio.create_task(self._watch_engine(stop)))
-        if not stop.is_set() and replayed is not None:
-            from kvplan.bench.replay import request_specs, session_sends
-
-            load = await run_sessions(
-                self.base_url, self.model, "completions", session_sends(replayed, self.cfg.traffic.time_scale),
-                request_specs(replayed, f"{self.nonce}:{seq}"), self.cfg.request_timeout_s, stop,
-                on_request_done=lambda r: self.view.request_done(r.ok), keep_alive=self.cfg.keep_alive,
-                client=self.client)
-            records, wall, aborted = load.records, load.wall_s, load.aborted
-        elif not stop.is_set() and rate is not None:
-            load = await run_open_loop(
-                self.base_url, self.model, self.workload.api, rate, self.workload.request, first_index,
-                total_requests=self.point_requests(None), duration_s=self.cfg.duration_s,
-                burstiness=self.cfg.burstiness, max_concurrency=self.cfg.rate_max_concurrency,
-                seed=self.workload.seed + seq, request_timeout_s=self.cfg.request_timeout_s, stop=stop,
-                on_request_done=lambda r: self.view.request_done(r.ok), client=self.client,
-                keep_alive=self.cfg.keep_alive,
-            )
-            records, wall, aborted = load.records, load.wall_s, load.aborted
-        elif not stop.is_set():
-            load = await run_closed_loop(
-                self.base_url, self.model, self.workload.api, concurrency, self.cfg.requests_per_stream,
-                self.workload.request, first_index, self.cfg.request_timeout_s, stop,
-                on_request_done=lambda r: self.view.request_done(r.ok), client=self.client,
-                total_requests=None if self.cfg.requests_per_stream else self.point_requests(concurrency),
-                duration_s=None if self.cfg.requests_per_stream else self.cfg.duration_s,
-                keep_alive=self.cfg.keep_alive,
-            )
-            records, wall, aborted = load.records, load.wall_s, load.aborted
-        else:
+        if stop.is_set():
             records, wall, aborted = [], 0.0, stop.reason
+        else:
+            records, wall, aborted = await self._send(load, seq, first_index, stop, replayed)
         scraping.set()
         for task in tasks[1:]:
             task.cancel()
@@ -483,13 +362,45 @@ class BenchRun:
                 after = await scrape_once(self.base_url, client=self.client)
             except Exception:  # noqa: BLE001
                 after = None
-        if rate is not None:
-            concurrency = peak_in_flight(records)
+        match load:
+            case OpenLoad():
+                concurrency = peak_in_flight(records)  # what the open loop reached
+            case ClosedLoad(concurrency) | ReplayLoad(sessions=concurrency):
+                pass
         point = self._point_result(concurrency, seq, first_index, started_at, records, wall, aborted, before, during,
                                    after, rate)
         if replayed is not None:
             point = self._replay_figures(point, replayed, records)
         return point
+
+    async def _send(self, load: Load, seq: int, first_index: int, stop: StopSignal,
+                    replayed) -> tuple[list[RequestRecord], float, str | None]:
+        """The point's requests, by the load's kind (kvplan.bench.loadgen): records, wall time, why it stopped."""
+        done = lambda r: self.view.request_done(r.ok)  # noqa: E731
+        cfg, w = self.cfg, self.workload
+        match load:
+            case ReplayLoad():
+                assert cfg.traffic is not None
+                sent = await run_sessions(
+                    self.base_url, self.model, "completions", session_sends(replayed, cfg.traffic.time_scale),
+                    request_specs(replayed, f"{self.nonce}:{seq}"), cfg.request_timeout_s, stop,
+                    on_request_done=done, keep_alive=cfg.keep_alive, client=self.client)
+            case OpenLoad(rate):
+                sent = await run_open_loop(
+                    self.base_url, self.model, w.api, rate, w.request, first_index,
+                    total_requests=self.point_requests(None), duration_s=cfg.duration_s,
+                    burstiness=cfg.burstiness, max_concurrency=cfg.rate_max_concurrency,
+                    seed=w.seed + seq, request_timeout_s=cfg.request_timeout_s, stop=stop,
+                    on_request_done=done, client=self.client, keep_alive=cfg.keep_alive)
+            case ClosedLoad(concurrency):
+                sent = await run_closed_loop(
+                    self.base_url, self.model, w.api, concurrency, cfg.requests_per_stream,
+                    w.request, first_index, cfg.request_timeout_s, stop,
+                    on_request_done=done, client=self.client,
+                    total_requests=None if cfg.requests_per_stream else self.point_requests(concurrency),
+                    duration_s=None if cfg.requests_per_stream else cfg.duration_s,
+                    keep_alive=cfg.keep_alive)
+        return sent.records, sent.wall_s, sent.aborted
 
     def _replay_figures(self, point: PointResult, replayed, records: list[RequestRecord]) -> PointResult:
         """The replay's prefix-cache figures against the simulator's (kvplan.bench.replay)."""
@@ -634,67 +545,11 @@ class BenchRun:
     # ---------------------------------------------------------------- the sweep
 
     def _sweep(self) -> None:
-        known = {p.concurrency: p.outcome() for p in self.points}
-
-        def run_point(c: int) -> PointOutcome:
-            return self._point(c).outcome()
-
         if self.cfg.warmup:
             self._warm_up()
-        if self.traffic is not None:
-            levels = self.cfg.traffic.sessions or [len(self.traffic.sessions)]
-            sweep = Sweep(lambda n: self._point(n, replay=True).outcome(), max(levels), known)
-            sweep.levels(levels)
-            self.onsets["first_kv_wait"] = first_with(sweep.results, lambda o: o.waited_for_kv)
-            self.onsets["first_preemption"] = first_with(sweep.results, lambda o: o.preempted)
-            return
-        if self.cfg.rate_search is not None:
-            rs = self.cfg.rate_search
-            known = {p.rate: bool(p.slo_met) for p in self.points
-                     if p.mode == "rate" and p.rate is not None and p.status == "ok"}
-
-            def meets(rate: float) -> bool:
-                return bool(self._rate_point(rate).slo_met)
-
-            self.rate_search = search_rate(meets, rs.start, rs.resolution, rs.max_points, known)
-            return
-        if self.cfg.rates:
-            done = {p.rate for p in self.points if p.mode == "rate"}
-            for rate in self.cfg.rates:
-                if rate not in done:
-                    self._rate_point(rate)
-            return
-        if self.cfg.sweep:
-            sweep = Sweep(run_point, max(self.cfg.sweep), known)
-            sweep.levels(self.cfg.sweep)
-            self.onsets["first_kv_wait"] = first_with(sweep.results, lambda o: o.waited_for_kv)
-            self.onsets["first_preemption"] = first_with(sweep.results, lambda o: o.preempted)
-            return
-        top = max([self.cfg.max_concurrency or default_max_concurrency(self.rule), *self.cfg.include_levels])
-        sweep = Sweep(run_point, top, known)
-        sweep.measure(1)  # the unloaded baseline
-        if self.rule is not None:
-            wait_guess = self.rule.first_kv_wait or top
-        else:
-            w = self.workload
-            wait_guess = fallback_guess(self.capacity.num_blocks, self.capacity.block_size, w.prompt_tokens, w.output_tokens)
-        wait = sweep.find(lambda o: o.waited_for_kv, wait_guess)
-        self.onsets["first_kv_wait"] = wait
-        self._progress_onsets()
-        predicted_preempt = self.rule.first_preemption if self.rule is not None else None
-        preempt_guess = predicted_preempt or wait.first or top
-        preempt = sweep.find(lambda o: o.preempted, max(preempt_guess, wait.first or 1))
-        self.onsets["first_preemption"] = preempt
-        for level in sorted({top, *self.cfg.include_levels}):  # the top of the range (plot), the asked load
-            sweep.measure(level)
-
-    def _rate_point(self, rate: float) -> PointResult:
-        point = self._point(0, rate)
-        if point.status != "ok":
-            ok = sum(1 for p in self.points if p.status == "ok")
-            raise BenchFailed(f"the point at {rate:g} requests/s failed: {point.error} "
-                              f"({ok} finished point{'s' if ok != 1 else ''} kept in {self.store.path})")
-        return point
+        result = self.profile.run(self)
+        self.onsets = dict(result.onsets)
+        self.rate_search = result.rate_search
 
     def _warm_up(self) -> None:
         """One unrecorded round below the predicted KV-wait onset: the engine's first batches of a
@@ -713,9 +568,6 @@ class BenchRun:
         bad = [r for r in load.records if not r.ok]
         if bad:
             raise BenchFailed(f"the warm-up failed: {bad[0].error}")
-
-    def _progress_onsets(self) -> None:
-        self._write_run()
 
     # ---------------------------------------------------------------- results
 
@@ -768,7 +620,7 @@ class BenchRun:
             prediction=rule,
             measured=measured,
             points=ordered,
-            load_mode="rate" if self.rate_mode else "concurrency",
+            load_mode=self.profile.load_mode,
             rate_search=self._rate_search_result(),
             load_description=self.load_description(),
             slo=dict(self.cfg.slo),
@@ -882,7 +734,7 @@ def wait_evidence(concurrency: int, max_num_seqs: int | None, peak_waiting: floa
 def planner_capacity(ecfg: EngineConfig, gpu: str | None, max_num_seqs: int | None) -> PlannerCapacity:
     """What `kvplan size` plans for the same flags: blocks and KV tokens (for the report)."""
     from kvplan.deploy import load_model, plan_deployment, select_gpus
-    from kvplan.vllm.args import settings_from_engine_args
+    from kvplan.plan.schema import settings_from_engine_args
 
     if gpu is None and ecfg.num_gpu_blocks_override is None and ecfg.kv_cache_memory_bytes is None:
         return PlannerCapacity(error="pass --gpu to compare with the planner (the pool is not pinned)")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from kvplan.errors import KvplanError
 from kvplan.traffic.tokens import TOKEN_ID_RANGE
@@ -110,40 +109,3 @@ class Workload:
 def _text_words(key: str, n: int) -> list[str]:
     rng = random.Random(key)
     return [rng.choice(_WORDS) for _ in range(n)]
-
-
-MAX_TRACE_TOKENS = 1 << 24  # 16M tokens in one request
-MAX_TRACE_REQUESTS = 1_000_000
-
-
-def load_trace(path: Path) -> tuple[tuple[int, int], ...]:
-    """Read a JSONL trace: one ``{"prompt_tokens": P, "output_tokens": M}`` per line."""
-    from kvplan.paths import parse_json_text, read_user_text
-
-    lines = read_user_text(path, "trace").splitlines()
-    out: list[tuple[int, int]] = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        row = parse_json_text(line, f"{path}:{number}")
-        try:
-            prompt = row.get("prompt_tokens", row.get("input_tokens"))
-            output = row.get("output_tokens", row.get("max_tokens"))
-            if not all(isinstance(v, int) and not isinstance(v, bool) for v in (prompt, output)):
-                raise TypeError
-        except (ValueError, TypeError, AttributeError):
-            raise KvplanError(
-                f"{path}:{number}: not a trace line",
-                'use one JSON object a line with whole numbers: {"prompt_tokens": 512, "output_tokens": 128}',
-            ) from None
-        if prompt < 1 or output < 1:
-            raise KvplanError(f"{path}:{number}: prompt_tokens and output_tokens must be >= 1")
-        if prompt > MAX_TRACE_TOKENS or output > MAX_TRACE_TOKENS:
-            raise KvplanError(f"{path}:{number}: {max(prompt, output):,} tokens is more than any engine serves "
-                              f"(at most {MAX_TRACE_TOKENS:,})")
-        out.append((prompt, output))
-        if len(out) > MAX_TRACE_REQUESTS:
-            raise KvplanError(f"trace {path} has more than {MAX_TRACE_REQUESTS:,} requests")
-    if not out:
-        raise KvplanError(f"trace {path} has no requests")
-    return tuple(out)

@@ -163,10 +163,11 @@ def bench(
     import shlex
 
     from kvplan.bench import store as st
-    from kvplan.bench.runner import BenchConfig, resume_state, resumed_model
+    from kvplan.bench.config import BenchConfig
+    from kvplan.bench.runner import resume_state, resumed_model
     from kvplan.bench.sweep import parse_levels
-    from kvplan.bench.workload import load_trace
     from kvplan.errors import KvplanError
+    from kvplan.traffic.loaders import load_trace
     from kvplan.units import check_positive, parse_bytes, parse_fraction
     from kvplan.vllm.startup_log import redact
 
@@ -231,7 +232,7 @@ def bench(
     # NaN fails every comparison: check_positive refuses it (and inf) instead of passing it on.
     check_positive(scrape_interval, "--scrape-interval", maximum=3600)
     if steptime is not None:
-        from kvplan.plan.steptime_io import load_steptime
+        from kvplan.bench.steptime_io import load_steptime
 
         load_steptime(steptime)  # a calibration that cannot be read is refused before any engine starts
     check_positive(request_timeout, "--request-timeout", maximum=7 * 86400)
@@ -362,7 +363,7 @@ def _rates(rate: Optional[float], sweep_rate: Optional[str]):
 
 def _rate_search(rates, start: Optional[float], resolution: Optional[str], points: Optional[int], slo: dict):
     """--sweep-rate auto and its settings -> a RateSearchConfig (None: no search)."""
-    from kvplan.bench.runner import RateSearchConfig
+    from kvplan.bench.config import RateSearchConfig
     from kvplan.errors import KvplanError
     from kvplan.units import check_positive
 

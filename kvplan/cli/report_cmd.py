@@ -59,7 +59,7 @@ def report(
 
     fmt = chosen_format(fmt, as_json)
     if steptime is not None:
-        from kvplan.plan.steptime_io import load_steptime
+        from kvplan.bench.steptime_io import load_steptime
 
         load_steptime(steptime)  # one clear error up front, not a run reported without its prediction
     targets = parse_slo(slo) if slo else None

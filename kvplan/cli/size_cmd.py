@@ -169,7 +169,7 @@ def size(
     if steptime is not None:
         from pathlib import Path
 
-        from kvplan.plan.steptime_io import load_steptime
+        from kvplan.bench.steptime_io import load_steptime
 
         model_steptime = load_steptime(Path(steptime))
     plan = plan_deployment(resolved, selection, settings, vllm_version, steptime=model_steptime)

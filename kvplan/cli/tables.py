@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import csv
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from enum import Enum
 from typing import Any
 
 import typer
+
+from kvplan.term import Column
 
 
 class OutputFormat(str, Enum):
@@ -35,14 +36,6 @@ def chosen_format(fmt: OutputFormat | str, as_json: bool) -> OutputFormat:
     if as_json and fmt not in (OutputFormat.table, OutputFormat.json):
         raise KvplanError(f"--json and --format {fmt.value} ask for two formats", "use one of them")
     return OutputFormat.json if as_json else fmt
-
-
-@dataclass(frozen=True)
-class Column:
-    key: str  # the record's field (CSV header, JSON key)
-    header: str  # what a person reads (table, Markdown)
-    cell: Callable[[Any], str] = str
-    right: bool = True
 
 
 def emit_rows(rows: Sequence[dict], columns: Sequence[Column], fmt: OutputFormat, footnote: str | None = None) -> None:

@@ -270,8 +270,8 @@ def calibrate(
 
 
 def _calibrate_steptime(run_dir: Path, gpu: str | None, model: str | None, as_json: bool) -> None:
+    from kvplan.bench.steptime_io import STEPTIME_FILE, calibrate_run
     from kvplan.errors import KvplanError
-    from kvplan.plan.steptime_io import STEPTIME_FILE, calibrate_run
 
     if not run_dir.is_dir():
         raise KvplanError(f"--bench {run_dir} is not a folder", "pass a folder made by kvplan bench")

@@ -106,7 +106,7 @@ def speculative_note(r: StartupReport) -> str | None:
 
 def settings_from_log(r: StartupReport, usage: str, kv_memory_bytes: int | None, override: bool = True,
                       draft_layers: int | None = None):
-    from kvplan.vllm.args import settings_from_engine_args
+    from kvplan.plan.schema import settings_from_engine_args
 
     return settings_from_engine_args(
         r,

@@ -16,9 +16,9 @@ import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from kvplan.cli.tables import Column
 from kvplan.gate.check import CheckReport, DeploymentResult
 from kvplan.gate.spec import SpecIssue
+from kvplan.term import Column
 from kvplan.units import format_tokens
 
 # --- text helpers -----------------------------------------------------------------------------

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from kvplan.errors import KvplanError
 from kvplan.model.encoders import MAX_MM_PIXELS
 from kvplan.plan.offload import OffloadTier, check_offloading_size
-from kvplan.plan.speculative import SpeculativeConfig
+from kvplan.plan.speculative import SpeculativeConfig, parse_speculative_config
+from kvplan.vllm.args import READ_BACK
 
 _MIN_ONE = ("tensor_parallel_size", "pipeline_parallel_size", "decode_context_parallel_size", "data_parallel_size",
             "block_size", "max_model_len",
@@ -105,6 +106,26 @@ class Settings:
 
 # The report's parts: frozen and never compared, so no __eq__/__hash__ to generate at start-up.
 output_record = dataclass(frozen=True, eq=False)
+
+
+def settings_from_engine_args(source: object, **extra: object) -> Settings:
+    """The planner's ``Settings`` from anything that names vLLM's engine arguments as vLLM does (a
+    parsed start-up log, a public report, the bench's EngineConfig): the inverse of ``engine_values``.
+    ``extra`` sets what such a source does not carry (usage context, workload, weights) or overrides it."""
+    values: dict[str, object] = {}
+    for name, default in READ_BACK:
+        value = getattr(source, name, None)
+        values[name] = default if value is None else value
+    for name in ("enforce_eager", "language_model_only", "skip_mm_profiling"):
+        values[name] = bool(values[name])
+    spec = getattr(source, "speculative_config", None)  # vLLM's dict (a log's non-default args) or its JSON
+    if spec:
+        values["speculative"] = parse_speculative_config(spec, strict=False)  # another release's keys too
+    kwargs = getattr(source, "mm_processor_kwargs", None)  # the bench's EngineConfig carries vLLM's dict
+    if values["mm_max_pixels"] is None and isinstance(kwargs, dict):
+        values["mm_max_pixels"] = kwargs.get("max_pixels")
+    values.update(extra)
+    return Settings(**values)
 
 
 @output_record

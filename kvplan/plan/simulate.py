@@ -90,7 +90,7 @@ def draw_lengths(index: int, prompt: int, output: int, distribution: str = "fixe
     return _draw(rng, prompt, distribution, spread), _draw(rng, output, distribution, spread)
 
 
-#: The longest request a distribution draws (as a trace's: kvplan.bench.workload.MAX_TRACE_TOKENS): a
+#: The longest request a distribution draws (as a trace's: kvplan.traffic.loaders.MAX_TRACE_TOKENS): a
 #: lognormal with a wide spread would otherwise draw 10^40 tokens, or overflow.
 MAX_DRAWN_TOKENS = 1 << 24
 

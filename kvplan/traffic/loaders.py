@@ -41,7 +41,7 @@ history only. A repeated id is refused.
 built by :func:`agent_traffic` (which says what the parameters mean).
 
 **lengths** -- kvplan's lengths-only JSONL (``{"prompt_tokens": 512, "output_tokens": 128}`` a line,
-read by kvplan.bench.workload.load_trace): each line a session of one turn, its prompt shared with
+read by load_trace): each line a session of one turn, its prompt shared with
 no other, arriving at 0 (a closed-loop replay decides the timing).
 """
 
@@ -584,10 +584,43 @@ def load_agent(path: Path) -> Traffic:
 # --- lengths -----------------------------------------------------------------------------------
 
 
-def load_lengths(path: Path) -> Traffic:
-    """A lengths-only JSONL trace (kvplan.bench.workload.load_trace) as single-turn sessions, no reuse."""
-    from kvplan.bench.workload import load_trace
+MAX_TRACE_TOKENS = 1 << 24  # 16M tokens in one request
+MAX_TRACE_REQUESTS = 1_000_000
 
+
+def load_trace(path: Path) -> tuple[tuple[int, int], ...]:
+    """Read a JSONL trace: one ``{"prompt_tokens": P, "output_tokens": M}`` per line."""
+    lines = read_user_text(path, "trace").splitlines()
+    out: list[tuple[int, int]] = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        row = parse_json_text(line, f"{path}:{number}")
+        try:
+            prompt = row.get("prompt_tokens", row.get("input_tokens"))
+            output = row.get("output_tokens", row.get("max_tokens"))
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in (prompt, output)):
+                raise TypeError
+        except (ValueError, TypeError, AttributeError):
+            raise KvplanError(
+                f"{path}:{number}: not a trace line",
+                'use one JSON object a line with whole numbers: {"prompt_tokens": 512, "output_tokens": 128}',
+            ) from None
+        if prompt < 1 or output < 1:
+            raise KvplanError(f"{path}:{number}: prompt_tokens and output_tokens must be >= 1")
+        if prompt > MAX_TRACE_TOKENS or output > MAX_TRACE_TOKENS:
+            raise KvplanError(f"{path}:{number}: {max(prompt, output):,} tokens is more than any engine serves "
+                              f"(at most {MAX_TRACE_TOKENS:,})")
+        out.append((prompt, output))
+        if len(out) > MAX_TRACE_REQUESTS:
+            raise KvplanError(f"trace {path} has more than {MAX_TRACE_REQUESTS:,} requests")
+    if not out:
+        raise KvplanError(f"trace {path} has no requests")
+    return tuple(out)
+
+
+def load_lengths(path: Path) -> Traffic:
+    """A lengths-only JSONL trace (load_trace) as single-turn sessions, no reuse."""
     pairs = load_trace(path)
     turns = tuple(Turn(f"r{i}", 0, (Segment(f"r{i}:prompt", p),), o, arrival_s=0.0) for i, (p, o) in enumerate(pairs))
     return Traffic(turns, str(path), ("lengths-only trace: no prompt shares a token; every arrival at 0 s "

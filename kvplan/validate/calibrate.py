@@ -51,7 +51,7 @@ def measure(
     from kvplan.deploy import load_model_from_log, select_gpus
     from kvplan.plan.capacity import compute_capacity
     from kvplan.plan.overhead import load_overhead
-    from kvplan.vllm.args import settings_from_engine_args
+    from kvplan.plan.schema import settings_from_engine_args
     from kvplan.vllm.rules import rules_for
     from kvplan.vllm.startup_log import parse_startup_log
 

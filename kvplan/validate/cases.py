@@ -5,6 +5,7 @@ Every guess is written down in ``assumptions`` so the error table can say what i
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -16,10 +17,9 @@ from kvplan.model.arch import Architecture, parse_architecture
 from kvplan.model.source import load_bundled, read_config_file
 from kvplan.plan.capacity import Capacity, compute_capacity
 from kvplan.plan.overhead import OverheadModel
-from kvplan.plan.schema import Settings
+from kvplan.plan.schema import Settings, settings_from_engine_args
 from kvplan.units import GiB
 from kvplan.validate.reports import Report
-from kvplan.vllm.args import settings_from_engine_args
 from kvplan.vllm.rules import NEWEST_KNOWN, VllmRules, rules_for
 
 
@@ -187,3 +187,23 @@ def known_limits(case: Case) -> list[str]:
     if cur.platform == "rocm":
         out.append("ROCm platform")
     return out
+
+
+# Figures no successful start-up prints: a report holding one is a failed start-up (or a typo), which
+# no planner can reproduce. Such a report is skipped with a note, and the other reports still run.
+_POSITIVE = ("reported_kv_memory_gib", "reported_gpu_blocks", "reported_kv_tokens", "reported_max_concurrency",
+             "reported_weights_gib", "gpu_total_memory_gib_logged")
+
+
+def unusable(report: Report) -> str | None:
+    """Why a report cannot be compared at all (None: it can)."""
+    for name in _POSITIVE:
+        value = getattr(report, name)
+        if value is None:
+            continue
+        if not math.isfinite(value):
+            return f"{name} is {value}: not a figure vLLM prints"
+        if value < 0 or (value == 0 and name != "reported_weights_gib"):
+            what = "a negative pool" if name != "gpu_total_memory_gib_logged" else "a negative GPU memory"
+            return f"{name} is {value:g}: {what}, as a failed start-up prints it"
+    return None

@@ -39,7 +39,7 @@ from kvplan.paths import PROFILES_DIR
 from kvplan.plan.overhead import OVERHEAD_FILE, OverheadModel, overhead_from_dict
 from kvplan.stats import lad_through_origin, median
 from kvplan.units import GiB
-from kvplan.validate.cases import Case, full_budget, resolve_case
+from kvplan.validate.cases import Case, full_budget, resolve_case, unusable
 from kvplan.validate.reports import DEFAULT_REPORTS, Report, load_reports
 
 # Not fitted (see the module docstring): the planner core's provisional CUDA-graph range.
@@ -212,7 +212,6 @@ def fit_rows(rows: list[FitRow], leave_out: str | None = None) -> FitResult:
 def fit_reports(reports: list[Report], configs_dir: Path | None = None, leave_out: str | None = None) -> FitResult:
     """Fit on every report it can use; one it cannot (a failed start-up's negative pool, settings
     no release accepts) is a row excluded with the reason, as `kvplan validate` skips it."""
-    from kvplan.validate.runner import unusable
 
     rows = []
     for r in reports:

@@ -26,7 +26,7 @@ from kvplan.plan.capacity import Capacity
 from kvplan.plan.overhead import OverheadModel, load_overhead
 from kvplan.stats import median, nearest_rank, percent_error
 from kvplan.units import GiB
-from kvplan.validate.cases import Case, full_budget, known_limits, page_math, resolve_case
+from kvplan.validate.cases import Case, full_budget, known_limits, page_math, resolve_case, unusable
 from kvplan.validate.fit import build_row, fit_rows
 from kvplan.validate.reports import DEFAULT_REPORTS, Report, load_reports
 
@@ -248,28 +248,6 @@ def goals(results: list[CaseResult], summaries: list[Summary]) -> list[Goal]:
             met=(kv.median_abs_pct or 0) <= KV_MEDIAN_GOAL_PCT and (kv.p90_abs_pct or 0) <= KV_P90_GOAL_PCT,
         ))
     return out
-
-
-# Figures no successful start-up prints: a report holding one is a failed start-up (or a typo), which
-# no planner can reproduce. Such a report is skipped with a note, and the other reports still run.
-_POSITIVE = ("reported_kv_memory_gib", "reported_gpu_blocks", "reported_kv_tokens", "reported_max_concurrency",
-             "reported_weights_gib", "gpu_total_memory_gib_logged")
-
-
-def unusable(report: Report) -> str | None:
-    """Why a report cannot be compared at all (None: it can)."""
-    import math
-
-    for name in _POSITIVE:
-        value = getattr(report, name)
-        if value is None:
-            continue
-        if not math.isfinite(value):
-            return f"{name} is {value}: not a figure vLLM prints"
-        if value < 0 or (value == 0 and name != "reported_weights_gib"):
-            what = "a negative pool" if name != "gpu_total_memory_gib_logged" else "a negative GPU memory"
-            return f"{name} is {value:g}: {what}, as a failed start-up prints it"
-    return None
 
 
 def _why(exc: KvplanError) -> str:

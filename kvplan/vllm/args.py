@@ -95,37 +95,14 @@ def engine_values(s: Settings) -> dict[str, object]:
     }
 
 
-# The engine arguments a source names as vLLM does, and the planner's default when it gives none.
-_READ_BACK = (("tensor_parallel_size", 1), ("pipeline_parallel_size", 1), ("kv_cache_dtype", "auto"),
+#: The engine arguments a source names as vLLM does, and the planner's default when it gives none
+#: (kvplan.plan.schema.settings_from_engine_args reads them back).
+READ_BACK = (("tensor_parallel_size", 1), ("pipeline_parallel_size", 1), ("kv_cache_dtype", "auto"),
               ("block_size", None), ("max_model_len", None), ("gpu_memory_utilization", None),
               ("kv_cache_memory_bytes", None), ("num_gpu_blocks_override", None), ("max_num_seqs", None),
               ("max_num_batched_tokens", None), ("enforce_eager", False), ("enable_prefix_caching", None),
               ("language_model_only", False), ("skip_mm_profiling", False), ("mm_max_pixels", None),
               ("decode_context_parallel_size", 1))
-
-
-def settings_from_engine_args(source: object, **extra: object) -> Settings:
-    """The planner's ``Settings`` from anything that names vLLM's engine arguments as vLLM does (a
-    parsed start-up log, a public report, the bench's EngineConfig): the inverse of ``engine_values``.
-    ``extra`` sets what such a source does not carry (usage context, workload, weights) or overrides it."""
-    from kvplan.plan.schema import Settings
-
-    values: dict[str, object] = {}
-    for name, default in _READ_BACK:
-        value = getattr(source, name, None)
-        values[name] = default if value is None else value
-    for name in ("enforce_eager", "language_model_only", "skip_mm_profiling"):
-        values[name] = bool(values[name])
-    spec = getattr(source, "speculative_config", None)  # vLLM's dict (a log's non-default args) or its JSON
-    if spec:
-        from kvplan.plan.speculative import parse_speculative_config
-
-        values["speculative"] = parse_speculative_config(spec, strict=False)  # another release's keys too
-    kwargs = getattr(source, "mm_processor_kwargs", None)  # the bench's EngineConfig carries vLLM's dict
-    if values["mm_max_pixels"] is None and isinstance(kwargs, dict):
-        values["mm_max_pixels"] = kwargs.get("max_pixels")
-    values.update(extra)
-    return Settings(**values)
 
 
 def _text(value: object) -> str:

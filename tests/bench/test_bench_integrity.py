@@ -86,7 +86,8 @@ def test_a_display_callback_that_raises_does_not_stop_the_load():
 
 def test_a_point_of_failed_requests_is_never_ok():
     from kvplan.bench import store as st
-    from kvplan.bench.runner import BenchConfig, BenchRun
+    from kvplan.bench.config import BenchConfig
+    from kvplan.bench.runner import BenchRun
 
     run = BenchRun(BenchConfig(url="http://127.0.0.1:9"), st.RunStore(Path("/nonexistent")))
     silent = RequestRecord(0, 0, 0.0, end_s=0.1)  # not ok, and no error recorded

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from bench_helpers import bench_env, engine_required, kvplan_cmd
 
+from kvplan.bench.steptime_io import load_steptime, run_inputs
 from kvplan.plan.simulate import closed_loop
 from kvplan.plan.steptime import predict_latency
-from kvplan.plan.steptime_io import load_steptime, run_inputs
 
 pytestmark = [pytest.mark.engine, engine_required]
 
@@ -25,7 +25,8 @@ def test_bench_predicts_every_point_with_a_calibration(cpu_engine, tmp_path):
     from typer.testing import CliRunner
 
     from kvplan.bench import store as st
-    from kvplan.bench.runner import BenchConfig, BenchRun
+    from kvplan.bench.config import BenchConfig
+    from kvplan.bench.runner import BenchRun
     from kvplan.cli.app import app
 
     proc = subprocess.run(

@@ -20,9 +20,10 @@ from kvplan.bench.engine import (
 from kvplan.bench.metrics import Histogram, parse_metrics, summarize
 from kvplan.bench.stats import describe
 from kvplan.bench.sweep import PointOutcome, Sweep, SweepStopped, first_with, parse_levels, waited_for_kv
-from kvplan.bench.workload import Workload, load_trace
+from kvplan.bench.workload import Workload
 from kvplan.errors import KvplanError
 from kvplan.stats import percentile
+from kvplan.traffic.loaders import load_trace
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
@@ -383,3 +384,23 @@ def test_an_output_is_one_registered_function(tmp_path):
         assert (tmp_path / "models.txt").read_text() == "tiny\n"
     finally:
         OUTPUTS.pop("test-models", None)
+
+
+def test_the_options_choose_one_load_profile():
+    """Each load pattern is one registered profile; the options choose it (--traffic over --sweep-rate over
+    --rate over --sweep, the automatic search otherwise), and each says its load mode."""
+    from kvplan.bench.config import BenchConfig, RateSearchConfig
+    from kvplan.bench.profiles import PROFILES, profile_for
+    from kvplan.bench.replay import TrafficReplay
+
+    assert set(PROFILES) == {"auto", "levels", "rates", "rate-search", "replay"}
+    cases = [
+        (BenchConfig(url="http://x"), "auto", "concurrency"),
+        (BenchConfig(url="http://x", sweep=[1, 4]), "levels", "concurrency"),
+        (BenchConfig(url="http://x", rates=[2.0]), "rates", "rate"),
+        (BenchConfig(url="http://x", rate_search=RateSearchConfig()), "rate-search", "rate"),
+        (BenchConfig(url="http://x", sweep=[1], traffic=TrafficReplay(path="t.jsonl")), "replay", "concurrency"),
+    ]
+    for cfg, name, mode in cases:
+        chosen = profile_for(cfg)
+        assert (chosen.name, chosen.load_mode) == (name, mode)

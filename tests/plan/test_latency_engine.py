@@ -38,9 +38,9 @@ from bench_helpers import (  # noqa: E402
     kvplan_cmd,
 )
 
+from kvplan.bench.steptime_io import load_steptime, run_inputs  # noqa: E402
 from kvplan.plan.simulate import closed_loop  # noqa: E402
 from kvplan.plan.steptime import predict_latency  # noqa: E402
-from kvplan.plan.steptime_io import load_steptime, run_inputs  # noqa: E402
 
 pytestmark = [pytest.mark.engine, engine_required]
 

@@ -230,7 +230,7 @@ def test_multimodal_settings_in_the_non_default_args():
             "'skip_mm_profiling': True}")
     r = parse_startup_log(line)
     assert (r.language_model_only, r.skip_mm_profiling, r.mm_max_pixels) == (True, True, 1_048_576)
-    from kvplan.vllm.args import settings_from_engine_args
+    from kvplan.plan.schema import settings_from_engine_args
 
     s = settings_from_engine_args(r)
     assert (s.language_model_only, s.skip_mm_profiling, s.mm_max_pixels) == (True, True, 1_048_576)

@@ -1,0 +1,85 @@
+"""What one bench run is asked to do, as stored in run.json (so ``--resume`` continues it): the server or engine, the
+workload, the load profile's options, SLOs and limits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field, model_validator
+
+from kvplan.bench.engine import EngineConfig
+from kvplan.bench.limits import check_bench_bounds
+from kvplan.bench.replay import TrafficReplay
+from kvplan.bench.workload import Workload
+from kvplan.errors import ExitCode, KvplanError
+
+#: Requests per point when neither --requests, --requests-per-stream nor --duration is given: enough
+#: for a p99 that is not just the largest sample (kvplan.bench.stats.min_samples).
+DEFAULT_REQUESTS = 100
+
+
+class BenchFailed(KvplanError):
+    """The run could not go on (engine died, server went away): exit code 4 (ExitCode.RUN_FAILED)."""
+
+    exit_code = int(ExitCode.RUN_FAILED)
+
+
+class RateSearchConfig(BaseModel):
+    """``--sweep-rate auto``: where the search starts, when it stops (kvplan.bench.sweep.search_rate)."""
+
+    start: float = 1.0  # requests/s of the first point
+    resolution: float = 0.1  # stop when (first missed - highest met) / highest met <= this
+    max_points: int = 12
+
+
+class BenchConfig(BaseModel):
+    """Everything a run needs; stored in run.json so ``--resume`` can continue it."""
+
+    url: str | None = None  # attach to a running server instead of launching
+    engine: dict[str, Any] | None = None  # EngineConfig fields (launch mode)
+    model: str | None = None  # model name in requests (default: the server's first model)
+    workload: dict[str, Any] = Field(default_factory=dict)  # Workload fields
+    sweep: list[int] | None = None  # None: automatic
+    max_concurrency: int | None = None
+    include_levels: list[int] = Field(default_factory=list)  # also measured by an automatic sweep
+    requests_per_stream: int | None = None  # closed loop: each stream sends this many (old runs: 3)
+    requests: int | None = None  # requests per point (default DEFAULT_REQUESTS unless duration_s is set)
+    duration_s: float | None = None  # per point: no new request after this many seconds
+    rates: list[float] | None = None  # open loop: one point per rate (requests/s) instead of concurrencies
+    rate_search: RateSearchConfig | None = None  # open loop: search the highest rate meeting the SLOs
+    burstiness: float = 1.0  # open loop: gamma shape of the inter-arrival gaps (1 = Poisson)
+    rate_max_concurrency: int | None = None  # open loop: at most this many requests in flight
+    slo: dict[str, float] = Field(default_factory=dict)  # SLO key -> seconds (kvplan.bench.slo)
+    warmup: bool = True  # one unrecorded round before the first point
+    scrape_interval_s: float = 0.5
+    request_timeout_s: float = 300.0
+    startup_timeout_s: float = 900.0
+    max_num_seqs: int | None = None  # the engine's, for the prediction (None: not the limit)
+    planner_gpu: str | None = None  # --gpu for the planner's capacity next to the engine's
+    deployment: str | None = None  # the kvplan.yaml deployment this run measures
+    header_names: list[str] = Field(default_factory=list)  # --header names (values are never stored)
+    steptime: str | None = None  # a calibrated step-time model (RUN or RUN/steptime.json) for predicted latency
+    keep_alive: bool = True  # reuse connections (False: one per request, as kvplan did before)
+    traffic: TrafficReplay | None = None  # --traffic: replay sessions (kvplan.bench.replay) instead of a sweep
+
+    @model_validator(mode="after")
+    def _within_bounds(self) -> BenchConfig:
+        check_bench_bounds(self)  # the command line and a resumed run.json alike
+        return self
+
+    def engine_config(self) -> EngineConfig | None:
+        if self.engine is None:
+            return None
+        data = dict(self.engine)
+        for key in ("extra_args", "engine_cmd"):
+            data[key] = tuple(data.get(key) or ())
+        data["env"] = tuple(tuple(pair) for pair in data.get("env") or ())
+        return EngineConfig(**data)
+
+    def workload_obj(self, nonce: str = "") -> Workload:
+        data = dict(self.workload)
+        data["trace"] = tuple(tuple(pair) for pair in data.get("trace") or ())
+        if "token_id_range" in data:
+            data["token_id_range"] = tuple(data["token_id_range"])
+        data["nonce"] = nonce
+        return Workload(**data)
