@@ -57,9 +57,9 @@ def bench(url: str, out: Path, flags: list[str], sweep: str, per_stream: int) ->
 
 
 def measured_vs_predicted(run: Path, model, per_stream: int) -> dict[int, dict]:
+    from kvplan.bench.steptime_io import run_inputs
     from kvplan.plan.simulate import closed_loop
     from kvplan.plan.steptime import predict_latency
-    from kvplan.bench.steptime_io import run_inputs
 
     _, points, lengths, sched, _, _, _ = run_inputs(run)
     rows = {}

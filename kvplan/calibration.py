@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from kvplan.errors import KvplanError
-from kvplan.paths import CONFIG_DIR_ENV, calibration_file, load_user_json
+from kvplan.paths import CONFIG_DIR_ENV, calibration_file, load_user_json, write_file_safely
 
 SCHEMA = 1
 
@@ -96,7 +96,6 @@ def load_calibrations(path: Path | None = None) -> list[Calibration]:
 
 def save_calibrations(entries: list[Calibration], path: Path | None = None) -> Path:
     file = path or calibration_file()
-    from kvplan.paths import write_file_safely
 
     rows = [asdict(e) | {"residual_gib": round(e.residual_gib, 4)} for e in entries]
     text = json.dumps({"schema": SCHEMA, "calibrations": rows}, indent=2) + "\n"

@@ -9,13 +9,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from kvplan.calibration import find_calibration
 from kvplan.errors import KvplanError
 from kvplan.hardware.catalog import GpuSelection, custom_device, load_catalog, parse_gpu
+from kvplan.hardware.nvml import detect_gpus
 from kvplan.model.arch import Architecture, parse_architecture
-from kvplan.model.source import ModelConfig, resolve_model
+from kvplan.model.hub_weights import hub_weights
+from kvplan.model.source import ModelConfig, bundled_index, resolve_model
+from kvplan.paths import calibration_file
 from kvplan.plan.overhead import OverheadModel, load_overhead
 from kvplan.plan.schema import Settings, SizePlan
 from kvplan.plan.size import ModelRef, plan_size
+from kvplan.units import GiB
+from kvplan.vllm.engine_layout import engine_architecture
 from kvplan.vllm.rules import rules_for
 
 
@@ -45,11 +51,9 @@ def load_model(
     config = resolve_model(name, revision=revision, source=source, offline=offline)
     arch = parse_architecture(config.config, overrides, allow_unverified=allow_unverified or layout == "engine")
     if layout == "engine":
-        from kvplan.vllm.engine_layout import engine_architecture
 
         arch = engine_architecture(config.config, overrides, arch, vllm_version)
     if config.source == "hub" and not overrides:
-        from kvplan.model.hub_weights import hub_weights
 
         exact = hub_weights(name, revision, arch.num_hidden_layers)
         if exact is not None and exact.loaded_bytes > 0:
@@ -70,7 +74,6 @@ def select_gpus(gpu: str | None, gpus: int | None = None, gpu_mem: str | None = 
     if not gpu:
         raise KvplanError("no GPU given", "pass --gpu H100 (or 4xH100, or auto), or --gpu-mem 24GiB")
     if gpu.strip().lower() == "auto":
-        from kvplan.hardware.nvml import detect_gpus
 
         found = detect_gpus()
         return GpuSelection(found.device, gpus or found.count)
@@ -120,14 +123,11 @@ def plan_deployment(
 def _apply_calibration(
     model: ResolvedModel, gpus: GpuSelection, settings: Settings, version: str, base: OverheadModel, ref: ModelRef
 ) -> tuple[OverheadModel, ModelRef, list[str]]:
-    from kvplan.paths import calibration_file
 
     if not calibration_file().exists():  # nothing recorded: no need to load the calibration module
         return base, ref, []
     from dataclasses import replace
 
-    from kvplan.calibration import find_calibration
-    from kvplan.units import GiB
 
     cal = find_calibration(gpus.device.name, version, model.arch.model_type)
     if cal is None:
@@ -161,7 +161,6 @@ def _fallback_names(name: str) -> list[str]:
 
 def _bundled_by_name(last: str) -> str | None:
     """``org/<last>`` when a bundled profile (or alias) has ``last`` as its repo name."""
-    from kvplan.model.source import bundled_index
 
     key = last.lower()
     for name in bundled_index():

@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
+from kvplan.errors import KvplanError
+
 _PACKAGE = Path(__file__).resolve().parent
 
 
@@ -49,7 +51,6 @@ MAX_LINE_CHARS = 64 * 1024  # one log line: longer lines are cut (vLLM's longest
 
 
 def _err(message: str, hint: str | None = None):
-    from kvplan.errors import KvplanError
 
     return KvplanError(message, hint)
 

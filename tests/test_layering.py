@@ -120,3 +120,19 @@ def test_no_import_cycle():
 def test_every_module_has_a_floor():
     for name in _modules():
         _floor(name)
+
+
+def test_imports_sit_at_the_top_outside_the_commands():
+    """The graph a reader sees is the real one: outside kvplan/cli (where each command loads its own modules, so
+    `kvplan size` does not pay for `bench`), no internal import hides inside a function. Heavy third-party ones
+    (vllm, torch, matplotlib, aiohttp, rich...) may, and do."""
+    hidden = []
+    for name, path in _modules().items():
+        if name.startswith("kvplan.cli"):
+            continue
+        tree = ast.parse(path.read_text())
+        for func in ast.walk(tree):
+            if isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                hidden += [f"{name}:{node.lineno}" for node in ast.walk(func)
+                           if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("kvplan")]
+    assert sorted(set(hidden)) == []

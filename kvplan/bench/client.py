@@ -27,6 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from kvplan.errors import KvplanError
+from kvplan.vllm.startup_log import redact
 
 #: RFC 9110 token characters: what a header name may hold.
 _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
@@ -114,7 +115,6 @@ def proxy_for(url: str) -> str | None:
 
 def shown_proxy(proxy: str | None) -> str | None:
     """A proxy URL for messages and files: credentials masked."""
-    from kvplan.vllm.startup_log import redact
 
     return None if proxy is None else redact(proxy)
 

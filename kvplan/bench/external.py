@@ -28,7 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from kvplan.bench.results import BenchSummary, LatencyStats, PointResult, ServerFigures
+from kvplan.bench.stats import sample_warnings
 from kvplan.errors import KvplanError
+from kvplan.paths import load_user_json, load_user_yaml, parse_json_text, read_user_text
 
 VLLM_SOURCE = "vllm bench serve"
 CAN_SHOW = ("TTFT/TPOT/ITL/E2E mean, median and saved percentiles", "request and output throughput", "load")
@@ -79,7 +81,6 @@ def _stats(data: dict, name: str, n: int | None) -> LatencyStats:
 
 def vllm_point(data: dict, seq: int, file: str) -> PointResult:
     """One saved result -> a kvplan PointResult (mode rate when request_rate is finite)."""
-    from kvplan.bench.stats import sample_warnings
 
     completed = int(min(_num(data, "completed") or 0, MAX_COUNT))
     failed = int(min(_num(data, "failed") or 0, MAX_COUNT))
@@ -115,7 +116,6 @@ def vllm_point(data: dict, seq: int, file: str) -> PointResult:
 def vllm_result_documents(file: Path) -> list[tuple[str, Any]]:
     """The results in one saved file, each with its name: one JSON document (``--save-result``), or one a
     line (``--append-result`` appends ``json.dump(result)`` after a newline, vllm/benchmarks/serve.py@0.32.0)."""
-    from kvplan.paths import parse_json_text, read_user_text
 
     text = read_user_text(file)
     try:
@@ -183,7 +183,6 @@ GUIDELLM_YAML_MAX_ALIASES = 10_000
 
 def load_report_file(path: Path) -> Any:
     """A report file's data: YAML by its suffix (.yaml/.yml), else JSON; safely, with kvplan.paths' limits."""
-    from kvplan.paths import load_user_json, load_user_yaml
 
     if path.suffix.lower() in YAML_SUFFIXES:
         # yaml.dump writes a tuple as !!python/tuple: read such tags as plain data (nothing is constructed)
@@ -256,7 +255,6 @@ def _server_preemptions(bench: dict) -> tuple[float | None, float | None]:
 def guidellm_point(bench: dict, seq: int, file: str) -> PointResult | None:
     """One GuideLLM benchmark (one strategy at one load) -> a kvplan PointResult, or None when its load is not a
     fixed concurrency or rate (``throughput``: every request at once)."""
-    from kvplan.bench.stats import sample_warnings
 
     strategy = _strategy(bench)
     kind = str(strategy.get("type_") or strategy.get("type") or "")

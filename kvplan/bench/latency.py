@@ -17,10 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvplan.bench import store as st
+from kvplan.bench.loadgen import arrival_times
+from kvplan.bench.render import load_summary
 from kvplan.bench.results import BenchSummary, LatencyModelInfo, LatencyStats, PointResult, PredictedLatency
+from kvplan.bench.steptime_io import calibration_scheduler, deployment_inputs, load_steptime, workload_lengths
 from kvplan.errors import KvplanError
 from kvplan.plan.simulate import Lengths, Load, SchedulerConfig, closed_loop, open_loop
-from kvplan.plan.steptime import StepTimeModel, predict_latency
+from kvplan.plan.steptime import StepTimeModel, model_for, predict_latency, prior_for
 
 #: Output tokens simulated per point at most: 0.7-2 s on one core (3.5-10 us a token, busy or not).
 MAX_SIMULATED_TOKENS = 200_000
@@ -58,8 +62,6 @@ def predictor_for(cfg: dict[str, Any], capacity: dict[str, Any], model_name: str
     """The predictor of a run (``cfg``: the BenchConfig as JSON; ``capacity``: the engine's pool):
     the calibrated model in ``steptime`` (a run folder or its steptime.json), else the prior of
     ``cfg["planner_gpu"]``, else none ("no prior for this device")."""
-    from kvplan.bench.steptime_io import calibration_scheduler, deployment_inputs, load_steptime, workload_lengths
-    from kvplan.plan.steptime import prior_for
 
     if not capacity.get("num_blocks") or not capacity.get("block_size"):
         return no_prediction("the engine's KV pool is unknown (no log line, no cache_config_info)")
@@ -87,8 +89,6 @@ def predictor_for(cfg: dict[str, Any], capacity: dict[str, Any], model_name: str
                                 + ("" if d is not None else "; scheduler limits of the calibration"))
     else:
         try:
-            from kvplan.plan.steptime import model_for
-
             model = model_for(d.capacity, d.device)
         except KvplanError as exc:
             return no_prediction(str(exc).splitlines()[0])
@@ -118,7 +118,6 @@ def point_load(point: PointResult, lengths: Lengths, shared_prefix: float = 0.0,
     order, so with length distributions the numbering is approximate). Open loop: the
     point's own arrival times (kvplan.bench.loadgen.arrival_times, seeded by the workload's seed
     plus the point's ``seq``); a client-side cap on requests in flight is not modelled."""
-    from kvplan.bench.loadgen import arrival_times
 
     mean_output = _mean_output(lengths)
     if point.mode == "rate" and point.rate:
@@ -167,8 +166,6 @@ def _round(v: float | None) -> float | None:
 def predict_run(path: Path, steptime: Path | None = None, gpu: str | None = None) -> BenchSummary:
     """A finished run's summary with every point's latency predicted again, offline (``kvplan report``):
     with the calibrated model in ``steptime``, else the prior of ``gpu`` (or the run's own --gpu)."""
-    from kvplan.bench import store as st
-    from kvplan.bench.render import load_summary
 
     summary = load_summary(path)
     run = st.RunStore.open_existing(path).read_run()

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from kvplan.bench.client import REDIRECT_HINT, Client, is_redirect
 from kvplan.bench.results import ServerFigures
 from kvplan.vllm.metric_names import ALIASES, CACHE_INFO, HISTOGRAMS, WAITING_BY_REASON
 
@@ -216,7 +217,6 @@ async def fetch_text(session, url: str, request_kwargs: dict | None = None) -> s
     """GET ``url`` as text (at most MAX_METRICS_BYTES); ``request_kwargs``: headers and proxy (Client.aio_kwargs)."""
     async with session.get(url, **(request_kwargs or {})) as resp:
         if resp.status != 200:
-            from kvplan.bench.client import REDIRECT_HINT, is_redirect
 
             why = f", a redirect: {REDIRECT_HINT}" if is_redirect(resp.status) else ""
             raise RuntimeError(f"GET {url}: HTTP {resp.status}{why}")
@@ -244,7 +244,6 @@ def _session(timeout_s: float, client, base_url: str):
 
 
 def _client(client, api_key: str | None):
-    from kvplan.bench.client import Client
 
     return client if client is not None else Client(api_key=api_key)
 

@@ -6,8 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvplan.bench import store as st
+from kvplan.bench.external import YAML_SUFFIXES, read_external
+from kvplan.bench.outputs import write_reports
 from kvplan.bench.results import BenchSummary
 from kvplan.errors import KvplanError
+from kvplan.paths import load_user_json
 
 
 def finished_run(path: Path) -> bool:
@@ -22,8 +25,6 @@ def finished_run(path: Path) -> bool:
 def load_summary(path: Path) -> BenchSummary:
     """A kvplan run folder (summary.json), a `vllm bench serve` result / folder of results, or a GuideLLM
     report (JSON or YAML; kvplan.bench.external)."""
-    from kvplan.bench.external import YAML_SUFFIXES, read_external
-    from kvplan.paths import load_user_json
 
     if path.is_dir() and (path / st.SUMMARY_FILE).is_file():
         data = load_user_json(path / st.SUMMARY_FILE)
@@ -47,7 +48,6 @@ def load_summary(path: Path) -> BenchSummary:
 
 def rerender(path: Path) -> BenchSummary:
     """Write a finished kvplan run's report.md, report.html, points.csv and requests.csv again."""
-    from kvplan.bench.outputs import write_reports
 
     summary = load_summary(path)
     write_reports(st.RunStore(path), summary)

@@ -36,6 +36,7 @@ from kvplan.bench.workload import RequestSpec
 from kvplan.errors import KvplanError
 from kvplan.plan.prefix_cache import traffic_load, traffic_working_set
 from kvplan.plan.simulate import SchedulerConfig, SimResult, simulate, wave_scenarios
+from kvplan.traffic.loaders import load_traffic
 from kvplan.traffic.model import Traffic
 from kvplan.traffic.tokens import prompt_token_ids
 
@@ -51,7 +52,6 @@ class TrafficReplay(BaseModel):
 
 
 def load_replay_traffic(spec: TrafficReplay) -> Traffic:
-    from kvplan.traffic.loaders import load_traffic
 
     if not 0 < spec.time_scale <= 1e6:
         raise KvplanError(f"invalid --time-scale {spec.time_scale:g}", "use a factor > 0 (0.5 replays twice as fast)")

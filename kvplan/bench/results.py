@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from kvplan import __version__
 from kvplan.bench.engine import EngineCapacity
+from kvplan.bench.stats import describe
 from kvplan.bench.sweep import Onset, PointOutcome
 
 LATENCY_FROM = "scheduled"  # every latency counts from the request's scheduled time (see loadgen)
@@ -76,7 +77,6 @@ class LatencyStats(_Figures):
     @classmethod
     def of(cls, values: Sequence[float]) -> LatencyStats:
         """The statistics of a list of seconds (kvplan.bench.stats.describe)."""
-        from kvplan.bench.stats import describe
 
         return cls(**describe(values))
 

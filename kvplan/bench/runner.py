@@ -27,11 +27,13 @@ from kvplan.bench.engine import (
     no_interrupts,
     parse_capacity_log,
 )
+from kvplan.bench.latency import no_prediction, predictor_for
 from kvplan.bench.loadgen import RequestRecord, StopSignal, run_closed_loop, run_open_loop, run_sessions, run_stoppable
 from kvplan.bench.loads import ClosedLoad, Load, OpenLoad, ReplayLoad
 from kvplan.bench.metrics import Snapshot, preempted, scrape_during, scrape_once, summarize
+from kvplan.bench.outputs import write_reports
 from kvplan.bench.profiles import profile_for
-from kvplan.bench.replay import first_sessions, load_replay_traffic, request_specs, session_sends
+from kvplan.bench.replay import first_sessions, load_replay_traffic, replay_figures, request_specs, session_sends
 from kvplan.bench.results import (  # noqa: F401 - BenchSummary, PointResult, RateSearchResult: imported from here too
     LATENCY_FROM,
     BenchSummary,
@@ -42,6 +44,7 @@ from kvplan.bench.results import (  # noqa: F401 - BenchSummary, PointResult, Ra
     OnsetPrediction,
     PlannerCapacity,
     PointResult,
+    PredictedLatency,
     PredictedPoint,
     RateSearchResult,
     ServerFigures,
@@ -58,9 +61,14 @@ from kvplan.bench.sweep import (
     waited_for_kv,
 )
 from kvplan.bench.view import NullView
+from kvplan.deploy import load_model, plan_deployment, select_gpus
 from kvplan.errors import KvplanError
 from kvplan.plan.blocks import BlockRule
-from kvplan.vllm.startup_log import redact
+from kvplan.plan.schema import settings_from_engine_args
+from kvplan.plan.simulate import SchedulerConfig
+from kvplan.term import esc, printable
+from kvplan.vllm.rules import rules_for
+from kvplan.vllm.startup_log import read_startup_log, redact
 
 if TYPE_CHECKING:
     from kvplan.bench.latency import PointPredictor
@@ -184,7 +192,6 @@ class BenchRun:
         if self.expected_model is not None:
             # --resume: the finished points measured that model; points of another one must not join them.
             if ids and self.expected_model not in ids:
-                from kvplan.term import printable
 
                 raise KvplanError(
                     f"cannot resume: the run measured {printable(self.expected_model, 200)!r}, but "
@@ -208,8 +215,6 @@ class BenchRun:
             cap = capacity_from_cache_info(snap.cache_info)
         if self.launcher is not None:
             try:
-                from kvplan.vllm.startup_log import read_startup_log
-
                 log_cap = parse_capacity_log(read_startup_log(str(self.store.engine_log), "engine log"))
             except (OSError, KvplanError):
                 log_cap = EngineCapacity()
@@ -248,7 +253,6 @@ class BenchRun:
 
     def _latency_model(self) -> None:
         """The step-time model every point's latency is predicted with (best effort: never stops a run)."""
-        from kvplan.bench.latency import no_prediction, predictor_for
 
         try:
             self.latency = predictor_for(self.cfg.model_dump(mode="json"), dataclasses.asdict(self.capacity),
@@ -262,8 +266,6 @@ class BenchRun:
         try:
             predicted = self.latency.predict(point)
         except Exception as exc:  # noqa: BLE001
-            from kvplan.bench.results import PredictedLatency
-
             predicted = PredictedLatency(error=f"{type(exc).__name__}: {exc}")
         return point if predicted is None else point.model_copy(update={"predicted_latency": predicted})
 
@@ -404,9 +406,6 @@ class BenchRun:
 
     def _replay_figures(self, point: PointResult, replayed, records: list[RequestRecord]) -> PointResult:
         """The replay's prefix-cache figures against the simulator's (kvplan.bench.replay)."""
-        from kvplan.bench.replay import replay_figures
-        from kvplan.plan.simulate import SchedulerConfig
-        from kvplan.vllm.rules import rules_for
 
         config = None
         cap = self.capacity
@@ -639,7 +638,6 @@ class BenchRun:
                                 start=rs.start, resolution=rs.resolution, max_points=rs.max_points)
 
     def finish(self, status: str, error: str | None) -> BenchSummary:
-        from kvplan.bench.outputs import write_reports
 
         summary = self.summary(status, error)
         write_reports(self.store, summary)
@@ -660,8 +658,6 @@ class BenchRun:
             except Exception as exc:  # noqa: BLE001 - a server without /metrics can still be benched
                 snap = None
                 self.metrics_error = f"{type(exc).__name__}: {exc}"
-                from kvplan.term import esc
-
                 self.view.message(f"no server metrics ({esc(self.metrics_error)}): onsets cannot be measured")
             self._read_capacity(snap)
             self._predict()
@@ -733,8 +729,6 @@ def wait_evidence(concurrency: int, max_num_seqs: int | None, peak_waiting: floa
 
 def planner_capacity(ecfg: EngineConfig, gpu: str | None, max_num_seqs: int | None) -> PlannerCapacity:
     """What `kvplan size` plans for the same flags: blocks and KV tokens (for the report)."""
-    from kvplan.deploy import load_model, plan_deployment, select_gpus
-    from kvplan.plan.schema import settings_from_engine_args
 
     if gpu is None and ecfg.num_gpu_blocks_override is None and ecfg.kv_cache_memory_bytes is None:
         return PlannerCapacity(error="pass --gpu to compare with the planner (the pool is not pinned)")

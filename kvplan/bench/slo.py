@@ -18,7 +18,9 @@ import math
 import re
 from collections.abc import Mapping
 
+from kvplan.bench.results import SloResult
 from kvplan.errors import KvplanError
+from kvplan.stats import percentile
 
 METRICS = ("ttft", "itl", "tpot", "e2e")
 STATS = ("p50", "p90", "p95", "p99", "mean")
@@ -87,7 +89,6 @@ def fmt_s(seconds: float) -> str:
 
 def request_meets(rec, slo: Mapping[str, float]) -> bool:
     """Does one completed request (a loadgen.RequestRecord) meet every target?"""
-    from kvplan.stats import percentile
 
     if not rec.ok:
         return False
@@ -120,7 +121,6 @@ def _stat(stats: object, name: str) -> float | None:
 def slo_results(stats: Mapping[str, object], slo: Mapping[str, float]) -> dict:
     """SLO key -> kvplan.bench.results.SloResult (target, value, met) of a point's latencies
     (metric name -> LatencyStats, or a mapping with the same keys)."""
-    from kvplan.bench.results import SloResult
 
     out = {}
     for key, target in slo.items():

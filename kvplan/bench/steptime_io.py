@@ -16,9 +16,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from kvplan.bench.store import RunStore
+from kvplan.deploy import load_model, select_gpus
 from kvplan.errors import KvplanError
+from kvplan.paths import load_user_json, write_file_safely
+from kvplan.plan.capacity import compute_capacity
+from kvplan.plan.overhead import load_overhead
+from kvplan.plan.schema import Settings
 from kvplan.plan.simulate import Lengths, SchedulerConfig
 from kvplan.plan.steptime import StepTimeModel, calibrate_bench, model_for
+from kvplan.vllm.rules import rules_for
 
 STEPTIME_FILE = "steptime.json"
 SCHEMA = 1
@@ -47,7 +54,6 @@ class StepCalibration:
 
 def run_inputs(run_dir: Path, gpu: str | None = None, model: str | None = None):
     """(config dict, points, Lengths, SchedulerConfig, base StepTimeModel, device label) of a run folder."""
-    from kvplan.bench.store import RunStore
 
     store = RunStore.open_existing(run_dir)
     run = store.read_run()
@@ -87,11 +93,6 @@ def deployment_inputs(cfg: dict[str, Any], capacity: dict[str, Any], name: str, 
     """The scheduler (the engine's reported pool, its flags or vLLM's defaults) and the planner's
     capacity of a bench run's deployment (``cfg``: run.json's config; ``capacity``: the engine's
     pool), the model read offline, on the GPU ``gpu`` (else a NOMINAL device)."""
-    from kvplan.deploy import load_model, select_gpus
-    from kvplan.plan.capacity import compute_capacity
-    from kvplan.plan.overhead import load_overhead
-    from kvplan.plan.schema import Settings
-    from kvplan.vllm.rules import rules_for
 
     engine = cfg.get("engine") or {}
     num_blocks, block_size = capacity.get("num_blocks"), capacity.get("block_size")
@@ -138,7 +139,6 @@ def calibrate_run(run_dir: Path, gpu: str | None = None, model: str | None = Non
         recorded_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )
     if write:
-        from kvplan.paths import write_file_safely
 
         write_file_safely(run_dir / STEPTIME_FILE, json.dumps(result.to_json(), indent=2) + "\n")
     return result
@@ -146,7 +146,6 @@ def calibrate_run(run_dir: Path, gpu: str | None = None, model: str | None = Non
 
 def load_steptime(path: Path) -> StepTimeModel:
     """The calibrated model in ``RUN/steptime.json`` (or that file itself)."""
-    from kvplan.paths import load_user_json  # regular files only, bounded size and nesting
 
     file = path / STEPTIME_FILE if path.is_dir() else path
     if not file.exists():
@@ -161,7 +160,6 @@ def load_steptime(path: Path) -> StepTimeModel:
 
 def calibration_scheduler(path: Path) -> dict[str, Any]:
     """The scheduler limits a calibration was fitted under (``scheduler`` of RUN/steptime.json; {} if none)."""
-    from kvplan.paths import load_user_json
 
     file = path / STEPTIME_FILE if path.is_dir() else path
     try:

@@ -21,7 +21,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kvplan.bench.client import scrub
 from kvplan.errors import KvplanError
+from kvplan.paths import iter_user_lines, load_user_json, parse_json_text, write_file_safely
 from kvplan.vllm.startup_log import redact, redact_data
 
 RUN_FILE = "run.json"
@@ -107,7 +109,6 @@ class RunStore:
         _atomic_write(self.path / RUN_FILE, json.dumps(redact_data(data), indent=2, default=str) + "\n", self.secrets)
 
     def read_run(self) -> dict[str, Any]:
-        from kvplan.paths import load_user_json
 
         data = load_user_json(self.path / RUN_FILE)
         if not isinstance(data, dict):
@@ -134,7 +135,6 @@ class RunStore:
 
     def write_bytes(self, name: str, data: bytes) -> Path:
         """A binary file (a PNG): no secret scrubbing (its text is drawn, not stored), never through a link."""
-        from kvplan.paths import write_file_safely
 
         target = self.path / name
         write_file_safely(target, data)
@@ -188,7 +188,6 @@ MAX_RUN_LINE_CHARS = 64 * 1024 * 1024
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    from kvplan.paths import iter_user_lines, parse_json_text
 
     if not path.is_file():
         return []
@@ -208,7 +207,6 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 def _scrub(text: str, secrets: tuple[str, ...]) -> str:
     if not secrets:
         return text
-    from kvplan.bench.client import scrub
 
     # A secret as it stands in JSON (escaped) too: a quote or backslash in it is written escaped.
     return scrub(text, [*secrets, *(json.dumps(s)[1:-1] for s in secrets)])
@@ -216,6 +214,5 @@ def _scrub(text: str, secrets: tuple[str, ...]) -> str:
 
 def _atomic_write(path: Path, text: str, secrets: tuple[str, ...] = ()) -> None:
     """Write a whole file, its secrets masked, through kvplan's one safe writer (kvplan.paths)."""
-    from kvplan.paths import write_file_safely
 
     write_file_safely(path, _scrub(redact(text), secrets))

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from kvplan.errors import KvplanError
 from kvplan.plan.blocks import BlockRule
 from kvplan.units import cdiv
+from kvplan.vllm.rules import rules_for
 
 UNLIMITED_SEQS = 1 << 30  # max_num_seqs when it is not known: the rule then ignores it
 
@@ -68,7 +69,6 @@ def block_rule(num_blocks: int, block_size: int, prompt_tokens: int, output_toke
                max_num_seqs: int | None, vllm_version: str | None = None) -> BlockRule:
     """The planner's rule on the engine's reported pool, by the engine's release (the newest
     known when it did not say): from 0.19 the whole prompt must fit to be admitted."""
-    from kvplan.vllm.rules import rules_for
 
     try:
         rules = rules_for(vllm_version)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kvplan.term import esc, make_console
 from kvplan.units import format_ms
 
 if TYPE_CHECKING:
@@ -29,7 +30,6 @@ class RichView(NullView):
     def __init__(self) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-        from kvplan.term import make_console
 
         self.console = make_console(stderr=True)
         self.progress = Progress(
@@ -88,7 +88,6 @@ class RichView(NullView):
             if pred is not None and pred.ttft is not None:
                 text += f" (predicted {_ms(pred.ttft.p99)})"
         else:
-            from kvplan.term import esc
 
             text = f"[red]failed[/]: {esc(point.error)}"
         self.progress.update(self._task, gauges=text)

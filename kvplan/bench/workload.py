@@ -19,6 +19,7 @@ import random
 from dataclasses import dataclass, field
 
 from kvplan.errors import KvplanError
+from kvplan.plan.simulate import draw_lengths
 from kvplan.traffic.tokens import TOKEN_ID_RANGE
 from kvplan.traffic.tokens import token_ids as _token_ids
 
@@ -85,7 +86,6 @@ class Workload:
     def lengths(self, index: int) -> tuple[int, int]:
         """(prompt, output) of request ``index`` (kvplan.plan.simulate.draw_lengths: the simulator
         replays the same draws)."""
-        from kvplan.plan.simulate import draw_lengths
 
         trace = self.trace or ()
         return draw_lengths(index, self.prompt_tokens, self.output_tokens, self.distribution, self.spread,

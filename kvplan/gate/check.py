@@ -46,10 +46,19 @@ from typing import Any
 
 from pydantic import BaseModel, Field, model_serializer
 
+from kvplan.bench.external import GUIDELLM_DEFAULT_FILES, read_external
 from kvplan.bench.results import LatencyStats, SloResult
+from kvplan.bench.slo import fmt_s, slo_results
+from kvplan.deploy import load_model, plan_deployment, select_gpus
 from kvplan.errors import KvplanError
 from kvplan.gate.spec import Spec, SpecEntry, SpecErrors, SpecIssue
+from kvplan.paths import load_user_json
+from kvplan.plan.capacity import blocks_needed, compute_capacity, request_load
+from kvplan.plan.overhead import load_overhead
+from kvplan.plan.prefix_cache import workload_plan
+from kvplan.traffic.loaders import load_traffic
 from kvplan.units import cdiv
+from kvplan.vllm.rules import rules_for
 
 SUMMARY_FILE = "summary.json"
 
@@ -181,7 +190,6 @@ def read_bench_runs(paths: list[str]) -> list[BenchEvidence]:
 
 
 def _read_summary(file: Path) -> BenchEvidence:
-    from kvplan.paths import load_user_json
 
     data = load_user_json(file)
     if not isinstance(data, dict):
@@ -228,7 +236,6 @@ def _read_summary(file: Path) -> BenchEvidence:
 
 def _has_vllm_results(path: Path) -> bool:
     """A folder of `vllm bench serve` results, or one holding a GuideLLM report (JSON or YAML)."""
-    from kvplan.bench.external import GUIDELLM_DEFAULT_FILES
 
     return any(path.glob("*.json")) or any((path / name).is_file() for name in GUIDELLM_DEFAULT_FILES)
 
@@ -236,7 +243,6 @@ def _has_vllm_results(path: Path) -> bool:
 def _read_external(path: Path, raw: str) -> BenchEvidence:
     """A `vllm bench serve --save-result` file or folder, or a GuideLLM report: latency percentiles per load,
     no preemption evidence (kvplan.bench.external)."""
-    from kvplan.bench.external import read_external
 
     try:
         summary = read_external(path)
@@ -249,7 +255,6 @@ def _read_external(path: Path, raw: str) -> BenchEvidence:
 
 def slo_checks(runs: list[BenchEvidence], slo: dict[str, float], concurrency: int) -> list[SloCheck]:
     """Each run's closed-loop point at ``concurrency`` (else the lowest above it) against the SLOs."""
-    from kvplan.bench.slo import fmt_s, slo_results
 
     out = []
     for run in runs:
@@ -351,13 +356,11 @@ class Planner:
     strict: bool = False  # a plan that fits at the estimate only (not at the low end of its range) fails
 
     def __post_init__(self) -> None:
-        from kvplan.plan.overhead import load_overhead
 
         self.overhead = load_overhead()
         self.models: dict[str, Any] = {}
 
     def model(self, entry: SpecEntry):
-        from kvplan.deploy import load_model
 
         name = entry.deployment.model
         if name not in self.models:
@@ -371,9 +374,6 @@ class Planner:
         return found
 
     def evaluate(self, entry: SpecEntry, bench: list[BenchEvidence]) -> DeploymentResult:
-        from kvplan.deploy import plan_deployment, select_gpus
-        from kvplan.plan.capacity import blocks_needed, compute_capacity, request_load
-        from kvplan.vllm.rules import rules_for
 
         d = entry.deployment
         model = self.model(entry)
@@ -516,8 +516,6 @@ class Planner:
         """The deployment's workload file read (relative to the spec) and its working set on the pool."""
         from pathlib import Path
 
-        from kvplan.plan.prefix_cache import workload_plan
-        from kvplan.traffic.loaders import load_traffic
 
         d = entry.deployment
         path = Path(d.workload).expanduser()

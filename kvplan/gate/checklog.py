@@ -21,7 +21,12 @@ import re
 from pydantic import BaseModel, Field
 
 from kvplan.deploy import load_model_from_log as resolve_log_model
+from kvplan.deploy import plan_deployment, select_gpus
 from kvplan.errors import KvplanError
+from kvplan.hardware.catalog import GpuSelection, custom_device
+from kvplan.plan.overhead import load_overhead
+from kvplan.plan.schema import settings_from_engine_args
+from kvplan.plan.speculative import parse_speculative_config
 from kvplan.units import GiB
 from kvplan.vllm.startup_log import StartupReport, parse_startup_log
 
@@ -94,7 +99,6 @@ def speculative_note(r: StartupReport) -> str | None:
     """What the log's speculative config does to the pool, in one line (None: the log shows none)."""
     if not r.speculative_config:
         return None
-    from kvplan.plan.speculative import parse_speculative_config
 
     try:
         spec = parse_speculative_config(r.speculative_config, strict=False)
@@ -106,7 +110,6 @@ def speculative_note(r: StartupReport) -> str | None:
 
 def settings_from_log(r: StartupReport, usage: str, kv_memory_bytes: int | None, override: bool = True,
                       draft_layers: int | None = None):
-    from kvplan.plan.schema import settings_from_engine_args
 
     return settings_from_engine_args(
         r,
@@ -131,7 +134,6 @@ def _version(r: StartupReport, given: str | None, notes: list[str]) -> str | Non
 
 def _assumed_device(r: StartupReport, notes: list[str]):
     """A device for page math when no GPU is known: only vLLM's scheduler defaults depend on it."""
-    from kvplan.hardware.catalog import GpuSelection, custom_device
 
     util = r.gpu_memory_utilization or 0.9
     total_gib = r.total_memory_gib or ((r.available_kv_gib or 0) + (r.weights_gib or 0)) / util
@@ -212,8 +214,6 @@ def check_log_text(text: str, log_name: str, tolerance: float = 0.02, gpu: str |
 
     A log is never judged on settings it does not show: without its config dump or non-default args
     (and no ``given`` settings), or with nothing to compare, it is refused (exit 2), not passed."""
-    from kvplan.deploy import plan_deployment, select_gpus
-    from kvplan.plan.overhead import load_overhead
 
     r = parse_startup_log(text)
     notes: list[str] = []

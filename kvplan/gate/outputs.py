@@ -16,9 +16,11 @@ import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from kvplan.errors import KvplanError
 from kvplan.gate.check import CheckReport, DeploymentResult
 from kvplan.gate.spec import SpecIssue
-from kvplan.term import Column
+from kvplan.paths import write_file_safely
+from kvplan.term import Column, printable
 from kvplan.units import format_tokens
 
 # --- text helpers -----------------------------------------------------------------------------
@@ -40,7 +42,6 @@ def term(text: object) -> str:
     """User text for a rich console line (markup escaped, controls escaped, no workflow commands)."""
     from rich.markup import escape
 
-    from kvplan.term import printable
 
     return escape(_no_commands(printable(text)))
 
@@ -197,7 +198,6 @@ def _document(suite: ET.Element) -> str:
 
 
 def write_file(path: str, text: str) -> None:
-    from kvplan.paths import write_file_safely
 
     write_file_safely(path, text, make_parent=True)
 
@@ -213,7 +213,6 @@ _MD_ESCAPES.update({ord("&"): "&amp;", ord("<"): "&lt;", ord(">"): "&gt;", ord('
 
 def _md(text: object) -> str:
     """User text for the step summary: one line, controls escaped, HTML and Markdown inert."""
-    from kvplan.term import printable
 
     return printable(text).translate(_MD_ESCAPES)
 
@@ -254,7 +253,6 @@ def append_step_summary(markdown: str, environ: dict[str, str] | None = None) ->
     target = env.get("GITHUB_STEP_SUMMARY", "").strip()
     if not target:
         return False
-    from kvplan.errors import KvplanError
 
     try:
         with open(target, "a", encoding="utf-8") as fh:
@@ -267,7 +265,6 @@ def append_step_summary(markdown: str, environ: dict[str, str] | None = None) ->
 def _escape_data(text: str) -> str:
     # actions/toolkit core/command.ts: escapeData; other control characters (ESC: colours, OSC-8
     # links) are written as visible escapes first, so the annotation is one plain line.
-    from kvplan.term import printable
 
     text = "\n".join(printable(part, 4000) for part in str(text).replace("\r\n", "\n").split("\n"))
     return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")

@@ -30,8 +30,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from kvplan.bench.slo import parse_slo, slo_from_mapping
 from kvplan.errors import KvplanError
+from kvplan.model.dtypes import kv_dtype
+from kvplan.paths import read_user_text, yaml_loader
+from kvplan.plan.schema import Settings
+from kvplan.plan.speculative import parse_speculative_config
 from kvplan.units import parse_bytes, parse_fraction, parse_tokens
+from kvplan.vllm.rules import parse_version
 
 # Canonical key -> other spellings accepted (vLLM's flag names and kvplan size's).
 ALIASES: dict[str, tuple[str, ...]] = {
@@ -116,7 +122,6 @@ class Deployment(BaseModel):
     @field_validator("slo", mode="before")
     @classmethod
     def _slo(cls, value: Any) -> Any:
-        from kvplan.bench.slo import parse_slo, slo_from_mapping
 
         if value is None:
             return {}
@@ -181,7 +186,6 @@ class Deployment(BaseModel):
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             raise ValueError(f"quote the version: YAML read it as the number {value} (write e.g. vllm_version: \"0.11.0\")")
         if isinstance(value, str):
-            from kvplan.vllm.rules import parse_version
 
             _check(parse_version, value)
         return value
@@ -191,7 +195,6 @@ class Deployment(BaseModel):
     def _speculative(cls, value: Any) -> Any:
         if value is None:
             return None
-        from kvplan.plan.speculative import parse_speculative_config
 
         try:
             return parse_speculative_config(value)
@@ -202,7 +205,6 @@ class Deployment(BaseModel):
     @classmethod
     def _kv_dtype(cls, value: str) -> str:
         if value != "auto":
-            from kvplan.model.dtypes import kv_dtype
 
             _check(kv_dtype, value)
         return value
@@ -210,7 +212,6 @@ class Deployment(BaseModel):
     def settings(self, gpu_count: int):
         """The deployment as the planner's ``Settings`` (the one settings type; ``gpu_count``: the GPUs
         its ``gpu``/``gpus`` name, which set the tensor parallel size when ``tp`` is not given)."""
-        from kvplan.plan.schema import Settings
 
         return Settings(
             tensor_parallel_size=self.tp or max(1, gpu_count // self.pp),
@@ -298,7 +299,6 @@ def _compose(text: str, file: str):
     the field checks to name."""
     import yaml
 
-    from kvplan.paths import yaml_loader
 
     loader_cls = yaml_loader()
     try:
@@ -488,7 +488,6 @@ def parse_spec_text(text: str, file: str = "kvplan.yaml") -> Spec:
 def load_spec(path: str | Path) -> Spec:
     """Read and validate a spec file (SpecErrors on any mistake, with file:line: field)."""
     file = str(path)
-    from kvplan.paths import read_user_text
 
     if not Path(path).exists():
         raise SpecErrors([SpecIssue(file, None, None, "no such file", "pass the path of your kvplan.yaml")])

@@ -19,6 +19,7 @@ from kvplan.errors import KvplanError
 from kvplan.paths import PROFILES_DIR
 from kvplan.stats import median
 from kvplan.units import GiB, MiB, parse_bytes
+from kvplan.vllm.platforms import CUDA, host_cpu_platform
 
 GPUS_FILE = PROFILES_DIR / "gpus.json"
 
@@ -46,7 +47,6 @@ class Device:
     @property
     def platform(self):
         """The attention backends' block-size rules for this device (kvplan.plan.layout)."""
-        from kvplan.vllm.platforms import CUDA, host_cpu_platform
 
         if self.platform_rules is not None:
             return self.platform_rules

@@ -28,6 +28,7 @@ from kvplan.model.encoders import (
     vit_block,
 )
 from kvplan.model.families import (
+    SSM_HINT_FIELDS,
     TEXT_CONFIG_DEFAULTS,
     WRAPPER_TEXT_MODEL_TYPE,
     AttentionShape,
@@ -626,7 +627,6 @@ def _parse_architecture(config: dict[str, Any], overrides: dict[str, Any] | None
                           "fix num_key_value_heads / head_dim with --set")
     dtype = _model_dtype(f)
     conv_bytes = WEIGHT_DTYPE_BYTES.get(dtype, 2)
-    from kvplan.model.families import SSM_HINT_FIELDS
 
     ssm_hint = f.get(SSM_HINT_FIELDS[family.ssm_policy]) if family.ssm_policy in SSM_HINT_FIELDS else None
     if ssm_hint is not None:

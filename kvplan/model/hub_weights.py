@@ -18,6 +18,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from kvplan.model.source import HUB_TIMEOUT_S, call_with_deadline, quiet_hub_logs
+
 _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _MTP_RE = re.compile(r"(?:^|\.)mtp(?:_layers)?[._]")
 _TOWER_RE = re.compile(r"(?:^|\.)(?:visual|vision_tower|vision_model|vision_encoder|embed_vision|audio_tower|"
@@ -51,7 +53,6 @@ def sum_tensors(tensors: Iterable[tuple[str, tuple[int, int]]], num_hidden_layer
 def hub_weights(repo_id: str, revision: str | None, num_hidden_layers: int) -> CheckpointWeights | None:
     """Read the safetensors headers of ``repo_id``; None when unavailable (offline, no safetensors...)."""
     os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", "10")
-    from kvplan.model.source import HUB_TIMEOUT_S, call_with_deadline, quiet_hub_logs
 
     quiet_hub_logs()
     try:

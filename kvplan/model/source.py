@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kvplan.errors import KvplanError
-from kvplan.paths import PROFILES_DIR
+from kvplan.paths import PROFILES_DIR, load_user_json
 
 MODELS_DIR = PROFILES_DIR / "models"
 HUB_TIMEOUT_S = 10
@@ -41,7 +41,6 @@ def read_config_file(path: Path) -> dict[str, Any]:
     16 MiB at most, UTF-8, nesting capped). NaN and Infinity are kept: published configs carry them in
     fields no KV figure reads (Granite-4.0-H / Nemotron-H ``"time_step_limit": [0.0, Infinity]``); the
     architecture reader refuses a non-finite value in a field it does read (``arch._Fields.get``)."""
-    from kvplan.paths import load_user_json
 
     data = load_user_json(path, "", limit=16 * 1024 * 1024, allow_nonfinite=True)
     if not isinstance(data, dict):

@@ -27,6 +27,8 @@ from kvplan.model.weights import weight_bytes
 from kvplan.plan.capacity import Capacity, blocks_needed, compute_capacity, moe_split_error
 from kvplan.plan.overhead import OverheadModel
 from kvplan.plan.schema import Settings
+from kvplan.plan.simulate import Lengths, SchedulerConfig, StepBatch, closed_loop
+from kvplan.plan.steptime import model_for, predict_latency, quick_latency
 from kvplan.units import cdiv
 from kvplan.vllm.rules import VllmRules
 
@@ -265,7 +267,6 @@ def latency_floor(model, prompt: int, output: int, token_budget: int, cached: in
     request overhead), every ITL and TPOT >= one decode step of one sequence at the
     prompt's context, E2E >= both. Lets a search skip deployments an SLO rules out without
     simulating them."""
-    from kvplan.plan.simulate import StepBatch
 
     ttft, done = 0.0, min(max(0, cached), prompt - 1)
     budget = max(1, token_budget)
@@ -288,8 +289,6 @@ def predict_deployment(cap: Capacity, req: FitRequest, dp: int, model=None):
     spread evenly over one request's estimated end-to-end time (`quick_latency`) instead of all
     arriving at once, as users of a running service do. (`kvplan bench`'s closed loop starts
     every stream at once; its TTFT tail includes that start-up burst.)"""
-    from kvplan.plan.simulate import Lengths, SchedulerConfig, closed_loop
-    from kvplan.plan.steptime import model_for, predict_latency, quick_latency
 
     model = model or model_for(cap)
     prompt, output = workload_lengths(req, cap.max_model_len)

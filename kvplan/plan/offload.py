@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvplan.errors import KvplanError
+from kvplan.model.layers import MLA
 from kvplan.units import GiB, cdiv
 
 HOST_PAGE_BYTES = 4096  # mmap.PAGESIZE on x86-64 Linux; 64 KiB-page aarch64 kernels (some GH200) round more
@@ -95,7 +96,6 @@ def cpu_offload_tier(size_gib: float, backend: str, *, block_bytes_per_rank: int
 
 def offload_tier_for(cap, size_gib: float, backend: str = "native") -> OffloadTier | None:
     """The tier for one planned deployment (a kvplan.plan.capacity.Capacity)."""
-    from kvplan.model.layers import MLA
 
     layout = cap.layout
     s = cap.settings

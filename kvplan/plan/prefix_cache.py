@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 
 from kvplan.errors import KvplanError
+from kvplan.plan.schema import WorkloadPlan
+from kvplan.plan.simulate import SimTurn, session_load
 from kvplan.traffic.model import Segment, Traffic, Turn
 
 
@@ -316,7 +318,6 @@ def traffic_load(traffic: Traffic, block_size: int, time_scale: float = 1.0, cli
     """The traffic as the simulator's session load (kvplan.plan.simulate.session_load): each turn's
     full prompt blocks as hash ids, arrivals and think times multiplied by ``time_scale`` (a replay's
     ``--time-scale``), sessions numbered in order of first appearance."""
-    from kvplan.plan.simulate import SimTurn, session_load
 
     if not 0 < time_scale <= 1e6:
         raise KvplanError(f"invalid time scale {time_scale}", "use a factor > 0 (0.5 replays twice as fast)")
@@ -372,7 +373,6 @@ def sessions_held_at_once(traffic: Traffic, block_size: int, usable_blocks: int)
 
 def workload_plan(traffic: Traffic, block_size: int, usable_blocks: int, kinds: Sequence[str] = ("full_attention",)):
     """What `kvplan size --workload` prints: the hits the pool keeps and the pool each share needs."""
-    from kvplan.plan.schema import WorkloadPlan
 
     ws = traffic_working_set(traffic, block_size)
     notes = ["requests served one at a time (no timing): requests in flight pin blocks and leave less room for "

@@ -17,6 +17,7 @@ from kvplan.plan.capacity import (
     max_context_for,
     request_load,
 )
+from kvplan.plan.fit import FitRequest, search
 from kvplan.plan.offload import offload_tier_for
 from kvplan.plan.overhead import OverheadModel
 from kvplan.plan.schema import (
@@ -27,6 +28,7 @@ from kvplan.plan.schema import (
     SizePlan,
     Suggestion,
 )
+from kvplan.plan.steptime import model_for, quick_latency
 from kvplan.units import cdiv, format_bytes, format_tokens
 from kvplan.vllm.args import engine_values, to_vllm_args
 from kvplan.vllm.rules import VllmRules
@@ -319,7 +321,6 @@ def _searched(arch: Architecture, gpu: GpuSelection, settings: Settings, rules: 
     DP split, user's count included); then the fewest of one other type, the asked vendor's before
     another's, smaller GPUs first, only with fewer GPUs than scaling out needs (else it adds nothing).
     Bounded: one GPU type up to `MAX_SUGGESTED_GPUS`, the others below the scale-out count."""
-    from kvplan.plan.fit import FitRequest, search
 
     work = request_load(settings, cap.max_model_len)
     top = min(64, max(MAX_SUGGESTED_GPUS, 2 * gpu.count))
@@ -463,7 +464,6 @@ def _latency(cap: Capacity, settings: Settings, per_replica: int, steptime: obje
     TPOT at the asked concurrency per replica, E2E, output tokens/s per replica."""
     if settings.prompt_tokens is None:
         return None
-    from kvplan.plan.steptime import model_for, quick_latency  # only here: the simulator is not free to import
 
     source = "calibrated on a bench run (kvplan calibrate --bench)"
     model = steptime

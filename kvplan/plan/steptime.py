@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from kvplan.errors import KvplanError
-from kvplan.plan.simulate import Load, SchedulerConfig, SimResult, StepBatch, simulate
+from kvplan.plan.simulate import Load, SchedulerConfig, SimResult, StepBatch, closed_loop, simulate
 
 
 @dataclass(frozen=True)
@@ -330,7 +330,6 @@ def calibrate_bench(points: Sequence[dict], lengths, config: SchedulerConfig, ba
     the decode steps and each point's TTFT p50 (`_fit_steps_and_ttft`; the simulator replays each
     point's very requests: ``first_index``), then the request overhead as a line against the points'
     measured request rates (`fit_request_overhead`), and the step terms scaled to the points' throughput."""
-    from kvplan.plan.simulate import closed_loop
 
     usable = [p for p in points if p.get("status", "ok") == "ok" and p.get("mode", "concurrency") == "concurrency"
               and p.get("concurrency") and not p.get("waited_for_kv") and not p.get("preempted")]

@@ -13,8 +13,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from kvplan.calibration import Calibration
+from kvplan.deploy import load_model_from_log, select_gpus
 from kvplan.errors import KvplanError
+from kvplan.plan.capacity import compute_capacity
+from kvplan.plan.overhead import load_overhead
+from kvplan.plan.schema import settings_from_engine_args
 from kvplan.units import GiB
+from kvplan.vllm.rules import rules_for
+from kvplan.vllm.startup_log import parse_startup_log
 
 ENGINE_LOG = "engine.log"  # what a bench run folder holds
 
@@ -48,12 +54,6 @@ def measure(
     usage_context: str = "serve",
 ) -> Calibration:
     """The calibration one start-up log supports, or a one-line error saying what is missing."""
-    from kvplan.deploy import load_model_from_log, select_gpus
-    from kvplan.plan.capacity import compute_capacity
-    from kvplan.plan.overhead import load_overhead
-    from kvplan.plan.schema import settings_from_engine_args
-    from kvplan.vllm.rules import rules_for
-    from kvplan.vllm.startup_log import parse_startup_log
 
     log = parse_startup_log(text)
     if log.platform == "CPU" or log.kv_pool == "CPU":

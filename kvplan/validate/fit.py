@@ -35,7 +35,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from kvplan.errors import KvplanError
-from kvplan.paths import PROFILES_DIR
+from kvplan.paths import PROFILES_DIR, write_file_safely
 from kvplan.plan.overhead import OVERHEAD_FILE, OverheadModel, overhead_from_dict
 from kvplan.stats import lad_through_origin, median
 from kvplan.units import GiB
@@ -254,7 +254,6 @@ def overhead_document(result: FitResult, reports_file: Path) -> dict:
 
 
 def write_overhead(result: FitResult, reports_file: Path, path: Path = OVERHEAD_FILE) -> Path:
-    from kvplan.paths import write_file_safely
 
     return write_file_safely(path, json.dumps(overhead_document(result, reports_file), indent=2) + "\n")
 

@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvplan.errors import KvplanError
-from kvplan.paths import PROFILES_DIR
+from kvplan.paths import PROFILES_DIR, parse_json_text, read_user_text
 
 REPORTS_DIR = PROFILES_DIR / "reports"
 DEFAULT_REPORTS = REPORTS_DIR / "vllm-startup-reports.jsonl"
@@ -89,7 +89,6 @@ class Report(BaseModel):
 def load_reports(path: str | Path | None = None) -> list[Report]:
     """Read a JSON-lines reports file (default: the shipped one)."""
     file = Path(path) if path else DEFAULT_REPORTS
-    from kvplan.paths import parse_json_text, read_user_text
 
     text = read_user_text(file, "reports file")
     reports: list[Report] = []

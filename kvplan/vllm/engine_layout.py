@@ -28,8 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from kvplan.errors import KvplanError
-from kvplan.model.arch import Architecture
+from kvplan.model.arch import Architecture, text_config
 from kvplan.model.layers import MLA, ChunkedLocal, FullAttention, LayerSpec, SlidingWindow
+from kvplan.paths import load_user_json, write_file_safely
+from kvplan.vllm.twin import write_twin
 
 PROBE_TIMEOUT_S = 900
 _DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "uint8": 1, "int8": 1,
@@ -143,7 +145,6 @@ def installed_vllm_version() -> str:
 
 def probe_config(config: dict[str, Any], timeout_s: float = PROBE_TIMEOUT_S) -> dict[str, Any]:
     """Run the probe on ``config``'s twin in a subprocess; the case's result dict."""
-    from kvplan.vllm.twin import write_twin
 
     with tempfile.TemporaryDirectory(prefix="kvplan-twin-") as tmp:
         twin = write_twin(config, Path(tmp) / "twin")
@@ -183,7 +184,6 @@ def engine_architecture(config: dict[str, Any], overrides: dict[str, Any] | None
                           f"drop --vllm-version or pass --vllm-version {installed}")
     patched = dict(config)
     if overrides:
-        from kvplan.model.arch import text_config
 
         text = text_config(patched)
         if text is patched:
@@ -196,7 +196,6 @@ def engine_architecture(config: dict[str, Any], overrides: dict[str, Any] | None
     if case is None:
         case = probe_config(patched)
         if case.get("ok") and folder is not None:
-            from kvplan.paths import write_file_safely
 
             slim = {k: case.get(k) for k in ("ok", "vllm_version", "layer_specs", "cache_config")}
             with contextlib.suppress(KvplanError):  # a cache that cannot be written is only a cache
@@ -221,7 +220,6 @@ def _private_cache_dir() -> Path | None:
 def _cached_case(path: Path, key: str, installed: str) -> dict[str, Any] | None:
     """The entry at ``path`` if it is the one its name claims (the same config hash, the vLLM installed
     now, a successful probe's layer specs); else None, and the model is probed again."""
-    from kvplan.paths import load_user_json
 
     if not path.is_file():
         return None

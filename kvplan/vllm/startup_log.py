@@ -58,7 +58,11 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from kvplan.errors import KvplanError
 from kvplan.model.encoders import MAX_MM_PIXELS
+from kvplan.paths import iter_user_lines
+from kvplan.units import parse_bytes
+from kvplan.vllm.rules import parse_version
 
 _ANSI_RE = re.compile(r"\x1b\[[0-9;]{0,32}[A-Za-z]")
 # Bounded digit runs that cannot start inside a longer number: every pattern stays linear on a line
@@ -140,7 +144,6 @@ def relevant_lines(lines, max_line: int = MAX_LINE, keep: int = MAX_KEPT_LINES) 
 def read_startup_log(path: str, what: str = "log") -> str:
     """The parseable part of a log file, streamed (a 100 MB log is read in bounded memory); the file
     must be a regular file (never a device or FIFO). Errors are KvplanError naming the file."""
-    from kvplan.paths import iter_user_lines
 
     return relevant_lines(iter_user_lines(path, what, max_line=MAX_LINE))
 
@@ -359,8 +362,6 @@ def _coerce(field: str, value: Any) -> Any:
     if isinstance(value, str) and value.replace(",", "").isdigit():
         return int(value.replace(",", ""))
     if field == "kv_cache_memory_bytes" and isinstance(value, str):
-        from kvplan.errors import KvplanError
-        from kvplan.units import parse_bytes
 
         try:
             return parse_bytes(value)
@@ -379,8 +380,6 @@ def _engine_from(version: str | None, text: str) -> str | None:
     if _AVAILABLE_V1.search(text) or _KV_TOKENS.search(text):
         return "v1"
     if version:
-        from kvplan.errors import KvplanError
-        from kvplan.vllm.rules import parse_version
 
         try:
             return "v0" if parse_version(version) < (0, 8, 0) else "v1"
