@@ -8,7 +8,7 @@ import csv
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,3 +76,39 @@ class Column:
     header: str  # what a person reads (table, Markdown)
     cell: Callable[[Any], str] = str
     right: bool = True
+    whole: bool | None = None  # never split a cell across lines (an id, a figure); None: right-aligned ones
+
+    @property
+    def keeps_cells_whole(self) -> bool:
+        return self.right if self.whole is None else self.whole
+
+
+def fitted_table(columns: Sequence[Column], cells: Sequence[Sequence[Any]], width: int, **table_options: Any):
+    """A rich table of ``cells`` (plain strings, or rich ``Text`` for a styled cell) that fits ``width``: text
+    columns wrap at their words, ids and figures (``Column.keeps_cells_whole``) stay whole on one line; when even
+    that does not fit, the last columns are left out. Returns the table and the columns left out."""
+    from rich.table import Table
+    from rich.text import Text
+
+    def plain(value: Any) -> str:
+        return value.plain if isinstance(value, Text) else str(value)
+
+    widths = [max(map(len, [plain(row[i]) for row in cells] + [c.header])) if c.keeps_cells_whole  # header too
+              else max(map(len, c.header.split() or [""])) for i, c in enumerate(columns)]
+    shown = len(columns)
+    while shown > 1 and sum(w + 3 for w in widths[:shown]) - 1 > width:  # each cell padded by 1, then a rule
+        shown -= 1
+    table = Table(show_edge=False, **table_options)
+    for c, w in zip(columns[:shown], widths):
+        table.add_column(c.header, justify="right" if c.right else "left", overflow="fold",
+                         no_wrap=c.keeps_cells_whole, min_width=w)
+    for row in cells:
+        table.add_row(*(v if isinstance(v, Text) else esc(v) for v in row[:shown]))
+    return table, list(columns[shown:])
+
+
+def left_out_note(left_out: Sequence[Column], width: int) -> str | None:
+    if not left_out:
+        return None
+    return (f"Left out at {width} columns: {', '.join(c.header for c in left_out)} (a wider terminal, or --format "
+            "csv / json, shows them).")

@@ -38,7 +38,7 @@ def gpus(
     shown = [{**r, "cuda_total": f"{r['cuda_total_gib']:.2f}" + ("" if r["cuda_total_measured"] else "*")}
              for r in rows]
     fmt = chosen_format(fmt, as_json)
-    columns = [Column("name", "GPU", right=False), Column("memory_mib", "driver MiB", "{:,}".format),
+    columns = [Column("name", "GPU", right=False, whole=True), Column("memory_mib", "driver MiB", "{:,}".format),
                Column("cuda_total", "CUDA total GiB"), Column("bandwidth_gbps", "GB/s", _or_dash),
                Column("bf16_dense_tflops", "BF16 TFLOP/s", _or_dash)]
     emit_rows(rows if fmt in (OutputFormat.json, OutputFormat.csv) else shown, columns, fmt,
@@ -66,7 +66,7 @@ def models(
         bpt = sum(s.bytes_per_token(kv_dtype(arch.model_dtype)) for s in arch.layers)
         rows.append({"model": name, "attention": arch.attention_label, "kv_bytes_per_token": int(bpt),
                      "params_b": round(arch.params.total / 1e9, 2)})
-    columns = [Column("model", "model", right=False), Column("attention", "attention", right=False),
+    columns = [Column("model", "model", right=False, whole=True), Column("attention", "attention", right=False),
                Column("kv_bytes_per_token", "KV B/token", "{:,}".format), Column("params_b", "params (B)", "{:,}".format)]
     emit_rows(rows, columns, chosen_format(fmt, as_json))
 

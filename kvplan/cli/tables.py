@@ -55,16 +55,13 @@ def emit_rows(rows: Sequence[dict], columns: Sequence[Column], fmt: OutputFormat
         if footnote:
             sys.stdout.write(f"\n{footnote}\n")
     else:
-        from rich.table import Table
+        from kvplan.term import esc, fitted_table, left_out_note, make_console
 
-        from kvplan.term import esc, make_console
-
-        table = Table(show_edge=False)
-        for c in columns:  # a cell that does not fit wraps onto more lines: no id or figure is cut short
-            table.add_column(c.header, justify="right" if c.right else "left", overflow="fold")
-        for row in rows:
-            table.add_row(*(esc(c.cell(row[c.key])) for c in columns))
         console = make_console()
+        cells = [[c.cell(row[c.key]) for c in columns] for row in rows]
+        table, left_out = fitted_table(columns, cells, console.width)
+        notes = [n for n in (footnote, left_out_note(left_out, console.width)) if n]
+        footnote = "\n".join(notes) or None
         console.print(table)
         if footnote:
             console.print(esc(footnote))

@@ -20,7 +20,7 @@ from kvplan.errors import KvplanError
 from kvplan.gate.check import CheckReport, DeploymentResult
 from kvplan.gate.spec import SpecIssue
 from kvplan.paths import write_file_safely
-from kvplan.term import Column, printable
+from kvplan.term import Column, esc, fitted_table, left_out_note, make_console, printable
 from kvplan.units import format_tokens
 
 # --- text helpers -----------------------------------------------------------------------------
@@ -64,30 +64,26 @@ def verdict_label(r: DeploymentResult) -> str:
 # --- terminal ---------------------------------------------------------------------------------
 
 
-def _console():
-    """Rich console; CI logs are not terminals (rich would wrap at 80 columns): use 160 there."""
-    import sys
-
-    from rich.console import Console
-
-    wide = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160
-    return Console(highlight=False, width=wide)
+#: The terminal table's columns (the records' keys are result_rows' where they are the same figure).
+_TABLE_COLUMNS = (Column("deployment", "deployment", right=False, whole=True), Column("gpus", "GPUs", right=False),
+                  Column("context", "context"), Column("conc", "conc."), Column("pool_used", "pool used"),
+                  Column("margin", "margin"), Column("verdict", "verdict", right=False, whole=True),
+                  Column("limiting_term", "limiting term", right=False), Column("suggestion", "suggested fix",
+                                                                                right=False))
 
 
 def render_table(report: CheckReport) -> None:
-    from rich.table import Table
+    from rich.text import Text
 
-    console = _console()
-    table = Table(title=f"kvplan check {term(report.spec)}", title_justify="left", show_edge=False)
-    for col, justify in (("deployment", "left"), ("GPUs", "left"), ("context", "right"),
-                         ("conc.", "right"), ("pool used", "right"), ("margin", "right"), ("verdict", "left"),
-                         ("limiting term", "left"), ("suggested fix", "left")):
-        table.add_column(col, justify=justify, overflow="fold")
-    for r in report.results:
-        color = "green" if r.fits else "red"
-        table.add_row(term(r.name), term(gpu_label(r)), format_tokens(r.context_tokens), str(r.concurrency),
-                      _pct(r.pool_used), _pct(r.margin), f"[{color}]{verdict_label(r)}[/]", term(r.limiting_term),
-                      term(r.suggestion or ""))
+    console = make_console()
+    cells = [[term(r.name), term(gpu_label(r)), format_tokens(r.context_tokens), str(r.concurrency), _pct(r.pool_used),
+              _pct(r.margin), Text(verdict_label(r), style="green" if r.fits else "red"), term(r.limiting_term),
+              term(r.suggestion or "")] for r in report.results]
+    columns = list(_TABLE_COLUMNS)
+    if not any(r.suggestion for r in report.results):  # no fix to suggest: no empty column to squeeze the others
+        columns, cells = columns[:-1], [row[:-1] for row in cells]
+    table, left_out = fitted_table(columns, cells, console.width, title=f"kvplan check {term(report.spec)}",
+                                   title_justify="left")
     console.print(table)
     for r in report.results:
         if not r.fits:
@@ -96,6 +92,9 @@ def render_table(report: CheckReport) -> None:
         console.print(f"[yellow]note:[/] {term(note)}")
     color = "green" if report.ok else "red"
     console.print(f"[bold {color}]{report.passed} of {report.total} deployments fit[/]")
+    note = left_out_note(left_out, console.width)
+    if note:
+        console.print(esc(note))
 
 
 # --- CSV and Markdown (--format) -------------------------------------------------------------------
