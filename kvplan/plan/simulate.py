@@ -395,7 +395,7 @@ def _key(req: _Req, k: int, block_size: int) -> tuple:
     return ("req", req.rid, k)
 
 
-def simulate(config: SchedulerConfig, load: Load, step_time: Callable[[StepBatch], float] | None = None,  # noqa: C901 (54: the scheduler loop, still to split)
+def simulate(config: SchedulerConfig, load: Load, step_time: Callable[[StepBatch], float] | None = None,
              max_steps: int = 5_000_000, trace: list[tuple] | None = None) -> SimResult:
     """Run ``load`` through vLLM V1's scheduler on ``config``'s pool until every request ends.
 
@@ -403,16 +403,42 @@ def simulate(config: SchedulerConfig, load: Load, step_time: Callable[[StepBatch
     own KVCacheManager (tests/vllm_facing/test_block_pool_parity.py): ``("admit", request, num_tokens,
     hit_blocks, new_tokens, block_table)``, ``("alloc", request, num_tokens, new_tokens, block_table)``,
     ``("preempt", request)``, ``("finish", request)``."""
-    B = config.block_size
-    usable = config.usable_blocks
-    pool = BlockPool(usable, config.prefix_caching, config.uncached_blocks_first)
-    timelines: list[RequestTimeline] = []
-    pending: list[tuple[float, int, _Req]] = []  # arrivals not yet seen, sorted by time
-    counter = 0
-    delay = load.client_delay or (lambda number: 0.0)
+    return _Scheduler(config, load, step_time, trace).run(max_steps)
 
-    def make(number: int, arrival: float, stream: int, k: int) -> _Req:
-        nonlocal counter
+
+class _Scheduler:
+    """One simulation: vLLM V1's scheduler step (`Scheduler.schedule`, v1/core/sched/scheduler.py) over the
+    block pool. A step schedules the running requests first (preempting from the back when the pool is out
+    of blocks), then admits waiting ones while the token budget and the pool allow, then applies the
+    step's results (tokens computed, tokens sampled, requests finished and their successors sent)."""
+
+    def __init__(self, config: SchedulerConfig, load: Load, step_time: Callable[[StepBatch], float] | None,
+                 trace: list[tuple] | None):
+        self.config, self.load, self.step_time, self.trace = config, load, step_time, trace
+        self.B = config.block_size
+        self.usable = config.usable_blocks
+        self.pool = BlockPool(self.usable, config.prefix_caching, config.uncached_blocks_first)
+        self.timelines: list[RequestTimeline] = []
+        self.counter = 0
+        self.delay = load.client_delay or (lambda number: 0.0)
+        self.next_turn: dict[int, int] = {}  # request number -> its session's next turn, sent on its end
+        self.pending_q: deque[tuple[float, int, _Req]] = deque(self._first_arrivals())
+        self.waiting: deque[_Req] = deque()
+        self.running: list[_Req] = []
+        self.now = 0.0
+        self.step = 0
+        self.preemptions = 0
+        self.first_wait_step = self.first_wait_time = self.first_pre_step = self.first_pre_time = None
+        self.peak_waiting = self.peak_running = self.peak_used = 0
+        self.kv_fill: list[tuple[int, float, float]] = []
+        self.batches: list[StepBatch] = []
+        self.finished = 0
+        self.queries = self.hits_tokens = self.pre_queries = self.pre_hits = 0
+
+    # ---------------------------------------------------------------- requests
+
+    def _make(self, number: int, arrival: float, stream: int, k: int) -> _Req:
+        config, load, B, usable = self.config, self.load, self.B, self.usable
         prompt, output = load.lengths(number)
         keys = load.turns[number].keys if load.turns else ()
         if prompt < 1 or output < 1:
@@ -425,89 +451,78 @@ def simulate(config: SchedulerConfig, load: Load, step_time: Callable[[StepBatch
                               f"{usable} usable: it could never finish")
         tl = RequestTimeline(number, prompt, output, load.shared_tokens(prompt), arrival,
                              session=load.turns[number].session if load.turns else -1)
-        timelines.append(tl)
-        counter += 1
-        return _Req(tl, counter, stream, k, keys)
+        self.timelines.append(tl)
+        self.counter += 1
+        return _Req(tl, self.counter, stream, k, keys)
 
-    next_turn: dict[int, int] = {}  # request number -> the number of its session's next turn sent on its end
-    if load.turns:
-        last_of: dict[int, int] = {}
-        for number, t in enumerate(load.turns):
-            if t.arrival is not None:
-                at = t.arrival + delay(number)
-                pending.append((at, number, make(number, at, t.session, number)))
-            else:
-                next_turn[last_of[t.session]] = number
-            last_of[t.session] = number
-    elif load.streams:
-        for s in range(load.streams):
-            number = load.first_index + s
-            pending.append((delay(number), s, make(number, delay(number), s, 0)))
-    else:
-        for i, t in enumerate(load.arrivals):
-            number = load.first_index + i
-            pending.append((t + delay(number), i, make(number, t + delay(number), -1, 0)))
-    pending.sort(key=lambda x: (x[0], x[1]))
-    pending_q = deque(pending)
+    def _first_arrivals(self) -> list[tuple[float, int, _Req]]:
+        """The requests known before the first step, by (time, stream): sessions' turns with an arrival, each
+        stream's first request, or the open loop's arrivals."""
+        load, delay = self.load, self.delay
+        pending = []
+        if load.turns:
+            last_of: dict[int, int] = {}
+            for number, t in enumerate(load.turns):
+                if t.arrival is not None:
+                    at = t.arrival + delay(number)
+                    pending.append((at, number, self._make(number, at, t.session, number)))
+                else:
+                    self.next_turn[last_of[t.session]] = number
+                last_of[t.session] = number
+        elif load.streams:
+            for s in range(load.streams):
+                number = load.first_index + s
+                pending.append((delay(number), s, self._make(number, delay(number), s, 0)))
+        else:
+            for i, t in enumerate(load.arrivals):
+                number = load.first_index + i
+                pending.append((t + delay(number), i, self._make(number, t + delay(number), -1, 0)))
+        pending.sort(key=lambda x: (x[0], x[1]))
+        return pending
 
-    waiting: deque[_Req] = deque()
-    running: list[_Req] = []
-    now = 0.0
-    step = 0
-    preemptions = 0
-    first_wait_step = first_wait_time = first_pre_step = first_pre_time = None
-    peak_waiting = peak_running = peak_used = 0
-    kv_fill: list[tuple[int, float, float]] = []
-    batches: list[StepBatch] = []
-    finished = 0
-    total = load.num_requests
-    queries = hits_tokens = pre_queries = pre_hits = 0
+    # ---------------------------------------------------------------- the pool
 
-    def allocate(req: _Req, num_tokens: int) -> bool:
-        need = cdiv(num_tokens, B) - len(req.blocks)
-        if need > pool.num_free:
+    def _allocate(self, req: _Req, num_tokens: int) -> bool:
+        need = cdiv(num_tokens, self.B) - len(req.blocks)
+        if need > self.pool.num_free:
             return False
         for _ in range(max(0, need)):
-            req.blocks.append(pool.take())
+            req.blocks.append(self.pool.take())
         return True
 
-    def cache_full(req: _Req, upto: int) -> None:
+    def _cache_full(self, req: _Req, upto: int) -> None:
         """Offer the request's newly full blocks to the cache, each once (as vLLM caches a block
         when it is allocated for tokens that fill it, never again)."""
-        full = min(upto, req.num_tokens) // B
+        full = min(upto, req.num_tokens) // self.B
         for k in range(req.num_cached, full):
-            pool.cache(req.blocks[k], _key(req, k, B))
+            self.pool.cache(req.blocks[k], _key(req, k, self.B))
         req.num_cached = max(req.num_cached, full)
 
-    def preempt(req: _Req) -> None:
-        nonlocal preemptions, first_pre_step, first_pre_time, first_wait_step, first_wait_time
-        if trace is not None:
-            trace.append(("preempt", req.tl.index))
-        pool.release(req.blocks)
+    def _preempt(self, req: _Req) -> None:
+        if self.trace is not None:
+            self.trace.append(("preempt", req.tl.index))
+        self.pool.release(req.blocks)
         req.blocks = []
         req.computed = 0
         req.num_cached = 0
         req.tl.preemptions += 1
         req.tl.waited_for_kv = True
-        preemptions += 1
-        if first_pre_step is None:
-            first_pre_step, first_pre_time = step, now
-        if first_wait_step is None:
-            first_wait_step, first_wait_time = step, now
-        waiting.appendleft(req)
+        self.preemptions += 1
+        if self.first_pre_step is None:
+            self.first_pre_step, self.first_pre_time = self.step, self.now
+        self._waited()
+        self.waiting.appendleft(req)
 
-    while finished < total:
-        if step >= max_steps:
-            raise KvplanError(f"the simulation did not finish within {max_steps:,} steps")
-        while pending_q and pending_q[0][0] <= now:
-            _, _, req = pending_q.popleft()
-            req.tl.arrival_step = step
-            waiting.append(req)
-        if not running and not waiting:
-            now = max(now, pending_q[0][0])  # idle until the next arrival
-            continue
-        budget = config.max_num_batched_tokens
-        scheduled: list[tuple[_Req, int, int]] = []  # (request, new tokens, computed before)
+    def _waited(self) -> None:
+        if self.first_wait_step is None:
+            self.first_wait_step, self.first_wait_time = self.step, self.now
+
+    # ---------------------------------------------------------------- one step
+
+    def _schedule_running(self, scheduled: list[tuple[_Req, int, int]], budget: int) -> tuple[int, bool]:
+        """Running requests first, in order; out of blocks, the last running one is preempted (until the
+        request itself is). Returns the budget left and whether anything was preempted."""
+        config, running = self.config, self.running
         preempted_now = False
         i = 0
         while i < len(running) and budget > 0:
@@ -520,121 +535,149 @@ def simulate(config: SchedulerConfig, load: Load, step_time: Callable[[StepBatch
                 continue
             ok = False
             while True:
-                if allocate(req, req.computed + n):
+                if self._allocate(req, req.computed + n):
                     ok = True
                     break
                 victim = running.pop()
-                preempt(victim)
+                self._preempt(victim)
                 preempted_now = True
                 if victim is req:
                     break
             if not ok:
                 break
-            cache_full(req, req.computed + n)
-            if trace is not None:
-                trace.append(("alloc", req.tl.index, req.num_tokens, n, tuple(req.blocks)))
+            self._cache_full(req, req.computed + n)
+            if self.trace is not None:
+                self.trace.append(("alloc", req.tl.index, req.num_tokens, n, tuple(req.blocks)))
             scheduled.append((req, n, req.computed))
             budget -= n
             i += 1
-        kv_blocked = False
-        if not preempted_now:
-            while waiting and budget > 0 and len(running) < config.max_num_seqs:
-                req = waiting[0]
-                hits = _prefix_hits(pool, req, B) if config.prefix_caching else []
-                computed = len(hits) * B
-                # Hits on blocks nobody holds are taken off the free queue: they cost a block.
-                evictable = sum(1 for b in hits if pool.ref[b] == 0)
-                first_chunk = min(req.num_tokens - computed, budget)
-                check = req.num_tokens if config.admit_full_prompt else computed + first_chunk
-                admitted = cdiv(check, B) - len(hits) + evictable <= pool.num_free
-                if config.prefix_caching and (admitted or not config.prefix_stats_at_admission):
-                    if req.tl.preemptions:
-                        pre_queries, pre_hits = pre_queries + req.num_tokens, pre_hits + computed
-                    else:
-                        queries, hits_tokens = queries + req.num_tokens, hits_tokens + computed
-                if not admitted:
-                    kv_blocked = True
-                    break
-                if not req.tl.preemptions:
-                    req.tl.cached_tokens = computed
-                for b in hits:
-                    pool.touch(b)
-                req.blocks = list(hits)
-                req.num_cached = len(hits)
-                req.computed = computed
-                allocate(req, computed + first_chunk)
-                cache_full(req, computed + first_chunk)
-                if trace is not None:
-                    trace.append(("admit", req.tl.index, req.num_tokens, tuple(hits), first_chunk, tuple(req.blocks)))
-                waiting.popleft()
-                running.append(req)
-                if req.tl.admitted_step is None:
-                    req.tl.admitted_step, req.tl.admitted_time = step, now
-                scheduled.append((req, first_chunk, computed))
-                budget -= first_chunk
-        if kv_blocked:
-            for req in waiting:
-                req.tl.waited_for_kv = True
-            if first_wait_step is None:
-                first_wait_step, first_wait_time = step, now
-        if not scheduled and not running and waiting:
-            head = waiting[0]
-            raise KvplanError(f"request {head.tl.index} can never be admitted: it needs "
-                              f"{cdiv(head.num_tokens, B)} blocks, the pool has {usable} usable")
-        peak_waiting = max(peak_waiting, len(waiting))
-        peak_running = max(peak_running, len(running))
-        used = usable - pool.num_free
-        peak_used = max(peak_used, used)
+        return budget, preempted_now
+
+    def _admit_waiting(self, scheduled: list[tuple[_Req, int, int]], budget: int) -> bool:
+        """Waiting requests in order, while the budget, max_num_seqs and the pool allow; True when the
+        head of the queue waits for KV blocks."""
+        config, pool, B, waiting = self.config, self.pool, self.B, self.waiting
+        while waiting and budget > 0 and len(self.running) < config.max_num_seqs:
+            req = waiting[0]
+            hits = _prefix_hits(pool, req, B) if config.prefix_caching else []
+            computed = len(hits) * B
+            # Hits on blocks nobody holds are taken off the free queue: they cost a block.
+            evictable = sum(1 for b in hits if pool.ref[b] == 0)
+            first_chunk = min(req.num_tokens - computed, budget)
+            check = req.num_tokens if config.admit_full_prompt else computed + first_chunk
+            admitted = cdiv(check, B) - len(hits) + evictable <= pool.num_free
+            if config.prefix_caching and (admitted or not config.prefix_stats_at_admission):
+                if req.tl.preemptions:
+                    self.pre_queries, self.pre_hits = self.pre_queries + req.num_tokens, self.pre_hits + computed
+                else:
+                    self.queries, self.hits_tokens = self.queries + req.num_tokens, self.hits_tokens + computed
+            if not admitted:
+                return True
+            if not req.tl.preemptions:
+                req.tl.cached_tokens = computed
+            for b in hits:
+                pool.touch(b)
+            req.blocks = list(hits)
+            req.num_cached = len(hits)
+            req.computed = computed
+            self._allocate(req, computed + first_chunk)
+            self._cache_full(req, computed + first_chunk)
+            if self.trace is not None:
+                self.trace.append(("admit", req.tl.index, req.num_tokens, tuple(hits), first_chunk, tuple(req.blocks)))
+            waiting.popleft()
+            self.running.append(req)
+            if req.tl.admitted_step is None:
+                req.tl.admitted_step, req.tl.admitted_time = self.step, self.now
+            scheduled.append((req, first_chunk, computed))
+            budget -= first_chunk
+        return False
+
+    def _batch(self, scheduled: list[tuple[_Req, int, int]]) -> StepBatch:
         prefill = sum(n for r, n, c in scheduled if not (n == 1 and c == r.num_tokens - 1 and r.generated > 0))
         decode = sum(1 for r, n, c in scheduled if n == 1 and c == r.num_tokens - 1 and r.generated > 0)
-        batch = StepBatch(prefill_tokens=prefill, decode_seqs=decode,
-                          kv_tokens_read=sum(c + n for _, n, c in scheduled), num_seqs=len(scheduled),
-                          attention_pairs=sum(n * c + n * (n + 1) // 2 for _, n, c in scheduled))
-        batches.append(batch)
-        dt = step_time(batch) if step_time else 1.0
-        end = now + dt
-        # Results of the step: computed tokens advance; a request whose tokens are all computed samples one.
+        return StepBatch(prefill_tokens=prefill, decode_seqs=decode,
+                         kv_tokens_read=sum(c + n for _, n, c in scheduled), num_seqs=len(scheduled),
+                         attention_pairs=sum(n * c + n * (n + 1) // 2 for _, n, c in scheduled))
+
+    def _apply_results(self, scheduled: list[tuple[_Req, int, int]], end: float) -> None:
+        """Computed tokens advance; a request whose tokens are all computed samples one; a finished one
+        frees its blocks and sends its successor (its session's next turn, or its stream's next request)."""
         done: list[_Req] = []
         for req, n, _ in scheduled:
             req.computed += n
             if req.computed >= req.num_tokens:
                 req.generated += 1
                 if req.tl.first_token_step is None:
-                    req.tl.first_token_step = step
+                    req.tl.first_token_step = self.step
                 req.tl.token_times.append(end)
                 if req.generated >= req.output:
                     done.append(req)
+        load = self.load
         for req in done:
             req.tl.peak_blocks = max(req.tl.peak_blocks, len(req.blocks))
-            running.remove(req)
-            if trace is not None:
-                trace.append(("finish", req.tl.index))
-            pool.release(req.blocks)
+            self.running.remove(req)
+            if self.trace is not None:
+                self.trace.append(("finish", req.tl.index))
+            self.pool.release(req.blocks)
             req.blocks = []
-            req.tl.finish_step = step
-            finished += 1
-            if req.tl.index in next_turn:
-                number = next_turn[req.tl.index]
+            req.tl.finish_step = self.step
+            self.finished += 1
+            if req.tl.index in self.next_turn:
+                number = self.next_turn[req.tl.index]
                 t = load.turns[number]
-                nxt = make(number, end + t.think + delay(number), t.session, number)
-                _insert(pending_q, (nxt.tl.arrival_time, number, nxt))
+                nxt = self._make(number, end + t.think + self.delay(number), t.session, number)
+                _insert(self.pending_q, (nxt.tl.arrival_time, number, nxt))
             elif load.streams and req.k + 1 < load.requests_per_stream:
                 k = req.k + 1
                 number = load.first_index + k * load.streams + req.stream
-                nxt = make(number, end + load.think_time + delay(number), req.stream, k)
-                _insert(pending_q, (nxt.tl.arrival_time, req.stream, nxt))
-        for req in running:
+                nxt = self._make(number, end + load.think_time + self.delay(number), req.stream, k)
+                _insert(self.pending_q, (nxt.tl.arrival_time, req.stream, nxt))
+        for req in self.running:
             req.tl.peak_blocks = max(req.tl.peak_blocks, len(req.blocks))
-        kv_fill.append((step, end, used / usable))
-        now = end
-        step += 1
-    return SimResult(
-        config=config, requests=sorted(timelines, key=lambda t: t.index), steps=step, duration=now,
-        preemptions=preemptions, first_kv_wait_step=first_wait_step, first_kv_wait_time=first_wait_time,
-        first_preemption_step=first_pre_step, first_preemption_time=first_pre_time, peak_waiting=peak_waiting,
-        peak_running=peak_running, peak_used_blocks=peak_used, kv_fill=kv_fill, step_batches=batches,
-        prefix_queries=queries, prefix_hits=hits_tokens, preempted_queries=pre_queries, preempted_hits=pre_hits,
-    )
+
+    def run(self, max_steps: int) -> SimResult:
+        total = self.load.num_requests
+        pending_q, waiting = self.pending_q, self.waiting
+        while self.finished < total:
+            if self.step >= max_steps:
+                raise KvplanError(f"the simulation did not finish within {max_steps:,} steps")
+            while pending_q and pending_q[0][0] <= self.now:
+                _, _, req = pending_q.popleft()
+                req.tl.arrival_step = self.step
+                waiting.append(req)
+            if not self.running and not waiting:
+                self.now = max(self.now, pending_q[0][0])  # idle until the next arrival
+                continue
+            scheduled: list[tuple[_Req, int, int]] = []  # (request, new tokens, computed before)
+            budget, preempted_now = self._schedule_running(scheduled, self.config.max_num_batched_tokens)
+            if not preempted_now and self._admit_waiting(scheduled, budget):
+                for req in waiting:
+                    req.tl.waited_for_kv = True
+                self._waited()
+            if not scheduled and not self.running and waiting:
+                head = waiting[0]
+                raise KvplanError(f"request {head.tl.index} can never be admitted: it needs "
+                                  f"{cdiv(head.num_tokens, self.B)} blocks, the pool has {self.usable} usable")
+            self.peak_waiting = max(self.peak_waiting, len(waiting))
+            self.peak_running = max(self.peak_running, len(self.running))
+            used = self.usable - self.pool.num_free
+            self.peak_used = max(self.peak_used, used)
+            batch = self._batch(scheduled)
+            self.batches.append(batch)
+            end = self.now + (self.step_time(batch) if self.step_time else 1.0)
+            self._apply_results(scheduled, end)
+            self.kv_fill.append((self.step, end, used / self.usable))
+            self.now = end
+            self.step += 1
+        return SimResult(
+            config=self.config, requests=sorted(self.timelines, key=lambda t: t.index), steps=self.step,
+            duration=self.now, preemptions=self.preemptions, first_kv_wait_step=self.first_wait_step,
+            first_kv_wait_time=self.first_wait_time, first_preemption_step=self.first_pre_step,
+            first_preemption_time=self.first_pre_time, peak_waiting=self.peak_waiting,
+            peak_running=self.peak_running, peak_used_blocks=self.peak_used, kv_fill=self.kv_fill,
+            step_batches=self.batches, prefix_queries=self.queries, prefix_hits=self.hits_tokens,
+            preempted_queries=self.pre_queries, preempted_hits=self.pre_hits,
+        )
 
 
 def _insert(q: deque, item: tuple) -> None:

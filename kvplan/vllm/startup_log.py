@@ -427,21 +427,25 @@ def speculative_from_dump(dump: str) -> dict[str, Any] | None:
     return doc
 
 
-def parse_startup_log(text: str) -> StartupReport:  # noqa: C901 (45: one branch a log line kind, still to split)
-    """Parse a vLLM start-up log (any release from 0.6 to 0.33; GPU or CPU build)."""
-    if len(text) > MAX_LINE or text.count("\n") > MAX_KEPT_LINES:
-        text = relevant_lines(text.splitlines())
-    text = _ANSI_RE.sub("", text.replace("\r\n", "\n"))
-    r: dict[str, Any] = {}
-    src: dict[str, str] = {}
+class _Found:
+    """What a start-up log says so far: each field, and the (redacted) line it came from. A later reader's
+    value replaces an earlier one's: the readers run from the lowest precedence up."""
 
-    def put(field: str, value: Any, pos: int) -> None:
+    def __init__(self, text: str):
+        self.text = text
+        self.fields: dict[str, Any] = {}
+        self.sources: dict[str, str] = {}
+
+    def put(self, field: str, value: Any, pos: int) -> None:
         if value is None:
             return
-        r[field] = redact(value) if isinstance(value, str) else value
-        src[field] = redact(_line_of(text, pos))
+        self.fields[field] = redact(value) if isinstance(value, str) else value
+        self.sources[field] = redact(_line_of(self.text, pos))
 
-    # Settings the user passed: lowest precedence, overwritten by the effective config below.
+
+def _read_non_default_args(found: _Found) -> dict[str, Any]:
+    """The settings the user passed (``non-default args: {...}``): the lowest precedence."""
+    text = found.text
     args: dict[str, Any] = {}
     m = _last(_NON_DEFAULT, text)
     if m:
@@ -451,134 +455,170 @@ def parse_startup_log(text: str) -> StartupReport:  # noqa: C901 (45: one branch
             body = text[m.end() - 1 : end if end >= 0 else len(text)]
         args = parse_non_default_args(body)
         for field in _ARG_FIELDS:
-            put(field, _coerce(field, args.get(field)), m.start())
+            found.put(field, _coerce(field, args.get(field)), m.start())
         model = args.get("model") or args.get("model_tag")
         if isinstance(model, str):
-            put("model", model, m.start())
+            found.put("model", model, m.start())
         for field, value in multimodal_settings(args).items():
-            put(field, value, m.start())
+            found.put(field, value, m.start())
         spec = speculative_from_args(args)
-        put("speculative_config", redact_data(spec) if spec else None, m.start())
+        found.put("speculative_config", redact_data(spec) if spec else None, m.start())
+    return args
 
+
+def _read_banner(found: _Found) -> None:
+    """The release banner, the max_model_len vLLM settled on, the platform."""
+    text = found.text
     m = _last(_BANNER_VERSION, text)
     if m:
-        put("vllm_version", m.group(1), m.start())
+        found.put("vllm_version", m.group(1), m.start())
     m = _last(_USING_MAX_LEN, text)
     if m:
-        put("max_model_len", _int(m.group(1)), m.start())
+        found.put("max_model_len", _int(m.group(1)), m.start())
     m = _last(_PLATFORM, text)
     if m:
-        put("platform", _platform_name(m.group(1)), m.start())
+        found.put("platform", _platform_name(m.group(1)), m.start())
 
+
+def _read_engine_config(found: _Found) -> None:
+    """The engine's own config dump (``Initializing a V1 LLM engine ... with config: ...``)."""
+    text = found.text
     m = _last(_ENGINE_INIT, text)
     if m:
-        put("vllm_version", m.group(2), m.start())
-        put("engine", "v1" if m.group(1) == "V1 " else "v0", m.start())
+        found.put("vllm_version", m.group(2), m.start())
+        found.put("engine", "v1" if m.group(1) == "V1 " else "v0", m.start())
         dump = m.group(3)
         spec = speculative_from_dump(dump)
         if spec:  # the engine's resolved method and K, over what was given
-            put("speculative_config", redact_data({**(r.get("speculative_config") or {}), **spec}), m.start())
+            found.put("speculative_config", redact_data({**(found.fields.get("speculative_config") or {}), **spec}), m.start())
         mm = re.search(r"(?<![\w])model='((?:[^'\\]|\\.)*)'", dump)
         if mm:
-            put("model", mm.group(1), m.start())
+            found.put("model", mm.group(1), m.start())
         for key, (field, value_re) in _CONFIG_KEYS.items():
             km = re.search(r"(?<![\w])" + key + "=" + value_re, dump)
             if not km:
                 continue
             raw = km.group(1)
             if field == "platform":
-                put(field, _platform_name(raw), m.start())
+                found.put(field, _platform_name(raw), m.start())
             elif raw in ("True", "False"):
-                put(field, raw == "True", m.start())
+                found.put(field, raw == "True", m.start())
             elif raw == "None":
                 continue
             elif raw.isdigit():
-                put(field, int(raw), m.start())
+                found.put(field, int(raw), m.start())
             else:
-                put(field, raw.removeprefix("torch."), m.start())
+                found.put(field, raw.removeprefix("torch."), m.start())
 
-    # Weights and memory.
+
+def _read_memory(found: _Found) -> None:
+    """Weights and memory."""
+    text = found.text
     m = _last(_WEIGHTS, text)
     if m or (m := _last(_V0_MODEL_WEIGHTS_TAKE, text)) is not None:
-        put("weights_gib", float(m.group(1)), m.start())
+        found.put("weights_gib", float(m.group(1)), m.start())
     m = _last(_V0_PROFILE_TOTAL, text)
     if m:
-        put("total_memory_gib", float(m.group(1)), m.start())
-    if "gpu_memory_utilization" not in r:
+        found.put("total_memory_gib", float(m.group(1)), m.start())
+    if "gpu_memory_utilization" not in found.fields:
         m = _last(_V0_UTIL, text)
         if m:
-            put("gpu_memory_utilization", float(m.group(1)), m.start())
+            found.put("gpu_memory_utilization", float(m.group(1)), m.start())
     for pattern in (_V0_KV_SIZE, _AVAILABLE_V0_REST, _AVAILABLE_V1):
         m = _last(pattern, text)
         if m:
-            put("available_kv_gib", float(m.group(1)), m.start())
+            found.put("available_kv_gib", float(m.group(1)), m.start())
     m = _last(_CPU_KV_SET, text)
     if m:
-        put("available_kv_gib", float(m.group(2)), m.start())
-        put("total_memory_gib", float(m.group(3)), m.start())
-        put("platform", "CPU", m.start())
+        found.put("available_kv_gib", float(m.group(2)), m.start())
+        found.put("total_memory_gib", float(m.group(3)), m.start())
+        found.put("platform", "CPU", m.start())
 
-    # Blocks.
+
+def _read_blocks(found: _Found) -> None:
+    """Blocks."""
+    text = found.text
     m = _last(_V0_BLOCKS, text)
     if m:
-        put("num_gpu_blocks", _int(m.group(2)), m.start())
-        put("num_cpu_swap_blocks", _int(m.group(3)), m.start())
-        put("engine", r.get("engine") or "v0", m.start())
-        if "platform" not in r:
-            put("platform", _platform_name(m.group(1)), m.start())
+        found.put("num_gpu_blocks", _int(m.group(2)), m.start())
+        found.put("num_cpu_swap_blocks", _int(m.group(3)), m.start())
+        found.put("engine", found.fields.get("engine") or "v0", m.start())
+        if "platform" not in found.fields:
+            found.put("platform", _platform_name(m.group(1)), m.start())
     m = _last(_V1_GPU_BLOCKS, text)
     if m:
-        put("num_gpu_blocks", _int(m.group(1)), m.start())
+        found.put("num_gpu_blocks", _int(m.group(1)), m.start())
     m = _last(_NUM_GPU_BLOCKS_IS, text)
     if m:
-        put("num_gpu_blocks", _int(m.group(1)), m.start())
+        found.put("num_gpu_blocks", _int(m.group(1)), m.start())
     m = _last(_OVERRIDE, text)
     if m:
-        put("num_gpu_blocks_before_override", _int(m.group(1)), m.start())
-        put("num_gpu_blocks_override", _int(m.group(2)), m.start())
-        if "num_gpu_blocks" not in r:
-            put("num_gpu_blocks", _int(m.group(2)), m.start())
+        found.put("num_gpu_blocks_before_override", _int(m.group(1)), m.start())
+        found.put("num_gpu_blocks_override", _int(m.group(2)), m.start())
+        if "num_gpu_blocks" not in found.fields:
+            found.put("num_gpu_blocks", _int(m.group(2)), m.start())
     m = _last(_PADDING, text)
     if m:
-        put("padding_layers", int(m.group(1)), m.start())
+        found.put("padding_layers", int(m.group(1)), m.start())
 
-    # Tokens and concurrency (two lines or one).
+
+def _read_tokens(found: _Found) -> None:
+    """Tokens and concurrency (two lines or one)."""
+    text = found.text
     m = _last(_KV_TOKENS, text)
     if m:
-        put("kv_cache_tokens", _int(m.group(2)), m.start())
+        found.put("kv_cache_tokens", _int(m.group(2)), m.start())
         if m.group(1):
-            put("kv_pool", m.group(1), m.start())
-            put("platform", r.get("platform") or _platform_name(m.group(1).split(" ")[0]), m.start())
+            found.put("kv_pool", m.group(1), m.start())
+            found.put("platform", found.fields.get("platform") or _platform_name(m.group(1).split(" ")[0]), m.start())
     m = _last(_CONCURRENCY, text)
     if m:
-        put("max_concurrency_tokens", _int(m.group(1)), m.start())
-        put("max_concurrency", float(m.group(2)), m.start())
-        if "max_model_len" not in r:
-            put("max_model_len", _int(m.group(1)), m.start())
+        found.put("max_concurrency_tokens", _int(m.group(1)), m.start())
+        found.put("max_concurrency", float(m.group(2)), m.start())
+        if "max_model_len" not in found.fields:
+            found.put("max_model_len", _int(m.group(1)), m.start())
 
-    # Failure: max_model_len does not fit.
+
+def _read_failure(found: _Found) -> None:
+    """A failed start-up: max_model_len does not fit."""
+    text = found.text
     m = _last(_EST_MAX_LEN, text)
     if m:
-        put("estimated_max_model_len", _int(m.group(1)), m.start())
+        found.put("estimated_max_model_len", _int(m.group(1)), m.start())
     m = _last(_KV_NEEDED, text)
     if m:
-        put("kv_needed_gib", float(m.group(1)), m.start())
-        put("available_kv_gib", r.get("available_kv_gib", float(m.group(2))), m.start())
+        found.put("kv_needed_gib", float(m.group(1)), m.start())
+        found.put("available_kv_gib", found.fields.get("available_kv_gib", float(m.group(2))), m.start())
     m = _last(_V0_TOKENS_FAIL, text)
     if m:
-        put("kv_cache_tokens", r.get("kv_cache_tokens", _int(m.group(1))), m.start())
+        found.put("kv_cache_tokens", found.fields.get("kv_cache_tokens", _int(m.group(1))), m.start())
     fail = _last(_KV_NEEDED, text) or _last(_V0_TOKENS_FAIL, text) or _last(_EST_MAX_LEN, text)
     if fail:
-        r["failed"] = True
-        r["failure_message"] = redact(_line_of(text, fail.start(), whole=True, limit=600))
+        found.fields["failed"] = True
+        found.fields["failure_message"] = redact(_line_of(text, fail.start(), whole=True, limit=600))
         mm = _last(_MAX_SEQ_LEN_FAIL, text)
-        if mm and "max_model_len" not in r:
-            put("max_model_len", _int(mm.group(1)), mm.start())
+        if mm and "max_model_len" not in found.fields:
+            found.put("max_model_len", _int(mm.group(1)), mm.start())
 
+
+#: After the user's settings, in precedence order (a later reader overrides an earlier one).
+_READERS = (_read_banner, _read_engine_config, _read_memory, _read_blocks, _read_tokens, _read_failure)
+
+
+def parse_startup_log(text: str) -> StartupReport:
+    """Parse a vLLM start-up log (any release from 0.6 to 0.33; GPU or CPU build)."""
+    if len(text) > MAX_LINE or text.count("\n") > MAX_KEPT_LINES:
+        text = relevant_lines(text.splitlines())
+    text = _ANSI_RE.sub("", text.replace("\r\n", "\n"))
+    found = _Found(text)
+    args = _read_non_default_args(found)
+    for read in _READERS:
+        read(found)
+    r = found.fields
     if r.get("engine") is None:
         r["engine"] = _engine_from(r.get("vllm_version"), text)
     r = {k: v for k, v in r.items() if v is not None}
-    return StartupReport(non_default_args=redact_data(args), sources=src, **r)
+    return StartupReport(non_default_args=redact_data(args), sources=found.sources, **r)
 
 
 __all__ = ["StartupReport", "parse_startup_log", "parse_non_default_args", "read_startup_log", "redact", "redact_data"]
