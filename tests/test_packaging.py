@@ -57,3 +57,21 @@ def test_the_built_wheel_installs_and_sizes_offline(tmp_path):
     plan = json.loads(out.stdout)
     # meta-llama/Llama-3.1-8B: 2 x 32 layers x 8 KV heads x 128 x 2 B
     assert plan["kv_bytes_per_token"] == 131_072 and plan["model_source"] == "bundled"
+
+
+def test_bench_without_its_extra_is_one_line_naming_it(tmp_path):
+    """The base install (no aiohttp: the `bench` extra is not installed) answers `kvplan bench` with one line
+    naming the extra, exit 2, and leaves no run folder behind."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['aiohttp'] = None  # as if not installed\n"
+            "from kvplan.cli.app import main_exit_code\n"
+            "sys.exit(main_exit_code(['bench', 'meta-llama/Llama-3.1-8B', '--out', sys.argv[1]]))")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "runs")], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        "error: this command needs kvplan's 'bench' extra (aiohttp not installed) (pip install 'kvplan[bench]')"]
+    assert list(tmp_path.iterdir()) == []

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from kvplan.cli.common import error_line, print_json, user_errors
+from kvplan.cli.common import error_line, print_json, require_extra, user_errors
 from kvplan.errors import ExitCode
 from kvplan.term import esc, make_console, printable
 from kvplan.units import format_ms
@@ -162,6 +162,7 @@ def bench(
     import os
     import shlex
 
+    require_extra("bench", ("aiohttp", "prometheus_client", "psutil"))  # before anything is written
     from kvplan.bench import store as st
     from kvplan.bench.config import BenchConfig
     from kvplan.bench.runner import resume_state, resumed_model

@@ -151,3 +151,19 @@ def parse_overrides(pairs: list[str] | None) -> dict[str, Any]:
                 raise KvplanError(f"invalid --set {pair[:80]!r}", "use a finite number of at most 4300 digits") from None
             out[key.strip()] = raw
     return out
+
+
+def require_extra(extra: str, modules: tuple[str, ...]) -> None:
+    """Refuse, in one line (exit 2), a command whose optional dependencies are not installed, naming the extra
+    that brings them, before the command writes anything."""
+    import importlib
+
+    missing = []
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        raise KvplanError(f"this command needs kvplan's {extra!r} extra ({', '.join(missing)} not installed)",
+                          f"pip install 'kvplan[{extra}]'")
