@@ -115,6 +115,8 @@ def check_log(
     max_model_len: Optional[str] = typer.Option(None, "--max-model-len", "--ctx", help="max_model_len, likewise: 32k, 131072.", metavar="TOKENS"),
     kv_cache_dtype: Optional[str] = typer.Option(None, "--kv-cache-dtype", help="KV cache dtype, likewise.", metavar="DTYPE"),
     block_size: Optional[int] = typer.Option(None, "--block-size", help="KV block size, likewise.", metavar="N", min=1, max=1 << 20),
+    kv_offloading_size: Optional[float] = typer.Option(None, "--kv-offloading-size", help="vLLM's CPU offload tier (GiB over the ranks), likewise: sized beside the pool.", metavar="GiB"),
+    kv_offloading_backend: Optional[str] = typer.Option(None, "--kv-offloading-backend", help="native or lmcache, likewise.", metavar="BACKEND"),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
     """Parse a vLLM start-up log, re-plan the same settings, and show predicted vs reported numbers."""
@@ -139,7 +141,8 @@ def check_log(
         kv_dtype(kv_cache_dtype)  # refuse an unknown name now, with the list
     given = {"tensor_parallel_size": tp, "pipeline_parallel_size": pp, "decode_context_parallel_size": dcp,
              "kv_cache_dtype": kv_cache_dtype,
-             "block_size": block_size,
+             "block_size": block_size, "kv_offloading_size": kv_offloading_size,
+             "kv_offloading_backend": kv_offloading_backend,
              "max_model_len": None if max_model_len is None else parse_tokens(max_model_len, "max_model_len")}
     result = check_log_text(text, log, tolerance=tolerance, gpu=gpu, model=model,
                             vllm_version=vllm_version, usage=usage, gate=gate, draft_layers=draft_layers, given=given)

@@ -10,7 +10,7 @@ import typer
 from kvplan.cli.common import parse_overrides, print_json, user_errors
 from kvplan.errors import ExitCode
 from kvplan.plan.schema import Settings, SizePlan
-from kvplan.units import GiB, format_bytes, format_range, format_tokens, parse_bytes, parse_fraction, parse_tokens
+from kvplan.units import format_bytes, format_range, format_tokens, parse_bytes, parse_fraction, parse_tokens
 
 EXAMPLES = """
 Examples:
@@ -329,12 +329,9 @@ def _render_table(console, plan: SizePlan) -> None:
 def _render_offload(console, t) -> None:
     from rich.markup import escape
 
-    copies = "one copy for all TP ranks (MLA)" if t.replicated_layout else f"the blocks of {_n(t.copies, 'rank')}"
-    console.print(f"\n[bold]CPU offload tier[/] ({t.backend}, {t.size_gib:g} GiB over the ranks): {t.num_chunks:,} chunks "
-                  f"of {t.chunk_bytes:,} B ({copies}, {t.tokens_per_chunk:,} tokens each)")
-    console.print(f"  host memory: {t.host_bytes / GiB:,.2f} GiB; holds {t.tokens:,} tokens of context "
-                  f"({t.tokens / t.gpu_pool_tokens:,.1f}x the GPU pool's {t.gpu_pool_tokens:,})" if t.gpu_pool_tokens
-                  else f"  host memory: {t.host_bytes / GiB:,.2f} GiB; holds {t.tokens:,} tokens of context")
+    chunks, held = t.describe()
+    console.print(f"\n[bold]CPU offload tier[/] ({t.backend}, {t.size_gib:g} GiB over the ranks): {chunks}")
+    console.print(f"  {held}")
     for note in t.notes:
         console.print(f"[yellow]note:[/] {escape(note)}")
 

@@ -24,6 +24,7 @@ from kvplan.deploy import load_model_from_log as resolve_log_model
 from kvplan.deploy import plan_deployment, select_gpus
 from kvplan.errors import KvplanError
 from kvplan.hardware.catalog import GpuSelection, custom_device
+from kvplan.plan.offload import OffloadTier
 from kvplan.plan.overhead import load_overhead
 from kvplan.plan.schema import settings_from_engine_args
 from kvplan.plan.speculative import parse_speculative_config
@@ -69,6 +70,7 @@ class CheckLogResult(BaseModel):
     page_math: Section | None
     budget: Section | None
     parsed: StartupReport
+    offload: OffloadTier | None = None  # the log's --kv-offloading-size: the CPU tier vLLM sizes beside the pool
     notes: list[str] = Field(default_factory=list)
 
 
@@ -346,6 +348,7 @@ def check_log_text(text: str, log_name: str, tolerance: float = 0.02, gpu: str |
         page_math=page,
         budget=budget,
         parsed=r,
+        offload=plan_for_version.offload if plan_for_version else None,
         notes=notes,
     )
 
@@ -380,6 +383,11 @@ def render(result: CheckLogResult) -> None:
             err = "-" if c.error_pct is None else f"{c.error_pct:+.2f}%"
             table.add_row(c.quantity, _num(c.reported), _num(c.predicted), err, mark)
         console.print(table)
+    if result.offload is not None:
+        t = result.offload
+        chunks, held = t.describe()
+        console.print(f"CPU offload tier ({t.backend}, {t.size_gib:g} GiB, from the log's settings; not in the log's "
+                      f"figures, not gated): {chunks}; {held}")
     for note in result.notes:
         console.print(f"[yellow]note:[/] {note}")
     color = "green" if result.ok else "red"

@@ -52,6 +52,17 @@ class OffloadTier:
     gpu_pool_tokens: int  # the GPU pool's, for scale
     notes: tuple[str, ...] = ()
 
+    def describe(self) -> tuple[str, str]:
+        """Two plain lines: the chunks, then the host memory and the tokens they hold."""
+        copies = ("one copy for all TP ranks (MLA)" if self.replicated_layout
+                  else f"the blocks of {self.copies} rank{'s' if self.copies != 1 else ''}")
+        chunks = (f"{self.num_chunks:,} chunks of {self.chunk_bytes:,} B ({copies}, {self.tokens_per_chunk:,} tokens "
+                  "each)")
+        held = f"host memory: {self.host_bytes / GiB:,.2f} GiB; holds {self.tokens:,} tokens of context"
+        if self.gpu_pool_tokens:
+            held += f" ({self.tokens / self.gpu_pool_tokens:,.1f}x the GPU pool's {self.gpu_pool_tokens:,})"
+        return chunks, held
+
 
 def check_offloading_size(size_gib: float | None, backend: str) -> None:
     """Refuse what vLLM would refuse or what cannot be meant: a size <= 0, absurd, or not a number."""

@@ -102,7 +102,7 @@ READ_BACK = (("tensor_parallel_size", 1), ("pipeline_parallel_size", 1), ("kv_ca
               ("kv_cache_memory_bytes", None), ("num_gpu_blocks_override", None), ("max_num_seqs", None),
               ("max_num_batched_tokens", None), ("enforce_eager", False), ("enable_prefix_caching", None),
               ("language_model_only", False), ("skip_mm_profiling", False), ("mm_max_pixels", None),
-              ("decode_context_parallel_size", 1))
+              ("decode_context_parallel_size", 1), ("kv_offloading_size", None), ("kv_offloading_backend", None))
 
 
 def _text(value: object) -> str:

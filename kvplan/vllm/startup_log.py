@@ -177,6 +177,8 @@ class StartupReport(BaseModel):
     language_model_only: bool | None = Field(None, description="--language-model-only, or every modality limit 0")
     skip_mm_profiling: bool | None = None
     mm_max_pixels: int | None = Field(None, description="--mm-processor-kwargs max_pixels")
+    kv_offloading_size: float | None = Field(None, description="--kv-offloading-size GiB (the CPU offload tier)")
+    kv_offloading_backend: str | None = Field(None, description="--kv-offloading-backend (native, lmcache)")
     speculative_config: dict[str, Any] | None = Field(
         None, description="--speculative-config as the log shows it (the engine's resolved method, else as given)")
     # Reported numbers.
@@ -274,7 +276,7 @@ _ARG_FIELDS = (
     "max_model_len", "gpu_memory_utilization", "tensor_parallel_size", "pipeline_parallel_size", "block_size",
     "kv_cache_dtype", "dtype", "max_num_seqs", "max_num_batched_tokens", "enforce_eager",
     "num_gpu_blocks_override", "kv_cache_memory_bytes", "enable_prefix_caching", "quantization",
-    "decode_context_parallel_size",
+    "decode_context_parallel_size", "kv_offloading_size", "kv_offloading_backend",
 )
 
 
@@ -351,9 +353,9 @@ def _coerce(field: str, value: Any) -> Any:
         return None
     if field in ("enforce_eager", "enable_prefix_caching"):
         return value if isinstance(value, bool) else None
-    if field == "gpu_memory_utilization":
+    if field in ("gpu_memory_utilization", "kv_offloading_size"):
         return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-    if field in ("kv_cache_dtype", "dtype", "quantization"):
+    if field in ("kv_cache_dtype", "dtype", "quantization", "kv_offloading_backend"):
         return str(value)
     if isinstance(value, bool):
         return None

@@ -242,3 +242,27 @@ def test_decode_context_parallel_is_read_from_the_log_and_can_be_given():
     given = with_given_settings(parse_startup_log(dump.replace("decode_context_parallel_size=4, ", "")),
                                 {"decode_context_parallel_size": 8})
     assert settings_from_log(given, "serve", 40 * 2**30).decode_context_parallel_size == 8
+
+
+def test_the_cpu_offload_tier_is_read_from_the_log_and_can_be_given(tmp_path):
+    """A log started with --kv-offloading-size shows it in its non-default args: check-log sizes the CPU tier
+    beside the pool, as vLLM 0.32's native backend does. KV003 is Llama-3.1-8B with an EAGLE head at TP 1: 33
+    layers x 8 KV heads x 128 x 2 (K, V) x 2 B = 135,168 B a token; one chunk is one 16-token block of the one
+    rank, 2,162,688 B (528 host pages of 4 KiB), so 8 GiB hold 8,589,934,592 // 2,162,688 = 3,971 chunks of 16
+    tokens = 63,536 tokens, and 4 GiB 1,985 chunks. The tier is not in the log's KV lines: nothing of it is gated."""
+    args_line = ("INFO 06-20 10:00:00 [cli_args.py:1] non-default args: {'model': 'meta-llama/Llama-3.1-8B', "
+                 "'kv_offloading_size': 8.0}\n")
+    result = check_log(tmp_path, args_line + KV003, "--model", "meta-llama/Llama-3.1-8B-Instruct", "--vllm-version",
+                       "0.9.1", *ONE_GPU, "--draft-layers", "1", "--json")
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["parsed"]["kv_offloading_size"] == 8.0
+    tier = out["offload"]
+    assert (tier["backend"], tier["num_chunks"], tier["chunk_bytes"], tier["tokens_per_chunk"], tier["tokens"]) == (
+        "native", 3971, 2_162_688, 16, 63_536)
+    given = check_log(tmp_path, KV003, "--model", "meta-llama/Llama-3.1-8B-Instruct", "--vllm-version", "0.9.1",
+                      *ONE_GPU, "--draft-layers", "1", "--kv-offloading-size", "4")
+    assert given.exit_code == 0, given.output
+    assert "CPU offload tier (native, 4 GiB" in " ".join(given.output.split()) and "1,985 chunks" in given.output
+    bad = check_log(tmp_path, KV003, *ONE_GPU, "--kv-offloading-size", "-1")
+    assert bad.exit_code == 2 and "Traceback" not in bad.output
