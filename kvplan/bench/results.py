@@ -392,3 +392,14 @@ class BenchSummary(_NewFieldsOptional):
     @property
     def rate_mode(self) -> bool:
         return self.load_mode == "rate"
+
+
+def highest_load_meeting(points: list[PointResult]) -> float | None:
+    """The highest load (concurrency or rate) of a finished point meeting every SLO, below the first
+    finished point that does not (a load above a miss is not trusted to hold)."""
+    best = None
+    for p in sorted((p for p in points if p.status == "ok" and p.slo_met is not None), key=lambda p: p.load):
+        if not p.slo_met:
+            break
+        best = p.load
+    return best

@@ -122,7 +122,7 @@ POINT_COLUMNS = [Column("run", "run", right=False), Column("source", "source", r
 def apply_slo(summary: BenchSummary, path: Path, slo: dict[str, float]) -> BenchSummary:
     """The summary judged against ``slo``: point percentiles from the summary; goodput from requests.jsonl
     (kvplan runs only: other harnesses' files carry no per-request latencies)."""
-    from kvplan.bench.runner import highest_load_meeting
+    from kvplan.bench.results import highest_load_meeting
     from kvplan.bench.slo import request_meets, slo_results
 
     per_point: dict[int, list] = {}

@@ -322,7 +322,7 @@ def test_run_folder_appends_and_survives_a_torn_line(tmp_path):
 
 
 def _summary(tmp_path):
-    from kvplan.bench.runner import BenchSummary, PointResult
+    from kvplan.bench.results import BenchSummary, PointResult
 
     def point(c, preempt, wait, ttft):
         lat = {"n": 3, "mean": ttft, "p50": ttft, "p90": ttft, "p95": ttft, "p99": ttft * 2}

@@ -1,0 +1,140 @@
+"""One point's result, from what the client recorded and what the server's /metrics said before, during and
+after it: status, latency statistics, SLO checks, goodput, the evidence of KV waits and preemptions, and the block
+rule's prediction for the same load. Pure: the runner (kvplan.bench.runner) measures, this module judges."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvplan.bench.config import BenchConfig
+from kvplan.bench.loadgen import RequestRecord
+from kvplan.bench.metrics import Snapshot, preempted, summarize
+from kvplan.bench.results import LatencyStats, PointResult, PredictedPoint, ServerFigures
+from kvplan.bench.slo import request_meets, slo_results
+from kvplan.bench.stats import sample_warnings
+from kvplan.bench.sweep import PointOutcome, measured_label, waited_for_kv
+from kvplan.plan.blocks import BlockRule
+
+
+def point_result(cfg: BenchConfig, rule: BlockRule | None, concurrency: int, seq: int, first_index: int,
+             started_at: str, records: list[RequestRecord], wall: float, aborted: str | None,
+             before: Snapshot | None, during: list[Snapshot], after: Snapshot | None,
+             rate: float | None = None) -> tuple[PointResult, list[dict[str, Any]]]:
+    """One point's result from what the client recorded (``records``, the wall time, why it stopped) and the
+    server's /metrics before, during and after it; with the request rows requests.jsonl keeps. ``concurrency``:
+    the streams (closed loop), the sessions (replay) or the peak in flight (open loop, ``rate`` set)."""
+    ok = [r for r in records if r.ok]
+    failed = [r for r in records if not r.ok]
+    server = summarize(before, during, after) if before is not None and after is not None else ServerFigures()
+    if before is not None and after is None and during:
+        server = summarize(before, during, during[-1]).model_copy(update={"incomplete": True})
+    # A point is "ok" only when every request completed: one failed request (whatever its
+    # reason, or none recorded) fails it, and a point that sent nothing is no measurement.
+    error = aborted or next((r.error for r in failed if r.error), None)
+    if error is None and failed:
+        error = f"{len(failed)} of {len(records)} requests failed"
+    if error is None and not records:
+        error = "no request was sent"
+    status = "failed" if error else "ok"
+    peak_wait = server.peak_waiting_capacity
+    if peak_wait is None:
+        peak_wait = server.peak_waiting
+    preemptions = server.preemptions
+    evidence = wait_evidence(concurrency, cfg.max_num_seqs, peak_wait, preemptions)
+    waited = bool(evidence)
+    did_preempt = preempted(preemptions)  # a reset or lying counter (negative, NaN, inf) is no evidence
+    outcome = PointOutcome(concurrency, waited, did_preempt, status != "ok")
+    output_tokens = sum(r.output_tokens for r in ok)
+    predicted = None
+    if rule is not None and rate is None:
+        predicted = PredictedPoint.from_rule(rule, concurrency)
+    notes = []
+    seen = server.peak_in_engine
+    if rate is None and status == "ok" and seen is not None and seen < min(concurrency, cfg.max_num_seqs or concurrency):
+        notes.append(f"the engine was seen holding at most {seen:.0f} of the {concurrency} requests at once "
+                     "(short requests, a slow API server or scrapes too far apart): the load may not have "
+                     "reached this concurrency inside the engine")
+    request_rows = [dict(r.to_json(), concurrency=concurrency, seq=seq,
+                               **({"rate": rate} if rate is not None else {})) for r in records]
+    stats = {
+        "ttft": LatencyStats.of([r.ttft_s for r in ok if r.ttft_s is not None]),
+        "itl": LatencyStats.of([g for r in ok for g in r.itl_s]),
+        "tpot": LatencyStats.of([r.tpot_s for r in ok if r.tpot_s is not None]),
+        "e2e": LatencyStats.of([r.e2e_s for r in ok if r.e2e_s is not None]),
+    }
+    warnings = [w for name, key in (("TTFT", "ttft"), ("ITL", "itl"), ("TPOT", "tpot"), ("E2E", "e2e"))
+                for w in sample_warnings(name, stats[key])]
+    slo = cfg.slo
+    checks = slo_results(stats, slo) if slo else None
+    good = [r for r in ok if request_meets(r, slo)] if slo else []
+    multi = sum(1 for r in ok if r.multi_token_chunks)
+    if multi:
+        notes.append(f"{multi} of {len(ok)} requests received several tokens in one delivery; ITL is per token "
+                     "(the gap divided by the tokens delivered)")
+    result = PointResult(
+        mode="rate" if rate is not None else "concurrency",
+        rate=rate,
+        burstiness=cfg.burstiness if rate is not None else None,
+        max_concurrency=cfg.rate_max_concurrency if rate is not None else None,
+        send_lag=LatencyStats.of([max(0.0, r.sent_s - r.scheduled_s) for r in records if r.sent_s]),
+        request_throughput=round(len(ok) / wall, 4) if wall > 0 and ok else None,
+        multi_token_requests=multi,
+        retries=sum(r.retries for r in records),
+        warnings=warnings,
+        slo=checks,
+        slo_met=None if not checks or status != "ok" else all(c.met for c in checks.values()),
+        goodput_share=round(len(good) / len(records), 4) if slo and records else None,
+        goodput_req_s=round(len(good) / wall, 4) if slo and wall > 0 else None,
+        goodput_tok_s=round(sum(r.output_tokens for r in good) / wall, 2) if slo and wall > 0 else None,
+        seq=seq,
+        concurrency=concurrency,
+        status=status,
+        error=error,
+        started_at=started_at,
+        wall_s=round(wall, 4),
+        first_index=first_index,
+        requests=len(records),
+        requests_ok=len(ok),
+        requests_failed=len(failed),
+        output_tokens=output_tokens,
+        throughput_tok_s=round(output_tokens / wall, 2) if wall > 0 and ok else None,
+        ttft=stats["ttft"],
+        itl=stats["itl"],
+        tpot=stats["tpot"],
+        e2e=stats["e2e"],
+        server=server,
+        waited_for_kv=waited,
+        wait_evidence=evidence,
+        preempted=did_preempt,
+        label=measured_label(outcome, cfg.max_num_seqs),
+        predicted=predicted,
+        notes=notes,
+    )
+    return result, request_rows
+
+
+def peak_in_flight(records: list[RequestRecord]) -> int:
+    """The most requests the client had sent and not yet seen end, at once."""
+    events = []
+    for r in records:
+        if r.sent_s or r.end_s is not None:
+            events.append((r.sent_s, 1))
+            events.append((r.end_s if r.end_s is not None else float("inf"), -1))
+    peak = now = 0
+    for _, step in sorted(events, key=lambda e: (e[0], e[1])):
+        now += step
+        peak = max(peak, now)
+    return peak
+
+
+def wait_evidence(concurrency: int, max_num_seqs: int | None, peak_waiting: float | None,
+                  preemptions: float | None) -> list[str]:
+    """Why kvplan says some request of the point waited for KV (empty: it did not); see
+    sweep.waited_for_kv. (Client timing alone is not evidence: on a busy API server one request
+    of a wave can reach the engine steps after the others and look queued.)"""
+    out = []
+    if preemptions:
+        out.append("preemptions")
+    if waited_for_kv(concurrency, max_num_seqs, peak_waiting, 0):
+        out.append("waiting gauge")
+    return out
