@@ -19,10 +19,6 @@ os.environ.setdefault("HF_HUB_CACHE", _session_folder("kvplan-hf-cache-"))
 # User calibration profiles must not leak into tests.
 os.environ["KVPLAN_CONFIG_DIR"] = _session_folder("kvplan-config-")
 
-
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
-
 import pytest  # noqa: E402
 
 
@@ -32,8 +28,7 @@ def pinned_cpu_engine(tmp_path_factory):
     every test module that only sends it requests: started once a session (~25 s on 2 cores), stopped
     by PID at the end. Each bench run sends prompts no other run shares (a nonce per run), and reads
     counter deltas, so the modules cannot see each other's traffic."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent / "bench"))
-    from bench_helpers import cpu_engine_fixture
+    from helpers.bench import cpu_engine_fixture
 
     yield from cpu_engine_fixture(tmp_path_factory)
 

@@ -13,8 +13,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from bench_fake_server import CountingProxy, FakeBehaviour, FakeServer
-from bench_helpers import bench_env, kvplan_cmd
+from helpers.bench import bench_env, kvplan_cmd
+from helpers.fake_server import CountingProxy, FakeBehaviour, FakeServer
 
 from kvplan.bench.client import Client, masked_headers, parse_headers, proxy_for, scrub
 from kvplan.bench.loadgen import run_closed_loop

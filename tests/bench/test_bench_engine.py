@@ -7,7 +7,7 @@ import json
 import subprocess
 
 import pytest
-from bench_helpers import BLOCK_SIZE, POOL_BLOCKS, bench_env, engine_required, kvplan_cmd
+from helpers.bench import BLOCK_SIZE, POOL_BLOCKS, bench_env, engine_required, kvplan_cmd
 
 from kvplan.bench.engine import capacity_from_cache_info, parse_capacity_log
 from kvplan.bench.metrics import scrape_once

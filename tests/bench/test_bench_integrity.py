@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-from bench_fake_server import METRICS, FakeBehaviour, FakeServer
-from bench_helpers import bench_env, group_alive, kill_group, kvplan_cmd
+from helpers.bench import bench_env, group_alive, kill_group, kvplan_cmd
+from helpers.fake_server import METRICS, FakeBehaviour, FakeServer
 
 from kvplan.bench.loadgen import RequestRecord, run_closed_loop
 from kvplan.bench.metrics import GAUGES, parse_metrics, preempted, scrape_during, summarize

@@ -12,7 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pytest
-from bench_helpers import TINY_MODEL
+from helpers.bench import TINY_MODEL
 
 from kvplan.bench.latency import MAX_FIRST_WAVE, MAX_SIMULATED_TOKENS, predict_point, predictor_for
 from kvplan.bench.outputs.csv import points_csv

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from bench_helpers import bench_env, engine_required, kvplan_cmd
+from helpers.bench import bench_env, engine_required, kvplan_cmd
 
 from kvplan.bench.steptime_io import load_steptime, run_inputs
 from kvplan.plan.simulate import closed_loop

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from bench_helpers import (
+from helpers.bench import (
     ENGINE_FLAGS,
     TINY_MODEL,
     bench_env,

@@ -9,8 +9,8 @@ import socket
 import subprocess
 
 import pytest
-from bench_fake_server import FakeBehaviour, FakeServer, KeepAliveDropServer
-from bench_helpers import bench_env, kvplan_cmd
+from helpers.bench import bench_env, kvplan_cmd
+from helpers.fake_server import FakeBehaviour, FakeServer, KeepAliveDropServer
 
 from kvplan.bench.loadgen import run_closed_loop
 from kvplan.bench.workload import Workload

@@ -9,8 +9,8 @@ import json
 import subprocess
 
 import pytest
-from bench_fake_server import FakeBehaviour, FakeServer
-from bench_helpers import bench_env, kvplan_cmd
+from helpers.bench import bench_env, kvplan_cmd
+from helpers.fake_server import FakeBehaviour, FakeServer
 
 from kvplan.bench.sweep import parse_sweep_rate, search_rate
 from kvplan.errors import KvplanError

@@ -8,7 +8,7 @@ import json
 import subprocess
 
 import pytest
-from bench_helpers import bench_env, engine_required, kvplan_cmd
+from helpers.bench import bench_env, engine_required, kvplan_cmd
 
 pytestmark = [pytest.mark.engine, engine_required]
 

@@ -12,8 +12,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from bench_fake_server import FakeBehaviour, FakeServer
-from bench_helpers import bench_env, kvplan_cmd
+from helpers.bench import bench_env, kvplan_cmd
+from helpers.fake_server import FakeBehaviour, FakeServer
 
 from kvplan.bench.client import credential_secrets
 

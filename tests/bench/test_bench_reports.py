@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import typer
-from bench_fake_server import FakeBehaviour, FakeServer
-from bench_helpers import bench_env, kvplan_cmd
+from helpers.bench import bench_env, kvplan_cmd
+from helpers.fake_server import FakeBehaviour, FakeServer
 from typer.testing import CliRunner
 
 from kvplan.bench.loadgen import RequestRecord, arrival_times, run_open_loop

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from bench_fake_server import FakeBehaviour, FakeServer
-from bench_helpers import bench_env, kvplan_cmd
+from helpers.bench import bench_env, kvplan_cmd
+from helpers.fake_server import FakeBehaviour, FakeServer
 
 from kvplan.bench.engine import EngineCapacity
 from kvplan.bench.render import load_summary

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench_helpers import group_alive
+from helpers.bench import group_alive
 
 IGNORES_SIGTERM = ("import signal, sys, time\n"
                    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"

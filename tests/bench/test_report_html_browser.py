@@ -30,8 +30,8 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from bench_fake_server import FakeBehaviour, FakeServer
-from bench_helpers import bench_env, kvplan_cmd
+from helpers.bench import bench_env, kvplan_cmd
+from helpers.fake_server import FakeBehaviour, FakeServer
 
 from kvplan.bench.outputs.html import COLOURS, ONSET_COLOURS
 

@@ -5,10 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hostile"))
-from harness import invoke  # noqa: E402
+from helpers.harness import invoke  # noqa: E402
 
 
 def test_kvplan_alone_prints_the_help_once():

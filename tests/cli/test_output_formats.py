@@ -5,13 +5,10 @@ from __future__ import annotations
 import csv
 import io
 import json
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hostile"))
-from harness import invoke  # noqa: E402
+from helpers.harness import invoke  # noqa: E402
 
 GPUS = Path(__file__).resolve().parents[2] / "profiles" / "gpus.json"
 

@@ -13,10 +13,7 @@ from kvplan.cli.app import app
 from kvplan.plan.schema import SizePlan
 
 runner = CliRunner()
-
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hostile"))
-from harness import invoke  # noqa: E402
+from helpers.harness import invoke  # noqa: E402
 
 
 def run(*args):

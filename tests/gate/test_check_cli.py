@@ -15,36 +15,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
-
-from kvplan.cli.app import app
-
-runner = CliRunner()
-NO_GITHUB = {"GITHUB_ACTIONS": None, "GITHUB_STEP_SUMMARY": None, "GITHUB_WORKSPACE": None}
-
-SPEC = """\
-defaults:
-  model: meta-llama/Llama-3.1-8B-Instruct
-  gpu: H100
-  vllm_version: "0.11.0"
-  kv_cache_memory: 16GiB
-  context: 32k
-  prompt: 8k
-  output: 1
-  headroom: 0.1
-deployments:
-  - name: fits14
-    concurrency: 14
-  - name: headroom15
-    concurrency: 15
-  - name: pool17
-    concurrency: 17
-    headroom: 0
-"""
-
-
-def run(args: list[str], **env):
-    return runner.invoke(app, args, env={**NO_GITHUB, **env})
+from helpers.check import SPEC, only, run, run_dir, write
 
 
 @pytest.fixture()
@@ -52,19 +23,6 @@ def spec(tmp_path: Path) -> Path:
     path = tmp_path / "kvplan.yaml"
     path.write_text(SPEC)
     return path
-
-
-def write(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "kvplan.yaml"
-    path.write_text(text)
-    return path
-
-
-def only(name: str) -> str:
-    """SPEC with one deployment kept."""
-    head, _, body = SPEC.partition("deployments:\n")
-    blocks = ["  - " + b for b in body.split("  - ")[1:]]
-    return head + "deployments:\n" + "".join(b for b in blocks if f"name: {name}\n" in b)
 
 
 def test_all_fit_exits_0(tmp_path):
@@ -192,13 +150,6 @@ def test_missing_file_exits_2(tmp_path):
 
 
 # --- --bench: run folders in the documented summary.json format (kvplan/gate/check.py) ----------
-
-
-def run_dir(root: Path, name: str, **summary) -> Path:
-    folder = root / name
-    folder.mkdir(parents=True)
-    (folder / "summary.json").write_text(json.dumps(summary))
-    return folder
 
 
 def test_bench_preemption_below_the_required_concurrency_fails(tmp_path):

@@ -6,7 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
-from test_check_cli import SPEC, only, run, run_dir, write
+from helpers.check import SPEC, only, run, run_dir, write
 
 DATA = Path(__file__).parents[1] / "bench" / "data"
 

@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from harness import invoke
+from helpers.harness import invoke
 
 from kvplan.plan.simulate import MAX_DRAWN_TOKENS, draw_lengths
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from harness import invoke, invoke_capped
+from helpers.harness import invoke, invoke_capped
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 

@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from harness import invoke
+from helpers.harness import invoke
 
 OLD_RUN = Path(__file__).resolve().parents[1] / "bench" / "data" / "old-run-conc"
 HOSTILE = "fake\x1b]0;pwned\x07\x1b[2J\n::error::injected\r"
@@ -59,7 +59,7 @@ def test_plain_figures_stay_figures_in_csv():
 def test_a_megabyte_model_name_is_reported_in_bounded_time(tmp_path):
     """A server's 1 MB model name reaches the plot title, the tables and the HTML: `report` ends within
     the hostile-input bounds (it took matplotlib over a minute to lay out such a title)."""
-    from harness import invoke_capped
+    from helpers.harness import invoke_capped
 
     run = tmp_path / "run"
     shutil.copytree(OLD_RUN, run)

@@ -9,7 +9,7 @@ import json
 import os
 
 import pytest
-from harness import ROOT, invoke, not_a_file
+from helpers.harness import ROOT, invoke, not_a_file
 
 TINY = ROOT / "tests" / "fixtures" / "tiny-llama"
 MODEL = "meta-llama/Llama-3.1-8B"

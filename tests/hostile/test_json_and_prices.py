@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from harness import invoke
+from helpers.harness import invoke
 
 from kvplan.cli.common import print_json
 

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from harness import invoke
+from helpers.harness import invoke
 
 VLLM_RESULT = Path(__file__).resolve().parents[1] / "bench" / "data" / "vllm-bench-serve-c16.json"
 

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from harness import invoke
+from helpers.harness import invoke
 
 from kvplan.errors import KvplanError
 from kvplan.paths import write_file_safely

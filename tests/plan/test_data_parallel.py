@@ -4,11 +4,8 @@ vllm/model_executor/layers/fused_moe/config.py of 0.10.2 to 0.33.0); attention, 
 weights stay per replica, split over tp. Expected bytes from the bundled configs by hand."""
 
 import json
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hostile"))
-from harness import invoke  # noqa: E402
+from helpers.harness import invoke  # noqa: E402
 
 # Mixtral-8x7B (profiles/models/mistralai--Mixtral-8x7B-v0.1.json): 32 layers x 8 experts x 3 matrices x
 # hidden 4096 x intermediate 14336 = 45,097,156,608 routed-expert parameters, bf16: 90,194,313,216 bytes.

@@ -23,13 +23,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-from bench_helpers import (  # noqa: E402
+from helpers.bench import (  # noqa: E402
     DUMMY_WEIGHTS,
     bench_env,
     compute_bound_model,

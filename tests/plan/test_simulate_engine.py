@@ -34,14 +34,10 @@ from __future__ import annotations
 import json
 import random
 import subprocess
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-from bench_helpers import (  # noqa: E402
+from helpers.bench import (  # noqa: E402
     BLOCK_SIZE,
     POOL_BLOCKS,
     bench_env,

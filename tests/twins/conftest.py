@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from twin_helpers import PROBE_RUN, ProbeRun
+from helpers.twins import PROBE_RUN, ProbeRun
 
 PROBE_FOLDER = pytest.StashKey[Path]()
 

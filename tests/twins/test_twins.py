@@ -295,7 +295,7 @@ def probe_cases(selected: set[tuple[str, str]], folder) -> list[dict]:
 @pytest.fixture(scope="session")
 def engine_results(request) -> dict:
     """The engine's answers for the session's cases, from the probe started when collection ended."""
-    from twin_helpers import PROBE_RUN
+    from helpers.twins import PROBE_RUN
 
     return request.config.stash[PROBE_RUN].results()
 

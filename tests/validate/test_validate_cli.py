@@ -1,15 +1,11 @@
 """`kvplan validate` through the real CLI: JSON contract and bad input."""
 
 import json
-import sys
-from pathlib import Path
 
+from helpers.harness import invoke  # noqa: E402
 from typer.testing import CliRunner
 
 from kvplan.cli.app import app
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hostile"))
-from harness import invoke  # noqa: E402
 
 runner = CliRunner()
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 TINY_MODEL = FIXTURES / "tiny-llama"
 
 # The pinned pool every engine test uses: 17 blocks of 32 tokens (block 0 is the null block, so
