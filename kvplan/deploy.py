@@ -51,10 +51,8 @@ def load_model(
     config = resolve_model(name, revision=revision, source=source, offline=offline)
     arch = parse_architecture(config.config, overrides, allow_unverified=allow_unverified or layout == "engine")
     if layout == "engine":
-
         arch = engine_architecture(config.config, overrides, arch, vllm_version)
     if config.source == "hub" and not overrides:
-
         exact = hub_weights(name, revision, arch.num_hidden_layers)
         if exact is not None and exact.loaded_bytes > 0:
             skipped = f", {exact.skipped_bytes / 2**30:.2f} GiB of MTP layers left out" if exact.skipped_bytes else ""
@@ -74,7 +72,6 @@ def select_gpus(gpu: str | None, gpus: int | None = None, gpu_mem: str | None = 
     if not gpu:
         raise KvplanError("no GPU given", "pass --gpu H100 (or 4xH100, or auto), or --gpu-mem 24GiB")
     if gpu.strip().lower() == "auto":
-
         found = detect_gpus()
         return GpuSelection(found.device, gpus or found.count)
     return parse_gpu(gpu, gpus)
@@ -127,7 +124,6 @@ def _apply_calibration(
     if not calibration_file().exists():  # nothing recorded: no need to load the calibration module
         return base, ref, []
     from dataclasses import replace
-
 
     cal = find_calibration(gpus.device.name, version, model.arch.model_type)
     if cal is None:

@@ -51,7 +51,6 @@ MAX_LINE_CHARS = 64 * 1024  # one log line: longer lines are cut (vLLM's longest
 
 
 def _err(message: str, hint: str | None = None):
-
     return KvplanError(message, hint)
 
 

@@ -217,7 +217,6 @@ async def fetch_text(session, url: str, request_kwargs: dict | None = None) -> s
     """GET ``url`` as text (at most MAX_METRICS_BYTES); ``request_kwargs``: headers and proxy (Client.aio_kwargs)."""
     async with session.get(url, **(request_kwargs or {})) as resp:
         if resp.status != 200:
-
             why = f", a redirect: {REDIRECT_HINT}" if is_redirect(resp.status) else ""
             raise RuntimeError(f"GET {url}: HTTP {resp.status}{why}")
         if (resp.content_length or 0) > MAX_METRICS_BYTES:
@@ -244,7 +243,6 @@ def _session(timeout_s: float, client, base_url: str):
 
 
 def _client(client, api_key: str | None):
-
     return client if client is not None else Client(api_key=api_key)
 
 

@@ -52,7 +52,6 @@ class TrafficReplay(BaseModel):
 
 
 def load_replay_traffic(spec: TrafficReplay) -> Traffic:
-
     if not 0 < spec.time_scale <= 1e6:
         raise KvplanError(f"invalid --time-scale {spec.time_scale:g}", "use a factor > 0 (0.5 replays twice as fast)")
     return load_traffic(Path(spec.path), spec.kind, **spec.options)

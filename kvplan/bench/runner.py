@@ -185,7 +185,6 @@ class BenchRun:
         if self.expected_model is not None:
             # --resume: the finished points measured that model; points of another one must not join them.
             if ids and self.expected_model not in ids:
-
                 raise KvplanError(
                     f"cannot resume: the run measured {printable(self.expected_model, 200)!r}, but "
                     f"{self.shown_url} serves {printable(', '.join(ids), 300)}",
@@ -547,7 +546,6 @@ class BenchRun:
                                 start=rs.start, resolution=rs.resolution, max_points=rs.max_points)
 
     def finish(self, status: str, error: str | None) -> BenchSummary:
-
         summary = self.summary(status, error)
         write_reports(self.store, summary)
         return summary

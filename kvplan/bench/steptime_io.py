@@ -139,7 +139,6 @@ def calibrate_run(run_dir: Path, gpu: str | None = None, model: str | None = Non
         recorded_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )
     if write:
-
         write_file_safely(run_dir / STEPTIME_FILE, json.dumps(result.to_json(), indent=2) + "\n")
     return result
 

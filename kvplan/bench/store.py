@@ -109,7 +109,6 @@ class RunStore:
         _atomic_write(self.path / RUN_FILE, json.dumps(redact_data(data), indent=2, default=str) + "\n", self.secrets)
 
     def read_run(self) -> dict[str, Any]:
-
         data = load_user_json(self.path / RUN_FILE)
         if not isinstance(data, dict):
             raise KvplanError(f"{self.path / RUN_FILE}: expected a JSON object")
@@ -188,7 +187,6 @@ MAX_RUN_LINE_CHARS = 64 * 1024 * 1024
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-
     if not path.is_file():
         return []
     out = []

@@ -30,7 +30,6 @@ class RichView(NullView):
     def __init__(self) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-
         self.console = make_console(stderr=True)
         self.progress = Progress(
             SpinnerColumn(),
@@ -88,7 +87,6 @@ class RichView(NullView):
             if pred is not None and pred.ttft is not None:
                 text += f" (predicted {_ms(pred.ttft.p99)})"
         else:
-
             text = f"[red]failed[/]: {esc(point.error)}"
         self.progress.update(self._task, gauges=text)
         self._task = None

@@ -190,7 +190,6 @@ def read_bench_runs(paths: list[str]) -> list[BenchEvidence]:
 
 
 def _read_summary(file: Path) -> BenchEvidence:
-
     data = load_user_json(file)
     if not isinstance(data, dict):
         raise KvplanError(f"{file}: expected a JSON object")
@@ -356,12 +355,10 @@ class Planner:
     strict: bool = False  # a plan that fits at the estimate only (not at the low end of its range) fails
 
     def __post_init__(self) -> None:
-
         self.overhead = load_overhead()
         self.models: dict[str, Any] = {}
 
     def model(self, entry: SpecEntry):
-
         name = entry.deployment.model
         if name not in self.models:
             try:
@@ -374,7 +371,6 @@ class Planner:
         return found
 
     def evaluate(self, entry: SpecEntry, bench: list[BenchEvidence]) -> DeploymentResult:
-
         d = entry.deployment
         model = self.model(entry)
         try:
@@ -515,7 +511,6 @@ class Planner:
     def _workload(self, entry: SpecEntry, plan, usable: int):
         """The deployment's workload file read (relative to the spec) and its working set on the pool."""
         from pathlib import Path
-
 
         d = entry.deployment
         path = Path(d.workload).expanduser()

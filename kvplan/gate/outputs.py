@@ -42,7 +42,6 @@ def term(text: object) -> str:
     """User text for a rich console line (markup escaped, controls escaped, no workflow commands)."""
     from rich.markup import escape
 
-
     return escape(_no_commands(printable(text)))
 
 
@@ -197,7 +196,6 @@ def _document(suite: ET.Element) -> str:
 
 
 def write_file(path: str, text: str) -> None:
-
     write_file_safely(path, text, make_parent=True)
 
 

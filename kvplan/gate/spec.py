@@ -122,7 +122,6 @@ class Deployment(BaseModel):
     @field_validator("slo", mode="before")
     @classmethod
     def _slo(cls, value: Any) -> Any:
-
         if value is None:
             return {}
         try:
@@ -186,7 +185,6 @@ class Deployment(BaseModel):
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             raise ValueError(f"quote the version: YAML read it as the number {value} (write e.g. vllm_version: \"0.11.0\")")
         if isinstance(value, str):
-
             _check(parse_version, value)
         return value
 
@@ -205,7 +203,6 @@ class Deployment(BaseModel):
     @classmethod
     def _kv_dtype(cls, value: str) -> str:
         if value != "auto":
-
             _check(kv_dtype, value)
         return value
 
@@ -298,7 +295,6 @@ def _compose(text: str, file: str):
     refuses alias bombs, cycles and deep nesting at their line; .inf and .nan are read as numbers for
     the field checks to name."""
     import yaml
-
 
     loader_cls = yaml_loader()
     try:

@@ -319,7 +319,6 @@ def load_conversations(path: Path, *, chars_per_token: float = 4.0, session_gap_
     counted = {"field": 0, "chars": 0}  # messages of the conversations kept
     skipped = unanswered = refs = 0
     for index, (conv, offset) in enumerate(_top_values(text, where)):
-
         def fail(message: str, msg_index: int | None = None, field: str | None = None, hint: str | None = None,
                  _conv=conv, _offset=offset):
             raise KvplanError(f"{where}:{_conv_line(text, _conv, _offset, msg_index, field)}: {message}", hint)

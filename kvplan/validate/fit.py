@@ -254,7 +254,6 @@ def overhead_document(result: FitResult, reports_file: Path) -> dict:
 
 
 def write_overhead(result: FitResult, reports_file: Path, path: Path = OVERHEAD_FILE) -> Path:
-
     return write_file_safely(path, json.dumps(overhead_document(result, reports_file), indent=2) + "\n")
 
 

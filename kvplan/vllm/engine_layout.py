@@ -184,7 +184,6 @@ def engine_architecture(config: dict[str, Any], overrides: dict[str, Any] | None
                           f"drop --vllm-version or pass --vllm-version {installed}")
     patched = dict(config)
     if overrides:
-
         text = text_config(patched)
         if text is patched:
             patched.update(overrides)
@@ -196,7 +195,6 @@ def engine_architecture(config: dict[str, Any], overrides: dict[str, Any] | None
     if case is None:
         case = probe_config(patched)
         if case.get("ok") and folder is not None:
-
             slim = {k: case.get(k) for k in ("ok", "vllm_version", "layer_specs", "cache_config")}
             with contextlib.suppress(KvplanError):  # a cache that cannot be written is only a cache
                 write_file_safely(folder / f"{key}.json", json.dumps(dict(slim, key=key, installed=installed)))

@@ -364,7 +364,6 @@ def _coerce(field: str, value: Any) -> Any:
     if isinstance(value, str) and value.replace(",", "").isdigit():
         return int(value.replace(",", ""))
     if field == "kv_cache_memory_bytes" and isinstance(value, str):
-
         try:
             return parse_bytes(value)
         except KvplanError:
@@ -382,7 +381,6 @@ def _engine_from(version: str | None, text: str) -> str | None:
     if _AVAILABLE_V1.search(text) or _KV_TOKENS.search(text):
         return "v1"
     if version:
-
         try:
             return "v0" if parse_version(version) < (0, 8, 0) else "v1"
         except KvplanError:
