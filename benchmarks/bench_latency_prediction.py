@@ -13,7 +13,7 @@ Goal (issue 10): TTFT p50 and output tokens/s within 20% (TTFT p99 within 35%) a
 Without --url it launches a CPU engine (the tests' tiny model unless --model; 17 blocks of 32 tokens,
 context 512) with kvplan's EngineLauncher and stops it by PID at the end. The tiny model decodes a step in
 3-5 ms and answers in 20-45 ms, so the API server's jitter decides its latency; --compute-bound serves the
-engine test's compute-bound model (tests/bench/bench_helpers.py: a config-only folder, dummy weights),
+engine test's compute-bound model (tests/helpers/bench.py: a config-only folder, dummy weights),
 whose figures the README quotes:
 
     python benchmarks/bench_latency_prediction.py [--url URL] [--calibrate 64x64[/lognormal]:1,2,3,4]
@@ -92,8 +92,8 @@ def main() -> None:
 
     out = Path(tempfile.mkdtemp(prefix="kvplan-latency-"))
     if args.compute_bound:
-        sys.path.insert(0, str(ROOT / "tests" / "bench"))
-        from bench_helpers import compute_bound_model
+        sys.path.insert(0, str(ROOT / "tests"))
+        from helpers.bench import compute_bound_model
 
         args.model, args.load_format = compute_bound_model(out / "compute-bound-llama"), "dummy"
     launcher = None

@@ -272,8 +272,8 @@ def main() -> None:
     out = Path(tempfile.mkdtemp(prefix="kvplan-vs-vllm-bench-"))
     engine_args: tuple[str, ...] = ()
     if args.compute_bound:
-        sys.path.insert(0, str(ROOT / "tests" / "bench"))
-        from bench_helpers import DUMMY_WEIGHTS, compute_bound_model
+        sys.path.insert(0, str(ROOT / "tests"))
+        from helpers.bench import DUMMY_WEIGHTS, compute_bound_model
 
         args.model, engine_args = str(compute_bound_model(out / "compute-bound-llama")), DUMMY_WEIGHTS
     try:

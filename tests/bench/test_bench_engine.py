@@ -51,7 +51,7 @@ def test_engine_reports_the_pinned_pool(cpu_engine):
 
 
 def test_the_engine_yields_the_cpu_to_its_front_end(cpu_engine):
-    """The fixture reniced vLLM's EngineCore and worker (bench_helpers.cpu_engine_fixture), not the API
+    """The fixture reniced vLLM's EngineCore and worker (helpers.bench.cpu_engine_fixture), not the API
     server that serves the requests and the metrics."""
     import psutil
 

@@ -24,7 +24,7 @@ from kvplan.bench.loadgen import RequestRecord, run_closed_loop
 from kvplan.bench.metrics import GAUGES, parse_metrics, preempted, scrape_during, summarize
 from kvplan.bench.workload import Workload
 
-FAKE_ENGINE = Path(__file__).resolve().parent / "bench_fake_server.py"
+FAKE_ENGINE = Path(__file__).resolve().parents[1] / "helpers" / "fake_server.py"
 
 
 def _load(url: str, concurrency: int = 2, per_stream: int = 2, output: int = 4, spec_for=None, **kw):

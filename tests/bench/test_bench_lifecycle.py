@@ -37,11 +37,11 @@ def _start(tmp_path: Path, *args: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=bench_env())
 
 
-FAKE_ENGINE = Path(__file__).resolve().parent / "bench_fake_server.py"
+FAKE_ENGINE = Path(__file__).resolve().parents[1] / "helpers" / "fake_server.py"
 
 
 def _start_fake(tmp_path: Path, *args: str) -> subprocess.Popen:
-    """The same launch with the stand-in engine (bench_fake_server.main): for the failure paths, where
+    """The same launch with the stand-in engine (helpers.fake_server.main): for the failure paths, where
     what is under test is kvplan's handling (the real engine's start and stop: the first test)."""
     engine_cmd = f"{sys.executable} {FAKE_ENGINE} --token-gap 0.01"
     return subprocess.Popen(kvplan_cmd("some/model", "--engine-cmd", engine_cmd, "--no-warmup", "--out", str(tmp_path),

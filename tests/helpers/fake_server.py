@@ -333,7 +333,7 @@ class KeepAliveDropServer(_StreamServer):
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run as a stand-in engine (``--engine-cmd "python bench_fake_server.py"``): takes vLLM's
+    """Run as a stand-in engine (``--engine-cmd "python tests/helpers/fake_server.py"``): takes vLLM's
     --model/--host/--port (other flags are ignored), requires $VLLM_API_KEY when set, prints its
     own command line (as vLLM logs its args), and on SIGTERM takes ``--stop-delay`` seconds to exit."""
     import os
