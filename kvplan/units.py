@@ -7,6 +7,7 @@ Token counts: ``32k`` = 32,768 (binary k, as every LLM context length is quoted)
 
 from __future__ import annotations
 
+import math
 import re
 
 from kvplan.errors import KvplanError
@@ -132,6 +133,18 @@ def format_ms(seconds: float | None) -> str:
         return "-"
     ms = seconds * 1000
     return f"{ms:,.0f}" if ms >= 10 else f"{ms:.1f}"
+
+
+def format_share(share: float | None, *, free: bool) -> str:
+    """A share of the KV pool as a whole percentage, one rule for every output: a free share (headroom, margin)
+    rounds down and a used share rounds up, so neither claims room a block already takes, and the used and
+    free shares of one pool always add up to 100%."""
+    if share is None:
+        return "-"
+    if abs(share) >= 10:
+        return ">999%" if share > 0 else "<-999%"
+    percent = round(share * 100, 9)  # 0.19 * 100 is 19.000000000000004: not 20% used
+    return f"{math.floor(percent) if free else math.ceil(percent)}%"
 
 
 def format_bytes(num_bytes: float, precision: int = 2) -> str:

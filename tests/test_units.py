@@ -48,3 +48,15 @@ def test_formatting_and_cdiv():
     assert format_tokens(131072) == "128k"
     assert format_tokens(20000) == "20,000"
     assert cdiv(127, 32) == 4 and cdiv(128, 32) == 4 and cdiv(129, 32) == 5
+
+
+def test_one_rule_for_shares_of_the_pool():
+    """Used shares round up, free shares down: one pool's two figures add up to 100%, and a float's last bit
+    does not move a whole percent (0.19 x 100 = 19.000000000000004)."""
+    from kvplan.units import format_share
+
+    assert (format_share(0.875, free=False), format_share(0.125, free=True)) == ("88%", "12%")
+    assert (format_share(0.19, free=False), format_share(0.81, free=True)) == ("19%", "81%")
+    assert (format_share(0.8125, free=True), format_share(0.1875, free=False)) == ("81%", "19%")
+    assert (format_share(1.25, free=False), format_share(-0.25, free=True)) == ("125%", "-25%")
+    assert format_share(None, free=True) == "-" and format_share(12, free=False) == ">999%"

@@ -21,7 +21,7 @@ from kvplan.gate.check import CheckReport, DeploymentResult
 from kvplan.gate.spec import SpecIssue
 from kvplan.paths import write_file_safely
 from kvplan.term import Column, esc, fitted_table, left_out_note, make_console, printable
-from kvplan.units import format_tokens
+from kvplan.units import format_share, format_tokens
 
 # --- text helpers -----------------------------------------------------------------------------
 # Names, models, paths and reasons come from the user's spec (or a bench run folder): every writer
@@ -46,10 +46,12 @@ def term(text: object) -> str:
 
 
 
-def _pct(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value:.0%}" if abs(value) < 10 else (">999%" if value > 0 else "<-999%")
+def _used(share: float | None) -> str:
+    return format_share(share, free=False)
+
+
+def _free(share: float | None) -> str:
+    return format_share(share, free=True)
 
 
 def gpu_label(r: DeploymentResult) -> str:
@@ -75,8 +77,8 @@ def render_table(report: CheckReport) -> None:
     from rich.text import Text
 
     console = make_console()
-    cells = [[term(r.name), term(gpu_label(r)), format_tokens(r.context_tokens), str(r.concurrency), _pct(r.pool_used),
-              _pct(r.margin), Text(verdict_label(r), style="green" if r.fits else "red"), term(r.limiting_term),
+    cells = [[term(r.name), term(gpu_label(r)), format_tokens(r.context_tokens), str(r.concurrency), _used(r.pool_used),
+              _free(r.margin), Text(verdict_label(r), style="green" if r.fits else "red"), term(r.limiting_term),
               term(r.suggestion or "")] for r in report.results]
     columns = list(_TABLE_COLUMNS)
     if not any(r.suggestion for r in report.results):  # no fix to suggest: no empty column to squeeze the others
@@ -115,7 +117,7 @@ def _cell(value: object) -> str:
 RESULT_COLUMNS = [Column("deployment", "deployment", right=False), Column("model", "model", right=False),
                   Column("gpu", "GPU", right=False), Column("gpu_count", "GPUs"),
                   Column("context_tokens", "context", format_tokens), Column("concurrency", "conc."),
-                  Column("pool_used", "pool used", _pct), Column("margin", "margin", _pct),
+                  Column("pool_used", "pool used", _used), Column("margin", "margin", _free),
                   Column("fits", "verdict", lambda fits: "fits" if fits else "DOES NOT FIT", right=False),
                   Column("limiting_term", "limiting term", right=False),
                   Column("suggestion", "suggested fix", _cell, right=False)]
@@ -226,7 +228,7 @@ def step_summary_markdown(report: CheckReport) -> str:
         verdict = "✅ fits" if r.fits else "❌ does not fit"
         out.append(
             f"| {_md(r.name)} | {_md(r.model)} | {_md(gpu_label(r))} | {format_tokens(r.context_tokens)} | "
-            f"{r.concurrency} | {_pct(r.pool_used)} | {_pct(r.margin)} | {verdict} | {_md(r.limiting_term)} | "
+            f"{r.concurrency} | {_used(r.pool_used)} | {_free(r.margin)} | {verdict} | {_md(r.limiting_term)} | "
             f"{_md(r.suggestion or '')} |"
         )
     failing = [r for r in report.results if not r.fits]

@@ -29,7 +29,7 @@ from kvplan.plan.schema import (
     Suggestion,
 )
 from kvplan.plan.steptime import model_for, quick_latency
-from kvplan.units import cdiv, format_bytes, format_tokens
+from kvplan.units import cdiv, format_bytes, format_share, format_tokens
 from kvplan.vllm.args import engine_values, to_vllm_args
 from kvplan.vllm.rules import VllmRules
 
@@ -100,7 +100,7 @@ def verdict_for(cap: Capacity, replicas: int) -> Verdict:
             "max_num_seqs",
         )
     margin = 1 - need / cap.usable_blocks
-    headroom = f"{math.floor(margin * 100)}%"  # floor: never claim 100% with a block in use
+    headroom = format_share(margin, free=True)  # never claims 100% with a block in use
     noun = "request" if work.concurrency == 1 else "requests"
     return Verdict(
         True,
