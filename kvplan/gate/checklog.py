@@ -28,6 +28,7 @@ from kvplan.plan.offload import OffloadTier
 from kvplan.plan.overhead import load_overhead
 from kvplan.plan.schema import settings_from_engine_args
 from kvplan.plan.speculative import parse_speculative_config
+from kvplan.term import make_console
 from kvplan.units import GiB
 from kvplan.vllm.startup_log import StartupReport, parse_startup_log
 
@@ -354,12 +355,9 @@ def check_log_text(text: str, log_name: str, tolerance: float = 0.02, gpu: str |
 
 
 def render(result: CheckLogResult) -> None:
-    import sys
-
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console(highlight=False, width=None if sys.stdout.isatty() else 140)
+    console = make_console()
     r = result.parsed
     console.print(f"[bold]{result.log}[/]: vLLM {r.vllm_version or '?'} ({r.engine or '?'} engine, "
                   f"{r.platform or '?'}), model {r.model or '?'}")

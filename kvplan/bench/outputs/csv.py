@@ -14,12 +14,12 @@ POINTS_CSV = "points.csv"
 REQUESTS_CSV = "requests.csv"
 
 
-@output("points-csv", POINTS_CSV)
+@output("points-csv", POINTS_CSV, order=20)
 def write_points_csv(summary: BenchSummary, store: RunStore) -> str:
     return points_csv(summary.points)
 
 
-@output("requests-csv", REQUESTS_CSV)
+@output("requests-csv", REQUESTS_CSV, order=20)
 def write_requests_csv(summary: BenchSummary, store: RunStore) -> str:
     return requests_csv(store.read_requests())
 

@@ -164,7 +164,7 @@ def _ms(stats: LatencyStats, key: str) -> float | None:
     return None if v is None else v * 1000
 
 
-@output("html", HTML_FILE)
+@output("html", HTML_FILE, order=30)
 def write_html(summary: BenchSummary, store: RunStore) -> str:
     return html_report([summary])
 

@@ -21,7 +21,7 @@ from kvplan.bench.store import REPORT_FILE, RunStore
 from kvplan.units import format_ms
 
 
-@output("markdown", REPORT_FILE)
+@output("markdown", REPORT_FILE, order=10)
 def write_markdown(summary: BenchSummary, store: RunStore) -> str:
     return markdown(summary)
 

@@ -11,7 +11,7 @@ from kvplan.bench.store import PLOT_FILE, RunStore
 from kvplan.term import printable
 
 
-@output("png", PLOT_FILE)
+@output("png", PLOT_FILE, order=40)
 def write_png(summary: BenchSummary, store: RunStore) -> bytes | None:
     try:
         return plot_png(summary)

@@ -1,6 +1,6 @@
 """The output registry: one entry per file a run writes from its typed summary (GuideLLM's
 ``GenerativeBenchmarkerOutput.register``). A new format is one module in this package holding one
-``@output(name, file)`` function; kvplan/bench/outputs/__init__.py imports it."""
+``@output(name, file)`` function: kvplan/bench/outputs/__init__.py imports every module of the package."""
 
 from __future__ import annotations
 
@@ -19,18 +19,19 @@ class Output:
     name: str  # e.g. "markdown"
     file: str  # the file it writes in the run folder, e.g. "report.md"
     render: Render
+    order: int  # lower first; the summary is 0 (what `kvplan report` and --resume read back)
 
 
 OUTPUTS: dict[str, Output] = {}
 
 
-def output(name: str, file: str) -> Callable[[Render], Render]:
+def output(name: str, file: str, order: int = 100) -> Callable[[Render], Render]:
     """Register ``render`` as the output ``name`` writing ``file``; two outputs of one name or one file are a bug."""
 
     def register(render: Render) -> Render:
         if name in OUTPUTS or any(o.file == file for o in OUTPUTS.values()):
             raise ValueError(f"output {name!r} ({file}) is registered twice")
-        OUTPUTS[name] = Output(name, file, render)
+        OUTPUTS[name] = Output(name, file, render, order)
         return render
 
     return register
@@ -38,9 +39,9 @@ def output(name: str, file: str) -> Callable[[Render], Render]:
 
 def write_reports(store: RunStore, summary: BenchSummary) -> list[str]:
     """Every registered output of ``summary`` into ``store`` (text scrubbed of the run's secrets, nothing
-    followed through a link: RunStore's writers). Returns the files written."""
+    followed through a link: RunStore's writers), by ``order`` then name. Returns the files written."""
     written = []
-    for out in OUTPUTS.values():
+    for out in sorted(OUTPUTS.values(), key=lambda o: (o.order, o.name)):
         content = out.render(summary, store)
         if content is None:
             continue
