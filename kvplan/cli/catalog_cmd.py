@@ -73,6 +73,8 @@ def models(
 
 SCHEMAS = {
     "size": ("kvplan.plan.schema", "SizePlan"),
+    "gpus": ("kvplan.plan.schema", "list[GpuRow]"),
+    "models": ("kvplan.plan.schema", "list[ModelRow]"),
     "fit": ("kvplan.plan.schema", "FitOutput"),
     "check": ("kvplan.gate.check", "CheckReport"),
     "check-log": ("kvplan.gate.checklog", "CheckLogResult"),
@@ -99,4 +101,6 @@ def schema(
     if name not in SCHEMAS:
         raise KvplanError(f"unknown schema {name!r}", f"choose one of {', '.join(SCHEMAS)}")
     module, cls = SCHEMAS[name]
-    print_json(TypeAdapter(getattr(importlib.import_module(module), cls)).json_schema())
+    many = cls.startswith("list[")  # a command that prints a list of records
+    record = getattr(importlib.import_module(module), cls.removeprefix("list[").removesuffix("]"))
+    print_json(TypeAdapter(list[record] if many else record).json_schema())

@@ -337,3 +337,25 @@ class FitOutput:
     slo_simulated: int  # deployments simulated for the SLOs
     slo_search_stopped: bool  # the simulation budget ran out before every deployment was tried
     deployments: list[FitDeployment]
+
+
+@output_record
+class GpuRow:
+    """One row of `kvplan gpus --json` (the GPU catalog, profiles/gpus.json)."""
+
+    name: str
+    memory_mib: int  # what the driver reports (nvidia-smi's total)
+    cuda_total_gib: float  # what CUDA reports as total, which vLLM's memory budget starts from
+    cuda_total_measured: bool  # false: estimated (the driver total minus the median reserve of measured rows)
+    bandwidth_gbps: float | None  # memory bandwidth, GB/s
+    bf16_dense_tflops: float | None  # dense BF16 TFLOP/s (no sparsity)
+
+
+@output_record
+class ModelRow:
+    """One row of `kvplan models --json` (the bundled model profiles)."""
+
+    model: str  # the Hub id
+    attention: str  # e.g. "GQA", "MLA", "hybrid (attention + recurrent state)"
+    kv_bytes_per_token: int  # KV bytes a token takes over all layers, in the model's dtype, before TP
+    params_b: float  # parameters, billions

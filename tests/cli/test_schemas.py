@@ -75,3 +75,15 @@ def test_report_json_is_the_bench_summary_schema(report):
     _same_keys(data, schema, schema.get("$defs", {}))
     TypeAdapter(BenchSummary).validate_python(data)
     assert data["points"]
+
+
+@pytest.mark.parametrize("name, cls", [("gpus", "GpuRow"), ("models", "ModelRow")])
+def test_the_catalog_listings_have_their_schema(name, cls):
+    """`kvplan schema gpus|models`: a list of typed rows, each row of the real output declared and validated."""
+    import kvplan.plan.schema as records
+
+    schema = _json("schema", name)
+    data = _json(name, "--json")
+    assert schema["type"] == "array" and data
+    _same_keys(data, schema, schema.get("$defs", {}))
+    TypeAdapter(list[getattr(records, cls)]).validate_python(data)
