@@ -280,15 +280,12 @@ class BenchRun:
     def load_description(self) -> str:
         return self.profile.describe(self)
 
-    def measure(self, load: Load) -> PointResult:
-        """One point at ``load`` (ProfileContext.measure): measured, stored, shown."""
-        return self._point(load)
-
     def progress(self, onsets: dict[OnsetName, Onset | None]) -> None:
         self.onsets = dict(onsets)
         self._write_run()
 
-    def _point(self, load: Load) -> PointResult:
+    def measure(self, load: Load) -> PointResult:
+        """One point at ``load`` (ProfileContext.measure): measured, stored, shown."""
         seq = len(self.points)
         first_index = self._next_index  # request numbers (and the run's nonce) make prompts unique
         replayed = None
