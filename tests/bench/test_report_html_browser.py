@@ -324,12 +324,17 @@ def check_charts(page: dict, runs: list[str], many: bool) -> list[dict]:
         assert len(c["dots"]) == len(SWEEP) * len(expected), name
         for d in c["dots"]:
             assert _inside(d["box"], frame, slack=4), (name, d)
-        for col in {col for _, col in expected}:  # within a series, a higher value is drawn higher
+        # Within a series a higher value is drawn higher, when it differs by more than 2% (the dots' titles are
+        # rounded) and by more than 1% of the values the chart spans: a closer pair can round to the same pixel
+        # (4.4 and 4.5 ms on an axis that also holds another run's 500 ms did, once).
+        values = [float(d["title"].split("-> ")[1].replace(",", "")) for d in c["dots"]]
+        span = max(values) - min(values)
+        for col in {col for _, col in expected}:
             for series in {d["title"].split(":")[0] for d in c["dots"] if d["colour"] == col}:
                 dots = [(float(d["title"].split("-> ")[1].replace(",", "")), _centre(d["box"])[1])
                         for d in c["dots"] if d["colour"] == col and d["title"].split(":")[0] == series]
                 for (v1, y1), (v2, y2) in zip(sorted(dots), sorted(dots)[1:]):
-                    if v2 > v1 * 1.02 + 1e-9:
+                    if v2 - v1 > 0.01 * span and v2 > v1 * 1.02 + 1e-9:
                         assert y2 < y1, (name, series, dots)
 
         # legend: one entry per series and vertical line, named, in its colour and dash, above the plot
