@@ -273,10 +273,6 @@ class BenchRun:
         n = cfg.requests or DEFAULT_REQUESTS
         return max(n, concurrency or 1)  # every stream sends at least once
 
-    @property
-    def rate_mode(self) -> bool:
-        return self.profile.load_mode == "rate"
-
     def load_description(self) -> str:
         return self.profile.describe(self)
 
