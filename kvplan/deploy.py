@@ -6,7 +6,7 @@ catalog or NVML, the overhead model and user calibrations on disk.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kvplan.calibration import find_calibration
@@ -20,6 +20,7 @@ from kvplan.paths import calibration_file
 from kvplan.plan.overhead import OverheadModel, load_overhead
 from kvplan.plan.schema import Settings, SizePlan
 from kvplan.plan.size import ModelRef, plan_size
+from kvplan.plan.speculative import SpeculativeConfig, draft_model
 from kvplan.units import GiB
 from kvplan.vllm.engine_layout import engine_architecture
 from kvplan.vllm.rules import rules_for
@@ -62,6 +63,20 @@ def load_model(
     return ResolvedModel(config, arch)
 
 
+def load_draft(spec: SpeculativeConfig | None, source: str = "auto", offline: bool | None = None) -> SpeculativeConfig | None:
+    """The speculative config with its drafter's config read (EAGLE heads and draft models bring their own layers
+    and weights), found as a model is (a local folder, the Hub when online, a bundled profile). Where it cannot
+    be loaded the config says why; the planner then assumes one target-shaped layer for EAGLE and refuses a
+    draft model (kvplan.plan.capacity.speculative_draft_layers)."""
+    if spec is None or not spec.reads_draft_config or spec.draft is not None:
+        return spec
+    try:
+        config = resolve_model(spec.model, source=source, offline=offline)
+        return replace(spec, draft=draft_model(spec.model, config.config, config.source, spec.method))
+    except KvplanError as exc:
+        return replace(spec, draft_unread=str(exc).rstrip("."))
+
+
 def select_gpus(gpu: str | None, gpus: int | None = None, gpu_mem: str | None = None) -> GpuSelection:
     """``--gpu`` (name, ``4xH100`` or ``auto``), ``--gpus N``, or ``--gpu-mem 24GiB``."""
     if gpu_mem:
@@ -99,8 +114,6 @@ def plan_deployment(
         weights_source=model.weights_source,
     )
     if settings.language_model_only and model.weights_total and model.tower_bytes:
-        from dataclasses import replace
-
         ref = replace(ref, weights_total=model.weights_total - model.tower_bytes,
                       weights_source=model.weights_source + ", multimodal towers left out (--language-model-only)")
     devices, _ = load_catalog()
@@ -123,7 +136,6 @@ def _apply_calibration(
 
     if not calibration_file().exists():  # nothing recorded: no need to load the calibration module
         return base, ref, []
-    from dataclasses import replace
 
     cal = find_calibration(gpus.device.name, version, model.arch.model_type)
     if cal is None:

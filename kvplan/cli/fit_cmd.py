@@ -132,10 +132,12 @@ def fit(
     rules = rules_for(vllm_version)
     overhead = load_overhead()
     t0 = time.perf_counter()
+    from kvplan.deploy import load_draft
     from kvplan.plan.schema import Settings
     from kvplan.plan.speculative import parse_speculative_config
 
-    base = Settings(speculative=None if speculative_config is None else parse_speculative_config(speculative_config))
+    spec = None if speculative_config is None else parse_speculative_config(speculative_config)
+    base = Settings(speculative=load_draft(spec, source, True if offline else None))
     result = search(resolved.arch, devices, req, rules, overhead, resolved.weights_total, base)
     elapsed = time.perf_counter() - t0
     shown, seen, sized = [], set(), set()

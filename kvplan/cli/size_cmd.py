@@ -109,7 +109,7 @@ def size(
     Exit code 0: fits (at the estimate; with --strict, at the low end of the budget range too); 1: does not
     fit at the asked context x concurrency; 2: bad input; 3: internal error.
     """
-    from kvplan.deploy import load_model, plan_deployment, select_gpus
+    from kvplan.deploy import load_draft, load_model, plan_deployment, select_gpus
     from kvplan.errors import KvplanError
     from kvplan.plan.speculative import parse_speculative_config
 
@@ -142,7 +142,8 @@ def size(
         hybrid_kv_cache_manager=False if disable_hybrid else None,
         usage_context=usage,
         weights_bytes=None if weights_memory is None else parse_bytes(weights_memory, "weights memory"),
-        speculative=None if speculative_config is None else parse_speculative_config(speculative_config),
+        speculative=None if speculative_config is None else load_draft(parse_speculative_config(speculative_config),
+                                                                       source, True if offline else None),
         draft_layers=draft_layers,
         language_model_only=language_model_only,
         mm_max_pixels=mm_max_pixels,

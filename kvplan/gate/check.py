@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,7 @@ from pydantic import BaseModel, Field, model_serializer
 from kvplan.bench.external import GUIDELLM_DEFAULT_FILES, read_external
 from kvplan.bench.results import LatencyStats, SloResult
 from kvplan.bench.slo import fmt_s, slo_results
-from kvplan.deploy import load_model, plan_deployment, select_gpus
+from kvplan.deploy import load_draft, load_model, plan_deployment, select_gpus
 from kvplan.errors import KvplanError
 from kvplan.gate.spec import Spec, SpecEntry, SpecErrors, SpecIssue
 from kvplan.paths import load_user_json
@@ -380,6 +380,7 @@ class Planner:
             raise SpecIssue(self.file, entry.line_of(field), entry.label(field), exc.message, exc.hint) from None
         try:
             settings = d.settings(gpus.count)
+            settings = replace(settings, speculative=load_draft(settings.speculative))  # its draft's own config
             # As `kvplan size` plans it (user calibrations from `kvplan calibrate` included).
             plan = plan_deployment(model, gpus, settings, d.vllm_version)
             # The share of the pool the asked load takes, for the margin and the headroom: blocks per

@@ -20,8 +20,8 @@ import re
 
 from pydantic import BaseModel, Field
 
+from kvplan.deploy import load_draft, plan_deployment, select_gpus
 from kvplan.deploy import load_model_from_log as resolve_log_model
-from kvplan.deploy import plan_deployment, select_gpus
 from kvplan.errors import KvplanError
 from kvplan.hardware.catalog import GpuSelection, custom_device
 from kvplan.plan.offload import OffloadTier
@@ -255,6 +255,7 @@ def check_log_text(text: str, log_name: str, tolerance: float = 0.02, gpu: str |
 
     def plan_with(sel, kv_bytes, override=True):
         settings = settings_from_log(r, usage, kv_bytes, override, draft_layers)
+        settings = dataclasses.replace(settings, speculative=load_draft(settings.speculative))  # its draft's own config
         return plan_deployment(resolved, sel, settings, version, overhead)
 
     gate_all = gate == "all"

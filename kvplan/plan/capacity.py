@@ -26,8 +26,8 @@ from kvplan.model.weights import mxfp4_kernel_for, routed_expert_bytes, weight_b
 from kvplan.plan.layout import KVLayout, build_layout, with_tp
 from kvplan.plan.overhead import Estimate, OverheadModel
 from kvplan.plan.schema import Settings
-from kvplan.plan.speculative import SpeculativeConfig
-from kvplan.units import GiB, cdiv
+from kvplan.plan.speculative import DraftModel, SpeculativeConfig
+from kvplan.units import GiB, cdiv, format_bytes
 from kvplan.vllm.rules import VllmRules, parse_version
 
 MLA_BLOCK_SIZE = 64  # FlashMLA (Hopper); vLLM forces it for MLA models
@@ -358,17 +358,28 @@ def with_draft_layers(arch: Architecture, count: int) -> Architecture:
     last = growing[-1][1]
     shape = tuple(s for s, i in growing if i == last)
     per_layer = (arch.params.total - arch.params.embedding - arch.params.lm_head) // arch.num_hidden_layers
-    params = replace(arch.params, other=arch.params.other + count * per_layer)
+    return _with_drafter(arch, shape * count, count * per_layer)
+
+
+def with_draft_model(arch: Architecture, draft: DraftModel) -> Architecture:
+    """The target plus the draft's own KV layers (its specs, its shapes) and weights (kvplan.plan.speculative)."""
+    return _with_drafter(arch, draft.arch.layers, draft.params)
+
+
+def _with_drafter(arch: Architecture, specs: tuple[LayerSpec, ...], params: int) -> Architecture:
+    """The drafter's specs on the target's last layer (its stage), its parameters with the never-quantized
+    ones (the draft is not quantized with the target)."""
     return replace(
         arch,
-        layers=arch.layers + shape * count,
-        layer_index=arch.layer_index + (arch.num_hidden_layers - 1,) * (len(shape) * count),
-        params=params,
+        layers=arch.layers + specs,
+        layer_index=arch.layer_index + (arch.num_hidden_layers - 1,) * len(specs),
+        params=replace(arch.params, other=arch.params.other + params),
     )
 
 
 def speculative_draft_layers(spec: SpeculativeConfig, arch: Architecture) -> tuple[int, str]:
-    """The KV layers a drafter adds to the pool, and how kvplan knows (kvplan.plan.speculative)."""
+    """The KV layers a drafter adds to the pool, shaped like the target's, and how kvplan knows
+    (kvplan.plan.speculative); a drafter whose config was read adds its own instead (`with_draft_model`)."""
     if not spec.adds_kv_layers:
         return 0, f"speculative decoding ({spec.describe()}): the drafter holds no KV"
     if spec.method == "mtp":
@@ -378,11 +389,13 @@ def speculative_draft_layers(spec: SpeculativeConfig, arch: Architecture) -> tup
         n = arch.mtp_layers or 1
         return n, (f"speculative decoding ({spec.describe()}): {n} MTP layer(s) of the target's attention shape "
                    "share the KV pool" + ("" if arch.mtp_layers else " (the config names no MTP modules: vLLM builds 1)"))
+    unread = f": {spec.draft_unread}" if spec.draft_unread else ""
     if spec.method in ("eagle", "eagle3"):
         return 1, (f"speculative decoding ({spec.describe()}): one draft layer of the target's attention shape "
-                   "assumed (kvplan does not read the EAGLE head's config; --draft-layers N sets its layers)")
-    raise KvplanError(f"speculative decoding with {spec.method}: kvplan does not read the draft model's config",
-                      "give its attention layers with --draft-layers N (and its weights in --weights-memory)")
+                   f"assumed (the EAGLE head's config was not read{unread}; --draft-layers N sets its layers)")
+    raise KvplanError(f"speculative decoding with {spec.method}: kvplan could not read the draft model's config{unread}",
+                      "give a draft model kvplan can load (a local folder, a Hub id when online, a bundled profile), "
+                      "or its attention layers with --draft-layers N (and its weights in --weights-memory)")
 
 
 def _stage_weights(arch: Architecture, total: int, stage: range, first: bool, last: bool, tp: int,
@@ -426,6 +439,12 @@ def _with_speculative(arch: Architecture, settings: Settings, rules: VllmRules, 
     if spec:
         if draft_layers:
             notes.append(f"speculative decoding ({spec.describe()}): {draft_layers} draft layer(s), as --draft-layers gives")
+        elif spec.draft is not None:
+            draft = spec.draft
+            notes.append(f"speculative decoding ({spec.describe()}): the draft's own {len(draft.arch.layers)} KV layer(s) "
+                         f"from its config ({draft.source}) share the pool; "
+                         f"{format_bytes(draft.params * arch.model_dtype_bytes)} of draft weights ({draft.params_note})")
+            arch = with_draft_model(arch, draft)
         else:
             draft_layers, how = speculative_draft_layers(spec, arch)
             notes.append(how)
@@ -451,7 +470,11 @@ def compute_capacity(
     """Size the KV cache of one replica of a deployment, as that vLLM release would."""
     tp, pp = settings.tensor_parallel_size, settings.pipeline_parallel_size
     notes: list[str] = []
+    target_params = arch.params.total
     arch = _with_speculative(arch, settings, rules, notes)
+    if weights_total and arch.params.total > target_params:
+        # Exact bytes of the target's checkpoint: the drafter's weights (model dtype, unquantized) come on top.
+        weights_total += (arch.params.total - target_params) * arch.model_dtype_bytes
     if arch.num_attention_heads % tp:
         raise KvplanError(
             f"tensor parallel size {tp} does not divide the {arch.num_attention_heads} attention heads",

@@ -9,7 +9,9 @@ method detected from a draft model's name where none is given. A drafter moves t
   target's full-attention group (`SpecDecodeBaseProposer.load_model` registers the drafter's layers
   beside the target's; `get_kv_cache_groups` buckets equal specs together, v1/spec_decode/
   llm_base_proposer.py, v1/core/kv_cache_utils.py@0.32.0); EAGLE, EAGLE-3, DFlash, DSpark and draft
-  models add their own config's layers; ngram, suffix, Medusa and MLP speculators add none;
+  models add their own config's layers (`DraftModel`: read where kvplan can load that config, e.g.
+  llama_eagle3.py builds the head's ``num_hidden_layers`` decoder layers of its own KV shape);
+  ngram, suffix, Medusa and MLP speculators add none;
 - recurrent state: K more conv columns in Mamba-2, gated-delta-net, KDA and short-conv states
   (``conv_kernel - 1 + num_spec``, model_executor/layers/mamba/mamba_utils.py@0.32.0), and K more state
   blocks per request (``MambaSpec.num_speculative_blocks``) in the start-up figures;
@@ -25,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kvplan.errors import KvplanError
+from kvplan.model.arch import Architecture, parse_architecture
 
 # SpeculativeConfig's fields at 0.32.0 (vllm/config/speculative.py@0.32.0:386-615), less the two the engine
 # fills in (target_model_config, target_parallel_config). `tensor_parallel_size` vLLM refuses itself.
@@ -57,6 +60,43 @@ NO_KV_DRAFTERS = frozenset({"ngram", "ngram_gpu", "suffix", "medusa", "mlp_specu
                             "extract_hidden_states"})
 METHODS = KV_DRAFTERS | NO_KV_DRAFTERS
 MAX_SPECULATIVE_TOKENS = 128  # far above any drafter's; more is a typo
+# Drafters whose layers are the draft config's own decoder layers (llama_eagle.py, llama_eagle3.py and the
+# other *_eagle*.py; a draft model is a whole model): kvplan reads that config where it can load it.
+CONFIG_DRAFTERS = frozenset({"eagle", "eagle3", "draft_model"})
+
+
+@dataclass(frozen=True)
+class DraftModel:
+    """The drafter's own model, read from its config (``model`` of the speculative config): its KV layers
+    join the target's pool on the last stage, its weights load before the memory profile."""
+
+    name: str
+    arch: Architecture
+    source: str  # where its config came from ("local", "bundled", "hub", ...)
+    params: int  # the parameters it loads beside the target's
+    params_note: str = ""  # how they were counted
+
+
+def draft_model(name: str, config: dict, source: str, method: str) -> DraftModel:
+    """The draft's layers and weights from its config.json. EAGLE heads ship without an embedding (and EAGLE-1
+    without an LM head): vLLM gives them the target's
+    (`SpecDecodeBaseProposer._maybe_share_embeddings` / `_maybe_share_lm_head`, v1/spec_decode/llm_base_proposer.py@0.32.0),
+    and they add a fusing ``fc`` of 2 (EAGLE) or 3 (EAGLE-3: three of the target's hidden states) x hidden
+    inputs; EAGLE-3's own LM head covers ``draft_vocab_size`` tokens (llama_eagle3.py@0.32.0). A draft model
+    loads all of its own."""
+    arch = parse_architecture(config)
+    p = arch.params
+    if method not in ("eagle", "eagle3"):
+        return DraftModel(name, arch, source, p.total, "the draft model's own weights")
+    hidden = arch.hidden_size
+    lm_head = 0
+    if method == "eagle3":
+        draft_vocab = config.get("draft_vocab_size") or arch.vocab_size
+        lm_head = draft_vocab * hidden if isinstance(draft_vocab, int) and draft_vocab > 0 else p.lm_head
+    fc = (3 if method == "eagle3" else 2) * hidden * hidden
+    params = p.total - p.embedding - p.lm_head + lm_head + fc
+    return DraftModel(name, arch, source, params, "the head's layers and fc, the target's embedding shared"
+                      + (", its own LM head over draft_vocab_size" if method == "eagle3" else ", and its LM head"))
 
 
 @dataclass(frozen=True)
@@ -68,6 +108,8 @@ class SpeculativeConfig:
     model: str | None = None  # the draft model (None: the target itself, for MTP; none for ngram)
     kv_cache_dtype: str | None = None  # the draft layers' own KV dtype (None: the target's)
     given: str = ""  # the JSON as given (compact), for the `vllm serve` line
+    draft: DraftModel | None = None  # the draft's config, where it was loaded (kvplan.deploy.load_draft)
+    draft_unread: str = ""  # why it was not (the planner then assumes, or refuses, and says so)
 
     def as_vllm_dict(self) -> dict:
         """The config as vLLM takes it: what was given, else the fields kvplan read."""
@@ -89,6 +131,11 @@ class SpeculativeConfig:
     @property
     def adds_kv_layers(self) -> bool:
         return self.method in KV_DRAFTERS
+
+    @property
+    def reads_draft_config(self) -> bool:
+        """The drafter's layers are its own config's (and a draft model is named)."""
+        return self.method in CONFIG_DRAFTERS and bool(self.model)
 
     def describe(self) -> str:
         model = f", draft {self.model}" if self.model else ""

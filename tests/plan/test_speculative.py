@@ -145,16 +145,59 @@ def test_eagle_adds_one_layer_of_the_targets_shape_and_its_weights():
                                                      '"num_speculative_tokens": 3}')
     assert plan["block_bytes"] == 33 * 4096 * 16
     assert plan["num_blocks"] == 20 * 2**30 // (33 * 4096 * 16)
-    assert any("one draft layer" in n for n in plan["notes"])
+    assert any("one draft layer" in n and "cannot find model 'yuhuili/EAGLE-LLaMA3.1-Instruct-8B'" in n
+               for n in plan["notes"])  # offline: the head's config is not at hand, and the note says so
 
 
-def test_a_draft_model_needs_its_layers_given():
+def test_a_draft_model_brings_its_own_layers_and_weights():
+    """Llama-3.2-1B (bundled) drafting for Llama-3.1-8B: its 16 layers of 8 KV heads x 64 x 2 x 2 B = 2,048 B a
+    token each join the target's 32 x 4,096 B in one group of unequal pages (vLLM's uniform-type layout, as the
+    "draft-model" twin shows): (131,072 + 32,768) x 16 = 2,621,440 B a block. Its weights by hand from its
+    config: embedding 128,256 x 2,048 (tied, no LM head) + 16 x (attention 10,485,760 + MLP 3 x 2,048 x 8,192 +
+    two norms 4,096) + the final norm 2,048 = 1,235,814,400 parameters, 2,471,628,800 B in bf16."""
+    base = ("meta-llama/Llama-3.1-8B", "--gpu", "H100", "--ctx", "32k", "--kv-memory", "20GiB")
+    plain = size_json(*base)
+    plan = size_json(*base, "--speculative-config", '{"model": "meta-llama/Llama-3.2-1B", "num_speculative_tokens": 5}')
+    assert plan["block_bytes"] == (32 * 4096 + 16 * 2048) * 16
+    assert plan["num_blocks"] == 20 * 2**30 // plan["block_bytes"]
+    assert plan["weights_bytes"] - plain["weights_bytes"] == 2_471_628_800
+    assert any("the draft's own 16 KV layer(s) from its config (bundled)" in n for n in plan["notes"])
+    # --draft-layers still sets the layers (of the target's shape)
+    given = size_json(*base, "--speculative-config", '{"model": "meta-llama/Llama-3.2-1B", "num_speculative_tokens": 5}',
+                      "--draft-layers", "16")
+    assert given["block_bytes"] == (32 + 16) * 4096 * 16
+
+
+def test_a_draft_model_kvplan_cannot_load_needs_its_layers_given():
     result = runner.invoke(app, ["size", "meta-llama/Llama-3.1-8B", "--gpu", "H100", "--offline", "--speculative-config",
-                                 '{"model": "meta-llama/Llama-3.2-1B", "num_speculative_tokens": 5}'])
-    assert result.exit_code == 2 and "--draft-layers" in result.output
-    ok = size_json("meta-llama/Llama-3.1-8B", "--gpu", "H100", "--ctx", "32k", "--kv-memory", "20GiB", "--speculative-config",
-                   '{"model": "meta-llama/Llama-3.2-1B", "num_speculative_tokens": 5}', "--draft-layers", "16")
-    assert ok["block_bytes"] == (32 + 16) * 4096 * 16
+                                 '{"model": "acme/drafter-1b", "num_speculative_tokens": 5}'])
+    assert result.exit_code == 2 and "--draft-layers" in result.output and "acme/drafter-1b" in result.output
+
+
+# The config of yuhuili/EAGLE3-LLaMA3.1-Instruct-8B (https://huggingface.co/yuhuili/EAGLE3-LLaMA3.1-Instruct-8B).
+EAGLE3_LLAMA_8B = {
+    "architectures": ["LlamaForCausalLMEagle3"], "bos_token_id": 128000, "eos_token_id": 128001, "hidden_act": "silu",
+    "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 2048,
+    "model_type": "llama", "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 1,
+    "pad_token_id": 0, "rms_norm_eps": 1e-05, "tie_word_embeddings": False, "torch_dtype": "float16",
+    "transformers_version": "4.28.1", "use_cache": True, "vocab_size": 128256, "draft_vocab_size": 32000}
+
+
+def test_an_eagle3_head_from_its_folder_brings_its_layers_and_weights(tmp_path):
+    """Its one decoder layer has the target's KV shape (33 x 4,096 B a token); its weights, by hand: attention
+    4,096 x (4,096 + 1,024 + 1,024) + 4,096 x 4,096 = 41,943,040, MLP 3 x 4,096 x 14,336 = 176,160,768, the fc
+    over three hidden states 3 x 4,096 x 4,096 = 50,331,648, its LM head over the 32,000-token draft vocabulary
+    131,072,000; the embedding is the target's. 399,507,456 parameters plus its norms (at most 3 x 4,096), in
+    the target's bf16."""
+    (tmp_path / "config.json").write_text(json.dumps(EAGLE3_LLAMA_8B))
+    base = ("meta-llama/Llama-3.1-8B", "--gpu", "H100", "--ctx", "32k", "--kv-memory", "20GiB")
+    plain = size_json(*base)
+    plan = size_json(*base, "--speculative-config",
+                     json.dumps({"method": "eagle3", "model": str(tmp_path), "num_speculative_tokens": 3}))
+    assert plan["block_bytes"] == 33 * 4096 * 16
+    extra = plan["weights_bytes"] - plain["weights_bytes"]
+    assert 0 <= extra - 399_507_456 * 2 <= 3 * 4096 * 2
+    assert any("the draft's own 1 KV layer(s) from its config (local)" in n for n in plan["notes"])
 
 
 def test_the_lookahead_counts_in_a_running_request_not_in_vllms_figure():

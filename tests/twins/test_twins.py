@@ -21,6 +21,7 @@ from functools import cache
 
 import pytest
 
+from kvplan.deploy import load_draft
 from kvplan.errors import KvplanError
 from kvplan.hardware.catalog import Device
 from kvplan.model.arch import parse_architecture
@@ -31,7 +32,7 @@ from kvplan.plan.capacity import compute_capacity, with_state_dtype, with_tp
 from kvplan.plan.offload import offload_tier_for
 from kvplan.plan.overhead import load_overhead
 from kvplan.plan.schema import Settings
-from kvplan.plan.speculative import parse_speculative_config
+from kvplan.plan.speculative import draft_model, parse_speculative_config
 from kvplan.units import GiB, MiB
 from kvplan.vllm.platforms import host_cpu_platform
 from kvplan.vllm.rules import rules_for
@@ -50,6 +51,12 @@ VARIANTS = {
     # own MTP module; ngram drafts without KV layers but widens the recurrent state.
     "mtp2": {"extra_engine_args": {"speculative_config": {"method": "mtp", "num_speculative_tokens": 2}}},
     "ngram3": {"extra_engine_args": {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3}}},
+    # Drafters with configs of their own (DRAFTS, written beside the twin; "draft:NAME" becomes its folder):
+    # their layers' shapes differ from the target's, so vLLM keeps one group of unequal pages.
+    "eagle3": {"extra_engine_args": {"speculative_config": {"method": "eagle3", "model": "draft:eagle3-head",
+                                                            "num_speculative_tokens": 2}}},
+    "draft-model": {"extra_engine_args": {"speculative_config": {"method": "draft_model", "model": "draft:small-llama",
+                                                                 "num_speculative_tokens": 3}}},
 }
 EXTRA_VARIANTS = {  # profile -> variants beyond the default
     "meta-llama/Llama-3.1-8B": ["block256"],
@@ -73,6 +80,7 @@ EXTRA_VARIANTS = {  # profile -> variants beyond the default
     "synthetic/laguna": ["no-prefix-caching"],
     "synthetic/mimo-v2-flash": ["no-prefix-caching", "block256"],
     "synthetic/nemotron-3.5-blocks": ["no-prefix-caching"],
+    "synthetic/llama-drafted": ["eagle3", "draft-model"],
 }
 
 # Architectures the CI's vLLM CPU build cannot construct, with the engine error that says why.
@@ -115,7 +123,21 @@ _EXAONE4 = {
     "max_position_embeddings": 8192, "rms_norm_eps": 1e-05, "rope_theta": 1000000, "torch_dtype": "bfloat16",
     "rope_scaling": {"factor": 16.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
                      "original_max_position_embeddings": 8192, "rope_type": "llama3"}}
+_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 512, "max_position_embeddings": 8192,
+          "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "torch_dtype": "bfloat16", "tie_word_embeddings": False}
+# Drafters' own configs (the "eagle3" and "draft-model" variants): an EAGLE-3 head (one decoder layer, as
+# yuhuili/EAGLE3-LLaMA3.1-Instruct-8B's config has, with twice the target's KV heads here so its pages differ)
+# and a small draft model of another shape (two layers, 1 KV head of 128).
+DRAFTS: dict[str, dict] = {
+    "eagle3-head": {**_LLAMA, "architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 256, "intermediate_size": 512,
+                    "num_hidden_layers": 1, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 32,
+                    "draft_vocab_size": 256},
+    "small-llama": {**_LLAMA, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+                    "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 128},
+}
 SYNTHETIC: dict[str, dict] = {
+    "synthetic/llama-drafted": {**_LLAMA, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4,
+                                "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 32},
     "synthetic/exaone4.0-32b-shape": {
         **_EXAONE4, "num_hidden_layers": 8, "sliding_window": 1024, "sliding_window_pattern": "LLLG",
         "layer_types": ["sliding_attention"] * 3 + ["full_attention"] + ["sliding_attention"] * 3 + ["full_attention"],
@@ -288,7 +310,14 @@ def probe_cases(selected: set[tuple[str, str]], folder) -> list[dict]:
         twin_dir = folder / hashlib.sha256(key.encode()).hexdigest()[:16]
         if not twin_dir.exists():
             write_twin(json.loads(_twin_config(profile)), twin_dir, shrink=False)
-        cases.append({"name": key, "twin": str(twin_dir), "settings": json.loads(_settings_json(profile, variant))})
+        settings = json.loads(_settings_json(profile, variant))
+        spec = (settings.get("extra_engine_args") or {}).get("speculative_config") or {}
+        if str(spec.get("model", "")).startswith("draft:"):
+            name = spec["model"].removeprefix("draft:")
+            spec["model"] = str(folder / f"draft-{name}")
+            if not (folder / f"draft-{name}").exists():
+                write_twin(DRAFTS[name], folder / f"draft-{name}", shrink=False)
+        cases.append({"name": key, "twin": str(twin_dir), "settings": settings})
     return cases
 
 
@@ -340,8 +369,18 @@ def _plan(profile: str, engine_settings: dict, async_scheduling: bool = False, v
 
 
 def _speculative(engine_settings: dict):
+    """The case's speculative config as kvplan reads it: a drafter's folder through kvplan's own loader (as
+    `kvplan size` reads it), a "draft:NAME" placeholder (before the folder is written) from DRAFTS."""
     given = (engine_settings.get("extra_engine_args") or {}).get("speculative_config")
-    return parse_speculative_config(given) if given else None
+    if not given:
+        return None
+    spec = parse_speculative_config(given)
+    if spec.model and spec.model.startswith("draft:"):
+        name = spec.model.removeprefix("draft:")
+        return replace(spec, draft=draft_model(name, DRAFTS[name], "synthetic", spec.method))
+    spec = load_draft(spec)
+    assert spec is None or not spec.reads_draft_config or spec.draft is not None, spec.draft_unread
+    return spec
 
 
 def _engine_layer_shapes(result: dict) -> list[tuple]:
