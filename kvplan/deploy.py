@@ -100,11 +100,12 @@ def plan_deployment(
     overhead: OverheadModel | None = None,
     use_calibration: bool = True,
     steptime: object | None = None,
+    suggest: bool = True,
 ) -> SizePlan:
     """Plan one deployment. A user calibration (`kvplan calibrate`) for the same GPU, vLLM
     release and model family shifts the overhead model by its measured residual, and lends
     its loaded weights to the same model at the same TP; the plan's notes say so. An explicit
-    ``overhead`` model is used as given."""
+    ``overhead`` model is used as given. ``suggest``: as `plan_size`."""
     rules = rules_for(vllm_version)
     ref = ModelRef(
         name=model.config.name,
@@ -124,7 +125,7 @@ def plan_deployment(
     if use_calibration and overhead is None:
         base, ref, used = _apply_calibration(model, gpus, settings, rules.version, base, ref)
         notes += used
-    plan = plan_size(ref, model.arch, gpus, settings, rules, base, list(devices.values()), steptime)
+    plan = plan_size(ref, model.arch, gpus, settings, rules, base, list(devices.values()), steptime, suggest)
     if notes:
         plan = plan.replace(notes=notes + plan.notes)
     return plan

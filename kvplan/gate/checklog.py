@@ -30,6 +30,7 @@ from kvplan.plan.schema import settings_from_engine_args
 from kvplan.plan.speculative import parse_speculative_config
 from kvplan.term import make_console
 from kvplan.units import GiB
+from kvplan.vllm.rules import KNOWN_VERSIONS, VllmRules, rules_for
 from kvplan.vllm.startup_log import StartupReport, parse_startup_log
 
 # vLLM prints GiB and concurrency with 2 decimals: a predicted value this close to the reported
@@ -131,8 +132,7 @@ def _version(r: StartupReport, given: str | None, notes: list[str]) -> str | Non
     if r.engine == "v0":
         notes.append("the log prints no vLLM version; V0 engine lines: planned with vLLM 0.6.0 rules")
         return "0.6.0"
-    notes.append("the log prints no vLLM version: planned with the newest rules kvplan knows (pass --vllm-version)")
-    return None
+    return None  # judged by every release's rules (`_judge_unknown_release`)
 
 
 def _assumed_device(r: StartupReport, notes: list[str]):
@@ -238,6 +238,57 @@ def check_log_text(text: str, log_name: str, tolerance: float = 0.02, gpu: str |
         notes.append("given on the command line: " + ", ".join(f"{k}={v}" for k, v in given.items()))
     r = with_given_settings(r, given)
     version = _version(r, vllm_version, notes)
+    if version is not None:
+        return _judge(r, resolved, version, notes, log_name, tolerance, gpu, usage, gate, draft_layers)
+    return _judge_unknown_release(r, resolved, notes, log_name, tolerance, gpu, usage, gate, draft_layers)
+
+
+def _judge_unknown_release(r: StartupReport, resolved, notes: list[str], log_name: str, *args) -> CheckLogResult:
+    """A log that prints no vLLM version is judged by the rules of every release kvplan knows (releases with
+    the same rules once): the release whose figures agree best with the log's is taken (the newest of equals),
+    and the note names every release that agrees; where none agrees, the newest rules judge it, and the note
+    says no release reproduces it. So a verdict never rests on one release the log does not show (an 0.11 log
+    judged by 0.33's rules was 3.8x off)."""
+    by_rules: dict[VllmRules, list[str]] = {}
+    for version in KNOWN_VERSIONS:
+        by_rules.setdefault(dataclasses.replace(rules_for(version), version="", note=""), []).append(version)
+    judged: list[tuple[list[str], CheckLogResult]] = []
+    failure: KvplanError | None = None
+    for versions in reversed(list(by_rules.values())):  # newest first
+        try:
+            judged.append((versions, _judge(r, resolved, versions[-1], list(notes), log_name, *args)))
+        except KvplanError as exc:  # that release cannot plan it (a family it predates): not a candidate
+            failure = failure or exc
+    if not judged:
+        raise failure or KvplanError(f"{log_name}: no release kvplan knows can plan this log")
+    agreeing = [versions for versions, result in judged if result.ok]
+    if agreeing:
+        names = ", ".join(_span(v) for v in reversed(agreeing))
+        # The closest agreement (its largest gated error the smallest; the newest of equals).
+        chosen = min((result for _, result in judged if result.ok), key=_largest_error)
+        chosen.notes.insert(0, f"the log prints no vLLM version: its figures agree with the rules of vLLM {names}; "
+                               f"judged with {chosen.vllm_version} (pass --vllm-version to choose)")
+        return chosen
+    chosen = judged[0][1]
+    chosen.notes.insert(0, f"the log prints no vLLM version, and no release kvplan knows ({KNOWN_VERSIONS[0]} to "
+                           f"{KNOWN_VERSIONS[-1]}) reproduces its figures: judged with the newest rules "
+                           "(pass --vllm-version)")
+    return chosen
+
+
+def _largest_error(result: CheckLogResult) -> float:
+    errors = [abs(c.error_pct) for section in (result.page_math, result.budget) if section
+              for c in section.comparisons if c.gated and c.error_pct is not None]
+    return max(errors, default=0.0)
+
+
+def _span(versions: list[str]) -> str:
+    return versions[0] if len(versions) == 1 else f"{versions[0]}-{versions[-1]}"
+
+
+def _judge(r: StartupReport, resolved, version: str, notes: list[str], log_name: str, tolerance: float,
+           gpu: str | None, usage: str, gate: str, draft_layers: int | None) -> CheckLogResult:
+    """Compare the log's figures with the plans of one release's rules."""
     note = speculative_note(r)
     if note:
         notes.append(note)
@@ -256,7 +307,7 @@ def check_log_text(text: str, log_name: str, tolerance: float = 0.02, gpu: str |
     def plan_with(sel, kv_bytes, override=True):
         settings = settings_from_log(r, usage, kv_bytes, override, draft_layers)
         settings = dataclasses.replace(settings, speculative=load_draft(settings.speculative))  # its draft's own config
-        return plan_deployment(resolved, sel, settings, version, overhead)
+        return plan_deployment(resolved, sel, settings, version, overhead, suggest=False)  # a log's check needs none
 
     gate_all = gate == "all"
     page = None

@@ -364,8 +364,10 @@ def plan_size(
     overhead: OverheadModel,
     catalog: list[Device] | None = None,
     steptime: object | None = None,
+    suggest: bool = True,
 ) -> SizePlan:
-    """``steptime``: a calibrated kvplan.plan.steptime.StepTimeModel (else the device's prior)."""
+    """``steptime``: a calibrated kvplan.plan.steptime.StepTimeModel (else the device's prior). ``suggest``: search
+    the changes that would make a plan that does not fit fit (the costly part; a log check needs none)."""
     world = settings.tensor_parallel_size * settings.pipeline_parallel_size
     if gpu.count < world:
         raise KvplanError(
@@ -389,7 +391,7 @@ def plan_size(
     all_devices = sum(
         st.layout.kv_bytes_per_token() for st in cap.stages
     ) * settings.tensor_parallel_size * replicas
-    suggestions = [] if verdict.fits else _suggestions(
+    suggestions = [] if verdict.fits or not suggest else _suggestions(
         arch, gpu, settings, rules, overhead, cap, replicas, catalog or [], ref.weights_total
     )
     return SizePlan(

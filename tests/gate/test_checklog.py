@@ -266,3 +266,28 @@ def test_the_cpu_offload_tier_is_read_from_the_log_and_can_be_given(tmp_path):
     assert "CPU offload tier (native, 4 GiB" in " ".join(given.output.split()) and "1,985 chunks" in given.output
     bad = check_log(tmp_path, KV003, *ONE_GPU, "--kv-offloading-size", "-1")
     assert bad.exit_code == 2 and "Traceback" not in bad.output
+
+
+def test_a_log_without_its_release_is_judged_by_the_releases_that_reproduce_it(tmp_path):
+    """Kimi-Linear (vllm#28228) prints no vLLM version. By hand, at the rules up to 0.20.0: MLA 576 x 2 B = 1,152 B a
+    token, the KDA state 36,864 + 1,048,576 B, so the attention block is 64 x cdiv(1,085,440, 64 x 1,152) = 960
+    tokens; 7 MLA and 20 KDA layers make 4 groups of 7 (one padding layer: the log's 5.00% warning), a block of
+    7 x 1,105,920 B; 2.30 GiB / 7,741,440 B = 319 blocks, and vLLM prints 319 // 4 x 960 = 75,840 tokens, as the
+    log does. From 0.20.1 vLLM prints int(concurrency x max_model_len) instead: ~292,000 tokens, 3.8x the log's,
+    which is what judging it by the newest rules said."""
+    log = QUOTES["kimi-linear-28228"]["quote"]
+    args = ("--model", "moonshotai/Kimi-Linear-48B-A3B-Instruct", "--tp", "2", "--pp", "1", "--max-model-len", "120000")
+    result = check_log(tmp_path, log, *args, "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert rows(doc["page_math"])["KV cache tokens"]["predicted"] == 75_840
+    (note,) = [n for n in doc["notes"] if n.startswith("the log prints no vLLM version")]
+    assert "0.20.0" in note and "0.33.0" not in note and "0.20.1" not in note
+    assert doc["vllm_version"] in note
+    newest = check_log(tmp_path, log, *args, "--vllm-version", "0.33.0", "--json")
+    assert newest.exit_code == 1
+    assert rows(json.loads(newest.stdout)["page_math"])["KV cache tokens"]["predicted"] > 3.5 * 75_840
+    # Figures no release gives: judged (and failed) by the newest rules, and the note says none reproduces them.
+    odd = check_log(tmp_path, log.replace("75,840 tokens", "12,345 tokens"), *args, "--json")
+    assert odd.exit_code == 1
+    assert any("no release kvplan knows" in n for n in json.loads(odd.stdout)["notes"])
