@@ -63,6 +63,9 @@ READ_BUFSIZE = 1 << 24  # 16 MiB per connection; SSE lines of a 128k-token conte
 #: server's loop may be late reading the next request, so the limit sits well below 5 s; a server
 #: configured shorter, or a stalled one, is what the retry is for.
 IDLE_KEEP_ALIVE_S = 2.0
+# How early a scheduled send stops sleeping and starts yielding to the loop until its time
+# (`_LoadContext.wait_until`): the loop's timers are late by up to ~1 ms, more when it is busy.
+TIMER_SLACK_S = 0.002
 
 
 @dataclass
@@ -642,11 +645,16 @@ class _LoadContext:
         self.on_request_done = on_request_done
 
     async def wait_until(self, at: float) -> bool:
-        """Sleep until ``at`` (seconds on the point's clock), waking early on a stop; False when stopped."""
-        wait = at - self.clock()
+        """Sleep until ``at`` (seconds on the point's clock), waking early on a stop; False when stopped.
+        The loop's timers fire late by up to a millisecond and more (epoll's timeout is whole milliseconds,
+        rounded up, and other callbacks run first), so the sleep ends ``TIMER_SLACK_S`` early and the rest
+        is spent yielding to the loop (responses keep being read) until the clock reaches ``at``."""
+        wait = at - self.clock() - TIMER_SLACK_S
         if wait > 0:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.stop.wait(), wait)
+        while self.clock() < at and not self.stop.is_set():
+            await asyncio.sleep(0)
         return not self.stop.is_set()
 
     async def one(self, number: int, stream: int, scheduled: float) -> RequestRecord:
