@@ -274,10 +274,17 @@ class Capacity:
             self.max_model_len, self.request_context, self.rules.max_len_check_counts_padding
         )
 
+    @property
+    def max_len_check_bytes(self) -> int:
+        """The memory vLLM's max_model_len check (and its estimate) plans against: the KV memory, less the null
+        block the pool holds back from 0.29 (``check_memory``, v1/core/kv_cache_utils.py@0.29.0)."""
+        available = self.limiting_stage.available.bytes
+        return available - self.layout.block_bytes if self.rules.max_len_check_reserves_null_block else available
+
     def estimated_max_model_len(self) -> int:
         """`estimate_max_model_len` (kv_cache_utils.py): the longest max_model_len whose one
         request fits the available memory, as vLLM's start-up error names it."""
-        available = self.limiting_stage.available.bytes
+        available = self.max_len_check_bytes
         ctx, padding = self.request_context, self.rules.max_len_check_counts_padding
         lo, hi = 0, self.max_model_len
         while lo < hi:
@@ -308,7 +315,7 @@ class Capacity:
     @property
     def engine_starts(self) -> bool:
         return (not self.context_too_long and self.num_blocks > 0
-                and self.needed_for_max_model_len() <= self.limiting_stage.available.bytes)
+                and self.needed_for_max_model_len() <= self.max_len_check_bytes)
 
 
 _STATE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}

@@ -72,7 +72,7 @@ def verdict_for(cap: Capacity, replicas: int) -> Verdict:
             False,
             f"vLLM will not start: one {cap.max_model_len:,}-token request needs "
             f"{format_bytes(cap.needed_for_max_model_len())} of KV but "
-            f"{format_bytes(cap.limiting_stage.available.bytes)} is available (vLLM's estimated maximum "
+            f"{format_bytes(cap.max_len_check_bytes)} is available (vLLM's estimated maximum "
             f"model length: {est:,})",
             "max_model_len",
         )

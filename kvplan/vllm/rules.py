@@ -116,6 +116,15 @@ class VllmRules:
     # unscheduled lookups are not counted", scheduler.py, 0.27+); up to 0.26 at every lookup, so a
     # request waiting for KV counts once a step (`get_computed_blocks`, read in 0.26.0, 0.27.1).
     prefix_stats_at_admission: bool
+    # The start-up check that one max_model_len request fits (and its estimate, and auto-fit) plans against the
+    # memory less one block, the null block the pool holds back (`check_memory`, kv_cache_utils.py, 0.29+;
+    # not in 0.28.0).
+    max_len_check_reserves_null_block: bool = False
+    # DeepSeek-V4 (models/deepseek_v4): its mixed block sizes are grouped by `_get_packed_kv_cache_groups`
+    # (kv_cache_utils.py, 0.29+), which kvplan follows; 0.20-0.28 grouped and counted them by other code,
+    # which it does not. From 0.30 "auto" is its fp8_ds_mla layout; 0.29 asserts an fp8 dtype.
+    dsv4_packed_layout: bool = False
+    dsv4_auto_fp8_ds_mla: bool = False
 
     note: str | None = None  # when the asked release is outside what kvplan has read
 
@@ -196,4 +205,7 @@ def rules_for(version: str | None = None) -> VllmRules:
         moe_shards_over_dp=v >= (0, 10, 0),
         free_uncached_first=v >= (0, 23, 0),
         prefix_stats_at_admission=v >= (0, 27, 0),
+        max_len_check_reserves_null_block=v >= (0, 29, 0),
+        dsv4_packed_layout=v >= (0, 29, 0),
+        dsv4_auto_fp8_ds_mla=v >= (0, 30, 0),
     )

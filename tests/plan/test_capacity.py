@@ -173,6 +173,19 @@ def test_speculative_draft_layers_share_the_pool():
     assert cap.kv_cache_tokens_reported == 410_128
 
 
+def test_from_0_29_the_max_len_check_holds_the_null_block_back():
+    """Llama-3.1-8B, blocks of 2 MiB: one 32,768-token request needs 2,048 blocks = 4 GiB. With exactly 4 GiB of
+    KV memory vLLM 0.28 starts; 0.29 checks against 4 GiB less the null block's 2 MiB (`check_memory`,
+    v1/core/kv_cache_utils.py@0.29.0) and refuses, estimating 32,752 tokens (2,047 blocks); one block more starts."""
+    exact = dict(kv_cache_memory_bytes=4 * GiB, max_model_len=32768)
+    assert capacity("meta-llama/Llama-3.1-8B", version="0.28.0", **exact).engine_starts
+    refused = capacity("meta-llama/Llama-3.1-8B", version="0.29.0", **exact)
+    assert not refused.engine_starts
+    assert refused.estimated_max_model_len() == 2047 * 16
+    more = dict(kv_cache_memory_bytes=4 * GiB + 2 * MiB, max_model_len=32768)
+    assert capacity("meta-llama/Llama-3.1-8B", version="0.29.0", **more).engine_starts
+
+
 def test_a_context_beyond_the_model_is_refused():
     # Llama-3.1-8B: max_position_embeddings 131,072 (no rope_scaling in the bundled subset).
     cap = capacity("meta-llama/Llama-3.1-8B", max_model_len=200_000)
