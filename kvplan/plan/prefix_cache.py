@@ -43,9 +43,6 @@ class BlockHasher:
             raise KvplanError("the block size must be >= 1")
         self.block_size = block_size
         self._ids: dict[tuple, int] = {}
-        # (chain, segment key, tokens) -> (run id, whole blocks, chain after): a segment that starts on a block
-        # boundary, seen before after the same chain, is one lookup (prompt_runs)
-        self._whole_segments: dict[tuple[int, str, int], tuple[int, int, int]] = {}
 
     def _id(self, parent: int, content: tuple) -> int:
         key = (parent, content)
@@ -73,58 +70,6 @@ class BlockHasher:
                     out.append(parent)
                     spans, filled = [], 0
         return tuple(out)
-
-    def prompt_runs(self, segments):
-        """The prompt's full blocks as runs: ``(run id, blocks)`` in order, a run being the blocks one segment
-        holds whole from one offset after one chain (an id per distinct (chain, segment, offset)), or a single
-        block straddling segments. Equal prefixes give equal runs; a shorter copy of a segment covers a prefix
-        of the same run (token ids are prefix-stable: kvplan.traffic.tokens)."""
-        B = self.block_size
-        ids, whole_segments = self._ids, self._whole_segments
-        out: list[tuple[int, int]] = []
-        parent = 0
-        spans: list[tuple[str, int, int]] = []
-        filled = 0
-        for seg in segments:
-            key, tokens = seg.key, seg.tokens
-            at = 0
-            if filled:
-                take = min(B - filled, tokens)
-                spans.append((key, 0, take))
-                at, filled = take, filled + take
-                if filled < B:
-                    continue
-                parent = self._id(parent, ("block", tuple(spans)))
-                out.append((parent, 1))
-                spans, filled = [], 0
-            else:
-                memo = (parent, key, tokens)
-                seen = whole_segments.get(memo)
-                if seen is not None:  # the usual case: a segment seen after this chain
-                    run, whole, parent = seen
-                    if whole:
-                        out.append((run, whole))
-                    at = whole * B
-                    if at < tokens:
-                        spans, filled = [(key, at, tokens)], tokens - at
-                    continue
-            whole = (tokens - at) // B
-            run = 0
-            chain = parent
-            if whole:
-                run = ids.get((chain, "run", key, at))
-                if run is None:
-                    run = ids[chain, "run", key, at] = len(ids) + 1
-                out.append((run, whole))
-                parent = ids.get((run, "after", whole))
-                if parent is None:
-                    parent = ids[run, "after", whole] = len(ids) + 1
-            if not at:
-                whole_segments[memo] = (run, whole, parent)
-            at += whole * B
-            if at < tokens:
-                spans, filled = [(key, at, tokens)], tokens - at
-        return out
 
     def __len__(self) -> int:
         return len(self._ids)
@@ -189,10 +134,21 @@ class WorkingSet:
 
 
 class _Fenwick:
-    """Sums over positions 1..n."""
+    """Sums over positions 1..n, n growing by one at a time: `append` costs O(1) amortized, and `add` walks
+    only the ancestors built so far (few for a recent position, the usual one)."""
 
-    def __init__(self, n: int) -> None:
-        self.tree = [0] * (n + 1)
+    def __init__(self) -> None:
+        self.tree = [0]
+
+    def append(self, value: int) -> None:
+        tree = self.tree
+        i = len(tree)
+        # tree[i] sums (i - lowbit(i), i]: the value and the nodes tree[i - 1], tree[i - 2], tree[i - 4]...
+        step, low = 1, i & -i
+        while step < low:
+            value += tree[i - step]
+            step <<= 1
+        tree.append(value)
 
     def add(self, i: int, delta: int) -> None:
         tree, n = self.tree, len(self.tree)
@@ -210,87 +166,129 @@ class _Fenwick:
 
 def working_set(turns: Iterable[Turn], block_size: int) -> WorkingSet:
     """The reuse distances of every request's prompt blocks, requests in the order given (a replay's
-    arrival order), computed per *run* of blocks (`BlockHasher.prompt_runs`: the blocks one segment holds
-    whole), so a 512-token segment costs one step, not 32.
+    arrival order), in one pass over the prompts' segments.
 
-    A request ``r`` that reuses block ``b`` last used by request ``j`` at position ``x`` of ``j``'s
-    prompt finds as more recent: every block last used by requests after ``j`` (a Fenwick tree over
-    request numbers holds each block at its last user), and the blocks of ``j`` before position ``x``
+    **Runs.** Blocks go a *run* at a time: the blocks one segment holds whole from one offset after one
+    chain, or a single block straddling segments, so a 512-token segment costs one step, not 32. A run is
+    named by where it starts, ``(chain, segment key, offset)`` (a straddling block by ``(chain, its
+    spans)``), and a chain (the prompt up to a block boundary) by its last run and how many of that run's
+    blocks it holds. Equal names are equal vLLM hashes (as `BlockHasher`'s ids are); a shorter copy of a
+    segment covers a prefix of the same run (token ids are prefix-stable: kvplan.traffic.tokens); and a
+    run's blocks sit at the same prompt position in every request (the chain fixes it).
+
+    **Distances.** A request ``r`` that reuses the block at position ``x`` of its prompt, last used by
+    request ``j``, finds as more recent: every block last used by requests after ``j`` (a Fenwick tree
+    over request numbers holds each block at its last user), and the blocks of ``j`` before position ``x``
     that no later request took (a prefix of ``j``'s prompt moves on as a whole, since chains are reused
     from the start: ``moved[j]`` blocks). A run's blocks can have several last users (a shorter copy of a
-    segment reused only its first blocks): ``pieces[run]`` holds them as ``(first, end, j, x)``, from the
-    run's first block on, contiguous. One pass over a request's runs both looks its blocks up (against the
-    state before the request: what it changes is applied after the pass) and takes them."""
+    segment reused only its first blocks): ``pieces[run]`` holds them as ``(end, j, end, j...)``, newest
+    first, blocks ``[previous end, end)`` last used by ``j``. Along a prompt the last users only get older
+    (a request that uses a block uses every block before it), so ``r`` takes its blocks from one request
+    after another, a *stretch* each: it looks a stretch's blocks up, then moves them to itself."""
     turns = list(turns)
     B = block_size
-    hasher = BlockHasher(B)
-    tree = _Fenwick(len(turns))
-    pieces: dict[int, list[tuple[int, int, int, int]]] = {}
-    moved: list[int] = [0] * (len(turns) + 1)  # leading blocks of each request's prompt a later request took
-    pairs: list[tuple[int, int]] = []  # (distance, run length)
+    if B < 1:
+        raise KvplanError("the block size must be >= 1")
+    runs: dict[tuple, int] = {}  # a run's name -> its number, from 1 (chain run 0: the empty chain)
+    # run number -> its blocks' last users: tuples of ints, which the GC stops tracking (with a list per run
+    # its collections walked every run: 1.5 times the time)
+    pieces: list[tuple[int, ...]] = [()]
+    tree = _Fenwick()  # request number -> the blocks it was the last to use
+    moved = [0] * (len(turns) + 1)  # leading blocks of each request's prompt a later request took
+    # (distance, blocks) pairs as one int each, distance << shift | blocks: ints sort several times faster
+    # than tuples, fastest within a machine word, so shift is just wide enough for the longest run
+    shift = (max((t.prompt_tokens for t in turns), default=0) // B).bit_length()
+    pairs: list[int] = []
     queried = achievable = total_blocks = 0
     uncached_prev = 0  # the previous request's uncached (partial) last block, still in the queue
     r = 0
     for r, turn in enumerate(turns, 1):
         prompt_tokens = turn.prompt_tokens
         queried += prompt_tokens
-        after: dict[int, int] = {}  # request j -> blocks last used after j (before this request)
-        taken: dict[int, int] = {}  # request j -> blocks this request takes from j
-        reach: dict[int, int] = {}  # request j -> the end of the leading blocks this request takes from j
         left = (prompt_tokens - 1) // B  # blocks looked up (the last token is always computed)
-        held = new_blocks = 0
-        for run, count in hasher.prompt_runs(turn.segments):
-            found = pieces.get(run, ())
-            # 1. Lookup: the run's blocks by their last user, while the chain is still cached.
-            if left > 0:
-                want, covered = min(count, left), 0
-                for a, b, j, x in found:
-                    if a >= want or a != covered:
+        held = new_blocks = 0  # the prompt's full blocks so far, and those no request held before
+        user = taken = reach = 0  # the stretch: the request its blocks come from, how many, where they end
+        offset = None  # the distance of the stretch's block at prompt position x is offset + x (once looked up)
+        chain_run = chain_blocks = 0  # the empty chain
+        spans: list[tuple[str, int, int]] = []  # the block being filled: (segment key, start, end) runs
+        filled = 0
+        for seg in turn.segments:
+            key, tokens = seg.key, seg.tokens
+            at = 0
+            while at < tokens:  # the segment's runs: the block it completes, then the blocks it holds whole
+                if filled:
+                    at = min(B - filled, tokens)
+                    spans.append((key, 0, at))
+                    filled += at
+                    if filled < B:
                         break
-                    n = (b if b < want else want) - a
-                    if j not in after:
-                        after[j] = total_blocks - tree.prefix(j)
-                    # blocks of j before x still at j are more recent; the previous request's partial block
-                    # holds a slot (uncached blocks go to the head of the free queue, vLLM 0.23+)
-                    pairs.append((after[j] + (x - moved[j]) + uncached_prev, n))
-                    covered += n
-                achievable += covered
-                left = left - covered if covered == want else 0  # a never-seen block ends the chain
-            # 2. This request now holds the run's blocks: the reused ones move to it, the rest are new.
-            kept = [(0, count, r, held)]
-            seen = 0
-            for piece in found:
-                a, b, j, x = piece
-                if a >= count:
-                    kept.append(piece)
-                    continue
-                seen = b if b < count else count
-                n = seen - a
-                taken[j] = taken.get(j, 0) + n
-                if x + n > reach.get(j, 0):
-                    reach[j] = x + n
-                if b > count:
-                    kept.append((count, b, j, x + count - a))
-            new_blocks += count - seen
-            pieces[run] = kept
-            held += count
-        for j, end in reach.items():
-            if end > moved[j]:
-                moved[j] = end
+                    where, count = (chain_run, chain_blocks, tuple(spans)), 1
+                    spans, filled = [], 0
+                else:
+                    count = (tokens - at) // B
+                    if not count:  # the rest starts the prompt's next block
+                        spans, filled = [(key, at, tokens)], tokens - at
+                        break
+                    where = (chain_run, chain_blocks, key, at)
+                    at += count * B
+                number = len(pieces)
+                run = runs.setdefault(where, number)
+                if run == number:  # never seen: new blocks, and so is every later run (its chain is new)
+                    pieces.append((count, r))
+                    new_blocks += count
+                else:
+                    found = pieces[run]
+                    want = count if count < left else left  # blocks of the run to look up
+                    start = i = 0  # found[i], found[i + 1]: the piece holding the run's blocks [start, end)
+                    while start < count and i < len(found):
+                        end, j = found[i], found[i + 1]
+                        if j != user:  # a new stretch: the previous one's blocks move to this request
+                            if user:
+                                tree.add(user, -taken)
+                                moved[user] = reach  # (a request's blocks move on in prompt order)
+                            user, taken, offset = j, 0, None
+                        if start < want:
+                            if offset is None:
+                                # blocks last used after j, as before this request (it changed the tree only
+                                # at later requests, past j's prefix sum), less j's blocks a later request took;
+                                # the previous request's partial block holds a slot (uncached blocks go to the
+                                # head of the free queue, vLLM 0.23+)
+                                offset = total_blocks - tree.prefix(j) - moved[j] + uncached_prev
+                            pairs.append((offset + held + start) << shift | ((end if end < want else want) - start))
+                        stop = end if end < count else count
+                        taken += stop - start
+                        reach = held + stop
+                        start = stop
+                        i += 2
+                    if start < want:  # a never-seen block ends the chain
+                        achievable += start
+                        left = 0
+                    else:
+                        achievable += want
+                        left -= want
+                    new_blocks += count - start
+                    # This request now holds the run's blocks [0, count); the older pieces past them stay.
+                    if end > count:
+                        i -= 2
+                    pieces[run] = (count, r) + found[i:]
+                chain_run, chain_blocks = run, count
+                held += count
+        if user:
+            tree.add(user, -taken)
+            moved[user] = reach
         # Its other full blocks (the last sampled token is never computed) hold generated tokens no
         # prompt repeats: cached, never hit, but they take room (freed before the prompt: less recent).
         computed = prompt_tokens + turn.output_tokens - 1
         tail = max(0, computed // B - held)
         total_blocks += new_blocks + tail
-        for j, n in taken.items():
-            tree.add(j, -n)
-        tree.add(r, held + tail)
+        tree.append(held + tail)
         # Its last block, when partial, holds no hash: freed to the head of the queue, it takes a slot
         # from the cache until the next request's first new block reuses it (vLLM 0.23+).
         uncached_prev = 1 if computed % B else 0
     pairs.sort()
+    mask = (1 << shift) - 1
     return WorkingSet(block_size=B, requests=r, queried_tokens=queried, achievable_blocks=achievable,
-                      distances=tuple(p[0] for p in pairs), weights=tuple(p[1] for p in pairs))
+                      distances=tuple([p >> shift for p in pairs]), weights=tuple([p & mask for p in pairs]))
 
 
 def traffic_working_set(traffic: Traffic, block_size: int) -> WorkingSet:
