@@ -292,16 +292,17 @@ def _n(count: int, noun: str) -> str:
 
 
 def describe_groups(plan: SizePlan) -> str:
-    """``6 groups of 9 sliding_window (...), 1 group of 10 full_attention``: identical groups once."""
-    seen: dict[tuple, int] = {}
+    """``54 sliding_window layers (...) in 6 groups of 9, 10 full_attention layers (...) in 1 group of 10``: groups
+    of one kind and shape together (``in 2 groups of 22 and 21`` where their sizes differ)."""
+    sizes: dict[tuple, list[int]] = {}
     for g in plan.kv_groups:
-        key = (g.kind, g.detail, g.layers + g.padding_layers, g.block_size)
-        seen[key] = seen.get(key, 0) + 1
+        sizes.setdefault((g.kind, g.detail), []).append(g.layers + g.padding_layers)
     parts = []
-    for (kind, detail, size, _block), count in seen.items():
+    for (kind, detail), of in sizes.items():
         layers = sum(g.layers for g in plan.kv_groups if (g.kind, g.detail) == (kind, detail))
         head = f"{layers} {kind} layers ({detail})"
-        parts.append(head if count == 1 and len(plan.kv_groups) == 1 else f"{head} in {_n(count, 'group')} of {size}")
+        each = str(of[0]) if len(set(of)) == 1 else ", ".join(map(str, of[:-1])) + f" and {of[-1]}"
+        parts.append(head if len(plan.kv_groups) == 1 else f"{head} in {_n(len(of), 'group')} of {each}")
     padding = sum(g.padding_layers for g in plan.kv_groups)
     return ", ".join(parts) + (f", {padding} padding layers" if padding else "")
 

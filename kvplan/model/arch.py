@@ -38,9 +38,13 @@ from kvplan.model.families import (
 from kvplan.model.layers import (
     MLA,
     ChunkedLocal,
+    CompressedIndexer,
+    CompressedMLA,
+    CompressorState,
     FullAttention,
     LayerSpec,
     MLAIndexer,
+    SlidingMLA,
     SlidingWindow,
 )
 from kvplan.model.weights import (
@@ -94,6 +98,12 @@ class Architecture:
     mtp_layers: int = 0
 
     @property
+    def uses_mla(self) -> bool:
+        """vLLM's ``model_config.use_mla`` (`is_deepseek_mla`): latent attention, DeepSeek-V4's compressed
+        attention included (what the CPU platform's MLA rules key on)."""
+        return any(isinstance(s, (MLA, CompressedMLA)) for s in self.layers)
+
+    @property
     def layout_verified(self) -> bool:
         return not self.layout_source.startswith("unverified")
 
@@ -120,6 +130,11 @@ class Architecture:
             return "MLA"
         if kinds == {"mla", "mla_indexer"}:
             return "MLA + sparse-attention indexer"
+        if "compressed_mla" in kinds:
+            ratios = sorted({s.tokens_per_state for s in self.layers if type(s) is CompressedMLA})
+            window = max(s.window for s in self.layers if type(s) is SlidingMLA)
+            return (f"compressed attention 1:{' and 1:'.join(map(str, ratios))} + sparse indexer, window {window} "
+                    "on every layer (DeepSeek-V4)")
         base = "attention"
         attn = [s for s in self.layers if isinstance(s, FullAttention)]
         if attn:
@@ -302,7 +317,13 @@ def _quantization(top: dict[str, Any], f: _Fields) -> tuple[Quantization, str | 
         elif isinstance(kv_scheme, dict) and kv_scheme.get("num_bits") == 4 or algo == "NVFP4":
             kv_dtype = "nvfp4"
     if method in ("fp8", "fbgemm_fp8", "ptpc_fp8"):
-        return Quantization(method, 1.0 + 4 / (128 * 128), note="fp8 weights"), kv_dtype
+        fp8 = Quantization(method, 1.0 + 4 / (128 * 128), note="fp8 weights")
+        expert_dtype = top.get("expert_dtype") or qc.get("expert_dtype") or "fp4"
+        if str(f.get("model_type")) == "deepseek_v4" and expert_dtype == "fp4":
+            # DeepseekV4FP8Config (models/deepseek_v4/quant_config.py@0.32.0): the routed experts are MXFP4 unless
+            # the config says expert_dtype "fp8" (its default is fp4). kvplan prices the shared experts with them.
+            fp8 = replace(fp8, role_bytes=(("experts", MXFP4_BYTES),), note="fp8 weights, MXFP4 routed experts")
+        return fp8, kv_dtype
     if method in ("gptq", "awq", "gptq_marlin", "awq_marlin", "auto-round"):
         bits, group = _checked_quant(qc.get("bits", qc.get("w_bit", 4)), qc.get("group_size", qc.get("q_group_size", 128)))
         return Quantization(method, int_group_bytes(bits, group), note=f"int{bits}, group {group}"), kv_dtype
@@ -381,7 +402,9 @@ def _count_params(
     attn = mlp = experts = shared_experts = recurrent = other = 0
 
     # Attention projections per attention layer.
-    if f.get("kv_lora_rank") is not None and "mla" in kinds:
+    if any(k.startswith("dsv4_") for k in kinds):
+        attn, other = _dsv4_attention_params(f, kinds, hidden, num_heads)
+    elif f.get("kv_lora_rank") is not None and "mla" in kinds:
         q_lora = f.get("q_lora_rank")
         nope, rope = f.get("qk_nope_head_dim", default=128), f.get("qk_rope_head_dim", default=64)
         v_head, kv_lora = f.get("v_head_dim", default=128), f.get("kv_lora_rank")
@@ -493,6 +516,28 @@ def _count_params(
     other += (2 * n + 1) * hidden  # norms
     return ParamCounts(embedding=embedding, lm_head=lm_head, attention=attn, mlp=mlp, experts=experts,
                        recurrent=recurrent, other=other, shared_experts=shared_experts)
+
+
+def _dsv4_attention_params(f: _Fields, kinds: list[str], hidden: int, heads: int) -> tuple[int, int]:
+    """DeepSeek-V4's attention projections (models/deepseek_v4/attention.py@0.32.0): per layer the fused wq_a + wkv
+    (hidden -> q_lora_rank + head_dim), wq_b (q_lora_rank -> heads x head_dim), wo_a (per output group, heads x
+    head_dim / o_groups -> o_lora_rank) and wo_b (o_groups x o_lora_rank -> hidden); a C4 layer's indexer wq_b
+    (q_lora_rank -> index_n_heads x index_head_dim) and weights_proj (hidden -> index_n_heads): the quantized
+    ones. And the compressors' fused wkv + wgate (hidden -> 2 x coff x dim, compressor.py@0.32.0), which vLLM
+    builds unquantized. The mHC mixing and the norms are small and not counted. Returns (attention, other)."""
+    head, q_lora = f.get("head_dim", default=512), f.get("q_lora_rank", default=0) or 0
+    o_groups, o_lora = f.get("o_groups", default=1) or 1, f.get("o_lora_rank", default=0) or 0
+    index_dim, index_heads = f.get("index_head_dim", default=128), f.get("index_n_heads", default=0) or 0
+    per_layer = hidden * (q_lora + head) + q_lora * heads * head + heads * head * o_lora + o_groups * o_lora * hidden
+    attn = per_layer * len(kinds)
+    compressors = 0
+    for kind in kinds:
+        if kind == "dsv4_c4":
+            attn += q_lora * index_heads * index_dim + hidden * index_heads
+            compressors += hidden * 2 * 2 * (head + index_dim)  # coff 2: the cache's and the indexer's
+        elif kind == "dsv4_c128":
+            compressors += hidden * 2 * head
+    return attn, compressors
 
 
 _MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
@@ -777,7 +822,47 @@ def _kind_specs(kind: str, i: int, f: _Fields, shape, kv_heads: int, head: int, 
         return [state_spec()]
     if kind == "attention+mamba":
         return [FullAttention(kv_heads, head), state_spec()]
+    if kind.startswith("dsv4_"):
+        return _dsv4_specs(kind, f)
     return []
+
+
+def _dsv4_specs(kind: str, f: _Fields) -> list[LayerSpec]:
+    """One DeepSeek-V4 layer's caches, in the order it registers them (models/deepseek_v4/attention.py@0.32.0:
+    the indexer's keys and its compressor, the window, the compressed cache, its compressor). The packed
+    584-byte state is 448 fp8 NoPE bytes, 64 bf16 RoPE values and 8 scale bytes: read for head_dim 512 with a
+    64-wide RoPE only, the shape vLLM's kernels take. A compressor keeps ``2 x coff x dim`` float32 values a token
+    over ``coff x ratio`` tokens, coff 2 for ratio 4 (compressor.py@0.32.0); the indexer's keys are
+    ``index_head_dim`` fp8 values plus a 4-byte scale per 128."""
+    head, rope, window = f.need("head_dim"), f.need("qk_rope_head_dim"), f.need("sliding_window")
+    if f.missing:
+        raise KvplanError(f"cannot read the DeepSeek-V4 cache shapes: missing {', '.join(f.missing)}")
+    if (head, rope) != (512, 64):
+        raise KvplanError(f"DeepSeek-V4 with head_dim {head} and qk_rope_head_dim {rope}: kvplan reads vLLM's packed "
+                          "584-byte state for 512 and 64 only (the shape its kernels take)")
+    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+        raise KvplanError(f"invalid sliding_window in config: {window!r}")
+    specs: list[LayerSpec] = []
+    if kind == "dsv4_c4":
+        index = f.need("index_head_dim")
+        if f.missing:
+            raise KvplanError("cannot read the DeepSeek-V4 indexer: missing index_head_dim")
+        keys = index + index // 128 * 4
+        specs += [CompressedIndexer(tokens_per_state=4, head_size=keys, state_bytes=keys), _compressor(4, index)]
+    specs.append(SlidingMLA(window=window))
+    if kind == "dsv4_c4":
+        specs += [CompressedMLA(tokens_per_state=4), _compressor(4, head)]
+    elif kind == "dsv4_c128":
+        specs += [CompressedMLA(tokens_per_state=128), _compressor(128, head)]
+    return specs
+
+
+def _compressor(ratio: int, dim: int) -> CompressorState:
+    """`CompressorStateCache` (compressor.py@0.32.0): coff = 2 for ratio 4, else 1; float32 rows."""
+    coff = 2 if ratio == 4 else 1
+    state = 2 * coff * dim
+    return CompressorState(window=coff * ratio, own_block_size=4 if ratio == 4 else 8, head_size=state,
+                           token_bytes=state * 4)
 
 
 def _gemma4_global_shape(f: _Fields, kv_heads: int) -> tuple[int, int]:

@@ -104,6 +104,27 @@ def mla_kinds(f: Fields, n: int) -> list[LayerKind]:
     return ["mla"] * n if f.get("kv_lora_rank") is not None else decoder_kinds(f, n)
 
 
+DSV4_KINDS = {1: "dsv4_window", 4: "dsv4_c4", 128: "dsv4_c128"}
+
+
+def deepseek_v4_kinds(f: Fields, n: int) -> list[LayerKind]:
+    """DeepSeek-V4 (`DeepseekV4Attention.__init__`, models/deepseek_v4/attention.py@0.32.0): layer i compresses its
+    cache by ``max(1, compress_ratios[i])`` (the list's last entry stands for the MTP layer): 4 (a compressed cache,
+    the sparse indexer's keys and both compressors' states), 128 (a compressed cache and its compressor's state),
+    1 (no compressed cache); every layer also keeps a sliding window (kvplan.model.layers, DeepSeek-V4)."""
+    ratios = f.get("compress_ratios")
+    if not isinstance(ratios, list) or len(ratios) < n:
+        raise KvplanError("a DeepSeek-V4 config needs compress_ratios, one per layer (vLLM reads them)",
+                          "use the checkpoint's own config.json")
+    kinds = []
+    for i, ratio in enumerate(ratios[:n]):
+        if isinstance(ratio, bool) or not isinstance(ratio, int) or max(1, ratio) not in DSV4_KINDS:
+            raise KvplanError(f"invalid compress_ratios[{i}] in config: {ratio!r}",
+                              "vLLM builds ratios 4 and 128 (0: no compression); CompressorStateCache asserts it")
+        kinds.append(DSV4_KINDS[max(1, ratio)])
+    return kinds
+
+
 def every_other_sliding(f: Fields, n: int) -> list[LayerKind]:
     """gpt-oss (`gpt_oss.py` ignores layer_types) and Gemma 2 (transformers' default): even
     layer indices slide."""
@@ -449,6 +470,8 @@ FAMILIES: dict[str, Family] = {
         "deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_mtp", "kimi_k2", "kimi_vl", "longcat_flash",
         "glm4_moe_lite", "mistral_large_3", "glm_moe_dsa",
     )},
+    # DeepSeek-V4: compressed attention beside a sliding window on every layer (kvplan.model.layers, DeepSeek-V4).
+    "deepseek_v4": Family(kinds=deepseek_v4_kinds, vllm_file="deepseek_v4/attention.py"),
     # Attention + recurrent state.
     "jamba": Family(kinds=jamba_kinds, state=mamba1_state, mamba_all_mode=True, vllm_file="jamba.py"),
     "nemotron_h": Family(kinds=nemotron_h_kinds, state=mamba2_state, ssm_policy="nemotron_h", gated_mlp=False,

@@ -108,6 +108,12 @@ class LayerSpec:
     def describe(self) -> str:
         raise NotImplementedError
 
+    @property
+    def fixed_block_size(self) -> int | None:
+        """A block size of the layer's own, whatever the cache's (DeepSeek-V4's windows and states); None: the
+        cache's."""
+        return None
+
     def uniform_type_key(self) -> tuple:
         """Layers whose keys are equal share one KV group when a model has no other kind
         (``UniformTypeKVCacheSpecs.is_uniform_type``, v1/kv_cache_interface.py@0.32.0: full
@@ -234,6 +240,115 @@ class MLAIndexer(MLA):
 
     def describe(self) -> str:
         return f"indexer keys {self.latent_size}"
+
+
+# --- DeepSeek-V4: compressed attention, its sliding window and compressor states ------------------
+#
+# A DeepSeek-V4 layer holds up to five caches, each replicated on every rank (one KV head, max_tp_shards 1), in
+# vLLM's fp8_ds_mla layout: 448 fp8 NoPE bytes + 64 bf16 RoPE values + 8 UE8M0 scale bytes = 584 B a stored
+# state, pages rounded up to 576 B (models/deepseek_v4/attention.py, compressor.py,
+# v1/attention/backends/mla/sparse_swa.py, v1/kv_cache_interface.py `_apply_alignment_padding`, all @0.32.0).
+# Three carry their own block size (the sliding window 64, the compressor states 4 / 8), so the model's groups
+# are packed by vLLM's `_get_packed_kv_cache_groups` (kvplan.plan.layout).
+
+DSV4_STATE_BYTES = 584
+DSV4_PAGE_ALIGN = 576
+
+
+def _aligned(num_bytes: int) -> int:
+    return cdiv(num_bytes, DSV4_PAGE_ALIGN) * DSV4_PAGE_ALIGN
+
+
+@dataclass(frozen=True)
+class CompressedMLA(LayerSpec):
+    """A DeepSeek-V4 compressed-attention cache: one packed state per ``tokens_per_state`` tokens (the layer's
+    compress ratio, 4 or 128) of ``state_bytes``, in blocks of the cache's block size (256)."""
+
+    kind: ClassVar[str] = "compressed_mla"
+    tokens_per_state: int
+    head_size: int = 512  # the values a state stands for (vLLM's spec head_size)
+    state_bytes: int = DSV4_STATE_BYTES
+
+    def __post_init__(self) -> None:
+        _require_positive(self, "tokens_per_state", "head_size", "state_bytes")
+
+    def per_rank(self, tp: int) -> CompressedMLA:
+        return self  # replicated
+
+    def bytes_per_token(self, dtype: KVDtype) -> float:
+        return self.state_bytes / self.tokens_per_state
+
+    def page_bytes(self, block_size: int, dtype: KVDtype) -> int:
+        return _aligned(block_size // self.tokens_per_state * self.state_bytes)
+
+    def describe(self) -> str:
+        return f"compressed 1:{self.tokens_per_state}, {self.state_bytes} B a state"
+
+    def uniform_type_key(self) -> tuple:
+        return ("mla",)
+
+
+@dataclass(frozen=True)
+class CompressedIndexer(CompressedMLA):
+    """A C4 layer's indexer keys: ``index_head_dim`` fp8 values and a 4-byte scale per 128 (132 B) a state of 4
+    tokens (`DeepseekV4Indexer`, attention.py@0.32.0)."""
+
+    kind: ClassVar[str] = "compressed_indexer"
+
+    def describe(self) -> str:
+        return f"indexer keys 1:{self.tokens_per_state}, {self.state_bytes} B a state"
+
+
+@dataclass(frozen=True)
+class SlidingMLA(LayerSpec):
+    """A DeepSeek-V4 sliding-window cache (every layer): ``window`` tokens of ``token_bytes`` each, in blocks of
+    its own ``own_block_size`` whatever the cache's (`DeepseekV4SWACache`: 64)."""
+
+    kind: ClassVar[str] = "sliding_mla"
+    window: int
+    own_block_size: int = 64
+    head_size: int = 512  # vLLM's spec head_size: the values a token's row stands for
+    token_bytes: int = DSV4_STATE_BYTES
+
+    def __post_init__(self) -> None:
+        _require_positive(self, "window", "own_block_size", "head_size", "token_bytes")
+
+    def per_rank(self, tp: int) -> SlidingMLA:
+        return self
+
+    def bytes_per_token(self, dtype: KVDtype) -> float:
+        # Bounded by the window (128 tokens, a compressor's 8): a fixed cost a request pays (its blocks), not one
+        # that grows with its context, so the per-token figures leave it out, as they do a recurrent state.
+        return 0.0
+
+    def page_bytes(self, block_size: int, dtype: KVDtype) -> int:
+        return _aligned(block_size * self.token_bytes)
+
+    def blocks_for_request(self, num_tokens: int, block_size: int, ctx: RequestContext) -> int:
+        # SlidingWindowSpec.max_admission_blocks_per_request: the window less one plus the tokens in flight.
+        return cdiv(min(self.window - 1 + ctx.inflight_tokens, num_tokens), block_size) + 1
+
+    @property
+    def fixed_block_size(self) -> int | None:
+        return self.own_block_size
+
+    def describe(self) -> str:
+        return f"window {self.window:,}, {self.token_bytes:,} B a token, blocks of {self.own_block_size}"
+
+    def uniform_type_key(self) -> tuple:
+        return ("sliding", self.window, self.own_block_size)
+
+
+@dataclass(frozen=True)
+class CompressorState(SlidingMLA):
+    """A compressor's running state (`CompressorStateCache`, compressor.py@0.32.0): float32 rows of
+    ``2 x coff x head_dim`` over a window of ``coff x ratio`` tokens (coff 2 for ratio 4, else 1), blocks of 4
+    (ratio 4) or 8 (ratio 128)."""
+
+    kind: ClassVar[str] = "compressor_state"
+
+    def describe(self) -> str:
+        return f"compressor state, window {self.window}, {self.token_bytes:,} B a token, blocks of {self.own_block_size}"
 
 
 # --- Recurrent state (Mamba, linear attention): one slot per request ------------------

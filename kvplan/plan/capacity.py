@@ -21,7 +21,16 @@ from kvplan.errors import KvplanError
 from kvplan.hardware.catalog import Device
 from kvplan.model.arch import Architecture
 from kvplan.model.dtypes import KVDtype, kv_dtype
-from kvplan.model.layers import MLA, ChunkedLocal, LayerSpec, MambaState, MLAIndexer, RequestContext
+from kvplan.model.layers import (
+    MLA,
+    ChunkedLocal,
+    CompressedMLA,
+    LayerSpec,
+    MambaState,
+    MLAIndexer,
+    RequestContext,
+    SlidingMLA,
+)
 from kvplan.model.weights import mxfp4_kernel_for, routed_expert_bytes, weight_bytes
 from kvplan.plan.layout import KVLayout, build_layout, with_tp
 from kvplan.plan.overhead import Estimate, OverheadModel
@@ -87,6 +96,28 @@ def resolve_kv_dtype(arch: Architecture, name: str, rules: VllmRules) -> KVDtype
     if dtype.mla_token_bytes is not None and not any(isinstance(s, MLA) for s in arch.layers):
         raise KvplanError(f"--kv-cache-dtype {name} applies only to MLA models")
     return dtype
+
+
+def dsv4_cache(settings: Settings, rules: VllmRules) -> tuple[KVDtype, int]:
+    """DeepSeek-V4's cache on vLLM's default attention backends (FlashMLA sparse; the CPU build's): the packed
+    fp8_ds_mla layout for any fp8 dtype, and for "auto" from 0.30 (`_resolve_dsv4_kv_cache_dtype`,
+    models/deepseek_v4/attention.py@0.32.0), in blocks of 256, the one kernel block its backends take."""
+    asked = settings.kv_cache_dtype
+    if not rules.dsv4_packed_layout:
+        raise KvplanError(f"kvplan reads DeepSeek-V4's KV layout as vLLM 0.29+ packs it; vLLM {rules.version} "
+                          "grouped and counted it by other code (0.20-0.22, 0.23-0.26, 0.27-0.28)",
+                          "plan it with --vllm-version 0.29 or newer")
+    if asked == "auto" and not rules.dsv4_auto_fp8_ds_mla:
+        raise KvplanError(f"vLLM {rules.version} refuses DeepSeek-V4 with --kv-cache-dtype auto (an fp8 cache is "
+                          "required before 0.30)", "pass --kv-cache-dtype fp8")
+    if asked != "auto" and not asked.startswith("fp8"):
+        raise KvplanError(f"DeepSeek-V4 with --kv-cache-dtype {asked}: vLLM's default backends keep its cache as "
+                          "fp8_ds_mla (bf16 rows need the FlashInfer DSV4 backend, which kvplan does not model)",
+                          "use --kv-cache-dtype auto or fp8")
+    if settings.block_size not in (None, 256):
+        raise KvplanError(f"DeepSeek-V4 with --block-size {settings.block_size}: its attention backends take blocks "
+                          "of 256 only", "drop --block-size (or give 256)")
+    return kv_dtype("fp8_ds_mla"), 256
 
 
 def default_block_size(arch: Architecture, device: Device, rules: VllmRules) -> int:
@@ -198,7 +229,7 @@ class Capacity:
     def prefix_caching(self) -> bool:
         """On unless turned off; off by default for attention + state models before 0.26
         (`is_prefix_caching_supported`); forced off for MLA on the CPU platform."""
-        if self.device.platform.mla_whole_prompt and any(isinstance(s, MLA) for s in self.arch.layers):
+        if self.device.platform.mla_whole_prompt and self.arch.uses_mla:
             return False
         if self.settings.enable_prefix_caching is not None:
             return self.settings.enable_prefix_caching
@@ -364,6 +395,9 @@ def with_draft_layers(arch: Architecture, count: int) -> Architecture:
         raise KvplanError("speculative draft layers need a model with attention layers")
     last = growing[-1][1]
     shape = tuple(s for s, i in growing if i == last)
+    if any(isinstance(s, CompressedMLA) for s in shape):
+        # DeepSeek-V4's MTP layer compresses nothing: its window only (attention.py@0.32.0:232-235).
+        shape = tuple(s for s in shape if type(s) is SlidingMLA)
     per_layer = (arch.params.total - arch.params.embedding - arch.params.lm_head) // arch.num_hidden_layers
     return _with_drafter(arch, shape * count, count * per_layer)
 
@@ -489,9 +523,13 @@ def compute_capacity(
         )
     if rules.note:
         notes.append(rules.note)
-    dtype = resolve_kv_dtype(arch, settings.kv_cache_dtype, rules)
-    block_size = settings.block_size or default_block_size(arch, device, rules)
-    if settings.block_size is not None:
+    dsv4 = any(isinstance(s, CompressedMLA) for s in arch.layers)
+    if dsv4:
+        dtype, block_size = dsv4_cache(settings, rules)
+    else:
+        dtype = resolve_kv_dtype(arch, settings.kv_cache_dtype, rules)
+        block_size = settings.block_size or default_block_size(arch, device, rules)
+    if settings.block_size is not None and not dsv4:
         check_block_size(settings.block_size, rules)
         if any(isinstance(s, MLA) for s in arch.layers):
             block_size = mla_block_size(settings.block_size, arch, device, rules)
@@ -509,7 +547,7 @@ def compute_capacity(
         raise KvplanError("the config gives no max_position_embeddings", "pass the context length with --ctx 32k")
     defaults = default_scheduler_limits(device, settings.usage_context, rules, max_model_len, tp * pp)
     batched = settings.max_num_batched_tokens or defaults.max_num_batched_tokens
-    if device.platform.mla_whole_prompt and any(isinstance(s, MLA) for s in arch.layers):
+    if device.platform.mla_whole_prompt and arch.uses_mla:
         batched = max(max_model_len, 2048)  # platforms/cpu.py: no chunked prefill for MLA
     # arg_utils: the default max_num_seqs never exceeds max_num_batched_tokens.
     limits = SchedulerLimits(settings.max_num_seqs or min(defaults.max_num_seqs, batched), batched)

@@ -167,6 +167,7 @@ def search(arch: Architecture, devices: Sequence[Device], req: FitRequest, rules
                     reject(MOE_SPLIT_REFUSED, per_cands)
                     continue
                 per_replica = cdiv(req.concurrency, dp)
+                resolved: set[str] = set()  # KV dtypes vLLM ends up with ("auto" and "fp8" can both be fp8_ds_mla)
                 for dtype in req.kv_dtypes:
                     key = (_capacity_key(device), tp, pp, moe_dp, dtype)
                     if key not in memo:
@@ -182,6 +183,10 @@ def search(arch: Architecture, devices: Sequence[Device], req: FitRequest, rules
                     if cap is None:
                         reject("not a valid vLLM configuration", len(caps))
                         continue
+                    if cap.dtype.name in resolved:
+                        reject("the same KV dtype as another candidate", len(caps))
+                        continue
+                    resolved.add(cap.dtype.name)
                     if cap.num_blocks <= 0:
                         reject("no memory left for the KV cache", len(caps))
                         continue

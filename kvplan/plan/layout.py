@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from kvplan.errors import KvplanError
 from kvplan.model.dtypes import KVDtype
-from kvplan.model.layers import MLA, LayerSpec, RequestContext
+from kvplan.model.layers import MLA, LayerSpec, RequestContext, SlidingMLA
 from kvplan.units import cdiv
 from kvplan.vllm.platforms import CUDA, Platform
 from kvplan.vllm.rules import VllmRules
@@ -75,10 +75,17 @@ class KVGroup:
     num_layers: int
     padding_layers: int
     block_size: int
+    # A packed group's layers of several specs (one block table, pages side by side), as (spec, layers); empty:
+    # ``num_layers`` layers of ``spec``.
+    members: tuple[tuple[LayerSpec, int], ...] = ()
 
     @property
     def kind(self) -> str:
         return self.spec.kind
+
+    @property
+    def layers(self) -> tuple[tuple[LayerSpec, int], ...]:
+        return self.members or ((self.spec, self.num_layers),)
 
 
 @dataclass(frozen=True)
@@ -91,6 +98,9 @@ class KVLayout:
     dtype: KVDtype
     # Uniform-type layouts keep one block table for all their specs (vLLM: one group).
     shared_block_table: bool = False
+    # Packed groups (`_packed_layout`): each its own block table and block size, a block id holding the widest
+    # group's pages.
+    packed: bool = False
 
     @property
     def num_kv_groups(self) -> int:
@@ -128,6 +138,8 @@ class KVLayout:
     def max_len_bytes(self, num_tokens: int, ctx: RequestContext, count_padding: bool) -> int:
         """`check_enough_kv_cache_memory`: KV one request of ``num_tokens`` needs, summed per
         layer (0.14+ counts the padding layers of hybrid groups too)."""
+        if self.packed:  # every group's blocks are whole blocks of the pool (_max_memory_usage_bytes_from_groups)
+            return self.block_bytes * sum(self._group_blocks(num_tokens, ctx))
         total = 0
         for g, blocks in zip(self.groups, self._group_blocks(num_tokens, ctx)):
             layers = g.num_layers + (g.padding_layers if count_padding else 0)
@@ -138,14 +150,15 @@ class KVLayout:
     def shared_prefix_blocks(self, prefix_tokens: int) -> int:
         """Blocks prefix caching shares between requests: only full blocks of full-attention
         groups (sliding windows move on; recurrent state is per request)."""
-        shared = [prefix_tokens // g.block_size for g in self.groups if g.spec.kind in ("full_attention", "mla")]
+        shared = [prefix_tokens // g.block_size for g in self.groups
+                  if g.spec.kind in ("full_attention", "mla", "compressed_mla", "compressed_indexer")]
         if not shared:
             return 0
         return max(shared) if self.shared_block_table else sum(shared)
 
     def kv_bytes_per_token(self) -> float:
         """Bytes per token if every token were kept in every attention layer (the headline)."""
-        return sum(g.spec.bytes_per_token(self.dtype) * g.num_layers for g in self.groups)
+        return sum(spec.bytes_per_token(self.dtype) * n for g in self.groups for spec, n in g.layers)
 
 
 def build_layout(
@@ -160,6 +173,11 @@ def build_layout(
     """Group one device's layer specs the way vLLM's KV-cache manager does."""
     if not specs:
         raise KvplanError("this pipeline stage has no KV-holding layers")
+    if any(s.fixed_block_size for s in specs):  # DeepSeek-V4 (its releases checked in capacity.dsv4_cache)
+        if not (rules.hybrid_allocator and hybrid_allocator):
+            raise KvplanError("DeepSeek-V4 without the hybrid KV-cache manager is not modelled (vLLM then promotes "
+                              "its windows to full blocks of 256)", "drop --disable-hybrid-kv-cache-manager")
+        return _packed_layout(specs, dtype, block_size)
     if not (rules.hybrid_allocator and hybrid_allocator):
         specs = [s.without_hybrid_allocator() for s in specs]
 
@@ -217,6 +235,69 @@ def build_layout(
             real = len(range(g, count, num_groups))
             groups.append(KVGroup(spec, real, group_size - real, spec_block))
     return KVLayout(tuple(groups), page, page * group_size, dtype)
+
+
+def approximate_gcd(values: list[int], lower_bound: int) -> int:
+    """`_approximate_gcd` (v1/core/kv_cache_utils.py@0.32.0): the chunk d >= ``lower_bound`` that rounds the
+    values up to multiples of d with the least padding (ties: the larger d)."""
+    best, best_pad = max(1, lower_bound), None
+    for d in range(max(1, lower_bound), max(values) + 1):
+        pad = sum((d - x % d) % d for x in values)
+        if best_pad is None or pad <= best_pad:
+            best, best_pad = d, pad
+    return best
+
+
+def _packed_layout(specs: list[LayerSpec], dtype: KVDtype, block_size: int) -> KVLayout:
+    """`_get_packed_kv_cache_groups` (v1/core/kv_cache_utils.py@0.32.0, the same from 0.29), for layers whose
+    block sizes differ (DeepSeek-V4's windows and compressor states; its backends lay the cache out block
+    outermost). Specs of one block size and type form a bucket (one uniform-type spec); a bucket with as many
+    layers of each of its page sizes is *balanced* (a repeating pattern), and the balanced ones are split into
+    groups of ``approximate_gcd`` pattern repeats (at least the largest mixed-page balanced bucket's), dealt
+    round-robin; the others stay whole. Every group has its own block table; a block id spans the widest group's
+    pages: ``num_blocks = avail // max(group page bytes)`` (`_get_kv_cache_bytes_per_block`). Sliding buckets
+    are split further to fit that block only when nothing is balanced (`is_state_bucket`)."""
+    buckets: dict[tuple, list[LayerSpec]] = {}
+    for spec in specs:  # greedy in registration order: the first bucket of the same block size and type
+        own = spec.fixed_block_size or block_size
+        buckets.setdefault((own, spec.uniform_type_key()), []).append(spec)
+    shaped = []  # (block, {page: [spec per layer]}, balanced, most layers of one page)
+    for (own, _), layers in buckets.items():
+        by_page: dict[int, list[LayerSpec]] = {}
+        for spec in layers:
+            by_page.setdefault(spec.page_bytes(own, dtype), []).append(spec)
+        counts = [len(v) for v in by_page.values()]
+        shaped.append((own, by_page, len(set(counts)) == 1, max(counts)))
+    floor = max((most for _, by_page, balanced, most in shaped if balanced and len(by_page) > 1), default=0)
+    repeats = approximate_gcd([most for *_, balanced, most in shaped if balanced], floor) if floor else None
+
+    def split(balanced: bool, most: int) -> int:
+        return cdiv(most, repeats) if balanced and repeats else 1
+
+    def state_bucket(by_page: dict[int, list[LayerSpec]]) -> bool:
+        return repeats is None and isinstance(next(iter(by_page.values()))[0], SlidingMLA)
+
+    def widest(by_page: dict[int, list[LayerSpec]], n: int) -> int:
+        return sum(cdiv(len(v), n) * page for page, v in by_page.items())
+
+    anchor = max(widest(by_page, sum(map(len, by_page.values())) if state_bucket(by_page) else split(balanced, most))
+                 for _, by_page, balanced, most in shaped)
+    groups: list[KVGroup] = []
+    for own, by_page, balanced, most in shaped:
+        n = split(balanced, most)
+        if anchor and state_bucket(by_page):
+            first_page = next(iter(by_page))
+            n = max(n, cdiv(sum(map(len, by_page.values())), max(anchor // first_page, 1)))
+        repeats_of = list(zip(*by_page.values())) if n > 1 else [tuple(s for v in by_page.values() for s in v)]
+        for i in range(n):
+            layers = [s for repeat in repeats_of[i::n] for s in repeat]
+            members: dict[LayerSpec, int] = {}
+            for spec in layers:
+                members[spec] = members.get(spec, 0) + 1
+            groups.append(KVGroup(layers[0], len(layers), 0, own, tuple(members.items())))
+    group_bytes = [sum(spec.page_bytes(g.block_size, dtype) * k for spec, k in g.layers) for g in groups]
+    page = max(spec.page_bytes(g.block_size, dtype) for g in groups for spec, _ in g.layers)
+    return KVLayout(tuple(groups), page, max(group_bytes), dtype, packed=True)
 
 
 def with_tp(specs: list[LayerSpec], tp: int) -> list[LayerSpec]:

@@ -130,6 +130,17 @@ def range_note(cap: Capacity, replicas: int, verdict: Verdict) -> str | None:
             f"would fit: {there.reason}")
 
 
+def _group_info(g) -> KVGroupInfo:
+    """One KV group as `size` shows it; a packed group (several caches in one block table) names each."""
+    if len(g.layers) == 1:
+        return KVGroupInfo(kind=g.kind, layers=g.num_layers, padding_layers=g.padding_layers, block_size=g.block_size,
+                           detail=g.spec.describe())
+    kinds = "+".join(dict.fromkeys(spec.kind for spec, _ in g.layers))
+    detail = " + ".join(f"{n} x {spec.describe()}" for spec, n in g.layers)
+    return KVGroupInfo(kind=kinds, layers=g.num_layers, padding_layers=g.padding_layers, block_size=g.block_size,
+                       detail=detail)
+
+
 def _memory_terms(cap: Capacity) -> list[MemoryTerm]:
     st = cap.limiting_stage
     d = cap.device
@@ -411,11 +422,7 @@ def plan_size(
         kv_bytes_per_token_all_devices=all_devices,
         block_size=cap.block_size,
         block_bytes=layout.block_bytes,
-        kv_groups=[
-            KVGroupInfo(kind=g.kind, layers=g.num_layers, padding_layers=g.padding_layers,
-                        block_size=g.block_size, detail=g.spec.describe())
-            for g in layout.groups
-        ],
+        kv_groups=[_group_info(g) for g in layout.groups],
         memory_terms=_memory_terms(cap),
         available_kv_bytes=cap.limiting_stage.available.bytes,
         available_kv_bytes_low=cap.limiting_stage.available.low,

@@ -9,9 +9,11 @@ request's KV (kvplan.plan.simulate.StepBatch). Per device (one TP rank), a roofl
 
 The two roofline terms are added, not max'ed, so the three factors (overhead, 1 / mem_efficiency,
 1 / compute_efficiency) enter linearly and `calibrate_steptime` fits them by least squares
-from measured steps. ``linear_flops_per_token`` is 2 x the parameters per device (all of them:
-a MoE model's active share is not in the config kvplan reads, so its prefill compute is an upper
-bound); ``attn_flops_per_pair`` is 4 x layers x (heads x head size) per device (QK^T and AV).
+from measured steps. ``linear_flops_per_token`` is 2 x the parameters per device, all of them (for a
+MoE model an upper bound: a token goes through ``num_experts_per_tok`` of the routed experts, but no MoE
+measurement here says what share of peak their kernels reach, so the bound is kept);
+``attn_flops_per_pair`` is 4 x attention layers x (heads x head size) per device (QK^T and AV), as full
+attention (sparse attention, DeepSeek-V3.2 / V4, computes less: an upper bound there too).
 
 The priors (efficiencies and overhead by device class) are assumptions, not measurements: a
 prediction says "prior" until calibrated on a bench run.
@@ -124,7 +126,8 @@ def model_for(cap, device=None, prior: Prior | None = None) -> StepTimeModel:
     tp = cap.settings.tensor_parallel_size
     pp = cap.settings.pipeline_parallel_size
     head_dim_total = arch.hidden_size  # heads x head size ~ hidden size for the attention FLOPs
-    attn_layers = sum(1 for s in arch.layers if s.grows_with_tokens)
+    # decoder layers with attention (an MLA layer's indexer, DeepSeek-V4's several caches: one layer)
+    attn_layers = len({i for s, i in zip(arch.layers, arch.layer_index) if s.grows_with_tokens})
     return StepTimeModel(
         weight_bytes=cap.limiting_stage.weights * pp,
         kv_bytes_per_token=cap.layout.kv_bytes_per_token() * pp,

@@ -43,11 +43,16 @@ def test_fit_and_size_agree_on_every_single_replica_deployment(name):
             res = search(model.arch, [device], FitRequest(ctx=ctx, concurrency=1), rules, overhead, model.weights_total)
             fitting = {(c.tp, c.kv_dtype): c for c in res.fitting if c.pp == 1 and c.dp == 1 and c.ctx == ctx}
             for tp in TPS:
+                resolved: dict[str, str] = {}  # the KV dtype vLLM ends up with -> the first asked one giving it
                 for kv_dtype in ("auto", "fp8"):
                     plan = _size_plan(model, gpu, tp, ctx, kv_dtype)
                     if plan is None:  # size refuses the deployment (TP does not divide the heads...)
                         assert (tp, kv_dtype) not in fitting, (gpu, ctx, tp, kv_dtype)
                         continue
+                    if plan.kv_cache_dtype in resolved:  # "fp8" is what "auto" already gave: fit lists it once
+                        assert (tp, kv_dtype) not in fitting, (gpu, ctx, tp, kv_dtype, plan.kv_cache_dtype)
+                        continue
+                    resolved[plan.kv_cache_dtype] = kv_dtype
                     fits = plan.fits
                     assert ((tp, kv_dtype) in fitting) == fits, (
                         f"{name} on {tp} x {gpu} at {ctx:,} ({kv_dtype}): size says {'FITS' if fits else 'does not fit'}, "

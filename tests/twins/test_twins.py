@@ -25,7 +25,16 @@ from kvplan.deploy import load_draft
 from kvplan.errors import KvplanError
 from kvplan.hardware.catalog import Device
 from kvplan.model.arch import parse_architecture
-from kvplan.model.layers import MLA, ChunkedLocal, FullAttention, MambaState, MLAIndexer, SlidingWindow
+from kvplan.model.layers import (
+    MLA,
+    ChunkedLocal,
+    CompressedMLA,
+    FullAttention,
+    MambaState,
+    MLAIndexer,
+    SlidingMLA,
+    SlidingWindow,
+)
 from kvplan.model.source import load_bundled
 from kvplan.paths import PROFILES_DIR
 from kvplan.plan.capacity import compute_capacity, with_state_dtype, with_tp
@@ -135,7 +144,21 @@ DRAFTS: dict[str, dict] = {
     "small-llama": {**_LLAMA, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
                     "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 128},
 }
+# DeepSeek-V4-Flash's cache shapes (head_dim 512, RoPE 64, a 128-token window, indexer keys of 128, its
+# compress_ratios pattern: SWA-only, then 4 / 128 alternating), small elsewhere; the published config
+# (https://huggingface.co/deepseek-ai/DeepSeek-V4-Flash-Base, as copied verbatim in tests/model/test_deepseek_v4.py).
+_DSV4_FLASH_SHAPE = {
+    "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "hidden_size": 256, "head_dim": 512,
+    "qk_rope_head_dim": 64, "num_attention_heads": 16, "num_key_value_heads": 1, "q_lora_rank": 64, "o_groups": 2,
+    "o_lora_rank": 64, "index_head_dim": 128, "index_n_heads": 8, "index_topk": 64, "sliding_window": 128,
+    "num_hidden_layers": 6, "compress_ratios": [0, 4, 128, 4, 128, 4, 0], "num_nextn_predict_layers": 1,
+    "n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1, "moe_intermediate_size": 64,
+    "num_hash_layers": 1, "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-06, "norm_topk_prob": True,
+    "routed_scaling_factor": 1.5, "scoring_func": "sqrtsoftplus", "topk_method": "noaux_tc", "swiglu_limit": 10.0,
+    "compress_rope_theta": 160000, "rope_theta": 10000, "rms_norm_eps": 1e-06, "hidden_act": "silu",
+    "vocab_size": 512, "max_position_embeddings": 8192, "torch_dtype": "bfloat16", "tie_word_embeddings": False}
 SYNTHETIC: dict[str, dict] = {
+    "synthetic/deepseek-v4": _DSV4_FLASH_SHAPE,
     "synthetic/llama-drafted": {**_LLAMA, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 4,
                                 "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 32},
     "synthetic/exaone4.0-32b-shape": {
@@ -392,6 +415,10 @@ def _engine_layer_shapes(result: dict) -> list[tuple]:
             cls = s["class"]
             if cls == "MambaSpec":
                 shapes.append(("state", s.get("real_page_size_bytes") or s["page_size_bytes"]))
+            elif cls == "SlidingWindowMLASpec":  # DeepSeek-V4's window and compressor states (blocks of their own)
+                shapes.append(("window", s["block_size"], s["sliding_window"], s["head_size"]))
+            elif (s.get("tokens_per_state") or 1) > 1:  # DeepSeek-V4's compressed caches and indexer keys
+                shapes.append(("compressed", s["tokens_per_state"], s["head_size"]))
             elif "MLA" in cls or "Indexer" in cls:  # uint8 indexer keys: head_size is its bytes
                 shapes.append(("mla", s["head_size"] * (s.get("num_kv_heads") or 1)))
             elif cls == "SlidingWindowSpec":
@@ -409,6 +436,10 @@ def _kvplan_layer_shapes(cap) -> list[tuple]:
     for s in specs:
         if isinstance(s, MambaState):
             shapes.append(("state", s.state_bytes()))
+        elif isinstance(s, SlidingMLA):
+            shapes.append(("window", s.own_block_size, s.window, s.head_size))
+        elif isinstance(s, CompressedMLA):
+            shapes.append(("compressed", s.tokens_per_state, s.head_size))
         elif isinstance(s, MLAIndexer):
             shapes.append(("mla", int(s.bytes_per_token(cap.dtype))))  # 128 fp8 keys + 4 B of scale
         elif isinstance(s, MLA):
