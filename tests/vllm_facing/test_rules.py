@@ -320,7 +320,7 @@ def test_every_rule_field_is_covered():
         "nemotron_h_ssm_default", "qwen35_reads_mamba_ssm_dtype", "gdn_respects_ssm_dtype",
         "max_len_check_counts_padding", "big_gpu_tier", "sparse_mla_auto_fp8", "admit_full_prompt", "moe_shards_over_dp", "note",
         "free_uncached_first", "prefix_stats_at_admission", "mamba_counts_speculative_blocks",
-        "speculative_conv_variants",
+        "speculative_conv_variants", "max_len_check_reserves_null_block", "dsv4_packed_layout", "dsv4_auto_fp8_ds_mla",
     }
     assert set(rules_for(None).__dataclass_fields__) == tested
 
@@ -377,6 +377,11 @@ def test_release_boundaries():
     assert flips("admit_full_prompt") == [("0.19.1", True)]
     assert flips("free_uncached_first") == [("0.23.0", True)]  # block_pool.py: prepend_n (0.22.0: none)
     assert flips("prefix_stats_at_admission") == [("0.27.1", True)]  # "Record at admission" (0.26.0: at lookup)
+    # "Reserve the null block" in the max_model_len check (kv_cache_utils.py@0.29.0; not in 0.28.0)
+    assert flips("max_len_check_reserves_null_block") == [("0.29.0", True)]
+    # DeepSeek-V4: `_get_packed_kv_cache_groups` from 0.29; "auto" -> fp8_ds_mla from 0.30 (0.29 asserts fp8)
+    assert flips("dsv4_packed_layout") == [("0.29.0", True)]
+    assert flips("dsv4_auto_fp8_ds_mla") == [("0.30.0", True)]
 
 
 def test_rules_are_a_value_not_shared_state():
