@@ -242,6 +242,50 @@ class MLAIndexer(MLA):
         return f"indexer keys {self.latent_size}"
 
 
+@dataclass(frozen=True)
+class OwnDtype(LayerSpec):
+    """A layer whose cache has a dtype of its own, not the cache's: a drafter's layers under the speculative
+    config's ``kv_cache_dtype`` (vLLM builds the drafter under a copy of the cache config with that dtype,
+    `SpecDecodeBaseProposer._create_draft_vllm_config`, v1/spec_decode/llm_base_proposer.py@0.32.0). Everything
+    but the dtype is the wrapped layer's; an unequal page makes vLLM keep it in a uniform-type group."""
+
+    spec: LayerSpec
+    dtype: KVDtype
+
+    @property
+    def kind(self) -> str:  # type: ignore[override]
+        return self.spec.kind
+
+    @property
+    def grows_with_tokens(self) -> bool:  # type: ignore[override]
+        return self.spec.grows_with_tokens
+
+    @property
+    def fixed_block_size(self) -> int | None:
+        return self.spec.fixed_block_size
+
+    def per_rank(self, tp: int) -> OwnDtype:
+        return OwnDtype(self.spec.per_rank(tp), self.dtype)
+
+    def bytes_per_token(self, dtype: KVDtype) -> float:
+        return self.spec.bytes_per_token(self.dtype)
+
+    def page_bytes(self, block_size: int, dtype: KVDtype) -> int:
+        return self.spec.page_bytes(block_size, self.dtype)
+
+    def blocks_for_request(self, num_tokens: int, block_size: int, ctx: RequestContext) -> int:
+        return self.spec.blocks_for_request(num_tokens, block_size, ctx)
+
+    def describe(self) -> str:
+        return f"{self.spec.describe()}, {self.dtype.name}"
+
+    def uniform_type_key(self) -> tuple:
+        return self.spec.uniform_type_key()
+
+    def without_hybrid_allocator(self) -> LayerSpec:
+        return OwnDtype(self.spec.without_hybrid_allocator(), self.dtype)
+
+
 # --- DeepSeek-V4: compressed attention, its sliding window and compressor states ------------------
 #
 # A DeepSeek-V4 layer holds up to five caches, each replicated on every rank (one KV head, max_tp_shards 1), in

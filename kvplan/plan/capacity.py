@@ -28,6 +28,7 @@ from kvplan.model.layers import (
     LayerSpec,
     MambaState,
     MLAIndexer,
+    OwnDtype,
     RequestContext,
     SlidingMLA,
 )
@@ -35,7 +36,7 @@ from kvplan.model.weights import mxfp4_kernel_for, routed_expert_bytes, weight_b
 from kvplan.plan.layout import KVLayout, build_layout, with_tp
 from kvplan.plan.overhead import Estimate, OverheadModel
 from kvplan.plan.schema import Settings
-from kvplan.plan.speculative import DraftModel, SpeculativeConfig
+from kvplan.plan.speculative import SpeculativeConfig
 from kvplan.units import GiB, cdiv, format_bytes
 from kvplan.vllm.rules import VllmRules, parse_version
 
@@ -386,7 +387,7 @@ def with_state_dtype(specs: list[LayerSpec], rules: VllmRules, asked: str = "aut
             for s in specs]
 
 
-def with_draft_layers(arch: Architecture, count: int) -> Architecture:
+def with_draft_layers(arch: Architecture, count: int, dtype: KVDtype | None = None) -> Architecture:
     """The target plus ``count`` draft layers shaped like its last layer that holds KV (every spec of it: MLA
     and its sparse indexer): an MTP module is the target's decoder layer, and vLLM gives the drafter's
     attention layers pages in the same pool (on the last stage). Their weights: the target's average layer."""
@@ -399,17 +400,15 @@ def with_draft_layers(arch: Architecture, count: int) -> Architecture:
         # DeepSeek-V4's MTP layer compresses nothing: its window only (attention.py@0.32.0:232-235).
         shape = tuple(s for s in shape if type(s) is SlidingMLA)
     per_layer = (arch.params.total - arch.params.embedding - arch.params.lm_head) // arch.num_hidden_layers
-    return _with_drafter(arch, shape * count, count * per_layer)
+    return _with_drafter(arch, shape * count, count * per_layer, dtype)
 
 
-def with_draft_model(arch: Architecture, draft: DraftModel) -> Architecture:
-    """The target plus the draft's own KV layers (its specs, its shapes) and weights (kvplan.plan.speculative)."""
-    return _with_drafter(arch, draft.arch.layers, draft.params)
-
-
-def _with_drafter(arch: Architecture, specs: tuple[LayerSpec, ...], params: int) -> Architecture:
-    """The drafter's specs on the target's last layer (its stage), its parameters with the never-quantized
-    ones (the draft is not quantized with the target)."""
+def _with_drafter(arch: Architecture, specs: tuple[LayerSpec, ...], params: int,
+                  dtype: KVDtype | None = None) -> Architecture:
+    """The drafter's specs on the target's last layer (its stage), each in its own KV ``dtype`` when given, its
+    parameters with the never-quantized ones (the draft is not quantized with the target)."""
+    if dtype is not None:
+        specs = tuple(OwnDtype(s, dtype) for s in specs)
     return replace(
         arch,
         layers=arch.layers + specs,
@@ -420,7 +419,7 @@ def _with_drafter(arch: Architecture, specs: tuple[LayerSpec, ...], params: int)
 
 def speculative_draft_layers(spec: SpeculativeConfig, arch: Architecture) -> tuple[int, str]:
     """The KV layers a drafter adds to the pool, shaped like the target's, and how kvplan knows
-    (kvplan.plan.speculative); a drafter whose config was read adds its own instead (`with_draft_model`)."""
+    (kvplan.plan.speculative); a drafter whose config was read adds its own instead (`_with_speculative`)."""
     if not spec.adds_kv_layers:
         return 0, f"speculative decoding ({spec.describe()}): the drafter holds no KV"
     if spec.method == "mtp":
@@ -485,19 +484,51 @@ def _with_speculative(arch: Architecture, settings: Settings, rules: VllmRules, 
             notes.append(f"speculative decoding ({spec.describe()}): the draft's own {len(draft.arch.layers)} KV layer(s) "
                          f"from its config ({draft.source}) share the pool; "
                          f"{format_bytes(draft.params * arch.model_dtype_bytes)} of draft weights ({draft.params_note})")
-            arch = with_draft_model(arch, draft)
+            arch = _with_drafter(arch, draft.arch.layers, draft.params, draft_dtype(spec, arch, settings, rules, notes))
         else:
             draft_layers, how = speculative_draft_layers(spec, arch)
             notes.append(how)
         k, variants = spec.num_speculative_tokens, rules.speculative_conv_variants
         arch = replace(arch, layers=tuple(s.with_spec_tokens(k, variants) if isinstance(s, MambaState) else s
                                           for s in arch.layers))
-        if spec.kv_cache_dtype and spec.kv_cache_dtype != settings.kv_cache_dtype:
-            notes.append(f"the draft's own KV dtype ({spec.kv_cache_dtype}) is not modelled: its layers are sized "
-                         "at the target's")
-    elif draft_layers:
+        if draft_layers:
+            return with_draft_layers(arch, draft_layers, draft_dtype(spec, arch, settings, rules, notes))
+        return arch
+    if draft_layers:
         notes.append(f"{draft_layers} speculative draft layer(s) share the KV pool")
-    return with_draft_layers(arch, draft_layers) if draft_layers else arch
+        return with_draft_layers(arch, draft_layers)
+    return arch
+
+
+def draft_dtype(spec: SpeculativeConfig, target: Architecture, settings: Settings, rules: VllmRules,
+                notes: list[str]) -> KVDtype | None:
+    """The drafter's own KV dtype, the speculative config's ``kv_cache_dtype`` (None: the target's). vLLM builds
+    the drafter under a copy of the cache config with it (kvplan.vllm.rules, ``draft_kv_cache_dtype``); "auto" is
+    the model dtype there, whatever the target's --kv-cache-dtype (a draft model's own; a checkpoint's fp8 KV scheme for MTP)."""
+    asked = spec.kv_cache_dtype
+    if asked is None:
+        return None
+    if not rules.draft_kv_cache_dtype:
+        raise KvplanError(f"vLLM {rules.version} refuses kv_cache_dtype in --speculative-config (a key from 0.26)",
+                          "drop it, or plan vLLM 0.26 or newer")
+    if spec.method == "draft_model" and rules.draft_model_keeps_target_kv_dtype:
+        notes.append(f"vLLM {rules.version}'s default model runner keeps the target's KV dtype for a draft model's "
+                     f"layers: kv_cache_dtype {asked} is not applied (VLLM_USE_V2_MODEL_RUNNER=0 applies it)")
+        return None
+    hybrid = len({s.uniform_type_key() for s in target.layers}) > 1 or any(s.fixed_block_size for s in target.layers)
+    if hybrid:
+        raise KvplanError("a drafter KV dtype of its own on a hybrid model is not modelled (vLLM scales the draft "
+                          "layers' block size to match pages and groups them apart)",
+                          "drop kv_cache_dtype from --speculative-config to size the draft at the target's dtype")
+    own = spec.draft.arch.model_dtype if spec.method == "draft_model" and spec.draft else target.model_dtype
+    dtype = kv_dtype(own) if asked == "auto" else kv_dtype(asked)
+    if asked == "auto" and spec.method == "mtp":
+        dtype = resolve_kv_dtype(target, "auto", rules)
+    if dtype == resolve_kv_dtype(target, settings.kv_cache_dtype, rules):
+        return None
+    notes.append(f"speculative decoding: the draft's KV layers are {dtype.name} (its kv_cache_dtype), the "
+                 "target's are not: vLLM keeps both in one group of unequal pages")
+    return dtype
 
 
 def compute_capacity(

@@ -106,7 +106,8 @@ class SpeculativeConfig:
     method: str  # as vLLM resolves it: the MTP aliases folded to "mtp"
     num_speculative_tokens: int  # K: tokens drafted per step
     model: str | None = None  # the draft model (None: the target itself, for MTP; none for ngram)
-    kv_cache_dtype: str | None = None  # the draft layers' own KV dtype (None: the target's)
+    # The draft layers' own KV dtype (None: the target's; "auto": the model dtype, not the target's fp8, say)
+    kv_cache_dtype: str | None = None
     given: str = ""  # the JSON as given (compact), for the `vllm serve` line
     draft: DraftModel | None = None  # the draft's config, where it was loaded (kvplan.deploy.load_draft)
     draft_unread: str = ""  # why it was not (the planner then assumes, or refuses, and says so)
@@ -183,7 +184,7 @@ def parse_speculative_config(value: str | Mapping, strict: bool = True) -> Specu
     kv_dtype = doc.get("kv_cache_dtype")
     if kv_dtype is not None and not isinstance(kv_dtype, str):
         raise KvplanError(f"--speculative-config: kv_cache_dtype must be a string, not {kv_dtype!r}")
-    return SpeculativeConfig(method, tokens, model, None if kv_dtype in (None, "auto") else kv_dtype,
+    return SpeculativeConfig(method, tokens, model, kv_dtype,
                              given=json.dumps(doc, separators=(",", ":"), default=str))
 
 

@@ -125,6 +125,12 @@ class VllmRules:
     # which it does not. From 0.30 "auto" is its fp8_ds_mla layout; 0.29 asserts an fp8 dtype.
     dsv4_packed_layout: bool = False
     dsv4_auto_fp8_ds_mla: bool = False
+    # --speculative-config's kv_cache_dtype: a key of SpeculativeConfig from 0.26 (before, extra="forbid" refuses
+    # it); the drafter's layers are built under a cache config with that dtype by both model runners
+    # (llm_base_proposer.py `_create_draft_vllm_config`, v1/worker/gpu/spec_decode/eagle/utils.py), except a
+    # draft model's on 0.31, whose default Model Runner V2 speculator keeps the target's dtype.
+    draft_kv_cache_dtype: bool = False
+    draft_model_keeps_target_kv_dtype: bool = False
 
     note: str | None = None  # when the asked release is outside what kvplan has read
 
@@ -208,4 +214,6 @@ def rules_for(version: str | None = None) -> VllmRules:
         max_len_check_reserves_null_block=v >= (0, 29, 0),
         dsv4_packed_layout=v >= (0, 29, 0),
         dsv4_auto_fp8_ds_mla=v >= (0, 30, 0),
+        draft_kv_cache_dtype=v >= (0, 26, 0),
+        draft_model_keeps_target_kv_dtype=(0, 31, 0) <= v < (0, 32, 0),
     )

@@ -168,6 +168,31 @@ def test_a_draft_model_brings_its_own_layers_and_weights():
     assert given["block_bytes"] == (32 + 16) * 4096 * 16
 
 
+def test_the_drafts_own_kv_dtype_sizes_its_layers():
+    """vLLM builds the drafter under a cache config with the speculative config's kv_cache_dtype (a key from 0.26;
+    kvplan.vllm.rules). Llama-3.2-1B's 16 layers in fp8 beside the target's 32 in bf16: (32 x 4,096 + 16 x 1,024)
+    x 16 = 2,359,296 B a block. vLLM 0.31's default runner keeps the target's dtype for a draft model (the bf16
+    block, 2,621,440 B); 0.25 refuses the key. "auto" is the model dtype, whatever the target's: under an fp8
+    target, bf16 draft layers: (32 x 2,048 + 16 x 2,048) x 16 = 1,572,864 B."""
+    base = ("meta-llama/Llama-3.1-8B", "--gpu", "H100", "--ctx", "32k", "--kv-memory", "20GiB")
+    draft = '{"model": "meta-llama/Llama-3.2-1B", "num_speculative_tokens": 5, "kv_cache_dtype": "%s"}'
+    assert size_json(*base, "--speculative-config", draft % "fp8")["block_bytes"] == (32 * 4096 + 16 * 1024) * 16
+    assert size_json(*base, "--vllm-version", "0.31.0", "--speculative-config", draft % "fp8")["block_bytes"] == (
+        (32 * 4096 + 16 * 2048) * 16)
+    refused = runner.invoke(app, ["size", *base, "--offline", "--vllm-version", "0.25.0", "--speculative-config",
+                                  draft % "fp8"])
+    assert refused.exit_code == 2 and "a key from 0.26" in refused.output
+    fp8_target = size_json(*base, "--kv-cache-dtype", "fp8", "--speculative-config", draft % "auto")
+    assert fp8_target["block_bytes"] == (32 * 2048 + 16 * 2048) * 16
+
+
+def test_a_draft_kv_dtype_on_a_hybrid_model_is_refused():
+    result = runner.invoke(app, ["size", "google/gemma-3-12b-it", "--gpu", "H100", "--offline", "--speculative-config",
+                                 '{"method": "eagle3", "model": "x/eagle3", "num_speculative_tokens": 3, '
+                                 '"kv_cache_dtype": "fp8"}'])
+    assert result.exit_code == 2 and "hybrid model is not modelled" in result.output
+
+
 def test_a_draft_model_kvplan_cannot_load_needs_its_layers_given():
     result = runner.invoke(app, ["size", "meta-llama/Llama-3.1-8B", "--gpu", "H100", "--offline", "--speculative-config",
                                  '{"model": "acme/drafter-1b", "num_speculative_tokens": 5}'])

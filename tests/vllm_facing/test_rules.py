@@ -321,6 +321,7 @@ def test_every_rule_field_is_covered():
         "max_len_check_counts_padding", "big_gpu_tier", "sparse_mla_auto_fp8", "admit_full_prompt", "moe_shards_over_dp", "note",
         "free_uncached_first", "prefix_stats_at_admission", "mamba_counts_speculative_blocks",
         "speculative_conv_variants", "max_len_check_reserves_null_block", "dsv4_packed_layout", "dsv4_auto_fp8_ds_mla",
+        "draft_kv_cache_dtype", "draft_model_keeps_target_kv_dtype",
     }
     assert set(rules_for(None).__dataclass_fields__) == tested
 
@@ -382,6 +383,9 @@ def test_release_boundaries():
     # DeepSeek-V4: `_get_packed_kv_cache_groups` from 0.29; "auto" -> fp8_ds_mla from 0.30 (0.29 asserts fp8)
     assert flips("dsv4_packed_layout") == [("0.29.0", True)]
     assert flips("dsv4_auto_fp8_ds_mla") == [("0.30.0", True)]
+    # SpeculativeConfig.kv_cache_dtype from 0.26.0; 0.31's Model Runner V2 draft-model speculator ignores it
+    assert flips("draft_kv_cache_dtype") == [("0.26.0", True)]
+    assert flips("draft_model_keeps_target_kv_dtype") == [("0.31.0", True), ("0.32.0", False)]
 
 
 def test_rules_are_a_value_not_shared_state():
