@@ -307,7 +307,19 @@ def _judge(r: StartupReport, resolved, version: str, notes: list[str], log_name:
     def plan_with(sel, kv_bytes, override=True):
         settings = settings_from_log(r, usage, kv_bytes, override, draft_layers)
         settings = dataclasses.replace(settings, speculative=load_draft(settings.speculative))  # its draft's own config
-        return plan_deployment(resolved, sel, settings, version, overhead, suggest=False)  # a log's check needs none
+        try:
+            return plan_deployment(resolved, sel, settings, version, overhead, suggest=False)  # a log's check needs none
+        except KvplanError as exc:
+            if not settings.kv_offloading_size:
+                raise
+            # The tier is not in the log's figures (nothing of it is gated): the pool is judged without it. If
+            # the pool cannot be planned either, that error is the one raised.
+            plan = plan_deployment(resolved, sel, dataclasses.replace(settings, kv_offloading_size=None), version,
+                                   overhead, suggest=False)
+            note = f"the log's CPU offload tier is not sized: {exc.message}"
+            if note not in notes:
+                notes.append(note)
+            return plan
 
     gate_all = gate == "all"
     page = None

@@ -19,6 +19,14 @@ fewer, which kvplan does not model).
 
 LMCache (``--kv-offloading-backend lmcache``): vLLM 0.32 passes no size (the LMCache server holds the
 capacity), so kvplan sizes nothing.
+
+By release (kvplan.vllm.rules ``offload_memory``; docs/vllm-accounting.md, "CPU offload tier"): 0.27+ on
+NVIDIA allocate the chunks in one shared region, exactly (the arithmetic above). 0.19.1-0.26 have no page
+alignment and no shared MLA copy, and each rank allocates pinned torch tensors, which PyTorch's host allocator
+rounds up to a power of two (vllm#53042, https://github.com/vllm-project/vllm/issues/53042: 384 GiB for 200):
+a rank holds one cross-layer tensor with one KV group (MLA from 0.24), else one per layer (or per layer slot
+of a hybrid's groups), so the host memory is ``ranks x sum(pow2(tensor))``. 0.11.1's native tier never builds, and 0.12-0.18
+were not read: both refused.
 """
 
 from __future__ import annotations
@@ -45,11 +53,12 @@ class OffloadTier:
     blocks_per_chunk: int
     chunk_bytes: int  # one chunk, page-aligned, every copy
     num_chunks: int
-    host_bytes: int  # what the tier takes in host memory (a /dev/shm region on CUDA)
+    host_bytes: int  # what the tier takes in host memory (a /dev/shm region on CUDA), at least
     groups: int  # KV cache groups, each taking its own chunks
     tokens_per_chunk: int
     tokens: int  # tokens of context it holds (every group storing every block)
     gpu_pool_tokens: int  # the GPU pool's, for scale
+    host_bytes_high: int = 0  # at most, where the release's allocator rounds by what kvplan cannot see (0: exact)
     notes: tuple[str, ...] = ()
 
     def describe(self) -> tuple[str, str]:
@@ -58,7 +67,10 @@ class OffloadTier:
                   else f"the blocks of {self.copies} rank{'s' if self.copies != 1 else ''}")
         chunks = (f"{self.num_chunks:,} chunks of {self.chunk_bytes:,} B ({copies}, {self.tokens_per_chunk:,} tokens "
                   "each)")
-        held = f"host memory: {self.host_bytes / GiB:,.2f} GiB; holds {self.tokens:,} tokens of context"
+        memory = f"{self.host_bytes / GiB:,.2f} GiB"
+        if self.host_bytes_high > self.host_bytes:
+            memory += f" to {self.host_bytes_high / GiB:,.2f} GiB (pinned-memory rounding, vllm#53042)"
+        held = f"host memory: {memory}; holds {self.tokens:,} tokens of context"
         if self.gpu_pool_tokens:
             held += f" ({self.tokens / self.gpu_pool_tokens:,.1f}x the GPU pool's {self.gpu_pool_tokens:,})"
         return chunks, held
@@ -77,19 +89,34 @@ def check_offloading_size(size_gib: float | None, backend: str) -> None:
 
 def cpu_offload_tier(size_gib: float, backend: str, *, block_bytes_per_rank: int, block_size: int, groups: int,
                      tensor_parallel_size: int, pipeline_parallel_size: int, decode_context_parallel_size: int,
-                     mla: bool, nvidia_or_xpu: bool, gpu_pool_tokens: int, blocks_per_chunk: int = 1) -> OffloadTier | None:
-    """The tier vLLM builds for ``--kv-offloading-size size_gib`` (None for LMCache: sized by its server)."""
+                     mla: bool, nvidia_or_xpu: bool, gpu_pool_tokens: int, blocks_per_chunk: int = 1,
+                     memory: str = "region", tensor_pages: tuple[int, ...] = ()) -> OffloadTier | None:
+    """The tier vLLM builds for ``--kv-offloading-size size_gib`` (None for LMCache: sized by its server);
+    ``memory``: how the release allocates it (kvplan.vllm.rules ``offload_memory``); ``tensor_pages``: with
+    "pinned", the bytes a block takes in each tensor a rank pins (empty: not known)."""
     check_offloading_size(size_gib, backend)
     if backend == "lmcache":
         return None
+    if memory == "none":
+        raise KvplanError("kvplan sizes vLLM's native CPU offload tier from 0.19.1 (0.11.1's never builds: it is "
+                          "given no CPU blocks; 0.12-0.18 were not read)", "plan vLLM 0.19.1 or newer")
     if pipeline_parallel_size > 1:
         raise KvplanError("kvplan does not size the CPU offload tier with pipeline parallelism (each stage's "
                           "ranks hold other layers)", "plan it without --pp, or drop --kv-offloading-size")
     world = tensor_parallel_size  # x pipeline (1 here) x prefill context parallel (not planned by kvplan)
-    replicated = (mla and tensor_parallel_size > 1 and decode_context_parallel_size == 1 and nvidia_or_xpu)
+    region = memory == "region"
+    replicated = region and mla and tensor_parallel_size > 1 and decode_context_parallel_size == 1 and nvidia_or_xpu
     copies = 1 if replicated else world
-    chunk = cdiv(block_bytes_per_rank * copies * blocks_per_chunk, HOST_PAGE_BYTES) * HOST_PAGE_BYTES
+    chunk = block_bytes_per_rank * copies * blocks_per_chunk
+    if region:
+        chunk = cdiv(chunk, HOST_PAGE_BYTES) * HOST_PAGE_BYTES
     num_chunks = int(size_gib * GiB) // chunk
+    host, high = num_chunks * chunk, 0
+    if not region:  # each rank's pinned tensors, rounded up to a power of two by PyTorch's host allocator
+        if tensor_pages:
+            host = world * sum(_pow2(num_chunks * blocks_per_chunk * page) for page in tensor_pages)
+        else:
+            high = 2 * host
     tokens_per_chunk = blocks_per_chunk * block_size * decode_context_parallel_size
     notes = []
     if groups > 1:
@@ -97,12 +124,31 @@ def cpu_offload_tier(size_gib: float, backend: str, *, block_bytes_per_rank: int
                      f"holds {num_chunks:,} chunks of one group's {tokens_per_chunk:,} tokens; sliding-window and "
                      "recurrent groups may store fewer blocks than counted here")
     if mla and tensor_parallel_size > 1 and not replicated:
-        notes.append("MLA at TP > 1 keeps one copy per rank here (vLLM shares one copy only on NVIDIA / XPU, TP-only)")
+        notes.append("MLA at TP > 1 keeps one copy per rank here (vLLM shares one copy only on NVIDIA / XPU, TP-only)"
+                     if region else "MLA at TP > 1: before 0.27 every rank stores its copy of the latent")
     return OffloadTier(backend=backend, size_gib=size_gib, replicated_layout=replicated, copies=copies,
                        blocks_per_chunk=blocks_per_chunk, chunk_bytes=chunk, num_chunks=num_chunks,
-                       host_bytes=num_chunks * chunk, groups=groups, tokens_per_chunk=tokens_per_chunk,
+                       host_bytes=host, host_bytes_high=high, groups=groups, tokens_per_chunk=tokens_per_chunk,
                        tokens=num_chunks * tokens_per_chunk // groups, gpu_pool_tokens=gpu_pool_tokens,
                        notes=tuple(notes))
+
+
+def _pow2(n: int) -> int:
+    """PyTorch's pinned host allocator: a request rounded up to a power of two (`CachingHostAllocator`)."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
+
+
+def pinned_tensor_pages(layout, mla: bool, rules) -> tuple[int, ...]:
+    """The bytes a GPU block takes in each KV tensor a rank mirrors in pinned memory (0.19.1-0.26): one
+    cross-layer tensor with a single KV group (MLA from 0.24), else one per layer, or per layer slot of a
+    hybrid's groups (the tensors the groups share)."""
+    if layout.packed or (layout.num_kv_groups == 1 and not layout.shared_block_table
+                         and (not mla or rules.offload_cross_layer_mla)):
+        return (layout.block_bytes,)
+    if layout.shared_block_table:  # one group of unequal pages: a tensor per layer
+        return tuple(spec.page_bytes(g.block_size, layout.dtype) for g in layout.groups for spec, n in g.layers
+                     for _ in range(n))
+    return (layout.page_bytes,) * layout.group_size
 
 
 def offload_tier_for(cap, size_gib: float, backend: str = "native") -> OffloadTier | None:
@@ -117,9 +163,10 @@ def offload_tier_for(cap, size_gib: float, backend: str = "native") -> OffloadTi
         raise KvplanError("vLLM refuses the CPU offload tier on a hybrid model whose recurrent state is not in "
                           f"the \"align\" cache mode (here: {cap.mamba_cache_mode!r})",
                           "turn prefix caching on (--enable-prefix-caching), or drop --kv-offloading-size")
+    mla = any(isinstance(g.spec, MLA) for g in layout.groups)
     return cpu_offload_tier(
         size_gib, backend, block_bytes_per_rank=layout.block_bytes, block_size=layout.min_block_size,
         groups=layout.num_kv_groups, tensor_parallel_size=s.tensor_parallel_size,
         pipeline_parallel_size=s.pipeline_parallel_size, decode_context_parallel_size=s.decode_context_parallel_size,
-        mla=any(isinstance(g.spec, MLA) for g in layout.groups), nvidia_or_xpu=cap.device.vendor == "nvidia",
-        gpu_pool_tokens=cap.kv_cache_tokens_reported)
+        mla=mla, nvidia_or_xpu=cap.device.vendor == "nvidia", gpu_pool_tokens=cap.kv_cache_tokens_reported,
+        memory=cap.rules.offload_memory, tensor_pages=pinned_tensor_pages(layout, mla, cap.rules))

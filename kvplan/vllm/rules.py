@@ -131,6 +131,14 @@ class VllmRules:
     # draft model's on 0.31, whose default Model Runner V2 speculator keeps the target's dtype.
     draft_kv_cache_dtype: bool = False
     draft_model_keeps_target_kv_dtype: bool = False
+    # The native CPU offload tier's memory: "none" (0.11.1's never builds: `num_cpu_blocks: 0` and
+    # CPUOffloadingSpec raises; 0.12-0.18 not read), "pinned" (0.19.1-0.26: each rank's pinned torch tensors,
+    # which PyTorch's host allocator rounds up to a power of two, vllm#53042; an MLA block stored by every rank),
+    # "region" (0.27+, NVIDIA: one /dev/shm region, page-aligned chunks, one MLA copy on TP-only, PR #50094).
+    offload_memory: str = "region"
+    # ... and with one KV group a rank pins one cross-layer tensor (the connector prefers that layout), which MLA
+    # backends allow from 0.24 (their layered stride order; before, one tensor per layer, mla_attention.py).
+    offload_cross_layer_mla: bool = True
 
     note: str | None = None  # when the asked release is outside what kvplan has read
 
@@ -216,4 +224,6 @@ def rules_for(version: str | None = None) -> VllmRules:
         dsv4_auto_fp8_ds_mla=v >= (0, 30, 0),
         draft_kv_cache_dtype=v >= (0, 26, 0),
         draft_model_keeps_target_kv_dtype=(0, 31, 0) <= v < (0, 32, 0),
+        offload_memory="none" if v < (0, 19, 1) else "pinned" if v < (0, 27, 0) else "region",
+        offload_cross_layer_mla=v >= (0, 24, 0),
     )

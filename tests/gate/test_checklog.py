@@ -252,15 +252,21 @@ def test_the_cpu_offload_tier_is_read_from_the_log_and_can_be_given(tmp_path):
     tokens = 63,536 tokens, and 4 GiB 1,985 chunks. The tier is not in the log's KV lines: nothing of it is gated."""
     args_line = ("INFO 06-20 10:00:00 [cli_args.py:1] non-default args: {'model': 'meta-llama/Llama-3.1-8B', "
                  "'kv_offloading_size': 8.0}\n")
+    # vLLM 0.9.1 (KV003's release) had no offload tier: the pool is judged, and the tier left out with the reason
+    old = check_log(tmp_path, args_line + KV003, "--model", "meta-llama/Llama-3.1-8B-Instruct", "--vllm-version",
+                    "0.9.1", *ONE_GPU, "--draft-layers", "1", "--json")
+    assert old.exit_code == 0, old.output
+    old = json.loads(old.stdout)
+    assert old["offload"] is None and any("tier is not sized" in n for n in old["notes"])
     result = check_log(tmp_path, args_line + KV003, "--model", "meta-llama/Llama-3.1-8B-Instruct", "--vllm-version",
-                       "0.9.1", *ONE_GPU, "--draft-layers", "1", "--json")
+                       "0.32.0", *ONE_GPU, "--draft-layers", "1", "--json")
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
     assert out["parsed"]["kv_offloading_size"] == 8.0
     tier = out["offload"]
     assert (tier["backend"], tier["num_chunks"], tier["chunk_bytes"], tier["tokens_per_chunk"], tier["tokens"]) == (
         "native", 3971, 2_162_688, 16, 63_536)
-    given = check_log(tmp_path, KV003, "--model", "meta-llama/Llama-3.1-8B-Instruct", "--vllm-version", "0.9.1",
+    given = check_log(tmp_path, KV003, "--model", "meta-llama/Llama-3.1-8B-Instruct", "--vllm-version", "0.32.0",
                       *ONE_GPU, "--draft-layers", "1", "--kv-offloading-size", "4")
     assert given.exit_code == 0, given.output
     assert "CPU offload tier (native, 4 GiB" in " ".join(given.output.split()) and "1,985 chunks" in given.output

@@ -82,3 +82,27 @@ def test_refusals_and_lmcache():
               "lmcache")
     assert lm["offload"] is None and any("LMCache server" in n for n in lm["notes"])
     assert "--kv-offloading-backend lmcache" in lm["vllm_serve_command"]
+
+
+def test_before_0_27_each_rank_pins_tensors_that_pytorch_rounds_to_a_power_of_two():
+    """vLLM 0.19.1-0.26 mirror each rank's KV tensors in pinned torch tensors, which PyTorch's host allocator
+    rounds up to a power of two (vllm#53042); 0.27+ (NVIDIA) map one exact shared region. Llama-3.1-8B, 200 GiB:
+    one cross-layer tensor of 102,400 x 2 MiB = 200 GiB, pinned as 256 GiB (0.32: 200 GiB).
+    DeepSeek-V3 on 8 x H200, 100 GiB: no shared MLA copy before 0.27, so a chunk holds 8 x 4,497,408 B =
+    35,979,264 B: 2,984 chunks of 64 tokens = 190,976 tokens. 0.23 pins one tensor per layer (MLA's layered
+    layout): 61 x pow2(2,984 x 73,728 B = 209.8 MiB) = 61 x 256 MiB a rank, 8 ranks: 122 GiB. 0.26 pins one
+    tensor a rank: pow2(2,984 x 4,497,408 B = 12.5 GiB) = 16 GiB, 8 ranks: 128 GiB."""
+    llama = ("meta-llama/Llama-3.1-8B", "--gpu", "H100", "--ctx", "32k", "--kv-offloading-size", "200")
+    assert size(*llama, "--vllm-version", "0.26.0")["offload"]["host_bytes"] == 256 * GiB
+    assert size(*llama, "--vllm-version", "0.27.0")["offload"]["host_bytes"] == 200 * GiB
+    ds = ("deepseek-ai/DeepSeek-V3", "--gpu", "8xH200", "--ctx", "32k", "--kv-offloading-size", "100")
+    old, new = (size(*ds, "--vllm-version", v)["offload"] for v in ("0.23.0", "0.26.0"))
+    for tier in (old, new):
+        assert (tier["chunk_bytes"], tier["num_chunks"], tier["tokens"]) == (35_979_264, 2_984, 190_976)
+    assert old["host_bytes"] == 122 * GiB and new["host_bytes"] == 128 * GiB
+
+
+def test_the_native_tier_before_0_19_1_is_refused():
+    result = CliRunner().invoke(app, ["size", "meta-llama/Llama-3.1-8B", "--gpu", "H100", "--kv-offloading-size", "8",
+                                      "--vllm-version", "0.11.1"], env=ENV)
+    assert result.exit_code == 2 and "never builds" in result.output

@@ -321,7 +321,7 @@ def test_every_rule_field_is_covered():
         "max_len_check_counts_padding", "big_gpu_tier", "sparse_mla_auto_fp8", "admit_full_prompt", "moe_shards_over_dp", "note",
         "free_uncached_first", "prefix_stats_at_admission", "mamba_counts_speculative_blocks",
         "speculative_conv_variants", "max_len_check_reserves_null_block", "dsv4_packed_layout", "dsv4_auto_fp8_ds_mla",
-        "draft_kv_cache_dtype", "draft_model_keeps_target_kv_dtype",
+        "draft_kv_cache_dtype", "draft_model_keeps_target_kv_dtype", "offload_memory", "offload_cross_layer_mla",
     }
     assert set(rules_for(None).__dataclass_fields__) == tested
 
@@ -386,6 +386,9 @@ def test_release_boundaries():
     # SpeculativeConfig.kv_cache_dtype from 0.26.0; 0.31's Model Runner V2 draft-model speculator ignores it
     assert flips("draft_kv_cache_dtype") == [("0.26.0", True)]
     assert flips("draft_model_keeps_target_kv_dtype") == [("0.31.0", True), ("0.32.0", False)]
+    # the native offload tier: never built (0.11.1), pinned torch tensors (0.19.1), one shared region (0.27, PR #50094)
+    assert flips("offload_memory") == [("0.19.1", "pinned"), ("0.27.1", "region")]
+    assert flips("offload_cross_layer_mla") == [("0.24.0", True)]
 
 
 def test_rules_are_a_value_not_shared_state():
