@@ -58,7 +58,6 @@ class OffloadTier:
     tokens_per_chunk: int
     tokens: int  # tokens of context it holds (every group storing every block)
     gpu_pool_tokens: int  # the GPU pool's, for scale
-    host_bytes_high: int = 0  # at most, where the release's allocator rounds by what kvplan cannot see (0: exact)
     notes: tuple[str, ...] = ()
 
     def describe(self) -> tuple[str, str]:
@@ -67,10 +66,7 @@ class OffloadTier:
                   else f"the blocks of {self.copies} rank{'s' if self.copies != 1 else ''}")
         chunks = (f"{self.num_chunks:,} chunks of {self.chunk_bytes:,} B ({copies}, {self.tokens_per_chunk:,} tokens "
                   "each)")
-        memory = f"{self.host_bytes / GiB:,.2f} GiB"
-        if self.host_bytes_high > self.host_bytes:
-            memory += f" to {self.host_bytes_high / GiB:,.2f} GiB (pinned-memory rounding, vllm#53042)"
-        held = f"host memory: {memory}; holds {self.tokens:,} tokens of context"
+        held = f"host memory: {self.host_bytes / GiB:,.2f} GiB; holds {self.tokens:,} tokens of context"
         if self.gpu_pool_tokens:
             held += f" ({self.tokens / self.gpu_pool_tokens:,.1f}x the GPU pool's {self.gpu_pool_tokens:,})"
         return chunks, held
@@ -93,7 +89,7 @@ def cpu_offload_tier(size_gib: float, backend: str, *, block_bytes_per_rank: int
                      memory: str = "region", tensor_pages: tuple[int, ...] = ()) -> OffloadTier | None:
     """The tier vLLM builds for ``--kv-offloading-size size_gib`` (None for LMCache: sized by its server);
     ``memory``: how the release allocates it (kvplan.vllm.rules ``offload_memory``); ``tensor_pages``: with
-    "pinned", the bytes a block takes in each tensor a rank pins (empty: not known)."""
+    "pinned", the bytes a block takes in each tensor a rank pins (`pinned_tensor_pages`)."""
     check_offloading_size(size_gib, backend)
     if backend == "lmcache":
         return None
@@ -111,12 +107,9 @@ def cpu_offload_tier(size_gib: float, backend: str, *, block_bytes_per_rank: int
     if region:
         chunk = cdiv(chunk, HOST_PAGE_BYTES) * HOST_PAGE_BYTES
     num_chunks = int(size_gib * GiB) // chunk
-    host, high = num_chunks * chunk, 0
+    host = num_chunks * chunk
     if not region:  # each rank's pinned tensors, rounded up to a power of two by PyTorch's host allocator
-        if tensor_pages:
-            host = world * sum(_pow2(num_chunks * blocks_per_chunk * page) for page in tensor_pages)
-        else:
-            high = 2 * host
+        host = world * sum(_pow2(num_chunks * blocks_per_chunk * page) for page in tensor_pages or (chunk // world,))
     tokens_per_chunk = blocks_per_chunk * block_size * decode_context_parallel_size
     notes = []
     if groups > 1:
@@ -128,7 +121,7 @@ def cpu_offload_tier(size_gib: float, backend: str, *, block_bytes_per_rank: int
                      if region else "MLA at TP > 1: before 0.27 every rank stores its copy of the latent")
     return OffloadTier(backend=backend, size_gib=size_gib, replicated_layout=replicated, copies=copies,
                        blocks_per_chunk=blocks_per_chunk, chunk_bytes=chunk, num_chunks=num_chunks,
-                       host_bytes=host, host_bytes_high=high, groups=groups, tokens_per_chunk=tokens_per_chunk,
+                       host_bytes=host, groups=groups, tokens_per_chunk=tokens_per_chunk,
                        tokens=num_chunks * tokens_per_chunk // groups, gpu_pool_tokens=gpu_pool_tokens,
                        notes=tuple(notes))
 
