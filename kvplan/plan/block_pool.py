@@ -17,74 +17,138 @@ release-dependent part is `uncached_first`, docs/vllm-accounting.md section 9):
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 
 
 class BlockPool:
+    """The pool in flat lists indexed by block id, which the simulator's millions of block operations need
+    (a third of the time of an OrderedDict-based one; tests/plan/test_simulate_equivalence.py drives this one
+    and tests/helpers/reference_block_pool.py's plain copy with the same operations and compares them).
+
+    - The free queue is a doubly linked list through ``nxt`` / ``prv``, with block 0 (the null block, never
+      free) as its head-and-tail sentinel: ``nxt[0]`` is the head (evicted first), ``prv[0]`` the tail.
+      Entries of blocks not in the queue are stale and never read.
+    - ``key_of[block]`` is its hash (None: not cached); ``first[key]`` the block a lookup finds (the
+      first registered); ``dups[key]`` all its blocks, first registered first, for a hash two blocks hold."""
+
     def __init__(self, usable: int, caching: bool = True, uncached_first: bool = True):
-        self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, usable + 1))
-        self.ref = [0] * (usable + 1)
-        self.key_of: dict[int, Hashable] = {}
-        self.blocks_of: dict[Hashable, dict[int, None]] = {}  # hash -> its blocks, first registered first
+        n = usable + 1
+        self.nxt = [*range(1, n), 0]
+        self.prv = [usable, *range(0, usable)]
+        self.num_free = usable
+        self.ref = [0] * n
+        self.key_of: list[Hashable | None] = [None] * n
+        self.first: dict[Hashable, int] = {}
+        self.dups: dict[Hashable, list[int]] = {}
         self.caching = caching
         self.uncached_first = uncached_first
 
-    @property
-    def num_free(self) -> int:
-        return len(self.free)
-
     def cached(self, key: Hashable) -> int | None:
-        blocks = self.blocks_of.get(key)
-        return next(iter(blocks)) if blocks else None
+        return self.first.get(key)
 
     def longest_hit(self, keys: Iterable[Hashable]) -> list[int]:
-        """`find_longest_cache_hit` for one full-attention group: cached blocks from the start,
-        stopping at the first miss (``keys``: the hashes the lookup may use, in order)."""
+        """Cached blocks from the start, stopping at the first miss."""
         hits: list[int] = []
+        get = self.first.get
         for key in keys:
-            block = self.cached(key)
+            block = get(key)
             if block is None:
                 break
             hits.append(block)
         return hits
 
-    def take(self) -> int:
-        """A new block from the head of the queue (evicting its cache entry)."""
-        block, _ = self.free.popitem(last=False)
-        key = self.key_of.pop(block, None)
-        if key is not None:
-            blocks = self.blocks_of[key]
-            del blocks[block]
-            if not blocks:
-                del self.blocks_of[key]
-        self.ref[block] = 1
-        return block
+    def take(self, count: int = 1) -> list[int]:
+        """``count`` new blocks from the head of the queue (each evicting its cache entry)."""
+        nxt, ref, key_of, first, dups = self.nxt, self.ref, self.key_of, self.first, self.dups
+        out: list[int] = []
+        block = 0
+        for _ in range(count):
+            block = nxt[block]
+            out.append(block)
+            key = key_of[block]
+            if key is not None:  # evicted (inline: this runs for most blocks once the pool has filled)
+                key_of[block] = None
+                if dups and key in dups:
+                    self._forget_one_of(key, block)
+                else:
+                    del first[key]
+            ref[block] = 1
+        head = nxt[block]  # the queue now starts after the last one taken
+        nxt[0] = head
+        self.prv[head] = 0
+        self.num_free -= count
+        return out
 
-    def touch(self, block: int) -> None:
-        if self.ref[block] == 0:
-            del self.free[block]
-        self.ref[block] += 1
+    def _forget_one_of(self, key: Hashable, block: int) -> None:
+        """Evict one of the blocks of a hash that several hold: a lookup then finds the next one."""
+        blocks = self.dups[key]
+        blocks.remove(block)
+        self.first[key] = blocks[0]
+        if len(blocks) == 1:
+            del self.dups[key]
+
+    def touch(self, blocks: Iterable[int]) -> None:
+        """Hits: each block leaves the queue (if it is in it) and gains a reference."""
+        nxt, prv, ref = self.nxt, self.prv, self.ref
+        unlinked = 0
+        for block in blocks:
+            if not ref[block]:
+                before, after = prv[block], nxt[block]
+                nxt[before] = after
+                prv[after] = before
+                unlinked += 1
+            ref[block] += 1
+        self.num_free -= unlinked
 
     def release(self, blocks: Sequence[int]) -> None:
-        """Free a request's blocks (in table order): its tail is evicted before its prefix."""
-        first: list[int] = []
-        last: list[int] = []
+        """Free a request's blocks (in table order): its tail is evicted before its prefix. A block left
+        without references goes to the tail of the queue, or, holding no hash, to its head (uncached
+        blocks reused first), those in the order they are freed (prepend_n)."""
+        ref, key_of, nxt, prv = self.ref, self.key_of, self.nxt, self.prv
+        uncached_first = self.uncached_first
+        to_head: list[int] = []
+        tail = prv[0]
+        freed = 0
         for block in reversed(blocks):
-            self.ref[block] -= 1
-            if self.ref[block] == 0:
-                (first if self.uncached_first and block not in self.key_of else last).append(block)
-        for block in reversed(first):  # prepend_n: the list at the head, in list order
-            self.free[block] = None
-            self.free.move_to_end(block, last=False)
-        for block in last:
-            self.free[block] = None
+            left = ref[block] - 1
+            ref[block] = left
+            if left:
+                continue
+            freed += 1
+            if uncached_first and key_of[block] is None:
+                to_head.append(block)
+            else:  # linked in at the tail at once
+                nxt[tail] = block
+                prv[block] = tail
+                tail = block
+        nxt[tail] = 0
+        prv[0] = tail
+        if to_head:
+            before, after = 0, nxt[0]
+            for block in to_head:
+                nxt[before] = block
+                prv[block] = before
+                before = block
+            nxt[before] = after
+            prv[after] = before
+        self.num_free += freed
 
-    def cache(self, block: int, key: Hashable) -> None:
-        if self.caching and block not in self.key_of:
-            self.key_of[block] = key
-            self.blocks_of.setdefault(key, {})[block] = None
+    def cache(self, blocks: Sequence[int], keys: Sequence[Hashable]) -> None:
+        """Register each block under its key (a block already cached keeps its hash)."""
+        if not self.caching:
+            return
+        key_of, first = self.key_of, self.first
+        for block, key in zip(blocks, keys):
+            if key_of[block] is None:
+                key_of[block] = key
+                found = first.setdefault(key, block)
+                if found != block:  # a second block with this hash: both stay cached, lookups find the first
+                    self.dups.setdefault(key, [found]).append(block)
 
     def free_queue(self) -> list[int]:
         """The free queue from head (evicted first) to tail."""
-        return list(self.free)
+        out, block = [], self.nxt[0]
+        while block:
+            out.append(block)
+            block = self.nxt[block]
+        return out

@@ -31,25 +31,55 @@ from itertools import accumulate
 
 from kvplan.errors import KvplanError
 from kvplan.plan.schema import WorkloadPlan
-from kvplan.plan.simulate import SimTurn, session_load
+from kvplan.plan.simulate import SimTurn, paused_gc, session_load
 from kvplan.traffic.model import Segment, Traffic, Turn
 
 
 class BlockHasher:
-    """Integer ids for vLLM's chained block hashes of prompts made of segments."""
+    """Integer ids for vLLM's chained block hashes of prompts made of segments.
+
+    Ids are numbered from 1 in the order blocks are first seen. A block is one of two kinds:
+
+    - a block *straddling* segments (two spans or more), named by ``(parent id, its spans)``;
+    - a block one segment holds whole: it belongs to a *run*, the whole blocks one segment holds from one
+      offset after one chain, named by ``(chain id, segment key, offset)`` (like `working_set`'s runs).
+      A run is stored as the list of its blocks' ids, so a 512-token segment already seen after the same
+      chain costs one lookup, not 32; a longer copy of the segment extends the list (a shorter one takes
+      a prefix: token ids are prefix-stable).
+
+    A whole block belongs to one run only: a run starts either at offset 0 (block 0 of its segment) or
+    just after a straddling block, never after a whole block of its own segment, so its first block
+    cannot also be a later block of another run (whose parent is a whole block). The blocks past a
+    run's stored length are therefore new, and the ids (their values too) are those a block-at-a-time
+    ``(parent, spans) -> id`` map gives."""
 
     def __init__(self, block_size: int):
         if block_size < 1:
             raise KvplanError("the block size must be >= 1")
         self.block_size = block_size
-        self._ids: dict[tuple, int] = {}
+        self._straddling: dict[tuple, int] = {}  # (parent, spans) -> id
+        self._runs: dict[tuple, list[int]] = {}  # (parent, segment key, offset) -> ids of the run's blocks
+        self._count = 0  # ids given so far
 
-    def _id(self, parent: int, content: tuple) -> int:
-        key = (parent, content)
-        found = self._ids.get(key)
+    def _straddling_id(self, parent: int, spans: tuple) -> int:
+        key = (parent, spans)
+        found = self._straddling.get(key)
         if found is None:
-            found = self._ids[key] = len(self._ids) + 1
+            self._count += 1
+            found = self._straddling[key] = self._count
         return found
+
+    def _run(self, parent: int, key: str, offset: int, count: int) -> list[int]:
+        """The ids of the run's first ``count`` blocks (or more: the caller takes ``count``)."""
+        name = (parent, key, offset)
+        run = self._runs.get(name)
+        if run is None:
+            run = self._runs[name] = []
+        if len(run) < count:  # blocks never seen: the next ids, in prompt order
+            start = self._count + 1
+            self._count += count - len(run)
+            run.extend(range(start, self._count + 1))
+        return run
 
     def prompt_keys(self, segments: Sequence[Segment]) -> tuple[int, ...]:
         """The ids of the prompt's full blocks, in order (the last partial block has none)."""
@@ -59,20 +89,29 @@ class BlockHasher:
         spans: list[tuple[str, int, int]] = []  # the block being filled: (segment key, start, end) runs
         filled = 0
         for seg in segments:
+            key, tokens = seg.key, seg.tokens
             at = 0
-            while at < seg.tokens:
-                take = min(B - filled, seg.tokens - at)
-                spans.append((seg.key, at, at + take))
-                at += take
-                filled += take
-                if filled == B:
-                    parent = self._id(parent, tuple(spans))
-                    out.append(parent)
-                    spans, filled = [], 0
+            if filled:  # the segment first completes the block being filled, if it can
+                at = min(B - filled, tokens)
+                spans.append((key, 0, at))
+                filled += at
+                if filled < B:
+                    continue
+                parent = self._straddling_id(parent, tuple(spans))
+                out.append(parent)
+                spans, filled = [], 0
+            count = (tokens - at) // B
+            if count:  # then its whole blocks: one run
+                run = self._run(parent, key, at, count)
+                out.extend(run if len(run) == count else run[:count])
+                parent = run[count - 1]
+                at += count * B
+            if at < tokens:  # its rest starts the next block
+                spans, filled = [(key, at, tokens)], tokens - at
         return tuple(out)
 
     def __len__(self) -> int:
-        return len(self._ids)
+        return self._count
 
 
 # --------------------------------------------------------------------------- working set
@@ -322,11 +361,12 @@ def traffic_load(traffic: Traffic, block_size: int, time_scale: float = 1.0, cli
     hasher = BlockHasher(block_size)
     numbers: dict[str, int] = {}
     turns = []
-    for t in traffic.turns:
-        session = numbers.setdefault(t.session, len(numbers))
-        turns.append(SimTurn(session, t.prompt_tokens, t.output_tokens, hasher.prompt_keys(t.segments),
-                             arrival=None if t.arrival_s is None else t.arrival_s * time_scale,
-                             think=t.think_s * time_scale))
+    with paused_gc():  # millions of ids, no garbage (kvplan.plan.simulate.paused_gc)
+        for t in traffic.turns:
+            session = numbers.setdefault(t.session, len(numbers))
+            turns.append(SimTurn(session, t.prompt_tokens, t.output_tokens, hasher.prompt_keys(t.segments),
+                                 arrival=None if t.arrival_s is None else t.arrival_s * time_scale,
+                                 think=t.think_s * time_scale))
     return session_load(turns, client_delay)
 
 

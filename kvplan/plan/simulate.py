@@ -21,6 +21,9 @@ arrivals at a rate):
 - A step that completes a request's prompt (or a decode step) samples one token; the last
   sampled token's KV is never written, so a request peaks at ``cdiv(P + M - 1, B)`` blocks.
 
+Steady stretches (every running request decoding, nothing to admit) are run many steps at once, with
+the results of running them one by one (`_Scheduler._decode_steps`).
+
 Time: every step takes ``step_time(batch)`` (kvplan.plan.steptime; 1.0 per step when not
 given, so times are in steps). A request arriving at time ``t`` is first seen by the step
 that starts at or after ``t``. Closed-loop streams send the next request when the previous
@@ -38,10 +41,12 @@ speculative decoding, sliding-window / recurrent-state groups (full attention on
 
 from __future__ import annotations
 
+import gc
 import math
 import random
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from kvplan.errors import KvplanError
@@ -385,14 +390,22 @@ class _Req:
         return self.prompt + self.generated
 
 
-def _key(req: _Req, k: int, block_size: int) -> tuple:
-    """A full block's identity: a session turn's prompt blocks by their hash ids; the shared prefix's
-    blocks the same for all requests; any other block (output included) the request's own."""
+def _key(req: _Req, k: int, block_size: int) -> Hashable:
+    """A full block's identity: a session turn's prompt blocks by their hash ids (as they are: ints, which
+    never equal the tuples below); the shared prefix's blocks the same for all requests; any other block
+    (output included) the request's own."""
     if k < len(req.keys):
-        return ("hash", req.keys[k])
+        return req.keys[k]
     if (k + 1) * block_size <= req.shared:
         return ("shared", k)
     return ("req", req.rid, k)
+
+
+def _keys(req: _Req, start: int, stop: int, block_size: int) -> Sequence[Hashable]:
+    """`_key` of blocks ``start`` to ``stop - 1`` (a slice of the hash ids where it can)."""
+    if stop <= len(req.keys):
+        return req.keys[start:stop]
+    return [_key(req, k, block_size) for k in range(start, stop)]
 
 
 def simulate(config: SchedulerConfig, load: Load, step_time: Callable[[StepBatch], float] | None = None,
@@ -403,7 +416,22 @@ def simulate(config: SchedulerConfig, load: Load, step_time: Callable[[StepBatch
     own KVCacheManager (tests/vllm_facing/test_block_pool_parity.py): ``("admit", request, num_tokens,
     hit_blocks, new_tokens, block_table)``, ``("alloc", request, num_tokens, new_tokens, block_table)``,
     ``("preempt", request)``, ``("finish", request)``."""
-    return _Scheduler(config, load, step_time, trace).run(max_steps)
+    with paused_gc():
+        return _Scheduler(config, load, step_time, trace).run(max_steps)
+
+
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """The cyclic garbage collector off for a while (on again after, if it was on). A large simulation
+    makes millions of objects that live to its end (batches, times, timelines) and no garbage cycles,
+    yet each full collection walks every one of them: a tenth of its time at 100,000 requests."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 class _Scheduler:
@@ -486,17 +514,17 @@ class _Scheduler:
         need = cdiv(num_tokens, self.B) - len(req.blocks)
         if need > self.pool.num_free:
             return False
-        for _ in range(max(0, need)):
-            req.blocks.append(self.pool.take())
+        if need > 0:
+            req.blocks += self.pool.take(need)
         return True
 
     def _cache_full(self, req: _Req, upto: int) -> None:
         """Offer the request's newly full blocks to the cache, each once (as vLLM caches a block
         when it is allocated for tokens that fill it, never again)."""
         full = min(upto, req.num_tokens) // self.B
-        for k in range(req.num_cached, full):
-            self.pool.cache(req.blocks[k], _key(req, k, self.B))
-        req.num_cached = max(req.num_cached, full)
+        if full > req.num_cached:
+            self.pool.cache(req.blocks[req.num_cached:full], _keys(req, req.num_cached, full, self.B))
+            req.num_cached = full
 
     def _preempt(self, req: _Req) -> None:
         if self.trace is not None:
@@ -522,33 +550,36 @@ class _Scheduler:
     def _schedule_running(self, scheduled: list[tuple[_Req, int, int]], budget: int) -> tuple[int, bool]:
         """Running requests first, in order; out of blocks, the last running one is preempted (until the
         request itself is). Returns the budget left and whether anything was preempted."""
-        config, running = self.config, self.running
+        config, running, B = self.config, self.running, self.B
         preempted_now = False
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            n = min(req.num_tokens - req.computed, budget)
+            computed = req.computed
+            n = min(req.prompt + req.generated - computed, budget)
             if config.max_model_len:
-                n = min(n, config.max_model_len - 1 - req.computed)
+                n = min(n, config.max_model_len - 1 - computed)
             if n <= 0:
                 i += 1
                 continue
-            ok = False
-            while True:
-                if self._allocate(req, req.computed + n):
-                    ok = True
+            if -(-(computed + n) // B) > len(req.blocks):  # it needs a new block (else nothing to allocate)
+                ok = False
+                while True:
+                    if self._allocate(req, computed + n):
+                        ok = True
+                        break
+                    victim = running.pop()
+                    self._preempt(victim)
+                    preempted_now = True
+                    if victim is req:
+                        break
+                if not ok:
                     break
-                victim = running.pop()
-                self._preempt(victim)
-                preempted_now = True
-                if victim is req:
-                    break
-            if not ok:
-                break
-            self._cache_full(req, req.computed + n)
+            if (computed + n) // B > req.num_cached:
+                self._cache_full(req, computed + n)
             if self.trace is not None:
                 self.trace.append(("alloc", req.tl.index, req.num_tokens, n, tuple(req.blocks)))
-            scheduled.append((req, n, req.computed))
+            scheduled.append((req, n, computed))
             budget -= n
             i += 1
         return budget, preempted_now
@@ -562,7 +593,7 @@ class _Scheduler:
             hits = _prefix_hits(pool, req, B) if config.prefix_caching else []
             computed = len(hits) * B
             # Hits on blocks nobody holds are taken off the free queue: they cost a block.
-            evictable = sum(1 for b in hits if pool.ref[b] == 0)
+            evictable = [pool.ref[b] for b in hits].count(0)
             first_chunk = min(req.num_tokens - computed, budget)
             check = req.num_tokens if config.admit_full_prompt else computed + first_chunk
             admitted = cdiv(check, B) - len(hits) + evictable <= pool.num_free
@@ -575,8 +606,7 @@ class _Scheduler:
                 return True
             if not req.tl.preemptions:
                 req.tl.cached_tokens = computed
-            for b in hits:
-                pool.touch(b)
+            pool.touch(hits)
             req.blocks = list(hits)
             req.num_cached = len(hits)
             req.computed = computed
@@ -593,11 +623,15 @@ class _Scheduler:
         return False
 
     def _batch(self, scheduled: list[tuple[_Req, int, int]]) -> StepBatch:
-        prefill = sum(n for r, n, c in scheduled if not (n == 1 and c == r.num_tokens - 1 and r.generated > 0))
-        decode = sum(1 for r, n, c in scheduled if n == 1 and c == r.num_tokens - 1 and r.generated > 0)
-        return StepBatch(prefill_tokens=prefill, decode_seqs=decode,
-                         kv_tokens_read=sum(c + n for _, n, c in scheduled), num_seqs=len(scheduled),
-                         attention_pairs=sum(n * c + n * (n + 1) // 2 for _, n, c in scheduled))
+        prefill = decode = kv = pairs = 0
+        for r, n, c in scheduled:
+            if n == 1 and c == r.prompt + r.generated - 1 and r.generated > 0:
+                decode += 1
+            else:
+                prefill += n
+            kv += c + n
+            pairs += n * c + n * (n + 1) // 2
+        return StepBatch(prefill, decode, kv, len(scheduled), pairs)
 
     def _apply_results(self, scheduled: list[tuple[_Req, int, int]], end: float) -> None:
         """Computed tokens advance; a request whose tokens are all computed samples one; a finished one
@@ -612,6 +646,13 @@ class _Scheduler:
                 req.tl.token_times.append(end)
                 if req.generated >= req.output:
                     done.append(req)
+        self._finish(done, end)
+        for req in self.running:
+            req.tl.peak_blocks = max(req.tl.peak_blocks, len(req.blocks))
+
+    def _finish(self, done: list[_Req], end: float) -> None:
+        """The requests that sampled their last token in this step (which ends at ``end``), in schedule
+        order: their blocks freed, their successors sent."""
         load = self.load
         for req in done:
             req.tl.peak_blocks = max(req.tl.peak_blocks, len(req.blocks))
@@ -632,8 +673,169 @@ class _Scheduler:
                 number = load.first_index + k * load.streams + req.stream
                 nxt = self._make(number, end + load.think_time + self.delay(number), req.stream, k)
                 _insert(self.pending_q, (nxt.tl.arrival_time, req.stream, nxt))
-        for req in self.running:
+
+    # ---------------------------------------------------------------- steady decoding, many steps at once
+
+    def _decode_steps(self, max_steps: int) -> int:
+        """Run the steps from this one while the engine is steady, all at once; the number of steps run
+        (0: this step is not steady, `_step` runs it).
+
+        Steady: every running request decodes one token (its prompt and any recomputation done), each gets
+        its token within the budget, and no waiting request can be admitted: none waits, or the step cannot
+        try (``max_num_seqs`` running, or no budget left), or the head of the queue waits for KV blocks and
+        cannot stop waiting before a request ends (see `_blocked_head`). Such a step is the same every time
+        but for its numbers: its batch (``kv_tokens_read`` and ``attention_pairs`` grow by one per request),
+        the requests crossing into a new block (their ``computed`` mod B is known), its time. Each step still
+        makes its own `StepBatch` and calls ``step_time`` once, in order (a black box; the times add up in
+        the same order, so to the same bits); what is saved is the work per request and step.
+
+        The run stops before a step that must be taken one by one: one a pending arrival would change (it
+        could be admitted), or one where the pool has fewer free blocks than the requests crossing into a
+        block (one would preempt); it ends after the first step in which a request finishes (its end
+        changes the pool and sends successors), with that step's results applied as `_apply_results` would.
+
+        Why the pool ends up the same: in these steps the pool only hands out new blocks (`take`, in step
+        then running order, as here) and registers full blocks (`cache`, done here at the end). A `take`
+        pops a free block, `cache` names a held one, so the two touch different blocks; and the two orders
+        of removing one block from a hash's list of blocks and appending another give the same list."""
+        config, running, waiting, B = self.config, self.running, self.waiting, self.B
+        num = len(running)
+        budget_left = config.max_num_batched_tokens - num
+        if not num or budget_left < 0 or self.trace is not None:  # a trace logs every step's allocations
+            return 0
+        may_admit = budget_left > 0 and num < config.max_num_seqs
+        if may_admit and waiting and cdiv(waiting[0].num_tokens, B) <= self.pool.num_free - num:
+            return 0  # the head fits whatever this step takes: it is admitted (the usual arrival), `_step` does it
+        # The requests crossing into a new block in step j are those whose computed % B == -j % B.
+        groups: dict[int, list[_Req]] = {}
+        kv = num  # kv_tokens_read of the first step: sum of (computed + 1)
+        horizon = max_steps - self.step  # steps to run at most: until the first request ends
+        for req in running:
+            c = req.computed
+            # Decoding: one token left to compute, its first token sampled, the blocks of its computed tokens.
+            # (max_model_len never cuts a decode: a request is at most max_model_len tokens, `_make`.)
+            # (`_cache_full` keeps num_cached = computed // B: checked, as `_blocked_head` relies on it.)
+            if (not req.generated or c != req.prompt + req.generated - 1 or len(req.blocks) != -(-c // B)
+                    or req.num_cached != c // B):
+                return 0
+            horizon = min(horizon, req.output - req.generated)
+            kv += c
+            groups.setdefault(c % B, []).append(req)
+        blocked = False
+        if waiting and may_admit:
+            if not self._blocked_head(budget_left, len(groups.get(0, ()))):
+                return 0
+            blocked = True
+
+        pool, pending, step_time, usable = self.pool, self.pending_q, self.step_time, self.usable
+        batches, kv_fill, ends = self.batches, self.kv_fill, []
+        now, step = self.now, self.step
+        used = usable - pool.num_free  # (changes only when blocks are taken)
+        fill = used / usable
+        peak_used, peak_waiting = max(self.peak_used, used), max(self.peak_waiting, len(waiting))
+        next_arrival = pending[0][0] if pending else math.inf
+        for j in range(horizon):
+            if next_arrival <= now:  # arrivals seen at this step's start (not the first: `run` took them)
+                if may_admit and not blocked:
+                    break
+                while pending and pending[0][0] <= now:  # (they wait for KV too when the head does: below)
+                    _, _, req = pending.popleft()
+                    req.tl.arrival_step = step
+                    waiting.append(req)
+                next_arrival = pending[0][0] if pending else math.inf
+                peak_waiting = max(peak_waiting, len(waiting))
+            crossing = groups.get(-j % B)
+            if crossing:
+                if len(crossing) > pool.num_free:  # one of them preempts: a step of its own
+                    break
+                for req in crossing:
+                    req.blocks += pool.take()
+                used = usable - pool.num_free
+                fill = used / usable
+                peak_used = max(peak_used, used)
+            batch = StepBatch(0, num, kv, num, kv)  # prefill_tokens, decode_seqs, kv_tokens_read, num_seqs, attention_pairs
+            batches.append(batch)
+            end = now + (step_time(batch) if step_time else 1.0)
+            kv_fill.append((step, end, fill))
+            ends.append(end)
+            now = end
+            step += 1
+            kv += num
+        steps = len(ends)
+        if not steps:
+            return 0
+        if blocked:
+            for req in waiting:
+                req.tl.waited_for_kv = True
+            self._waited()
+        self.peak_used, self.peak_waiting = peak_used, peak_waiting
+        self.peak_running = max(self.peak_running, num)
+        # The steps' results: every request sampled a token per step.
+        done: list[_Req] = []
+        for req in running:
+            req.computed += steps
+            req.generated += steps
+            req.tl.token_times.extend(ends)
+            if req.computed // B > req.num_cached:  # blocks filled: cached (as each step would have)
+                self._cache_full(req, req.computed)
+            if req.generated >= req.output:
+                done.append(req)
+        self.step = step - 1  # the last step's results
+        self._finish(done, now)
+        for req in running:
             req.tl.peak_blocks = max(req.tl.peak_blocks, len(req.blocks))
+        self.step, self.now = step, now
+        return steps
+
+    def _blocked_head(self, budget: int, first_takes: int) -> bool:
+        """Whether the head of the queue waits for KV blocks in this step and every later one until a
+        request ends, whatever the running requests' new blocks do to the pool. True when it needs more
+        blocks than are free once this step's ``first_takes`` blocks are taken, and it needs no fewer
+        later: its need, ``cdiv(check, B) - hits a running request holds``, can only grow, as a `take`
+        only evicts (the hits become a prefix of themselves) and the running requests' new full blocks are
+        their own (no hash of its prompt: asked here); ``check`` is its whole prompt (``admit_full_prompt``),
+        or, without prefix caching, a first chunk of a fixed size. Not so when every failed attempt counts
+        in the prefix-cache stats (``prefix_stats_at_admission`` off): those are left to `_step`."""
+        config, pool, B = self.config, self.pool, self.B
+        if config.prefix_caching and not (config.admit_full_prompt and config.prefix_stats_at_admission):
+            return False
+        if any(len(req.keys) > req.prompt // B for req in self.running):  # keys beyond the prompt's full blocks
+            return False
+        head = self.waiting[0]
+        if cdiv(head.num_tokens, B) <= pool.num_free - first_takes:  # it fits even with no hit
+            return False
+        hits = _prefix_hits(pool, head, B) if config.prefix_caching else []
+        computed = len(hits) * B
+        check = head.num_tokens if config.admit_full_prompt else computed + min(head.num_tokens - computed, budget)
+        need = cdiv(check, B) - len(hits) + [pool.ref[b] for b in hits].count(0)  # less the hits others hold
+        return need > pool.num_free - first_takes
+
+    # ---------------------------------------------------------------- the loop
+
+    def _step(self) -> None:
+        """One step, the general way."""
+        waiting = self.waiting
+        scheduled: list[tuple[_Req, int, int]] = []  # (request, new tokens, computed before)
+        budget, preempted_now = self._schedule_running(scheduled, self.config.max_num_batched_tokens)
+        if not preempted_now and self._admit_waiting(scheduled, budget):
+            for req in waiting:
+                req.tl.waited_for_kv = True
+            self._waited()
+        if not scheduled and not self.running and waiting:
+            head = waiting[0]
+            raise KvplanError(f"request {head.tl.index} can never be admitted: it needs "
+                              f"{cdiv(head.num_tokens, self.B)} blocks, the pool has {self.usable} usable")
+        self.peak_waiting = max(self.peak_waiting, len(waiting))
+        self.peak_running = max(self.peak_running, len(self.running))
+        used = self.usable - self.pool.num_free
+        self.peak_used = max(self.peak_used, used)
+        batch = self._batch(scheduled)
+        self.batches.append(batch)
+        end = self.now + (self.step_time(batch) if self.step_time else 1.0)
+        self._apply_results(scheduled, end)
+        self.kv_fill.append((self.step, end, used / self.usable))
+        self.now = end
+        self.step += 1
 
     def run(self, max_steps: int) -> SimResult:
         total = self.load.num_requests
@@ -648,27 +850,8 @@ class _Scheduler:
             if not self.running and not waiting:
                 self.now = max(self.now, pending_q[0][0])  # idle until the next arrival
                 continue
-            scheduled: list[tuple[_Req, int, int]] = []  # (request, new tokens, computed before)
-            budget, preempted_now = self._schedule_running(scheduled, self.config.max_num_batched_tokens)
-            if not preempted_now and self._admit_waiting(scheduled, budget):
-                for req in waiting:
-                    req.tl.waited_for_kv = True
-                self._waited()
-            if not scheduled and not self.running and waiting:
-                head = waiting[0]
-                raise KvplanError(f"request {head.tl.index} can never be admitted: it needs "
-                                  f"{cdiv(head.num_tokens, self.B)} blocks, the pool has {self.usable} usable")
-            self.peak_waiting = max(self.peak_waiting, len(waiting))
-            self.peak_running = max(self.peak_running, len(self.running))
-            used = self.usable - self.pool.num_free
-            self.peak_used = max(self.peak_used, used)
-            batch = self._batch(scheduled)
-            self.batches.append(batch)
-            end = self.now + (self.step_time(batch) if self.step_time else 1.0)
-            self._apply_results(scheduled, end)
-            self.kv_fill.append((self.step, end, used / self.usable))
-            self.now = end
-            self.step += 1
+            if not self._decode_steps(max_steps):
+                self._step()
         return SimResult(
             config=self.config, requests=sorted(self.timelines, key=lambda t: t.index), steps=self.step,
             duration=self.now, preemptions=self.preemptions, first_kv_wait_step=self.first_wait_step,
@@ -695,7 +878,11 @@ def _insert(q: deque, item: tuple) -> None:
 def _prefix_hits(pool: BlockPool, req: _Req, block_size: int) -> list[int]:
     """`get_computed_blocks`: the longest run of cached full blocks from the start, at most
     ``num_tokens - 1`` tokens (the last token is always computed)."""
-    return pool.longest_hit(_key(req, k, block_size) for k in range((req.num_tokens - 1) // block_size))
+    lookups = (req.num_tokens - 1) // block_size
+    hits = pool.longest_hit(req.keys[:lookups])  # the hash ids first, in one slice
+    if len(hits) == min(lookups, len(req.keys)) < lookups:
+        hits += pool.longest_hit(_key(req, k, block_size) for k in range(len(hits), lookups))
+    return hits
 
 
 # --------------------------------------------------------------------------- onsets over concurrency

@@ -1,0 +1,213 @@
+"""The simulator's fast paths against the plain ones they stand for (issue 23): the flat-list block pool
+against a plain copy (tests/helpers/reference_block_pool.py), operation for operation; steady decode steps run at once
+against the same steps run one by one (a block-pool trace turns the fast path off); the run-memoized
+block hasher against a block-at-a-time one. Every result must be identical, floats to the bit."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+
+import pytest
+from helpers.reference_block_pool import ReferenceBlockPool
+
+from kvplan.plan import simulate as sim
+from kvplan.plan.block_pool import BlockPool
+from kvplan.plan.prefix_cache import BlockHasher, traffic_load
+from kvplan.plan.simulate import Lengths, SchedulerConfig, SimTurn, closed_loop, open_loop, poisson_arrivals, session_load
+from kvplan.traffic.loaders import agent_traffic
+from kvplan.traffic.model import Segment, Traffic, Turn
+
+# --------------------------------------------------------------------------- the pool
+
+
+def _pools_agree(ref: ReferenceBlockPool, flat: BlockPool, keys: range) -> None:
+    assert flat.free_queue() == ref.free_queue()
+    assert flat.num_free == ref.num_free
+    assert flat.ref == ref.ref
+    assert [flat.cached(k) for k in keys] == [ref.cached(k) for k in keys]
+
+
+@pytest.mark.parametrize("caching,uncached_first", [(True, True), (True, False), (False, True)])
+@pytest.mark.parametrize("seed", range(6))
+def test_the_flat_pool_is_block_pool_block_for_block(seed, caching, uncached_first):
+    """Random requests take blocks, register some under a few shared hashes (so hashes get a second block
+    and lose it again), hit cached ones (held or free) and release; after every operation both pools
+    have the same free queue, references and lookups."""
+    rng = random.Random(seed)
+    usable = rng.choice([5, 12, 40])
+    keys = range(rng.choice([3, 8, 30]))
+    ref, flat = ReferenceBlockPool(usable, caching, uncached_first), BlockPool(usable, caching, uncached_first)
+    held: list[list[int]] = []  # each request's blocks, in table order
+    for _ in range(400):
+        op = rng.random()
+        if op < 0.35 and ref.num_free:
+            n = rng.randint(1, ref.num_free)
+            taken = [ref.take() for _ in range(n)]
+            assert flat.take(n) == taken
+            held.append(taken)
+        elif op < 0.6 and held:
+            blocks = rng.choice(held)
+            picked = rng.sample(blocks, rng.randint(1, len(blocks)))
+            names = [rng.choice(keys) for _ in picked]
+            for b, k in zip(picked, names):
+                ref.cache(b, k)
+            flat.cache(picked, names)
+        elif op < 0.8:
+            hits = ref.longest_hit(rng.sample(keys, rng.randint(1, len(keys))))
+            hits = list(dict.fromkeys(hits))  # (a block is touched once per request)
+            for b in hits:
+                ref.touch(b)
+            flat.touch(hits)
+            if hits:
+                held.append(hits)
+        elif held:
+            blocks = held.pop(rng.randrange(len(held)))
+            ref.release(blocks)
+            flat.release(blocks)
+        _pools_agree(ref, flat, keys)
+    for blocks in held:
+        ref.release(blocks)
+        flat.release(blocks)
+    _pools_agree(ref, flat, keys)
+    assert flat.num_free == usable
+
+
+# --------------------------------------------------------------------------- steady decode steps
+
+
+def _step_time(kind: str):
+    """A step time and the batches it was called with: times from every StepBatch field (and, for
+    "count", from the number of calls), so the calls must come with the same batches in the same order."""
+    calls: list[sim.StepBatch] = []
+
+    def f(b: sim.StepBatch) -> float:
+        calls.append(b)
+        if kind == "count":
+            return 0.004 + (len(calls) % 7) * 1e-4 + math.sqrt(b.kv_tokens_read + 1) * 1e-6
+        return (0.003 + 1.7e-6 * b.prefill_tokens + 3.1e-5 * b.decode_seqs + 2.3e-9 * b.kv_tokens_read
+                + 1.3e-5 * b.num_seqs + 7.7e-12 * b.attention_pairs)
+
+    return (None if kind == "none" else f), calls
+
+
+def _sessions(seed: int) -> Traffic:
+    """Prompts of shared hash blocks (some shorter copies), arriving in bursts."""
+    rng = random.Random(seed)
+    prefixes = [[f"p{i}b{k}" for k in range(rng.randrange(1, 5))] for i in range(4)]
+    rows, t = [], 0.0
+    for i in range(150):
+        keys = list(rng.choice(prefixes)) + [f"r{i}b{k}" for k in range(rng.randrange(0, 3))]
+        segs = [Segment(k, 64) for k in keys[:-1]] + [Segment(keys[-1], rng.randrange(1, 65))]
+        t += rng.choice([0.001, 0.05, 0.5])
+        rows.append(Turn(f"r{i}", 0, tuple(segs), rng.randrange(1, 80), arrival_s=t))
+    return Traffic(tuple(rows), "sessions")
+
+
+LOADS = {
+    # name: (config, load builder, step time)
+    "open-roomy": (dict(num_blocks=4000, block_size=16),
+                   lambda: open_loop(poisson_arrivals(0.05, 200, 1), Lengths(300, 150, "lognormal", 0.6, 7),
+                                     shared_prefix_tokens=64), "linear"),
+    "open-preempting": (dict(num_blocks=300, block_size=16, max_num_batched_tokens=1024),
+                        lambda: open_loop(poisson_arrivals(0.5, 200, 2), Lengths(300, 150, "lognormal", 0.6, 7),
+                                          shared_prefix_tokens=64), "count"),
+    "closed-waiting-for-kv": (dict(num_blocks=90, block_size=8, max_num_seqs=256),
+                              lambda: closed_loop(40, Lengths(200, 120, "uniform", 0.5, 3), 4, shared_prefix=0.3), "linear"),
+    "closed-max-num-seqs": (dict(num_blocks=2000, block_size=16, max_num_seqs=6),
+                            lambda: closed_loop(20, Lengths(64, 90, "normal", 0.4, 1), 3, think_time=0.02,
+                                                client_delay=lambda n: (n % 5) * 0.003), "count"),
+    "closed-old-rules": (dict(num_blocks=300, block_size=16, admit_full_prompt=False, uncached_blocks_first=False,
+                              prefix_stats_at_admission=False, max_num_batched_tokens=512),
+                         lambda: closed_loop(48, Lengths(256, 128, "lognormal", 0.4), 3, shared_prefix=0.5), "linear"),
+    "closed-no-caching": (dict(num_blocks=300, block_size=16, prefix_caching=False, max_model_len=1200),
+                          lambda: closed_loop(48, Lengths(256, 128, "lognormal", 0.4), 3, shared_prefix=0.5), "none"),
+    "closed-budget-of-seqs": (dict(num_blocks=400, block_size=16, max_num_batched_tokens=30),
+                              lambda: closed_loop(40, Lengths(20, 80), 2), "linear"),
+    "sessions-evicting": (dict(num_blocks=40, block_size=16, max_num_seqs=8),
+                          lambda: traffic_load(_sessions(1), 16), "count"),
+    "sessions-chunked": (dict(num_blocks=30, block_size=32, max_num_batched_tokens=96, max_num_seqs=4),
+                         lambda: traffic_load(_sessions(2), 32), "linear"),
+    "agent-think-times": (dict(num_blocks=2000, block_size=16),
+                          lambda: traffic_load(agent_traffic(30, 5, 2, 512, 64, 80, think_s=0.5, session_rate_per_s=2.0,
+                                                             seed=3, think_distribution="exponential",
+                                                             arrival_distribution="poisson"), 16), "linear"),
+}
+
+
+@pytest.mark.parametrize("name", list(LOADS))
+def test_steady_steps_at_once_are_the_steps_one_by_one(name, monkeypatch):
+    cfg, build, kind = LOADS[name]
+    config = SchedulerConfig(**cfg)
+    fast_time, fast_calls = _step_time(kind)
+    fast_steps = []
+    original = sim._Scheduler._decode_steps
+
+    def counted(self, max_steps):
+        fast_steps.append(original(self, max_steps))
+        return fast_steps[-1]
+
+    monkeypatch.setattr(sim._Scheduler, "_decode_steps", counted)
+    fast = sim.simulate(config, build(), fast_time)
+    plain_time, plain_calls = _step_time(kind)
+    trace: list[tuple] = []
+    plain = sim.simulate(config, build(), plain_time, trace=trace)  # a trace takes every step one by one
+    assert sum(fast_steps) > 0  # the fast path ran (most steps, in most of these loads)
+    assert fast_calls == plain_calls
+    for f in dataclasses.fields(fast):
+        assert getattr(fast, f.name) == getattr(plain, f.name), f.name
+    # floats to the bit (== would take -0.0 for 0.0)
+    assert [t.hex() for r in fast.requests for t in r.token_times] == [t.hex() for r in plain.requests for t in r.token_times]
+    assert [(s, t.hex(), u.hex()) for s, t, u in fast.kv_fill] == [(s, t.hex(), u.hex()) for s, t, u in plain.kv_fill]
+
+
+# --------------------------------------------------------------------------- the hasher
+
+
+class _BlockAtATime:
+    """BlockHasher as it was: one (parent, spans) -> id lookup per block."""
+
+    def __init__(self, block_size: int):
+        self.block_size, self.ids = block_size, {}
+
+    def prompt_keys(self, segments) -> tuple[int, ...]:
+        B, out, parent, spans, filled = self.block_size, [], 0, [], 0
+        for seg in segments:
+            at = 0
+            while at < seg.tokens:
+                take = min(B - filled, seg.tokens - at)
+                spans.append((seg.key, at, at + take))
+                at += take
+                filled += take
+                if filled == B:
+                    parent = self.ids.setdefault((parent, tuple(spans)), len(self.ids) + 1)
+                    out.append(parent)
+                    spans, filled = [], 0
+        return tuple(out)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_block_hasher_ids_are_the_block_at_a_time_ids(seed):
+    """The same ids, values included (shorter and longer copies of segments, at every offset)."""
+    rng = random.Random(seed)
+    B = rng.choice([1, 2, 3, 4, 7, 16])
+    names = [f"k{i}" for i in range(rng.randint(1, 6))]
+    fast, slow = BlockHasher(B), _BlockAtATime(B)
+    for _ in range(60):
+        segments = [Segment(rng.choice(names), rng.randint(1, 5 * B)) for _ in range(rng.randint(1, 7))]
+        assert fast.prompt_keys(segments) == slow.prompt_keys(segments)
+        assert len(fast) == len(slow.ids)
+
+
+def test_hash_ids_beyond_the_prompt_blocks():
+    """Hash ids are whatever a SimTurn carries. Request 0's 20-token prompt has one full block but four ids:
+    its decode fills blocks 1-3 under ids 2-4, which request 2 (arriving at step 1, waiting for KV: it needs
+    5 blocks, 1 of them a hit, and 3 are free) looks up. In step 12 block 1 fills, the hit grows to 2
+    blocks and request 2 is admitted: steady steps must not run past that step."""
+    turns = [SimTurn(0, 20, 60, keys=(1, 2, 3, 4), arrival=0.0), SimTurn(1, 1, 15, arrival=0.0),
+             SimTurn(2, 65, 1, keys=(1, 2, 3, 4), arrival=1.0)]
+    config = SchedulerConfig(num_blocks=7, block_size=16)
+    fast = sim.simulate(config, session_load(turns))
+    assert fast.requests[2].admitted_step == 12 and fast.requests[2].waited_for_kv
+    assert fast == sim.simulate(config, session_load(turns), trace=[])
