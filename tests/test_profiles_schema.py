@@ -57,6 +57,11 @@ class GpuRow(BaseModel):
     bf16_dense_tflops: float | int | None = Field(gt=0)
     fp16_dense_tflops: float | int | None = Field(gt=0)
     perf_source: str = Field(min_length=1)
+    # The link a host <-> GPU copy goes over (CPU offload reloads), its rate in one direction, and where it was
+    # read ("not sourced: why" when it was not: then no link is given).
+    host_link: str | None
+    host_link_gbps: float | int | None = Field(gt=0)
+    host_link_source: str = Field(min_length=1)
     notes: str
     ambiguous_aliases: list[str] = []
 
@@ -125,12 +130,14 @@ def test_gpus_json_validates_with_unique_names_and_aliases():
             seen[key] = row.name
         assert set(row.ambiguous_aliases) <= set(row.aliases), row.name
         assert (row.cuda_total_gib is None) == (row.cuda_total_source is None), row.name
+        assert (row.host_link is None) == (row.host_link_gbps is None) == row.host_link_source.startswith("not sourced")
 
 
 def test_every_gpu_figure_cites_an_openable_source_or_says_it_has_none():
     rows = json.loads(GPUS_FILE.read_text(encoding="utf-8"))["gpus"]
     covers = {"memory_source": ("memory_mib",), "cuda_total_source": ("cuda_total_gib",),
-              "perf_source": ("bandwidth_gbps", "bf16_dense_tflops", "fp16_dense_tflops")}
+              "perf_source": ("bandwidth_gbps", "bf16_dense_tflops", "fp16_dense_tflops"),
+              "host_link_source": ("host_link", "host_link_gbps")}
     for row in rows:
         for field, values in covers.items():
             text = row[field]

@@ -34,6 +34,8 @@ class Device:
     cuda_total_measured: bool  # False when estimated from the driver total
     bandwidth_gbps: float | None = None
     bf16_dense_tflops: float | None = None
+    host_link: str | None = None  # what a host <-> GPU copy goes over: "PCIe 5.0 x16", "NVLink-C2C"
+    host_link_gbps: float | None = None  # its rate, one direction, GB/s
     vendor: str = "nvidia"
     source: str = ""
     # datacenter | workstation | desktop (profiles/gpus.json "class"): what "another GPU" may be.
@@ -118,6 +120,8 @@ def load_catalog(path: str | None = None) -> tuple[dict[str, Device], dict[str, 
             cuda_total_measured=measured,
             bandwidth_gbps=row.get("bandwidth_gbps"),
             bf16_dense_tflops=row.get("bf16_dense_tflops") or row.get("fp16_dense_tflops"),
+            host_link=row.get("host_link"),
+            host_link_gbps=row.get("host_link_gbps"),
             vendor=row.get("vendor", "nvidia"),
             source=row.get("memory_source", ""),
             gpu_class=row.get("class", "datacenter"),

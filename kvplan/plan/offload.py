@@ -27,6 +27,11 @@ rounds up to a power of two (vllm#53042, https://github.com/vllm-project/vllm/is
 a rank holds one cross-layer tensor with one KV group (MLA from 0.24), else one per layer (or per layer slot
 of a hybrid's groups), so the host memory is ``ranks x sum(pow2(tensor))``. 0.11.1's native tier never builds, and 0.12-0.18
 were not read: both refused.
+
+Reload vs recompute (`tier_reload`): a prompt whose prefix the tier holds is loaded back over each rank's own host
+link instead of recomputed. vLLM loads it asynchronously (the connector's ``get_num_new_matched_tokens`` returns
+``load_kv_async``; the request waits in ``WAITING_FOR_REMOTE_KVS``, then is scheduled for the rest of its prompt:
+v1/core/sched/scheduler.py@0.32.0, distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py@0.32.0).
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ class OffloadTier:
     tokens: int  # tokens of context it holds (every group storing every block)
     gpu_pool_tokens: int  # the GPU pool's, for scale
     notes: tuple[str, ...] = ()
+    reload: TierReload | None = None  # a tier hit's TTFT against recomputing it (kvplan size adds it)
 
     def describe(self) -> tuple[str, str]:
         """Two plain lines: the chunks, then the host memory and the tokens they hold."""
@@ -163,3 +169,87 @@ def offload_tier_for(cap, size_gib: float, backend: str = "native") -> OffloadTi
         pipeline_parallel_size=s.pipeline_parallel_size, decode_context_parallel_size=s.decode_context_parallel_size,
         mla=mla, nvidia_or_xpu=cap.device.vendor == "nvidia", gpu_pool_tokens=cap.kv_cache_tokens_reported,
         memory=cap.rules.offload_memory, tensor_pages=pinned_tensor_pages(layout, mla, cap.rules))
+
+
+# --------------------------------------------------------------------------- reload vs recompute
+
+#: Host -> GPU copies of pinned memory reach about this share of the link's rate in one direction: a prior from
+#: published nvbandwidth / bandwidthTest runs: A100 SXM4 25.13 of 31.5 GB/s (0.80,
+#: https://github.com/NVIDIA/nvbandwidth/issues/42), RTX 4090 23.9-26.4 (0.76-0.84,
+#: https://github.com/NVIDIA/nvbandwidth/issues/15), GH200 346 of 450 (0.77,
+#: https://github.com/NVIDIA/nvbandwidth/issues/23); one H100 system measured 35.2 of 63 (0.56), reported there
+#: as an anomaly (https://github.com/NVIDIA/nvbandwidth/issues/24). Copies in both directions at once get less.
+HOST_COPY_EFFICIENCY = 0.8
+
+
+@dataclass(frozen=True)
+class ReloadRow:
+    prompt_tokens: int
+    reloaded_tokens: int  # the prompt's full blocks but its last token (vLLM computes the last token always)
+    reload_ttft_s: float  # the prefix loaded from the tier, the rest computed
+    recompute_ttft_s: float  # the whole prompt computed
+
+
+@dataclass(frozen=True)
+class TierReload:
+    """TTFT of a prompt whose prefix the tier holds, reloaded or recomputed, on an otherwise idle engine.
+
+    reload: one step's overhead (the load is issued in a step that computes nothing of this request) + the
+    transfer of the prefix over the rank's link at ``efficiency`` x its rate + the rest of the prompt computed
+    after it; recompute: the whole prompt's chunked prefill (kvplan.plan.steptime.prefill_time). The request
+    overhead outside the engine (API server) is the same for both and left out. Every rank moves its own pages
+    over its own link at once (GPUs sharing a PCIe switch's uplink get less)."""
+
+    link: str  # e.g. "PCIe 5.0 x16"
+    link_gbps: float  # the link's rate, one direction, GB/s
+    efficiency: float
+    bytes_per_token: float  # a rank's pages per token: what its link moves
+    rows: tuple[ReloadRow, ...]
+    crossover_tokens: int | None  # the shortest prompt a reload serves sooner (None: none up to the longest)
+    step_model: str  # "prior" or "calibrated"
+    notes: tuple[str, ...] = ()
+
+    @property
+    def transfer_s_per_token(self) -> float:
+        return self.bytes_per_token / (self.link_gbps * 1e9 * self.efficiency)
+
+
+def tier_reload(layout, link: str, link_gbps: float, step_model, chunk_tokens: int, max_prompt_tokens: int,
+                lengths: tuple[int, ...] = (1024, 8192, 32768, 131072), notes: tuple[str, ...] = ()) -> TierReload:
+    """Reload vs recompute for one KV group's layout (kvplan.plan.layout.KVLayout): ``lengths`` (up to
+    ``max_prompt_tokens``, which is added) and the crossover: the shortest prompt whose reload is sooner,
+    over every prompt of whole blocks + 1 token (the lengths whose reload a block more serves)."""
+    from kvplan.plan.steptime import chunk_step_time, prefill_time
+
+    if link_gbps <= 0 or chunk_tokens < 1 or max_prompt_tokens < 2:
+        raise KvplanError("reload vs recompute needs a host link rate > 0, a prefill chunk and prompts of 2 tokens or more")
+    block = layout.min_block_size
+    per_token = layout.block_bytes / block
+    rate = link_gbps * 1e9 * HOST_COPY_EFFICIENCY
+    full_chunks = [0.0]  # full_chunks[j]: seconds of a prompt's first j chunks (prompts are scanned in order)
+
+    def recompute(prompt: int) -> float:
+        j = (prompt - 1) // chunk_tokens
+        while len(full_chunks) <= j:
+            i = len(full_chunks) - 1
+            full_chunks.append(full_chunks[i] + chunk_step_time(step_model, chunk_tokens, i * chunk_tokens))
+        return full_chunks[j] + chunk_step_time(step_model, prompt - j * chunk_tokens, j * chunk_tokens)
+
+    def row(prompt: int) -> ReloadRow:
+        hit = (prompt - 1) // block * block  # full blocks, at most prompt - 1 tokens (get_num_new_matched_tokens)
+        reload = step_model.overhead_s + hit * per_token / rate + prefill_time(step_model, prompt - hit,
+                                                                              chunk_tokens, context=hit)
+        return ReloadRow(prompt, hit, reload, recompute(prompt))
+
+    # Every length, not a bisection: recompute minus reload is not monotone (it jumps by a step's cost at each
+    # chunk boundary and falls between them where moving a token costs more than computing it).
+    crossover = None
+    for blocks in range(1, (max_prompt_tokens - 1) // block + 1):
+        r = row(blocks * block + 1)
+        if r.reload_ttft_s < r.recompute_ttft_s:
+            crossover = r.prompt_tokens
+            break
+    prompts = sorted({n for n in lengths if n <= max_prompt_tokens} | {max_prompt_tokens})
+    return TierReload(link=link, link_gbps=link_gbps, efficiency=HOST_COPY_EFFICIENCY, bytes_per_token=per_token,
+                      rows=tuple(row(n) for n in prompts), crossover_tokens=crossover,
+                      step_model=step_model.source, notes=notes)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvplan.errors import KvplanError
 from kvplan.hardware.catalog import Device, GpuSelection
@@ -18,7 +18,7 @@ from kvplan.plan.capacity import (
     request_load,
 )
 from kvplan.plan.fit import FitRequest, search
-from kvplan.plan.offload import offload_tier_for
+from kvplan.plan.offload import offload_tier_for, tier_reload
 from kvplan.plan.overhead import OverheadModel
 from kvplan.plan.schema import (
     ConcurrencyCell,
@@ -454,9 +454,28 @@ def plan_size(
         layout_source=arch.layout_source,
         vllm_startup_lines=startup_lines(cap),
         latency=_latency(cap, settings, per_replica, steptime) if verdict.fits else None,
-        offload=offload_tier_for(cap, settings.kv_offloading_size, settings.kv_offloading_backend or "native")
-        if settings.kv_offloading_size else None,
+        offload=_offload(cap, settings, steptime) if settings.kv_offloading_size else None,
     )
+
+
+def _offload(cap: Capacity, settings: Settings, steptime: object | None):
+    """The CPU tier, with reload vs recompute where the catalog knows the GPU's host link and the step-time
+    model can be built (one KV group only: sliding-window and recurrent groups reload part of a prefix)."""
+    tier = offload_tier_for(cap, settings.kv_offloading_size, settings.kv_offloading_backend or "native")
+    device = cap.device
+    if tier is None or not device.host_link_gbps or cap.layout.num_kv_groups != 1 or cap.has_state:
+        return tier
+    try:
+        model = steptime or model_for(cap)
+    except KvplanError:
+        return tier  # no bandwidth / TFLOP/s for this device in the catalog
+    notes = ()
+    if cap.arch.params.experts and model.source == "prior":
+        notes = ("MoE: the prior step time counts every routed expert's FLOPs (kvplan.plan.steptime), so recomputing "
+                 "is slower here than on the engine and reloading looks better than it is; calibrate on a bench run",)
+    reload = tier_reload(cap.layout, device.host_link or "host link", device.host_link_gbps, model,
+                         cap.limits.max_num_batched_tokens, cap.max_model_len, notes=notes)
+    return replace(tier, reload=reload)
 
 
 def _offload_notes(settings: Settings) -> list[str]:

@@ -299,6 +299,24 @@ def decode_step_time(model: StepTimeModel, concurrency: int, context: int) -> fl
     return model(StepBatch(0, concurrency, concurrency * context, concurrency, concurrency * context))
 
 
+def chunk_step_time(model: StepTimeModel, tokens: int, context: int) -> float:
+    """One step computing ``tokens`` prompt tokens of one request alone, after ``context`` tokens in its KV."""
+    return model(StepBatch(tokens, 0, context + tokens, 1, tokens * context + tokens * (tokens + 1) // 2))
+
+
+def prefill_time(model: StepTimeModel, tokens: int, chunk_tokens: int, context: int = 0) -> float:
+    """Seconds to compute ``tokens`` prompt tokens of one request alone on the engine, after ``context``
+    tokens already in its KV: chunked prefill, ``chunk_tokens`` (max_num_batched_tokens) a step."""
+    if chunk_tokens < 1:
+        raise KvplanError("a prefill chunk must be >= 1 token")
+    total, done = 0.0, 0
+    while done < tokens:
+        n = min(chunk_tokens, tokens - done)
+        total += chunk_step_time(model, n, context + done)
+        done += n
+    return total
+
+
 QUICK_OVERHEAD_ROUNDS = 50  # fixed-point rounds: each shrinks the error by slope x concurrency / E2E^2 (well below 1 on real runs)
 
 
