@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import typer
@@ -26,7 +27,15 @@ Examples:
   kvplan fit Qwen/Qwen3-32B --ctx 32k -c 64 --gpus H100,H200 --format csv > deployments.csv
 
   kvplan fit meta-llama/Llama-3.1-70B --ctx 128k -c 16 --format markdown   # a table for a PR or a wiki
+
+  kvplan fit meta-llama/Llama-3.1-8B --ctx 8k --rate 200 --prompt 2k --output 256 --slo ttft_p99=1s --gpus H100,L40S
+                                                                           # replicas for 200 requests/s
 """
+
+#: Deployment shapes whose replica count a --rate search finds at most (each takes a few simulations).
+MAX_FLEET_SHAPES = 12
+#: A request rate above this is a typo.
+MAX_RATE_PER_S = 1_000_000
 
 #: Deployments simulated at most while looking for ones that meet the SLOs (each takes ~0.1-0.5 s).
 MAX_SLO_SIMULATIONS = 100
@@ -70,6 +79,8 @@ def fit(
     speculative_config: Optional[str] = typer.Option(None, "--speculative-config", help="vLLM's --speculative-config JSON, as kvplan size takes it.", metavar="JSON"),
     top: int = typer.Option(5, "--top", help="How many deployments to show.", metavar="N"),
     slo: Optional[str] = typer.Option(None, "--slo", help="Keep deployments whose predicted latency meets these (as kvplan bench --slo): ttft_p99=500ms,itl_p99=50ms.", metavar="KEY=VALUE,..."),
+    rate: Optional[str] = typer.Option(None, "--rate", help="Size a fleet instead: requests per second over all replicas (Poisson arrivals; needs --slo). Each deployment shape gets the fewest replicas whose simulated replica meets the SLOs at its share of the rate.", metavar="REQ/S"),
+    max_replicas: int = typer.Option(256, "--max-replicas", help="With --rate: the largest fleet searched.", metavar="N"),
     vllm_version: Optional[str] = typer.Option(None, "--vllm-version", help="Accounting rules of this vLLM release (default: newest known).", metavar="VERSION"),
     source: str = typer.Option("auto", "--source", help="auto (local, Hub, bundled), local, hub or bundled.", metavar="auto|local|hub|bundled"),
     offline: bool = typer.Option(False, "--offline", help="Do not contact the Hub."),
@@ -83,7 +94,11 @@ def fit(
     --format csv or markdown prints the deployments table alone (one row per deployment, with its
     vllm serve command); json (as --json) the whole search.
 
-    Exit code 0: something fits; 1: nothing within --max-gpus; 2: bad input; 3: internal error.
+    --rate sizes a fleet: replicas of one deployment (--max-gpus each) behind a router, each simulated at its
+    share of the rate; ranked by the fleet's GPUs (or price), with what holds a replica back (KV pool, batch or
+    compute) one replica short.
+
+    Exit code 0: something fits; 1: nothing within --max-gpus (or --max-replicas); 2: bad input; 3: internal error.
     """
     import time
 
@@ -128,6 +143,7 @@ def fit(
     slo_targets = parse_slo(slo)
     if slo is not None and not slo_targets:
         raise KvplanError("--slo is empty", "use key=value pairs: ttft_p99=500ms,itl_p99=50ms")
+    rate_per_s = None if rate is None else _rate(rate, slo_targets, concurrency, max_replicas)
     resolved = load_model(model, None, source, True if offline else None, {})
     rules = rules_for(vllm_version)
     overhead = load_overhead()
@@ -140,6 +156,10 @@ def fit(
     base = Settings(speculative=load_draft(spec, source, True if offline else None))
     result = search(resolved.arch, devices, req, rules, overhead, resolved.weights_total, base)
     elapsed = time.perf_counter() - t0
+    if rate_per_s is not None:
+        payload = _fleet_payload(resolved, result, req, rules, overhead, base, slo_targets, rate_per_s, max_replicas, top)
+        payload["search_seconds"] = round(time.perf_counter() - t0, 4)
+        _emit_fleets(payload, fmt)
     shown, seen, sized = [], set(), set()
     slo_rejected: dict[str, int] = {}
     simulated = 0
@@ -334,3 +354,184 @@ def _render(p: dict) -> None:
     console.print(_latency_note(p))
     for i, d in enumerate(p["deployments"], 1):
         console.print(f"{i}. {esc(d['vllm_serve_command'])}", soft_wrap=True, highlight=False)
+
+
+# --------------------------------------------------------------------------- --rate: fleets
+
+
+FLEET_NOTE = ("Replicas: the fewest whose replica, simulated at its share of the rate (Poisson arrivals, prior step-time "
+              "model, uncalibrated), meets every SLO (figures in ms); 'bound by': what held a replica back one replica "
+              "short (kv: its pool; batch: max_num_seqs; compute).")
+
+
+def _rate(text: str, slo_targets: dict, concurrency: int, max_replicas: int) -> float:
+    """--rate as requests per second ("200" or "200/s"), with the options it needs and excludes."""
+    from kvplan.errors import KvplanError
+
+    value = text.strip().lower().removesuffix("/s").strip()
+    try:
+        rate = float(value)
+    except ValueError:
+        rate = math.nan
+    if not 0 < rate <= MAX_RATE_PER_S:  # NaN fails this too
+        raise KvplanError(f"invalid --rate {text!r:.40}", f"give requests per second, above 0 and at most {MAX_RATE_PER_S:,}: "
+                          "--rate 200")
+    if not slo_targets:
+        raise KvplanError("--rate needs --slo: what serving the rate means", "add --slo ttft_p99=1s")
+    if concurrency != 1:
+        raise KvplanError("--rate and --concurrency both given", "a fleet's load is its rate: drop -c")
+    if not 1 <= max_replicas <= 4096:
+        raise KvplanError(f"invalid --max-replicas {max_replicas}", "use 1 to 4,096")
+    return rate
+
+
+def _emit_fleets(payload: dict, fmt: OutputFormat) -> None:
+    if fmt is OutputFormat.json:
+        print_json(payload)
+    elif fmt is OutputFormat.table:
+        _render_fleets(payload)
+    else:
+        emit_rows(*fleet_rows(payload), fmt, footnote=FLEET_NOTE if payload["fleets"] else None)
+        if not payload["fleets"]:
+            typer.echo(printable(_why_no_fleet(payload)), err=True)
+    raise typer.Exit(ExitCode.OK if payload["fleets"] else ExitCode.DOES_NOT_FIT)
+
+
+def _fleet_payload(resolved, result, req, rules, overhead, base, slo_targets: dict, rate_per_s: float,
+                   max_replicas: int, top: int) -> dict:
+    """The fewest replicas of each deployment shape (one engine: GPU x TP x PP x KV dtype, at the first context the
+    search found for it) for the rate, best first."""
+    from kvplan.bench.slo import describe_slo, point_checks
+    from kvplan.errors import KvplanError
+    from kvplan.plan.fit import latency_floor, replan, workload_lengths
+    from kvplan.plan.fleet import replicas_for_rate
+    from kvplan.plan.simulate import SchedulerConfig
+    from kvplan.plan.size import serve_command, verdict_for
+    from kvplan.plan.steptime import model_for
+
+    fleets, unmet, seen = [], {}, set()
+    simulations, stopped = 0, False
+
+    def miss(reason: str) -> None:
+        unmet[reason] = unmet.get(reason, 0) + 1
+
+    for cand in (c for c in result.fitting if c.dp == 1):
+        shape = (cand.device.name, cand.tp, cand.pp, cand.kv_dtype)
+        if shape in seen:
+            continue
+        if len(seen) >= MAX_FLEET_SHAPES or simulations >= MAX_SLO_SIMULATIONS:
+            stopped = True
+            break
+        seen.add(shape)
+        cap = replan(resolved.arch, cand, req, rules, overhead, resolved.weights_total, base)
+        if not verdict_for(cap, 1).fits:
+            continue
+        try:
+            step_model = model_for(cap)
+        except KvplanError:
+            miss("no bandwidth / TFLOP/s in the catalog to predict latency")
+            continue
+        prompt_tokens, out_tokens = workload_lengths(req, cand.ctx)
+        floor = latency_floor(step_model, prompt_tokens, out_tokens, cap.limits.max_num_batched_tokens,
+                              cached=req.shared_prefix)
+        count = replicas_for_rate(SchedulerConfig.from_capacity(cap), step_model, rate_per_s, prompt_tokens, out_tokens,
+                                  slo_targets, floor, shared_prefix_tokens=min(req.shared_prefix, prompt_tokens),
+                                  max_replicas=max_replicas, max_simulations=MAX_SLO_SIMULATIONS - simulations)
+        simulations += count.simulations
+        if count.replicas is None:
+            miss(count.reason)
+            continue
+        pred = count.prediction
+        checks = point_checks({"ttft": pred.ttft, "itl": pred.itl, "tpot": pred.tpot, "e2e": pred.e2e}, slo_targets)
+        price = None if cand.price_per_hour is None else cand.price_per_hour * count.replicas
+        tokens_per_s = rate_per_s * out_tokens  # in steady state every request is served whole
+        fleets.append({
+            "gpu": cand.device.name, "gpus_per_replica": cand.gpus, "tensor_parallel_size": cand.tp,
+            "pipeline_parallel_size": cand.pp, "kv_cache_dtype": cap.dtype.name, "max_model_len": cand.ctx,
+            "replicas": count.replicas, "gpus": count.replicas * cand.gpus,
+            "per_replica_rate_per_s": round(count.per_replica_rate_per_s, 4), "binding": count.binding,
+            "price_per_hour": None if price is None else round(price, 4),
+            "usd_per_million_output_tokens": None if price is None else round(price / (tokens_per_s * 3600) * 1e6, 4),
+            "latency_predicted": pred.to_json(),
+            "slo": {k: {"target_ms": round(c["target"] * 1000, 3),
+                        "predicted_ms": None if c["value"] is None else round(c["value"] * 1000, 3), "met": c["met"]}
+                    for k, c in checks.items()},
+            "simulations": count.simulations,
+            "vllm_serve_command": serve_command(resolved.config.name, cap, 1),
+        })
+    order = {id(f): i for i, f in enumerate(fleets)}  # the search's order breaks ties
+    priced = all(f["price_per_hour"] is not None for f in fleets)
+    fleets.sort(key=lambda f: ((f["price_per_hour"], f["gpus"]) if priced else (f["gpus"],), order[id(f)]))
+    return {
+        "model": resolved.config.name, "model_source": resolved.config.source, "vllm_version": rules.version,
+        "ctx": req.ctx, "rate_per_s": rate_per_s, "prompt_tokens": req.prompt, "output_tokens": req.output,
+        "candidates_evaluated": result.evaluated, "candidates_fitting": len(result.fitting),
+        "rejected": result.rejected_reasons, "slo": {k: round(v * 1000, 3) for k, v in slo_targets.items()},
+        "slo_description": describe_slo(slo_targets), "shapes_sized": len(seen), "fleet_unmet": unmet,
+        "fleet_simulations": simulations, "fleet_search_stopped": stopped, "max_replicas": max_replicas,
+        "fleets": fleets[:top],
+    }
+
+
+def fleet_rows(p: dict) -> tuple[list[dict], list[Column]]:
+    """The fleets table as flat records (CSV, Markdown)."""
+    keys = list(p["slo"])
+    rows = [{"rank": i, "gpu": f["gpu"], "replicas": f["replicas"], "gpus_per_replica": f["gpus_per_replica"],
+             "gpus": f["gpus"], "tensor_parallel_size": f["tensor_parallel_size"],
+             "pipeline_parallel_size": f["pipeline_parallel_size"], "kv_cache_dtype": f["kv_cache_dtype"],
+             "max_model_len": f["max_model_len"], "binding": f["binding"],
+             **{f"{k}_ms": f["slo"][k]["predicted_ms"] for k in keys},
+             "price_per_hour": f["price_per_hour"], "usd_per_million_output_tokens": f["usd_per_million_output_tokens"],
+             "vllm_serve_command": f["vllm_serve_command"]} for i, f in enumerate(p["fleets"], 1)]
+    money = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+    columns = [Column("rank", "#"), Column("gpu", "GPU", right=False), Column("replicas", "replicas"),
+               Column("gpus", "GPUs"), Column("tensor_parallel_size", "TP"), Column("pipeline_parallel_size", "PP"),
+               Column("kv_cache_dtype", "KV dtype", right=False), Column("max_model_len", "context", "{:,}".format),
+               Column("binding", "bound by", right=False), *(Column(f"{k}_ms", f"{k} ms", _or_dash) for k in keys),
+               Column("price_per_hour", "$/h", money), Column("usd_per_million_output_tokens", "$/M tok", money),
+               Column("vllm_serve_command", "vLLM command (one replica)", lambda v: f"`{v}`", right=False)]
+    return rows, columns
+
+
+def _why_no_fleet(p: dict) -> str:
+    if not p["candidates_fitting"]:
+        return _why_none({**p, "slo": None})
+    reasons = ", ".join(f"{k}: {v:,}" for k, v in sorted(p["fleet_unmet"].items(), key=lambda kv: -kv[1]))
+    return (f"NO FLEET MEETS THE SLOs within {p['max_replicas']:,} replicas of a deployment ({reasons or 'none sized'}). "
+            "Try looser targets, more GPUs a replica (--max-gpus) or more replicas (--max-replicas).")
+
+
+def _render_fleets(p: dict) -> None:
+    from rich.table import Table
+
+    from kvplan.term import make_console
+
+    console = make_console()
+    work = (f"prompt {p['prompt_tokens']:,} + output {p['output_tokens'] or 0:,}" if p["prompt_tokens"] is not None
+            else f"{p['ctx']:,}-token requests")
+    console.print(f"{esc(p['model'])} ({p['model_source']}), vLLM {p['vllm_version']} rules: {p['rate_per_s']:g} "
+                  f"requests/s of {work}, context {p['ctx']:,}; SLOs: {esc(p['slo_description'])}")
+    console.print(f"{p['shapes_sized']} deployment shape{'s' if p['shapes_sized'] != 1 else ''} sized in "
+                  f"{p['fleet_simulations']} simulations ({p['search_seconds']:.1f} s)"
+                  + (" (search stopped: shape or simulation limit reached)" if p["fleet_search_stopped"] else "") + ".")
+    if not p["fleets"]:
+        console.print(esc(_why_no_fleet(p)))
+        return
+    keys = list(p["slo"])
+    priced = any(f["price_per_hour"] is not None for f in p["fleets"])
+    table = Table(show_header=True, header_style="bold", show_edge=False, pad_edge=False)
+    for col in ("#", "fleet", "KV dtype", "bound by", *keys, *(("$/h", "$/M tok") if priced else ())):
+        text = col in ("fleet", "KV dtype", "bound by")
+        table.add_column(col, justify="left" if text else "right", overflow="fold", no_wrap=col != "fleet")
+    for i, f in enumerate(p["fleets"], 1):
+        cells = [_or_dash(None if f["slo"][k]["predicted_ms"] is None else format_ms(f["slo"][k]["predicted_ms"] / 1000))
+                 for k in keys]
+        money = [_or_dash(None if f[k] is None else f"{f[k]:.2f}") for k in ("price_per_hour", "usd_per_million_output_tokens")]
+        each = esc(f["gpu"]) if f["gpus_per_replica"] == 1 else f"({f['gpus_per_replica']} x {esc(f['gpu'])})"
+        split = f" PP{f['pipeline_parallel_size']}" if f["pipeline_parallel_size"] > 1 else ""
+        table.add_row(str(i), f"{f['replicas']} x {each}{split}", f["kv_cache_dtype"], f["binding"], *cells,
+                      *(money if priced else ()))
+    console.print(table)
+    console.print(FLEET_NOTE)
+    for i, f in enumerate(p["fleets"], 1):
+        console.print(f"{i}. {esc(f['vllm_serve_command'])}", soft_wrap=True, highlight=False)

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 from kvplan.errors import KvplanError
 from kvplan.model.layers import MLA
+from kvplan.plan.steptime import chunk_step_time, prefill_time
 from kvplan.units import GiB, cdiv
 
 HOST_PAGE_BYTES = 4096  # mmap.PAGESIZE on x86-64 Linux; 64 KiB-page aarch64 kernels (some GH200) round more
@@ -219,8 +220,6 @@ def tier_reload(layout, link: str, link_gbps: float, step_model, chunk_tokens: i
     """Reload vs recompute for one KV group's layout (kvplan.plan.layout.KVLayout): ``lengths`` (up to
     ``max_prompt_tokens``, which is added) and the crossover: the shortest prompt whose reload is sooner,
     over every prompt of whole blocks + 1 token (the lengths whose reload a block more serves)."""
-    from kvplan.plan.steptime import chunk_step_time, prefill_time
-
     if link_gbps <= 0 or chunk_tokens < 1 or max_prompt_tokens < 2:
         raise KvplanError("reload vs recompute needs a host link rate > 0, a prefill chunk and prompts of 2 tokens or more")
     block = layout.min_block_size

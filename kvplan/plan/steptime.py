@@ -236,6 +236,8 @@ class LatencyPrediction:
     preemptions: int
     peak_kv_fill: float
     source: str
+    waited_for_kv: bool = False  # a request waited for KV blocks (the pool, not the batch, held it back)
+    peak_running: int = 0  # requests running at once, at most
 
     def to_json(self) -> dict:
         def ms(d):
@@ -268,7 +270,7 @@ def predict_latency(config: SchedulerConfig, load: Load, model: StepTimeModel,
         ttft=shifted(stats("ttft")), itl=stats("itl"), tpot=stats("tpot"),
         e2e=shifted(stats("e2e")), queueing=stats("queueing_delay"),
         output_tokens_per_s=res.throughput, preemptions=res.preemptions, peak_kv_fill=res.peak_kv_fill,
-        source=model.source,
+        source=model.source, waited_for_kv=res.waited_for_kv, peak_running=res.peak_running,
     )
 
 

@@ -32,6 +32,8 @@ def _check_within(output: str, width: int = 80) -> None:
     ("size", "meta-llama/Llama-3.1-8B", "--gpu", "H100", "--ctx", "32k"),
     ("size", "Qwen/Qwen3.5-27B", "--gpu", "2xH100", "--ctx", "128k", "-c", "4"),
     ("fit", "meta-llama/Llama-3.1-8B", "--ctx", "32k", "-c", "8"),
+    ("fit", "meta-llama/Llama-3.1-8B", "--ctx", "8k", "--prompt", "2k", "--output", "128", "--gpus", "H100",
+     "--max-gpus", "2", "--rate", "40", "--slo", "ttft_p99=800ms,tpot_p99=40ms", "--price", "H100=2.5"),
     ("check", str(EXAMPLE_SPEC)),
 ])
 def test_tables_fit_80_columns(args):

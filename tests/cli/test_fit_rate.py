@@ -1,0 +1,106 @@
+"""`kvplan fit --rate`: the fewest replicas of each deployment shape that serve a request rate at the SLOs,
+each replica simulated at its share (kvplan.plan.fleet; its search is checked by hand in tests/plan/test_fleet.py).
+Here: the CLI's answers against the simulator run directly at the proposed count and one replica fewer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from kvplan.cli import fit_cmd
+from kvplan.plan.fleet import missed_targets
+from kvplan.plan.simulate import Lengths, SchedulerConfig, open_loop, poisson_arrivals
+from kvplan.plan.steptime import StepTimeModel, predict_latency
+
+ENV = {"HF_HUB_OFFLINE": "1"}
+BASE = ["fit", "meta-llama/Llama-3.1-8B", "--ctx", "8k", "--prompt", "2k", "--output", "128", "--gpus", "H100",
+        "--max-gpus", "1", "--source", "bundled"]
+SLO = "ttft_p99=800ms,tpot_p99=40ms"
+
+
+def _run(*extra: str):
+    app = typer.Typer()
+    app.command("fit")(fit_cmd.fit)
+    app.command("noop")(lambda: None)
+    return CliRunner().invoke(app, [*BASE, *extra], env=ENV)
+
+
+@pytest.fixture(scope="module")
+def fleet() -> dict:
+    r = _run("--rate", "40/s", "--slo", SLO, "--price", "H100=2.5", "--json")
+    assert r.exit_code == 0, r.output
+    return json.loads(r.output)
+
+
+def test_each_shape_gets_the_fewest_replicas_the_simulator_says_meet_the_slo(fleet):
+    """One H100 a replica: bf16 and fp8 KV are the two shapes. For each, the simulator (the same step-time model
+    and pool, Poisson arrivals at the replica's share) meets the SLOs at the proposed count and misses them with
+    one replica fewer."""
+    assert fleet["rate_per_s"] == 40 and fleet["shapes_sized"] == 2
+    assert {f["kv_cache_dtype"] for f in fleet["fleets"]} == {"bfloat16", "fp8"}
+    from kvplan.deploy import load_model
+    from kvplan.hardware.catalog import find_device
+    from kvplan.plan.fit import FitRequest, replan, search
+    from kvplan.plan.overhead import load_overhead
+    from kvplan.plan.steptime import model_for
+    from kvplan.vllm.rules import rules_for
+
+    model = load_model("meta-llama/Llama-3.1-8B", None, "bundled", True, {})
+    req = FitRequest(ctx=8192, concurrency=1, prompt=2048, output=128, max_gpus=1)
+    rules = rules_for(None)
+    result = search(model.arch, [find_device("H100")], req, rules, load_overhead(), model.weights_total)
+    slo = {"ttft_p99": 0.8, "tpot_p99": 0.04}
+    unit = poisson_arrivals(1.0, 500, 0)
+    for f in fleet["fleets"]:
+        cand = next(c for c in result.fitting if c.dp == 1 and c.kv_dtype == ("fp8" if "fp8" in f["kv_cache_dtype"] else "auto"))
+        cap = replan(model.arch, cand, req, rules, load_overhead(), model.weights_total)
+        step: StepTimeModel = model_for(cap)
+        config = SchedulerConfig.from_capacity(cap)
+
+        def predicted(n: int, config=config, step=step):
+            load = open_loop([t * n / 40 for t in unit], Lengths(2048, 128))
+            return predict_latency(config, load, step, (50, 90, 95, 99), mean=True)
+
+        n = f["replicas"]
+        assert n > 1 and not missed_targets(predicted(n), slo) and missed_targets(predicted(n - 1), slo), f
+        assert f["gpus"] == n and f["per_replica_rate_per_s"] == pytest.approx(40 / n, rel=1e-3)
+        assert f["price_per_hour"] == pytest.approx(2.5 * n)
+        # $ per million output tokens: the fleet's $/h over 40 requests/s x 128 tokens x 3,600 s
+        assert f["usd_per_million_output_tokens"] == pytest.approx(2.5 * n / (40 * 128 * 3600) * 1e6, rel=1e-3)
+        assert f["binding"] in ("kv", "batch", "compute")
+        assert all(c["met"] for c in f["slo"].values())
+    prices = [f["price_per_hour"] for f in fleet["fleets"]]
+    assert prices == sorted(prices)
+
+
+def test_the_table_and_csv():
+    r = _run("--rate", "40", "--slo", SLO)
+    assert r.exit_code == 0, r.output
+    assert "6 x H100 SXM" in r.output and "bound by" in r.output
+    csv = _run("--rate", "40", "--slo", SLO, "--format", "csv")
+    assert csv.exit_code == 0 and csv.output.splitlines()[0].startswith("rank,gpu,replicas,")
+
+
+def test_no_fleet_within_the_largest_searched_exits_1():
+    r = _run("--rate", "40", "--slo", SLO, "--max-replicas", "1", "--json")
+    assert r.exit_code == 1, r.output
+    doc = json.loads(r.output)
+    assert doc["fleets"] == [] and any("1 replicas do not meet it" in k for k in doc["fleet_unmet"])
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--rate", "0", "--slo", SLO], "invalid --rate"),
+    (["--rate", "-3", "--slo", SLO], "invalid --rate"),
+    (["--rate", "nan", "--slo", SLO], "invalid --rate"),
+    (["--rate", "1e308", "--slo", SLO], "invalid --rate"),
+    (["--rate", "fast", "--slo", SLO], "invalid --rate"),
+    (["--rate", "40"], "--rate needs --slo"),
+    (["--rate", "40", "--slo", SLO, "-c", "8"], "--rate and --concurrency"),
+    (["--rate", "40", "--slo", SLO, "--max-replicas", "0"], "invalid --max-replicas"),
+])
+def test_bad_input_is_one_line_and_exit_2(extra, message):
+    r = _run(*extra)
+    assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output
