@@ -1,7 +1,11 @@
 """config.json (as data) -> Architecture: a list of layer specs plus weight counts.
 
 This module is the only place in kvplan that looks at ``model_type`` or at a config's
-field names. Everything downstream sums over :class:`~kvplan.model.layers.LayerSpec`.
+field names. ``model_type`` picks the family (:data:`~kvplan.model.families.FAMILIES`), and
+the readers here ask the family for its quirks rather than compare type names; the one
+name test left is vLLM's own (Gemma 3's RoPE-scaled length, :func:`derived_max_model_len`),
+plus the multimodal towers' types (:func:`_tower_params`). Everything downstream sums over
+:class:`~kvplan.model.layers.LayerSpec`.
 
 Rules follow vLLM's `vllm/config/model.py` (0.11.0): ``get_total_num_kv_heads``,
 ``get_head_size``, ``get_sliding_window``; and the per-model files under
@@ -32,7 +36,9 @@ from kvplan.model.families import (
     TEXT_CONFIG_DEFAULTS,
     WRAPPER_TEXT_MODEL_TYPE,
     AttentionShape,
+    Family,
     family_for,
+    kda_state,
     sliding_window_size,
 )
 from kvplan.model.layers import (
@@ -262,16 +268,16 @@ def _text_defaults(config: dict[str, Any], text: dict[str, Any], notes: list[str
     return text
 
 
-def total_kv_heads(f: _Fields, model_type: str, num_heads: int) -> int:
-    """``ModelConfig.get_total_num_kv_heads`` (vllm/config/model.py)."""
-    falcon_new_arch = model_type in ("falcon", "RefinedWeb", "RefinedWebModel") and f.get(
-        "new_decoder_architecture", default=False
-    )
-    if not falcon_new_arch and f.get("multi_query", default=False):
+def total_kv_heads(f: _Fields, family: Family, num_heads: int) -> int:
+    """``ModelConfig.get_total_num_kv_heads`` (vllm/config/model.py): ``multi_query`` means one KV head
+    unless the family's flag turns it off (Falcon), then the family's own reader (MPT / DBRX), then
+    the generic field names."""
+    multi_query_off = family.multi_query_off_field and f.get(family.multi_query_off_field, default=False)
+    if not multi_query_off and f.get("multi_query", default=False):
         return 1
-    attn_config = f.get("attn_config")
-    if model_type in ("mpt", "dbrx") and isinstance(attn_config, dict):
-        return attn_config.get("kv_n_heads") or num_heads
+    own = family.kv_heads(f, num_heads) if family.kv_heads else None
+    if own is not None:
+        return own
     for name in ("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num"):
         value = f.get(name)
         if value is not None:
@@ -279,10 +285,12 @@ def total_kv_heads(f: _Fields, model_type: str, num_heads: int) -> int:
     return num_heads
 
 
-def head_size(f: _Fields, model_type: str, hidden: int, num_heads: int) -> int:
-    """``ModelConfig.get_head_size`` for non-MLA attention (vllm/config/model.py)."""
-    if model_type == "zamba2" and f.get("attention_head_dim"):
-        return int(f.get("attention_head_dim"))
+def head_size(f: _Fields, family: Family, hidden: int, num_heads: int) -> int:
+    """``ModelConfig.get_head_size`` for non-MLA attention (vllm/config/model.py): the family's own
+    reader where it gives one (Zamba2), else the generic field names, else hidden / heads."""
+    own = family.head_size(f) if family.head_size else None
+    if own:
+        return int(own)
     for name in ("head_dim", "attention_head_dim", "hidden_size_per_head", "kv_channels"):
         value = f.get(name)
         if value is not None:
@@ -298,7 +306,7 @@ def _model_dtype(f: _Fields) -> str:
     return "float16" if dtype in ("float16", "half") else "bfloat16"  # fp32/fp8 checkpoints run in bf16
 
 
-def _quantization(top: dict[str, Any], f: _Fields) -> tuple[Quantization, str | None]:
+def _quantization(top: dict[str, Any], f: _Fields, family: Family) -> tuple[Quantization, str | None]:
     """The checkpoint's weight scheme and, if declared, its KV-cache scheme."""
     qc = top.get("quantization_config") or f.get("quantization_config")
     if not isinstance(qc, dict):
@@ -319,9 +327,10 @@ def _quantization(top: dict[str, Any], f: _Fields) -> tuple[Quantization, str | 
     if method in ("fp8", "fbgemm_fp8", "ptpc_fp8"):
         fp8 = Quantization(method, 1.0 + 4 / (128 * 128), note="fp8 weights")
         expert_dtype = top.get("expert_dtype") or qc.get("expert_dtype") or "fp4"
-        if str(f.get("model_type")) == "deepseek_v4" and expert_dtype == "fp4":
-            # DeepseekV4FP8Config (models/deepseek_v4/quant_config.py@0.32.0): the routed experts are MXFP4 unless
-            # the config says expert_dtype "fp8" (its default is fp4). kvplan prices the shared experts with them.
+        if family.fp4_experts_in_fp8 and expert_dtype == "fp4":
+            # DeepSeek-V4's DeepseekV4FP8Config (models/deepseek_v4/quant_config.py@0.32.0): the routed experts are
+            # MXFP4 unless the config says expert_dtype "fp8" (its default is fp4). kvplan prices the shared experts
+            # with them.
             fp8 = replace(fp8, role_bytes=(("experts", MXFP4_BYTES),), note="fp8 weights, MXFP4 routed experts")
         return fp8, kv_dtype
     if method in ("gptq", "awq", "gptq_marlin", "awq_marlin", "auto-round"):
@@ -360,8 +369,9 @@ def _quantization(top: dict[str, Any], f: _Fields) -> tuple[Quantization, str | 
     )
 
 
-def _moe_layers(f: _Fields, model_type: str, n: int) -> list[bool]:
-    """Which decoder layers are mixture-of-experts layers."""
+def _moe_layers(f: _Fields, family: Family, n: int) -> list[bool]:
+    """Which decoder layers are mixture-of-experts layers: the family's own pattern (Jamba) or the
+    generic fields (per-layer flags, moe_layers, mlp_layer_types, else first-k-dense / frequency / step)."""
     num_experts = f.get("n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts")
     if not num_experts or num_experts <= 1:
         return [False] * n
@@ -373,9 +383,8 @@ def _moe_layers(f: _Fields, model_type: str, n: int) -> list[bool]:
         return [bool(x) for x in freq]
     step = f.get("decoder_sparse_step", "interleave_moe_layer_step", default=1) or 1
     only_mlp = set(f.get("mlp_only_layers", default=[]) or [])
-    if model_type == "jamba":
-        period, offset = f.get("expert_layer_period", default=2), f.get("expert_layer_offset", default=1)
-        return [i % period == offset for i in range(n)]
+    if family.moe_layers is not None:
+        return family.moe_layers(f, n)
     if isinstance(f.get("moe_layers"), list):
         moe = set(f.get("moe_layers"))
         return [i in moe for i in range(n)]
@@ -388,14 +397,13 @@ def _moe_layers(f: _Fields, model_type: str, n: int) -> list[bool]:
 
 
 def _count_params(
-    f: _Fields, model_type: str, kinds: list[str], hidden: int, num_heads: int, kv_heads: int, head: int,
+    f: _Fields, family: Family, kinds: list[str], hidden: int, num_heads: int, kv_heads: int, head: int,
     shapes: dict[str, AttentionShape | None] | None = None,
 ) -> ParamCounts:
     """Parameters of the loaded model, by role (an estimate from the config)."""
     n = len(kinds)
     vocab = f.get("vocab_size", "padded_vocab_size", default=0)
     inter = f.get("intermediate_size", "ffn_hidden_size", "n_inner", default=4 * hidden)
-    family = family_for(model_type, allow_unverified=True)[0]
     gated = family.gated_mlp
     mlp_mats = 3 if gated else 2
     tied = bool(f.get("tie_word_embeddings", default=False))
@@ -443,24 +451,20 @@ def _count_params(
                 attn += hidden * heads * (1 if gating is True or gating == "per-head" else layer_head)
 
     # MLPs: dense or mixture of experts.
-    moe = _moe_layers(f, model_type, n)
+    moe = _moe_layers(f, family, n)
     num_experts = f.get("n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts", default=0)
     expert_inter = f.get("moe_intermediate_size", default=inter)
-    dense_inter = f.get("intermediate_size_mlp", default=inter) if model_type.startswith("llama4") else inter
+    dense_inter = f.get(family.dense_mlp_field, default=inter) if family.dense_mlp_field else inter
     # Shared experts: n_shared_experts of expert size (DeepSeek) or one of its own size (Qwen).
     shared = f.get("n_shared_experts", "num_shared_experts", default=0) or 0
     shared_inter = f.get("shared_expert_intermediate_size", "shared_intermediate_size", default=0) or 0
-    if model_type.startswith("llama4"):
-        shared_inter = inter  # one shared expert of intermediate_size in every MoE layer
-    if model_type == "nemotron_h":  # '-' dense MLP layer, 'E' MoE layer, others none
-        pattern = f.get("hybrid_override_pattern")
-        if pattern is None:  # layers_block_type, as transformers' NemotronHConfig maps it to the pattern
-            blocks = f.get("layers_block_type", "layer_types", default=[]) or []
-            pattern = "".join({"mlp": "-", "moe": "E"}.get(str(b).lower(), "?") for b in blocks)
-        mlp_kinds = [{"-": "dense", "E": "moe"}.get(c) for c in pattern]
+    if family.shared_expert_of_intermediate_size:
+        shared_inter = inter  # one shared expert of intermediate_size in every MoE layer (Llama 4)
+    if family.mlp_kinds is not None:  # the family's own per-layer MLPs (Nemotron-H's pattern)
+        mlp_kinds = family.mlp_kinds(f, n)
     else:
         mlp_kinds = ["moe" if is_moe else "dense" for is_moe in moe]
-    double_wide_from = _double_wide_from(f, model_type, n)
+    double_wide_from = _double_wide_from(f, family, n)
     for i, mlp_kind in enumerate(mlp_kinds):
         if mlp_kind == "moe":
             experts += num_experts * mlp_mats * hidden * expert_inter
@@ -469,7 +473,7 @@ def _count_params(
         elif mlp_kind == "dense":
             wide = 2 if double_wide_from is not None and i >= double_wide_from else 1
             mlp += mlp_mats * hidden * dense_inter * wide
-    if model_type.startswith("gemma4") and num_experts:
+    if family.dense_mlp_beside_experts and num_experts:
         # Gemma 4 runs its dense MLP beside the experts in every layer (`Gemma4DecoderLayer`).
         mlp += sum(1 for k in mlp_kinds if k == "moe") * mlp_mats * hidden * dense_inter
 
@@ -477,7 +481,7 @@ def _count_params(
     for kind in kinds:
         if "mamba" not in kind:
             continue
-        kda = f.get("linear_attn_config") if model_type == "kimi_linear" else None
+        kda = f.get("linear_attn_config") if family.state is kda_state else None  # Kimi Delta Attention layers
         if isinstance(kda, dict) and kda.get("num_heads") and kda.get("head_dim"):
             # Kimi Delta Attention (`KimiGatedDeltaNetAttention.__init__`,
             # model_executor/layers/mamba/gdn/kimi_gdn_linear_attn.py@0.32.0): in_proj to q, k, v
@@ -546,7 +550,11 @@ _MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_l
 
 def derived_max_model_len(f: _Fields, model_type: str) -> int | None:
     """``_get_and_verify_max_len`` (vllm/config/model.py): the smallest length key, scaled by
-    RoPE scaling except for su/longrope/llama3 (and Gemma 3); YaRN scales its original length."""
+    RoPE scaling except for su/longrope/llama3 (and Gemma 3); YaRN scales its original length.
+
+    Gemma 3's test stays a name test, a generic rule: vLLM's own is ``"gemma3" not in
+    hf_config.model_type`` (its max length is already scaled), which also holds for types outside
+    the family table (gemma3n, read with --allow-unverified-layout)."""
     lengths = [f.get(k) for k in _MAX_LEN_KEYS]
     lengths = [v for v in lengths if isinstance(v, int) and not isinstance(v, bool) and v > 0]
     if not lengths:
@@ -564,25 +572,18 @@ def derived_max_model_len(f: _Fields, model_type: str) -> int | None:
     return int(derived)
 
 
-def _double_wide_from(f: _Fields, model_type: str, num_layers: int) -> int | None:
-    """Gemma 4's first layer whose dense MLP is twice ``intermediate_size``, or None.
-
-    With ``use_double_wide_mlp`` the KV-shared layers (the last ``num_kv_shared_layers``) get a
-    ``2 x intermediate_size`` MLP (`Gemma4DecoderLayer.__init__`, models/gemma4.py@0.32.0:
-    ``is_kv_shared_layer = layer_idx >= first_kv_shared_layer_idx > 0``)."""
-    if not model_type.startswith("gemma4") or not f.get("use_double_wide_mlp", default=False):
-        return None
-    first_shared = num_layers - int(f.get("num_kv_shared_layers", default=0) or 0)
-    return first_shared if 0 < first_shared < num_layers else None
+def _double_wide_from(f: _Fields, family: Family, num_layers: int) -> int | None:
+    """The first layer whose dense MLP is twice ``intermediate_size`` (Gemma 4's double-wide MLP), or None."""
+    return family.double_wide_mlp_from(f, num_layers) if family.double_wide_mlp_from else None
 
 
-def _mlp_activation_width(f: _Fields, model_type: str, num_layers: int, hidden: int) -> int:
+def _mlp_activation_width(f: _Fields, family: Family, num_layers: int, hidden: int) -> int:
     inter = f.get("intermediate_size", "ffn_hidden_size", "n_inner", default=4 * hidden) or 0
-    if model_type.startswith("llama4"):
-        inter = f.get("intermediate_size_mlp", default=inter)
-    if _double_wide_from(f, model_type, num_layers) is not None:
+    if family.dense_mlp_field:
+        inter = f.get(family.dense_mlp_field, default=inter)
+    if _double_wide_from(f, family, num_layers) is not None:
         inter *= 2
-    if not any(_moe_layers(f, model_type, num_layers)):
+    if not any(_moe_layers(f, family, num_layers)):
         return int(inter)
     top_k = f.get("num_experts_per_tok", "experts_per_token", "moe_topk", default=1) or 1
     expert = f.get("moe_intermediate_size", default=inter)
@@ -664,8 +665,8 @@ def _parse_architecture(config: dict[str, Any], overrides: dict[str, Any] | None
     _check_dims(f)
 
     kinds = family.kinds(f, num_layers)
-    kv_heads = total_kv_heads(f, model_type, num_heads)
-    head = head_size(f, model_type, hidden, num_heads)
+    kv_heads = total_kv_heads(f, family, num_heads)
+    head = head_size(f, family, hidden, num_heads)
     if any(k in ("full", "sliding", "chunked", "attention+mamba", "global") for k in kinds) and (
             kv_heads <= 0 or head <= 0):
         raise KvplanError(f"invalid attention shape in config: {kv_heads} KV heads of size {head}",
@@ -719,17 +720,17 @@ def _parse_architecture(config: dict[str, Any], overrides: dict[str, Any] | None
     if not specs:
         raise KvplanError(f"model_type {model_type!r} has no attention or state layers to size")
 
-    quant, ckpt_kv = _quantization(top, f)
-    params = _count_params(f, model_type, kinds, hidden, num_heads, kv_heads, head, shapes)
+    quant, ckpt_kv = _quantization(top, f, family)
+    params = _count_params(f, family, kinds, hidden, num_heads, kv_heads, head, shapes)
     towers, tower_note, vision = _tower_params(top, hidden)
     audio, audio_note = _audio_tower_params(top, hidden)
     if towers or audio:
         params = replace(params, towers=towers + audio)
     notes += [n for n in (tower_note, audio_note) if n]
-    quant = _layer_schemes(quant, top.get("quantization_config") or f.get("quantization_config"), f, model_type,
+    quant = _layer_schemes(quant, top.get("quantization_config") or f.get("quantization_config"), f, family,
                            kinds, WEIGHT_DTYPE_BYTES.get(dtype, 2))
     if quant.method == "mxfp4":
-        quant = replace(quant, expert_shape=_expert_shape(f, model_type, kinds))
+        quant = replace(quant, expert_shape=_expert_shape(f, family, kinds))
     max_pos = f.get("max_position_embeddings", "n_positions", "seq_length", "max_seq_len", "n_ctx")
     limit = derived_max_model_len(f, model_type)
     return Architecture(
@@ -744,7 +745,7 @@ def _parse_architecture(config: dict[str, Any], overrides: dict[str, Any] | None
         layers=tuple(specs),
         layer_index=tuple(index),
         params=params,
-        mlp_activation_width=_mlp_activation_width(f, model_type, num_layers, hidden),
+        mlp_activation_width=_mlp_activation_width(f, family, num_layers, hidden),
         model_dtype=dtype,
         quantization=quant,
         checkpoint_kv_dtype=ckpt_kv,
@@ -942,14 +943,14 @@ def _group_bytes(bits: int, group_size: int, kind: str) -> float:
     return int_group_bytes(bits, group_size)
 
 
-def _expert_shape(f: _Fields, model_type: str, kinds: list[str]) -> ExpertShape:
-    """The MXFP4 experts' shapes, which vLLM pads per kernel (weights.mxfp4_expert_bytes).
-    gpt-oss experts carry biases (`GptOssForCausalLM`: `has_bias=True`, models/gpt_oss.py@0.11.0)."""
+def _expert_shape(f: _Fields, family: Family, kinds: list[str]) -> ExpertShape:
+    """The MXFP4 experts' shapes, which vLLM pads per kernel (weights.mxfp4_expert_bytes), with
+    biases where the family's experts carry them (gpt-oss: ``Family.expert_bias``)."""
     num_experts = f.get("n_routed_experts", "num_local_experts", "num_experts", "moe_num_experts", default=0) or 0
     inter = f.get("moe_intermediate_size", "intermediate_size", default=0) or 0
-    moe_layers = sum(_moe_layers(f, model_type, len(kinds)))
+    moe_layers = sum(_moe_layers(f, family, len(kinds)))
     hidden = f.get("hidden_size", default=0) or 0
-    return ExpertShape(moe_layers, int(num_experts), int(hidden), int(inter), bias=model_type == "gpt_oss")
+    return ExpertShape(moe_layers, int(num_experts), int(hidden), int(inter), bias=family.expert_bias)
 
 
 _LAYER_NUMBER = re.compile(r"layers\.(\d+)\.")
@@ -975,7 +976,7 @@ def _module_role(name: str) -> str | None:
     return None
 
 
-def _layer_schemes(quant: Quantization, qc: Any, f: _Fields, model_type: str, kinds: list[str],
+def _layer_schemes(quant: Quantization, qc: Any, f: _Fields, family: Family, kinds: list[str],
                    dtype_bytes: int) -> Quantization:
     """Which layers a ModelOpt / compressed-tensors checkpoint quantizes, by role.
 
@@ -989,7 +990,7 @@ def _layer_schemes(quant: Quantization, qc: Any, f: _Fields, model_type: str, ki
     if not isinstance(qc, dict) or quant.method not in ("compressed-tensors", "modelopt", "modelopt_fp4"):
         return quant
     n = len(kinds)
-    moe = _moe_layers(f, model_type, n)
+    moe = _moe_layers(f, family, n)
     layers_of = {
         "attention": [i for i, k in enumerate(kinds) if k in ("full", "sliding", "chunked", "mla", "global",
                                                              "attention+mamba")],

@@ -3,10 +3,12 @@
 As vLLM's model registry maps an architecture to its implementation, :data:`FAMILIES` maps
 a config's ``model_type`` to a :class:`Family`: which decoder layers hold which kind of
 cache (:func:`Family.kinds`), how a recurrent layer's state is shaped (``state``), how the
-SSM state dtype resolves, and any per-layer attention shape of its own. Adding a family is
-one entry here (and a twin test in tests/twins/); a ``model_type`` absent from the table is
-refused, never guessed (``kvplan size --allow-unverified-layout`` reads it as a plain
-decoder and says so).
+SSM state dtype resolves, and any per-layer attention shape of its own; and where the family
+departs from the generic readers of :mod:`kvplan.model.arch` (KV heads, head size, which
+layers are MoE, the MLP's sizes), small named fields whose functions sit in the "family
+quirks" section below. Adding a family is one entry here (and a twin test in tests/twins/);
+a ``model_type`` absent from the table is refused, never guessed (``kvplan size
+--allow-unverified-layout`` reads it as a plain decoder and says so).
 
 Sources: vLLM 0.32.0 unless noted, `vllm/model_executor/models/<file>.py` of each family,
 `vllm/model_executor/models/config.py` for the config hooks, and
@@ -126,10 +128,13 @@ def deepseek_v4_kinds(f: Fields, n: int) -> list[LayerKind]:
 
 
 def every_other_sliding(f: Fields, n: int) -> list[LayerKind]:
-    """gpt-oss (`gpt_oss.py` ignores layer_types) and Gemma 2 (transformers' default): even
-    layer indices slide."""
-    explicit = None if f.get("model_type") == "gpt_oss" else _explicit_layer_types(f, n)
-    return explicit or ["sliding" if i % 2 == 0 else "full" for i in range(n)]
+    """Gemma 2: explicit ``layer_types``, else even layer indices slide (transformers' default)."""
+    return _explicit_layer_types(f, n) or ["sliding" if i % 2 == 0 else "full" for i in range(n)]
+
+
+def gpt_oss_kinds(f: Fields, n: int) -> list[LayerKind]:
+    """gpt-oss: even layer indices slide, whatever ``layer_types`` says (`gpt_oss.py` ignores it)."""
+    return ["sliding" if i % 2 == 0 else "full" for i in range(n)]
 
 
 def _int_pattern(pattern: Any) -> int:
@@ -380,6 +385,54 @@ def short_conv_state(f: Fields, hidden: int, num_heads: int, conv: int, ssm: int
 StateRule = Callable[[Fields, int, int, int, int], MambaState]
 
 
+# --- family quirks of kvplan.model.arch's generic readers -------------------------------
+# Each is the function of one Family field below (None / False there: arch's generic rule).
+
+
+def attn_config_kv_heads(f: Fields, num_heads: int) -> int | None:
+    """MPT and DBRX (``Family.kv_heads``): ``attn_config.kv_n_heads``, else the query head count, when the
+    config has an ``attn_config`` (`ModelConfig.get_total_num_kv_heads`, vllm/config/model.py)."""
+    attn_config = f.get("attn_config")
+    if isinstance(attn_config, dict):
+        return attn_config.get("kv_n_heads") or num_heads
+    return None
+
+
+def zamba2_head_size(f: Fields) -> int | None:
+    """Zamba2 (``Family.head_size``): the shared attention block's ``attention_head_dim`` comes before
+    ``head_dim`` (`ModelConfig.get_head_size`, vllm/config/model.py)."""
+    return f.get("attention_head_dim")
+
+
+def jamba_moe_layers(f: Fields, n: int) -> list[bool]:
+    """Jamba (``Family.moe_layers``): layer i is MoE when ``i % expert_layer_period == expert_layer_offset``
+    (transformers' JambaConfig, defaults 2 and 1)."""
+    period, offset = f.get("expert_layer_period", default=2), f.get("expert_layer_offset", default=1)
+    return [i % period == offset for i in range(n)]
+
+
+def nemotron_h_mlp_kinds(f: Fields, n: int) -> list[str | None]:
+    """Nemotron-H (``Family.mlp_kinds``): ``hybrid_override_pattern``'s '-' is a dense MLP layer, 'E' an MoE
+    layer, other codes hold none; newer configs list ``layers_block_type`` (mlp, moe), as transformers'
+    NemotronHConfig maps it to the pattern."""
+    pattern = f.get("hybrid_override_pattern")
+    if pattern is None:
+        blocks = f.get("layers_block_type", "layer_types", default=[]) or []
+        pattern = "".join({"mlp": "-", "moe": "E"}.get(str(b).lower(), "?") for b in blocks)
+    return [{"-": "dense", "E": "moe"}.get(c) for c in pattern]
+
+
+def gemma4_double_wide_from(f: Fields, n: int) -> int | None:
+    """Gemma 4 (``Family.double_wide_mlp_from``): the first layer whose dense MLP is twice
+    ``intermediate_size``, or None. With ``use_double_wide_mlp`` the KV-shared layers (the last
+    ``num_kv_shared_layers``) get a ``2 x intermediate_size`` MLP (`Gemma4DecoderLayer.__init__`,
+    models/gemma4.py@0.32.0: ``is_kv_shared_layer = layer_idx >= first_kv_shared_layer_idx > 0``)."""
+    if not f.get("use_double_wide_mlp", default=False):
+        return None
+    first_shared = n - int(f.get("num_kv_shared_layers", default=0) or 0)
+    return first_shared if 0 < first_shared < n else None
+
+
 # --- SSM state dtype ("auto" resolution) ------------------------------------------------
 # A family names its policy; the release's rules resolve it (kvplan.plan.capacity.state_ssm_bytes):
 #   "conv": "auto" is the conv state's dtype (`MambaStateDtypeCalculator._mamba_state_dtype`);
@@ -409,21 +462,55 @@ class Family:
     # Per kind, the attention shape where the family's kinds differ in it (else the config's one shape).
     attention_shape: Callable[[Fields, LayerKind], AttentionShape | None] | None = None
 
+    # Where the family departs from kvplan.model.arch's generic readers (functions above, "family quirks").
+    # KV heads (`get_total_num_kv_heads`): a config flag under which vLLM ignores ``multi_query``
+    # (Falcon's new_decoder_architecture), and the family's own reader, tried after ``multi_query``
+    # and before the generic field names (None from it: the generic names).
+    multi_query_off_field: str | None = None
+    kv_heads: Callable[[Fields, int], int | None] | None = None
+    # Head size (`get_head_size`): the family's own reader, before the generic field names where it gives one.
+    head_size: Callable[[Fields], int | None] | None = None
+    # Which decoder layers are MoE, where the family has a pattern of its own (arch._moe_layers).
+    moe_layers: Callable[[Fields, int], list[bool]] | None = None
+    # Per layer "dense", "moe" or None (no MLP), where the family's MoE flags do not say it.
+    mlp_kinds: Callable[[Fields, int], list[str | None]] | None = None
+    # The config field of the dense layers' MLP size where intermediate_size is the experts' (Llama 4:
+    # intermediate_size_mlp), and whether the one shared expert is of intermediate_size (Llama 4).
+    dense_mlp_field: str | None = None
+    shared_expert_of_intermediate_size: bool = False
+    # The dense MLP also runs beside the experts in every MoE layer (Gemma 4, `Gemma4DecoderLayer`).
+    dense_mlp_beside_experts: bool = False
+    # The first layer whose dense MLP is twice intermediate_size, or None (Gemma 4's double-wide MLP).
+    double_wide_mlp_from: Callable[[Fields, int], int | None] | None = None
+    # The routed experts carry biases (gpt-oss: `GptOssForCausalLM`, ``has_bias=True``, models/gpt_oss.py@0.11.0).
+    expert_bias: bool = False
+    # An fp8 checkpoint's routed experts are MXFP4 unless the config says expert_dtype "fp8"
+    # (DeepSeek-V4: DeepseekV4FP8Config, models/deepseek_v4/quant_config.py@0.32.0).
+    fp4_experts_in_fp8: bool = False
 
-_DECODER = Family(vllm_file="llama.py")
-_NON_GATED = Family(gated_mlp=False)
-_MLA = Family(kinds=mla_kinds, vllm_file="deepseek_v2.py")
+
 _TIED = {"tie_word_embeddings": True}
 _OUTPUT_GATE = {"attn_output_gate": True}
+_DECODER = Family(vllm_file="llama.py")
+_NON_GATED = Family(gated_mlp=False)
+# Llama 4 (transformers' Llama4TextConfig): intermediate_size is the experts' and the one shared expert's,
+# intermediate_size_mlp the dense layers'.
+_LLAMA4 = Family(vllm_file="llama4.py", dense_mlp_field="intermediate_size_mlp", shared_expert_of_intermediate_size=True)
+# Gemma 4: double-wide KV-shared MLPs, and the dense MLP beside the experts (`Gemma4DecoderLayer`, models/gemma4.py@0.32.0).
+_GEMMA4 = Family(kinds=gemma4_kinds, config_defaults={**_TIED, "sliding_window": 512}, vllm_file="gemma4.py",
+                 double_wide_mlp_from=gemma4_double_wide_from, dense_mlp_beside_experts=True)
+_FALCON = Family(gated_mlp=False, config_defaults=_TIED, multi_query_off_field="new_decoder_architecture")
+_MLA = Family(kinds=mla_kinds, vllm_file="deepseek_v2.py")
 
 FAMILIES: dict[str, Family] = {
     # Plain decoders: full attention, or one window, or explicit layer_types.
     **{t: _DECODER for t in (
         "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "cohere", "phi3",
-        "granite", "granitemoe", "chatglm", "glm", "glm4", "glm4_moe", "dbrx", "deepseek", "nemotron",
-        "olmo", "olmo2", "exaone", "internlm2", "baichuan", "minimax_m2",
-        "mistral3", "llama4", "llama4_text",
+        "granite", "granitemoe", "chatglm", "glm", "glm4", "glm4_moe", "deepseek", "nemotron",
+        "olmo", "olmo2", "exaone", "internlm2", "baichuan", "minimax_m2", "mistral3",
     )},
+    **{t: _LLAMA4 for t in ("llama4", "llama4_text")},
+    "dbrx": Family(vllm_file="dbrx.py", kv_heads=attn_config_kv_heads),
     # Ministral 3 (the text model of Mistral3ForConditionalGeneration, or Ministral3ForCausalLM):
     # vLLM's registry maps it to MistralForCausalLM (registry.py@0.32.0), Llama attention with
     # config.head_dim (models/llama.py@0.32.0). Defaults: transformers' Ministral3Config.
@@ -458,27 +545,28 @@ FAMILIES: dict[str, Family] = {
     "gemma3": Family(kinds=pattern_sliding(6), config_defaults=_TIED),
     "gemma3_text": Family(kinds=pattern_sliding(6), config_defaults={
         **_TIED, "vocab_size": 262208, "max_position_embeddings": 131072, "sliding_window_pattern": 6}),
-    "gemma4": Family(kinds=gemma4_kinds, config_defaults={**_TIED, "sliding_window": 512}, vllm_file="gemma4.py"),
-    "gemma4_text": Family(kinds=gemma4_kinds, config_defaults={**_TIED, "sliding_window": 512}, vllm_file="gemma4.py"),
+    **{t: _GEMMA4 for t in ("gemma4", "gemma4_text")},
     "cohere2": Family(kinds=pattern_sliding(4)),
-    "gpt_oss": Family(kinds=every_other_sliding, vllm_file="gpt_oss.py"),
-    **{t: Family(gated_mlp=False, config_defaults=_TIED) for t in ("falcon", "RefinedWeb", "RefinedWebModel")},
+    "gpt_oss": Family(kinds=gpt_oss_kinds, vllm_file="gpt_oss.py", expert_bias=True),
+    **{t: _FALCON for t in ("falcon", "RefinedWeb", "RefinedWebModel")},
     "gpt2": Family(gated_mlp=False, config_defaults=_TIED),
-    **{t: _NON_GATED for t in ("gpt_bigcode", "gpt_neox", "gptj", "opt", "bloom", "mpt", "phi", "starcoder2")},
+    **{t: _NON_GATED for t in ("gpt_bigcode", "gpt_neox", "gptj", "opt", "bloom", "phi", "starcoder2")},
+    "mpt": Family(gated_mlp=False, vllm_file="mpt.py", kv_heads=attn_config_kv_heads),
     # Multi-head latent attention.
     **{t: _MLA for t in (
         "deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_mtp", "kimi_k2", "kimi_vl", "longcat_flash",
         "glm4_moe_lite", "mistral_large_3", "glm_moe_dsa",
     )},
     # DeepSeek-V4: compressed attention beside a sliding window on every layer (kvplan.model.layers, DeepSeek-V4).
-    "deepseek_v4": Family(kinds=deepseek_v4_kinds, vllm_file="deepseek_v4/attention.py"),
+    "deepseek_v4": Family(kinds=deepseek_v4_kinds, vllm_file="deepseek_v4/attention.py", fp4_experts_in_fp8=True),
     # Attention + recurrent state.
-    "jamba": Family(kinds=jamba_kinds, state=mamba1_state, mamba_all_mode=True, vllm_file="jamba.py"),
+    "jamba": Family(kinds=jamba_kinds, state=mamba1_state, mamba_all_mode=True, vllm_file="jamba.py",
+                    moe_layers=jamba_moe_layers),
     "nemotron_h": Family(kinds=nemotron_h_kinds, state=mamba2_state, ssm_policy="nemotron_h", gated_mlp=False,
-                         mamba_all_mode=True, vllm_file="nemotron_h.py"),
+                         mamba_all_mode=True, vllm_file="nemotron_h.py", mlp_kinds=nemotron_h_mlp_kinds),
     "granitemoehybrid": Family(state=mamba2_state, mamba_all_mode=True, vllm_file="granitemoehybrid.py"),
     "bamba": Family(state=mamba2_state, vllm_file="bamba.py"),
-    "zamba2": Family(state=mamba2_state, mamba_all_mode=True, vllm_file="zamba2.py"),
+    "zamba2": Family(state=mamba2_state, mamba_all_mode=True, vllm_file="zamba2.py", head_size=zamba2_head_size),
     "falcon_h1": Family(kinds=falcon_h1_kinds, state=mamba2_state, mamba_all_mode=True, vllm_file="falcon_h1.py"),
     # Qwen3-Next's attention (also Qwen3.5 / 3.6's) gates its output: q_proj holds twice the query heads
     # unless the config says attn_output_gate false (`getattr(config, "attn_output_gate", True)`,
