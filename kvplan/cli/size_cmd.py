@@ -99,6 +99,10 @@ def size(
     steptime: Optional[str] = typer.Option(None, "--steptime", metavar="RUN", help="Latency from a step-time model calibrated on a bench run (`kvplan calibrate --bench RUN`) instead of the prior.", rich_help_panel="Workload"),
     kv_offloading_size: Optional[float] = typer.Option(None, "--kv-offloading-size", metavar="GiB", help="vLLM's CPU offload tier, GiB over the engine's ranks: the chunks, host memory and tokens vLLM's native backend gives it.", rich_help_panel="KV cache"),
     kv_offloading_backend: Optional[str] = typer.Option(None, "--kv-offloading-backend", metavar="BACKEND", help="native (vLLM's default) or lmcache (its server holds the capacity: nothing to size).", rich_help_panel="KV cache"),
+    pd_decode_tp: Optional[int] = typer.Option(None, "--pd-decode-tp", metavar="N", help="Prefill/decode disaggregation (vLLM's NixlConnector): this deployment prefills, a decode instance at TP N reads the KV; prints the bytes each rank moves and the time per link.", rich_help_panel="KV cache"),
+    pd_prompt: Optional[str] = typer.Option(None, "--pd-prompt", metavar="TOKENS", help="--pd-decode-tp: the prompt moved (default: the context length).", rich_help_panel="KV cache"),
+    pd_decode_hit: Optional[str] = typer.Option(None, "--pd-decode-hit", metavar="TOKENS", help="--pd-decode-tp: prompt tokens the decode instance's prefix cache already holds (not moved).", rich_help_panel="KV cache"),
+    pd_link: Optional[float] = typer.Option(None, "--pd-link-gbs", metavar="GB/s", help="--pd-decode-tp: one NIC's rate in GB/s, beside 200/400/800 Gb/s.", rich_help_panel="KV cache"),
     workload: Optional[str] = typer.Option(None, "--workload", metavar="FILE", help="Traffic with reuse (a Mooncake-style trace, conversations, an agent workload: as kvplan bench --traffic): the prefix-cache hits this pool keeps and the pool 50/90/99% of the achievable hits need.", rich_help_panel="Workload"),
     workload_option: Optional[list[str]] = typer.Option(None, "--workload-option", metavar="KEY=NUMBER", help="--workload: a loader option (repeatable), as kvplan bench --traffic-option.", rich_help_panel="Workload"),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 unless it fits at the low end of the KV budget's range too (the verdict says when it fits at the estimate only).", rich_help_panel="Output"),
@@ -124,6 +128,9 @@ def size(
                         ("--num-gpu-blocks-override", blocks_override), ("--decode-context-parallel-size", dcp)):
         if value is not None and value <= 0:
             raise KvplanError(f"invalid {name}: {value} must be greater than 0")
+    if pd_decode_tp is None and (pd_prompt, pd_decode_hit, pd_link) != (None, None, None):
+        raise KvplanError("--pd-prompt, --pd-decode-hit and --pd-link-gbs are for --pd-decode-tp",
+                          "give the decode instance's TP with --pd-decode-tp N")
     selection = select_gpus(gpu, gpus, gpu_mem)
     if tp is None:
         tp = max(1, selection.count // pp)
@@ -159,6 +166,10 @@ def size(
         enable_expert_parallel=expert_parallel,
         kv_offloading_size=kv_offloading_size,
         kv_offloading_backend=kv_offloading_backend,
+        pd_decode_tp=pd_decode_tp,
+        pd_prompt_tokens=_opt_tokens(pd_prompt, "--pd-prompt"),
+        pd_decode_hit_tokens=0 if pd_decode_hit is None else parse_tokens(pd_decode_hit, "--pd-decode-hit", allow_zero=True),
+        pd_link_gb_per_s=pd_link,
     )
     if layout == "engine" and vllm_version is None:
         from kvplan.vllm.engine_layout import installed_vllm_version
@@ -191,11 +202,16 @@ def _workload_plan(plan: SizePlan, path: str, options: Optional[list[str]]):
 
     from kvplan.cli.bench_cmd import parse_loader_options
     from kvplan.plan.prefix_cache import workload_plan
+    from kvplan.plan.tier_cache import workload_tier
     from kvplan.traffic.loaders import load_traffic
 
     traffic = load_traffic(Path(path).expanduser(), **parse_loader_options(options, "--workload-option"))
     usable = max(0, plan.num_blocks - 1)  # V1's null block
-    return workload_plan(traffic, plan.block_size, usable, [g.kind for g in plan.kv_groups])
+    tier = None
+    if plan.offload is not None:  # the native tier: its chunks per KV group (each group's block takes a chunk)
+        tier = workload_tier(traffic, plan.block_size, usable, plan.offload.num_chunks // max(1, plan.offload.groups),
+                             plan.offload.blocks_per_chunk)
+    return workload_plan(traffic, plan.block_size, usable, [g.kind for g in plan.kv_groups], tier=tier)
 
 
 def render(plan: SizePlan) -> None:
@@ -282,6 +298,8 @@ def render(plan: SizePlan) -> None:
         _render_workload(console, plan.workload)
     if plan.offload is not None:
         _render_offload(console, plan.offload)
+    if plan.pd_transfer is not None:
+        _render_pd_transfer(console, plan.pd_transfer)
     label = "vLLM command" if plan.fits else "vLLM command for these settings (does not fit as is)"
     console.print(f"\n{label}:")
     console.print(plan.vllm_serve_command, soft_wrap=True, style="dim", markup=False)
@@ -336,6 +354,31 @@ def _render_offload(console, t) -> None:
     console.print(f"  {held}")
     for note in t.notes:
         console.print(f"[yellow]note:[/] {escape(note)}")
+    r = t.reload
+    if r is not None:
+        console.print(f"  a tier hit's TTFT on an idle engine, reloaded over {escape(r.link)} ({r.link_gbps:g} GB/s at "
+                      f"{r.efficiency:.0%}) or recomputed ({r.step_model} step time):")
+        for row in r.rows:
+            faster = "reload" if row.reload_ttft_s < row.recompute_ttft_s else "recompute"
+            console.print(f"    {row.prompt_tokens:>8,} tokens: reload {row.reload_ttft_s:.3f} s, recompute "
+                          f"{row.recompute_ttft_s:.3f} s ({faster} sooner)")
+        crossover = (f"from {r.crossover_tokens:,} tokens" if r.crossover_tokens is not None
+                     else "at no prompt length shown")
+        console.print(f"  a reload serves sooner {crossover}")
+        for note in r.notes:
+            console.print(f"[yellow]note:[/] {escape(note)}")
+
+
+def _render_pd_transfer(console, t) -> None:
+    hit = f", {t.decode_hit_tokens:,} already in the decode's prefix cache" if t.decode_hit_tokens else ""
+    console.print(f"\n[bold]P/D transfer[/] (NixlConnector, prefill TP {t.prefill_tp} -> decode TP {t.decode_tp}): a prompt of "
+                  f"{t.prompt_tokens:,} tokens{hit} moves {t.blocks:,} blocks of {t.block_size} tokens")
+    whole = " (whole blocks: the KV is replicated on the decode ranks)" if t.replicated else ""
+    sources = ", ".join("+".join(map(str, s)) for s in t.sources_per_decode_rank)
+    console.print(f"  each decode rank reads {format_bytes(t.bytes_per_decode_rank)}{whole} from prefill rank(s) "
+                  f"{sources}; {format_bytes(t.total_bytes)} over all links, {t.transfers} NIXL reads")
+    times = ", ".join(f"{name} {seconds * 1000:,.1f} ms" for name, seconds in t.transfer_s.items())
+    console.print(f"  at least (the busiest NIC, no protocol overhead): {times}")
 
 
 def _render_workload(console, w) -> None:
@@ -353,3 +396,18 @@ def _render_workload(console, w) -> None:
     console.print(f"  sessions held at once (their largest turns, the heaviest first): {w.sessions_held_at_once:,}")
     for note in w.notes:
         console.print(f"[yellow]note:[/] {escape(note)}")
+    t = w.tier
+    if t is not None:
+        tokens = t.blocks_per_chunk * w.block_size
+        console.print(f"\n[bold]With the CPU tier[/] ({t.tier_chunks:,} chunks of {tokens:,} tokens): GPU hits "
+                      f"{t.gpu_hit_rate:.1%}, tier hits {t.tier_hit_rate:.1%}, computed {t.miss_rate:.1%} of prompt tokens "
+                      f"(a tier that never evicts: {t.unbounded_tier_hit_rate:.1%})")
+        if not t.unbounded_tier_hit_rate:
+            console.print("  the GPU pool keeps every hit a tier could add")
+        for share, chunks in t.tier_for_share.items() if t.unbounded_tier_hit_rate else ():
+            used = t.tier_share_used[share]
+            fits = "fits" if used <= 1 else "[red]more than this tier[/]"
+            console.print(f"  {share} of an unbounded tier's hits: {chunks:,} chunks ({chunks * tokens:,} tokens), "
+                          f"{used:.0%} of this one: {fits}")
+        for note in t.notes:
+            console.print(f"[yellow]note:[/] {escape(note)}")

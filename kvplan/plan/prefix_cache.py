@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 
 from kvplan.errors import KvplanError
-from kvplan.plan.schema import WorkloadPlan
+from kvplan.plan.schema import WorkloadPlan, WorkloadTier
 from kvplan.plan.simulate import SimTurn, paused_gc, session_load
 from kvplan.traffic.model import Segment, Traffic, Turn
 
@@ -409,8 +409,10 @@ def sessions_held_at_once(traffic: Traffic, block_size: int, usable_blocks: int)
     return count
 
 
-def workload_plan(traffic: Traffic, block_size: int, usable_blocks: int, kinds: Sequence[str] = ("full_attention",)):
-    """What `kvplan size --workload` prints: the hits the pool keeps and the pool each share needs."""
+def workload_plan(traffic: Traffic, block_size: int, usable_blocks: int, kinds: Sequence[str] = ("full_attention",),
+                  tier: WorkloadTier | None = None):
+    """What `kvplan size --workload` prints: the hits the pool keeps and the pool each share needs; ``tier``
+    (--kv-offloading-size: kvplan.plan.tier_cache.workload_tier, which builds on this module) goes with it."""
 
     ws = traffic_working_set(traffic, block_size)
     notes = ["requests served one at a time (no timing): requests in flight pin blocks and leave less room for "
@@ -426,4 +428,5 @@ def workload_plan(traffic: Traffic, block_size: int, usable_blocks: int, kinds: 
         achievable_hit_rate=round(ws.achievable_blocks * block_size / ws.queried_tokens, 6) if ws.queried_tokens else 0.0,
         hit_rate_at_pool=round(ws.hit_rate(usable_blocks), 6), pool_for_share=need,
         pool_share_used={k: round(v / usable_blocks, 4) if usable_blocks else float("inf") for k, v in need.items()},
-        sessions_held_at_once=sessions_held_at_once(traffic, block_size, usable_blocks), notes=notes)
+        sessions_held_at_once=sessions_held_at_once(traffic, block_size, usable_blocks), notes=notes,
+        tier=tier)

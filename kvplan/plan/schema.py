@@ -19,12 +19,12 @@ from kvplan.vllm.args import READ_BACK
 _MIN_ONE = ("tensor_parallel_size", "pipeline_parallel_size", "decode_context_parallel_size", "data_parallel_size",
             "block_size", "max_model_len",
             "kv_cache_memory_bytes", "num_gpu_blocks_override", "max_num_seqs", "max_num_batched_tokens",
-            "weights_bytes", "concurrency", "prompt_tokens", "mm_max_pixels")
+            "weights_bytes", "concurrency", "prompt_tokens", "mm_max_pixels", "pd_decode_tp", "pd_prompt_tokens")
 
 
 _MAX = {"draft_layers": 1024, "tensor_parallel_size": 4096, "pipeline_parallel_size": 4096,
         "decode_context_parallel_size": 4096, "data_parallel_size": 65536, "concurrency": 100_000_000, "max_num_seqs": 100_000_000,
-        "mm_max_pixels": MAX_MM_PIXELS}
+        "mm_max_pixels": MAX_MM_PIXELS, "pd_decode_tp": 4096}
 
 
 @dataclass(frozen=True)
@@ -76,13 +76,20 @@ class Settings:
     # the GPU pool (kvplan.plan.offload); the pool itself is planned as without it.
     kv_offloading_size: float | None = None
     kv_offloading_backend: str | None = None  # None: vLLM's default, native
+    # Prefill/decode disaggregation over vLLM's NixlConnector (kvplan.plan.disagg): this deployment is the
+    # prefill instance; the decode instance's TP, the prompt moved (None: the context length) and the tokens
+    # the decode's own prefix cache already holds. None: no P/D transfer asked.
+    pd_decode_tp: int | None = None
+    pd_prompt_tokens: int | None = None
+    pd_decode_hit_tokens: int = 0
+    pd_link_gb_per_s: float | None = None  # one NIC's rate, GB/s, beside the standard ones
 
     def __post_init__(self) -> None:
         for name in _MIN_ONE:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise KvplanError(f"invalid {name}: {value!r} must be a whole number >= 1")
-        for name in ("output_tokens", "shared_prefix_tokens", "draft_layers"):
+        for name in ("output_tokens", "shared_prefix_tokens", "draft_layers", "pd_decode_hit_tokens"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 0):
                 raise KvplanError(f"invalid {name}: {value!r} must be a whole number >= 0")
@@ -99,6 +106,9 @@ class Settings:
         if self.usage_context not in ("serve", "llm"):
             raise KvplanError(f"invalid usage_context: {self.usage_context!r} (serve or llm)")
         check_offloading_size(self.kv_offloading_size, self.kv_offloading_backend or "native")
+        rate = self.pd_link_gb_per_s
+        if rate is not None and not (isinstance(rate, (int, float)) and 0 < rate <= 100_000):
+            raise KvplanError(f"invalid P/D link rate: {rate!r} GB/s", "give one NIC's rate in GB/s, e.g. 50 (400 Gb/s)")
 
     def replace(self, **changes: object) -> Settings:
         return dataclasses.replace(self, **changes)
@@ -170,6 +180,46 @@ class Suggestion:
 
 
 @output_record
+class PDTransferPlan:
+    """`kvplan size --pd-decode-tp N`: one request's KV moved from this (prefill) deployment to a decode
+    instance over vLLM's NixlConnector (kvplan.plan.disagg, vLLM 0.32): each decode rank reads its own page of
+    every prompt block its prefix cache lacks (the last partial block whole)."""
+
+    prompt_tokens: int
+    decode_hit_tokens: int  # the decode's own prefix-cache hit, full blocks: not moved
+    block_size: int
+    blocks: int  # blocks moved, per layer
+    prefill_tp: int
+    decode_tp: int
+    replicated: bool  # every decode rank reads whole blocks (MLA, or fewer KV heads than the decode TP)
+    decode_block_bytes: int  # one decode rank's block over all its layers
+    bytes_per_decode_rank: int
+    sources_per_decode_rank: list[list[int]]  # the prefill ranks each decode rank reads, one NIXL READ each
+    sent_per_prefill_rank: list[int]
+    total_bytes: int  # over every link
+    transfers: int  # NIXL READs, one per (decode rank, source rank)
+    transfer_s: dict[str, float]  # link (one NIC per GPU on each side) -> seconds for the busiest NIC, no overhead
+
+
+@output_record
+class WorkloadTier:
+    """`kvplan size --workload FILE --kv-offloading-size GiB`: the CPU tier behind the pool, requests served
+    one at a time through both (kvplan.plan.tier_cache: vLLM 0.32's OffloadingConnector, LRU). Rates are
+    shares of the prompt tokens (vLLM's prefix-cache and connector hit counters)."""
+
+    tier_chunks: int  # chunks of one KV group's blocks the tier holds
+    blocks_per_chunk: int
+    gpu_hit_rate: float
+    tier_hit_rate: float
+    miss_rate: float
+    unbounded_tier_hit_rate: float  # a tier that never evicts, behind the same pool
+    tier_for_share: dict[str, int]  # "50%" / "90%" / "99%" of the unbounded tier's hits -> chunks needed
+    tier_share_used: dict[str, float]  # the same, as a share of this tier (> 1: more than it)
+    failed_stores: int  # requests whose new chunks outnumbered what the tier could free: stored nothing
+    notes: list[str] = field(default_factory=list)
+
+
+@output_record
 class WorkloadPlan:
     """`kvplan size --workload FILE`: the traffic's prefix-cache working set on this deployment's pool,
     requests served one at a time (kvplan.plan.prefix_cache.working_set)."""
@@ -186,6 +236,7 @@ class WorkloadPlan:
     pool_share_used: dict[str, float]  # the same, as a share of this pool (> 1: it does not fit)
     sessions_held_at_once: int  # sessions whose largest turns fit together (the heaviest first)
     notes: list[str] = field(default_factory=list)
+    tier: WorkloadTier | None = None  # with --kv-offloading-size (native backend): the CPU tier behind the pool
 
 
 @output_record
@@ -249,6 +300,7 @@ class SizePlan:
     latency: dict[str, object] | None = None
     workload: WorkloadPlan | None = None  # --workload FILE
     offload: OffloadTier | None = None  # --kv-offloading-size GiB (native backend): the CPU tier, per replica
+    pd_transfer: PDTransferPlan | None = None  # --pd-decode-tp N: the prefill -> decode transfer of one request
 
     def replace(self, **changes: object) -> SizePlan:
         return dataclasses.replace(self, **changes)

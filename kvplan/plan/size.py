@@ -17,6 +17,7 @@ from kvplan.plan.capacity import (
     max_context_for,
     request_load,
 )
+from kvplan.plan.disagg import pd_transfer
 from kvplan.plan.fit import FitRequest, search
 from kvplan.plan.offload import offload_tier_for, tier_reload
 from kvplan.plan.overhead import OverheadModel
@@ -24,6 +25,7 @@ from kvplan.plan.schema import (
     ConcurrencyCell,
     KVGroupInfo,
     MemoryTerm,
+    PDTransferPlan,
     Settings,
     SizePlan,
     Suggestion,
@@ -455,7 +457,29 @@ def plan_size(
         vllm_startup_lines=startup_lines(cap),
         latency=_latency(cap, settings, per_replica, steptime) if verdict.fits else None,
         offload=_offload(cap, settings, steptime) if settings.kv_offloading_size else None,
+        pd_transfer=_pd_transfer(cap, settings) if settings.pd_decode_tp else None,
     )
+
+
+# One NIC per GPU: 200, 400 and 800 Gb/s (InfiniBand HDR / NDR / XDR, or RoCE of the same rates), in GB/s.
+PD_LINKS_GB_PER_S = {"200 Gb/s NIC": 25.0, "400 Gb/s NIC": 50.0, "800 Gb/s NIC": 100.0}
+
+
+def _pd_transfer(cap: Capacity, settings: Settings) -> PDTransferPlan:
+    prompt = settings.pd_prompt_tokens or cap.max_model_len
+    if prompt > cap.max_model_len:
+        raise KvplanError(f"--pd-prompt {prompt:,} is longer than the context length {cap.max_model_len:,}")
+    t = pd_transfer(cap, settings.pd_decode_tp, prompt, settings.pd_decode_hit_tokens)
+    links = dict(PD_LINKS_GB_PER_S)
+    if settings.pd_link_gb_per_s:
+        links[f"{settings.pd_link_gb_per_s:g} GB/s (given)"] = settings.pd_link_gb_per_s
+    return PDTransferPlan(
+        prompt_tokens=t.prompt_tokens, decode_hit_tokens=t.decode_hit_tokens, block_size=t.block_size,
+        blocks=t.blocks, prefill_tp=t.prefill_tp, decode_tp=t.decode_tp, replicated=t.replicated,
+        decode_block_bytes=t.decode_block_bytes, bytes_per_decode_rank=t.reads[0].bytes,
+        sources_per_decode_rank=[list(r.sources) for r in t.reads], sent_per_prefill_rank=list(t.sent_per_prefill_rank),
+        total_bytes=t.total_bytes, transfers=t.transfers,
+        transfer_s={name: round(t.transfer_s(rate), 6) for name, rate in links.items()})
 
 
 def _offload(cap: Capacity, settings: Settings, steptime: object | None):

@@ -110,3 +110,19 @@ def test_a_moe_prior_says_its_recompute_is_an_upper_bound():
     r = _size("deepseek-ai/DeepSeek-V3", "--gpu", "8xH200", "--ctx", "32k", "--kv-offloading-size", "200")["offload"]["reload"]
     assert r["bytes_per_token"] == 61 * 576 * 2  # one MLA latent a layer, bf16, on every rank
     assert "every routed expert" in r["notes"][0]
+
+
+def test_the_terminal_prints_each_length_both_ways_and_the_crossover():
+    """The same plan as text: every row's two TTFTs as --json gives them (3 decimals), and the crossover."""
+    from typer.testing import CliRunner
+
+    from kvplan.cli.app import app
+
+    args = ("meta-llama/Llama-3.1-8B", "--gpu", "H100", "--ctx", "32k", "--kv-offloading-size", "200")
+    r = _size(*args)["offload"]["reload"]
+    text = CliRunner().invoke(app, ["size", *args], env={"HF_HUB_OFFLINE": "1", "COLUMNS": "120"}).stdout
+    assert "reloaded over PCIe 5.0 x16 (63 GB/s at 80%)" in text
+    for row in r["rows"]:
+        assert (f"{row['prompt_tokens']:>8,} tokens: reload {row['reload_ttft_s']:.3f} s, recompute "
+                f"{row['recompute_ttft_s']:.3f} s (reload sooner)") in text
+    assert f"a reload serves sooner from {r['crossover_tokens']:,} tokens" in text
