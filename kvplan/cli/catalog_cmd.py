@@ -76,6 +76,7 @@ SCHEMAS = {
     "gpus": ("kvplan.plan.schema", "list[GpuRow]"),
     "models": ("kvplan.plan.schema", "list[ModelRow]"),
     "fit": ("kvplan.plan.schema", "FitOutput"),
+    "fit-rate": ("kvplan.plan.schema", "FleetFitOutput"),  # kvplan fit --rate R
     "check": ("kvplan.gate.check", "CheckReport"),
     "check-log": ("kvplan.gate.checklog", "CheckLogResult"),
     "validate": ("kvplan.validate.runner", "Validation"),

@@ -391,6 +391,71 @@ class FitOutput:
     deployments: list[FitDeployment]
 
 
+# `kvplan fit --rate R --json` (kvplan.cli.fit_cmd._fleet_payload; `kvplan schema fit-rate`).
+
+
+@output_record
+class FitFleetPrediction:
+    """One replica at its share of the rate, as the scheduler simulator predicts it (kvplan.plan.fleet)."""
+
+    ttft_ms: dict[str, float | None]  # percentile ("p50" ... "p99", "mean") -> ms
+    itl_ms: dict[str, float | None]
+    tpot_ms: dict[str, float | None]
+    e2e_ms: dict[str, float | None]
+    queueing_ms: dict[str, float | None]
+    output_tokens_per_s: float  # one replica
+    preemptions: int
+    peak_kv_fill: float  # the largest share of the pool in use
+    source: str  # "prior" or "calibrated"
+
+
+@output_record
+class FitFleet:
+    """The fewest replicas of one deployment shape that serve the rate at the SLOs."""
+
+    gpu: str
+    gpus_per_replica: int
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    kv_cache_dtype: str
+    max_model_len: int
+    replicas: int
+    gpus: int  # all replicas
+    per_replica_rate_per_s: float
+    binding: str  # what bounds a replica's rate: kv, batch, compute or none
+    price_per_hour: float | None  # all replicas
+    usd_per_million_output_tokens: float | None
+    latency_predicted: FitFleetPrediction
+    slo: dict[str, FitSloCheck]
+    simulations: int
+    vllm_serve_command: str  # one replica
+
+
+@output_record
+class FleetFitOutput:
+    """Everything `kvplan fit --rate R` answers: fleets, cheapest (else fewest GPUs) first."""
+
+    model: str
+    model_source: str
+    vllm_version: str
+    ctx: int
+    rate_per_s: float  # requests per second, all replicas
+    prompt_tokens: int | None
+    output_tokens: int | None
+    candidates_evaluated: int
+    candidates_fitting: int
+    rejected: dict[str, int]  # reason -> candidates
+    slo: dict[str, float]  # SLO name -> target in ms
+    slo_description: str
+    shapes_sized: int
+    fleet_unmet: dict[str, int]  # reason -> shapes that met no SLO within max_replicas
+    fleet_simulations: int
+    fleet_search_stopped: bool  # the shape or simulation limit was reached
+    max_replicas: int
+    fleets: list[FitFleet]
+    search_seconds: float
+
+
 @output_record
 class GpuRow:
     """One row of `kvplan gpus --json` (the GPU catalog, profiles/gpus.json)."""

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from kvplan.bench.results import BenchSummary
 from kvplan.cli.app import app
-from kvplan.plan.schema import FitOutput, SizePlan
+from kvplan.plan.schema import FitOutput, FleetFitOutput, SizePlan
 
 ENV = {"HF_HUB_OFFLINE": "1"}
 
@@ -52,13 +52,21 @@ def _same_keys(data, schema: dict, defs: dict, where: str = "$") -> None:
     # with SLOs: the simulator's prediction and the per-SLO checks are filled in
     ("fit", FitOutput, ["fit", "meta-llama/Llama-3.1-8B", "--ctx", "8k", "-c", "32", "--prompt", "2k", "--output",
                         "256", "--gpus", "H100,L40S", "--slo", "ttft_p99=500ms,itl_p99=50ms", "--json"]),
+    # with a rate: the fleets (kvplan fit --rate)
+    ("fit-rate", FleetFitOutput, ["fit", "meta-llama/Llama-3.1-8B", "--ctx", "8k", "--prompt", "2k", "--output", "256",
+                                  "--gpus", "H100", "--slo", "ttft_p99=2s", "--rate", "20", "--json"]),
     ("size", SizePlan, ["size", "meta-llama/Llama-3.1-8B", "--ctx", "32k", "--gpu", "4090", "--prompt", "1k", "--json"]),
+    # the CPU tier with its reload rows, and a P/D transfer
+    ("size", SizePlan, ["size", "meta-llama/Llama-3.1-8B", "--ctx", "32k", "--gpu", "2xH100", "--tp", "2",
+                        "--kv-offloading-size", "64", "--pd-decode-tp", "1", "--json"]),
 ])
 def test_the_schema_describes_the_output(name, cls, args):
     schema = _json("schema", name)
     data = _json(*args)
     _same_keys(data, schema, schema.get("$defs", {}))
     TypeAdapter(cls).validate_python(data)
+    if name == "fit-rate":
+        assert data["fleets"] and all(f["slo"]["ttft_p99"]["met"] for f in data["fleets"])
     if name == "fit":
         assert data["deployments"], "a fit that shows no deployment checks nothing below the top level"
         assert any(d["latency_estimate"] for d in data["deployments"])
