@@ -9,7 +9,8 @@ per-layer specs, and (through vLLM's own capacity function) the same with async 
 on, which is the GPU default. kvplan plans the *real* config for the CPU platform with the
 same settings, at the installed release's rules. Profiles whose twin is identical (same KV
 fields) share one engine run. A twin the engine cannot build fails with the engine's error,
-unless it is listed in ENGINE_CANNOT_BUILD with the reason, which the test then checks.
+unless it is listed in ENGINE_CANNOT_BUILD with the reason, which the test then checks (or in
+ENGINE_NEEDS_CPU_FLAG, on a host without that CPU feature).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from kvplan.plan.overhead import load_overhead
 from kvplan.plan.schema import Settings
 from kvplan.plan.speculative import draft_model, parse_speculative_config
 from kvplan.units import GiB, MiB
-from kvplan.vllm.platforms import host_cpu_platform
+from kvplan.vllm.platforms import cpu_flags, host_cpu_platform
 from kvplan.vllm.rules import rules_for
 
 pytestmark = pytest.mark.engine
@@ -115,6 +116,15 @@ ENGINE_CANNOT_BUILD: dict[str, str | tuple[str, ...]] = {  # the engine's error 
     # block list with "mlp" blocks builds (synthetic/nemotron-3.5-blocks); kvplan's "moe" blocks are checked
     # by hand in tests/model/test_added_families.py.
     "synthetic/nemotron-3.5-moe": "No Unquantized MoE backend supports the deployment configuration",
+}
+# Twins the engine builds only on hosts with a CPU feature: profile -> (the /proc/cpuinfo flag, the engine's
+# error without it). Where the flag is missing the test checks that error; where present, the layout.
+ENGINE_NEEDS_CPU_FLAG: dict[str, tuple[str, str]] = {
+    # vllm/models/deepseek_v4/cpu/cpu_sparse.py@0.32.0 packs weights with torch.ops._C.convert_weight_packed,
+    # compiled into vllm._C only, which vllm/platforms/cpu.py@0.32.0 (import_kernels) loads on avx512_bf16
+    # hosts; the _C_AVX512 and _C_AVX2 builds loaded elsewhere lack it. The layout is checked by hand in
+    # tests/model/test_deepseek_v4.py on every host.
+    "synthetic/deepseek-v4": ("avx512_bf16", "convert_weight_packed"),
 }
 
 MAX_MODEL_LEN = 4096
@@ -461,6 +471,11 @@ def test_layout_matches_vllm(profile, variant, engine_results):
         reasons = ENGINE_CANNOT_BUILD[profile]
         reasons = (reasons,) if isinstance(reasons, str) else reasons
         assert any(reason in json.dumps(result["error"]) for reason in reasons), result["error"]
+        return
+    flag, reason = ENGINE_NEEDS_CPU_FLAG.get(profile, (None, None))
+    if flag is not None and flag not in cpu_flags():
+        assert not result["ok"], f"{profile} builds without {flag} now: remove it from ENGINE_NEEDS_CPU_FLAG"
+        assert reason in json.dumps(result["error"]), result["error"]
         return
     assert result["ok"], f"vLLM {result['vllm_version']} could not build the twin: {result.get('error')}"
     version = result["vllm_version"].split("+")[0]
