@@ -2,7 +2,8 @@
 
 Token counts: ``32k`` = 32,768 (binary k, as every LLM context length is quoted),
 ``32768``, ``1m`` = 1,048,576. Byte sizes: ``24GiB``, ``24GB`` (decimal, 24e9),
-``512MiB``, a plain integer of bytes. Fractions: ``0.9`` or ``90%``.
+``512MiB``, a plain integer of bytes. Fractions: ``0.9`` or ``90%``. Request rates: ``200`` or
+``200/s`` (requests per second).
 """
 
 from __future__ import annotations
@@ -101,6 +102,24 @@ def parse_fraction(text: str | float, what: str = "fraction") -> float:
         raise KvplanError(f"invalid {what}: {_show(text)}", "use a number in (0, 1] such as 0.9 or 90%") from None
     if not 0 < value <= 1:  # also refuses nan
         raise KvplanError(f"invalid {what}: {_show(text)} must be in (0, 1]")
+    return value
+
+
+MAX_RATE_PER_S = 1_000_000  # requests per second: above this is a typo
+
+
+def parse_rate(text: str | float, what: str = "request rate") -> float:
+    """Parse ``200``, ``200/s`` or ``2.5`` into requests per second, above 0 and at most MAX_RATE_PER_S."""
+    raw = str(text).strip().lower().removesuffix("/s").strip()
+    try:
+        if len(raw) > MAX_TEXT or isinstance(text, bool) or not raw.isascii():
+            raise ValueError
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= MAX_RATE_PER_S:  # NaN fails this too
+        raise KvplanError(f"invalid {what}: {_show(text)}",
+                          f"give requests per second, above 0 and at most {MAX_RATE_PER_S:,}: 200 or 200/s")
     return value
 
 

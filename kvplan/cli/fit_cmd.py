@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import typer
@@ -34,8 +33,6 @@ Examples:
 
 #: Deployment shapes whose replica count a --rate search finds at most (each takes a few simulations).
 MAX_FLEET_SHAPES = 12
-#: A request rate above this is a typo.
-MAX_RATE_PER_S = 1_000_000
 
 #: Deployments simulated at most while looking for ones that meet the SLOs (each takes ~0.1-0.5 s).
 MAX_SLO_SIMULATIONS = 100
@@ -367,15 +364,9 @@ FLEET_NOTE = ("Replicas: the fewest whose replica, simulated at its share of the
 def _rate(text: str, slo_targets: dict, concurrency: int, max_replicas: int) -> float:
     """--rate as requests per second ("200" or "200/s"), with the options it needs and excludes."""
     from kvplan.errors import KvplanError
+    from kvplan.units import parse_rate
 
-    value = text.strip().lower().removesuffix("/s").strip()
-    try:
-        rate = float(value)
-    except ValueError:
-        rate = math.nan
-    if not 0 < rate <= MAX_RATE_PER_S:  # NaN fails this too
-        raise KvplanError(f"invalid --rate {text!r:.40}", f"give requests per second, above 0 and at most {MAX_RATE_PER_S:,}: "
-                          "--rate 200")
+    rate = parse_rate(text, "--rate")
     if not slo_targets:
         raise KvplanError("--rate needs --slo: what serving the rate means", "add --slo ttft_p99=1s")
     if concurrency != 1:

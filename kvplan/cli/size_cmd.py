@@ -206,7 +206,7 @@ def _workload_plan(plan: SizePlan, path: str, options: Optional[list[str]]):
     from kvplan.traffic.loaders import load_traffic
 
     traffic = load_traffic(Path(path).expanduser(), **parse_loader_options(options, "--workload-option"))
-    usable = max(0, plan.num_blocks - 1)  # V1's null block
+    usable = plan.capacity.usable_blocks  # less V1's null block
     tier = None
     if plan.offload is not None:  # the native tier: its chunks per KV group (each group's block takes a chunk)
         tier = workload_tier(traffic, plan.block_size, usable, plan.offload.num_chunks // max(1, plan.offload.groups),

@@ -53,12 +53,11 @@ from kvplan.deploy import load_draft, load_model, plan_deployment, select_gpus
 from kvplan.errors import KvplanError
 from kvplan.gate.spec import Spec, SpecEntry, SpecErrors, SpecIssue
 from kvplan.paths import load_user_json
-from kvplan.plan.capacity import blocks_needed, compute_capacity, request_load
-from kvplan.plan.overhead import load_overhead
+from kvplan.plan.capacity import blocks_needed, request_load
 from kvplan.plan.prefix_cache import workload_plan
+from kvplan.plan.size import gpu_flag
 from kvplan.traffic.loaders import load_traffic
 from kvplan.units import cdiv
-from kvplan.vllm.rules import rules_for
 
 SUMMARY_FILE = "summary.json"
 
@@ -118,6 +117,23 @@ class BenchCheck(BaseModel):
         return data
 
 
+class FleetCheck(BaseModel):
+    """``rate:``: the deployment's replicas behind a router at that rate, each simulated at its share (Poisson
+    arrivals, the prior step-time model, its pool and limits: kvplan.plan.fleet, as `kvplan fit --rate`)."""
+
+    rate_per_s: float
+    replicas: int = Field(description="engines the deployment runs: gpus / (tp x pp)")
+    replicas_needed: int | None = Field(description="the fewest that meet every SLO (null: none up to "
+                                                    "max_replicas_searched, or the SLO is out of reach)")
+    max_replicas_searched: int
+    binding: str = Field(description="what holds a replica back one replica below the count: kv | batch | compute | "
+                                     "none")
+    slo: dict[str, SloResult] = Field(default_factory=dict, description="each SLO at the deployed replicas: target "
+                                      "and predicted value (seconds)")
+    passed: bool
+    reason: str | None = None
+
+
 class DeploymentResult(BaseModel):
     """One row of `kvplan check`: the verdict on one deployment and why."""
 
@@ -133,7 +149,7 @@ class DeploymentResult(BaseModel):
     request_tokens: int
     fits: bool
     limiting_term: str = Field(description="none | KV pool | max_model_len | weights | max_num_seqs | headroom | range | "
-                                           "workload | bench | slo")
+                                           "workload | rate | bench | slo")
     reason: str
     suggestion: str | None = None
     pool_blocks: int = Field(description="usable KV blocks per replica")
@@ -145,6 +161,7 @@ class DeploymentResult(BaseModel):
     kv_cache_tokens: int
     available_kv_gib: float
     bench: BenchCheck | None = None
+    fleet: FleetCheck | None = None  # rate:
     # workload: the pool's prefix-cache figures (kvplan.plan.prefix_cache.workload_plan)
     workload_hit_rate: float | None = Field(None, description="prompt tokens this pool serves from cache / queried")
     workload_kept_share: float | None = Field(None, description="this pool's hits / the hits any pool could keep")
@@ -349,13 +366,12 @@ def _field_of(message: str) -> str | None:
 
 @dataclass
 class Planner:
-    """Caches models and the overhead model across deployments."""
+    """Caches models across deployments."""
 
     file: str
     strict: bool = False  # a plan that fits at the estimate only (not at the low end of its range) fails
 
     def __post_init__(self) -> None:
-        self.overhead = load_overhead()
         self.models: dict[str, Any] = {}
 
     def model(self, entry: SpecEntry):
@@ -383,10 +399,7 @@ class Planner:
             settings = replace(settings, speculative=load_draft(settings.speculative))  # its draft's own config
             # As `kvplan size` plans it (user calibrations from `kvplan calibrate` included).
             plan = plan_deployment(model, gpus, settings, d.vllm_version)
-            # The share of the pool the asked load takes, for the margin and the headroom: blocks per
-            # request come from the KV layout (which no memory term changes), the pool from the plan.
-            rules = rules_for(d.vllm_version)
-            cap = compute_capacity(model.arch, gpus.device, settings, rules, self.overhead)
+            cap = plan.capacity  # one replica's pool and layout, as the plan has them
             work = request_load(settings, cap.max_model_len)
         except KvplanError as exc:
             field = _field_of(exc.message)
@@ -394,7 +407,7 @@ class Planner:
         replicas = plan.replicas
         per_replica = cdiv(d.concurrency, replicas)
         need = blocks_needed(cap, per_replica, work.request_tokens, work.shared_prefix_tokens)
-        usable = max(0, plan.num_blocks - (1 if rules.engine == "v1" else 0))  # V1's null block
+        usable = cap.usable_blocks
         used = need / usable if usable > 0 else None
 
         fits, limiting, reason = plan.fits, plan.limiting_term, plan.verdict
@@ -434,6 +447,21 @@ class Planner:
             fits, limiting = False, "range"
             reason = f"{plan.verdict} at the estimate, but {plan.range_note} (--strict)"
             suggestion = suggestion or "calibrate the budget (kvplan calibrate) or give --kv-memory, or leave more headroom"
+
+        fleet = None
+        if d.rate is not None and plan.fits:
+            fleet = self._fleet(entry, cap, plan.replicas)
+            if fleet.passed:
+                notes.append(f"rate: {fleet.reason}")
+            elif fits:
+                fits, limiting, reason = False, "rate", f"the plan fits, but at {d.rate:g} requests/s {fleet.reason}"
+                if fleet.replicas_needed:
+                    per = plan.tensor_parallel_size * plan.pipeline_parallel_size
+                    suggestion = f"more replicas (gpu: {gpu_flag(cap.device, fleet.replicas_needed * per)})"
+            else:
+                reason += f"; at {d.rate:g} requests/s {fleet.reason}"
+        elif d.rate is not None:
+            notes.append("rate: the fleet was not simulated: the plan does not fit")
 
         check = None
         if bench:
@@ -502,12 +530,52 @@ class Planner:
             kv_cache_tokens=plan.kv_cache_tokens,
             available_kv_gib=round(plan.available_kv_bytes / 2**30, 2),
             bench=check,
+            fleet=fleet,
             workload_hit_rate=None if work is None else work.hit_rate_at_pool,
             workload_kept_share=None if work is None or not work.achievable_hit_rate
             else round(work.hit_rate_at_pool / work.achievable_hit_rate, 4),
             workload_sessions=None if work is None else work.sessions_held_at_once,
             notes=notes,
         )
+
+    def _fleet(self, entry: SpecEntry, cap, replicas: int) -> FleetCheck:
+        """``rate:``: each of the deployment's replicas at its share against the SLOs; and the fewest that would do."""
+        from kvplan.plan.fit import latency_floor
+        from kvplan.plan.fleet import MAX_REPLICAS, replica_at, replicas_for_rate
+        from kvplan.plan.simulate import SchedulerConfig
+        from kvplan.plan.steptime import model_for
+
+        d = entry.deployment
+        searched = max(min(MAX_REPLICAS, max(64, 4 * replicas)), replicas)
+        try:
+            step = model_for(cap)
+        except KvplanError as exc:
+            return FleetCheck(rate_per_s=d.rate, replicas=replicas, replicas_needed=None, max_replicas_searched=0,
+                              binding="none", passed=False, reason=f"cannot predict its latency ({exc.message})")
+        prompt, output = d.prompt, max(1, d.output or 0)
+        shared = min(d.shared_prefix, prompt)
+        config = SchedulerConfig.from_capacity(cap)
+        floor = latency_floor(step, prompt, output, cap.limits.max_num_batched_tokens, cached=shared)
+        count = replicas_for_rate(config, step, d.rate, prompt, output, d.slo, floor, shared_prefix_tokens=shared,
+                                  max_replicas=searched)
+        predicted = replica_at(config, step, d.rate, replicas, prompt, output, shared)
+        checks = slo_results({"ttft": predicted.ttft, "itl": predicted.itl, "tpot": predicted.tpot,
+                              "e2e": predicted.e2e}, d.slo)
+        missed = [k for k, c in checks.items() if c.met is False]
+        shown = "; ".join(f"{k} {fmt_s(checks[k].value)} > {fmt_s(checks[k].target)}" for k in missed)
+        needed = (f"{count.replicas:,} needed" if count.replicas else
+                  count.reason or f"none up to {searched:,} meets them")
+        fleet = f"{replicas:,} replica" + ("s" if replicas > 1 else "")
+        if missed:
+            why = f"{fleet} {'miss' if replicas > 1 else 'misses'} the SLOs (predicted {shown}); {needed}"
+            if count.replicas:
+                why += f" (bound by {count.binding})"
+        else:
+            why = (f"{fleet} {'meet' if replicas > 1 else 'meets'} the SLOs at {d.rate / replicas:.4g} requests/s each "
+                   f"(predicted); {needed}")
+        return FleetCheck(rate_per_s=d.rate, replicas=replicas, replicas_needed=count.replicas,
+                          max_replicas_searched=searched, binding=count.binding, slo=checks, passed=not missed,
+                          reason=why)
 
     def _workload(self, entry: SpecEntry, plan, usable: int):
         """The deployment's workload file read (relative to the spec) and its working set on the pool."""

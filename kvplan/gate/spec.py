@@ -14,6 +14,8 @@ Layout::
         prompt: 2k
         output: 512
         headroom: 0.1      # keep 10% of the KV pool free
+        rate: 40/s         # optional: requests/s over its replicas; with slo: the predicted fleet is gated
+        slo: {ttft_p99: 1s, tpot_p99: 50ms}
 
 Each deployment maps onto ``kvplan.plan.schema.Settings`` (the meaning of each field is
 documented there); sizes and token counts are parsed by ``kvplan.units`` only. Every error is a
@@ -36,7 +38,7 @@ from kvplan.model.dtypes import kv_dtype
 from kvplan.paths import read_user_text, yaml_loader
 from kvplan.plan.schema import Settings
 from kvplan.plan.speculative import parse_speculative_config
-from kvplan.units import parse_bytes, parse_fraction, parse_tokens
+from kvplan.units import parse_bytes, parse_fraction, parse_rate, parse_tokens
 from kvplan.vllm.rules import parse_version
 
 # Canonical key -> other spellings accepted (vLLM's flag names and kvplan size's).
@@ -117,7 +119,11 @@ class Deployment(BaseModel):
     sessions: int | None = Field(None, ge=1, le=10_000_000, description="with workload: this many sessions' largest "
                                  "turns must fit the pool at once")
     slo: dict[str, float] = Field(default_factory=dict, description="latency targets checked against --bench runs "
-                                  "at the asked concurrency: {ttft_p99: 500ms, itl_p99: 50ms, e2e_p99: 10s} (seconds)")
+                                  "at the asked concurrency: {ttft_p99: 500ms, itl_p99: 50ms, e2e_p99: 10s} (seconds); "
+                                  "with rate:, against the predicted fleet too")
+    rate: float | None = Field(None, description="requests per second over the deployment's replicas (gpus / (tp x pp) "
+                               "engines behind a router; 200 or 200/s): with slo:, prompt: and output:, the simulated "
+                               "replica at its share must meet the SLOs (as kvplan fit --rate sizes a fleet)")
 
     @field_validator("slo", mode="before")
     @classmethod
@@ -133,11 +139,21 @@ class Deployment(BaseModel):
         except KvplanError as exc:
             raise ValueError(str(exc).splitlines()[0]) from None
 
+    @field_validator("rate", mode="before")
+    @classmethod
+    def _rate(cls, value: Any) -> Any:
+        return None if value is None else _unit(parse_rate, value, "rate")
+
     @model_validator(mode="after")
     def _workload_gates(self):
         for name in ("min_hit_share", "sessions", "workload_options"):
             if getattr(self, name) and not self.workload:
                 raise ValueError(f"{name} needs workload: (the traffic file it is about)")
+        if self.rate is not None:  # what serving the rate means, and the requests that make it
+            missing = [key for key in ("slo", "prompt", "output") if not getattr(self, key) and getattr(self, key) != 0]
+            if missing:
+                raise ValueError(f"rate needs {', '.join(k + ':' for k in missing)} (what the fleet serves, and at "
+                                 "what latency)")
         return self
 
     @field_validator("gpu", mode="before")

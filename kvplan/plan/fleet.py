@@ -48,6 +48,22 @@ class ReplicaCount:
     reason: str  # why there is no count, or "" when there is one
 
 
+def replica_at(config: SchedulerConfig, model: StepTimeModel, rate_per_s: float, replicas: int, prompt: int,
+               output: int, shared_prefix_tokens: int = 0, requests: int = REQUESTS_SIMULATED,
+               seed: int = 0) -> LatencyPrediction:
+    """One of ``replicas`` replicas at its share of ``rate_per_s``: what `replicas_for_rate` simulates at that count
+    (the same sample), for a fleet whose size is given (`kvplan check`'s ``rate:``)."""
+    return _replica(config, model, poisson_arrivals(1.0, requests, seed), rate_per_s / replicas, prompt, output,
+                    shared_prefix_tokens)
+
+
+def _replica(config: SchedulerConfig, model: StepTimeModel, unit_arrivals: list[float], rate_per_s: float, prompt: int,
+             output: int, shared_prefix_tokens: int) -> LatencyPrediction:
+    load = open_loop([t / rate_per_s for t in unit_arrivals], Lengths(prompt, output),
+                     shared_prefix_tokens=shared_prefix_tokens)
+    return predict_latency(config, load, model, QS, mean=True)
+
+
 def missed_targets(prediction: LatencyPrediction, slo: Mapping[str, float]) -> list[str]:
     """The SLO keys (``ttft_p99``: seconds) the prediction misses; a statistic the simulation has no value
     for (a TPOT with one output token) is not held against it."""
@@ -85,14 +101,11 @@ def replicas_for_rate(config: SchedulerConfig, model: StepTimeModel, rate_per_s:
         return ReplicaCount(rate_per_s, None, None, None, "compute", 0,
                             f"{unreachable[0]} out of reach: one request alone takes longer")
     unit = poisson_arrivals(1.0, requests, seed)  # one sample for every count
-    lengths = Lengths(prompt, output)
     runs: dict[int, LatencyPrediction] = {}
 
     def run(n: int) -> LatencyPrediction:
         if n not in runs:
-            rate = rate_per_s / n
-            load = open_loop([t / rate for t in unit], lengths, shared_prefix_tokens=shared_prefix_tokens)
-            runs[n] = predict_latency(config, load, model, QS, mean=True)
+            runs[n] = _replica(config, model, unit, rate_per_s / n, prompt, output, shared_prefix_tokens)
         return runs[n]
 
     def meets(n: int) -> bool:

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kvplan.errors import KvplanError
 from kvplan.model.encoders import MAX_MM_PIXELS
 from kvplan.plan.offload import OffloadTier, check_offloading_size
 from kvplan.plan.speculative import SpeculativeConfig, parse_speculative_config
 from kvplan.vllm.args import READ_BACK
+
+if TYPE_CHECKING:
+    from kvplan.plan.capacity import Capacity
 
 _MIN_ONE = ("tensor_parallel_size", "pipeline_parallel_size", "decode_context_parallel_size", "data_parallel_size",
             "block_size", "max_model_len",
@@ -302,8 +306,20 @@ class SizePlan:
     offload: OffloadTier | None = None  # --kv-offloading-size GiB (native backend): the CPU tier, per replica
     pd_transfer: PDTransferPlan | None = None  # --pd-decode-tp N: the prefill -> decode transfer of one request
 
+    # The Capacity the plan was made from rides along outside the fields (so never in the JSON): what goes on
+    # from a plan (check's margin and fleet gate, --workload's pool) reads its pool and layout from it instead
+    # of planning again, which could differ (calibrations, measured weights).
+    def with_capacity(self, cap: Capacity) -> SizePlan:
+        object.__setattr__(self, "_capacity", cap)
+        return self
+
+    @property
+    def capacity(self) -> Capacity:
+        return self.__dict__["_capacity"]
+
     def replace(self, **changes: object) -> SizePlan:
-        return dataclasses.replace(self, **changes)
+        new = dataclasses.replace(self, **changes)
+        return new.with_capacity(self.capacity) if "_capacity" in self.__dict__ else new
 
 
 # --------------------------------------------------------------------------- kvplan fit --json

@@ -458,7 +458,7 @@ def plan_size(
         latency=_latency(cap, settings, per_replica, steptime) if verdict.fits else None,
         offload=_offload(cap, settings, steptime) if settings.kv_offloading_size else None,
         pd_transfer=_pd_transfer(cap, settings) if settings.pd_decode_tp else None,
-    )
+    ).with_capacity(cap)
 
 
 # One NIC per GPU: 200, 400 and 800 Gb/s (InfiniBand HDR / NDR / XDR, or RoCE of the same rates), in GB/s.
