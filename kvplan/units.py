@@ -177,8 +177,11 @@ def format_bytes(num_bytes: float, precision: int = 2) -> str:
 
 
 def format_tokens(num_tokens: float) -> str:
-    """``131072`` -> ``128k``; other values with thousands separators."""
+    """``131072`` -> ``128k``, ``1048576`` -> ``1m`` (as `parse_tokens` reads them back); others with thousands
+    separators."""
     n = int(num_tokens)
+    if n >= 1024**2 and n % 1024**2 == 0:
+        return f"{n // 1024**2:,}m"
     if n >= 1024 and n % 1024 == 0:
         return f"{n // 1024:,}k"
     return f"{n:,}"

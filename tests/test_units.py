@@ -47,6 +47,10 @@ def test_formatting_and_cdiv():
     assert format_bytes(2 * MiB) == "2.00 MiB"
     assert format_tokens(131072) == "128k"
     assert format_tokens(20000) == "20,000"
+    assert format_tokens(1024**2) == "1m" and format_tokens(3 * 1024**2) == "3m"  # not "1,024k"
+    assert format_tokens(1536 * 1024) == "1,536k"
+    for n in (1024**2, 131072, 1536 * 1024, 20000):  # what it prints reads back as the same count
+        assert parse_tokens(format_tokens(n)) == n
     assert cdiv(127, 32) == 4 and cdiv(128, 32) == 4 and cdiv(129, 32) == 5
 
 

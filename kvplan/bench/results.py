@@ -24,9 +24,9 @@ sees a key the file did not hold, and ``{}`` stays ``{}``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_serializer
 
 from kvplan import __version__
 from kvplan.bench.engine import EngineCapacity
@@ -34,6 +34,15 @@ from kvplan.bench.stats import describe
 from kvplan.bench.sweep import Onset, PointOutcome
 
 LATENCY_FROM = "scheduled"  # every latency counts from the request's scheduled time (see loadgen)
+
+
+def _integral(value: Any) -> Any:
+    """A whole float as an int (Prometheus writes every counter as a float: 8 preemptions read as 8.0)."""
+    return int(value) if isinstance(value, float) and value.is_integer() and abs(value) < 2**53 else value
+
+
+#: A count or a load the JSON writes as an integer when it is one (8, not 8.0); fractional values stay floats.
+Count = Annotated[int | float, BeforeValidator(_integral)]
 
 OnsetName = Literal["first_kv_wait", "first_preemption"]
 ONSETS: tuple[OnsetName, ...] = ("first_kv_wait", "first_preemption")
@@ -96,20 +105,20 @@ class ServerFigures(_Figures):
     model_config = ConfigDict(frozen=True, extra="ignore")  # a newer kvplan may read more of /metrics
 
     scrapes: int = 0
-    preemptions: float | None = None
-    peak_running: float | None = None
-    peak_waiting: float | None = None
-    peak_waiting_capacity: float | None = None
+    preemptions: Count | None = None
+    peak_running: Count | None = None
+    peak_waiting: Count | None = None
+    peak_waiting_capacity: Count | None = None
     peak_kv_usage: float | None = None
-    peak_in_engine: float | None = None  # max of running + waiting in one scrape
-    prompt_tokens: float | None = None
-    generation_tokens: float | None = None
-    prefix_queries: float | None = None
-    prefix_hits: float | None = None
+    peak_in_engine: Count | None = None  # max of running + waiting in one scrape
+    prompt_tokens: Count | None = None
+    generation_tokens: Count | None = None
+    prefix_queries: Count | None = None
+    prefix_hits: Count | None = None
     server_ttft_mean_s: float | None = None
     server_ttft_p50_s: float | None = None
     server_ttft_p99_s: float | None = None
-    server_ttft_count: float | None = None
+    server_ttft_count: Count | None = None
     series: list[tuple[float, float, float, float, float]] = Field(default_factory=list)  # t, run, wait, kv, preempt
     incomplete: bool = False  # the server went away before the last scrape: figures up to the last one seen
 
@@ -266,8 +275,8 @@ class ReplayFigures(_Figures):
 
     sessions: int
     requests: int
-    prefix_queries: float | None = Field(None, description="tokens looked up in the prefix cache (engine counter)")
-    prefix_hits: float | None = Field(None, description="tokens found there (engine counter)")
+    prefix_queries: Count | None = Field(None, description="tokens looked up in the prefix cache (engine counter)")
+    prefix_hits: Count | None = Field(None, description="tokens found there (engine counter)")
     hit_rate: float | None = Field(None, description="prefix_hits / prefix_queries, as the engine counted them")
     predicted_hit_rate: float | None = None  # at the nominal timing
     predicted_hit_rate_low: float | None = None  # the range over the client timings simulated
@@ -276,8 +285,8 @@ class ReplayFigures(_Figures):
     predicted_hits: int | None = None
     predicted_preemption: bool | None = None  # None: some client timings preempt, others do not
     predicted_by: str = "none"
-    reused_prompt_tokens: float | None = Field(None, description="prompt tokens served from cache (= prefix_hits)")
-    computed_prompt_tokens: float | None = Field(None, description="prompt tokens computed (queries - hits)")
+    reused_prompt_tokens: Count | None = Field(None, description="prompt tokens served from cache (= prefix_hits)")
+    computed_prompt_tokens: Count | None = Field(None, description="prompt tokens computed (queries - hits)")
     ttft_hit: LatencyStats = Field(default_factory=LatencyStats)  # turns with cached_tokens > 0
     ttft_miss: LatencyStats = Field(default_factory=LatencyStats)  # turns with cached_tokens == 0
     cached_tokens_reported: bool = False  # the server reported usage.prompt_tokens_details.cached_tokens
@@ -382,7 +391,7 @@ class BenchSummary(_NewFieldsOptional):
     load_description: str | None = None  # how each point was loaded and sized
     latency_from: str = LATENCY_FROM
     slo: dict[str, float] = Field(default_factory=dict)
-    highest_load_meeting_slo: float | None = None  # concurrency or rate; null: none (or no SLO)
+    highest_load_meeting_slo: Count | None = None  # concurrency or rate; null: none (or no SLO)
     source: str = "kvplan"
     rate_search: RateSearchResult | None = None  # --sweep-rate auto: what the search found
     headers: list[str] = Field(default_factory=list)  # extra request headers, values masked: "X-Token: ***"

@@ -10,7 +10,7 @@ from kvplan.cli.common import print_json, user_errors
 from kvplan.cli.tables import Column, OutputFormat, chosen_format, emit_rows, format_option
 from kvplan.errors import ExitCode
 from kvplan.term import esc, printable
-from kvplan.units import cdiv, format_ms, parse_tokens
+from kvplan.units import cdiv, check_positive, format_ms, parse_tokens
 
 FIT_EXAMPLES = """
 Examples:
@@ -29,6 +29,8 @@ Examples:
 
   kvplan fit meta-llama/Llama-3.1-8B --ctx 8k --rate 200 --prompt 2k --output 256 --slo ttft_p99=1s --gpus H100,L40S
                                                                            # replicas for 200 requests/s
+  kvplan fit meta-llama/Llama-3.1-8B --ctx 8k --rate 40 --prompt 2k --output 128 --slo ttft_p99=800ms,tpot_p99=40ms --gpus H100 --pd
+                                                                           # ... and as prefill/decode pairs
 """
 
 #: Deployment shapes whose replica count a --rate search finds at most (each takes a few simulations).
@@ -78,6 +80,8 @@ def fit(
     slo: Optional[str] = typer.Option(None, "--slo", help="Keep deployments whose predicted latency meets these (as kvplan bench --slo): ttft_p99=500ms,itl_p99=50ms.", metavar="KEY=VALUE,..."),
     rate: Optional[str] = typer.Option(None, "--rate", help="Size a fleet instead: requests per second over all replicas (Poisson arrivals; needs --slo). Each deployment shape gets the fewest replicas whose simulated replica meets the SLOs at its share of the rate.", metavar="REQ/S"),
     max_replicas: int = typer.Option(256, "--max-replicas", help="With --rate: the largest fleet searched.", metavar="N"),
+    pd: bool = typer.Option(False, "--pd", help="With --rate: also size each shape as prefill/decode pairs (vLLM's NixlConnector): prefill replicas simulated at the TTFT target less the KV transfer, decode replicas in their steady state at the TPOT/ITL target."),
+    pd_link_gbs: Optional[float] = typer.Option(None, "--pd-link-gbs", help="With --pd: one NIC's rate in GB/s for the KV transfer (default: 50, a 400 Gb/s NIC).", metavar="GB/S"),
     vllm_version: Optional[str] = typer.Option(None, "--vllm-version", help="Accounting rules of this vLLM release (default: newest known).", metavar="VERSION"),
     source: str = typer.Option("auto", "--source", help="auto (local, Hub, bundled), local, hub or bundled.", metavar="auto|local|hub|bundled"),
     offline: bool = typer.Option(False, "--offline", help="Do not contact the Hub."),
@@ -93,7 +97,8 @@ def fit(
 
     --rate sizes a fleet: replicas of one deployment (--max-gpus each) behind a router, each simulated at its
     share of the rate; ranked by the fleet's GPUs (or price), with what holds a replica back (KV pool, batch or
-    compute) one replica short.
+    compute) one replica short. --pd adds each shape as prefill/decode pairs (prefill replicas simulated at the TTFT
+    target less the KV transfer; decode replicas in their steady state at the TPOT/ITL target).
 
     Exit code 0: something fits; 1: nothing within --max-gpus (or --max-replicas); 2: bad input; 3: internal error.
     """
@@ -141,6 +146,12 @@ def fit(
     if slo is not None and not slo_targets:
         raise KvplanError("--slo is empty", "use key=value pairs: ttft_p99=500ms,itl_p99=50ms")
     rate_per_s = None if rate is None else _rate(rate, slo_targets, concurrency, max_replicas)
+    if pd_link_gbs is not None and not pd:
+        raise KvplanError("--pd-link-gbs is for --pd", "add --pd, or drop --pd-link-gbs")
+    if pd and rate_per_s is None:
+        raise KvplanError("--pd sizes a fleet: it needs --rate", "add --rate 200 --slo ttft_p99=1s,tpot_p99=50ms")
+    link_gb_per_s = None if not pd else check_positive(50.0 if pd_link_gbs is None else pd_link_gbs, "--pd-link-gbs",
+                                                       maximum=100_000)
     resolved = load_model(model, None, source, True if offline else None, {})
     rules = rules_for(vllm_version)
     overhead = load_overhead()
@@ -154,7 +165,8 @@ def fit(
     result = search(resolved.arch, devices, req, rules, overhead, resolved.weights_total, base)
     elapsed = time.perf_counter() - t0
     if rate_per_s is not None:
-        payload = _fleet_payload(resolved, result, req, rules, overhead, base, slo_targets, rate_per_s, max_replicas, top)
+        payload = _fleet_payload(resolved, result, req, rules, overhead, base, slo_targets, rate_per_s, max_replicas, top,
+                                 link_gb_per_s)
         payload["search_seconds"] = round(time.perf_counter() - t0, 4)
         _emit_fleets(payload, fmt)
     shown, seen, sized = [], set(), set()
@@ -376,6 +388,19 @@ def _rate(text: str, slo_targets: dict, concurrency: int, max_replicas: int) -> 
     return rate
 
 
+PD_NOTE = ("P/D: the same engine as prefill and decode replicas (vLLM's NixlConnector, one {link:g} GB/s NIC a GPU): "
+           "prefill replicas simulated at the TTFT target less the KV transfer and the decode's first step; decode "
+           "replicas in their steady state (no queue: the count errs low under bursts), as many requests at once as "
+           "their pool, max_num_seqs and the TPOT/ITL target allow (what binds in brackets).")
+
+
+def _pd_cell(pair: dict | None) -> str:
+    if not pair or pair["replicas"] is None:
+        return "-" if not pair else esc(f"- ({pair['reason']})")
+    return (f"{pair['prefill_replicas']} + {pair['decode_replicas']} = {pair['gpus']} GPUs "
+            f"(decode {pair['decode_concurrency']} at once, {pair['decode_binding']}; KV {pair['transfer_ms']:g} ms)")
+
+
 def _emit_fleets(payload: dict, fmt: OutputFormat) -> None:
     if fmt is OutputFormat.json:
         print_json(payload)
@@ -389,9 +414,9 @@ def _emit_fleets(payload: dict, fmt: OutputFormat) -> None:
 
 
 def _fleet_payload(resolved, result, req, rules, overhead, base, slo_targets: dict, rate_per_s: float,
-                   max_replicas: int, top: int) -> dict:
+                   max_replicas: int, top: int, pd_link_gb_per_s: float | None = None) -> dict:
     """The fewest replicas of each deployment shape (one engine: GPU x TP x PP x KV dtype, at the first context the
-    search found for it) for the rate, best first."""
+    search found for it) for the rate, best first; with ``pd_link_gb_per_s`` (--pd) also as prefill/decode pairs."""
     from kvplan.bench.slo import describe_slo, point_checks
     from kvplan.errors import KvplanError
     from kvplan.plan.fit import latency_floor, replan, workload_lengths
@@ -429,30 +454,47 @@ def _fleet_payload(resolved, result, req, rules, overhead, base, slo_targets: di
                                   slo_targets, floor, shared_prefix_tokens=min(req.shared_prefix, prompt_tokens),
                                   max_replicas=max_replicas, max_simulations=MAX_SLO_SIMULATIONS - simulations)
         simulations += count.simulations
-        if count.replicas is None:
+        pair = None
+        if pd_link_gb_per_s is not None:
+            pair = _pd_pair(cap, cand, step_model, rate_per_s, prompt_tokens, out_tokens, slo_targets, floor,
+                            min(req.shared_prefix, prompt_tokens), pd_link_gb_per_s, max_replicas,
+                            MAX_SLO_SIMULATIONS - simulations)
+            simulations += pair.pop("simulations")
+        if count.replicas is None and (pair is None or pair["replicas"] is None):
             miss(count.reason)
             continue
-        pred = count.prediction
-        checks = point_checks({"ttft": pred.ttft, "itl": pred.itl, "tpot": pred.tpot, "e2e": pred.e2e}, slo_targets)
-        price = None if cand.price_per_hour is None else cand.price_per_hour * count.replicas
         tokens_per_s = rate_per_s * out_tokens  # in steady state every request is served whole
+        if pair is not None:
+            pair["price_per_hour"], pair["usd_per_million_output_tokens"] = _cost(cand.price_per_hour, pair["gpus"],
+                                                                                tokens_per_s)
+        pred = count.prediction if count.replicas is not None else None
+        checks = {} if pred is None else point_checks(
+            {"ttft": pred.ttft, "itl": pred.itl, "tpot": pred.tpot, "e2e": pred.e2e}, slo_targets)
+        price, per_million = _cost(cand.price_per_hour, count.replicas and count.replicas * cand.gpus, tokens_per_s)
         fleets.append({
             "gpu": cand.device.name, "gpus_per_replica": cand.gpus, "tensor_parallel_size": cand.tp,
             "pipeline_parallel_size": cand.pp, "kv_cache_dtype": cap.dtype.name, "max_model_len": cand.ctx,
-            "replicas": count.replicas, "gpus": count.replicas * cand.gpus,
-            "per_replica_rate_per_s": round(count.per_replica_rate_per_s, 4), "binding": count.binding,
-            "price_per_hour": None if price is None else round(price, 4),
-            "usd_per_million_output_tokens": None if price is None else round(price / (tokens_per_s * 3600) * 1e6, 4),
-            "latency_predicted": pred.to_json(),
+            "replicas": count.replicas, "gpus": count.replicas and count.replicas * cand.gpus,
+            "per_replica_rate_per_s": count.per_replica_rate_per_s and round(count.per_replica_rate_per_s, 4),
+            "binding": count.binding if count.replicas is not None else "-",
+            "price_per_hour": price, "usd_per_million_output_tokens": per_million,
+            "latency_predicted": None if pred is None else pred.to_json(),
             "slo": {k: {"target_ms": round(c["target"] * 1000, 3),
                         "predicted_ms": None if c["value"] is None else round(c["value"] * 1000, 3), "met": c["met"]}
                     for k, c in checks.items()},
             "simulations": count.simulations,
             "vllm_serve_command": serve_command(resolved.config.name, cap, 1),
+            "pd": pair,
         })
     order = {id(f): i for i, f in enumerate(fleets)}  # the search's order breaks ties
-    priced = all(f["price_per_hour"] is not None for f in fleets)
-    fleets.sort(key=lambda f: ((f["price_per_hour"], f["gpus"]) if priced else (f["gpus"],), order[id(f)]))
+
+    def best(f: dict, key: str):  # the fleet's figure, or its P/D pair's where that needs fewer GPUs
+        options = [f] + ([f["pd"]] if f["pd"] and f["pd"]["replicas"] is not None else [])
+        return min((o for o in options if o["gpus"] is not None), key=lambda o: o["gpus"])[key]
+
+    priced = all(best(f, "price_per_hour") is not None for f in fleets)
+    fleets.sort(key=lambda f: ((best(f, "price_per_hour"), best(f, "gpus")) if priced else (best(f, "gpus"),),
+                               order[id(f)]))
     return {
         "model": resolved.config.name, "model_source": resolved.config.source, "vllm_version": rules.version,
         "ctx": req.ctx, "rate_per_s": rate_per_s, "prompt_tokens": req.prompt, "output_tokens": req.output,
@@ -460,7 +502,47 @@ def _fleet_payload(resolved, result, req, rules, overhead, base, slo_targets: di
         "rejected": result.rejected_reasons, "slo": {k: round(v * 1000, 3) for k, v in slo_targets.items()},
         "slo_description": describe_slo(slo_targets), "shapes_sized": len(seen), "fleet_unmet": unmet,
         "fleet_simulations": simulations, "fleet_search_stopped": stopped, "max_replicas": max_replicas,
+        "pd": pd_link_gb_per_s is not None, "pd_link_gb_per_s": pd_link_gb_per_s,
         "fleets": fleets[:top],
+    }
+
+
+def _cost(usd_per_gpu_hour: float | None, gpus: int | None, output_tokens_per_s: float) -> tuple:
+    """(USD per hour, USD per million output tokens) of ``gpus`` GPUs; None where the price or the count is unknown."""
+    if usd_per_gpu_hour is None or gpus is None:
+        return None, None
+    hourly = usd_per_gpu_hour * gpus
+    return round(hourly, 4), round(hourly / (output_tokens_per_s * 3600) * 1e6, 4)
+
+
+def _pd_pair(cap, cand, step_model, rate_per_s: float, prompt: int, output: int, slo: dict, floor: dict, shared: int,
+             link_gb_per_s: float, max_replicas: int, max_simulations: int) -> dict:
+    """--pd: the shape as prefill and decode replicas of the same engine (kvplan.plan.fleet.pd_replicas_for_rate),
+    its KV moved over one NIC per GPU (kvplan.plan.disagg, decode TP = prefill TP)."""
+    from kvplan.errors import KvplanError
+    from kvplan.plan.disagg import pd_transfer
+    from kvplan.plan.fit import latency_floor
+    from kvplan.plan.fleet import pd_replicas_for_rate
+    from kvplan.plan.simulate import SchedulerConfig
+
+    empty = {"replicas": None, "prefill_replicas": None, "decode_replicas": None, "gpus": None, "transfer_ms": None,
+             "decode_concurrency": None, "decode_step_ms": None, "decode_binding": None, "prefill_binding": None,
+             "link_gb_per_s": link_gb_per_s, "simulations": 0}
+    try:
+        transfer_s = pd_transfer(cap, cand.tp, prompt).transfer_s(link_gb_per_s)
+    except KvplanError as exc:
+        return {**empty, "reason": exc.message}
+    floor = latency_floor(step_model, prompt, 1, cap.limits.max_num_batched_tokens, cached=shared)
+    pair = pd_replicas_for_rate(SchedulerConfig.from_capacity(cap), step_model, rate_per_s, prompt, output, slo,
+                                transfer_s, cap.blocks_per_request(prompt + max(output - 1, 0)), floor, shared,
+                                max_replicas, max_simulations)
+    d, pre = pair.decode, pair.prefill
+    return {
+        "replicas": pair.replicas, "prefill_replicas": pre and pre.replicas, "decode_replicas": pair.decode_replicas,
+        "gpus": pair.replicas and pair.replicas * cand.gpus, "transfer_ms": round(transfer_s * 1000, 3),
+        "decode_concurrency": d and d.concurrency, "decode_step_ms": d and round(d.step_s * 1000, 3),
+        "decode_binding": d and d.binding, "prefill_binding": pre and pre.binding, "link_gb_per_s": link_gb_per_s,
+        "simulations": pre.simulations if pre else 0, "reason": pair.reason,
     }
 
 
@@ -473,6 +555,9 @@ def fleet_rows(p: dict) -> tuple[list[dict], list[Column]]:
              "max_model_len": f["max_model_len"], "binding": f["binding"],
              **{f"{k}_ms": f["slo"][k]["predicted_ms"] for k in keys},
              "price_per_hour": f["price_per_hour"], "usd_per_million_output_tokens": f["usd_per_million_output_tokens"],
+             **({} if not p.get("pd") else {
+                 "pd_prefill_replicas": (f["pd"] or {}).get("prefill_replicas"),
+                 "pd_decode_replicas": (f["pd"] or {}).get("decode_replicas"), "pd_gpus": (f["pd"] or {}).get("gpus")}),
              "vllm_serve_command": f["vllm_serve_command"]} for i, f in enumerate(p["fleets"], 1)]
     money = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
     columns = [Column("rank", "#"), Column("gpu", "GPU", right=False), Column("replicas", "replicas"),
@@ -480,6 +565,8 @@ def fleet_rows(p: dict) -> tuple[list[dict], list[Column]]:
                Column("kv_cache_dtype", "KV dtype", right=False), Column("max_model_len", "context", "{:,}".format),
                Column("binding", "bound by", right=False), *(Column(f"{k}_ms", f"{k} ms", _or_dash) for k in keys),
                Column("price_per_hour", "$/h", money), Column("usd_per_million_output_tokens", "$/M tok", money),
+               *((Column("pd_prefill_replicas", "P/D prefill", _or_dash), Column("pd_decode_replicas", "P/D decode", _or_dash),
+                  Column("pd_gpus", "P/D GPUs", _or_dash)) if p.get("pd") else ()),
                Column("vllm_serve_command", "vLLM command (one replica)", lambda v: f"`{v}`", right=False)]
     return rows, columns
 
@@ -509,20 +596,25 @@ def _render_fleets(p: dict) -> None:
         console.print(esc(_why_no_fleet(p)))
         return
     keys = list(p["slo"])
+    pd = bool(p.get("pd"))
     priced = any(f["price_per_hour"] is not None for f in p["fleets"])
     table = Table(show_header=True, header_style="bold", show_edge=False, pad_edge=False)
-    for col in ("#", "fleet", "KV dtype", "bound by", *keys, *(("$/h", "$/M tok") if priced else ())):
-        text = col in ("fleet", "KV dtype", "bound by")
+    for col in ("#", "fleet", "KV dtype", "bound by", *keys, *(("$/h", "$/M tok") if priced else ()),
+                *(("P/D: prefill + decode",) if pd else ())):
+        text = col in ("fleet", "KV dtype", "bound by", "P/D: prefill + decode")
         table.add_column(col, justify="left" if text else "right", overflow="fold", no_wrap=col != "fleet")
     for i, f in enumerate(p["fleets"], 1):
-        cells = [_or_dash(None if f["slo"][k]["predicted_ms"] is None else format_ms(f["slo"][k]["predicted_ms"] / 1000))
-                 for k in keys]
+        cells = [_or_dash(None if k not in f["slo"] or f["slo"][k]["predicted_ms"] is None
+                          else format_ms(f["slo"][k]["predicted_ms"] / 1000)) for k in keys]
         money = [_or_dash(None if f[k] is None else f"{f[k]:.2f}") for k in ("price_per_hour", "usd_per_million_output_tokens")]
         each = esc(f["gpu"]) if f["gpus_per_replica"] == 1 else f"({f['gpus_per_replica']} x {esc(f['gpu'])})"
         split = f" PP{f['pipeline_parallel_size']}" if f["pipeline_parallel_size"] > 1 else ""
-        table.add_row(str(i), f"{f['replicas']} x {each}{split}", f["kv_cache_dtype"], f["binding"], *cells,
-                      *(money if priced else ()))
+        count = "-" if f["replicas"] is None else str(f["replicas"])
+        table.add_row(str(i), f"{count} x {each}{split}", f["kv_cache_dtype"], f["binding"], *cells,
+                      *(money if priced else ()), *((_pd_cell(f["pd"]),) if pd else ()))
     console.print(table)
     console.print(FLEET_NOTE)
+    if pd:
+        console.print(PD_NOTE.format(link=p["pd_link_gb_per_s"]))
     for i, f in enumerate(p["fleets"], 1):
         console.print(f"{i}. {esc(f['vllm_serve_command'])}", soft_wrap=True, highlight=False)

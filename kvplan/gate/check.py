@@ -47,7 +47,7 @@ from typing import Any
 from pydantic import BaseModel, Field, model_serializer
 
 from kvplan.bench.external import GUIDELLM_DEFAULT_FILES, read_external
-from kvplan.bench.results import LatencyStats, SloResult
+from kvplan.bench.results import Count, LatencyStats, SloResult
 from kvplan.bench.slo import fmt_s, slo_results
 from kvplan.deploy import load_draft, load_model, plan_deployment, select_gpus
 from kvplan.errors import KvplanError
@@ -66,7 +66,7 @@ class EvidencePoint(BaseModel):
     """One measured point of a bench run, as the SLO gate reads it: its load and latencies."""
 
     mode: str = "concurrency"  # concurrency | rate
-    load: float  # concurrent streams, or requests/s
+    load: Count  # concurrent streams, or requests/s
     status: str = "ok"
     ttft: LatencyStats = Field(default_factory=LatencyStats)
     itl: LatencyStats = Field(default_factory=LatencyStats)
@@ -93,7 +93,7 @@ class BenchEvidence(BaseModel):
 class SloCheck(BaseModel):
     run: str
     source: str
-    load: float | None = Field(description="the concurrency of the point judged (null: none at or above the required)")
+    load: Count | None = Field(description="the concurrency of the point judged (null: none at or above the required)")
     checks: dict[str, SloResult] = Field(default_factory=dict)  # SLO key -> target, value, met (seconds)
     passed: bool
     reason: str | None = None

@@ -127,3 +127,101 @@ def replicas_for_rate(config: SchedulerConfig, model: StepTimeModel, rate_per_s:
         low, high = (low, mid) if meets(mid) else (mid, high)
     binding = _binding(run(high - 1), config) if high > 1 else "none"
     return ReplicaCount(rate_per_s, high, rate_per_s / high, run(high), binding, len(runs), "")
+
+
+# --------------------------------------------------------------------------- prefill/decode disaggregation
+# `kvplan fit --rate R --pd`: the same shape as a P/D pair (vLLM's NixlConnector: a prefill instance computes the
+# prompt, its KV is read by a decode instance, which generates). Prefill replicas: simulated as above, each request
+# a prompt and one token, at the TTFT target less the transfer and the decode's first step. Decode replicas: in their
+# steady state, closed form: n requests decoding at once take step(n) a token (no prefill in the batch), a request
+# holds its slot ``output`` steps, so a replica serves n / (output x step(n)) requests/s (Little's law) at the
+# largest n its pool (whole requests: the prompt arrives at once), max_num_seqs and the TPOT/ITL target allow. The
+# steady state has no queue, so the decode count errs low under bursts; the prefill count is simulated.
+
+#: SLO metrics a P/D sizing reads: TTFT for the prefill side, TPOT / ITL (one decode step) for the decode side.
+PD_METRICS = ("ttft", "tpot", "itl")
+
+
+@dataclass(frozen=True)
+class DecodeReplica:
+    """One decode instance in its steady state."""
+
+    concurrency: int  # requests decoding at once
+    step_s: float  # one step (one token each) at that concurrency
+    rate_per_s: float  # requests/s it serves: concurrency / (output x step_s)
+    binding: str  # what caps the concurrency: "kv" (whole requests in its pool), "batch" (max_num_seqs), "tpot"
+
+
+@dataclass(frozen=True)
+class DisaggCount:
+    """The answer for one shape as a P/D pair."""
+
+    rate_per_s: float
+    transfer_s: float  # one request's KV, prefill -> decode (kvplan.plan.disagg, at the asked link rate)
+    prefill: ReplicaCount | None  # None: the TTFT target leaves nothing for the prefill
+    decode: DecodeReplica | None  # None: one request alone misses the decode target, or one does not fit
+    decode_replicas: int | None
+    reason: str  # why there is no pair, or ""
+
+    @property
+    def replicas(self) -> int | None:
+        if self.prefill is None or self.prefill.replicas is None or self.decode_replicas is None:
+            return None
+        return self.prefill.replicas + self.decode_replicas
+
+
+def decode_replica(model: StepTimeModel, usable_blocks: int, blocks_per_request: int, max_num_seqs: int, prompt: int,
+                   output: int, step_target_s: float = math.inf) -> DecodeReplica | None:
+    """The busiest steady state of one decode instance whose step meets ``step_target_s``; None if one request
+    alone misses it or does not fit. A step of n decodes reads n contexts of the mean length, prompt + output / 2
+    (StepBatch's counts: kv_tokens_read and attention_pairs, context + 1 each)."""
+    from kvplan.plan.simulate import StepBatch
+
+    context = prompt + output // 2 + 1
+
+    def step(n: int) -> float:
+        return model(StepBatch(0, n, n * context, n, n * context))
+
+    kv_limit = usable_blocks // max(1, blocks_per_request)
+    limit = min(kv_limit, max_num_seqs)
+    if limit < 1 or step(1) > step_target_s:
+        return None
+    if step(limit) <= step_target_s:
+        n, binding = limit, ("kv" if kv_limit < max_num_seqs else "batch")
+    else:  # steps only lengthen with n (every term of the model is >= 0): the last n that meets the target
+        low, high = 1, limit  # step(low) meets it, step(high) does not
+        while high - low > 1:
+            mid = (low + high) // 2
+            low, high = (mid, high) if step(mid) <= step_target_s else (low, mid)
+        n, binding = low, "tpot"
+    t = step(n)
+    return DecodeReplica(n, t, n / (max(1, output) * t), binding)
+
+
+def pd_replicas_for_rate(config: SchedulerConfig, model: StepTimeModel, rate_per_s: float, prompt: int, output: int,
+                         slo: Mapping[str, float], transfer_s: float, blocks_per_request: int,
+                         floor: Mapping[str, float] | None = None, shared_prefix_tokens: int = 0,
+                         max_replicas: int = MAX_REPLICAS, max_simulations: int | None = None) -> DisaggCount:
+    """Prefill and decode replicas of one shape for ``rate_per_s`` at ``slo`` (TTFT, TPOT and ITL targets only)."""
+    other = [k for k in slo if k.rpartition("_")[0] not in PD_METRICS]
+    if other:
+        raise KvplanError(f"--pd sizes TTFT, TPOT and ITL targets; {other[0]} is not modelled for a P/D pair",
+                          "give ttft_pXX and tpot_pXX / itl_pXX targets")
+    if not any(k.startswith("ttft_") for k in slo):
+        raise KvplanError("--pd needs a TTFT target: what the prefill replicas must meet", "add ttft_p99=1s to --slo")
+    step_targets = [v for k, v in slo.items() if k.rpartition("_")[0] in ("tpot", "itl")]
+    decode = decode_replica(model, config.usable_blocks, blocks_per_request, config.max_num_seqs, prompt, output,
+                            min(step_targets, default=math.inf))
+    if decode is None:
+        return DisaggCount(rate_per_s, transfer_s, None, None, None,
+                           "a decode instance misses the TPOT / ITL target with one request (or holds none)")
+    decode_replicas = math.ceil(rate_per_s / decode.rate_per_s - 1e-9)
+    # The client's TTFT: the prefill's, then the KV read, then the decode's first step.
+    ttft = {k: v - transfer_s - decode.step_s for k, v in slo.items() if k.startswith("ttft_")}
+    if any(v <= 0 for v in ttft.values()):
+        return DisaggCount(rate_per_s, transfer_s, None, decode, decode_replicas,
+                           f"the KV transfer ({transfer_s * 1000:.1f} ms) and the decode's first step "
+                           f"({decode.step_s * 1000:.1f} ms) alone take the TTFT target")
+    prefill = replicas_for_rate(config, model, rate_per_s, prompt, 1, ttft, floor, shared_prefix_tokens,
+                                max_replicas=max_replicas, max_simulations=max_simulations)
+    return DisaggCount(rate_per_s, transfer_s, prefill, decode, decode_replicas, prefill.reason)

@@ -435,16 +435,36 @@ class FitFleet:
     pipeline_parallel_size: int
     kv_cache_dtype: str
     max_model_len: int
-    replicas: int
-    gpus: int  # all replicas
-    per_replica_rate_per_s: float
-    binding: str  # what bounds a replica's rate: kv, batch, compute or none
+    replicas: int | None  # None: no colocated fleet meets the SLOs, only its P/D pair (--pd)
+    gpus: int | None  # all replicas
+    per_replica_rate_per_s: float | None
+    binding: str  # what bounds a replica's rate: kv, batch, compute or none ("-" without a fleet)
     price_per_hour: float | None  # all replicas
     usd_per_million_output_tokens: float | None
-    latency_predicted: FitFleetPrediction
+    latency_predicted: FitFleetPrediction | None
     slo: dict[str, FitSloCheck]
     simulations: int
     vllm_serve_command: str  # one replica
+    pd: FitPDPair | None = None  # --pd: the same engine as prefill and decode replicas
+
+
+@output_record
+class FitPDPair:
+    """`fit --rate --pd`: one shape as prefill and decode replicas (kvplan.plan.fleet.pd_replicas_for_rate)."""
+
+    replicas: int | None  # prefill + decode; None: no pair meets the SLOs (reason)
+    prefill_replicas: int | None  # simulated at the TTFT target less the transfer and the decode's first step
+    decode_replicas: int | None  # steady state: rate / (decode_concurrency / (output x decode_step))
+    gpus: int | None
+    transfer_ms: float | None  # one request's KV over the busiest NIC (kvplan.plan.disagg)
+    decode_concurrency: int | None  # requests one decode replica runs at once
+    decode_step_ms: float | None
+    decode_binding: str | None  # kv | batch | tpot: what caps the decode concurrency
+    prefill_binding: str | None  # kv | batch | compute | none, as a fleet's binding
+    link_gb_per_s: float
+    reason: str  # why there is no pair, or ""
+    price_per_hour: float | None = None
+    usd_per_million_output_tokens: float | None = None
 
 
 @output_record
@@ -468,6 +488,8 @@ class FleetFitOutput:
     fleet_simulations: int
     fleet_search_stopped: bool  # the shape or simulation limit was reached
     max_replicas: int
+    pd: bool  # --pd: every fleet carries its P/D pair
+    pd_link_gb_per_s: float | None
     fleets: list[FitFleet]
     search_seconds: float
 

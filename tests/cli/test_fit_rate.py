@@ -5,6 +5,7 @@ Here: the CLI's answers against the simulator run directly at the proposed count
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import typer
@@ -104,3 +105,70 @@ def test_no_fleet_within_the_largest_searched_exits_1():
 def test_bad_input_is_one_line_and_exit_2(extra, message):
     r = _run(*extra)
     assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output
+
+
+def test_pd_pairs_for_the_same_shapes():
+    """--pd: each shape also as prefill + decode replicas. Checked for the bf16 shape (one H100 a replica): the KV
+    moved is the prompt's 2,048 tokens x 131,072 B (Llama-3.1-8B's 32 layers x 8 heads x 128 x 2 x 2 B) = 268,435,456 B
+    over one 50 GB/s NIC: 5.369 ms; a decode replica holds whole requests, cdiv(2,048 + 127, 16) = 136 blocks each, so
+    at most usable // 136 of the pool `kvplan size` plans; the prefill count meets the TTFT target less the transfer
+    and the decode's first step in the simulator, and one fewer misses it."""
+    r = _run("--rate", "40/s", "--slo", SLO, "--pd", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["pd"] is True and doc["pd_link_gb_per_s"] == 50
+    (f,) = [f for f in doc["fleets"] if f["kv_cache_dtype"] == "bfloat16"]
+    pair = f["pd"]
+    assert pair["transfer_ms"] == pytest.approx(268_435_456 / 50e9 * 1000, abs=1e-3)
+    size = CliRunner().invoke(_size_app(), ["size", "meta-llama/Llama-3.1-8B", "--ctx", "8k", "--gpu", "H100",
+                                            "--source", "bundled", "--json"], env=ENV)
+    usable = json.loads(size.output)["num_blocks"] - 1
+    # bf16 at 2k + 128 fills the pool before the 40 ms TPOT or max_num_seqs bind
+    assert (pair["decode_binding"], pair["decode_concurrency"]) == ("kv", usable // 136)
+    per_decode = pair["decode_concurrency"] / (128 * pair["decode_step_ms"] / 1000)
+    assert pair["decode_replicas"] == math.ceil(40 / per_decode - 1e-9)
+    assert pair["decode_step_ms"] <= 40  # the TPOT target
+    assert pair["replicas"] == pair["prefill_replicas"] + pair["decode_replicas"] and pair["gpus"] == pair["replicas"]
+
+    from kvplan.deploy import load_model
+    from kvplan.hardware.catalog import find_device
+    from kvplan.plan.fit import FitRequest, replan, search
+    from kvplan.plan.overhead import load_overhead
+    from kvplan.plan.steptime import model_for
+    from kvplan.vllm.rules import rules_for
+
+    model = load_model("meta-llama/Llama-3.1-8B", None, "bundled", True, {})
+    req = FitRequest(ctx=8192, concurrency=1, prompt=2048, output=128, max_gpus=1)
+    rules = rules_for(None)
+    result = search(model.arch, [find_device("H100")], req, rules, load_overhead(), model.weights_total)
+    cand = next(c for c in result.fitting if c.dp == 1 and c.kv_dtype == "auto")
+    cap = replan(model.arch, cand, req, rules, load_overhead(), model.weights_total)
+    step, config, unit = model_for(cap), SchedulerConfig.from_capacity(cap), poisson_arrivals(1.0, 500, 0)
+    target = {"ttft_p99": 0.8 - (pair["transfer_ms"] + pair["decode_step_ms"]) / 1000}
+
+    def prefill(n: int):
+        load = open_loop([t * n / 40 for t in unit], Lengths(2048, 1))
+        return predict_latency(config, load, step, (50, 90, 95, 99), mean=True)
+
+    n = pair["prefill_replicas"]
+    assert not missed_targets(prefill(n), target) and (n == 1 or missed_targets(prefill(n - 1), target))
+
+
+def test_pd_bad_input():
+    r = _run("--pd", "--slo", SLO)
+    assert r.exit_code == 2 and "--pd sizes a fleet: it needs --rate" in r.output
+    r = _run("--rate", "40", "--slo", SLO, "--pd-link-gbs", "50")
+    assert r.exit_code == 2 and "--pd-link-gbs is for --pd" in r.output
+    r = _run("--rate", "40", "--slo", SLO, "--pd", "--pd-link-gbs", "-1")
+    assert r.exit_code == 2 and "invalid --pd-link-gbs" in r.output
+    r = _run("--rate", "40", "--slo", "ttft_p99=1s,e2e_p99=5s", "--pd")
+    assert r.exit_code == 2 and "e2e_p99 is not modelled for a P/D pair" in r.output
+
+
+def _size_app():
+    from kvplan.cli import size_cmd
+
+    app = typer.Typer()
+    app.command("size")(size_cmd.size)
+    app.command("noop")(lambda: None)
+    return app

@@ -55,6 +55,10 @@ def _same_keys(data, schema: dict, defs: dict, where: str = "$") -> None:
     # with a rate: the fleets (kvplan fit --rate)
     ("fit-rate", FleetFitOutput, ["fit", "meta-llama/Llama-3.1-8B", "--ctx", "8k", "--prompt", "2k", "--output", "256",
                                   "--gpus", "H100", "--slo", "ttft_p99=2s", "--rate", "20", "--json"]),
+    # ... with their P/D pairs (--pd)
+    ("fit-rate", FleetFitOutput, ["fit", "meta-llama/Llama-3.1-8B", "--ctx", "8k", "--prompt", "2k", "--output", "256",
+                                  "--gpus", "H100", "--max-gpus", "2", "--slo", "ttft_p99=2s,tpot_p99=50ms", "--rate",
+                                  "20", "--pd", "--json"]),
     ("size", SizePlan, ["size", "meta-llama/Llama-3.1-8B", "--ctx", "32k", "--gpu", "4090", "--prompt", "1k", "--json"]),
     # the CPU tier with its reload rows, and a P/D transfer
     ("size", SizePlan, ["size", "meta-llama/Llama-3.1-8B", "--ctx", "32k", "--gpu", "2xH100", "--tp", "2",
@@ -66,7 +70,9 @@ def test_the_schema_describes_the_output(name, cls, args):
     _same_keys(data, schema, schema.get("$defs", {}))
     TypeAdapter(cls).validate_python(data)
     if name == "fit-rate":
-        assert data["fleets"] and all(f["slo"]["ttft_p99"]["met"] for f in data["fleets"])
+        assert data["fleets"] and all(f["slo"]["ttft_p99"]["met"] for f in data["fleets"] if f["replicas"])
+        if "--pd" in args:
+            assert any(f["pd"]["replicas"] for f in data["fleets"])
     if name == "fit":
         assert data["deployments"], "a fit that shows no deployment checks nothing below the top level"
         assert any(d["latency_estimate"] for d in data["deployments"])
