@@ -222,6 +222,21 @@ def _last(pattern: re.Pattern[str], text: str) -> re.Match[str] | None:
     return matches[-1] if matches else None
 
 
+def _smallest_of_last_start(pattern: re.Pattern[str], text: str) -> re.Match[str] | None:
+    """The match of the smallest figure among those of the last start-up: every TP / PP worker prints its own
+    "Available KV cache memory" ("(Worker_TP1 pid=...) ..."), and the engine gives every rank the blocks of the
+    smallest ("Change the num_blocks of each rank to the smallest among all ranks", ``get_kv_cache_configs``,
+    v1/core/kv_cache_utils.py@0.32.0). The last start-up: the lines after the last engine banner before the last
+    match (a log of several starts keeps only the last one's)."""
+    matches = list(pattern.finditer(text))
+    if not matches:
+        return None
+    starts = [b.start() for b in _ENGINE_INIT.finditer(text, 0, matches[-1].start())]
+    starts += [b.start() for b in _BANNER_VERSION.finditer(text, 0, matches[-1].start())]
+    since = max(starts, default=-1)
+    return min((m for m in matches if m.start() > since), key=lambda m: float(m.group(1)))
+
+
 # --- patterns -------------------------------------------------------------------------------
 
 # "Initializing an LLM engine (v0.6.3)" (V0 to 0.6), "a V0 LLM engine (v0.7.3)" (V0 in 0.6.5-0.10),
@@ -524,10 +539,13 @@ def _read_memory(found: _Found) -> None:
         m = _last(_V0_UTIL, text)
         if m:
             found.put("gpu_memory_utilization", float(m.group(1)), m.start())
-    for pattern in (_V0_KV_SIZE, _AVAILABLE_V0_REST, _AVAILABLE_V1):
+    for pattern in (_V0_KV_SIZE, _AVAILABLE_V0_REST):
         m = _last(pattern, text)
         if m:
             found.put("available_kv_gib", float(m.group(1)), m.start())
+    m = _smallest_of_last_start(_AVAILABLE_V1, text)
+    if m:
+        found.put("available_kv_gib", float(m.group(1)), m.start())
     m = _last(_CPU_KV_SET, text)
     if m:
         found.put("available_kv_gib", float(m.group(2)), m.start())

@@ -238,3 +238,21 @@ def test_multimodal_settings_in_the_non_default_args():
     bad = "non-default args: {'mm_processor_kwargs': {'max_pixels': 'big'}, 'limit_mm_per_prompt': {'image': False}}"
     r = parse_startup_log(bad)
     assert (r.language_model_only, r.mm_max_pixels) == (None, None)
+
+
+def test_every_rank_prints_its_own_available_memory_and_the_smallest_is_the_pool():
+    """Each TP worker logs "Available KV cache memory" (gpu_worker.py's `info_once`, once per worker process), and
+    vLLM gives every rank the blocks of the smallest (`get_kv_cache_configs`, v1/core/kv_cache_utils.py@0.32.0:
+    "Change the num_blocks of each rank to the smallest among all ranks"). The lines are in the format of a public
+    0.11 log ("(Worker_TP0 pid=26347) INFO 11-06 10:51:48 [gpu_worker.py:349] Available KV cache memory: 2.30 GiB"),
+    extended to two ranks and two starts here: the figure is the smallest of the last start's ranks, whatever the
+    order the workers' lines came in."""
+    start = ("(EngineCore_DP0 pid={pid}) INFO 11-06 10:{m}:00 [core.py:93] Initializing a V1 LLM engine (v0.11.0) "
+             "with config: model='Qwen/Qwen3-8B', tensor_parallel_size=2\n")
+    rank = "(Worker_TP{r} pid={pid}) INFO 11-06 10:{m}:48 [gpu_worker.py:349] Available KV cache memory: {gib} GiB\n"
+    first = start.format(pid=1, m=40) + rank.format(r=0, pid=2, m=40, gib="1.95") + rank.format(r=1, pid=3, m=40, gib="2.10")
+    second = (start.format(pid=11, m=51) + rank.format(r=0, pid=12, m=51, gib="2.27")
+              + rank.format(r=1, pid=13, m=51, gib="2.30"))
+    assert parse_startup_log(second).available_kv_gib == 2.27  # rank 0's, not the last line's 2.30
+    assert parse_startup_log(first + second).available_kv_gib == 2.27  # the earlier start's 1.95 is not this pool
+    assert parse_startup_log(first).available_kv_gib == 1.95  # rank 0's, printed before rank 1's 2.10
