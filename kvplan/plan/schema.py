@@ -339,18 +339,25 @@ class FitLatencyEstimate:
 
 
 @output_record
-class FitLatencyPrediction:
-    """With --slo: the scheduler simulator's prediction of the deployment under load (kvplan.plan.steptime)."""
+class FitFleetPrediction:
+    """The scheduler simulator's prediction (kvplan.plan.steptime.LatencyPrediction.to_json); `fit --rate`: one
+    replica at its share of the rate (kvplan.plan.fleet)."""
 
-    ttft_ms: dict[str, float | None]  # percentile ("p50", "p90", "p99") -> ms
+    ttft_ms: dict[str, float | None]  # percentile ("p50" ... "p99", "mean") -> ms
     itl_ms: dict[str, float | None]
     tpot_ms: dict[str, float | None]
     e2e_ms: dict[str, float | None]
     queueing_ms: dict[str, float | None]
-    output_tokens_per_s: float  # all replicas
+    output_tokens_per_s: float  # one replica (fit --rate); all replicas (FitLatencyPrediction)
     preemptions: int
     peak_kv_fill: float  # the largest share of the pool in use
     source: str  # "prior" or "calibrated"
+
+
+@output_record
+class FitLatencyPrediction(FitFleetPrediction):
+    """With --slo: the prediction of the deployment under the asked closed-loop load."""
+
     requests_per_stream: int
     load: str
 
@@ -408,21 +415,6 @@ class FitOutput:
 
 
 # `kvplan fit --rate R --json` (kvplan.cli.fit_cmd._fleet_payload; `kvplan schema fit-rate`).
-
-
-@output_record
-class FitFleetPrediction:
-    """One replica at its share of the rate, as the scheduler simulator predicts it (kvplan.plan.fleet)."""
-
-    ttft_ms: dict[str, float | None]  # percentile ("p50" ... "p99", "mean") -> ms
-    itl_ms: dict[str, float | None]
-    tpot_ms: dict[str, float | None]
-    e2e_ms: dict[str, float | None]
-    queueing_ms: dict[str, float | None]
-    output_tokens_per_s: float  # one replica
-    preemptions: int
-    peak_kv_fill: float  # the largest share of the pool in use
-    source: str  # "prior" or "calibrated"
 
 
 @output_record
