@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from kvplan.bench.client import REDIRECT_HINT, Client, is_redirect
 from kvplan.bench.results import ServerFigures
-from kvplan.vllm.metric_names import ALIASES, CACHE_INFO, HISTOGRAMS, WAITING_BY_REASON
+from kvplan.vllm.metric_names import ALIASES, CACHE_INFO, HISTOGRAMS, TIER_COUNTERS, WAITING_BY_REASON
 
 #: What the fast scrape keeps (line prefixes).
 GAUGES = ("running", "waiting", "kv_usage", "preemptions")
@@ -108,10 +108,15 @@ def parse_metrics(text: str, t_s: float = 0.0, only: Iterable[str] | None = None
             names.append(WAITING_BY_REASON)
         text = _filter_lines(text, names)
     samples: dict[str, list] = {}
+    declared: set[str] = set()  # families /metrics names, with or without samples
+    insane: set[str] = set()  # sample names with a NaN, infinite or negative value
     for family in text_string_to_metric_families(text):
+        declared.add(family.name)
         for sample in family.samples:
             if _sane(sample.value):
                 samples.setdefault(sample.name, []).append(sample)
+            else:
+                insane.add(sample.name)
     snap = Snapshot(t_s)
     for key, aliases in ALIASES.items():
         for alias in aliases:
@@ -129,10 +134,28 @@ def parse_metrics(text: str, t_s: float = 0.0, only: Iterable[str] | None = None
                 if hist is not None:
                     snap.histograms[key] = hist
                     break
+        snap.values.update(_tier_counters(samples, declared, insane))
         info = samples.get(CACHE_INFO)
         if info:
             snap.cache_info = {k: v for k, v in info[0].labels.items() if k not in ("engine", "model_name")}
     return snap
+
+
+def _tier_counters(samples: dict[str, list], declared: set[str], insane: set[str]) -> dict[str, float]:
+    """The KV tier's counters (TIER_COUNTERS): the first name whose family is declared, its samples (with the label
+    asked) summed over engines; 0 where the family is declared with no sample yet (vLLM creates a labelled child at
+    the first transfer); nothing where a sample of it is not a finite number >= 0."""
+    out: dict[str, float] = {}
+    for key, names in TIER_COUNTERS.items():
+        for name, label in names:
+            if name.removesuffix("_total") not in declared:
+                continue
+            if name in insane:
+                break
+            out[key] = sum(s.value for s in samples.get(name, [])
+                           if label is None or s.labels.get(label[0]) == label[1])
+            break
+    return out
 
 
 def _sane(value) -> bool:
@@ -186,7 +209,7 @@ def summarize(before: Snapshot, during: list[Snapshot], after: Snapshot) -> Serv
     pm["peak_in_engine"] = _peak(
         (s.get("running") or 0.0) + (s.get("waiting") or 0.0) if s.get("running") is not None else None for s in every
     )
-    for key in ("prompt_tokens", "generation_tokens", "prefix_queries", "prefix_hits"):
+    for key in ("prompt_tokens", "generation_tokens", "prefix_queries", "prefix_hits", *TIER_COUNTERS):
         pm[key] = _delta(after, before, key)
     pm.update(server_ttft_mean_s=None, server_ttft_p50_s=None, server_ttft_p99_s=None, server_ttft_count=None)
     ttft = after.histograms.get("ttft")

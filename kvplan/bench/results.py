@@ -119,6 +119,15 @@ class ServerFigures(_Figures):
     server_ttft_p50_s: float | None = None
     server_ttft_p99_s: float | None = None
     server_ttft_count: Count | None = None
+    # The KV tier (kvplan.vllm.metric_names.TIER_COUNTERS), deltas over the point: tokens asked of the KV connector
+    # (vLLM's native CPU offloading, LMCache...) and found there; bytes and seconds of the native tier's loads
+    # (tier -> GPU) and stores (GPU -> tier). None where the server does not declare them.
+    external_queries: Count | None = None
+    external_hits: Count | None = None
+    offload_load_bytes: Count | None = None
+    offload_load_s: float | None = None
+    offload_store_bytes: Count | None = None
+    offload_store_s: float | None = None
     series: list[tuple[float, float, float, float, float]] = Field(default_factory=list)  # t, run, wait, kv, preempt
     incomplete: bool = False  # the server went away before the last scrape: figures up to the last one seen
 

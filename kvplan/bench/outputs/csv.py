@@ -39,6 +39,7 @@ def points_csv(points: list[PointResult]) -> str:
     head += [f"predicted_{m}_{k}_ms" for m in ("ttft", "itl", "tpot", "e2e") for k in ("p50", "p99")]
     head += ["predicted_output_tok_s"]
     head += [f"replay_{k}" for k in REPLAY_CSV_KEYS]  # --traffic points (kvplan.bench.replay); empty otherwise
+    head += list(TIER_CSV_KEYS)  # the KV tier's counters where the server declares them
     buf = io.StringIO()
     w = csv_writer(buf)
     w.writerow(head)
@@ -62,10 +63,13 @@ def points_csv(points: list[PointResult]) -> str:
                 row.append(None if v is None else round(v * 1000, 3))
         row.append(None if lat is None else lat.output_tokens_per_s)
         row += [None if p.replay is None else getattr(p.replay, k) for k in REPLAY_CSV_KEYS]
+        row += [getattr(srv, k) for k in TIER_CSV_KEYS]
         w.writerow(["" if v is None else v for v in row])
     return buf.getvalue()
 
 
+TIER_CSV_KEYS = ("external_queries", "external_hits", "offload_load_bytes", "offload_load_s", "offload_store_bytes",
+                 "offload_store_s")
 REPLAY_CSV_KEYS = ("sessions", "prefix_queries", "prefix_hits", "hit_rate", "predicted_hit_rate",
                    "predicted_hit_rate_low", "predicted_hit_rate_high", "predicted_preemption", "predicted_by")
 

@@ -67,6 +67,7 @@ def markdown(summary: BenchSummary) -> str:
     rate_mode = s.rate_mode
     slo = s.slo
     lines += replay_markdown(s.points)
+    lines += tier_markdown(s.points)
     lines += ["", "## Points", ""]
     if s.load_description:
         lines += [f"Load: {s.load_description}.", ""]
@@ -137,6 +138,32 @@ def replay_markdown(points: list[PointResult]) -> list[str]:
         lines.append(f"| {r.sessions} | {r.requests} | {num(r.prefix_queries)} | {pct(r.hit_rate)} | "
                      f"{pct(r.predicted_hit_rate)} | {pct(r.predicted_hit_rate_low)}-{pct(r.predicted_hit_rate_high)} | "
                      f"{'yes' if p.preempted else 'no'} ({want}) | {r.predicted_by} |")
+    return lines
+
+
+def tier_markdown(points: list[PointResult]) -> list[str]:
+    """The KV tier's counters per point (a KV connector: vLLM's native CPU offloading, LMCache...), where the server
+    declares them and the connector was asked anything or moved anything."""
+    rows = [p for p in points if p.server.external_queries or p.server.offload_load_bytes
+            or p.server.offload_store_bytes]
+    if not rows:
+        return []
+
+    def share(hits, queries):
+        return "-" if not queries or hits is None else f"{hits / queries:.1%}"
+
+    def gib_s(nbytes, seconds):
+        return "-" if nbytes is None else f"{nbytes / 2**30:.3f} GiB" + ("" if not seconds else f" in {seconds:.3f} s")
+
+    lines = ["", "## KV tier (the engine's connector counters)", "",
+             "| load | tokens asked of the tier | found there | loaded (tier -> GPU) | stored (GPU -> tier) |",
+             "|---|---:|---:|---:|---:|"]
+    for p in rows:
+        srv = p.server
+        where = f"{p.rate:g} requests/s" if p.mode == "rate" else f"concurrency {p.concurrency}"
+        lines.append(f"| {where} | {num(srv.external_queries)} | {share(srv.external_hits, srv.external_queries)} | "
+                     f"{gib_s(srv.offload_load_bytes, srv.offload_load_s)} | "
+                     f"{gib_s(srv.offload_store_bytes, srv.offload_store_s)} |")
     return lines
 
 
