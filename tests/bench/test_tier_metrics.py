@@ -103,6 +103,9 @@ def test_a_point_carries_the_deltas_and_the_reports_show_them(tmp_path):
     run = next(tmp_path.iterdir())
     report = (run / "report.md").read_text()
     assert "## KV tier (the engine's connector counters)" in report and "| 25.0% |" in report
+    html = (run / "report.html").read_text()
+    assert "<caption>KV tier (the engine's connector counters)</caption>" in html
+    assert "<td>25.0%</td>" in html
     header, row = (run / "points.csv").read_text().splitlines()[:2]
     cells = dict(zip(header.split(","), row.split(",")))
     assert int(cells["external_hits"]) * 4 == int(cells["external_queries"])

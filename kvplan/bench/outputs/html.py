@@ -8,7 +8,15 @@ import math
 from html import escape
 
 from kvplan.bench.outputs.registry import output
-from kvplan.bench.outputs.text import DEFINITIONS, PREDICTED_FIGURES, latency_model_text, onset_text, predicted_cells
+from kvplan.bench.outputs.text import (
+    DEFINITIONS,
+    PREDICTED_FIGURES,
+    TIER_HEAD,
+    latency_model_text,
+    onset_text,
+    predicted_cells,
+    tier_rows,
+)
 from kvplan.bench.results import BenchSummary, LatencyStats, PointResult
 from kvplan.bench.slo import describe_slo
 from kvplan.bench.store import RunStore
@@ -247,6 +255,7 @@ def html_report(summaries: list[BenchSummary], title: str | None = None) -> str:
         body.append(f"<h2>{escape(_run_name(s, i))}: points</h2>")
         body.append(_points_table(s))
         body.append(_replay_table(s))
+        body.append(_tier_table(s))
         body.append(_latency_table(s))
         if s.rate_search is not None:
             body.append(f"<p>Automatic rate search: {escape(s.rate_search.describe())}.</p>")
@@ -281,6 +290,16 @@ def _replay_table(s: BenchSummary) -> str:
         out.append("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in cells) + "</tr>")
     out.append("</table>")
     return "".join(out)
+
+
+def _tier_table(s: BenchSummary) -> str:
+    """The KV tier's counters per point, where the server declares a KV connector's."""
+    rows = tier_rows(s.points)
+    if not rows:
+        return ""
+    return ('<table class="tier"><caption>KV tier (the engine\'s connector counters)</caption><tr>'
+            + "".join(f"<th>{escape(h)}</th>" for h in TIER_HEAD) + "</tr>"
+            + "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in r) + "</tr>" for r in rows) + "</table>")
 
 
 def _latency_table(s: BenchSummary) -> str:

@@ -7,6 +7,7 @@ from kvplan.bench.outputs.registry import output
 from kvplan.bench.outputs.text import (
     DEFINITIONS,
     PREDICTED_FIGURES,
+    TIER_HEAD,
     int_or_none,
     latency_model_text,
     load_text,
@@ -14,6 +15,7 @@ from kvplan.bench.outputs.text import (
     onset_cell,
     p99_cell,
     predicted_cells,
+    tier_rows,
 )
 from kvplan.bench.results import BenchSummary, PlannerCapacity, PointResult
 from kvplan.bench.slo import describe_slo
@@ -143,28 +145,12 @@ def replay_markdown(points: list[PointResult]) -> list[str]:
 
 def tier_markdown(points: list[PointResult]) -> list[str]:
     """The KV tier's counters per point (a KV connector: vLLM's native CPU offloading, LMCache...), where the server
-    declares them and the connector was asked anything or moved anything."""
-    rows = [p for p in points if p.server.external_queries or p.server.offload_load_bytes
-            or p.server.offload_store_bytes]
+    declares them."""
+    rows = tier_rows(points)
     if not rows:
         return []
-
-    def share(hits, queries):
-        return "-" if not queries or hits is None else f"{hits / queries:.1%}"
-
-    def gib_s(nbytes, seconds):
-        return "-" if nbytes is None else f"{nbytes / 2**30:.3f} GiB" + ("" if not seconds else f" in {seconds:.3f} s")
-
-    lines = ["", "## KV tier (the engine's connector counters)", "",
-             "| load | tokens asked of the tier | found there | loaded (tier -> GPU) | stored (GPU -> tier) |",
-             "|---|---:|---:|---:|---:|"]
-    for p in rows:
-        srv = p.server
-        where = f"{p.rate:g} requests/s" if p.mode == "rate" else f"concurrency {p.concurrency}"
-        lines.append(f"| {where} | {num(srv.external_queries)} | {share(srv.external_hits, srv.external_queries)} | "
-                     f"{gib_s(srv.offload_load_bytes, srv.offload_load_s)} | "
-                     f"{gib_s(srv.offload_store_bytes, srv.offload_store_s)} |")
-    return lines
+    return ["", "## KV tier (the engine's connector counters)", "", "| " + " | ".join(TIER_HEAD) + " |",
+            "|---|---:|---:|---:|---:|", *("| " + " | ".join(r) + " |" for r in rows)]
 
 
 def latency_markdown(summary: BenchSummary) -> list[str]:

@@ -34,6 +34,30 @@ def onset_cell(measured: Onset | None, predicted: int | None, has_prediction: bo
     return text
 
 
+TIER_HEAD = ("load", "tokens asked of the tier", "found there", "loaded (tier -> GPU)", "stored (GPU -> tier)")
+
+
+def tier_rows(points: list[PointResult]) -> list[tuple[str, ...]]:
+    """The KV tier's counters per point (TIER_HEAD's cells), for the points whose KV connector was asked anything or
+    moved anything; none where the server declares no tier."""
+
+    def share(hits, queries) -> str:
+        return "-" if not queries or hits is None else f"{hits / queries:.1%}"
+
+    def moved(nbytes, seconds) -> str:
+        return "-" if nbytes is None else f"{nbytes / 2**30:.3f} GiB" + (f" in {seconds:.3f} s" if seconds else "")
+
+    rows = []
+    for p in points:
+        srv = p.server
+        if not (srv.external_queries or srv.offload_load_bytes or srv.offload_store_bytes):
+            continue
+        where = f"{p.rate:g} requests/s" if p.mode == "rate" else f"concurrency {p.concurrency}"
+        rows.append((where, num(srv.external_queries), share(srv.external_hits, srv.external_queries),
+                     moved(srv.offload_load_bytes, srv.offload_load_s), moved(srv.offload_store_bytes, srv.offload_store_s)))
+    return rows
+
+
 DEFINITIONS = (
     "Latencies count from each request's scheduled time (closed loop: the point's start, then the end of the "
     "stream's previous request; open loop: its drawn arrival time), not from when it was actually sent; the "
