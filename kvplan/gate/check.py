@@ -54,8 +54,12 @@ from kvplan.errors import KvplanError
 from kvplan.gate.spec import Spec, SpecEntry, SpecErrors, SpecIssue
 from kvplan.paths import load_user_json
 from kvplan.plan.capacity import blocks_needed, request_load
+from kvplan.plan.fit import latency_floor
+from kvplan.plan.fleet import MAX_REPLICAS, replica_at, replicas_for_rate
 from kvplan.plan.prefix_cache import workload_plan
+from kvplan.plan.simulate import SchedulerConfig
 from kvplan.plan.size import gpu_flag
+from kvplan.plan.steptime import model_for
 from kvplan.traffic.loaders import load_traffic
 from kvplan.units import cdiv
 
@@ -540,11 +544,6 @@ class Planner:
 
     def _fleet(self, entry: SpecEntry, cap, replicas: int) -> FleetCheck:
         """``rate:``: each of the deployment's replicas at its share against the SLOs; and the fewest that would do."""
-        from kvplan.plan.fit import latency_floor
-        from kvplan.plan.fleet import MAX_REPLICAS, replica_at, replicas_for_rate
-        from kvplan.plan.simulate import SchedulerConfig
-        from kvplan.plan.steptime import model_for
-
         d = entry.deployment
         searched = max(min(MAX_REPLICAS, max(64, 4 * replicas)), replicas)
         try:

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kvplan.errors import KvplanError
-from kvplan.plan.simulate import Lengths, SchedulerConfig, open_loop, poisson_arrivals
+from kvplan.plan.simulate import Lengths, SchedulerConfig, StepBatch, open_loop, poisson_arrivals
 from kvplan.plan.steptime import LatencyPrediction, StepTimeModel, predict_latency
 
 #: Requests simulated per replica and count: enough for a p99 of 5 requests above it.
@@ -175,8 +175,6 @@ def decode_replica(model: StepTimeModel, usable_blocks: int, blocks_per_request:
     """The busiest steady state of one decode instance whose step meets ``step_target_s``; None if one request
     alone misses it or does not fit. A step of n decodes reads n contexts of the mean length, prompt + output / 2
     (StepBatch's counts: kv_tokens_read and attention_pairs, context + 1 each)."""
-    from kvplan.plan.simulate import StepBatch
-
     context = prompt + output // 2 + 1
 
     def step(n: int) -> float:
