@@ -139,6 +139,12 @@ class VllmRules:
     # ... and with one KV group a rank pins one cross-layer tensor (the connector prefers that layout), which MLA
     # backends allow from 0.24 (their layered stride order; before, one tensor per layer, mla_attention.py).
     offload_cross_layer_mla: bool = True
+    # The V1 engine prints "GPU KV cache size" and "Maximum concurrency" once per rank, each from that rank's own
+    # available memory, before it gives every rank the smallest rank's blocks (`get_kv_cache_config` per worker,
+    # then `unify_kv_cache_configs`, v1/engine/core.py; read in 0.8.5, 0.9.2, 0.10.0, 0.10.1.1, 0.10.2, 0.11.0); from
+    # 0.11.1 once, after that minimum (`_report_kv_cache_config` in `get_kv_cache_configs`, `info_once`). So
+    # before 0.11.1 a quoted token line and a quoted memory line of a multi-GPU engine may be different ranks'.
+    capacity_logged_per_rank: bool = False
 
     note: str | None = None  # when the asked release is outside what kvplan has read
 
@@ -184,6 +190,7 @@ def rules_for(version: str | None = None) -> VllmRules:
         note=note,
         version=".".join(map(str, v)),
         engine="v0" if v < (0, 8, 0) else "v1",
+        capacity_logged_per_rank=(0, 8, 0) <= v < (0, 11, 1),
         default_gpu_memory_utilization=0.92 if v >= (0, 20, 0) else 0.9,
         subtracts_cudagraph_memory=v >= (0, 20, 0),
         token_report=token_report,

@@ -222,19 +222,20 @@ def _last(pattern: re.Pattern[str], text: str) -> re.Match[str] | None:
     return matches[-1] if matches else None
 
 
-def _smallest_of_last_start(pattern: re.Pattern[str], text: str) -> re.Match[str] | None:
-    """The match of the smallest figure among those of the last start-up: every TP / PP worker prints its own
-    "Available KV cache memory" ("(Worker_TP1 pid=...) ..."), and the engine gives every rank the blocks of the
-    smallest ("Change the num_blocks of each rank to the smallest among all ranks", ``get_kv_cache_configs``,
-    v1/core/kv_cache_utils.py@0.32.0). The last start-up: the lines after the last engine banner before the last
-    match (a log of several starts keeps only the last one's)."""
+def _smallest_of_last_start(pattern: re.Pattern[str], text: str, group: int = 1) -> re.Match[str] | None:
+    """The match of the smallest figure (``group``) among those of the last start-up: every TP / PP worker prints
+    its own "Available KV cache memory" ("(Worker_TP1 pid=...) ..."), and up to 0.11.0 the engine its "GPU KV cache
+    size" and "Maximum concurrency" once per rank from that rank's memory (``capacity_logged_per_rank``); the
+    engine gives every rank the blocks of the smallest ("Change the num_blocks of each rank to the smallest among
+    all ranks", ``get_kv_cache_configs``, v1/core/kv_cache_utils.py@0.32.0). The last start-up: the lines after
+    the last engine banner before the last match (a log of several starts keeps only the last one's)."""
     matches = list(pattern.finditer(text))
     if not matches:
         return None
     starts = [b.start() for b in _ENGINE_INIT.finditer(text, 0, matches[-1].start())]
     starts += [b.start() for b in _BANNER_VERSION.finditer(text, 0, matches[-1].start())]
     since = max(starts, default=-1)
-    return min((m for m in matches if m.start() > since), key=lambda m: float(m.group(1)))
+    return min((m for m in matches if m.start() > since), key=lambda m: float(m.group(group).replace(",", "")))
 
 
 # --- patterns -------------------------------------------------------------------------------
@@ -583,13 +584,13 @@ def _read_blocks(found: _Found) -> None:
 def _read_tokens(found: _Found) -> None:
     """Tokens and concurrency (two lines or one)."""
     text = found.text
-    m = _last(_KV_TOKENS, text)
+    m = _smallest_of_last_start(_KV_TOKENS, text, group=2)
     if m:
         found.put("kv_cache_tokens", _int(m.group(2)), m.start())
         if m.group(1):
             found.put("kv_pool", m.group(1), m.start())
             found.put("platform", found.fields.get("platform") or _platform_name(m.group(1).split(" ")[0]), m.start())
-    m = _last(_CONCURRENCY, text)
+    m = _smallest_of_last_start(_CONCURRENCY, text, group=2)
     if m:
         found.put("max_concurrency_tokens", _int(m.group(1)), m.start())
         found.put("max_concurrency", float(m.group(2)), m.start())

@@ -104,8 +104,10 @@ def test_a_hybrid_reported_at_0_24_is_exact_in_page_math(result):
 def test_goals_as_the_shipped_reports_give_them(result):
     goals = {g.name: g for g in result.goals}
     page = goals["page math: KV tokens"]
-    # kv044 and kv047 (hybrids at 0.24.0) and kv049 (0.21.0) among them; kv048 misses (1.15%).
-    assert page.met and "9/10" in page.achieved and "kv048" in page.achieved
+    # kv044 and kv047 (hybrids at 0.24.0) and kv049 (0.21.0) among them; kv048's lines may be two ranks' (1.15%
+    # apart): shown, named, not judged (test_qwen3_235b_fp8_tp4_page_math_miss).
+    assert page.met and page.achieved.startswith("9/9 (100%)")
+    assert "not judged (lines of different ranks): kv048" in page.achieved
     full = next(s for s in result.summaries if s.mode == "full" and s.quantity == "available_kv_gib" and s.subset == "all")
     assert full.n == 18 and full.median_abs_pct <= 5
     # The median goal and the "of requested" goal hold; the p90 goal is MISSED (docs/accuracy.md, "Misses"):
@@ -156,9 +158,18 @@ def test_qwen3_235b_fp8_tp4_page_math_miss(result):
     # kv048 (vllm#21348): 94 layers, 4 KV heads / TP 4 = 1 head of 128 per GPU, bf16: a 16-token block
     # = 16 x 94 x 2 x 1 x 128 x 2 B = 770,048 B; 8.11 GiB = 8,708,190,453 B -> 11,308 blocks -> 180,928
     # tokens. The engine printed 178,880 = 11,180 blocks (8.02 GiB): 128 blocks fewer, far outside the
-    # printing's rounding (the cause is not in the report; docs/accuracy.md, "Misses").
-    t = case(result, "kv048", "page").get("tokens")
+    # printing's rounding. vLLM 0.9.2 prints "Available KV cache memory" in every worker and "GPU KV cache size"
+    # once per rank from that rank's memory, then keeps the smallest rank's blocks (v1/engine/core.py@0.9.2
+    # `_initialize_kv_caches`: get_kv_cache_config per worker, then unify_kv_cache_configs): the report quotes one
+    # line of each of 4 GPUs, so they may be two ranks'. 11,180 x 770,048 B = 8,609,136,640 B = 8.018 GiB.
+    c = case(result, "kv048", "page")
+    t = c.get("tokens")
     assert (t.predicted, t.reported) == (180_928, 178_880)
+    assert c.ranks_unpaired
+    assert any("178,880 tokens are 8.018 GiB" in lim and "-0.092 GiB" in lim for lim in c.limits)
+    # A single-GPU report, or one of a release that prints once after the minimum (0.11.1+), is judged.
+    assert not case(result, "kv049", "page").ranks_unpaired
+    assert not case(result, "kv036", "page").ranks_unpaired
 
 
 def test_qwen3_8b_page_math_at_0_21(result):

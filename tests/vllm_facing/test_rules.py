@@ -322,6 +322,7 @@ def test_every_rule_field_is_covered():
         "free_uncached_first", "prefix_stats_at_admission", "mamba_counts_speculative_blocks",
         "speculative_conv_variants", "max_len_check_reserves_null_block", "dsv4_packed_layout", "dsv4_auto_fp8_ds_mla",
         "draft_kv_cache_dtype", "draft_model_keeps_target_kv_dtype", "offload_memory", "offload_cross_layer_mla",
+        "capacity_logged_per_rank",
     }
     assert set(rules_for(None).__dataclass_fields__) == tested
 
@@ -389,6 +390,8 @@ def test_release_boundaries():
     # the native offload tier: never built (0.11.1), pinned torch tensors (0.19.1), one shared region (0.27, PR #50094)
     assert flips("offload_memory") == [("0.19.1", "pinned"), ("0.27.1", "region")]
     assert flips("offload_cross_layer_mla") == [("0.24.0", True)]
+    # a "GPU KV cache size" line per rank before the minimum (core.py@0.11.0), once after it (0.11.1)
+    assert flips("capacity_logged_per_rank") == [("0.8.5", True), ("0.11.1", False)]
 
 
 def test_rules_are_a_value_not_shared_state():

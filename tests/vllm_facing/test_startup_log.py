@@ -191,11 +191,14 @@ def test_overrides_and_early_v1_gpu_blocks():
 
 
 def test_last_start_wins_and_ansi_is_ignored():
+    banner = "\x1b[32mINFO\x1b[0m Initializing a V1 LLM engine (v0.10.2) with config: model='m'\n"
     text = (
-        "\x1b[32mINFO\x1b[0m GPU KV cache size: 1,000 tokens\n"
-        "\x1b[32mINFO\x1b[0m GPU KV cache size: 2,000 tokens\n"
+        banner + "\x1b[32mINFO\x1b[0m GPU KV cache size: 1,000 tokens\n"
+        + banner + "\x1b[32mINFO\x1b[0m GPU KV cache size: 2,000 tokens\n"
     )
     assert parse_startup_log(text).kv_cache_tokens == 2000
+    # Two lines of one start are two ranks' (up to 0.11.0): the engine's pool is the smaller.
+    assert parse_startup_log(text.replace(banner, "", 1).replace(banner, "")).kv_cache_tokens == 1000
 
 
 def test_non_default_args_with_non_literal_reprs():
@@ -256,3 +259,27 @@ def test_every_rank_prints_its_own_available_memory_and_the_smallest_is_the_pool
     assert parse_startup_log(second).available_kv_gib == 2.27  # rank 0's, not the last line's 2.30
     assert parse_startup_log(first + second).available_kv_gib == 2.27  # the earlier start's 1.95 is not this pool
     assert parse_startup_log(first).available_kv_gib == 1.95  # rank 0's, printed before rank 1's 2.10
+
+
+def test_up_to_0_11_0_every_rank_prints_its_own_pool_and_the_smallest_is_the_engines():
+    """Up to 0.11.0 the engine prints "GPU KV cache size" and "Maximum concurrency" once per rank, each from that
+    rank's own memory, before it gives every rank the smallest's blocks (`get_kv_cache_config` per worker, then
+    `unify_kv_cache_configs`, v1/engine/core.py@0.11.0; `capacity_logged_per_rank`). The pool is the smallest
+    rank's, so the token and concurrency lines read must be that rank's too, not the last printed.
+
+    Qwen3-8B at TP 2 by hand: 36 layers x 4 KV heads a rank x 128 x 2 (K, V) x 2 B = 73,728 B a token, 1,179,648 B
+    a block of 16. Rank 0: 2.27 GiB -> 2,066 blocks -> 33,056 tokens, 2,066 / 2,560 = 0.81x at 40,960 tokens;
+    rank 1: 2.30 GiB -> 2,093 blocks -> 33,488 tokens, 0.82x."""
+    core = "(EngineCore_DP0 pid=1) INFO 11-06 10:51:{s} [{where}] {what}\n"
+    log = (core.format(s="00", where="core.py:93", what="Initializing a V1 LLM engine (v0.11.0) with config: "
+                       "model='Qwen/Qwen3-8B', tensor_parallel_size=2")
+           + "(Worker_TP1 pid=3) INFO 11-06 10:51:48 [gpu_worker.py:298] Available KV cache memory: 2.30 GiB\n"
+           + "(Worker_TP0 pid=2) INFO 11-06 10:51:48 [gpu_worker.py:298] Available KV cache memory: 2.27 GiB\n"
+           + core.format(s="49", where="kv_cache_utils.py:1087", what="GPU KV cache size: 33,056 tokens")
+           + core.format(s="49", where="kv_cache_utils.py:1091",
+                         what="Maximum concurrency for 40,960 tokens per request: 0.81x")
+           + core.format(s="49", where="kv_cache_utils.py:1087", what="GPU KV cache size: 33,488 tokens")
+           + core.format(s="49", where="kv_cache_utils.py:1091",
+                         what="Maximum concurrency for 40,960 tokens per request: 0.82x"))
+    r = parse_startup_log(log)
+    assert (r.available_kv_gib, r.kv_cache_tokens, r.max_concurrency) == (2.27, 33_056, 0.81)
