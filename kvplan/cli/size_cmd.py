@@ -9,6 +9,7 @@ import typer
 
 from kvplan.cli.common import parse_overrides, print_json, user_errors
 from kvplan.errors import ExitCode
+from kvplan.hardware.host import local_host_memory_bytes
 from kvplan.plan.schema import Settings, SizePlan
 from kvplan.units import format_bytes, format_range, format_tokens, parse_bytes, parse_fraction, parse_tokens
 
@@ -98,6 +99,7 @@ def size(
     allow_unverified: bool = typer.Option(False, "--allow-unverified-layout", help="Plan a model_type kvplan has no rules for as a plain decoder (marked UNVERIFIED).", rich_help_panel="vLLM release and layout"),
     steptime: Optional[str] = typer.Option(None, "--steptime", metavar="RUN", help="Latency from a step-time model calibrated on a bench run (`kvplan calibrate --bench RUN`) instead of the prior.", rich_help_panel="Workload"),
     kv_offloading_size: Optional[float] = typer.Option(None, "--kv-offloading-size", metavar="GiB", help="vLLM's CPU offload tier, GiB over the engine's ranks: the chunks, host memory and tokens vLLM's native backend gives it.", rich_help_panel="KV cache"),
+    host_memory: Optional[str] = typer.Option(None, "--host-memory", metavar="SIZE", help="RAM of the host one engine runs on (2TiB): the CPU offload tier must fit in it (default with --gpu auto: this machine's).", rich_help_panel="KV cache"),
     kv_offloading_backend: Optional[str] = typer.Option(None, "--kv-offloading-backend", metavar="BACKEND", help="native (vLLM's default) or lmcache (its server holds the capacity: nothing to size).", rich_help_panel="KV cache"),
     pd_decode_tp: Optional[int] = typer.Option(None, "--pd-decode-tp", metavar="N", help="Prefill/decode disaggregation (vLLM's NixlConnector): this deployment prefills, a decode instance at TP N reads the KV; prints the bytes each rank moves and the time per link.", rich_help_panel="KV cache"),
     pd_prompt: Optional[str] = typer.Option(None, "--pd-prompt", metavar="TOKENS", help="--pd-decode-tp: the prompt moved (default: the context length).", rich_help_panel="KV cache"),
@@ -166,6 +168,7 @@ def size(
         enable_expert_parallel=expert_parallel,
         kv_offloading_size=kv_offloading_size,
         kv_offloading_backend=kv_offloading_backend,
+        host_memory_bytes=_host_memory(host_memory, gpu),
         pd_decode_tp=pd_decode_tp,
         pd_prompt_tokens=_opt_tokens(pd_prompt, "--pd-prompt"),
         pd_decode_hit_tokens=0 if pd_decode_hit is None else parse_tokens(pd_decode_hit, "--pd-decode-hit", allow_zero=True),
@@ -194,6 +197,15 @@ def size(
     else:
         render(plan)
     raise typer.Exit(ExitCode.OK if plan.fits and (plan.fits_across_range or not strict) else ExitCode.DOES_NOT_FIT)
+
+
+def _host_memory(text: Optional[str], gpu: Optional[str]) -> Optional[int]:
+    """--host-memory, else this machine's RAM when the GPUs are this machine's (--gpu auto), else unknown."""
+    if text is not None:
+        return parse_bytes(text, "host memory")
+    if gpu is not None and gpu.strip().lower() == "auto":
+        return local_host_memory_bytes()
+    return None
 
 
 def _workload_plan(plan: SizePlan, path: str, options: Optional[list[str]]):

@@ -80,6 +80,9 @@ class Settings:
     # the GPU pool (kvplan.plan.offload); the pool itself is planned as without it.
     kv_offloading_size: float | None = None
     kv_offloading_backend: str | None = None  # None: vLLM's default, native
+    # The RAM of the host one engine runs on, bytes (--host-memory; the local MemTotal with --gpu auto): the CPU
+    # tier's host memory must fit in it. None: not known, not checked.
+    host_memory_bytes: int | None = None
     # Prefill/decode disaggregation over vLLM's NixlConnector (kvplan.plan.disagg): this deployment is the
     # prefill instance; the decode instance's TP, the prompt moved (None: the context length) and the tokens
     # the decode's own prefix cache already holds. None: no P/D transfer asked.

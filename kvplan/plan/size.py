@@ -31,7 +31,7 @@ from kvplan.plan.schema import (
     Suggestion,
 )
 from kvplan.plan.steptime import model_for, quick_latency
-from kvplan.units import cdiv, format_bytes, format_share, format_tokens
+from kvplan.units import GiB, cdiv, format_bytes, format_share, format_tokens
 from kvplan.vllm.args import engine_values, to_vllm_args
 from kvplan.vllm.rules import VllmRules
 
@@ -486,6 +486,13 @@ def _offload(cap: Capacity, settings: Settings, steptime: object | None):
     """The CPU tier, with reload vs recompute where the catalog knows the GPU's host link and the step-time
     model can be built (one KV group only: sliding-window and recurrent groups reload part of a prefix)."""
     tier = offload_tier_for(cap, settings.kv_offloading_size, settings.kv_offloading_backend or "native")
+    host = settings.host_memory_bytes
+    if tier is not None and host and tier.host_bytes > host:
+        pinned = " (pinned tensors, each rounded up to a power of two)" if cap.rules.offload_memory == "pinned" else ""
+        raise KvplanError(f"the CPU offload tier of {settings.kv_offloading_size:g} GiB takes "
+                          f"{tier.host_bytes / GiB:,.2f} GiB of host memory on {cap.rules.label}{pinned}, more than "
+                          f"the host's {host / GiB:,.2f} GiB", "lower --kv-offloading-size, or give the host's RAM "
+                          "with --host-memory")
     device = cap.device
     if tier is None or not device.host_link_gbps or cap.layout.num_kv_groups != 1 or cap.has_state:
         return tier
