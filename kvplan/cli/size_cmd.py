@@ -12,6 +12,7 @@ from kvplan.errors import ExitCode
 from kvplan.hardware.host import local_host_memory_bytes
 from kvplan.plan.schema import Settings, SizePlan
 from kvplan.units import format_bytes, format_range, format_tokens, parse_bytes, parse_fraction, parse_tokens
+from kvplan.vllm.rules import first_release
 
 EXAMPLES = """
 Examples:
@@ -91,7 +92,7 @@ def size(
     offline: bool = typer.Option(False, "--offline", help="Do not contact the Hub (HF_HUB_OFFLINE=1 does the same).", rich_help_panel="Model and GPUs"),
     set_: Optional[list[str]] = typer.Option(None, "--set", help="Override a config field: --set num_key_value_heads=8 (repeatable).", metavar="FIELD=VALUE", rich_help_panel="Model and GPUs"),
     prefix_caching: Optional[bool] = typer.Option(None, "--enable-prefix-caching/--no-enable-prefix-caching", "--prefix-caching/--no-prefix-caching", help="vLLM's prefix caching (default on; off also turns Mamba 'align' state caching off).", rich_help_panel="KV cache"),
-    async_scheduling: Optional[bool] = typer.Option(None, "--async-scheduling/--no-async-scheduling", help="vLLM's async scheduling (default on from 0.32 unless --pp > 1): 2 batches in flight.", rich_help_panel="vLLM scheduler"),
+    async_scheduling: Optional[bool] = typer.Option(None, "--async-scheduling/--no-async-scheduling", help=f"vLLM's async scheduling (on by default from {first_release('async_scheduling_default')} unless --pp > 1; from {first_release('inflight_counts_concurrent_batches')} sliding-window layers then hold 2 batches in flight).", rich_help_panel="vLLM scheduler"),
     mamba_ssm_cache_dtype: StateDtype = typer.Option(StateDtype.auto, "--mamba-ssm-cache-dtype", help="SSM state dtype of Mamba / linear-attention layers.", rich_help_panel="KV cache"),
     expert_parallel: bool = typer.Option(False, "--enable-expert-parallel", help="vLLM's expert parallel: whole MoE experts per GPU (over all tp x dp GPUs, as without it).", rich_help_panel="Parallelism"),
     dcp: int = typer.Option(1, "--decode-context-parallel-size", "--dcp", help="vLLM's decode context parallel size (a block holds block_size x DCP tokens).", metavar="N", rich_help_panel="Parallelism"),

@@ -162,6 +162,11 @@ def parse_version(text: str) -> tuple[int, int, int]:
     return int(major), int(minor), int(patch or 0)
 
 
+def first_release(field: str) -> str:
+    """The first release kvplan has read whose rule ``field`` is on: help texts name it from here, never by hand."""
+    return next(v for v in KNOWN_VERSIONS if getattr(rules_for(v), field))
+
+
 def text_of(v: tuple[int, int, int]) -> str:
     return ".".join(map(str, v))
 
