@@ -25,9 +25,9 @@ FLOORS: dict[str, int] = {
     # 4: vLLM-facing readers and the engine's own code: flags, start-up logs, twins, the probe
     "kvplan.vllm": 4,
     # 5: one deployment resolved end to end (model + GPUs + settings -> plan)
-    "kvplan.deploy": 5,
+    "kvplan.deploy": 5, "kvplan.engines": 5,
     # 6: the wings: bench, validate, gate
-    "kvplan.bench": 6, "kvplan.validate": 6, "kvplan.gate": 6,
+    "kvplan.bench": 6, "kvplan.validate": 6, "kvplan.gate": 6, "kvplan.api": 6,
     # 7: the command line
     "kvplan.cli": 7, "kvplan.__main__": 7,
 }

@@ -1,0 +1,85 @@
+"""The door for an inference engine: what sizing a deployment on it answers, engine by engine.
+
+An engine is one module in this package that registers an ``Engine`` with ``@engine``; `kvplan size --engine NAME`
+(and ``all``) finds it here. Each engine sizes one deployment with its own rules per release, read in its own
+source and cited as ``path@version``: vLLM's are in kvplan/vllm/rules.py and kvplan/plan/ (the planner proper),
+SGLang's in kvplan/sglang/. The result is an ``EnginePool``, the same record for every engine, so engines can be
+printed side by side with the terms that differ.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from kvplan.errors import KvplanError
+from kvplan.plan.schema import MemoryTerm, Settings
+
+if TYPE_CHECKING:
+    from kvplan.deploy import ResolvedModel
+    from kvplan.hardware.catalog import GpuSelection
+
+
+@dataclass(frozen=True, eq=False)
+class EnginePool:
+    """One engine's KV pool for one deployment, per replica (per GPU where a name says so)."""
+
+    engine: str  # registry name: "vllm", "sglang"
+    engine_label: str  # "vLLM 0.33.0"
+    model: str
+    gpu: str
+    gpu_count: int
+    tensor_parallel_size: int
+    replicas: int
+    kv_cache_dtype: str
+    kv_bytes_per_token_per_gpu: int
+    page_tokens: int  # vLLM's block size, SGLang's page_size: the pool is allocated in these
+    memory_terms: list[MemoryTerm]  # per GPU, as the engine's own budget names them
+    kv_memory_bytes_per_gpu: int  # what the engine gives its KV pool on each GPU
+    pool_tokens: int  # tokens of context the pool holds, as the engine prints it
+    pool_pages: int
+    max_model_len: int
+    requests_at_context: float  # requests of max_model_len tokens that fit in the pool at once
+    max_running_requests: int  # the engine's own cap on running requests
+    request_tokens: int  # the asked workload: tokens a request holds at its end
+    concurrency: int  # ... and how many at once
+    fits: bool  # the engine starts and the asked concurrency of such requests fits
+    verdict: str
+    startup_lines: list[str]  # what the engine prints about its pool at start-up
+    launch_command: str
+    engine_flags: dict[str, str] = field(default_factory=dict)  # the engine's pool flags and the values used
+    notes: list[str] = field(default_factory=list)
+
+
+class Engine(Protocol):
+    """What kvplan needs of an engine to size a deployment on it."""
+
+    name: str  # the registry name, `--engine NAME`
+    label: str  # "vLLM", "SGLang"
+    known_versions: tuple[str, ...]  # the releases whose source was read, oldest first
+    newest_known: str
+
+    def size(self, model: ResolvedModel, gpus: GpuSelection, settings: Settings, version: str | None) -> EnginePool:
+        """The pool of ``settings`` on ``gpus`` under release ``version`` (None: the newest known); a deployment the
+        engine refuses raises KvplanError with the engine's reason."""
+        ...
+
+
+ENGINES: dict[str, Engine] = {}
+
+
+def engine(cls):
+    """Class decorator: register one instance of an Engine under its ``name``."""
+    instance = cls()
+    if instance.name in ENGINES:
+        raise KvplanError(f"two engines named {instance.name!r}")
+    ENGINES[instance.name] = instance
+    return cls
+
+
+def engine_named(name: str) -> Engine:
+    """The registered engine ``name``; an unknown name is a one-line error naming the known ones."""
+    found = ENGINES.get(str(name).strip().lower())
+    if found is None:
+        raise KvplanError(f"unknown engine {name!r}", f"use one of {', '.join(sorted(ENGINES))}, or all")
+    return found
