@@ -52,8 +52,17 @@ def size(model: str, gpu: str | None = None, *, gpus: int | None = None, gpu_mem
          source: str = "auto", offline: bool | None = None, **engine_args: object) -> SizePlan:
     """`kvplan size MODEL --gpu GPU ...` as a `SizePlan` (suggestions included when it does not fit)."""
     resolved = load_model(model, source=source, offline=offline)
-    chosen = settings(ctx, concurrency, prompt, output, shared_prefix, **engine_args)
-    return plan_deployment(resolved, select_gpus(gpu, gpus, gpu_mem), chosen, vllm_version)
+    selection = select_gpus(gpu, gpus, gpu_mem)
+    chosen = settings(ctx, concurrency, prompt, output, shared_prefix, **_tp_over_all_gpus(engine_args, selection))
+    return plan_deployment(resolved, selection, chosen, vllm_version)
+
+
+def _tp_over_all_gpus(engine_args: dict[str, object], selection) -> dict[str, object]:
+    """As the command line: TP over all the GPUs (per pipeline stage) unless given."""
+    if "tensor_parallel_size" in engine_args:
+        return engine_args
+    pp = engine_args.get("pipeline_parallel_size", 1)
+    return {**engine_args, "tensor_parallel_size": max(1, selection.count // pp if isinstance(pp, int) and pp > 0 else 1)}
 
 
 def size_engines(model: str, gpu: str | None = None, *, engines: tuple[str, ...] | None = None,
@@ -64,7 +73,7 @@ def size_engines(model: str, gpu: str | None = None, *, engines: tuple[str, ...]
     """`kvplan size MODEL --engine all`: one `EnginePool` per engine (``engines``: names; default every one kvplan
     sizes), each under its newest known release unless ``versions`` names one (``{"sglang": "0.5.3"}``)."""
     resolved = load_model(model, source=source, offline=offline)
-    chosen = settings(ctx, concurrency, prompt, output, shared_prefix, **engine_args)
     selection = select_gpus(gpu, gpus, gpu_mem)
+    chosen = settings(ctx, concurrency, prompt, output, shared_prefix, **_tp_over_all_gpus(engine_args, selection))
     names = engines or tuple(ENGINES)
     return [engine_named(n).size(resolved, selection, chosen, (versions or {}).get(n)) for n in names]

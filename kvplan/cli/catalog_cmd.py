@@ -73,6 +73,7 @@ def models(
 
 SCHEMAS = {
     "size": ("kvplan.plan.schema", "SizePlan"),
+    "size-engines": ("kvplan.engines.base", "EnginePools"),  # kvplan size --engine sglang|all
     "gpus": ("kvplan.plan.schema", "list[GpuRow]"),
     "models": ("kvplan.plan.schema", "list[ModelRow]"),
     "fit": ("kvplan.plan.schema", "FitOutput"),

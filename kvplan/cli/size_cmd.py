@@ -26,6 +26,8 @@ Examples:
   kvplan size ./my-model/ --gpu-mem 24GiB --prompt 2k --output 512 -c 16 --shared-prefix 1k
 
   kvplan size openai/gpt-oss-120b --gpu H100 --kv-memory 5.38GiB --vllm-version 0.11.0
+
+  kvplan size Qwen/Qwen3-32B --ctx 32k --gpu 2xH100 --engine all
 """
 
 
@@ -44,6 +46,12 @@ class Usage(str, Enum):
 class Layout(str, Enum):
     rules = "rules"
     engine = "engine"
+
+
+class EngineChoice(str, Enum):
+    vllm = "vllm"
+    sglang = "sglang"
+    all = "all"
 
 
 class StateDtype(str, Enum):
@@ -87,6 +95,10 @@ def size(
     draft_layers: int = typer.Option(0, "--draft-layers", help="Speculative decoding: the draft's KV layers, where --speculative-config cannot tell them (a draft model) or without it.", metavar="N", rich_help_panel="KV cache"),
     usage: Usage = typer.Option(Usage.serve, "--usage", help="serve (vllm serve) or llm (offline LLM class): picks vLLM's defaults.", rich_help_panel="vLLM scheduler"),
     vllm_version: Optional[str] = typer.Option(None, "--vllm-version", help="Accounting rules of this vLLM release (default: newest known).", metavar="VERSION", rich_help_panel="vLLM release and layout"),
+    engine: EngineChoice = typer.Option(EngineChoice.vllm, "--engine", help="Size for this engine: vllm, sglang, or all side by side.", rich_help_panel="vLLM release and layout"),
+    engine_version: Optional[str] = typer.Option(None, "--engine-version", help="Release of a non-vLLM --engine (default: the newest kvplan has read; SGLang 0.4.6-0.5.23).", metavar="VERSION", rich_help_panel="vLLM release and layout"),
+    mem_fraction_static: Optional[float] = typer.Option(None, "--mem-fraction-static", help="SGLang's --mem-fraction-static (default: SGLang's own heuristic of the GPU).", metavar="FRACTION", rich_help_panel="vLLM release and layout"),
+    page_size: Optional[int] = typer.Option(None, "--page-size", help="SGLang's --page-size in tokens (default 1).", metavar="TOKENS", rich_help_panel="vLLM release and layout"),
     revision: Optional[str] = typer.Option(None, "--revision", help="Hub revision of the config.", metavar="REV", rich_help_panel="Model and GPUs"),
     source: Source = typer.Option(Source.auto, "--source", help="auto (local, Hub, bundled), local, hub or bundled.", rich_help_panel="Model and GPUs"),
     offline: bool = typer.Option(False, "--offline", help="Do not contact the Hub (HF_HUB_OFFLINE=1 does the same).", rich_help_panel="Model and GPUs"),
@@ -181,6 +193,32 @@ def size(
         vllm_version = installed_vllm_version()  # the layout and the rules of one release
     resolved = load_model(model, revision, source, True if offline else None, parse_overrides(set_),
                           allow_unverified=allow_unverified, layout=layout, vllm_version=vllm_version)
+    engine_name = EngineChoice(engine).value
+    if engine_name != "vllm" or engine_version or mem_fraction_static is not None or page_size is not None:
+        from kvplan.cli.engine_view import render_pool, render_side_by_side
+        from kvplan.engines import ENGINES, EngineOptions, EnginePools, engine_named
+
+        for flag, given in (("--workload", workload), ("--kv-offloading-size", kv_offloading_size),
+                            ("--pd-decode-tp", pd_decode_tp), ("--steptime", steptime), ("--strict", strict or None)):
+            if given is not None:
+                raise KvplanError(f"{flag} is for vLLM plans", "drop it, or size with --engine vllm")
+        if engine_name == "all" and engine_version:
+            raise KvplanError("--engine-version names a release of one --engine", "give --vllm-version for vLLM, "
+                              "and --engine-version with --engine sglang")
+        options = EngineOptions(mem_fraction_static=mem_fraction_static, page_size=page_size)
+        names = list(ENGINES) if engine_name == "all" else [engine_name]
+        pools = []
+        for name in names:
+            version = vllm_version if name == "vllm" else engine_version
+            chosen = options if name != "vllm" or engine_name == "vllm" else EngineOptions()
+            pools.append(engine_named(name).size(resolved, selection, settings, version, chosen))
+        if as_json:
+            print_json(EnginePools(pools))
+        elif len(pools) == 1:
+            render_pool(pools[0])
+        else:
+            render_side_by_side(pools)
+        raise typer.Exit(ExitCode.OK if all(p.fits for p in pools) else ExitCode.DOES_NOT_FIT)
     model_steptime = None
     if steptime is not None:
         from pathlib import Path

@@ -51,6 +51,25 @@ class EnginePool:
     notes: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True, eq=False)
+class EnginePools:
+    """What `kvplan size --engine NAME|all --json` prints (`kvplan schema size-engines`)."""
+
+    engines: list[EnginePool]
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """Pool flags of one engine that no other engine has (`kvplan size --mem-fraction-static 0.9 --page-size 16`);
+    an engine refuses the ones that are not its own."""
+
+    mem_fraction_static: float | None = None  # SGLang's --mem-fraction-static
+    page_size: int | None = None  # SGLang's --page-size
+
+    def given(self) -> list[str]:
+        return [f"--{name.replace('_', '-')}" for name, value in vars(self).items() if value is not None]
+
+
 class Engine(Protocol):
     """What kvplan needs of an engine to size a deployment on it."""
 
@@ -59,9 +78,10 @@ class Engine(Protocol):
     known_versions: tuple[str, ...]  # the releases whose source was read, oldest first
     newest_known: str
 
-    def size(self, model: ResolvedModel, gpus: GpuSelection, settings: Settings, version: str | None) -> EnginePool:
+    def size(self, model: ResolvedModel, gpus: GpuSelection, settings: Settings, version: str | None,
+             options: EngineOptions = EngineOptions()) -> EnginePool:
         """The pool of ``settings`` on ``gpus`` under release ``version`` (None: the newest known); a deployment the
-        engine refuses raises KvplanError with the engine's reason."""
+        engine refuses, or another engine's option, raises KvplanError with the reason."""
         ...
 
 

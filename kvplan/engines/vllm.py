@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from kvplan.deploy import ResolvedModel, plan_deployment
-from kvplan.engines.base import EnginePool, engine
+from kvplan.engines.base import EngineOptions, EnginePool, engine
+from kvplan.errors import KvplanError
 from kvplan.hardware.catalog import GpuSelection
 from kvplan.plan.schema import Settings, SizePlan
 from kvplan.vllm.rules import KNOWN_VERSIONS, NEWEST_KNOWN
@@ -35,5 +36,9 @@ class Vllm:
     known_versions = KNOWN_VERSIONS
     newest_known = NEWEST_KNOWN
 
-    def size(self, model: ResolvedModel, gpus: GpuSelection, settings: Settings, version: str | None) -> EnginePool:
+    def size(self, model: ResolvedModel, gpus: GpuSelection, settings: Settings, version: str | None,
+             options: EngineOptions = EngineOptions()) -> EnginePool:
+        if options.given():
+            raise KvplanError(f"{', '.join(options.given())} is not a vLLM flag",
+                              "vLLM's are --gpu-memory-utilization and --block-size; or size with --engine sglang")
         return pool_of(plan_deployment(model, gpus, settings, version, suggest=False))

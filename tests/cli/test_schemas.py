@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from kvplan.bench.results import BenchSummary
 from kvplan.cli.app import app
+from kvplan.engines import EnginePools
 from kvplan.plan.schema import FitOutput, FleetFitOutput, SizePlan
 
 ENV = {"HF_HUB_OFFLINE": "1"}
@@ -48,6 +49,8 @@ def _same_keys(data, schema: dict, defs: dict, where: str = "$") -> None:
 
 
 @pytest.mark.parametrize("name, cls, args", [
+    ("size-engines", EnginePools, ["size", "Qwen/Qwen3-32B", "--gpu", "2xH100", "--ctx", "32k", "--engine", "all",
+                                   "--json"]),
     ("fit", FitOutput, ["fit", "meta-llama/Llama-3.1-8B", "--ctx", "32k", "-c", "8", "--json"]),
     # with SLOs: the simulator's prediction and the per-SLO checks are filled in
     ("fit", FitOutput, ["fit", "meta-llama/Llama-3.1-8B", "--ctx", "8k", "-c", "32", "--prompt", "2k", "--output",

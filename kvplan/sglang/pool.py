@@ -1,0 +1,232 @@
+"""SGLang's KV pool for one deployment, as its ``ServerArgs`` defaults and ``ModelRunner`` size it.
+
+    P     = free GPU memory after the communicators start, the minimum over ranks   (before the weights load)
+    A     = free GPU memory after the weights load, the minimum over ranks
+    rest  = A - P x (1 - mem_fraction_static)
+    cell  = KV bytes of one token on one GPU (K and V heads of this rank x head size x layers x dtype; MLA: the latent)
+    tokens = int(rest x 2^30) // cell, rounded down to page_size (default 1)
+
+(model_executor/model_runner.py `profile_max_num_token`@0.4.6.post5 .. 0.5.6.post2, model_runner_kv_cache_mixin.py
+@0.5.7 .. 0.5.10.post1, mem_cache/pool_configurator.py @0.5.11 .., mem_cache/kv_cache_configurator.py @0.5.23;
+utils `get_available_gpu_memory(distributed=True)` takes the minimum over ranks). So, unlike vLLM, SGLang profiles no
+activation peak: ``1 - mem_fraction_static`` of the memory free before loading is all it keeps back, and its default
+is a heuristic of the GPU's size, the chunked-prefill size and the CUDA graphs (`mem_fraction_static`).
+
+What kvplan cannot see is the memory a process holds before the weights load (its CUDA context and communicators),
+which ``P`` excludes: an assumption with a range (`STARTUP_BYTES`), carried into the pool's range. Only full
+attention (MHA / GQA / MQA) and MLA are sized; sliding-window pools (SGLang's per-architecture hybrid SWA pool), Mamba
+/ linear-attention hybrids, sparse-attention indexers, vision models (`adjust_mem_fraction_for_vlm`), pipeline
+parallelism and speculative decoding are refused with the reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvplan.errors import KvplanError
+from kvplan.hardware.catalog import Device
+from kvplan.model.arch import Architecture
+from kvplan.model.dtypes import KVDtype, kv_dtype
+from kvplan.model.layers import MLA, FullAttention
+from kvplan.plan.schema import MemoryTerm, Settings
+from kvplan.sglang.rules import SglangRules
+from kvplan.units import GiB, MiB
+
+#: Memory a rank holds before the weights load (CUDA context, NCCL): not in SGLang's P. One public log
+#: (sglang PR #4826, "Load weight end ... avail mem=131.08 GB, mem usage=8.13 GB" on a ~140 GiB card, so 139.21 GiB
+#: free before loading against an H200's ~139.96 GiB total) shows ~0.75 GiB; the range is an assumption.
+STARTUP_BYTES = (round(0.4 * GiB), round(0.75 * GiB), round(1.5 * GiB))  # low, estimate, high
+
+#: SGLang's --kv-cache-dtype names for kvplan's (server_args.py: auto, fp8_e5m2, fp8_e4m3, bfloat16 / float16).
+_KV_FLAGS = {"auto": "auto", "bfloat16": "bfloat16", "float16": "float16", "fp8": "fp8_e4m3",
+             "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
+
+
+@dataclass(frozen=True)
+class SglangPool:
+    """SGLang's pool on each GPU of one replica."""
+
+    rules: SglangRules
+    gpu_mem_mib: int  # nvidia-smi memory.total, what SGLang's defaults read
+    mem_fraction_static: float
+    fraction_how: str  # where the fraction came from
+    chunked_prefill_size: int
+    free_before_load: tuple[int, int, int]  # P: low, estimate, high (bytes)
+    weights_bytes: int
+    rest_bytes: tuple[int, int, int]  # the KV budget: low, estimate, high
+    kv_dtype: KVDtype
+    kv_dtype_flag: str
+    cell_bytes: int  # one token on one GPU
+    k_bytes_per_token: int  # of the cell, the K half (MLA: the whole latent)
+    page_size: int
+    tokens: int  # max_total_num_tokens
+    tokens_range: tuple[int, int]
+    context_len: int
+    max_running_requests: int
+    mla: bool
+
+    def startup_lines(self) -> list[str]:
+        """The pool lines SGLang prints (mem_cache/memory_pool.py; managers/scheduler.py)."""
+        rows = self.tokens + self.page_size  # the buffers hold one padding page more than the tokens
+        dtype = f"dtype: torch.{_torch_name(self.kv_dtype)}, " if _version(self.rules) >= (0, 5, 13) else ""
+        if self.mla:
+            sizes = f"KV size: {rows * self.k_bytes_per_token / GiB:.2f} GB"
+        else:
+            half = rows * self.k_bytes_per_token / GiB
+            sizes = f"K size: {half:.2f} GB, V size: {(rows * (self.cell_bytes - self.k_bytes_per_token)) / GiB:.2f} GB"
+        return [f"KV Cache is allocated. {dtype}#tokens: {self.tokens}, {sizes}",
+                f"max_total_num_tokens={self.tokens}, chunked_prefill_size={self.chunked_prefill_size}, "
+                f"max_prefill_tokens=16384, max_running_requests={self.max_running_requests}, "
+                f"context_len={self.context_len}, ..."]
+
+    def memory_terms(self) -> list[MemoryTerm]:
+        p_low, p, p_high = self.free_before_load
+        keep = 1 - self.mem_fraction_static
+        return [
+            MemoryTerm("free before the weights load (P)", p, p_low, p_high, +1,
+                       "CUDA total less the context and communicators (assumed 0.75 GiB, 0.4-1.5)"),
+            MemoryTerm(f"kept back: P x (1 - {self.mem_fraction_static:g})", round(p * keep), round(p_low * keep),
+                       round(p_high * keep), -1, f"mem_fraction_static {self.mem_fraction_static:g}: {self.fraction_how}"),
+            MemoryTerm("weights", self.weights_bytes, self.weights_bytes, self.weights_bytes, -1,
+                       "per GPU, kvplan's estimate of the checkpoint as loaded"),
+        ]
+
+
+def _version(rules: SglangRules) -> tuple[int, ...]:
+    return tuple(int(x) for x in rules.version.split("."))
+
+
+def _torch_name(dtype: KVDtype) -> str:
+    return {"fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}.get(dtype.name, dtype.name)
+
+
+def graph_defaults(gpu_mem_mib: int, tp: int, rules: SglangRules) -> tuple[int, int]:
+    """(chunked_prefill_size, the decode CUDA graphs' max batch) by GPU size (`_handle_gpu_memory_settings`,
+    server_args.py@0.5.3.post3; arg_groups/memory_hook.py@0.5.23)."""
+    rows = ((20 * 1024, (2048, 8, 8)), (35 * 1024, rules.small_gpu_row), (60 * 1024, (4096, 32, 160)),
+            (90 * 1024, (8192, 256, 512)), (160 * 1024, (8192, 256, 512)))
+    chunk, small_tp, large_tp = next((row for limit, row in rows if gpu_mem_mib < limit), (16384, 512, 512))
+    return chunk, small_tp if tp < 4 else large_tp
+
+
+def prefill_graph_sizes(max_tokens: int) -> list[int]:
+    """The prefill CUDA graphs' token counts (`_generate_piecewise_cuda_graph_tokens`, server_args.py@0.5.10.post1;
+    `generate_prefill_cuda_graph_batch_sizes`, arg_groups/cuda_graph_hook.py@0.5.23)."""
+    sizes = (list(range(4, 33, 4)) + list(range(48, 257, 16)) + list(range(288, 513, 32)) + list(range(576, 1025, 64))
+             + list(range(1280, 4097, 256)) + list(range(4608, max_tokens + 1, 512)))
+    return [s for s in sizes if s <= max_tokens]
+
+
+def default_fraction(rules: SglangRules, gpu_mem_mib: int, tp: int, mla: bool,
+                     prefill_graphs: bool) -> tuple[float, str]:
+    """SGLang's default mem_fraction_static and how it was reached (server_args.py, by release)."""
+    parallel = tp
+    if rules.fraction_rule == "table":  # server_args.py@0.4.6.post5
+        steps = ((16, 0.79), (8, 0.81), (4, 0.85), (2, 0.87), (1, 0.88))
+        f = next(v for n, v in steps if parallel >= n) if gpu_mem_mib <= 81920 else 0.88
+        if gpu_mem_mib > 96 * 1024:
+            f = min(f + 48 * 1024 * (1 - f) / gpu_mem_mib, (gpu_mem_mib - 18 * 1024) / gpu_mem_mib)
+        return f, f"0.4.6's table for TP {tp} on {gpu_mem_mib:,} MiB"
+    if rules.fraction_rule == "gpu_reserve":  # server_args.py@0.4.7.post1 .. 0.5.2
+        rows = ((20 * 1024, 2.8, 0.1), (35 * 1024, 2.8, 0.1), (90 * 1024, 9.5, 0.5), (100 * 1024, 12, 0.5),
+                (160 * 1024, 12, 0.5))
+        base, per = next(((b, p) for limit, b, p in rows if gpu_mem_mib < limit), (32, 0))
+        reserved = (base + parallel * per) * 1024
+        how = f"1 - {reserved:,.0f} MiB reserved for a {gpu_mem_mib:,} MiB GPU at TP {tp}"
+        return round((gpu_mem_mib - reserved) / gpu_mem_mib, 3), how
+    chunk, max_bs = graph_defaults(gpu_mem_mib, tp, rules)  # server_args.py@0.5.3.post3 .. memory_hook.py@0.5.23
+    reserved = 512 + max(chunk, 2048) * 1.5 + max_bs * 2 + parallel / 8 * 1024
+    parts = f"512 + {max(chunk, 2048):,} x 1.5 + {max_bs} x 2 + {parallel / 8 * 1024:g}"
+    if prefill_graphs:
+        graphs = 1.5 * 1024 if mla else len(prefill_graph_sizes(chunk)) * 8
+        reserved += graphs
+        parts += f" + {graphs:g} (prefill graphs)"
+    if gpu_mem_mib > 60 * 1024 and reserved < 10 * 1024:
+        reserved, parts = 10 * 1024, "the 10,240 floor"
+    return round((gpu_mem_mib - reserved) / gpu_mem_mib, 3), f"1 - ({parts}) MiB / {gpu_mem_mib:,} MiB"
+
+
+def resolve_kv_dtype(arch: Architecture, settings: Settings, rules: SglangRules) -> tuple[KVDtype, str]:
+    """The cache's dtype and SGLang's flag for it: "auto" is the model dtype, or FP8 where a ModelOpt checkpoint
+    declares its KV scheme (0.5.3+, `init_memory_pool`)."""
+    name = settings.kv_cache_dtype
+    if name not in _KV_FLAGS:
+        raise KvplanError(f"SGLang has no --kv-cache-dtype {name!r} that kvplan sizes",
+                          f"use one of {', '.join(sorted(_KV_FLAGS))}")
+    if name != "auto":
+        return kv_dtype(name), _KV_FLAGS[name]
+    if rules.auto_kv_reads_checkpoint and arch.checkpoint_kv_dtype == "fp8":
+        return kv_dtype("fp8_e4m3"), "auto"
+    return kv_dtype(arch.model_dtype if arch.model_dtype in ("bfloat16", "float16") else "bfloat16"), "auto"
+
+
+def _refuse_what_is_not_modelled(arch: Architecture, settings: Settings) -> None:
+    kinds = {type(s) for s in arch.layers}
+    other = sorted({s.kind for s in arch.layers if type(s) not in (FullAttention, MLA)})
+    if other:
+        raise KvplanError(f"kvplan does not size SGLang's pool for {', '.join(other)} layers (it sizes full attention "
+                          "and MLA only: SGLang's sliding-window, Mamba and sparse-indexer pools are not modelled)",
+                          "size it for vLLM (--engine vllm)")
+    if kinds == {FullAttention, MLA}:
+        raise KvplanError("a model of both full attention and MLA layers is not sized for SGLang")
+    if arch.params.towers and not settings.language_model_only:
+        raise KvplanError("kvplan does not size SGLang's pool for a multimodal model (SGLang lowers its memory "
+                          "fraction by the vision tower's size, adjust_mem_fraction_for_vlm, not modelled)",
+                          "size its language model alone with --language-model-only, or use --engine vllm")
+    for what, on in (("pipeline parallelism", settings.pipeline_parallel_size > 1),
+                     ("speculative decoding", settings.speculative is not None),
+                     ("decode context parallelism", settings.decode_context_parallel_size > 1),
+                     ("--kv-cache-memory-bytes (a vLLM flag)", settings.kv_cache_memory_bytes is not None),
+                     ("--num-gpu-blocks-override (a vLLM flag)", settings.num_gpu_blocks_override is not None),
+                     ("--block-size (a vLLM flag; SGLang's is --page-size)", settings.block_size is not None)):
+        if on:
+            raise KvplanError(f"kvplan does not size SGLang's pool with {what}", "drop it, or use --engine vllm")
+
+
+def size_pool(arch: Architecture, device: Device, settings: Settings, rules: SglangRules, weights_bytes: int,
+              *, mem_fraction_static: float | None = None, page_size: int = 1) -> SglangPool:
+    """SGLang's pool on each GPU of one replica of ``settings`` (weights: per GPU)."""
+    _refuse_what_is_not_modelled(arch, settings)
+    tp = settings.tensor_parallel_size
+    mla = any(isinstance(s, MLA) for s in arch.layers)
+    gpu_mem = round(device.memory_bytes / MiB)
+    chunk, _ = graph_defaults(gpu_mem, tp, rules)
+    if rules.fraction_rule == "gpu_reserve":  # server_args.py@0.4.7.post1 .. 0.5.2
+        chunk = 2048 if gpu_mem < 35 * 1024 else 8192 if gpu_mem < 160 * 1024 else 16384
+    elif rules.fraction_rule == "table":  # server_args.py@0.4.6.post5
+        chunk = 2048 if gpu_mem < 25_000 else 8192
+    if mem_fraction_static is None:
+        fraction, how = default_fraction(rules, gpu_mem, tp, mla, rules.prefill_graph_reserve)
+        # SGLang turns the prefill graphs off for some architectures (`is_piecewise_cuda_graph_disabled_model`),
+        # which kvplan does not list: the fraction without their reserve is the high end.
+        high_fraction = default_fraction(rules, gpu_mem, tp, mla, False)[0]
+    else:
+        if not 0 < mem_fraction_static < 1:
+            raise KvplanError(f"invalid --mem-fraction-static {mem_fraction_static!r}", "give a fraction in (0, 1)")
+        fraction, how, high_fraction = mem_fraction_static, "given", mem_fraction_static
+    dtype, flag = resolve_kv_dtype(arch, settings, rules)
+    per_rank = [s.per_rank(tp) for s in arch.layers]
+    cell = round(sum(s.bytes_per_token(dtype) for s in per_rank))
+    k_half = cell if mla else round(sum(s.num_kv_heads * s.head_size * dtype.bytes_per_element for s in per_rank))
+    low_p, est_p, high_p = (device.cuda_total_bytes - s for s in reversed(STARTUP_BYTES))
+    rests = (low_p * fraction - weights_bytes, est_p * fraction - weights_bytes, high_p * high_fraction - weights_bytes)
+    counts = [max(0, int(r) // cell) // page_size * page_size for r in rests]
+    context = settings.max_model_len or arch.max_model_len_limit or arch.max_position_embeddings or 0
+    tokens = counts[1]
+    return SglangPool(
+        rules=rules, gpu_mem_mib=gpu_mem, mem_fraction_static=fraction, fraction_how=how,
+        chunked_prefill_size=chunk, free_before_load=(low_p, est_p, high_p), weights_bytes=weights_bytes,
+        rest_bytes=tuple(round(r) for r in rests), kv_dtype=dtype, kv_dtype_flag=flag, cell_bytes=cell,
+        k_bytes_per_token=k_half, page_size=page_size, tokens=tokens, tokens_range=(counts[0], counts[2]),
+        context_len=context, max_running_requests=max_running_requests(tokens, context, rules), mla=mla)
+
+
+def max_running_requests(tokens: int, context_len: int, rules: SglangRules) -> int:
+    """The default cap on running requests: ``min(clamp(tokens / context x 512, 2048, 4096), tokens // 2)``
+    (tp_worker.py@0.4.7.post1 .. kv_cache_configurator.py@0.5.23; 0.4.6 allows one request more)."""
+    if tokens <= 0 or context_len <= 0:
+        return 0
+    estimated = min(max(int(tokens / context_len * 512), 2048), 4096)
+    if rules.fraction_rule == "table":
+        estimated += 1  # ReqToTokenPool(size=max_num_reqs + 1), 0.4.6
+    return min(estimated, tokens // 2)

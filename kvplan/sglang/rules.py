@@ -1,0 +1,75 @@
+"""SGLang's KV-pool rules by release, read in its wheels (docs/engines-sglang-rules.md quotes the lines).
+
+``rules_for("0.5.3")`` picks the set of one release. Each field names the release that introduced it; the wheels
+read are the last patch of every minor line from 0.4.6 to 0.5.23, so a rule may have landed in any patch between the
+previous release read and the one named.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from kvplan.errors import KvplanError
+
+NEWEST_KNOWN = "0.5.23"
+KNOWN_VERSIONS = (
+    "0.4.6", "0.4.7", "0.4.8", "0.4.9", "0.4.10", "0.5.1", "0.5.2", "0.5.3", "0.5.4", "0.5.5", "0.5.6", "0.5.7",
+    "0.5.8", "0.5.9", "0.5.10", "0.5.11", "0.5.12", "0.5.13", "0.5.14", "0.5.15", "0.5.16", "0.5.17", "0.5.18",
+    "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23",
+)
+_VERSION_RE = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?(?:\.?post\d+|rc\d+|\.dev\d+)?\s*$")
+
+
+@dataclass(frozen=True)
+class SglangRules:
+    """The pool rules one SGLang release follows (``ServerArgs`` defaults and ``ModelRunner`` sizing)."""
+
+    version: str
+    # mem_fraction_static's default (server_args.py): "table" = by TP x PP (0.4.6); "gpu_reserve" = 1 - a reserve
+    # by GPU size (0.4.7-0.5.2, `(9.5 + tp*pp/2) GiB` on 35-90 GiB cards); "activation_reserve" = 1 - a reserve from
+    # the chunked-prefill size, the decode CUDA graphs and TP x PP, at least 10 GiB on > 60 GiB cards (0.5.3+,
+    # `_handle_gpu_memory_settings`, from 0.5.19 arg_groups/memory_hook.py `handle_gpu_memory_settings`).
+    fraction_rule: str
+    # Prefill ("piecewise") CUDA graphs on by default, their reserve in the fraction: len(capture sizes) x 8 MiB,
+    # 1.5 GiB for MLA (0.5.10+, `reserve_for_graph_mb`); before, opt-in.
+    prefill_graph_reserve: bool
+    # The chunked-prefill / decode-graph table's 20-35 GiB row (0.5.3+): decode graphs' max batch 16 (0.5.3),
+    # 24 (0.5.4-0.5.22), 48 and a 4096 chunk (0.5.23); x5 (80 / 80 / 160) at TP >= 4.
+    small_gpu_row: tuple[int, int, int]  # (chunked_prefill_size, max_bs at tp < 4, max_bs at tp >= 4)
+    # "auto" KV dtype: the model dtype (to 0.5.2); FP8 where a ModelOpt checkpoint says kv_cache_quant_algo FP8
+    # (0.5.3+, `init_memory_pool`).
+    auto_kv_reads_checkpoint: bool
+    # The fraction when the GPU's size is unknown: 0.88; 0.95 in 0.5.23 (the release that changed it not pinned).
+    unknown_gpu_fraction: float
+
+    @property
+    def label(self) -> str:
+        return f"SGLang {self.version}"
+
+
+def parse_version(text: str) -> tuple[int, int, int]:
+    """``0.5.3.post3`` -> (0, 5, 3)."""
+    match = _VERSION_RE.match(str(text).strip())
+    if not match:
+        raise KvplanError(f"invalid SGLang version {text!r}", f"use a release such as {NEWEST_KNOWN} or 0.4.9")
+    major, minor, patch = match.groups()
+    return int(major), int(minor), int(patch or 0)
+
+
+def rules_for(version: str | None = None) -> SglangRules:
+    """The rules of ``version`` (default: the newest release kvplan has read). Outside 0.4.6-0.5.23 it refuses:
+    SGLang's pool code changed too often to assume a neighbour's."""
+    v = parse_version(NEWEST_KNOWN if version is None else version)
+    text = ".".join(map(str, v))
+    if not (0, 4, 6) <= v <= parse_version(NEWEST_KNOWN):
+        raise KvplanError(f"kvplan has not read SGLang {text}'s pool code (it has read 0.4.6 to {NEWEST_KNOWN})",
+                          "give --engine-version within that range")
+    return SglangRules(
+        version=text,
+        fraction_rule="table" if v < (0, 4, 7) else "gpu_reserve" if v < (0, 5, 3) else "activation_reserve",
+        prefill_graph_reserve=v >= (0, 5, 10),
+        small_gpu_row=(2048, 16, 80) if v < (0, 5, 4) else (2048, 24, 80) if v < (0, 5, 23) else (4096, 48, 160),
+        auto_kv_reads_checkpoint=v >= (0, 5, 3),
+        unknown_gpu_fraction=0.95 if v >= (0, 5, 23) else 0.88,
+    )
