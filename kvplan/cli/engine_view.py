@@ -53,9 +53,9 @@ _ROWS = (
 )
 
 
-def render_side_by_side(pools: list[EnginePool]) -> None:
+def render_side_by_side(pools: list[EnginePool], refused: dict[str, str] | None = None) -> None:
     """The engines in columns; a row whose figures differ is marked (*), then each engine's budget terms and
-    command."""
+    command, and the engines that do not size this deployment with their reason."""
     console = make_console()
     console.soft_wrap = True
     first = pools[0]
@@ -77,3 +77,5 @@ def render_side_by_side(pools: list[EnginePool]) -> None:
         console.print(f"{escape(p.engine_label)}: {escape(terms)} -> KV {p.kv_memory_bytes_per_gpu / GiB:,.2f} GiB")
         console.print(f"  {escape(p.verdict)}")
         console.print(f"  {escape(p.launch_command)}", soft_wrap=True)
+    for name, why in (refused or {}).items():
+        console.print(f"[bold]{escape(name)}[/]: not sized: {escape(why)}")

@@ -207,17 +207,22 @@ def size(
                               "and --engine-version with --engine sglang")
         options = EngineOptions(mem_fraction_static=mem_fraction_static, page_size=page_size)
         names = list(ENGINES) if engine_name == "all" else [engine_name]
-        pools = []
+        pools, refused = [], {}
         for name in names:
             version = vllm_version if name == "vllm" else engine_version
             chosen = options if name != "vllm" or engine_name == "vllm" else EngineOptions()
-            pools.append(engine_named(name).size(resolved, selection, settings, version, chosen))
+            try:
+                pools.append(engine_named(name).size(resolved, selection, settings, version, chosen))
+            except KvplanError as exc:
+                if len(names) == 1 or name == "vllm":
+                    raise
+                refused[name] = exc.message  # --engine all: the others are still worth showing
         if as_json:
-            print_json(EnginePools(pools))
-        elif len(pools) == 1:
+            print_json(EnginePools(pools, refused))
+        elif len(names) == 1:
             render_pool(pools[0])
         else:
-            render_side_by_side(pools)
+            render_side_by_side(pools, refused)
         raise typer.Exit(ExitCode.OK if all(p.fits for p in pools) else ExitCode.DOES_NOT_FIT)
     model_steptime = None
     if steptime is not None:

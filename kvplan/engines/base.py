@@ -56,6 +56,8 @@ class EnginePools:
     """What `kvplan size --engine NAME|all --json` prints (`kvplan schema size-engines`)."""
 
     engines: list[EnginePool]
+    # `--engine all`: an engine that does not size this deployment -> its reason (the others are still shown)
+    refused: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -167,3 +167,15 @@ def test_size_engine_all_on_the_command_line():
                        (("--engine", "all", "--engine-version", "0.5.3"), "--engine-version")):
         r = invoke("size", "Qwen/Qwen3-32B", "--gpu", "H100", *argv)
         assert r.code == 2 and what in r.one_line_error(), argv
+
+
+def test_engine_all_shows_the_others_when_one_does_not_size_the_model():
+    from helpers.harness import invoke
+
+    r = invoke("size", "google/gemma-3-27b-it", "--gpu", "H100", "--ctx", "8k", "--engine", "all", "--json")
+    assert r.code == 0
+    doc = json.loads(r.stdout)
+    assert [p["engine"] for p in doc["engines"]] == ["vllm"]
+    assert "sliding_window" in doc["refused"]["sglang"]
+    alone = invoke("size", "google/gemma-3-27b-it", "--gpu", "H100", "--ctx", "8k", "--engine", "sglang")
+    assert alone.code == 2 and "sliding_window" in alone.one_line_error()
