@@ -21,6 +21,7 @@ discovery, the /metrics scraper and the load generator.
 from __future__ import annotations
 
 import re
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterable
@@ -36,6 +37,8 @@ _RESERVED = {"content-length", "transfer-encoding", "connection", "proxy-authori
 #: The most of a probe's or the model list's body kvplan reads (300,000 models listed by a lying server
 #: made gigabytes); a body cut there is not JSON, and the model list then reads as empty.
 MAX_BODY_BYTES = 16 * 1024 * 1024
+#: The most a GET (probe, model list) may take beyond its per-read timeout, headers and body in all.
+GET_BODY_S = 20.0
 #: Secrets shorter than this are not scrubbed out of text (masking "1" would garble every number).
 MIN_SCRUB = 6
 
@@ -237,7 +240,21 @@ class Client:
         return scrub(text, self.secrets())
 
     def get(self, url: str, timeout_s: float = 2.0) -> tuple[int, str]:
-        """(status, body) of a GET with urllib; status 0 when nothing answered."""
+        """(status, body) of a GET with urllib; status 0 when nothing answered, or when the answer did not
+        end within ``timeout_s`` + GET_BODY_S in all: urllib's timeout counts seconds without a byte, so a
+        server trickling its headers or body a byte at a time (slowloris) held the probe forever. The GET
+        runs in a daemon thread, which a server that never stops is left holding."""
+        import threading
+
+        deadline = time.monotonic() + timeout_s + GET_BODY_S
+        answer: list[tuple[int, str]] = []
+        worker = threading.Thread(target=lambda: answer.append(self._get(url, timeout_s, deadline)), daemon=True,
+                                  name="kvplan-http-get")
+        worker.start()
+        worker.join(max(0.0, deadline - time.monotonic()) + 0.5)
+        return answer[0] if answer else (0, "")
+
+    def _get(self, url: str, timeout_s: float, deadline: float) -> tuple[int, str]:
         bare, headers, proxy = self.request(url)
         if proxy:
             proxy_url, proxy_basic = _split_proxy(proxy)
@@ -250,7 +267,17 @@ class Client:
         request = urllib.request.Request(bare, headers=headers)
         try:
             with opener.open(request, timeout=timeout_s) as resp:  # at most MAX_BODY_BYTES: a server may lie
-                return resp.status, resp.read(MAX_BODY_BYTES).decode(errors="replace")
+                parts, size = [], 0
+                while size < MAX_BODY_BYTES and time.monotonic() < deadline:
+                    chunk = resp.read1(min(1 << 16, MAX_BODY_BYTES - size))
+                    if not chunk:
+                        break
+                    parts.append(chunk)
+                    size += len(chunk)
+                else:
+                    if time.monotonic() >= deadline:
+                        return 0, ""  # still sending when time ran out
+                return resp.status, b"".join(parts).decode(errors="replace")
         except urllib.error.HTTPError as exc:
             return exc.code, ""
         except (urllib.error.URLError, OSError, ValueError):

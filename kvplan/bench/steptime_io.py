@@ -127,8 +127,20 @@ def calibrate_run(run_dir: Path, gpu: str | None = None, model: str | None = Non
     """Fit the step-time model to ``run_dir``'s points; write ``RUN/steptime.json`` unless ``write`` is False."""
     cfg, points, lengths, sched, base, label, name = run_inputs(run_dir, gpu, model)
     wl = cfg.get("workload") or {}
+    nominal = label.startswith("nominal (")
+    if not nominal:
+        _refuse_steps_faster_than_the_device(points, lengths, base, label)
     fitted = calibrate_bench(points, lengths, sched, base, int(cfg.get("requests_per_stream") or 3),
                              float(wl.get("shared_prefix") or 0.0))
+    if not nominal:  # a stored fit never makes the device faster than its datasheet (efficiency 1)
+        over = [f"{what} (efficiency {eff:.4g})" for what, eff in
+                (("memory faster than its bandwidth", fitted.mem_efficiency),
+                 ("arithmetic faster than its peak FLOP/s", fitted.compute_efficiency)) if eff > 1 + 1e-9]
+        if over:
+            raise KvplanError(f"the fit to {run_dir}'s points makes {label} do {' and '.join(over)}: not stored",
+                              "the run's points cannot separate the step terms on this GPU: calibrate without "
+                              "--gpu (factors relative to a nominal device, for predictions on the run's own device), "
+                              "or on a run with more concurrency levels")
     used = [p["concurrency"] for p in points if p.get("status", "ok") == "ok" and not p.get("waited_for_kv")
             and not p.get("preempted") and p.get("mode", "concurrency") == "concurrency"]
     result = StepCalibration(
@@ -141,6 +153,25 @@ def calibrate_run(run_dir: Path, gpu: str | None = None, model: str | None = Non
     if write:
         write_file_safely(run_dir / STEPTIME_FILE, json.dumps(result.to_json(), indent=2) + "\n")
     return result
+
+
+def _refuse_steps_faster_than_the_device(points: list[dict[str, Any]], lengths: Lengths, base: StepTimeModel,
+                                         label: str) -> None:
+    """A measured decode step (a point's ITL p50, else TPOT p50) shorter than reading the weights and the KV
+    at the device's full bandwidth, or computing the batch at its full FLOP/s, cannot be a step of this
+    model on this device: refused rather than fitted (the fit would store a device faster than its
+    datasheet, and every prediction made with it would be too fast)."""
+    from kvplan.plan.steptime import decode_measurements
+
+    usable = [p for p in points if p.get("status", "ok") == "ok" and p.get("mode", "concurrency") == "concurrency"]
+    for batch, seconds in decode_measurements(usable, lengths.prompt, lengths.output):
+        floor = max(base.terms(batch))
+        if seconds < floor * (1 - 1e-9):
+            raise KvplanError(
+                f"the run's decode step at concurrency {batch.decode_seqs} ({seconds * 1000:.4g} ms) is faster than "
+                f"{label} can run one ({floor * 1000:.4g} ms at its full bandwidth and FLOP/s): not calibrated",
+                "name the GPU the run used (--gpu); a run with speculative decoding (several tokens a step) "
+                "cannot be calibrated on")
 
 
 def load_steptime(path: Path) -> StepTimeModel:
