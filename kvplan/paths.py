@@ -133,8 +133,17 @@ def json_depth(text: str) -> int:
     return deepest
 
 
-def parse_json_text(text: str, where: str, max_depth: int = MAX_DEPTH, allow_nonfinite: bool = False):
-    """JSON text -> data; errors name ``where`` (and the line); no NaN/Infinity; nesting capped."""
+#: The largest number a file kvplan wrote itself may hold (run.json, summary.json, points.jsonl...): every
+#: count, load, time and byte count there is far below it; past it an integer no longer converts to a float
+#: exactly, and a float overflows the first sum or scale (a 400-digit load, 2**63 preemptions or a p99 of
+#: 1.7e308 s ended in an OverflowError deep inside a report, a chart or a gate).
+MAX_RUN_NUMBER = 2**53
+
+
+def parse_json_text(text: str, where: str, max_depth: int = MAX_DEPTH, allow_nonfinite: bool = False,
+                    max_number: float | None = None):
+    """JSON text -> data; errors name ``where`` (and the line); no NaN/Infinity; nesting capped;
+    with ``max_number``, a number past +-max_number is refused (files kvplan wrote: ``MAX_RUN_NUMBER``)."""
     import json
 
     if json_depth(text) > max_depth:
@@ -143,8 +152,21 @@ def parse_json_text(text: str, where: str, max_depth: int = MAX_DEPTH, allow_non
     def refuse(name: str):
         raise _err(f"{where}: {name} is not a number kvplan accepts", "use a finite value")
 
+    def bounded(kind: type):
+        def parse(digits: str):
+            value = kind(digits) if len(digits) <= 40 else None
+            if value is None or not abs(value) <= max_number:
+                raise _BoundError(f"{where}: the number {digits[:24]}{'...' if len(digits) > 24 else ''} is past "
+                                  f"{max_number:,}, more than any figure kvplan writes")
+            return value
+        return parse
+
     try:
-        return json.loads(text, parse_constant=None if allow_nonfinite else refuse)
+        return json.loads(text, parse_constant=None if allow_nonfinite else refuse,
+                          parse_int=None if max_number is None else bounded(int),
+                          parse_float=None if max_number is None else bounded(float))
+    except _BoundError as exc:
+        raise _err(str(exc), "pass a file kvplan wrote, unedited") from None
     except json.JSONDecodeError as exc:
         raise _err(f"{where}:{exc.lineno}: not valid JSON: {exc.msg} (column {exc.colno})") from None
     except RecursionError:
@@ -154,9 +176,14 @@ def parse_json_text(text: str, where: str, max_depth: int = MAX_DEPTH, allow_non
 
 
 def load_user_json(path: str | Path, what: str = "", limit: int | None = MAX_FILE_BYTES,
-                   max_depth: int = MAX_DEPTH, allow_nonfinite: bool = False):
+                   max_depth: int = MAX_DEPTH, allow_nonfinite: bool = False, max_number: float | None = None):
     """Read and parse a user's JSON file safely (see ``open_user_file`` and ``parse_json_text``)."""
-    return parse_json_text(read_user_text(path, what, limit), str(path), max_depth, allow_nonfinite)
+    return parse_json_text(read_user_text(path, what, limit), str(path), max_depth, allow_nonfinite, max_number)
+
+
+class _BoundError(Exception):
+    """A number past ``parse_json_text``'s ``max_number`` (raised inside json.loads, which would turn a
+    ValueError into its own message)."""
 
 
 # --- YAML ---------------------------------------------------------------------------------------

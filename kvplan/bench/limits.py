@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kvplan.errors import KvplanError
+from kvplan.paths import MAX_RUN_NUMBER
 
 if TYPE_CHECKING:
     from kvplan.bench.config import BenchConfig
@@ -57,5 +58,8 @@ def check_bench_bounds(cfg: BenchConfig, source: str = "") -> None:
         value = w.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > MAX_TOKENS_PER_REQUEST:
             raise _refuse(flag, value, f"at most {MAX_TOKENS_PER_REQUEST:,} tokens", source)
+    seed = w.get("seed")
+    if isinstance(seed, int) and not abs(seed) <= MAX_RUN_NUMBER:  # run.json must read back (kvplan.paths)
+        raise _refuse("--seed", seed, f"-{MAX_RUN_NUMBER:,} to {MAX_RUN_NUMBER:,}", source)
     if cfg.traffic is not None and cfg.traffic.sessions and max(cfg.traffic.sessions) > MAX_CONCURRENCY:
         raise _refuse("--sessions", max(cfg.traffic.sessions), f"1 to {MAX_CONCURRENCY:,}", source)

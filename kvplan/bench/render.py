@@ -10,7 +10,7 @@ from kvplan.bench.external import YAML_SUFFIXES, read_external
 from kvplan.bench.outputs import write_reports
 from kvplan.bench.results import BenchSummary
 from kvplan.errors import KvplanError
-from kvplan.paths import load_user_json
+from kvplan.paths import MAX_RUN_NUMBER, load_user_json
 
 
 def finished_run(path: Path) -> bool:
@@ -27,7 +27,7 @@ def load_summary(path: Path) -> BenchSummary:
     report (JSON or YAML; kvplan.bench.external)."""
 
     if path.is_dir() and (path / st.SUMMARY_FILE).is_file():
-        data = load_user_json(path / st.SUMMARY_FILE)
+        data = load_user_json(path / st.SUMMARY_FILE, max_number=MAX_RUN_NUMBER)
         if not isinstance(data, dict):
             raise KvplanError(f"{path / st.SUMMARY_FILE}: expected a JSON object")
         try:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvplan import __version__
 from kvplan.bench import store as st
-from kvplan.bench.client import REDIRECT_HINT, Client, credential_secrets, is_redirect, masked_headers, shown_proxy
+from kvplan.bench.client import GET_BODY_S, REDIRECT_HINT, Client, credential_secrets, is_redirect, masked_headers, shown_proxy
 from kvplan.bench.config import DEFAULT_REQUESTS, BenchConfig, BenchFailed
 from kvplan.bench.engine import (
     EngineCapacity,
@@ -95,8 +95,8 @@ class BenchRun:
         self.nonce = str(time.time_ns())
         self.workload = cfg.workload_obj(self.nonce)
         self.points: list[PointResult] = []
-        for row in previous or []:  # --resume: finished points count, failed ones run again
-            point = PointResult.model_validate(row)
+        for number, row in enumerate(previous or [], start=1):  # --resume: finished points count, failed ones run again
+            point = _resumed_point(row, number, store)
             if point.status == "ok":
                 self.points = [p for p in self.points if p.load_key != point.load_key] + [point]
         self.run_info: dict[str, Any] = {}
@@ -172,6 +172,9 @@ class BenchRun:
         health, _ = self.client.get(self.base_url + "/health", timeout_s=5)
         if is_redirect(health):
             raise KvplanError(f"{self.shown_url}/health answered HTTP {health}, a redirect{via}", REDIRECT_HINT)
+        if health == 0:
+            raise KvplanError(f"{self.shown_url}/health gave no whole answer within {5 + GET_BODY_S:g} s{via}",
+                              "is this a vLLM OpenAI-compatible server?")
         if health not in (200, 404):
             raise KvplanError(f"{self.shown_url}/health answered HTTP {health}{via}: the engine is not healthy")
 
@@ -599,6 +602,21 @@ def planner_capacity(ecfg: EngineConfig, gpu: str | None, max_num_seqs: int | No
     plan = plan_deployment(load_model(ecfg.model, offline=True), selection, settings)
     return PlannerCapacity(num_blocks=plan.num_blocks, kv_cache_tokens=plan.kv_cache_tokens,
                            block_size=plan.block_size, vllm_version=plan.vllm_version)
+
+
+def _resumed_point(row: dict[str, Any], number: int, store: st.RunStore) -> PointResult:
+    """A point of points.jsonl read back on --resume: a line that is JSON but no point kvplan writes (a field
+    of another type, a missing one) is refused naming it, not an internal error."""
+    from pydantic import ValidationError
+
+    try:
+        return PointResult.model_validate(row)
+    except ValidationError as exc:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ())) or "the line"
+        raise KvplanError(f"cannot resume {store.path}: point {number} of {st.POINTS_FILE} is not one kvplan wrote "
+                          f"({where}: {first.get('msg', 'invalid')})",
+                          "remove that line to measure the point again") from None
 
 
 def resume_state(path: Path) -> tuple[st.RunStore, BenchConfig, list[dict[str, Any]]]:

@@ -23,7 +23,7 @@ from typing import Any
 
 from kvplan.bench.client import scrub
 from kvplan.errors import KvplanError
-from kvplan.paths import iter_user_lines, load_user_json, parse_json_text, write_file_safely
+from kvplan.paths import MAX_RUN_NUMBER, iter_user_lines, load_user_json, parse_json_text, write_file_safely
 from kvplan.vllm.startup_log import redact, redact_data
 
 RUN_FILE = "run.json"
@@ -109,7 +109,7 @@ class RunStore:
         _atomic_write(self.path / RUN_FILE, json.dumps(redact_data(data), indent=2, default=str) + "\n", self.secrets)
 
     def read_run(self) -> dict[str, Any]:
-        data = load_user_json(self.path / RUN_FILE)
+        data = load_user_json(self.path / RUN_FILE, max_number=MAX_RUN_NUMBER)
         if not isinstance(data, dict):
             raise KvplanError(f"{self.path / RUN_FILE}: expected a JSON object")
         return data
@@ -148,26 +148,41 @@ def _append(path: Path, rows: list[dict[str, Any]], secrets: tuple[str, ...] = (
     data = "".join(_scrub(json.dumps(redact_data(row), default=str, separators=(",", ":")), secrets) + "\n"
                    for row in rows)
     fd = _open_nofollow(path, os.O_RDWR | os.O_CREAT)
-    with os.fdopen(fd, "r+b") as fh:
-        end = fh.seek(0, os.SEEK_END)
-        if end:
-            fh.seek(max(0, end - 65536))
-            tail = fh.read()
-            if not tail.endswith(b"\n"):
-                cut = tail.rfind(b"\n")
-                fragment = tail[cut + 1:]
-                try:
-                    json.loads(fragment)
-                    fh.write(b"\n")  # a whole record without its newline: keep it
-                except ValueError:
-                    if cut < 0 and end > len(tail):
-                        fh.write(b"\n")  # a torn line longer than we looked at: end it, readers skip it
-                    else:
-                        fh.truncate(end - len(fragment))  # drop the torn fragment
-        fh.seek(0, os.SEEK_END)
-        fh.write(data.encode("utf-8"))
+    try:
+        with os.fdopen(fd, "r+b") as fh:
+            _append_to(fh, data.encode("utf-8"))
+    except OSError as exc:  # a full disk, a file size limit, an I/O error: the lines already there are kept
+        raise KvplanError(f"cannot write {path}: {exc.strerror or exc}",
+                          "free some space, then continue the run with --resume") from None
+
+
+def _append_to(fh, data: bytes) -> None:
+    """Append ``data`` to the open JSONL file ``fh`` (see ``_append``); when the write fails (a full disk)
+    the file is cut back to where the new lines began, so no torn line is left behind."""
+    end = fh.seek(0, os.SEEK_END)
+    if end:
+        fh.seek(max(0, end - 65536))
+        tail = fh.read()
+        if not tail.endswith(b"\n"):
+            cut = tail.rfind(b"\n")
+            fragment = tail[cut + 1:]
+            try:
+                json.loads(fragment)
+                fh.write(b"\n")  # a whole record without its newline: keep it
+            except ValueError:
+                if cut < 0 and end > len(tail):
+                    fh.write(b"\n")  # a torn line longer than we looked at: end it, readers skip it
+                else:
+                    fh.truncate(end - len(fragment))  # drop the torn fragment
+    start = fh.seek(0, os.SEEK_END)
+    try:
+        fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())
+    except OSError:
+        with contextlib.suppress(OSError):
+            fh.truncate(start)
+        raise
 
 
 def _open_nofollow(path: Path, flags: int) -> int:
@@ -194,7 +209,7 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            row = parse_json_text(line, str(path))
+            row = parse_json_text(line, str(path), max_number=MAX_RUN_NUMBER)
         except KvplanError:
             continue  # a line torn by a crash, or not kvplan's
         if isinstance(row, dict):

@@ -52,7 +52,7 @@ from kvplan.bench.slo import fmt_s, slo_results
 from kvplan.deploy import load_draft, load_model, plan_deployment, select_gpus
 from kvplan.errors import KvplanError
 from kvplan.gate.spec import Spec, SpecEntry, SpecErrors, SpecIssue
-from kvplan.paths import load_user_json
+from kvplan.paths import MAX_RUN_NUMBER, load_user_json
 from kvplan.plan.capacity import blocks_needed, request_load
 from kvplan.plan.fit import latency_floor
 from kvplan.plan.fleet import MAX_REPLICAS, replica_at, replicas_for_rate
@@ -211,7 +211,7 @@ def read_bench_runs(paths: list[str]) -> list[BenchEvidence]:
 
 
 def _read_summary(file: Path) -> BenchEvidence:
-    data = load_user_json(file)
+    data = load_user_json(file, max_number=MAX_RUN_NUMBER)
     if not isinstance(data, dict):
         raise KvplanError(f"{file}: expected a JSON object")
     model = data.get("model")

@@ -5,6 +5,7 @@ and goodput, KV fill and preemptions, all against the load (concurrency or reque
 from __future__ import annotations
 
 import math
+import sys
 from html import escape
 
 from kvplan.bench.outputs.registry import output
@@ -45,6 +46,8 @@ def _fmt(v: float) -> str:
 def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     if hi <= lo:
         hi = lo + 1
+    if not 1e-300 < (hi - lo) / n < 1e300:  # a range no decimal step resolves (a 5e-324 or 1e308 figure)
+        return [v for v in (lo, hi) if math.isfinite(v)]
     step = 10 ** math.floor(math.log10((hi - lo) / n))
     for m in (1, 2, 5, 10):
         if (hi - lo) / (step * m) <= n:
@@ -90,11 +93,14 @@ def chart(title: str, xlabel: str, ylabel: str, series: list[tuple[str, list[tup
     log_x = log_x and min(xs) > 0 and max(xs) / min(xs) >= 16
     fx = (lambda v: math.log2(v)) if log_x else (lambda v: v)
     x0, x1 = fx(min(xs)), fx(max(xs))
-    if x1 == x0:
-        x0, x1 = x0 - 1, x1 + 1
-    pad = (x1 - x0) * 0.04  # the end points (and a line at an end) clear the frame and the y axis's labels
-    x0, x1 = x0 - pad, x1 + pad
-    y1 = max(y for _, y in pts) * 1.08 or 1.0
+    if x1 == x0:  # one load: a range around it (relative, so that a huge load still makes a range)
+        x0, x1 = x0 - max(1.0, abs(x0) / 4), x1 + max(1.0, abs(x1) / 4)
+    # The end points (and a line at an end) clear the frame and the y axis's labels. Halves throughout: a
+    # range of figures near the float limit must not overflow to infinity (NaN coordinates).
+    pad = (x1 / 2 - x0 / 2) * 0.08
+    x0, x1 = max(x0 - pad, -sys.float_info.max), min(x1 + pad, sys.float_info.max)
+    top_y = max(y for _, y in pts)
+    y1 = (top_y * 1.08 if top_y < 1e300 else top_y) or 1.0  # headroom, short of overflowing to infinity
     pw, ph = W - L - R, H - T - B
     drawn = [(name, sorted((x, y) for x, y in ps if y is not None and math.isfinite(y)), colour, dash)
              for name, ps, colour, dash in series]
@@ -105,7 +111,7 @@ def chart(title: str, xlabel: str, ylabel: str, series: list[tuple[str, list[tup
     height = top + ph + B
 
     def sx(v: float) -> float:
-        return L + (fx(v) - x0) / (x1 - x0) * pw
+        return L + (fx(v) / 2 - x0 / 2) / (x1 / 2 - x0 / 2) * pw
 
     def sy(v: float) -> float:
         return top + ph - v / y1 * ph
