@@ -110,12 +110,12 @@ class BlockPool:
         tail = prv[0]
         freed = 0
         for block in reversed(blocks):
-            left = ref[block] - 1
-            ref[block] = left
-            if left:
+            if ref[block] != 1:  # another request still holds it
+                ref[block] -= 1
                 continue
+            ref[block] = 0
             freed += 1
-            if uncached_first and key_of[block] is None:
+            if key_of[block] is None and uncached_first:
                 to_head.append(block)
             else:  # linked in at the tail at once
                 nxt[tail] = block
