@@ -732,8 +732,9 @@ class _Scheduler:
         now, step = self.now, self.step
         used = usable - pool.num_free  # (changes only when blocks are taken)
         fill = used / usable
-        peak_used, peak_waiting = max(self.peak_used, used), max(self.peak_waiting, len(waiting))
+        peak_waiting = max(self.peak_waiting, len(waiting))
         next_arrival = pending[0][0] if pending else math.inf
+        crossing_at = [groups.get(-j % B) for j in range(B)]  # step j's: crossing_at[j % B]
         for j in range(horizon):
             if next_arrival <= now:  # arrivals seen at this step's start (not the first: `run` took them)
                 if may_admit and not blocked:
@@ -744,16 +745,15 @@ class _Scheduler:
                     waiting.append(req)
                 next_arrival = pending[0][0] if pending else math.inf
                 peak_waiting = max(peak_waiting, len(waiting))
-            crossing = groups.get(-j % B)
+            crossing = crossing_at[j % B]
             if crossing:
                 if len(crossing) > pool.num_free:  # one of them preempts: a step of its own
                     break
-                for req in crossing:
-                    req.blocks += pool.take()
+                for req, block in zip(crossing, pool.take(len(crossing))):  # (in running order, as one by one)
+                    req.blocks.append(block)
                 used = usable - pool.num_free
                 fill = used / usable
-                peak_used = max(peak_used, used)
-            batch = StepBatch(0, num, kv, num, kv)  # prefill_tokens, decode_seqs, kv_tokens_read, num_seqs, attention_pairs
+            batch = _decode_batch(num, kv)
             batches.append(batch)
             end = now + (step_time(batch) if step_time else 1.0)
             kv_fill.append((step, end, fill))
@@ -768,7 +768,8 @@ class _Scheduler:
             for req in waiting:
                 req.tl.waited_for_kv = True
             self._waited()
-        self.peak_used, self.peak_waiting = peak_used, peak_waiting
+        self.peak_used = max(self.peak_used, used)  # (blocks are only taken in these steps: the last count is the most)
+        self.peak_waiting = peak_waiting
         self.peak_running = max(self.peak_running, num)
         # The steps' results: every request sampled a token per step.
         done: list[_Req] = []
@@ -861,6 +862,18 @@ class _Scheduler:
             step_batches=self.batches, prefix_queries=self.queries, prefix_hits=self.hits_tokens,
             preempted_queries=self.pre_queries, preempted_hits=self.pre_hits,
         )
+
+
+_new, _setattr = object.__new__, object.__setattr__
+
+
+def _decode_batch(num: int, kv: int) -> StepBatch:
+    """``StepBatch(0, num, kv, num, kv)``, an equal object made in about half the time: the frozen dataclass's
+    ``__init__`` sets each field with its own ``object.__setattr__`` call, and steady steps make millions."""
+    batch = _new(StepBatch)
+    _setattr(batch, "__dict__", {"prefill_tokens": 0, "decode_seqs": num, "kv_tokens_read": kv, "num_seqs": num,
+                                 "attention_pairs": kv})
+    return batch
 
 
 def _insert(q: deque, item: tuple) -> None:

@@ -211,3 +211,13 @@ def test_hash_ids_beyond_the_prompt_blocks():
     fast = sim.simulate(config, session_load(turns))
     assert fast.requests[2].admitted_step == 12 and fast.requests[2].waited_for_kv
     assert fast == sim.simulate(config, session_load(turns), trace=[])
+
+
+def test_a_decode_batch_is_the_step_batch():
+    """Steady steps make their batches without StepBatch's __init__: the same fields, equality, hash and repr."""
+    for num, kv in [(1, 17), (256, 10**9), (3, 0)]:
+        fast, plain = sim._decode_batch(num, kv), sim.StepBatch(0, num, kv, num, kv)
+        assert type(fast) is sim.StepBatch
+        assert fast == plain and hash(fast) == hash(plain) and repr(fast) == repr(plain)
+        assert vars(fast) == vars(plain) and list(vars(fast)) == list(vars(plain))
+        assert dataclasses.asdict(fast) == dataclasses.asdict(plain)
