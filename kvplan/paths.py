@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable
 from pathlib import Path
 
 from kvplan.errors import KvplanError
@@ -401,8 +402,10 @@ def _bounded_lines(fh, max_line: int):
 # permission is one line and exit 2, with the temporary file removed.
 
 
-def write_file_safely(path: str | Path, text: str | bytes, what: str = "", make_parent: bool = False) -> Path:
-    """Write ``text`` (UTF-8; bytes as they are) to ``path`` as described above; returns the path."""
+def write_file_safely(path: str | Path, text: str | bytes | Iterable[str | bytes], what: str = "",
+                      make_parent: bool = False) -> Path:
+    """Write ``text`` (UTF-8; bytes as they are; or an iterable of such chunks, written one at a time so a large
+    file is never held whole) to ``path`` as described above; returns the path."""
     import os
     import stat
     import tempfile
@@ -424,7 +427,8 @@ def write_file_safely(path: str | Path, text: str | bytes, what: str = "", make_
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name[:80]}.", suffix=".tmp")
         os.fchmod(fd, 0o644)  # as the run folder's other files (mkstemp makes 0600)
         with os.fdopen(fd, "wb") as fh:
-            fh.write(text.encode("utf-8") if isinstance(text, str) else text)
+            for chunk in (text,) if isinstance(text, (str, bytes)) else text:
+                fh.write(chunk.encode("utf-8") if isinstance(chunk, str) else chunk)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, target)

@@ -18,6 +18,7 @@ import json
 import os
 import re
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -124,10 +125,12 @@ class RunStore:
         """Every complete line of points.jsonl (a torn last line is skipped)."""
         return _read_jsonl(self.path / POINTS_FILE)
 
-    def read_requests(self) -> list[dict[str, Any]]:
-        return _read_jsonl(self.path / REQUESTS_FILE)
+    def read_requests(self) -> Iterator[dict[str, Any]]:
+        """Every complete line of requests.jsonl, one at a time: the file grows with every request of every point,
+        so it is streamed, never held whole (a crafted multi-GB file stays within bounded memory)."""
+        return _iter_jsonl(self.path / REQUESTS_FILE)
 
-    def write_text(self, name: str, text: str) -> Path:
+    def write_text(self, name: str, text: str | Iterable[str]) -> Path:
         target = self.path / name
         _atomic_write(target, text, self.secrets)
         return target
@@ -202,9 +205,12 @@ MAX_RUN_LINE_CHARS = 64 * 1024 * 1024
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return list(_iter_jsonl(path))
+
+
+def _iter_jsonl(path: Path) -> Iterator[dict[str, Any]]:
     if not path.is_file():
-        return []
-    out = []
+        return
     for line in iter_user_lines(path, "", limit=None, max_line=MAX_RUN_LINE_CHARS):
         if not line.strip():
             continue
@@ -213,8 +219,7 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
         except KvplanError:
             continue  # a line torn by a crash, or not kvplan's
         if isinstance(row, dict):
-            out.append(row)
-    return out
+            yield row
 
 
 def _scrub(text: str, secrets: tuple[str, ...]) -> str:
@@ -225,7 +230,10 @@ def _scrub(text: str, secrets: tuple[str, ...]) -> str:
     return scrub(text, [*secrets, *(json.dumps(s)[1:-1] for s in secrets)])
 
 
-def _atomic_write(path: Path, text: str, secrets: tuple[str, ...] = ()) -> None:
-    """Write a whole file, its secrets masked, through kvplan's one safe writer (kvplan.paths)."""
-
-    write_file_safely(path, _scrub(redact(text), secrets))
+def _atomic_write(path: Path, text: str | Iterable[str], secrets: tuple[str, ...] = ()) -> None:
+    """Write a whole file, its secrets masked, through kvplan's one safe writer (kvplan.paths); an iterable of
+    lines is masked and written line by line (a secret never spans two lines of kvplan's files)."""
+    if isinstance(text, str):
+        write_file_safely(path, _scrub(redact(text), secrets))
+    else:
+        write_file_safely(path, (_scrub(redact(line), secrets) for line in text))

@@ -125,7 +125,9 @@ def apply_slo(summary: BenchSummary, path: Path, slo: dict[str, float]) -> Bench
     from kvplan.bench.results import highest_load_meeting
     from kvplan.bench.slo import request_meets, slo_results
 
-    per_point: dict[int, list] = {}
+    # point seq -> [requests, requests meeting every target, their output tokens]: tallied one request at a time,
+    # since requests.jsonl holds every request of the run (a crafted one need not fit in memory)
+    per_point: dict[int, list[int]] = {}
     if summary.source == "kvplan":
         from kvplan.bench.loadgen import RequestRecord
         from kvplan.bench.store import RunStore
@@ -138,20 +140,23 @@ def apply_slo(summary: BenchSummary, path: Path, slo: dict[str, float]) -> Bench
                                     [int(k) for k in row.get("chunk_tokens") or []], row.get("prompt_tokens"),
                                     int(row.get("output_tokens") or 0), int(row.get("max_tokens") or 0),
                                     bool(row.get("ok")), row.get("error"))
-                per_point.setdefault(int(row["seq"]), []).append(rec)
+                tally = per_point.setdefault(int(row["seq"]), [0, 0, 0])
             except (KeyError, TypeError, ValueError):
                 continue
+            tally[0] += 1
+            if request_meets(rec, slo):
+                tally[1] += 1
+                tally[2] += rec.output_tokens
     points = []
     for p in summary.points:
         checks = slo_results(p.latencies(), slo)
         met = None if p.status != "ok" else all(c.met for c in checks.values())
         update = {"slo": checks, "slo_met": met}
-        recs = per_point.get(p.seq)
-        if recs:
-            good = [r for r in recs if request_meets(r, slo)]
-            update.update(goodput_share=round(len(good) / len(recs), 4),
-                          goodput_req_s=round(len(good) / p.wall_s, 4) if p.wall_s else None,
-                          goodput_tok_s=round(sum(r.output_tokens for r in good) / p.wall_s, 2) if p.wall_s else None)
+        requests, good, good_tokens = per_point.get(p.seq) or (0, 0, 0)
+        if requests:
+            update.update(goodput_share=round(good / requests, 4),
+                          goodput_req_s=round(good / p.wall_s, 4) if p.wall_s else None,
+                          goodput_tok_s=round(good_tokens / p.wall_s, 2) if p.wall_s else None)
         points.append(p.model_copy(update=update))
     # An automatic rate search aimed at the run's own SLOs: its bracket says nothing about these.
     return summary.model_copy(update={"points": points, "slo": dict(slo), "rate_search": None,

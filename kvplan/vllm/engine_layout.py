@@ -228,4 +228,7 @@ def _cached_case(path: Path, key: str, installed: str) -> dict[str, Any] | None:
     if not (isinstance(entry, dict) and entry.get("key") == key and entry.get("installed") == installed
             and entry.get("ok") is True and isinstance(entry.get("layer_specs"), dict) and entry["layer_specs"]):
         return None
+    # The release it names is printed as the layout's source: it must be the one installed, as its key says.
+    if not isinstance(entry.get("vllm_version"), str) or entry["vllm_version"].split("+")[0] != installed.split("+")[0]:
+        return None
     return entry

@@ -450,7 +450,7 @@ def test_a_long_request_line_is_read_back_whole(tmp_path):
     store.append_requests([{"index": 0, "stream": 0, "chunk_times_s": times}])
     store.append_point({"concurrency": 1, "status": "ok", "note": "x" * 1_500_000})
     assert len((tmp_path / "requests.jsonl").read_text()) > 1_048_576
-    (row,) = store.read_requests()
+    (row,) = list(store.read_requests())
     assert row["chunk_times_s"] == times
     (point,) = store.read_points()
     assert len(point["note"]) == 1_500_000

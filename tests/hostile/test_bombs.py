@@ -128,3 +128,26 @@ def test_units_parsers_raise_only_kvplan_errors(text):
 @given(hs.integers(min_value=1, max_value=2**40))
 def test_token_counts_round_trip(n):
     assert parse_tokens(str(n)) == n and parse_tokens(f"{n:,}") == n
+
+
+def test_a_huge_requests_file_is_streamed_in_bounded_memory(tmp_path):
+    """Issue 28, over limits: requests.jsonl grows with every request of a run, and `report --slo` held every
+    request it parsed. 140 requests whose error text is 8 MB each (1.1 GB in all) are judged under a 1 GB
+    address-space cap: one request at a time, only the tallies kept."""
+    import shutil
+
+    from helpers.harness import ROOT, invoke_capped
+
+    run = tmp_path / "run"
+    shutil.copytree(ROOT / "tests" / "bench" / "data" / "old-run-conc", run)
+    error = "x" * (8 * 1024 * 1024)
+    line = ('{"index":0,"stream":0,"ok":false,"error":"' + error + '","scheduled_s":0.0,"sent_s":0.01,'
+            '"first_token_s":null,"end_s":1.0,"prompt_tokens":8,"output_tokens":0,"max_tokens":6,"chunk_times_s":[],'
+            '"concurrency":1,"seq":0}\n')
+    with open(run / "requests.jsonl", "w") as f:
+        for _ in range(140):
+            f.write(line)
+    r = invoke_capped("report", str(run), "--slo", "ttft_p99=500ms", "--format", "json", timeout=60,
+                      memory_mb=1024)
+    assert r.code in (0, 1), r.stderr[-2000:]
+    assert "Traceback" not in r.stderr

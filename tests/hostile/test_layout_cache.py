@@ -44,12 +44,16 @@ def test_an_entry_is_written_once_and_then_used(tmp_path, probes):
     assert (entry.parent.stat().st_mode & 0o777) == 0o700
 
 
-@pytest.mark.parametrize("tamper", ["another key", "another vLLM", "a failed probe", "no specs", "not JSON", "a list"])
+@pytest.mark.parametrize("tamper", ["another key", "another vLLM", "another named release", "control text in the release",
+                                    "a failed probe", "no specs", "not JSON", "a list"])
 def test_an_entry_that_is_not_what_its_name_claims_is_probed_again(tmp_path, probes, tamper):
     _plan()
     (entry,) = _entries(tmp_path)
     doc = json.loads(entry.read_text())
     planted = {"another key": dict(doc, key="0" * 24), "another vLLM": dict(doc, installed="0.31.0"),
+               # the release the layout's source line names: it must be the installed one, as the key says
+               "another named release": dict(doc, vllm_version="0.99.0"),
+               "control text in the release": dict(doc, vllm_version="0.32.0\x1b[2J::error::x"),
                "a failed probe": dict(doc, ok=False), "no specs": dict(doc, layer_specs={})}.get(tamper)
     entry.write_text("{nope" if tamper == "not JSON" else "[1]" if tamper == "a list" else json.dumps(planted))
     _plan()

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import io
+from collections.abc import Iterable, Iterator
 
 from kvplan.bench.loadgen import RequestRecord
 from kvplan.bench.outputs.registry import output
 from kvplan.bench.results import BenchSummary, LatencyStats, PointResult
 from kvplan.bench.store import RunStore
 from kvplan.term import csv_writer
+
+#: A request's error as a spreadsheet cell: kvplan's own reasons are one line (error bodies are read up to 4 KiB);
+#: a run file can hold any text, which a cell need not repeat whole.
+MAX_ERROR_CELL = 4096
 
 POINTS_CSV = "points.csv"
 REQUESTS_CSV = "requests.csv"
@@ -20,7 +25,7 @@ def write_points_csv(summary: BenchSummary, store: RunStore) -> str:
 
 
 @output("requests-csv", REQUESTS_CSV, order=20)
-def write_requests_csv(summary: BenchSummary, store: RunStore) -> str:
+def write_requests_csv(summary: BenchSummary, store: RunStore) -> Iterator[str]:
     return requests_csv(store.read_requests())
 
 
@@ -74,15 +79,23 @@ REPLAY_CSV_KEYS = ("sessions", "prefix_queries", "prefix_hits", "hit_rate", "pre
                    "predicted_hit_rate_low", "predicted_hit_rate_high", "predicted_preemption", "predicted_by")
 
 
-def requests_csv(rows: list[dict]) -> str:
+def requests_csv(rows: Iterable[dict]) -> Iterator[str]:
     """One row per request (requests.jsonl): scheduled and actual send times, TTFT/E2E from the scheduled
-    time, mean ITL per token, tokens."""
+    time, mean ITL per token, tokens. Yields the CSV a row at a time: the file grows with every request of the run."""
     head = ["seq", "concurrency", "rate", "index", "stream", "ok", "scheduled_s", "sent_s", "send_lag_ms",
             "first_token_s", "end_s", "ttft_ms", "e2e_ms", "tpot_ms", "itl_mean_ms", "deliveries", "prompt_tokens",
             "output_tokens", "retries", "error"]
     buf = io.StringIO()
     w = csv_writer(buf)
     w.writerow(head)
+
+    def flush() -> str:
+        text = buf.getvalue()
+        buf.seek(0)
+        buf.truncate()
+        return text
+
+    yield flush()
     for row in rows:
         try:
             rec = RequestRecord(int(row["index"]), int(row["stream"]), float(row["scheduled_s"]),
@@ -103,5 +116,5 @@ def requests_csv(rows: list[dict]) -> str:
                     "" if rec.first_token_s is None else rec.first_token_s, "" if rec.end_s is None else rec.end_s,
                     ms(rec.ttft_s), ms(rec.e2e_s), ms(rec.tpot_s), ms(sum(itl) / len(itl) if itl else None),
                     len(rec.chunk_times_s), "" if rec.prompt_tokens is None else rec.prompt_tokens, rec.output_tokens,
-                    row.get("retries", 0), rec.error or ""])
-    return buf.getvalue()
+                    row.get("retries", 0), (rec.error or "")[:MAX_ERROR_CELL]])
+        yield flush()

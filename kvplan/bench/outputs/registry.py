@@ -4,14 +4,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from kvplan.bench.results import BenchSummary
 from kvplan.bench.store import RunStore
 
-#: What an output returns: the file's text, its bytes, or None (nothing to write, e.g. no matplotlib).
-Render = Callable[[BenchSummary, RunStore], "str | bytes | None"]
+#: What an output returns: the file's text, its bytes, its lines one at a time (a file that grows with the run, written
+#: without holding it whole), or None (nothing to write, e.g. no matplotlib).
+Render = Callable[[BenchSummary, RunStore], "str | bytes | Iterator[str] | None"]
 
 
 @dataclass(frozen=True)
