@@ -24,7 +24,7 @@ from kvplan.plan.capacity import compute_capacity
 from kvplan.plan.overhead import load_overhead
 from kvplan.plan.schema import Settings
 from kvplan.plan.simulate import Lengths, SchedulerConfig
-from kvplan.plan.steptime import StepTimeModel, calibrate_bench, model_for
+from kvplan.plan.steptime import StepTimeModel, calibrate_bench, decode_measurements, model_for
 from kvplan.vllm.rules import rules_for
 
 STEPTIME_FILE = "steptime.json"
@@ -161,8 +161,6 @@ def _refuse_steps_faster_than_the_device(points: list[dict[str, Any]], lengths: 
     at the device's full bandwidth, or computing the batch at its full FLOP/s, cannot be a step of this
     model on this device: refused rather than fitted (the fit would store a device faster than its
     datasheet, and every prediction made with it would be too fast)."""
-    from kvplan.plan.steptime import decode_measurements
-
     usable = [p for p in points if p.get("status", "ok") == "ok" and p.get("mode", "concurrency") == "concurrency"]
     for batch, seconds in decode_measurements(usable, lengths.prompt, lengths.output):
         floor = max(base.terms(batch))
