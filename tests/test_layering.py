@@ -18,7 +18,7 @@ FLOORS: dict[str, int] = {
     "kvplan.calibration": 0,
     # 1: facts about vLLM: its rules per release, platforms, metric names, engine flags; every floor above reads them
     "kvplan.vllm.rules": 1, "kvplan.vllm.platforms": 1, "kvplan.vllm.metric_names": 1, "kvplan.vllm.args": 1,
-    "kvplan.sglang.rules": 1,  # SGLang's rules per release, beside vLLM's
+    "kvplan.sglang.rules": 1, "kvplan.sglang.metric_names": 1,  # SGLang's facts, beside vLLM's
     # 2: what is planned for: the model, the hardware, the traffic
     "kvplan.model": 2, "kvplan.hardware": 2, "kvplan.traffic": 2,
     # 3: the planner

@@ -29,7 +29,16 @@ from dataclasses import dataclass, field
 
 from kvplan.bench.client import REDIRECT_HINT, Client, is_redirect
 from kvplan.bench.results import ServerFigures
-from kvplan.vllm.metric_names import ALIASES, CACHE_INFO, HISTOGRAMS, TIER_COUNTERS, WAITING_BY_REASON
+from kvplan.sglang import metric_names as sglang_names
+from kvplan.vllm import metric_names as vllm_names
+from kvplan.vllm.metric_names import CACHE_INFO, TIER_COUNTERS, WAITING_BY_REASON
+
+#: Each quantity's names over the engines the bench reads, vLLM's first: their prefixes never meet, so a server's
+#: /metrics answers under one engine's names (kvplan/vllm/metric_names.py, kvplan/sglang/metric_names.py).
+ALIASES: dict[str, tuple[str, ...]] = {key: names + sglang_names.ALIASES.get(key, ())
+                                       for key, names in vllm_names.ALIASES.items()}
+HISTOGRAMS: dict[str, tuple[str, ...]] = {key: names + sglang_names.HISTOGRAMS.get(key, ())
+                                          for key, names in vllm_names.HISTOGRAMS.items()}
 
 #: What the fast scrape keeps (line prefixes).
 GAUGES = ("running", "waiting", "kv_usage", "preemptions")
