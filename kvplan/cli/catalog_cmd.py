@@ -81,6 +81,7 @@ SCHEMAS = {
     "check": ("kvplan.gate.check", "CheckReport"),
     "check-log": ("kvplan.gate.checklog", "CheckLogResult"),
     "validate": ("kvplan.validate.runner", "Validation"),
+    "calibrate": ("kvplan.plan.schema", "CalibrateOutput"),  # a start-up log's record, or --bench RUN's step time
     "bench": ("kvplan.bench.results", "BenchSummary"),  # also summary.json
     "report": ("kvplan.bench.results", "BenchSummary"),  # one summary, or a list of them for several runs
 }

@@ -259,7 +259,9 @@ def calibrate(
     cal = measure(text, str(file), gpu, model, vllm_version, fraction, usage)
     written = record_calibration(cal)
     if as_json:
-        print_json(asdict(cal) | {"residual_gib": round(cal.residual_gib, 4), "profile": str(written)})
+        from kvplan.plan.schema import StartupCalibrationOutput
+
+        print_json(StartupCalibrationOutput(**asdict(cal), residual_gib=round(cal.residual_gib, 4), profile=str(written)))
         return
     typer.echo(f"recorded {cal.label()}")
     typer.echo(f"  requested {cal.requested_gib:.2f} GiB - weights {cal.weights_gib:.2f} - available KV "
@@ -278,7 +280,10 @@ def _calibrate_steptime(run_dir: Path, gpu: str | None, model: str | None, as_js
     cal = calibrate_run(run_dir, gpu, model)
     m = cal.model
     if as_json:
-        print_json(cal.to_json() | {"written": str(run_dir / STEPTIME_FILE)})
+        from kvplan.plan.schema import StepTimeCalibrationOutput
+
+        print_json(StepTimeCalibrationOutput(**(cal.to_json() | {"steptime": cal.model}),
+                                             written=str(run_dir / STEPTIME_FILE)))
         return
     typer.echo(f"calibrated the step-time model of {cal.model_name} on {cal.device} from {len(cal.points_used)} "
                f"point(s) at concurrency {', '.join(map(str, cal.points_used))}")

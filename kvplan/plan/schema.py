@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from kvplan.calibration import Calibration
 from kvplan.errors import KvplanError
 from kvplan.model.encoders import MAX_MM_PIXELS
 from kvplan.plan.offload import OffloadTier, check_offloading_size
 from kvplan.plan.speculative import SpeculativeConfig, parse_speculative_config
+from kvplan.plan.steptime import StepTimeModel
 from kvplan.vllm.args import READ_BACK
 
 if TYPE_CHECKING:
@@ -509,3 +511,34 @@ class ModelRow:
     attention: str  # e.g. "GQA", "MLA", "hybrid (attention + recurrent state)"
     kv_bytes_per_token: int  # KV bytes a token takes over all layers, in the model's dtype, before TP
     params_b: float  # parameters, billions
+
+
+# --------------------------------------------------------------------------- kvplan calibrate --json
+
+
+@dataclass(frozen=True, eq=False)
+class StartupCalibrationOutput(Calibration):
+    """`kvplan calibrate LOG --json`: the start-up measured (GiB per GPU, as vLLM printed them) and recorded."""
+
+    residual_gib: float = 0.0  # measured overhead - kvplan's modelled overhead: what `kvplan size` shifts by
+    profile: str = ""  # the calibration file it was written to
+
+
+@output_record
+class StepTimeCalibrationOutput:
+    """`kvplan calibrate --bench RUN --json`: the step-time model fitted to a bench run (RUN/steptime.json)."""
+
+    schema: int
+    run_dir: str
+    model: str
+    device: str
+    workload: dict[str, Any]  # the run's workload, as run.json records it
+    scheduler: dict[str, Any]  # the engine's scheduler limits the fit assumed
+    points_used: list[float]  # the concurrencies of the points fitted
+    recorded_at: str  # ISO time
+    steptime: StepTimeModel  # seconds a step: overhead + memory / (bandwidth x efficiency) + compute / ...
+    written: str  # the steptime.json written
+
+
+#: `kvplan schema calibrate`: either record, by the command's mode.
+CalibrateOutput = StartupCalibrationOutput | StepTimeCalibrationOutput

@@ -104,3 +104,27 @@ def test_the_catalog_listings_have_their_schema(name, cls):
     assert schema["type"] == "array" and data
     _same_keys(data, schema, schema.get("$defs", {}))
     TypeAdapter(list[getattr(records, cls)]).validate_python(data)
+
+
+def test_calibrate_json_is_its_schema(tmp_path, monkeypatch):
+    """Both modes of `kvplan calibrate --json`: a start-up log (kv043's, vLLM 0.15.1 on an A100 40GB) and a bench
+    run's step time (the old CPU run kept in tests/bench/data)."""
+    import shutil
+
+    from kvplan.plan.schema import CalibrateOutput, StartupCalibrationOutput, StepTimeCalibrationOutput
+    from kvplan.validate.reports import load_reports
+
+    monkeypatch.setenv("KVPLAN_CONFIG_DIR", str(tmp_path / "config"))
+    schema = _json("schema", "calibrate")
+    log = tmp_path / "vllm.log"
+    log.write_text(next(r for r in load_reports() if r.case_id == "kv043").quote + "\n")
+    startup = _json("calibrate", str(log), "--gpu", "A100 40GB", "--model", "meta-llama/Llama-3.1-8B-Instruct",
+                    "--usage", "llm", "--json")
+    run = tmp_path / "run"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "bench" / "data" / "old-run-conc", run)
+    steptime = _json("calibrate", "--bench", str(run), "--model", "meta-llama/Llama-3.1-8B-Instruct", "--json")
+    for data, cls in ((startup, StartupCalibrationOutput), (steptime, StepTimeCalibrationOutput)):
+        branch = next(s for s in schema["anyOf"] if s["$ref"].endswith(cls.__name__))
+        _same_keys(data, branch, schema.get("$defs", {}))
+        assert isinstance(TypeAdapter(CalibrateOutput).validate_python(data), cls)
+    assert startup["profile"] and steptime["written"].endswith("steptime.json")
