@@ -628,10 +628,10 @@ def render(summary) -> None:
     cap, pred = summary.capacity, summary.prediction
     planner = summary.planner or PlannerCapacity()
     console.print(f"[bold]{esc(summary.model)}[/]: {esc(summary.workload)}")
-    line = (f"KV pool: engine reports {cap.num_blocks or '?'} blocks of {cap.block_size or '?'} "
-            f"= {cap.kv_cache_tokens or '?'} tokens (from {cap.source or 'nothing'})")
+    line = f"KV pool: engine reports {_pool_text(cap.num_blocks, cap.block_size, cap.kv_cache_tokens)}"
+    line += f" (from {cap.source or 'nothing'})"
     if planner.kv_cache_tokens is not None:
-        line += f"; planner {planner.num_blocks} blocks = {planner.kv_cache_tokens} tokens"
+        line += f"; planner {_pool_text(planner.num_blocks, None, planner.kv_cache_tokens)}"
     console.print(esc(line))
     for key, name in zip(ONSETS, ("first KV wait", "first preemption")):
         onset = summary.measured.onset(key)
@@ -684,3 +684,12 @@ def render(summary) -> None:
             console.print(f"[red]{where} failed:[/] {esc(p.error)}")
     console.print(f"[dim]run folder: {esc(summary.run_dir)}[/]")
 
+
+def _pool_text(blocks: int | None, block_size: int | None, tokens: int | None) -> str:
+    """"2,448 blocks of 16 = 39,168 tokens", leaving out what is not known (never "= ? tokens")."""
+    parts = []
+    if blocks:
+        parts.append(f"{blocks:,} blocks" + (f" of {block_size}" if block_size else ""))
+    if tokens:
+        parts.append(f"{tokens:,} tokens")
+    return " = ".join(parts) or "nothing of its pool"

@@ -406,3 +406,13 @@ def test_the_options_choose_one_load_profile():
     for cfg, name, mode in cases:
         chosen = profile_for(cfg)
         assert (chosen.name, chosen.load_mode) == (name, mode)
+
+
+def test_the_console_pool_line_never_shows_unknowns():
+    """Issue 27: "400 blocks of 16 = ? tokens"; what the engine did not report is left out."""
+    from kvplan.cli.bench_cmd import _pool_text
+
+    assert _pool_text(2448, 16, 39168) == "2,448 blocks of 16 = 39,168 tokens"
+    assert _pool_text(400, 16, None) == "400 blocks of 16"
+    assert _pool_text(None, None, 39168) == "39,168 tokens"
+    assert _pool_text(None, None, None) == "nothing of its pool"
