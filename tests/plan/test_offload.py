@@ -106,3 +106,21 @@ def test_the_native_tier_before_0_19_1_is_refused():
     result = CliRunner().invoke(app, ["size", "meta-llama/Llama-3.1-8B", "--gpu", "H100", "--kv-offloading-size", "8",
                                       "--vllm-version", "0.11.1"], env=ENV)
     assert result.exit_code == 2 and "never builds" in result.output
+
+
+@pytest.mark.parametrize("size_gib, per_rank_measured_gib, node_measured_gib", [(200, 96.2, 385.0), (400, 192.2, 769.0)])
+def test_vllm_53042_the_pinned_tier_of_a_hybrid_at_tp_4(size_gib, per_rank_measured_gib, node_measured_gib):
+    """vllm#53042 (vLLM 0.26.0, a hybrid GDN + GQA model with 4 KV groups at TP 4, fp8 KV, block 16): each rank
+    pins 24 tensors of torch.zeros((2053, 1089536), pin_memory=True) for 200 GiB, each rounded up to 4 GiB, so
+    96.2 GiB a rank and 385.0 GiB of node Shmem (769.0 for 400 GiB). From the report's allocation shape alone:
+    a block of 24 layer slots of 1,089,536 B = 26,148,864 B a rank; a chunk holds every rank's block,
+    104,595,456 B; 200 GiB / that = 2,053 chunks; a tensor is 2,053 x 1,089,536 B = 2.0832 GiB -> 4 GiB pinned;
+    4 ranks x 24 x 4 GiB = 384 GiB (400 GiB: 4,106 chunks, 4.17 GiB -> 8 GiB, 768 GiB)."""
+    tier = cpu_offload_tier(size_gib, "native", block_bytes_per_rank=24 * 1_089_536, block_size=16, groups=4,
+                            tensor_parallel_size=4, pipeline_parallel_size=1, decode_context_parallel_size=1,
+                            mla=False, nvidia_or_xpu=True, gpu_pool_tokens=0, memory="pinned",
+                            tensor_pages=(1_089_536,) * 24)
+    assert tier.num_chunks == {200: 2053, 400: 4106}[size_gib]
+    assert tier.host_bytes == {200: 384, 400: 768}[size_gib] * GiB
+    assert abs(tier.host_bytes / GiB - node_measured_gib) / node_measured_gib < 0.005  # 0.26% and 0.13% under
+    assert abs(tier.host_bytes / 4 / GiB - per_rank_measured_gib) / per_rank_measured_gib < 0.005
