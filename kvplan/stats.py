@@ -67,3 +67,33 @@ def lad_through_origin(x: Sequence[float], y: Sequence[float]) -> float:
     if any(v <= 0 for v in x):
         raise ValueError("x must be positive")
     return weighted_median([yi / xi for xi, yi in zip(x, y)], list(x))
+
+
+def quantile_interval(values: Sequence[float], q: float, confidence: float = 0.95) -> tuple[float | None, float | None]:
+    """A distribution-free confidence interval for the q-th percentile (0-100) of the population the values were
+    drawn from: the order statistics ``[x_(l), x_(u)]`` (1-based, sorted) with ``l`` the largest and ``u`` the
+    smallest rank such that ``P(B < l) <= a/2`` and ``P(B >= u) <= a/2`` for ``B ~ Binomial(n, q/100)``, the
+    count of values below the true percentile (a = 1 - confidence). Exact coverage without resampling, so the
+    same values always give the same interval. None for a bound the sample cannot give: a p99 of fewer than 368
+    values has no upper bound at 95% (0.99^n > 0.025: none of its values is surely above the true p99)."""
+    n = len(values)
+    p = q / 100.0
+    if n == 0 or not 0.0 < p < 1.0:
+        return None, None
+    data = sorted(values)
+    alpha = (1.0 - confidence) / 2.0
+    # The binomial's mass beyond ~12 standard deviations of its mean is below 1e-30: sum only the window.
+    mean, sd = n * p, math.sqrt(n * p * (1.0 - p))
+    start, stop = max(0, math.floor(mean - 12 * sd - 1)), min(n, math.ceil(mean + 12 * sd + 1))
+    log_p, log_q, log_n = math.log(p), math.log1p(-p), math.lgamma(n + 1)
+    lower = upper = None
+    below = 0.0  # P(B < k)
+    for k in range(start, stop + 1):
+        if below <= alpha:
+            lower = k  # P(B < k) <= a/2: x_(k) is a lower bound (k >= 1)
+        if upper is None and 1.0 - below <= alpha:
+            upper = k  # P(B >= k) <= a/2: x_(k) is an upper bound (k <= n)
+        below += math.exp(log_n - math.lgamma(k + 1) - math.lgamma(n - k + 1) + k * log_p + (n - k) * log_q)
+    low = data[lower - 1] if lower is not None and lower >= 1 else None
+    high = data[upper - 1] if upper is not None and 1 <= upper <= n else None
+    return (None if low is None else float(low)), (None if high is None else float(high))

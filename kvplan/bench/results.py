@@ -82,6 +82,10 @@ class LatencyStats(_Figures):
     p90: float | None = None
     p95: float | None = None
     p99: float | None = None
+    # 95% confidence intervals of the p50 and the p99 (kvplan.stats.quantile_interval: order statistics, exact,
+    # no resampling); a bound the sample cannot give is None (a p99 of fewer than 368 values has no upper one)
+    p50_ci: tuple[float | None, float | None] | None = None
+    p99_ci: tuple[float | None, float | None] | None = None
 
     @classmethod
     def of(cls, values: Sequence[float]) -> LatencyStats:

@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from kvplan.stats import percentile
+from kvplan.stats import percentile, quantile_interval
 
 if TYPE_CHECKING:
     from kvplan.bench.results import LatencyStats
@@ -14,12 +14,19 @@ if TYPE_CHECKING:
 QUANTILES = (50, 90, 95, 99)
 
 
-def describe(values: Sequence[float]) -> dict[str, float | None]:
-    """{"mean", "p50", "p90", "p95", "p99", "n"} of a list of seconds (None when empty); a bench point
-    holds them as kvplan.bench.results.LatencyStats (LatencyStats.of)."""
-    out: dict[str, float | None] = {"n": len(values), "mean": (sum(values) / len(values)) if values else None}
+#: The percentiles whose 95% confidence interval a point carries.
+INTERVALS = (50, 99)
+
+
+def describe(values: Sequence[float]) -> dict[str, object]:
+    """{"mean", "p50", "p90", "p95", "p99", "n", "p50_ci", "p99_ci"} of a list of seconds (None when empty); a bench
+    point holds them as kvplan.bench.results.LatencyStats (LatencyStats.of)."""
+    out: dict[str, object] = {"n": len(values), "mean": (sum(values) / len(values)) if values else None}
     for q in QUANTILES:
         out[f"p{q}"] = percentile(values, q)
+    if values:  # an empty point keeps only the keys it always had
+        for q in INTERVALS:
+            out[f"p{q}_ci"] = quantile_interval(values, q)
     return out
 
 

@@ -339,8 +339,9 @@ def _points_table(s: BenchSummary) -> str:
     rate = s.rate_mode
     slo = bool(s.slo)
     head = (["rate req/s", "peak in flight"] if rate else ["concurrency"]) + [
-        "measured (predicted)", "preemptions", "KV peak", "TTFT p50 / p99 ms (n)", "ITL p50 / p99 ms (n)",
-        "E2E p50 / p99 ms (n)", "send lag p99 ms", "tok/s", "req/s", "ok"] + (["SLOs", "goodput req/s"] if slo else [])
+        "measured (predicted)", "preemptions", "KV peak", "TTFT p50 / p99 ms [p99 95% CI] (n)",
+        "ITL p50 / p99 ms [p99 95% CI] (n)", "E2E p50 / p99 ms [p99 95% CI] (n)", "send lag p99 ms", "tok/s", "req/s",
+        "ok"] + (["SLOs", "goodput req/s"] if slo else [])
     rows = ["<table><tr>" + "".join(f"<th>{escape(h)}</th>" for h in head) + "</tr>"]
 
     def pair(stats: LatencyStats) -> str:
@@ -348,7 +349,11 @@ def _points_table(s: BenchSummary) -> str:
             return "-"
         n = stats.count
         warn = n < 100
-        text = f"{stats.p50 * 1000:.1f} / {stats.p99 * 1000:.1f} ({n})"
+        ci = ""
+        if stats.p99_ci is not None:
+            low, high = (("?" if v is None else f"{v * 1000:.1f}") for v in stats.p99_ci)
+            ci = f" [{low}-{high}]"
+        text = f"{stats.p50 * 1000:.1f} / {stats.p99 * 1000:.1f}{ci} ({n})"
         return f'<span class="warn" title="p99 from fewer than 100 samples">{text}!</span>' if warn else text
 
     for p in s.points:

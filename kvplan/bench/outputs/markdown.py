@@ -73,9 +73,12 @@ def markdown(summary: BenchSummary) -> str:
     lines += ["", "## Points", ""]
     if s.load_description:
         lines += [f"Load: {s.load_description}.", ""]
+    lines += ["A p99's [95% CI] is the interval its samples' order statistics give (exact, no resampling; '?' where "
+              "they cannot bound it: an upper bound needs 368 samples); (n) is the sample count, '!' under 100.", ""]
     cols = (["rate req/s", "peak in flight"] if rate_mode else ["concurrency"]) + [
         "predicted", "measured", "preemptions", "peak waiting", "KV fill predicted", "KV peak measured",
-        "TTFT p50 ms", "TTFT p99 ms (n)", "ITL p50 ms", "ITL p99 ms (n)", "TPOT p50 ms", "E2E p99 ms (n)",
+        "TTFT p50 ms", "TTFT p99 ms [95% CI] (n)", "ITL p50 ms", "ITL p99 ms [95% CI] (n)", "TPOT p50 ms",
+        "E2E p99 ms [95% CI] (n)",
         "output tok/s", "req/s", "requests ok"]
     if slo:
         cols += ["meets SLOs", "goodput req/s", "goodput tok/s"]

@@ -131,12 +131,17 @@ def latency_lines(summary: BenchSummary) -> list[str]:
 
 
 def p99_cell(stats: LatencyStats) -> str:
-    """'812.3 (97)': the p99 and its sample count, '!' when too few samples carry it."""
+    """'812.3 [790.1-840.5] (1,000)': the p99, its 95% confidence interval and its sample count ('?' for a bound the
+    sample cannot give; '!' when too few samples carry the p99)."""
     value = stats.p99
     if value is None:
         return "-"
     n = stats.count
-    return f"{value * 1000:.1f} ({n}{'!' if n < min_samples(99) else ''})"
+    ci = ""
+    if stats.p99_ci is not None:
+        low, high = (("?" if v is None else f"{v * 1000:.1f}") for v in stats.p99_ci)
+        ci = f" [{low}-{high}]"
+    return f"{value * 1000:.1f}{ci} ({n:,}{'!' if n < min_samples(99) else ''})"
 
 
 def _int(value: Any) -> int | None:
