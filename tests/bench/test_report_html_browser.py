@@ -33,7 +33,7 @@ import pytest
 from helpers.bench import bench_env, kvplan_cmd
 from helpers.fake_server import FakeBehaviour, FakeServer
 
-from kvplan.bench.outputs.html import COLOURS, ONSET_COLOURS
+from kvplan.bench.outputs.html import COLOURS, ONSET_COLOURS, SLO_COLOUR
 
 CHROMIUM = Path("/usr/bin/chromium")
 REQUIRE_BROWSER = os.environ.get("KVPLAN_REQUIRE_BROWSER", "") not in ("", "0")
@@ -85,7 +85,10 @@ addEventListener("load", () => {
         dash: attr(p, "stroke-dasharray"), length: p.getTotalLength(), box: box(p)})),
       dots: [...svg.querySelectorAll("circle")].map((c) => ({
         colour: c.getAttribute("fill"), title: text(c.querySelector("title")), box: box(c)})),
-      vlines: [...svg.querySelectorAll(":scope > line[stroke-dasharray]")].map((l) => ({
+      vlines: [...svg.querySelectorAll(":scope > line[stroke-dasharray]:not(.target)")].map((l) => ({
+        colour: l.getAttribute("stroke"), dash: l.getAttribute("stroke-dasharray"),
+        name: text(l.querySelector("title")), box: box(l)})),
+      targets: [...svg.querySelectorAll(":scope > line.target")].map((l) => ({
         colour: l.getAttribute("stroke"), dash: l.getAttribute("stroke-dasharray"),
         name: text(l.querySelector("title")), box: box(l)})),
     }));
@@ -344,8 +347,21 @@ def check_charts(page: dict, runs: list[str], many: bool) -> list[dict]:
             assert e["box"][3] <= frame[1] + 0.5, ("legend over the plot", name, e)
             if e["s"] in want_dash:
                 assert e["dash"] == want_dash[e["s"]], (name, e)
-        assert {(v["name"], v["colour"], v["dash"]) for v in c["vlines"]} == {
+        assert {(v["name"], v["colour"], v["dash"]) for v in c["vlines"] + c["targets"]} == {
             (e["s"], e["colour"], e["dash"]) for e in c["legend"] if e["colour"] not in COLOURS}, name
+        # SLO targets: horizontal lines across the plot, at their value on the y axis among the points
+        for t in c["targets"]:
+            assert t["colour"] == SLO_COLOUR and t["name"].startswith("SLO "), (name, t)
+            assert _inside(t["box"], frame, slack=2) and t["box"][3] - t["box"][1] <= 3, (name, t)
+            assert t["box"][2] - t["box"][0] >= 0.95 * (frame[2] - frame[0]), (name, t)
+            target = float(t["name"].split("<= ")[1].split(" ")[0].replace(",", ""))
+            y = _centre(t["box"])[1]
+            for d in c["dots"]:
+                v = float(d["title"].split("-> ")[1].replace(",", ""))
+                if v > target * 1.02:
+                    assert _centre(d["box"])[1] < y, ("a point above its SLO drawn below it", name, d, t)
+                elif v < target / 1.02:
+                    assert _centre(d["box"])[1] > y, ("a point under its SLO drawn above it", name, d, t)
         for v in c["vlines"]:
             assert _inside(v["box"], frame, slack=2), (name, v)
         xs = sorted(_centre(v["box"])[0] for v in c["vlines"])
@@ -397,6 +413,13 @@ def test_sweep_report_renders_every_chart(sweep_page):
     check_pixels(page, charts, [COLOURS[0]])
     assert [p["concurrency"] for p in summary["points"]] == SWEEP
     assert all(p["status"] == "ok" for p in summary["points"])
+    # the run's SLOs (--slo ttft_p99=1s,e2e_p99=10s) on the charts of their metrics, and on no other
+    targets = {c["label"]: [t["name"] for t in c["targets"]] for c in charts}
+    assert targets["TTFT vs load (ms)"] == ["SLO ttft p99 <= 1,000 ms"]
+    assert targets["E2E vs load (ms)"] == ["SLO e2e p99 <= 10,000 ms"]
+    assert all(not names for label, names in targets.items() if not label.startswith(("TTFT", "E2E")))
+    # the capacity table, planner beside engine, as the browser laid it out
+    assert "KV capacity: planner vs engine" in page["dom"]
 
 
 def test_sweep_report_shows_onsets_predicted_and_measured(sweep_page):

@@ -5,6 +5,7 @@ and goodput, KV fill and preemptions, all against the load (concurrency or reque
 from __future__ import annotations
 
 import math
+import re
 import sys
 from html import escape
 
@@ -80,15 +81,18 @@ def _legend_rows(entries: list[tuple[str, str, str]], width: float) -> list[list
 
 
 def chart(title: str, xlabel: str, ylabel: str, series: list[tuple[str, list[tuple[float, float]], str, str]],
-          vlines: list[tuple[float, str, str, str]] = (), log_x: bool = False) -> str:
-    """An SVG line chart. series: (name, points, colour, dash); vlines: (x, label, colour, dash).
+          vlines: list[tuple[float, str, str, str]] = (), log_x: bool = False,
+          hlines: list[tuple[float, str, str, str]] = ()) -> str:
+    """An SVG line chart. series: (name, points, colour, dash); vlines: (x, label, colour, dash), the onsets;
+    hlines: (y, label, colour, dash), targets such as an SLO.
 
-    The legend (series and vertical lines, each with its colour and dash) sits in rows between the
-    title and the plot, never over the data; the vertical lines carry no label of their own."""
+    The legend (series and lines, each with its colour and dash) sits in rows between the title and the plot,
+    never over the data; the lines carry no label of their own (their legend entry and a tooltip name them)."""
     pts = [(x, y) for _, ps, _, _ in series for x, y in ps if y is not None and math.isfinite(y)]
     if not pts:
         return f'<figure><figcaption>{escape(title)}</figcaption><p class="empty">no data</p></figure>'
     vlines = [v for v in vlines if v[0] is not None and math.isfinite(v[0])]
+    hlines = [h for h in hlines if h[0] is not None and math.isfinite(h[0]) and h[0] > 0]
     xs = [x for x, _ in pts] + [v[0] for v in vlines]
     log_x = log_x and min(xs) > 0 and max(xs) / min(xs) >= 16
     fx = (lambda v: math.log2(v)) if log_x else (lambda v: v)
@@ -99,14 +103,15 @@ def chart(title: str, xlabel: str, ylabel: str, series: list[tuple[str, list[tup
     # range of figures near the float limit must not overflow to infinity (NaN coordinates).
     pad = (x1 / 2 - x0 / 2) * 0.08
     x0, x1 = max(x0 - pad, -sys.float_info.max), min(x1 + pad, sys.float_info.max)
-    top_y = max(y for _, y in pts)
+    top_y = max([y for _, y in pts] + [h[0] for h in hlines])  # a target above every point still shows
     y1 = (top_y * 1.08 if top_y < 1e300 else top_y) or 1.0  # headroom, short of overflowing to infinity
     pw, ph = W - L - R, H - T - B
     drawn = [(name, sorted((x, y) for x, y in ps if y is not None and math.isfinite(y)), colour, dash)
              for name, ps, colour, dash in series]
     drawn = [d for d in drawn if d[1]]
     rows = _legend_rows([(name, colour, dash) for name, _, colour, dash in drawn]
-                        + [(label, colour, dash) for _, label, colour, dash in vlines], pw)
+                        + [(label, colour, dash) for _, label, colour, dash in vlines]
+                        + [(label, colour, dash) for _, label, colour, dash in hlines], pw)
     top = T + LEGEND_ROW * len(rows)  # the plot's top edge, below the legend
     height = top + ph + B
 
@@ -148,6 +153,9 @@ def chart(title: str, xlabel: str, ylabel: str, series: list[tuple[str, list[tup
             lx = x + 2 * (k - (len(same) - 1) / 2)
             out.append(f'<line x1="{lx:.1f}" x2="{lx:.1f}" y1="{top}" y2="{top + ph}" stroke="{colour}" '
                        f'stroke-width="1.5" stroke-dasharray="{dash}"><title>{escape(label)}</title></line>')
+    for y, label, colour, dash in hlines:
+        out.append(f'<line class="target" x1="{L}" x2="{L + pw}" y1="{sy(y):.1f}" y2="{sy(y):.1f}" stroke="{colour}" '
+                   f'stroke-width="1.5" stroke-dasharray="{dash}"><title>{escape(label)}</title></line>')
     for name, ps, colour, dash in drawn:
         path = " ".join(f"{'M' if i == 0 else 'L'}{sx(x):.1f},{sy(y):.1f}" for i, (x, y) in enumerate(ps))
         out.append(f'<path d="{path}" fill="none" stroke="{colour}" stroke-width="2"'
@@ -241,7 +249,7 @@ def html_report(summaries: list[BenchSummary], title: str | None = None) -> str:
                             + series(lambda p, m=metric: _ms(getattr(p, m), "p99"), "p99", "6 3")
                             + series(lambda p, m=metric: _pred_ms(p, m, "p50"), "p50 predicted", PREDICTED_DASH)
                             + series(lambda p, m=metric: _pred_ms(p, m, "p99"), "p99 predicted", PREDICTED_DASH_P99),
-                            vlines if metric == "ttft" else [], log_x=True))
+                            vlines if metric == "ttft" else [], log_x=True, hlines=_slo_lines(runs, metric)))
     charts.append(chart("Throughput and goodput vs load (output tok/s)", xlabel, "tok/s",
                         series(lambda p: p.throughput_tok_s, "throughput")
                         + series(lambda p: p.goodput_tok_s, "goodput", "6 3")
@@ -259,6 +267,7 @@ def html_report(summaries: list[BenchSummary], title: str | None = None) -> str:
 
     for i, s in enumerate(runs):
         body.append(f"<h2>{escape(_run_name(s, i))}: points</h2>")
+        body.append(_capacity_table(s))
         body.append(_points_table(s))
         body.append(_replay_table(s))
         body.append(_tier_table(s))
@@ -328,6 +337,41 @@ def _latency_table(s: BenchSummary) -> str:
     return "".join(out)
 
 
+SLO_COLOUR, SLO_DASH = "#6a3d9a", "10 3 2 3"
+
+
+def _slo_lines(runs: list[BenchSummary], metric: str) -> list[tuple[float, str, str, str]]:
+    """The runs' SLO targets on ``metric`` as horizontal lines, in ms (one per distinct target)."""
+    targets = {}
+    for s in runs:
+        for key, seconds in (s.slo or {}).items():
+            name, _, stat = key.rpartition("_")
+            if name == metric and isinstance(seconds, (int, float)) and math.isfinite(seconds):
+                targets[(stat, float(seconds))] = f"SLO {metric} {stat} <= {_fmt(seconds * 1000)} ms"
+    return [(seconds * 1000, label, SLO_COLOUR, SLO_DASH) for (_, seconds), label in sorted(targets.items())]
+
+
+def _capacity_table(s: BenchSummary) -> str:
+    """The KV pool the planner predicts for the bench's engine flags beside the one the engine reports."""
+    cap, planner = s.capacity, s.planner
+
+    def cell(v) -> str:
+        return "-" if v is None else escape(f"{v:,}" if isinstance(v, int) else str(v))
+
+    rows = [("blocks", planner.num_blocks if planner else None, cap.num_blocks),
+            ("block size (tokens)", planner.block_size if planner else None, cap.block_size),
+            ("KV cache tokens", planner.kv_cache_tokens if planner else None, cap.kv_cache_tokens)]
+    if not any(p is not None or e is not None for _, p, e in rows):
+        return ""
+    head = (f"planner ({escape(planner.vllm_version)} rules)" if planner and planner.vllm_version else "planner")
+    out = [f'<table class="capacity"><caption>KV capacity: planner vs engine</caption><tr><th></th><th>{head}</th>'
+           f"<th>engine reports ({escape(cap.source or 'nothing')})</th></tr>"]
+    out += [f"<tr><td>{escape(name)}</td><td>{cell(p)}</td><td>{cell(e)}</td></tr>" for name, p, e in rows]
+    if planner and planner.error:
+        out.append(f'<tr><td colspan="3" class="warn">planner: {escape(planner.error)}</td></tr>')
+    return "".join(out) + "</table>"
+
+
 def _run_name(s: BenchSummary, i: int) -> str:
     from pathlib import PurePath
 
@@ -372,9 +416,26 @@ def _points_table(s: BenchSummary) -> str:
                       "-" if p.goodput_req_s is None else f"{p.goodput_req_s:.2f}"]
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     rows.append("</table>")
-    warnings = [(p, w) for p in s.points for w in p.warnings]
-    rows += [f'<p class="warn">{escape(_where(p))}: {escape(w)}</p>' for p, w in warnings]
+    rows.append(_warning_list(s.points))
     return "".join(rows)
+
+
+def _warning_list(points: list[PointResult]) -> str:
+    """One list of the points' warnings: a warning that repeats from point to point with other figures (a p99 on
+    too few samples at every load) is one entry naming its points, not one line per point."""
+    groups: dict[str, list[tuple[PointResult, str]]] = {}
+    for p in points:
+        for w in p.warnings:
+            groups.setdefault(re.sub(r"\d[\d,.]*", "#", w), []).append((p, w))
+    if not groups:
+        return ""
+    items = []
+    for found in groups.values():
+        first = found[0][1]
+        where = ", ".join(_where(p) for p, _ in found)
+        more = f" (and {len(found) - 1} more like it, with their own figures)" if len(found) > 1 else ""
+        items.append(f"<li>{escape(first)}{more}: at {escape(where)}</li>")
+    return '<ul class="warn">' + "".join(items) + "</ul>"
 
 
 def _where(p: PointResult) -> str:

@@ -1,0 +1,58 @@
+"""report.html's parts a team reviews (issue 27), on a recorded run (tests/bench/data/old-run-conc): the planner vs
+engine capacity table, SLO targets drawn on the latency charts, and one warning list instead of a line per point
+and metric. The page as a browser renders it is tested in test_report_html_browser.py."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from kvplan.bench.outputs.html import SLO_COLOUR, html_report
+from kvplan.bench.results import BenchSummary, PlannerCapacity
+
+RUN = Path(__file__).resolve().parent / "data" / "old-run-conc"
+
+
+def _summary(**changes) -> BenchSummary:
+    s = BenchSummary.model_validate(json.loads((RUN / "summary.json").read_text()))
+    return s.model_copy(update=changes)
+
+
+def test_the_capacity_table_sets_the_planner_beside_the_engine():
+    planner = PlannerCapacity(num_blocks=17, kv_cache_tokens=544, block_size=32, vllm_version="0.32.0")
+    page = html_report([_summary(planner=planner)])
+    table = re.search(r'<table class="capacity">.*?</table>', page).group(0)
+    assert "<caption>KV capacity: planner vs engine</caption>" in table
+    assert "planner (0.32.0 rules)" in table and "engine reports (metrics)" in table
+    assert "<tr><td>blocks</td><td>17</td><td>17</td></tr>" in table  # the recorded engine's 17 blocks of 32
+    assert "<tr><td>KV cache tokens</td><td>544</td><td>544</td></tr>" in table
+    assert "planner: no GPU" in html_report([_summary(planner=PlannerCapacity(error="no GPU"))])
+
+
+def test_slo_targets_are_lines_on_the_latency_charts():
+    page = html_report([_summary(slo={"ttft_p99": 0.5, "itl_p50": 0.02})])
+    figures = re.findall(r"<figure>.*?</figure>", page)
+    ttft = next(f for f in figures if 'aria-label="TTFT vs load (ms)"' in f)
+    itl = next(f for f in figures if 'aria-label="ITL per token vs load (ms)"' in f)
+    e2e = next(f for f in figures if 'aria-label="E2E vs load (ms)"' in f)
+    (line,) = re.findall(r'<line class="target"[^>]*>.*?</line>', ttft)
+    assert f'stroke="{SLO_COLOUR}"' in line and "SLO ttft p99 &lt;= 500 ms" in line
+    assert "SLO ttft p99 &lt;= 500 ms" in ttft.split('<rect')[0]  # in the legend, above the plot
+    assert "SLO itl p50 &lt;= 20 ms" in itl and 'class="target"' not in e2e
+    # the 500 ms target is above every recorded TTFT (under 0.2 s): the axis reaches it, and the line is in the plot
+    frame = re.search(r'<rect x="([\d.]+)" y="([\d.]+)" width="([\d.]+)" height="([\d.]+)" class="frame"/>', ttft)
+    top, height = float(frame.group(2)), float(frame.group(4))
+    y = float(re.search(r'y1="([\d.]+)"', line).group(1))
+    assert top <= y <= top + height
+
+
+def test_one_warning_list_for_every_point():
+    page = html_report([_summary()])
+    (warnings,) = re.findall(r'<ul class="warn">.*?</ul>', page)
+    items = re.findall(r"<li>(.*?)</li>", warnings)
+    # 4 metrics x 2 points gave 8 lines; one entry per kind of warning, naming its points
+    assert len(items) == 4
+    ttft = next(i for i in items if i.startswith("TTFT p99"))
+    assert ttft.endswith("at concurrency 1, concurrency 4") and "1 more like it" in ttft
+    assert '<p class="warn">' not in page
