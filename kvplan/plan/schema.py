@@ -213,8 +213,9 @@ class PDTransferPlan:
 @output_record
 class WorkloadTier:
     """`kvplan size --workload FILE --kv-offloading-size GiB`: the CPU tier behind the pool, requests served
-    one at a time through both (kvplan.plan.tier_cache: vLLM 0.32's OffloadingConnector, LRU). Rates are
-    shares of the prompt tokens (vLLM's prefix-cache and connector hit counters)."""
+    one at a time through both (kvplan.plan.tier_cache: vLLM 0.32's OffloadingConnector, under the tier's
+    eviction policy and store threshold). Rates are shares of the prompt tokens (vLLM's prefix-cache and
+    connector hit counters)."""
 
     tier_chunks: int  # chunks of one KV group's blocks the tier holds
     blocks_per_chunk: int
@@ -226,6 +227,8 @@ class WorkloadTier:
     tier_share_used: dict[str, float]  # the same, as a share of this tier (> 1: more than it)
     failed_stores: int  # requests whose new chunks outnumbered what the tier could free: stored nothing
     notes: list[str] = field(default_factory=list)
+    eviction_policy: str = "lru"  # kv_connector_extra_config's eviction_policy modelled: lru (vLLM's default) or arc
+    store_threshold: int = 0  # its store_threshold: < 2 stores every offered chunk (vLLM's default 0)
 
 
 @output_record

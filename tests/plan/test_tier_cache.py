@@ -140,9 +140,69 @@ def test_the_gpu_side_is_the_working_set_curve(pool):
     assert res.queried_tokens == ws.queried_tokens
 
 
+def test_a_store_threshold_stores_a_chunk_on_its_offer_number_threshold():
+    # B = 4, G = 3 (2 cached), T = 10, store_threshold 2 (CPUOffloadingManager.counts).
+    # r0 (1, 2): misses; offers 1, 2: offered once -> skipped (2). r1 (1, 2): GPU hits both (g = 2 = (9 - 1) // 4),
+    # no tier lookup; no tier hit, so it offers 1, 2 again: offered twice -> stored, [2, 1]. r2 (3, 4): offered
+    # once, skipped (2). r3 (1, 2): GPU miss (it holds r2's), tier hit 2 blocks; nothing left to offer.
+    reqs = [R((1, 2), 9), R((1, 2), 9), R((3, 4), 9), R((1, 2), 9)]
+    state: dict = {}
+    res = simulate_tiers(reqs, 4, 3, 10, keep_per_request=True, store_threshold=2, state_out=state)
+    assert res.per_request == ((0, 0), (2, 0), (0, 0), (0, 2))
+    assert (res.stored_chunks, res.skipped_chunks, res.store_threshold) == (2, 4, 2)
+    assert state == {"tier": [2, 1], "counts": [(1, 2), (2, 2), (3, 1), (4, 1)]}
+    # 0 and 1 both store every offered chunk
+    for threshold in (0, 1):
+        plain = simulate_tiers(reqs, 4, 3, 10, keep_per_request=True, store_threshold=threshold)
+        assert (plain.per_request, plain.stored_chunks, plain.skipped_chunks) == (res.per_request, 4, 0)
+
+
+def test_a_failed_store_is_offered_again_by_each_later_step_of_its_request():
+    # T = 2, G = 0, threshold 2. r0 (1, 2, 3): offered once, skipped. r1: offered twice -> 3 chunks admitted, no
+    # room for 3 -> prepare_store fails; vLLM retries it on each of the request's M = 3 later steps (2 decode
+    # steps, the step that sees it finished): each counts the offer again and fails again -> 5 offers each.
+    reqs = [R((1, 2, 3), 13), R((1, 2, 3), 13)]
+    state: dict = {}
+    res = simulate_tiers(reqs, 4, 0, 2, store_threshold=2, state_out=state)
+    assert (res.failed_stores, res.stored_chunks, res.skipped_chunks) == (1, 0, 3)
+    assert state["counts"] == [(1, 5), (2, 5), (3, 5)]
+    # the tracker holds at most max_tracker_size keys (_record_accesses): with 2, r0 tracks 1 and 2, and its 3
+    # finds no key tracked before the call to age out (the call's own new keys never age each other out): not
+    # tracked. A later offer of 4 ages out the least recent, 1.
+    state = {}
+    simulate_tiers(reqs[:1], 4, 0, 2, store_threshold=2, max_tracker_size=2, state_out=state)
+    assert state["counts"] == [(1, 1), (2, 1)]
+    state = {}
+    simulate_tiers([*reqs[:1], R((4,), 5)], 4, 0, 2, store_threshold=2, max_tracker_size=2, state_out=state)
+    assert state["counts"] == [(2, 1), (4, 1)]
+
+
+def test_arc_keeps_reused_chunks_through_a_scan_and_adapts():
+    # B = 4, G = 3 (2 cached: each request's own blocks), T = 4, M = 3; A = (1, 2), C = (5, 6), D = (7, 8).
+    # ARC (arc.py): stored chunks enter T1; a request's reuse moves them to T2; eviction takes T1's LRU while
+    # |T1| >= int(target), else T2's; victims go to the ghost lists B1 / B2; a store of a B1 key raises the target.
+    # r0 A: T1 [2, 1] (finish re-ranks tail to head).  r1 (3, 4): T1 [2, 1, 4, 3].
+    # r2 A: tier hit 2 blocks, reused: T2 [2, 1], T1 [4, 3].  r3 C: evicts 4, 3 from T1 (target 0) -> B1 [4, 3],
+    # T1 [6, 5].  r4 D: evicts 6, 5 -> B1 [4, 3, 6, 5], T1 [8, 7].  r5 A: a tier hit (LRU evicted it in r4).
+    # r6 C: 6 and 5 are in B1: the target rises 1 + 1 = 2 (|B2| / |B1| = 0 < 1); need 2: |T1| = 2 >= 2 -> T1's
+    # 8 (B1), then |T1| = 1 < 2 -> T2's 2 (B2); B1 trimmed to 4 ([3, 6, 5, 8]), 5 and 6 leave it -> [3, 8].
+    reqs = [R((1, 2), 9), R((3, 4), 9), R((1, 2), 9), R((5, 6), 9), R((7, 8), 9), R((1, 2), 9), R((5, 6), 9)]
+    state: dict = {}
+    arc = simulate_tiers(reqs, 4, 3, 4, keep_per_request=True, eviction_policy="arc", state_out=state)
+    lru = simulate_tiers(reqs, 4, 3, 4, keep_per_request=True)
+    assert [t for _, t in arc.per_request] == [0, 0, 2, 0, 0, 2, 0]
+    assert [t for _, t in lru.per_request] == [0, 0, 2, 0, 0, 0, 0]
+    assert state == {"t1": [7, 6, 5], "t2": [1], "b1": [3, 8], "b2": [2], "target": 2}
+    assert (arc.eviction_policy, arc.evicted_chunks) == ("arc", 6)  # r3, r4, r6
+
+
 def test_refuses_nonsense():
     with pytest.raises(KvplanError):
         simulate_tiers([], 0, 10, 10)
+    with pytest.raises(KvplanError, match="eviction policy"):
+        simulate_tiers([], 16, 10, 10, eviction_policy="fifo")
+    with pytest.raises(KvplanError):
+        simulate_tiers([], 16, 10, 10, store_threshold=-1)
     with pytest.raises(KvplanError):
         simulate_tiers([], 16, 10, -1)
     with pytest.raises(KvplanError):
