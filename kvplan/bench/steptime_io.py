@@ -11,6 +11,7 @@ it back with `load_steptime` (and says "calibrated").
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -131,7 +132,7 @@ def calibrate_run(run_dir: Path, gpu: str | None = None, model: str | None = Non
     if not nominal:
         _refuse_steps_faster_than_the_device(points, lengths, base, label)
     fitted = calibrate_bench(points, lengths, sched, base, int(cfg.get("requests_per_stream") or 3),
-                             float(wl.get("shared_prefix") or 0.0))
+                             float(wl.get("shared_prefix") or 0.0), request_ttfts(run_dir))
     if not nominal:  # a stored fit never makes the device faster than its datasheet (efficiency 1)
         over = [f"{what} (efficiency {eff:.4g})" for what, eff in
                 (("memory faster than its bandwidth", fitted.mem_efficiency),
@@ -153,6 +154,23 @@ def calibrate_run(run_dir: Path, gpu: str | None = None, model: str | None = Non
     if write:
         write_file_safely(run_dir / STEPTIME_FILE, json.dumps(result.to_json(), indent=2) + "\n")
     return result
+
+
+def request_ttfts(run_dir: Path) -> dict[int, list[tuple[int, float]]]:
+    """Point ``seq`` -> (request number, TTFT s) of each of its finished requests (RUN/requests.jsonl, streamed:
+    first token less the time the client scheduled it, as bench's TTFT); {} when the run has none."""
+    out: dict[int, list[tuple[int, float]]] = {}
+    try:
+        for r in RunStore.open_existing(run_dir).read_requests():
+            first, start, seq, index = r.get("first_token_s"), r.get("scheduled_s"), r.get("seq"), r.get("index")
+            if not r.get("ok") or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                          for v in (first, start, seq, index)):
+                continue
+            if math.isfinite(first - start) and first > start:
+                out.setdefault(int(seq), []).append((int(index), float(first - start)))
+    except (OSError, ValueError, KvplanError):
+        return {}
+    return out
 
 
 def _refuse_steps_faster_than_the_device(points: list[dict[str, Any]], lengths: Lengths, base: StepTimeModel,

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from kvplan.errors import KvplanError
@@ -346,13 +346,21 @@ STEP_SCALE_ROUNDS = 4
 
 
 def calibrate_bench(points: Sequence[dict], lengths, config: SchedulerConfig, base: StepTimeModel,
-                    requests_per_stream: int = 1, shared_prefix: float = 0.0) -> StepTimeModel:
+                    requests_per_stream: int = 1, shared_prefix: float = 0.0,
+                    request_ttfts: Mapping[int, Sequence[tuple[int, float]]] | None = None) -> StepTimeModel:
     """A step-time model calibrated on one bench run's points (closed loop, below the first KV
     wait): a first guess of the step factors from the decode steps (`decode_measurements`,
     `calibrate_steptime`), then the step factors and a constant request overhead fitted together to
     the decode steps and each point's TTFT p50 (`_fit_steps_and_ttft`; the simulator replays each
     point's very requests: ``first_index``), then the request overhead as a line against the points'
-    measured request rates (`fit_request_overhead`), and the step terms scaled to the points' throughput."""
+    measured request rates (`fit_request_overhead`), and the step terms scaled to the points' throughput.
+
+    ``request_ttfts`` (point ``seq`` -> (request number, measured TTFT s) of each of its requests), when given,
+    splits a point whose prompts differ in length into its shorter and its longer half, one TTFT row each
+    (`ttft_groups`): the p50 row of a point is its median prompt's, so every point of one workload shows one
+    prompt length and the request overhead absorbs the prompt's compute (a 64 + 64 calibration on the CPU engine
+    priced a prompt token at nothing, then over-predicted a 32-token prompt's TTFT by 40% and under-predicted a
+    256-token one's by 24-41%); the two halves' medians show what a prompt token costs."""
 
     usable = [p for p in points if p.get("status", "ok") == "ok" and p.get("mode", "concurrency") == "concurrency"
               and p.get("concurrency") and not p.get("waited_for_kv") and not p.get("preempted")]
@@ -362,7 +370,9 @@ def calibrate_bench(points: Sequence[dict], lengths, config: SchedulerConfig, ba
     fitted = calibrate_steptime(decode, replace(base, request_overhead_s=0.0, request_overhead_per_rps_s2=0.0))
     loads = [(p, closed_loop(p["concurrency"], lengths, requests_per_stream, p.get("first_index", 0),
                              shared_prefix=shared_prefix)) for p in usable]
-    fitted = _fit_steps_and_ttft(fitted, decode, loads, config)
+    groups = {id(p): ttft_groups(request_ttfts.get(p.get("seq"), ()), lengths) if request_ttfts else None
+              for p, _ in loads}
+    fitted = _fit_steps_and_ttft(fitted, decode, loads, config, groups)
     # The median inter-token gap is the typical decode step; throughput follows the mean one (the
     # steps that also prefill, the hiccups). Scale every step term by how much slower the run's
     # output was than the simulation's, and refit the request overhead on the new steps.
@@ -383,24 +393,45 @@ def calibrate_bench(points: Sequence[dict], lengths, config: SchedulerConfig, ba
 JOINT_FIT_ROUNDS = 8
 
 
+def ttft_groups(measured: Sequence[tuple[int, float]], lengths) -> list[tuple[frozenset[int], float]] | None:
+    """A point's requests (request number, measured TTFT s) in two halves by prompt length (``lengths(number)``),
+    each as (its request numbers, its median measured TTFT); None when every prompt has one length (nothing
+    to split: the point's p50 row) or there are fewer than four requests."""
+    done = sorted(((lengths(i)[0], i, t) for i, t in measured if t is not None and t > 0), key=lambda x: (x[0], x[1]))
+    if len(done) < 4 or done[0][0] == done[-1][0]:
+        return None
+    half = len(done) // 2
+    return [(frozenset(i for _, i, _ in part), statistics.median(t for _, _, t in part))
+            for part in (done[:half], done[half:])]
+
+
 def _fit_steps_and_ttft(model: StepTimeModel, decode: Sequence[tuple[StepBatch, float]], loads,
-                        config: SchedulerConfig) -> StepTimeModel:
+                        config: SchedulerConfig, groups: Mapping[int, list | None] | None = None) -> StepTimeModel:
     """The step terms and a constant request overhead fitted together to the decode steps AND each
     point's TTFT p50: decode steps alone cannot tell the compute term from the KV-read term (both grow
     with the batch), and a prompt's step is mostly compute. The TTFT of the point's median request in
     the replay is its wait for the step in progress plus the steps from the one that first sees it to
     the one that samples its first token; those steps' terms are linear in the factors, so each point
     gives one row (the schedule itself depends on the factors: replay, refit, a few rounds). Rows are
-    weighted by 1 / measured seconds (relative errors: a 30 ms step counts as much as a 1 s TTFT)."""
+    weighted by 1 / measured seconds (relative errors: a 30 ms step counts as much as a 1 s TTFT).
+    A point with ``groups[id(point)]`` (`ttft_groups`: its shorter and longer prompts) gives a row per
+    group instead: the group's median measured TTFT against its median request in the replay."""
     decode_rows = [([1.0, *model.terms(b), 0.0], t, t) for b, t in decode]
+    groups = groups or {}
     for _ in range(JOINT_FIT_ROUNDS):
         rows = list(decode_rows)
         for p, load in loads:
-            measured = (p.get("ttft") or {}).get("p50")
-            row = _ttft_row(config, load, model)
-            if measured and measured > 0 and row is not None:
-                features, wait = row
-                rows.append((features, measured - wait, measured))
+            split = groups.get(id(p))
+            if split:
+                targets = [(measured, among) for among, measured in split]
+            else:
+                targets = [((p.get("ttft") or {}).get("p50"), None)]
+            res = _simulate_with_overhead(config, load, model)[1]
+            for measured, among in targets:
+                row = _ttft_row(res, model, among)
+                if measured and measured > 0 and row is not None:
+                    features, wait = row
+                    rows.append((features, measured - wait, measured))
         if len(rows) == len(decode_rows):
             return model
         weighted = [([f / seconds for f in features], y / seconds) for features, y, seconds in rows]
@@ -412,14 +443,14 @@ def _fit_steps_and_ttft(model: StepTimeModel, decode: Sequence[tuple[StepBatch, 
     return model
 
 
-def _ttft_row(config: SchedulerConfig, load, model: StepTimeModel) -> tuple[list[float], float] | None:
-    """([steps, memory s, compute s, 1], wait s) of the median-TTFT request of ``load`` replayed with
-    ``model`` (whose request overhead is a constant): its TTFT = wait + steps x step overhead
-    + memory / mem_eff + compute / compute_eff + request overhead."""
+def _ttft_row(res: SimResult, model: StepTimeModel,
+              among: frozenset[int] | None = None) -> tuple[list[float], float] | None:
+    """([steps, memory s, compute s, 1], wait s) of the median-TTFT request (of those numbered ``among``, else
+    of all) in ``res``, a replay with ``model`` (whose request overhead is a constant): its TTFT = wait + steps
+    x step overhead + memory / mem_eff + compute / compute_eff + request overhead."""
     steps_only = replace(model, request_overhead_s=0.0)
-    res = _simulate_with_overhead(config, load, model)[1]
-    done = sorted((r for r in res.requests if r.ttft is not None and r.arrival_step is not None),
-                  key=lambda r: r.ttft)
+    done = sorted((r for r in res.requests if r.ttft is not None and r.arrival_step is not None
+                   and (among is None or r.index in among)), key=lambda r: r.ttft)
     if not done:
         return None
     req = done[len(done) // 2]

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from kvplan.errors import KvplanError
-from kvplan.plan.simulate import Lengths, SchedulerConfig, StepBatch, closed_loop, open_loop
+from kvplan.plan.simulate import Lengths, SchedulerConfig, StepBatch, closed_loop, open_loop, simulate
 from kvplan.plan.steptime import (
     StepTimeModel,
     calibrate_bench,
@@ -15,6 +17,7 @@ from kvplan.plan.steptime import (
     fit_request_overhead,
     predict_latency,
     quick_latency,
+    ttft_groups,
 )
 
 # An 8B-like model on one H100 SXM: 16 GB of weights, 131,072 B of KV a token, 2 x 8e9 FLOPs a token.
@@ -195,3 +198,40 @@ def test_calibration_separates_prefill_compute_from_the_kv_read():
     assert fitted.request_overhead_s == pytest.approx(0.010, rel=0.1)
     alone = predict_latency(cfg, closed_loop(1, Lengths(128, 8), 1), fitted)
     assert alone.ttft["p50"] == pytest.approx(0.269128, rel=0.01)
+
+
+def test_calibration_prices_a_prompt_token_from_the_shorter_and_longer_prompts_of_a_point():
+    """The CPU engine's regime: 10 ms a step, 0.1 ms of compute a prompt token (1e5 FLOPs at 1e9 FLOP/s),
+    18 ms a request outside the steps, prompts of 64 tokens drawn lognormal. Each point's TTFT p50 is off
+    by a few percent (the engine's jitter: -4%, +4%, -3%, +3% here), and every point's median prompt is
+    about 64 tokens: with the p50 rows alone the fit cannot tell a prompt token from the request overhead
+    (here it priced a token 2.6 times too high and the overhead at half; on the CPU engine, at nothing).
+    Each point's requests split into the
+    shorter and the longer prompts (`ttft_groups`) show the slope: the fit finds the token's cost again
+    (within 15%), and predicts a 256-token prompt alone: 10 ms + 25.6 ms + 18 ms = 53.6 ms."""
+    truth = StepTimeModel(weight_bytes=0, kv_bytes_per_token=0, linear_flops_per_token=1e5, attn_flops_per_pair=0,
+                          bandwidth_bytes_s=1e9, peak_flops=1e9, mem_efficiency=1.0, compute_efficiency=1.0,
+                          overhead_s=0.010, request_overhead_s=0.018)
+    cfg, per_stream = SchedulerConfig(num_blocks=1000, block_size=16), 20
+    lengths = Lengths(64, 16, "lognormal")
+    points, ttfts, first = [], {}, 0
+    for seq, (c, jitter) in enumerate(zip((1, 2, 3, 4), (0.96, 1.04, 0.97, 1.03))):
+        load = closed_loop(c, lengths, per_stream, first)
+        lat = predict_latency(cfg, load, truth)
+        res = simulate(cfg, replace(load, think_time=truth.request_overhead_s), truth)
+        ttfts[seq] = [(r.index, (r.ttft + truth.request_overhead_s) * jitter) for r in res.requests]
+        points.append({"seq": seq, "concurrency": c, "first_index": first,
+                       "ttft": {k: v * jitter for k, v in lat.ttft.items()}, "itl": lat.itl,
+                       "throughput_tok_s": lat.output_tokens_per_s,
+                       "request_throughput": lat.output_tokens_per_s / lengths.output})
+        first += c * per_stream
+    base = replace(truth, compute_efficiency=0.3, overhead_s=0.0, request_overhead_s=0.0)
+    fitted = calibrate_bench(points, lengths, cfg, base, per_stream, request_ttfts=ttfts)
+    assert fitted.compute_efficiency == pytest.approx(1.0, rel=0.15)
+    alone = predict_latency(cfg, closed_loop(1, Lengths(256, 8), 1), fitted)
+    assert alone.ttft["p50"] == pytest.approx(0.0536, rel=0.10)
+    # One prompt length: nothing to split, the point's p50 row as before.
+    assert ttft_groups([(i, 0.03) for i in range(8)], Lengths(64, 16)) is None
+    short, long_ = ttft_groups([(i, 0.01 * (i + 1)) for i in range(8)], lambda i: (10 + i, 4))
+    assert short == (frozenset(range(4)), pytest.approx(0.025)) and long_ == (frozenset(range(4, 8)),
+                                                                               pytest.approx(0.065))
