@@ -18,7 +18,13 @@ platform), so no bytes move; the worker's completions are reported as the worker
 (``OffloadingWorkerMetadata.completed_jobs``, one per job), before the next request.
 
 Per request, vLLM's GPU hit and tier hit (in blocks) must be the model's; after every request, the tier's
-chunks in vLLM's LRU order (its ranks) must be the model's, eviction included.
+chunks in vLLM's LRU order (its ranks) must be the model's, eviction included. Every sequence runs under the
+settings of kv_connector_extra_config the model knows: ``eviction_policy`` lru / arc x ``store_threshold`` 0 / 2,
+and ARC with a threshold of 3 over a tracker of 8 keys (``max_tracker_size``). Under ARC (``ARCCachePolicy``,
+v1/kv_offload/cpu/policies/arc.py@0.32.0) its T1, T2, ghost lists B1, B2 and target must be the model's; with a
+threshold, the manager's offer counts (``CPUOffloadingManager.counts``) too. "scan-then-reuse" is the sequence
+ARC is for: hot documents reused, a scan of one-off documents that flushes them from an LRU tier, then the hot
+documents again, and scanned ones revisited (B1 hits: ARC adapts).
 """
 
 from __future__ import annotations
@@ -50,6 +56,16 @@ def _revisits(n: int, seed: int) -> Traffic:
     return Traffic(tuple(rows), "revisits")
 
 
+def _scan_then_reuse() -> Traffic:
+    """Two hot documents read twice each, a scan of eight one-off documents (24 chunks through a 10-chunk tier),
+    the hot documents again, then scanned documents revisited and the hot ones once more (3 blocks a document,
+    a 9-token question of its own: 3 full blocks a prompt)."""
+    docs = ["hot0", "hot1", "hot0", "hot1"] + [f"scan{i}" for i in range(8)] + ["hot0", "hot1"]
+    docs += ["scan6", "scan7", "scan6", "hot0", "scan5", "hot1", "scan7", "hot0"]
+    rows = [Turn(f"r{i}", 0, (Segment(d, 48), Segment(f"q{i}", 9)), 2, arrival_s=float(i)) for i, d in enumerate(docs)]
+    return Traffic(tuple(rows), "scan-then-reuse")
+
+
 CASES = {
     # name: (traffic, block size, GPU usable blocks, tier chunks, blocks per chunk)
     "agent-sessions-tier-evicting": (agent_traffic(4, 3, 96, 40, 24), 16, 24, 30, 1),
@@ -59,13 +75,19 @@ CASES = {
     "two-block-chunks": (hashed_traffic(40, 5, shared=12), 16, 32, 20, 2),
     "four-block-chunks": (_revisits(40, 6), 8, 24, 14, 4),
     "offers-over-the-tier": (agent_traffic(3, 3, 64, 40, 20), 16, 30, 9, 1),  # a prompt's new chunks exceed the tier
+    "scan-then-reuse": (_scan_then_reuse(), 16, 4, 10, 1),  # the GPU pool keeps one request's blocks
 }
+#: kv_connector_extra_config's eviction_policy, store_threshold and max_tracker_size
+#: (v1/kv_offload/cpu/spec.py@0.32.0; 64,000: its default)
+SETTINGS = {"lru": ("lru", 0, 64_000), "lru-threshold-2": ("lru", 2, 64_000), "arc": ("arc", 0, 64_000),
+            "arc-threshold-2": ("arc", 2, 64_000), "arc-threshold-3-tracker-8": ("arc", 3, 8)}
 
 
 class VllmSide:
     """vLLM's GPU pool (KVCacheManager) and the scheduler side of its OffloadingConnector."""
 
-    def __init__(self, traffic: Traffic, block_size: int, gpu_blocks: int, tier_chunks: int, bpc: int):
+    def __init__(self, traffic: Traffic, block_size: int, gpu_blocks: int, tier_chunks: int, bpc: int,
+                 policy: str = "lru", threshold: int = 0, tracker: int = 64_000):
         import torch
         from vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler import OffloadingConnectorScheduler
         from vllm.sampling_params import SamplingParams
@@ -95,7 +117,9 @@ class VllmSide:
         offload_cfg = OffloadingConfig(
             groups=(OffloadingGroupConfig(tokens_per_block=B, layer_names=("l0",), group_id=0),),
             worker_kv_bytes_per_block=BYTES_PER_BLOCK, enable_kv_cache_events=False,
-            extra_config={"cpu_bytes_to_use": tier_chunks * bpc * BYTES_PER_BLOCK, "blocks_per_chunk": bpc},
+            extra_config={"cpu_bytes_to_use": tier_chunks * bpc * BYTES_PER_BLOCK, "blocks_per_chunk": bpc,
+                          "eviction_policy": policy, "store_threshold": threshold,
+                          "max_tracker_size": tracker},
             engine_id="parity", model=OffloadingModelConfig(name="parity", dtype="float16"),
             cache=OffloadingCacheConfig(tokens_per_hash=B, blocks_per_chunk=bpc),
             parallel=OffloadingParallelConfig(rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1,
@@ -191,34 +215,83 @@ class VllmSide:
         policy = self.spec.get_manager()._policy
         return sorted(policy.chunks, key=policy._ranks.__getitem__)
 
+    def state(self, names: dict[bytes, int]) -> dict:
+        """The manager's state as simulate_tiers' ``state_out`` gives it, keys as the model's block ids."""
+        manager = self.spec.get_manager()
+        policy = manager._policy
+        if hasattr(policy, "t1"):  # ARCCachePolicy
+            state = {"t1": [names[k] for k in policy.t1], "t2": [names[k] for k in policy.t2],
+                     "b1": [names[k] for k in policy.b1], "b2": [names[k] for k in policy.b2],
+                     "target": policy.target_t1_size}
+        else:
+            state = {"tier": [names[k] for k in self.tier_lru()]}
+        if manager.counts is not None:
+            state["counts"] = [(names[k], n) for k, n in manager.counts.items()]
+        return state
 
+
+def _model_side(name: str):
+    traffic, B, gpu_blocks, tier_chunks, bpc = CASES[name]
+    hasher = BlockHasher(B)
+    turns = list(traffic.turns)  # served in file order on both sides
+    return turns, [TierRequest(t.prompt_tokens, t.output_tokens, hasher.prompt_keys(t.segments)) for t in turns]
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
 @pytest.mark.parametrize("name", list(CASES))
-def test_the_tier_model_is_vllms_block_for_block(name):
+def test_the_tier_model_is_vllms_block_for_block(name, setting):
     from vllm.v1.kv_offload.base import make_offload_key
 
     traffic, B, gpu_blocks, tier_chunks, bpc = CASES[name]
-    turns = list(traffic.turns)  # served in file order on both sides
-    hasher = BlockHasher(B)
-    requests = [TierRequest(t.prompt_tokens, t.output_tokens, hasher.prompt_keys(t.segments)) for t in turns]
-    side = VllmSide(traffic, B, gpu_blocks, tier_chunks, bpc)
+    policy, threshold, tracker = SETTINGS[setting]
+    turns, requests = _model_side(name)
+    side = VllmSide(traffic, B, gpu_blocks, tier_chunks, bpc, policy, threshold, tracker)
     names: dict[bytes, int] = {}  # vLLM's offload key -> the model's block id
     totals = [0, 0]
+    targets = set()
     for i, (turn, req) in enumerate(zip(turns, requests)):
         got = side.serve(i, turn)
         for h, key in zip(side.last_hashes, req.keys):
             names[make_offload_key(h, 0)] = key
         model_tier: list[int] = []
+        model_state: dict = {}
         # the model from scratch over the requests so far (cheap here): the same per-request hits, the same tier
         res = simulate_tiers(requests[: i + 1], B, gpu_blocks, tier_chunks, bpc, keep_per_request=True,
-                             tier_out=model_tier)
+                             tier_out=model_tier, eviction_policy=policy, store_threshold=threshold,
+                             max_tracker_size=tracker, state_out=model_state)
         assert got == res.per_request[i], f"request {i}: vLLM (GPU, tier) hit blocks {got}, model {res.per_request[i]}"
-        assert [names[k] for k in side.tier_lru()] == model_tier, f"request {i}: tier content or LRU order differs"
+        vllm_state = side.state(names)
+        if policy == "lru":
+            assert [names[k] for k in side.tier_lru()] == model_tier, f"request {i}: tier content or LRU order differs"
+        for part in vllm_state:
+            assert vllm_state[part] == model_state[part], f"request {i}: {part} differs"
+        assert set(vllm_state) == set(model_state)
+        targets.add(model_state.get("target"))
         totals[0] += got[0]
         totals[1] += got[1]
+    final = simulate_tiers(requests, B, gpu_blocks, tier_chunks, bpc, eviction_policy=policy,
+                           store_threshold=threshold, max_tracker_size=tracker)
+    if threshold:
+        assert final.skipped_chunks > 0  # the threshold held chunks back
+        return
     assert totals[1] > 0  # the tier served hits
-    final = simulate_tiers(requests, B, gpu_blocks, tier_chunks, bpc)
     assert final.evicted_chunks > 0  # the tier was full and evicted
     if name == "offers-over-the-tier":
         assert final.failed_stores > 0
     if name == "revisits-small-gpu":
         assert final.gpu_hit_tokens > 0 and final.tier_hit_tokens > 0
+    if policy == "arc" and name == "scan-then-reuse":
+        assert len(targets) > 1  # ARC adapted its target to the B1 hits
+
+
+def test_arc_keeps_what_a_scan_flushes_from_lru():
+    """The model's ARC is not its LRU: after the scan, the hot documents (reused: in T2) are tier hits under ARC
+    and misses under LRU (the parity test above checks both against vLLM)."""
+    _, requests = _model_side("scan-then-reuse")
+    _, B, gpu_blocks, tier_chunks, bpc = CASES["scan-then-reuse"]
+    lru = simulate_tiers(requests, B, gpu_blocks, tier_chunks, bpc, keep_per_request=True)
+    arc = simulate_tiers(requests, B, gpu_blocks, tier_chunks, bpc, keep_per_request=True, eviction_policy="arc")
+    after_scan = slice(12, 14)  # hot0, hot1 after the eight scanned documents
+    assert lru.per_request[after_scan] == ((0, 0), (0, 0))
+    assert arc.per_request[after_scan] == ((0, 3), (0, 3))
+    assert arc.tier_hit_tokens > lru.tier_hit_tokens
