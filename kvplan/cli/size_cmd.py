@@ -114,6 +114,8 @@ def size(
     kv_offloading_size: Optional[float] = typer.Option(None, "--kv-offloading-size", metavar="GiB", help="vLLM's CPU offload tier, GiB over the engine's ranks: the chunks, host memory and tokens vLLM's native backend gives it.", rich_help_panel="KV cache"),
     host_memory: Optional[str] = typer.Option(None, "--host-memory", metavar="SIZE", help="RAM of the host one engine runs on (2TiB): the CPU offload tier must fit in it (default with --gpu auto: this machine's).", rich_help_panel="KV cache"),
     kv_offloading_backend: Optional[str] = typer.Option(None, "--kv-offloading-backend", metavar="BACKEND", help="native (vLLM's default) or lmcache (its server holds the capacity: nothing to size).", rich_help_panel="KV cache"),
+    kv_offloading_eviction_policy: Optional[str] = typer.Option(None, "--kv-offloading-eviction-policy", metavar="POLICY", help="--workload with --kv-offloading-size: the native tier's eviction_policy (kv_connector_extra_config), lru (vLLM's default) or arc.", rich_help_panel="KV cache"),
+    kv_offloading_store_threshold: Optional[int] = typer.Option(None, "--kv-offloading-store-threshold", metavar="N", help="--workload with --kv-offloading-size: the native tier's store_threshold (kv_connector_extra_config): a chunk is stored once offered N times (0 or 1, vLLM's default 0: every time).", rich_help_panel="KV cache"),
     pd_decode_tp: Optional[int] = typer.Option(None, "--pd-decode-tp", metavar="N", help="Prefill/decode disaggregation (vLLM's NixlConnector): this deployment prefills, a decode instance at TP N reads the KV; prints the bytes each rank moves and the time per link.", rich_help_panel="KV cache"),
     pd_prompt: Optional[str] = typer.Option(None, "--pd-prompt", metavar="TOKENS", help="--pd-decode-tp: the prompt moved (default: the context length).", rich_help_panel="KV cache"),
     pd_decode_hit: Optional[str] = typer.Option(None, "--pd-decode-hit", metavar="TOKENS", help="--pd-decode-tp: prompt tokens the decode instance's prefix cache already holds (not moved).", rich_help_panel="KV cache"),
@@ -146,6 +148,8 @@ def size(
     if pd_decode_tp is None and (pd_prompt, pd_decode_hit, pd_link) != (None, None, None):
         raise KvplanError("--pd-prompt, --pd-decode-hit and --pd-link-gbs are for --pd-decode-tp",
                           "give the decode instance's TP with --pd-decode-tp N")
+    tier_policy = _tier_policy(kv_offloading_eviction_policy, kv_offloading_store_threshold, kv_offloading_size,
+                               kv_offloading_backend, workload)
     selection = select_gpus(gpu, gpus, gpu_mem)
     if tp is None:
         tp = max(1, selection.count // pp)
@@ -233,7 +237,7 @@ def size(
         model_steptime = load_steptime(Path(steptime))
     plan = plan_deployment(resolved, selection, settings, vllm_version, steptime=model_steptime)
     if workload is not None:
-        plan = plan.replace(workload=_workload_plan(plan, workload, workload_option))
+        plan = plan.replace(workload=_workload_plan(plan, workload, workload_option, *tier_policy))
     elif workload_option:
         raise KvplanError("--workload-option is for --workload", "give the traffic file with --workload FILE")
     if as_json:
@@ -252,7 +256,30 @@ def _host_memory(text: Optional[str], gpu: Optional[str]) -> Optional[int]:
     return None
 
 
-def _workload_plan(plan: SizePlan, path: str, options: Optional[list[str]]):
+def _tier_policy(policy: Optional[str], threshold: Optional[int], size: Optional[float], backend: Optional[str],
+                 workload: Optional[str]) -> tuple[str, int]:
+    """--kv-offloading-eviction-policy / --kv-offloading-store-threshold: checked, with vLLM's defaults."""
+    from kvplan.errors import KvplanError
+    from kvplan.plan.tier_cache import EVICTION_POLICIES
+
+    for flag, given in (("--kv-offloading-eviction-policy", policy), ("--kv-offloading-store-threshold", threshold)):
+        if given is not None and size is None:
+            raise KvplanError(f"{flag} is for the CPU offload tier", "give its size with --kv-offloading-size GiB")
+        if given is not None and backend == "lmcache":
+            raise KvplanError(f"{flag} is a setting of vLLM's native tier, not of LMCache's",
+                              "drop it, or use --kv-offloading-backend native")
+        if given is not None and workload is None:
+            raise KvplanError(f"{flag} is for --workload (the tier's hits on a traffic)",
+                              "give the traffic file with --workload FILE")
+    if policy is not None and policy not in EVICTION_POLICIES:
+        raise KvplanError(f"invalid --kv-offloading-eviction-policy {policy!r}", "vLLM 0.32 has lru and arc")
+    if threshold is not None and threshold < 0:
+        raise KvplanError(f"invalid --kv-offloading-store-threshold {threshold}", "give a count >= 0")
+    return policy or "lru", threshold or 0
+
+
+def _workload_plan(plan: SizePlan, path: str, options: Optional[list[str]], eviction_policy: str = "lru",
+                   store_threshold: int = 0):
     """--workload: the traffic's working set on the plan's pool (one replica's usable blocks)."""
     from pathlib import Path
 
@@ -266,7 +293,7 @@ def _workload_plan(plan: SizePlan, path: str, options: Optional[list[str]]):
     tier = None
     if plan.offload is not None:  # the native tier: its chunks per KV group (each group's block takes a chunk)
         tier = workload_tier(traffic, plan.block_size, usable, plan.offload.num_chunks // max(1, plan.offload.groups),
-                             plan.offload.blocks_per_chunk)
+                             plan.offload.blocks_per_chunk, eviction_policy, store_threshold)
     return workload_plan(traffic, plan.block_size, usable, [g.kind for g in plan.kv_groups], tier=tier)
 
 
@@ -455,7 +482,8 @@ def _render_workload(console, w) -> None:
     t = w.tier
     if t is not None:
         tokens = t.blocks_per_chunk * w.block_size
-        console.print(f"\n[bold]With the CPU tier[/] ({t.tier_chunks:,} chunks of {tokens:,} tokens): GPU hits "
+        policy = t.eviction_policy.upper() + (f", store threshold {t.store_threshold}" if t.store_threshold >= 2 else "")
+        console.print(f"\n[bold]With the CPU tier[/] ({t.tier_chunks:,} chunks of {tokens:,} tokens, {policy}): GPU hits "
                       f"{t.gpu_hit_rate:.1%}, tier hits {t.tier_hit_rate:.1%}, computed {t.miss_rate:.1%} of prompt tokens "
                       f"(a tier that never evicts: {t.unbounded_tier_hit_rate:.1%})")
         if not t.unbounded_tier_hit_rate:

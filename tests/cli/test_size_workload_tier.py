@@ -57,3 +57,44 @@ def test_no_tier_without_the_offloading_size(tmp_path):
     result = run("size", "meta-llama/Llama-3.1-8B", "--gpu", "L4", "--ctx", "1k", "--workload", str(trace),
                  "--workload-option", "hash_block_tokens=16", "--json")
     assert json.loads(result.stdout)["workload"]["tier"] is None
+
+
+def test_the_tier_under_arc_and_a_store_threshold(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps(r) + "\n" for r in TRACE))
+    args = ("size", "meta-llama/Llama-3.1-8B", "--gpu", "L4", "--ctx", "1k", "--num-gpu-blocks-override", "4",
+            "--workload", str(trace), "--workload-option", "hash_block_tokens=16", "--kv-offloading-size", "0.005859375")
+    # the defaults, said: LRU, every offer stored
+    t = json.loads(run(*args, "--json").stdout)["workload"]["tier"]
+    assert (t["eviction_policy"], t["store_threshold"]) == ("lru", 0)
+    # store_threshold 2: r0 offers 1, 2 and r1 3, 4 (once each: not stored); r2 (1, 2) misses the tier and offers
+    # them again: stored; r3 hits 1, 2 in the GPU: no tier hit at any size
+    result = run(*args, "--kv-offloading-store-threshold", "2", "--json")
+    assert result.exit_code == 1, result.output  # (4 GPU blocks do not fit the 1k context)
+    t = json.loads(result.stdout)["workload"]["tier"]
+    assert (t["eviction_policy"], t["store_threshold"]) == ("lru", 2)
+    assert (t["tier_hit_rate"], t["unbounded_tier_hit_rate"]) == (0, 0)
+    assert any("store_threshold 2" in n for n in t["notes"]) and any("below the store threshold" in n for n in t["notes"])
+    # ARC: r0 T1 [2, 1]; r1 stores 3, 4 evicting T1's 2 (-> B1) -> T1 [1, 4, 3]; r2 hits 1 (16 tokens); its store
+    # of 2 (a B1 hit: the target rises to 1) evicts T1's LRU, the 1 it just loaded (a reuse counts when the
+    # request finishes: too late) -> T1 [4, 3, 2]. r3: as LRU, no tier hit. The same hits as LRU here.
+    result = run(*args, "--kv-offloading-eviction-policy", "arc", "--json")
+    t = json.loads(result.stdout)["workload"]["tier"]
+    assert (t["eviction_policy"], t["store_threshold"], t["tier_hit_rate"]) == ("arc", 0, round(16 / 148, 6))
+    assert any("ARC (eviction_policy arc)" in n for n in t["notes"])
+    text = run(*args, "--kv-offloading-eviction-policy", "arc", "--kv-offloading-store-threshold", "3").stdout
+    assert "tokens, ARC, store threshold 3): GPU hits" in text
+
+
+def test_the_tier_settings_need_the_tier_and_a_workload(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps(r) + "\n" for r in TRACE))
+    base = ("size", "meta-llama/Llama-3.1-8B", "--gpu", "L4", "--ctx", "1k")
+    for option in (("--kv-offloading-eviction-policy", "arc"), ("--kv-offloading-store-threshold", "2")):
+        result = run(*base, "--workload", str(trace), *option)
+        assert result.exit_code == 2
+        assert f"{option[0]} is for the CPU offload tier" in result.output and "--kv-offloading-size" in result.output
+        result = run(*base, "--kv-offloading-size", "1", *option)
+        assert result.exit_code == 2 and "is for --workload" in result.output
+    result = run(*base, "--workload", str(trace), "--kv-offloading-size", "1", "--kv-offloading-eviction-policy", "fifo")
+    assert result.exit_code == 2 and "lru and arc" in result.output
