@@ -54,6 +54,12 @@ CHARTS = {
     "Preemptions vs load": ["preemptions"],
 }
 ONSET_CHARTS = {"TTFT vs load (ms)", "KV cache fill vs load (%)", "Preemptions vs load"}  # vertical lines
+# A single run's page then draws the server's scraped figures over the run's time, points end to end.
+TIMELINE = {
+    "KV cache usage over time (%)": ["KV usage"],
+    "Requests over time": ["running", "waiting"],
+    "Preemptions over time (run total)": ["preemptions"],
+}
 SVG_NS = "http://www.w3.org/2000/svg"
 SWEEP = [1, 2, 4, 8]
 
@@ -298,9 +304,12 @@ def check_charts(page: dict, runs: list[str], many: bool) -> list[dict]:
     assert page["requests"] == [], f"the page made requests: {page['requests']}"
     assert page["errors"] == [], page["errors"]
     assert layout["empty"] == 0, "a chart says no data"
-    assert page["dom"].count("<svg") == len(CHARTS)  # the DOM after parsing: no chart lost or split
-    charts = layout["charts"]
-    assert [c["label"] for c in charts] == list(CHARTS)
+    timeline = [] if many else list(TIMELINE)
+    assert page["dom"].count("<svg") == len(CHARTS) + len(timeline)  # the DOM after parsing: no chart lost or split
+    assert [c["label"] for c in layout["charts"]] == list(CHARTS) + timeline
+    for c in layout["charts"][len(CHARTS):]:
+        check_timeline(c)
+    charts = layout["charts"][:len(CHARTS)]
     assert layout["page"]["scroll_width"] <= layout["page"]["width"], "the page is wider than the window"
     for c in charts:
         name = c["label"]
@@ -384,6 +393,27 @@ def check_charts(page: dict, runs: list[str], many: bool) -> list[dict]:
     return charts
 
 
+def check_timeline(c: dict) -> None:
+    """A chart over the run's time: its series, each a path of finite coordinates inside the plot going forward in
+    time, every scrape a dot; its marks (the measured onsets' points) vertical, inside, named in the legend."""
+    name, frame = c["label"], c["frame"]
+    assert c["ns"] == SVG_NS and c["foreign"] == [] and c["title"] == name
+    assert sorted(e["s"] for e in c["legend"] if e["colour"] in COLOURS) == sorted(TIMELINE[name]), name
+    assert len(c["paths"]) == len(TIMELINE[name]), name
+    for p in c["paths"]:
+        coords = [float(v) for v in re.findall(r"[-+\w.]+", p["d"].replace("M", " ").replace("L", " ").replace(",", " "))]
+        xs = coords[0::2]
+        assert len(xs) >= 2 and all(v == v and abs(v) != float("inf") for v in coords), (name, p["d"])
+        assert xs == sorted(xs) and _inside(p["box"], frame, slack=2), (name, p["d"])
+    for d in c["dots"]:
+        assert _inside(d["box"], frame, slack=4), (name, d)
+    assert {(v["name"], v["colour"], v["dash"]) for v in c["vlines"]} == {
+        (e["s"], e["colour"], e["dash"]) for e in c["legend"] if e["colour"] not in COLOURS}, name
+    for v in c["vlines"]:
+        assert v["name"].startswith("measured ") and v["name"].endswith(" begins"), (name, v)
+        assert _inside(v["box"], frame, slack=2) and v["box"][2] - v["box"][0] <= 3, (name, v)
+
+
 def check_pixels(page: dict, charts: list[dict], colours: list[str]) -> dict[str, int]:
     from PIL import Image
 
@@ -436,7 +466,7 @@ def test_sweep_report_shows_onsets_predicted_and_measured(sweep_page):
     want = {("predicted KV wait 4", ONSET_COLOURS[0], "6 4"), ("predicted preemption 4", ONSET_COLOURS[1], "6 4"),
             (f"measured KV wait {shown(measured['first_kv_wait'])}", ONSET_COLOURS[0], "2 2"),
             (f"measured preemption {shown(measured['first_preemption'])}", ONSET_COLOURS[1], "2 2")}
-    for c in page["layout"]["charts"]:
+    for c in page["layout"]["charts"][:len(CHARTS)]:
         lines = {(v["name"], v["colour"], v["dash"]) for v in c["vlines"]}
         assert lines == (want if c["label"] in ONSET_CHARTS else set()), c["label"]
         if c["label"] in ONSET_CHARTS:

@@ -56,3 +56,26 @@ def test_one_warning_list_for_every_point():
     ttft = next(i for i in items if i.startswith("TTFT p99"))
     assert ttft.endswith("at concurrency 1, concurrency 4") and "1 more like it" in ttft
     assert '<p class="warn">' not in page
+
+
+def test_the_timeline_lays_the_points_end_to_end():
+    """Two points' scraped series (seconds into the point, running, waiting, KV usage, preemptions so far): on the
+    run's clock the second begins at the first's wall time, and preemptions add up over the run."""
+    s = _summary()
+    first, second = s.points
+    first = first.model_copy(update={"wall_s": 2.0, "server": first.server.model_copy(
+        update={"series": [(0.5, 1, 0, 0.25, 0), (1.5, 1, 0, 0.5, 1)]})})
+    second = second.model_copy(update={"wall_s": 1.0, "server": second.server.model_copy(
+        update={"series": [(0.25, 4, 2, 0.75, 2), (0.75, 4, 3, 1.0, 3)]})})
+    page = html_report([s.model_copy(update={"points": [first, second]})])
+    figures = {re.search(r'aria-label="([^"]+)"', f).group(1): f for f in re.findall(r"<figure>.*?</figure>", page)}
+    kv = re.findall(r"<title>KV usage: ([\d.]+) -&gt; ([\d.]+)</title>", figures["KV cache usage over time (%)"])
+    assert kv == [("0.5", "25"), ("1.5", "50"), ("2.2", "75"), ("2.8", "100")]  # 2.25, 2.75 s as the titles round
+    pre = re.findall(r"<title>preemptions: ([\d.]+) -&gt; ([\d.]+)</title>",
+                     figures["Preemptions over time (run total)"])
+    assert [float(v) for _, v in pre] == [0, 1, 3, 4]  # the second point's 2 and 3 on top of the first's 1
+    waiting = re.findall(r"<title>waiting: [\d.]+ -&gt; ([\d.]+)</title>", figures["Requests over time"])
+    assert [float(v) for v in waiting] == [0, 0, 2, 3]
+    assert "Over time" in page and len(figures) == 9
+    # a comparison of runs has no timeline (each run its own clock)
+    assert "Over time" not in html_report([s, s])

@@ -264,6 +264,13 @@ def html_report(summaries: list[BenchSummary], title: str | None = None) -> str:
     charts.append(chart("Preemptions vs load", xlabel, "preemptions in the point",
                         series(lambda p: p.server.preemptions, "preemptions"), vlines, log_x=True))
     body.append('<div class="charts">' + "".join(charts) + "</div>")
+    if not many:
+        timeline = _timeline_charts(runs[0])
+        if timeline:
+            body.append("<h2>Over time</h2><p>The server's own figures, scraped during every point, the points laid end "
+                        "to end in the order they ran; dashed lines mark where the point of each measured onset "
+                        "began.</p>")
+            body.append('<div class="charts">' + "".join(timeline) + "</div>")
 
     for i, s in enumerate(runs):
         body.append(f"<h2>{escape(_run_name(s, i))}: points</h2>")
@@ -338,6 +345,40 @@ def _latency_table(s: BenchSummary) -> str:
 
 
 SLO_COLOUR, SLO_DASH = "#6a3d9a", "10 3 2 3"
+
+
+def _timeline_charts(s: BenchSummary) -> list[str]:
+    """KV usage, running and waiting requests, and preemptions over the run's time: each point's scraped series
+    (`ServerFigures.series`: seconds into the point, running, waiting, KV usage, preemptions since the point began),
+    the points end to end; the start of each measured onset's point marked. Empty without a scraped series."""
+    kv, running, waiting, preempted = [], [], [], []
+    starts: dict[float, float] = {}  # a point's load -> when it began on the run's clock
+    clock = total = 0.0
+    for p in s.points:
+        starts.setdefault(p.load, clock)
+        last = 0.0
+        for t, run, wait, usage, pre in p.server.series:
+            kv.append((clock + t, 100 * usage))
+            running.append((clock + t, run))
+            waiting.append((clock + t, wait))
+            preempted.append((clock + t, total + pre))
+            last = pre
+        total += last
+        clock += p.wall_s or (p.server.series[-1][0] if p.server.series else 0.0)
+    if len(kv) < 2:
+        return []
+    marks = []
+    for key, what, colour in (("first_kv_wait", "KV wait", ONSET_COLOURS[0]),
+                              ("first_preemption", "preemption", ONSET_COLOURS[1])):
+        m = s.measured.onset(key)
+        if m is not None and m.first in starts:
+            marks.append((starts[m.first], f"measured {what} {onset_text(m)} begins", colour, "6 4"))
+    x = "seconds into the run"
+    return [chart("KV cache usage over time (%)", x, "% of the pool", [("KV usage", kv, COLOURS[0], "")], marks),
+            chart("Requests over time", x, "requests", [("running", running, COLOURS[0], ""),
+                                                         ("waiting", waiting, COLOURS[1], "6 3")], marks),
+            chart("Preemptions over time (run total)", x, "preemptions", [("preemptions", preempted, COLOURS[0], "")],
+                  marks)]
 
 
 def _slo_lines(runs: list[BenchSummary], metric: str) -> list[tuple[float, str, str, str]]:
