@@ -79,3 +79,23 @@ def test_the_timeline_lays_the_points_end_to_end():
     assert "Over time" in page and len(figures) == 9
     # a comparison of runs has no timeline (each run its own clock)
     assert "Over time" not in html_report([s, s])
+
+
+def test_a_comparison_of_streams_and_rates_gives_each_its_own_axis():
+    """Issue 27: the compare page plotted concurrency and request rate on one axis. A concurrency run and a rate run
+    (the recorded ones in tests/bench/data) now get a chart set each, under its own heading and x axis."""
+    conc = _summary()
+    rate = BenchSummary.model_validate(json.loads((RUN.parent / "old-run-rate" / "summary.json").read_text()))
+    assert (conc.load_mode, rate.load_mode) == ("concurrency", "rate")
+    page = html_report([conc, rate])
+    by_conc, by_rate = page.split("<h2>Runs by concurrency</h2>")[1].split("<h2>Runs by request rate</h2>")
+    assert by_conc.count("<svg") == 6 and by_conc.count(">concurrent streams</text>") == 6
+    assert "request rate" not in by_conc.split("</div>")[0]
+    by_rate = by_rate.split("</div>")[0]
+    assert by_rate.count("<svg") == 6 and by_rate.count(">request rate (req/s)</text>") == 6
+    assert "load (streams or req/s)" not in page
+    # each run keeps its colour: the first run's series only above, the second's only below
+    from kvplan.bench.outputs.html import COLOURS
+
+    assert f'stroke="{COLOURS[0]}"' in by_conc and f'stroke="{COLOURS[1]}"' not in by_conc
+    assert f'stroke="{COLOURS[1]}"' in by_rate and f'stroke="{COLOURS[0]}"' not in by_rate

@@ -196,8 +196,6 @@ def html_report(summaries: list[BenchSummary], title: str | None = None) -> str:
     runs = list(summaries)
     many = len(runs) > 1
     modes = {s.load_mode for s in runs}
-    xlabel = "request rate (req/s)" if modes == {"rate"} else "concurrent streams" if modes == {"concurrency"} \
-        else "load (streams or req/s)"
     title = title or (f"kvplan bench: {runs[0].model}" if not many else f"kvplan: {len(runs)} runs compared")
     body = [f"<h1>{escape(title)}</h1>"]
     body.append("<table><tr><th>run</th><th>source</th><th>model</th><th>workload</th><th>load</th><th>status</th>"
@@ -222,14 +220,6 @@ def html_report(summaries: list[BenchSummary], title: str | None = None) -> str:
             f"<td>{escape(describe_slo(slo)) if slo else '-'}</td><td>{'-' if best is None else _fmt(best)}</td></tr>")
     body.append("</table>")
 
-    def series(metric_get, name_suffix: str, dash: str = "", only_ok: bool = True):
-        out = []
-        for i, s in enumerate(runs):
-            pts = [(p.load, metric_get(p)) for p in s.points if (p.status == "ok" or not only_ok)]
-            name = (f"{_run_name(s, i)} " if many else "") + name_suffix
-            out.append((name, [(x, y) for x, y in pts if y is not None], COLOURS[i % len(COLOURS)], dash))
-        return out
-
     vlines = []  # the onsets of a concurrency sweep, predicted (dashed) and measured (dotted)
     if not many and modes == {"concurrency"}:
         pred = runs[0].prediction
@@ -242,28 +232,17 @@ def html_report(summaries: list[BenchSummary], title: str | None = None) -> str:
             m = measured.onset(key)
             if m is not None and m.first:
                 vlines.append((m.first, f"measured {what} {onset_text(m)}", colour, "2 2"))
-    charts = []
-    for metric, name in (("ttft", "TTFT"), ("itl", "ITL per token"), ("e2e", "E2E")):
-        charts.append(chart(f"{name} vs load (ms)", xlabel, "ms",
-                            series(lambda p, m=metric: _ms(getattr(p, m), "p50"), "p50")
-                            + series(lambda p, m=metric: _ms(getattr(p, m), "p99"), "p99", "6 3")
-                            + series(lambda p, m=metric: _pred_ms(p, m, "p50"), "p50 predicted", PREDICTED_DASH)
-                            + series(lambda p, m=metric: _pred_ms(p, m, "p99"), "p99 predicted", PREDICTED_DASH_P99),
-                            vlines if metric == "ttft" else [], log_x=True, hlines=_slo_lines(runs, metric)))
-    charts.append(chart("Throughput and goodput vs load (output tok/s)", xlabel, "tok/s",
-                        series(lambda p: p.throughput_tok_s, "throughput")
-                        + series(lambda p: p.goodput_tok_s, "goodput", "6 3")
-                        + series(lambda p: None if p.predicted_latency is None
-                                 else p.predicted_latency.output_tokens_per_s, "throughput predicted",
-                                 PREDICTED_DASH), log_x=True))
-    charts.append(chart("KV cache fill vs load (%)", xlabel, "% of the pool",
-                        series(lambda p: None if p.server.peak_kv_usage is None
-                               else 100 * p.server.peak_kv_usage, "measured peak")
-                        + series(lambda p: None if p.predicted is None else 100 * p.predicted.kv_fill,
-                                 "predicted", "6 3"), vlines, log_x=True))
-    charts.append(chart("Preemptions vs load", xlabel, "preemptions in the point",
-                        series(lambda p: p.server.preemptions, "preemptions"), vlines, log_x=True))
-    body.append('<div class="charts">' + "".join(charts) + "</div>")
+    if len(modes) == 1:
+        xlabel = "request rate (req/s)" if modes == {"rate"} else "concurrent streams"
+        body.append('<div class="charts">' + "".join(_load_charts(runs, list(range(len(runs))), xlabel, vlines))
+                    + "</div>")
+    else:  # streams and requests/s are not one axis: the runs of each kind of load get their own charts
+        for mode, xlabel, heading in (("concurrency", "concurrent streams", "Runs by concurrency"),
+                                      ("rate", "request rate (req/s)", "Runs by request rate")):
+            chosen = [i for i, r in enumerate(runs) if r.load_mode == mode]
+            if chosen:
+                body.append(f"<h2>{heading}</h2>")
+                body.append('<div class="charts">' + "".join(_load_charts(runs, chosen, xlabel, [])) + "</div>")
     if not many:
         timeline = _timeline_charts(runs[0])
         if timeline:
@@ -345,6 +324,45 @@ def _latency_table(s: BenchSummary) -> str:
 
 
 SLO_COLOUR, SLO_DASH = "#6a3d9a", "10 3 2 3"
+
+
+def _load_charts(runs: list[BenchSummary], chosen: list[int], xlabel: str,
+                 vlines: list[tuple[float, str, str, str]]) -> list[str]:
+    """The figures against the load of the runs ``chosen`` (indices into ``runs``: a run keeps its colour)."""
+    many = len(runs) > 1
+
+    def series(metric_get, name_suffix: str, dash: str = "", only_ok: bool = True):
+        out = []
+        for i in chosen:
+            s = runs[i]
+            pts = [(p.load, metric_get(p)) for p in s.points if (p.status == "ok" or not only_ok)]
+            name = (f"{_run_name(s, i)} " if many else "") + name_suffix
+            out.append((name, [(x, y) for x, y in pts if y is not None], COLOURS[i % len(COLOURS)], dash))
+        return out
+
+    subset = [runs[i] for i in chosen]
+    charts = []
+    for metric, name in (("ttft", "TTFT"), ("itl", "ITL per token"), ("e2e", "E2E")):
+        charts.append(chart(f"{name} vs load (ms)", xlabel, "ms",
+                            series(lambda p, m=metric: _ms(getattr(p, m), "p50"), "p50")
+                            + series(lambda p, m=metric: _ms(getattr(p, m), "p99"), "p99", "6 3")
+                            + series(lambda p, m=metric: _pred_ms(p, m, "p50"), "p50 predicted", PREDICTED_DASH)
+                            + series(lambda p, m=metric: _pred_ms(p, m, "p99"), "p99 predicted", PREDICTED_DASH_P99),
+                            vlines if metric == "ttft" else [], log_x=True, hlines=_slo_lines(subset, metric)))
+    charts.append(chart("Throughput and goodput vs load (output tok/s)", xlabel, "tok/s",
+                        series(lambda p: p.throughput_tok_s, "throughput")
+                        + series(lambda p: p.goodput_tok_s, "goodput", "6 3")
+                        + series(lambda p: None if p.predicted_latency is None
+                                 else p.predicted_latency.output_tokens_per_s, "throughput predicted",
+                                 PREDICTED_DASH), log_x=True))
+    charts.append(chart("KV cache fill vs load (%)", xlabel, "% of the pool",
+                        series(lambda p: None if p.server.peak_kv_usage is None
+                               else 100 * p.server.peak_kv_usage, "measured peak")
+                        + series(lambda p: None if p.predicted is None else 100 * p.predicted.kv_fill,
+                                 "predicted", "6 3"), vlines, log_x=True))
+    charts.append(chart("Preemptions vs load", xlabel, "preemptions in the point",
+                        series(lambda p: p.server.preemptions, "preemptions"), vlines, log_x=True))
+    return charts
 
 
 def _timeline_charts(s: BenchSummary) -> list[str]:
