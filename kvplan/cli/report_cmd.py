@@ -78,10 +78,11 @@ def report(
     if html is None and len(summaries) > 1:
         html = Path("kvplan-report.html")
     if html is not None:
-        from kvplan.bench.outputs.html import html_report
+        from kvplan.bench.outputs.html import html_report, ttfts_by_point
         from kvplan.paths import write_file_safely
 
-        write_file_safely(html, html_report(summaries), "the report")
+        ttfts = ttfts_by_point(RunStore(runs[0])) if len(summaries) == 1 and summaries[0].source == "kvplan" else None
+        write_file_safely(html, html_report(summaries, ttfts=ttfts), "the report")
     if fmt is OutputFormat.json:
         print_json(summaries[0] if len(summaries) == 1 else [s.model_dump(mode="json") for s in summaries])
     elif fmt is OutputFormat.table:

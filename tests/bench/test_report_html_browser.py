@@ -55,13 +55,15 @@ CHARTS = {
 }
 ONSET_CHARTS = {"TTFT vs load (ms)", "KV cache fill vs load (%)", "Preemptions vs load"}  # vertical lines
 # A single run's page then draws the server's scraped figures over the run's time, points end to end.
+SWEEP = [1, 2, 4, 8]
 TIMELINE = {
     "KV cache usage over time (%)": ["KV usage"],
     "Requests over time": ["running", "waiting"],
     "Preemptions over time (run total)": ["preemptions"],
+    # ... and its TTFT distribution, a line per load (requests.jsonl)
+    "TTFT distribution by load": [f"concurrency {c}" for c in SWEEP],
 }
 SVG_NS = "http://www.w3.org/2000/svg"
-SWEEP = [1, 2, 4, 8]
 
 # Appended to a copy of the page: once it has loaded, measures what Chromium laid out and writes it into
 # the DOM as JSON, which --dump-dom prints. The report itself has no script; this one only reads.

@@ -99,3 +99,27 @@ def test_a_comparison_of_streams_and_rates_gives_each_its_own_axis():
 
     assert f'stroke="{COLOURS[0]}"' in by_conc and f'stroke="{COLOURS[1]}"' not in by_conc
     assert f'stroke="{COLOURS[1]}"' in by_rate and f'stroke="{COLOURS[0]}"' not in by_rate
+
+
+def test_the_ttft_distribution_by_load_from_requests(tmp_path):
+    """Each point's TTFTs from requests.jsonl (first token - scheduled time, completed requests only; rows kvplan did
+    not write are skipped), drawn as the share of requests within x ms."""
+    import shutil
+
+    from kvplan.bench.outputs.html import ttfts_by_point
+    from kvplan.bench.store import RunStore
+
+    run = tmp_path / "run"
+    shutil.copytree(RUN, run)
+    rows = [{"seq": 0, "ok": True, "scheduled_s": 1.0, "first_token_s": 1.0 + t / 1000} for t in (10, 20, 30, 40, 50)]
+    rows += [{"seq": 0, "ok": False, "scheduled_s": 0.0, "first_token_s": None},
+             {"seq": "x", "ok": True, "scheduled_s": 0.0, "first_token_s": 0.5},
+             {"seq": 1, "ok": True, "scheduled_s": 0.0, "first_token_s": float("nan")}]
+    (run / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ttfts = ttfts_by_point(RunStore(run))
+    assert list(ttfts) == [0] and [round(v * 1000, 6) for v in ttfts[0]] == [10, 20, 30, 40, 50]
+    page = html_report([_summary()], ttfts={0: ttfts[0]})
+    cdf = re.search(r'<figure><svg[^>]*aria-label="TTFT distribution by load".*?</figure>', page).group(0)
+    dots = re.findall(r"<title>concurrency 1: ([\d.]+) -&gt; ([\d.]+)</title>", cdf)
+    # the 0th, 50th and 100th percentiles of 10..50 ms (linear): 10, 30, 50 ms at 0%, 50%, 100%
+    assert ("10", "0") in dots and ("30", "50") in dots and ("50", "100") in dots

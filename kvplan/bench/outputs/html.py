@@ -22,6 +22,7 @@ from kvplan.bench.outputs.text import (
 from kvplan.bench.results import BenchSummary, LatencyStats, PointResult
 from kvplan.bench.slo import describe_slo
 from kvplan.bench.store import RunStore
+from kvplan.stats import percentile
 
 HTML_FILE = "report.html"
 
@@ -188,11 +189,49 @@ def _ms(stats: LatencyStats, key: str) -> float | None:
 
 @output("html", HTML_FILE, order=30)
 def write_html(summary: BenchSummary, store: RunStore) -> str:
-    return html_report([summary])
+    return html_report([summary], ttfts=ttfts_by_point(store))
 
 
-def html_report(summaries: list[BenchSummary], title: str | None = None) -> str:
-    """The report of one run, or the comparison of several (each run one colour)."""
+#: Requests of one point kept for its TTFT distribution: a CDF needs no more, and a crafted requests.jsonl
+#: (it is read one line at a time) must not grow the memory without end.
+MAX_CDF_REQUESTS = 100_000
+
+
+def ttfts_by_point(store: RunStore) -> dict[int, list[float]]:
+    """Each point's completed requests' TTFTs in seconds, from the scheduled time (requests.jsonl), by point seq."""
+    out: dict[int, list[float]] = {}
+    for row in store.read_requests():
+        seq, first, scheduled = row.get("seq"), row.get("first_token_s"), row.get("scheduled_s")
+        if not (row.get("ok") is True and isinstance(seq, int) and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in (first, scheduled))):
+            continue
+        kept = out.setdefault(seq, [])
+        if len(kept) < MAX_CDF_REQUESTS:
+            kept.append(first - scheduled)
+    return out
+
+
+#: The shares of requests at which a CDF is drawn (%): every 5%, and the tail.
+CDF_SHARES = (*range(0, 100, 5), 99, 100)
+
+
+def _ttft_cdf(s: BenchSummary, ttfts: dict[int, list[float]]) -> str:
+    """The TTFT distribution of every point of a run, one line per load: the share of its requests whose first token
+    came within x ms."""
+    series = []
+    for k, p in enumerate(p for p in s.points if len(ttfts.get(p.seq, ())) >= 2):
+        values = ttfts[p.seq]
+        pts = [(1000 * percentile(values, share), float(share)) for share in CDF_SHARES]
+        series.append((_where(p), pts, COLOURS[k % len(COLOURS)], "" if k < len(COLOURS) else "6 3"))
+    if not series:
+        return ""
+    return chart("TTFT distribution by load", "TTFT ms (from the scheduled time)", "% of the point's requests", series)
+
+
+def html_report(summaries: list[BenchSummary], title: str | None = None,
+                ttfts: dict[int, list[float]] | None = None) -> str:
+    """The report of one run, or the comparison of several (each run one colour); ``ttfts``: a single run's TTFTs by
+    point (requests.jsonl), for its distribution by load."""
     runs = list(summaries)
     many = len(runs) > 1
     modes = {s.load_mode for s in runs}
@@ -250,6 +289,10 @@ def html_report(summaries: list[BenchSummary], title: str | None = None) -> str:
                         "to end in the order they ran; dashed lines mark where the point of each measured onset "
                         "began.</p>")
             body.append('<div class="charts">' + "".join(timeline) + "</div>")
+        cdf = _ttft_cdf(runs[0], ttfts or {})
+        if cdf:
+            body.append("<h2>Latency distribution</h2>")
+            body.append(f'<div class="charts">{cdf}</div>')
 
     for i, s in enumerate(runs):
         body.append(f"<h2>{escape(_run_name(s, i))}: points</h2>")
