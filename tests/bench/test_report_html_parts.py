@@ -123,3 +123,12 @@ def test_the_ttft_distribution_by_load_from_requests(tmp_path):
     dots = re.findall(r"<title>concurrency 1: ([\d.]+) -&gt; ([\d.]+)</title>", cdf)
     # the 0th, 50th and 100th percentiles of 10..50 ms (linear): 10, 30, 50 ms at 0%, 50%, 100%
     assert ("10", "0") in dots and ("30", "50") in dots and ("50", "100") in dots
+
+
+def test_plot_png_preemption_axis_starts_at_zero():
+    """Issue 27: plot.png drew a -0.04..0.04 preemption axis for a run without preemptions."""
+    from kvplan.bench.outputs.png import plot_png, preemption_axis_top
+
+    assert preemption_axis_top([0, 0]) == 1.0 and preemption_axis_top([]) == 1.0
+    assert preemption_axis_top([0, 20]) == 22.0
+    assert plot_png(_summary())[:8] == b"\\x89PNG\\r\\n\\x1a\\n"

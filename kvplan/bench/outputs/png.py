@@ -39,6 +39,9 @@ def plot_png(summary: BenchSummary) -> bytes | None:
     widths = [0.08 * x for x in xs] if log_x else [0.4] * len(xs)
     ax2.bar(xs, pre, width=widths, alpha=0.3, color="tab:red", label="preemptions")
     ax2.set_ylabel("preemptions in the point")
+    # The count starts at 0 and is whole: no preemption at all is an axis of 0-1, not matplotlib's -0.04-0.04.
+    ax2.set_ylim(0, preemption_axis_top(pre))
+    ax2.yaxis.get_major_locator().set_params(integer=True)
     ax.plot(xs, [p.ttft.p50 * 1000 for p in points], "o-", label="TTFT p50")
     ax.plot(xs, [p.ttft.p99 * 1000 for p in points], "s-", label="TTFT p99")
     ax.set_xlabel("concurrent streams")
@@ -68,3 +71,8 @@ def plot_png(summary: BenchSummary) -> bytes | None:
     fig.savefig(buf, format="png")
     plt.close(fig)
     return buf.getvalue()
+
+
+def preemption_axis_top(counts: list[float]) -> float:
+    """The top of the preemption axis: 10% above the most, and 1 when there are none (the axis starts at 0)."""
+    return max(1.0, max(counts, default=0.0) * 1.1)
