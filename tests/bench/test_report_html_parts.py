@@ -131,4 +131,4 @@ def test_plot_png_preemption_axis_starts_at_zero():
 
     assert preemption_axis_top([0, 0]) == 1.0 and preemption_axis_top([]) == 1.0
     assert preemption_axis_top([0, 20]) == 22.0
-    assert plot_png(_summary())[:8] == b"\\x89PNG\\r\\n\\x1a\\n"
+    assert plot_png(_summary())[:8] == b"\x89PNG\r\n\x1a\n"
