@@ -20,7 +20,9 @@ discovery, the /metrics scraper and the load generator.
 
 from __future__ import annotations
 
+import functools
 import re
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -205,6 +207,14 @@ class Client:
     #: The credentials of the server URL (``credential_secrets``): masked like the key wherever a server
     #: echoes them back.
     url_secrets: tuple[str, ...] = field(default=(), repr=False)
+    #: TLS to an https server: --ca-bundle, the CA certificates (PEM) to verify it with, beside the system's;
+    #: --insecure, no verification at all (said in the run's notes).
+    ca_bundle: str | None = None
+    insecure: bool = False
+
+    def ssl_context(self):
+        """The TLS context of every https request of the run: None for Python's default verification."""
+        return tls_context(self.ca_bundle, self.insecure)
 
     def request(self, url: str) -> tuple[str, dict[str, str], str | None]:
         """(url without credentials, headers to send, proxy URL or None) for one request to ``url``."""
@@ -246,15 +256,20 @@ class Client:
         runs in a daemon thread, which a server that never stops is left holding."""
         import threading
 
+        tls = self.ssl_context()  # here, not in the worker: an unreadable --ca-bundle is the caller's one-line error
         deadline = time.monotonic() + timeout_s + GET_BODY_S
         answer: list[tuple[int, str]] = []
-        worker = threading.Thread(target=lambda: answer.append(self._get(url, timeout_s, deadline)), daemon=True,
+        worker = threading.Thread(target=lambda: answer.append(self._get(url, timeout_s, deadline, tls)), daemon=True,
                                   name="kvplan-http-get")
         worker.start()
         worker.join(max(0.0, deadline - time.monotonic()) + 0.5)
-        return answer[0] if answer else (0, "")
+        status, body = answer[0] if answer else (0, "")
+        if status == 0 and body.startswith(TLS_UNTRUSTED):  # retrying cannot help: say what would
+            raise KvplanError(f"{split_credentials(url)[0]}: the server's TLS certificate is not trusted "
+                              f"({body[len(TLS_UNTRUSTED):]})", "give its CA with --ca-bundle FILE (PEM), or --insecure")
+        return status, body
 
-    def _get(self, url: str, timeout_s: float, deadline: float) -> tuple[int, str]:
+    def _get(self, url: str, timeout_s: float, deadline: float, tls) -> tuple[int, str]:
         bare, headers, proxy = self.request(url)
         if proxy:
             proxy_url, proxy_basic = _split_proxy(proxy)
@@ -263,7 +278,8 @@ class Client:
             handler = urllib.request.ProxyHandler({"http": proxy_url, "https": proxy_url})
         else:
             handler = urllib.request.ProxyHandler({})
-        opener = urllib.request.build_opener(handler, _NoRedirects())
+        opener = urllib.request.build_opener(handler, *([urllib.request.HTTPSHandler(context=tls)] if tls else []),
+                                             _NoRedirects())
         request = urllib.request.Request(bare, headers=headers)
         try:
             with opener.open(request, timeout=timeout_s) as resp:  # at most MAX_BODY_BYTES: a server may lie
@@ -280,13 +296,22 @@ class Client:
                 return resp.status, b"".join(parts).decode(errors="replace")
         except urllib.error.HTTPError as exc:
             return exc.code, ""
-        except (urllib.error.URLError, OSError, ValueError):
+        except urllib.error.URLError as exc:
+            if isinstance(exc.reason, ssl.SSLCertVerificationError):
+                return 0, TLS_UNTRUSTED + str(exc.reason.verify_message or exc.reason)
+            return 0, ""
+        except ssl.SSLCertVerificationError as exc:
+            return 0, TLS_UNTRUSTED + str(exc.verify_message or exc)
+        except (OSError, ValueError):
             return 0, ""
 
     def aio_kwargs(self, url: str) -> tuple[str, dict]:
         """(bare url, keyword arguments of session.get/post: headers, proxy, proxy_auth)."""
         bare, headers, proxy = self.request(url)
         kwargs: dict = {"headers": headers, "allow_redirects": False}  # see REDIRECT_HINT
+        tls = self.ssl_context()
+        if tls is not None:
+            kwargs["ssl"] = tls
         if proxy:
             import aiohttp
 
@@ -295,3 +320,26 @@ class Client:
             if basic:
                 kwargs["proxy_auth"] = aiohttp.BasicAuth(basic[0], basic[1])
         return bare, kwargs
+
+
+#: The body `Client._get` returns with status 0 when an https server's certificate failed verification.
+TLS_UNTRUSTED = "\x00tls-untrusted:"
+
+
+@functools.lru_cache(maxsize=8)
+def tls_context(ca_bundle: str | None, insecure: bool):
+    """None (Python's default verification), or the context --ca-bundle / --insecure ask for. A bundle that cannot
+    be read is one line, exit 2."""
+    if not ca_bundle and not insecure:
+        return None
+    ctx = ssl.create_default_context()
+    if insecure:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        return ctx
+    try:
+        ctx.load_verify_locations(cafile=ca_bundle)
+    except (OSError, ssl.SSLError, ValueError) as exc:
+        raise KvplanError(f"cannot read --ca-bundle {ca_bundle}: {getattr(exc, 'strerror', None) or exc}",
+                          "give a file of PEM CA certificates") from None
+    return ctx

@@ -60,6 +60,8 @@ class BenchConfig(BaseModel):
     header_names: list[str] = Field(default_factory=list)  # --header names (values are never stored)
     steptime: str | None = None  # a calibrated step-time model (RUN or RUN/steptime.json) for predicted latency
     keep_alive: bool = True  # reuse connections (False: one per request, as kvplan did before)
+    ca_bundle: str | None = None  # --ca-bundle: PEM CA certificates to verify an https server with
+    insecure: bool = False  # --insecure: no TLS certificate verification
     traffic: TrafficReplay | None = None  # --traffic: replay sessions (kvplan.bench.replay) instead of a sweep
 
     @model_validator(mode="after")

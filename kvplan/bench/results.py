@@ -376,7 +376,7 @@ class PointResult(_NewFieldsOptional):
 class BenchSummary(_NewFieldsOptional):
     """summary.json: one run (kvplan's own, or another harness's results read as one)."""
 
-    ADDED: ClassVar[tuple[str, ...]] = ("latency_model",)
+    ADDED: ClassVar[tuple[str, ...]] = ("latency_model", "tls")
 
     kvplan_version: str = __version__
     status: Literal["complete", "interrupted", "failed"]
@@ -409,6 +409,8 @@ class BenchSummary(_NewFieldsOptional):
     rate_search: RateSearchResult | None = None  # --sweep-rate auto: what the search found
     headers: list[str] = Field(default_factory=list)  # extra request headers, values masked: "X-Token: ***"
     proxy: str | None = None  # the proxy every request went through (credentials masked); null: direct
+    # TLS to an https server: "verified", "verified with --ca-bundle FILE", "NOT verified (--insecure)"; null: http
+    tls: str | None = None
     latency_model: LatencyModelInfo | None = None  # what predicted the points' latency; null: older runs
 
     @property

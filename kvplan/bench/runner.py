@@ -80,7 +80,8 @@ class BenchRun:
         # The key (a bearer token) and --header values go with every client request and probe; held
         # here only, never in BenchConfig (which run.json stores) nor in any file (kvplan.bench.client).
         self.client = Client(api_key=api_key or None, headers=tuple(headers),
-                             url_secrets=credential_secrets(cfg.url or ""))
+                             url_secrets=credential_secrets(cfg.url or ""), ca_bundle=cfg.ca_bundle,
+                             insecure=cfg.insecure)
         self.expected_model = expected_model or None  # --resume: the model the run's points measured
         self.store = store
         self.store.secrets = tuple(self.client.secrets())  # masked in every file, whatever wrote them
@@ -530,8 +531,17 @@ class BenchRun:
             highest_load_meeting_slo=highest_load_meeting(ordered) if self.cfg.slo else None,
             headers=masked_headers(self.client.headers),
             proxy=shown_proxy(self.client.proxy(self.base_url)) if self.base_url else None,
+            tls=self._tls_said(),
             latency_model=None if self.latency is None else self.latency.info,
         )
+
+    def _tls_said(self) -> str | None:
+        """How the run's https requests were verified (null for http)."""
+        if not self.base_url.startswith("https://"):
+            return None
+        if self.cfg.insecure:
+            return "NOT verified (--insecure)"
+        return f"verified with --ca-bundle {self.cfg.ca_bundle}" if self.cfg.ca_bundle else "verified"
 
     def _rate_search_result(self) -> RateSearchResult | None:
         rs, found = self.cfg.rate_search, self.rate_search

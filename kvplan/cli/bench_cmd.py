@@ -142,6 +142,8 @@ def bench(
     warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="One unrecorded round of requests before the first point."),
     scrape_interval: float = typer.Option(0.5, "--scrape-interval", help="Seconds between /metrics scrapes during a point (default 0.5 = 2 Hz). Every scrape takes server CPU (6-15 ms on the tiny CPU engine: 1-3% of a core at 2 Hz, no TTFT change beyond noise; benchmarks/bench_vs_vllm_bench.py): faster scrapes raise the TTFT being measured."),
     keep_alive: bool = typer.Option(True, "--keep-alive/--no-keep-alive", help="Reuse connections (idle ones dropped after 2 s, under vLLM's 5 s; a request a stale one drops is resent once, its scheduled time kept), or one connection per request."),
+    ca_bundle: Optional[Path] = typer.Option(None, "--ca-bundle", help="CA certificates (PEM) to verify an https server with, beside the system's (a gateway with a private CA)."),
+    insecure: bool = typer.Option(False, "--insecure", help="Do not verify the https server's TLS certificate (said in the run's notes)."),
     steptime: Optional[Path] = typer.Option(None, "--steptime", metavar="RUN", help="Predict every point's latency with this calibration (a run folder holding steptime.json, or the file; kvplan calibrate --bench); default: the --gpu prior."),
     request_timeout: float = typer.Option(300.0, "--request-timeout", help="Seconds without a byte before a request fails (a request also fails after 1 h in all, or this long if longer)."),
     startup_timeout: float = typer.Option(900.0, "--startup-timeout", help="Seconds the engine may take to become ready."),
@@ -291,6 +293,8 @@ def bench(
         max_num_seqs=max_num_seqs,
         planner_gpu=gpu,
         header_names=[name for name, _ in headers],
+        ca_bundle=None if ca_bundle is None else str(ca_bundle),
+        insecure=insecure,
         keep_alive=keep_alive,
         steptime=None if steptime is None else str(steptime),
         traffic=replay,
@@ -301,7 +305,7 @@ def bench(
         cfg = BenchConfig(url=url, **common)
         from kvplan.bench.client import Client
 
-        client = Client(api_key=key, headers=headers)
+        client = Client(api_key=key, headers=headers, ca_bundle=cfg.ca_bundle, insecure=cfg.insecure)
         if client.get(url.rstrip("/") + "/v1/models", timeout_s=5)[0] == 0:  # before a run folder exists
             via = client.via(url)
             raise KvplanError(f"nothing answers at {redact(url.rstrip('/'))}{via}",

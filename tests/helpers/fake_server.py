@@ -114,14 +114,15 @@ class _StreamServer(_LoopThread):
 
 
 class FakeServer(_LoopThread):
-    def __init__(self, behaviour: FakeBehaviour | None = None):
+    def __init__(self, behaviour: FakeBehaviour | None = None, ssl_context=None):
         super().__init__()
         self.behaviour = behaviour or FakeBehaviour()
         self._runner = None
+        self._ssl = ssl_context  # an ssl.SSLContext: serve https
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self._ssl else 'http'}://127.0.0.1:{self.port}"
 
     def _close(self) -> None:
         asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
@@ -153,7 +154,7 @@ class FakeServer(_LoopThread):
         app.router.add_post("/v1/chat/completions", self._completions)
         self._runner = web.AppRunner(app, access_log=None)
         self._loop.run_until_complete(self._runner.setup())
-        site = web.TCPSite(self._runner, "127.0.0.1", getattr(self, "_port_wanted", 0))
+        site = web.TCPSite(self._runner, "127.0.0.1", getattr(self, "_port_wanted", 0), ssl_context=self._ssl)
         self._loop.run_until_complete(site.start())
         self.port = site._server.sockets[0].getsockname()[1]
         self._ready.set()

@@ -307,6 +307,8 @@ def html_report(summaries: list[BenchSummary], title: str | None = None,
             body.append(f"<p>Request headers: {escape(', '.join(s.headers))} (values never stored).</p>")
         if s.proxy:
             body.append(f"<p>Proxy (from the environment): {escape(s.proxy)}.</p>")
+        if s.tls:
+            body.append(f'<p class="{"warn" if s.tls.startswith("NOT") else ""}">TLS: {escape(s.tls)}.</p>')
     body.append(f"<p>{escape(DEFINITIONS)}</p>")
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{escape(title)}</title><style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")

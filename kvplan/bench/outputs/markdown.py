@@ -44,6 +44,8 @@ def markdown(summary: BenchSummary) -> str:
         lines.append(f"- request headers: {', '.join(s.headers)} (values never stored)")
     if s.proxy:
         lines.append(f"- proxy: {s.proxy} (from the environment; every request, probe and scrape went through it)")
+    if s.tls:
+        lines.append(f"- TLS: {s.tls}")
     lines.append(f"- status: {s.status}" + (f" ({s.error})" if s.error and s.status != "complete" else ""))
     lines += ["", "## KV capacity", "", "| | planner | engine reports |", "|---|---:|---:|"]
     lines.append(f"| blocks (incl. the null block) | {num(planner.num_blocks)} | {num(cap.num_blocks)} |")
