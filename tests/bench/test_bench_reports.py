@@ -169,7 +169,8 @@ def test_report_compares_runs_and_vllm_results_offline(runs, tmp_path):
     assert v["points"][0]["server"] == {} and "no preemption" in v["points"][0]["notes"][0]
     text = html.read_text()
     _check_html(text, charts=12)  # streams (this run, vllm bench's) and request rates: six charts each
-    assert text.count("<h2>") == 3
+    assert text.count("<h2>") == 5  # "Runs by concurrency", "Runs by request rate", then each run's points
+    assert text.index("<h2>Runs by concurrency</h2>") < text.index("<h2>Runs by request rate</h2>")
 
 
 def test_report_applies_new_slos_from_requests(runs):
