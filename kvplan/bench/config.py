@@ -62,6 +62,7 @@ class BenchConfig(BaseModel):
     keep_alive: bool = True  # reuse connections (False: one per request, as kvplan did before)
     ca_bundle: str | None = None  # --ca-bundle: PEM CA certificates to verify an https server with
     insecure: bool = False  # --insecure: no TLS certificate verification
+    gpu_metrics: str | None = None  # --gpu-metrics: a DCGM exporter's /metrics URL, or "nvml" (the local GPUs)
     traffic: TrafficReplay | None = None  # --traffic: replay sessions (kvplan.bench.replay) instead of a sweep
 
     @model_validator(mode="after")

@@ -307,10 +307,23 @@ class ReplayFigures(_Figures):
     send_skew: LatencyStats = Field(default_factory=LatencyStats)  # actual send - scheduled time
 
 
+class GpuFigures(_Figures):
+    """The GPUs during one point (kvplan.bench.gpu_telemetry): over every sample of every GPU seen."""
+
+    source: str  # "DCGM exporter" or "NVML"
+    gpus: int  # GPUs the samples named
+    samples: int  # samples taken (each of every GPU)
+    util_mean_pct: float | None = None  # GPU utilization, % of the sample period a kernel ran
+    util_peak_pct: float | None = None
+    memory_used_peak_mib: float | None = None  # framebuffer memory used, the fullest GPU's
+    power_peak_w: float | None = None  # board power, the hungriest GPU's
+    sm_clock_min_mhz: float | None = None  # the lowest SM clock seen: below the GPU's boost when it throttled
+
+
 class PointResult(_NewFieldsOptional):
     """One line of points.jsonl."""
 
-    ADDED: ClassVar[tuple[str, ...]] = ("predicted_latency", "retries", "replay")
+    ADDED: ClassVar[tuple[str, ...]] = ("predicted_latency", "retries", "replay", "gpu")
 
     seq: int
     concurrency: int
@@ -356,6 +369,7 @@ class PointResult(_NewFieldsOptional):
     # --traffic: the point replayed the first `concurrency` sessions; its prefix-cache figures,
     # measured and predicted (kvplan.bench.replay)
     replay: ReplayFigures | None = None
+    gpu: GpuFigures | None = None  # --gpu-metrics: the GPUs' utilization, memory, power and clocks during the point
 
     @property
     def load(self) -> float:

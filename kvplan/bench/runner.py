@@ -27,6 +27,7 @@ from kvplan.bench.engine import (
     no_interrupts,
     parse_capacity_log,
 )
+from kvplan.bench.gpu_telemetry import sample_during, summarize_gpu, telemetry_client
 from kvplan.bench.latency import no_prediction, predictor_for
 from kvplan.bench.loadgen import RequestRecord, StopSignal, run_closed_loop, run_open_loop, run_sessions, run_stoppable
 from kvplan.bench.loads import ClosedLoad, Load, OpenLoad, ReplayLoad
@@ -330,6 +331,10 @@ class BenchRun:
                 self.base_url, self.cfg.scrape_interval_s, scraping, t0, during,
                 on_scrape=lambda s: self.view.scrape(s.values, s.waiting_by_reason.get("capacity")),
                 client=self.client)))
+        gpu_samples: list = []
+        if self.cfg.gpu_metrics:  # stopped with the scrapes (a task after the first is cancelled at the end)
+            tasks.insert(0, asyncio.create_task(sample_during(self.cfg.gpu_metrics, telemetry_client(self.client),
+                                                              self.cfg.scrape_interval_s, scraping, gpu_samples)))
         if self.launcher is not None:
             tasks.append(asyncio.create_task(self._watch_engine(stop)))
         if stop.is_set():
@@ -337,7 +342,8 @@ class BenchRun:
         else:
             records, wall, aborted = await self._send(load, seq, first_index, stop, replayed)
         scraping.set()
-        for task in tasks[1:]:
+        keep = 1 + (before is not None) if self.cfg.gpu_metrics else 1  # the samplers end themselves at `scraping`
+        for task in tasks[keep:]:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         dead = self._dead_reason()
@@ -360,6 +366,8 @@ class BenchRun:
                 pass
         point = self._point_result(concurrency, seq, first_index, started_at, records, wall, aborted, before, during,
                                    after, rate)
+        if self.cfg.gpu_metrics:
+            point = point.model_copy(update={"gpu": summarize_gpu(gpu_samples, self.cfg.gpu_metrics)})
         if replayed is not None:
             point = self._replay_figures(point, replayed, records)
         return point

@@ -144,6 +144,7 @@ def bench(
     keep_alive: bool = typer.Option(True, "--keep-alive/--no-keep-alive", help="Reuse connections (idle ones dropped after 2 s, under vLLM's 5 s; a request a stale one drops is resent once, its scheduled time kept), or one connection per request."),
     ca_bundle: Optional[Path] = typer.Option(None, "--ca-bundle", help="CA certificates (PEM) to verify an https server with, beside the system's (a gateway with a private CA)."),
     insecure: bool = typer.Option(False, "--insecure", help="Do not verify the https server's TLS certificate (said in the run's notes)."),
+    gpu_metrics: Optional[str] = typer.Option(None, "--gpu-metrics", metavar="URL|nvml", help="GPU telemetry during every point: a DCGM exporter's /metrics URL (http://node:9400/metrics; no key or header goes there), or nvml for this machine's GPUs."),
     steptime: Optional[Path] = typer.Option(None, "--steptime", metavar="RUN", help="Predict every point's latency with this calibration (a run folder holding steptime.json, or the file; kvplan calibrate --bench); default: the --gpu prior."),
     request_timeout: float = typer.Option(300.0, "--request-timeout", help="Seconds without a byte before a request fails (a request also fails after 1 h in all, or this long if longer)."),
     startup_timeout: float = typer.Option(900.0, "--startup-timeout", help="Seconds the engine may take to become ready."),
@@ -295,6 +296,7 @@ def bench(
         header_names=[name for name, _ in headers],
         ca_bundle=None if ca_bundle is None else str(ca_bundle),
         insecure=insecure,
+        gpu_metrics=_gpu_metrics(gpu_metrics),
         keep_alive=keep_alive,
         steptime=None if steptime is None else str(steptime),
         traffic=replay,
@@ -697,3 +699,30 @@ def _pool_text(blocks: int | None, block_size: int | None, tokens: int | None) -
     if tokens:
         parts.append(f"{tokens:,} tokens")
     return " = ".join(parts) or "nothing of its pool"
+
+
+def _gpu_metrics(source: Optional[str]) -> Optional[str]:
+    """--gpu-metrics: a DCGM exporter's URL, or "nvml" when NVML sees a GPU here (one line and exit 2 otherwise)."""
+    from kvplan.errors import KvplanError
+    from kvplan.vllm.startup_log import redact
+
+    if source is None:
+        return None
+    if source.strip().lower() == "nvml":
+        from kvplan.bench.gpu_telemetry import nvml_sample
+
+        try:
+            if not nvml_sample():
+                raise RuntimeError("no GPU")
+        except Exception as exc:  # noqa: BLE001 - no driver, no library, no GPU: all one answer
+            raise KvplanError(f"--gpu-metrics nvml: NVML sees no GPU here ({type(exc).__name__}: {exc})",
+                              "give a DCGM exporter's URL, or leave --gpu-metrics out") from None
+        return "nvml"
+    if not source.startswith(("http://", "https://")) or len(source) > 2048:
+        raise KvplanError(f"invalid --gpu-metrics {redact(source[:200])!r}",
+                          "give a DCGM exporter's /metrics URL (http://host:9400/metrics) or nvml")
+    from urllib.parse import urlsplit
+
+    if "@" in urlsplit(source).netloc:  # run.json keeps the URL: a credential in it would reach the disk
+        raise KvplanError("--gpu-metrics takes no credentials in its URL", "a DCGM exporter needs none")
+    return source

@@ -12,8 +12,10 @@ from html import escape
 from kvplan.bench.outputs.registry import output
 from kvplan.bench.outputs.text import (
     DEFINITIONS,
+    GPU_HEAD,
     PREDICTED_FIGURES,
     TIER_HEAD,
+    gpu_rows,
     latency_model_text,
     onset_text,
     predicted_cells,
@@ -300,6 +302,7 @@ def html_report(summaries: list[BenchSummary], title: str | None = None,
         body.append(_points_table(s))
         body.append(_replay_table(s))
         body.append(_tier_table(s))
+        body.append(_gpu_table(s))
         body.append(_latency_table(s))
         if s.rate_search is not None:
             body.append(f"<p>Automatic rate search: {escape(s.rate_search.describe())}.</p>")
@@ -336,6 +339,16 @@ def _replay_table(s: BenchSummary) -> str:
         out.append("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in cells) + "</tr>")
     out.append("</table>")
     return "".join(out)
+
+
+def _gpu_table(s: BenchSummary) -> str:
+    """The GPUs during each point, where --gpu-metrics sampled them."""
+    rows = gpu_rows(s.points)
+    if not rows:
+        return ""
+    return ('<table class="gpu"><caption>GPUs (--gpu-metrics)</caption><tr>'
+            + "".join(f"<th>{escape(h)}</th>" for h in GPU_HEAD) + "</tr>"
+            + "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in r) + "</tr>" for r in rows) + "</table>")
 
 
 def _tier_table(s: BenchSummary) -> str:

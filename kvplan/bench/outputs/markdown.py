@@ -6,8 +6,10 @@ from __future__ import annotations
 from kvplan.bench.outputs.registry import output
 from kvplan.bench.outputs.text import (
     DEFINITIONS,
+    GPU_HEAD,
     PREDICTED_FIGURES,
     TIER_HEAD,
+    gpu_rows,
     int_or_none,
     latency_model_text,
     load_text,
@@ -72,6 +74,7 @@ def markdown(summary: BenchSummary) -> str:
     slo = s.slo
     lines += replay_markdown(s.points)
     lines += tier_markdown(s.points)
+    lines += gpu_markdown(s.points)
     lines += ["", "## Points", ""]
     if s.load_description:
         lines += [f"Load: {s.load_description}.", ""]
@@ -146,6 +149,15 @@ def replay_markdown(points: list[PointResult]) -> list[str]:
                      f"{pct(r.predicted_hit_rate)} | {pct(r.predicted_hit_rate_low)}-{pct(r.predicted_hit_rate_high)} | "
                      f"{'yes' if p.preempted else 'no'} ({want}) | {r.predicted_by} |")
     return lines
+
+
+def gpu_markdown(points: list[PointResult]) -> list[str]:
+    """The GPUs during each point (--gpu-metrics: a DCGM exporter or NVML)."""
+    rows = gpu_rows(points)
+    if not rows:
+        return []
+    return ["", "## GPUs (--gpu-metrics)", "", "| " + " | ".join(GPU_HEAD) + " |", "|---|---|---:|---:|---:|---:|",
+            *("| " + " | ".join(r) + " |" for r in rows)]
 
 
 def tier_markdown(points: list[PointResult]) -> list[str]:

@@ -37,6 +37,27 @@ def onset_cell(measured: Onset | None, predicted: int | None, has_prediction: bo
 TIER_HEAD = ("load", "tokens asked of the tier", "found there", "loaded (tier -> GPU)", "stored (GPU -> tier)")
 
 
+GPU_HEAD = ("load", "source (GPUs, samples)", "utilization mean / peak %", "memory used peak MiB", "power peak W",
+            "SM clock min MHz")
+
+
+def gpu_rows(points: list[PointResult]) -> list[tuple[str, ...]]:
+    """The GPUs during each point (--gpu-metrics; GPU_HEAD's cells), for the points that have samples."""
+
+    def f(v, fmt: str = ",.0f") -> str:
+        return "-" if v is None else format(v, fmt)
+
+    rows = []
+    for p in points:
+        g = p.gpu
+        if g is None:
+            continue
+        where = f"{p.rate:g} requests/s" if p.mode == "rate" else f"concurrency {p.concurrency}"
+        rows.append((where, f"{g.source} ({g.gpus}, {g.samples})", f"{f(g.util_mean_pct, '.1f')} / {f(g.util_peak_pct)}",
+                     f(g.memory_used_peak_mib), f(g.power_peak_w), f(g.sm_clock_min_mhz)))
+    return rows
+
+
 def tier_rows(points: list[PointResult]) -> list[tuple[str, ...]]:
     """The KV tier's counters per point (TIER_HEAD's cells), for the points whose KV connector was asked anything or
     moved anything; none where the server declares no tier."""
