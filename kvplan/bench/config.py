@@ -16,6 +16,7 @@ from kvplan.errors import ExitCode, KvplanError
 #: Requests per point when neither --requests, --requests-per-stream nor --duration is given: enough
 #: for a p99 that is not just the largest sample (kvplan.bench.stats.min_samples).
 DEFAULT_REQUESTS = 100
+MAX_PERCENTILES = 8  # --percentiles: at most this many
 
 
 class BenchFailed(KvplanError):
@@ -63,11 +64,16 @@ class BenchConfig(BaseModel):
     ca_bundle: str | None = None  # --ca-bundle: PEM CA certificates to verify an https server with
     insecure: bool = False  # --insecure: no TLS certificate verification
     gpu_metrics: str | None = None  # --gpu-metrics: a DCGM exporter's /metrics URL, or "nvml" (the local GPUs)
+    # --percentiles: more percentiles of every latency (0 < q < 100), beside p50/p90/p95/p99
+    percentiles: list[float] = Field(default_factory=list, max_length=MAX_PERCENTILES)
     traffic: TrafficReplay | None = None  # --traffic: replay sessions (kvplan.bench.replay) instead of a sweep
 
     @model_validator(mode="after")
     def _within_bounds(self) -> BenchConfig:
         check_bench_bounds(self)  # the command line and a resumed run.json alike
+        bad = [q for q in self.percentiles if not (isinstance(q, (int, float)) and 0 < q < 100)]
+        if bad:
+            raise KvplanError(f"invalid --percentiles {bad[0]!r}", "give percentiles between 0 and 100, e.g. 50,90,99,99.9")
         return self
 
     def engine_config(self) -> EngineConfig | None:

@@ -56,11 +56,12 @@ def point_result(cfg: BenchConfig, rule: BlockRule | None, concurrency: int, seq
                      "reached this concurrency inside the engine")
     request_rows = [dict(r.to_json(), concurrency=concurrency, seq=seq,
                                **({"rate": rate} if rate is not None else {})) for r in records]
+    chosen = cfg.percentiles
     stats = {
-        "ttft": LatencyStats.of([r.ttft_s for r in ok if r.ttft_s is not None]),
-        "itl": LatencyStats.of([g for r in ok for g in r.itl_s]),
-        "tpot": LatencyStats.of([r.tpot_s for r in ok if r.tpot_s is not None]),
-        "e2e": LatencyStats.of([r.e2e_s for r in ok if r.e2e_s is not None]),
+        "ttft": LatencyStats.of([r.ttft_s for r in ok if r.ttft_s is not None], chosen),
+        "itl": LatencyStats.of([g for r in ok for g in r.itl_s], chosen),
+        "tpot": LatencyStats.of([r.tpot_s for r in ok if r.tpot_s is not None], chosen),
+        "e2e": LatencyStats.of([r.e2e_s for r in ok if r.e2e_s is not None], chosen),
     }
     warnings = [w for name, key in (("TTFT", "ttft"), ("ITL", "itl"), ("TPOT", "tpot"), ("E2E", "e2e"))
                 for w in sample_warnings(name, stats[key])]

@@ -86,12 +86,14 @@ class LatencyStats(_Figures):
     # no resampling); a bound the sample cannot give is None (a p99 of fewer than 368 values has no upper one)
     p50_ci: tuple[float | None, float | None] | None = None
     p99_ci: tuple[float | None, float | None] | None = None
+    # --percentiles: the ones asked for, "p99.9" -> seconds (the fixed ones above are always there)
+    chosen: dict[str, float | None] | None = None
 
     @classmethod
-    def of(cls, values: Sequence[float]) -> LatencyStats:
-        """The statistics of a list of seconds (kvplan.bench.stats.describe)."""
+    def of(cls, values: Sequence[float], chosen: Sequence[float] = ()) -> LatencyStats:
+        """The statistics of a list of seconds (kvplan.bench.stats.describe), with ``chosen`` percentiles too."""
 
-        return cls(**describe(values))
+        return cls(**describe(values, chosen))
 
     def stat(self, name: str) -> float | None:
         """``mean``, ``p50``, ``p90``, ``p95`` or ``p99`` by name (an SLO key's statistic); None otherwise."""

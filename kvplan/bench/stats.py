@@ -18,16 +18,25 @@ QUANTILES = (50, 90, 95, 99)
 INTERVALS = (50, 99)
 
 
-def describe(values: Sequence[float]) -> dict[str, object]:
-    """{"mean", "p50", "p90", "p95", "p99", "n", "p50_ci", "p99_ci"} of a list of seconds (None when empty); a bench
-    point holds them as kvplan.bench.results.LatencyStats (LatencyStats.of)."""
+def describe(values: Sequence[float], chosen: Sequence[float] = ()) -> dict[str, object]:
+    """{"mean", "p50", "p90", "p95", "p99", "n", "p50_ci", "p99_ci"} of a list of seconds (None when empty), and
+    ``chosen`` percentiles as {"chosen": {"p99.9": ...}}; a bench point holds them as
+    kvplan.bench.results.LatencyStats (LatencyStats.of)."""
     out: dict[str, object] = {"n": len(values), "mean": (sum(values) / len(values)) if values else None}
     for q in QUANTILES:
         out[f"p{q}"] = percentile(values, q)
     if values:  # an empty point keeps only the keys it always had
         for q in INTERVALS:
             out[f"p{q}_ci"] = quantile_interval(values, q)
+        if chosen:
+            data = sorted(values)
+            out["chosen"] = {percentile_name(q): percentile(data, q) for q in chosen}
     return out
+
+
+def percentile_name(q: float) -> str:
+    """99.9 -> "p99.9", 50 -> "p50"."""
+    return f"p{q:g}"
 
 
 def min_samples(q: float) -> int:

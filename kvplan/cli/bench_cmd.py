@@ -145,6 +145,7 @@ def bench(
     ca_bundle: Optional[Path] = typer.Option(None, "--ca-bundle", help="CA certificates (PEM) to verify an https server with, beside the system's (a gateway with a private CA)."),
     insecure: bool = typer.Option(False, "--insecure", help="Do not verify the https server's TLS certificate (said in the run's notes)."),
     gpu_metrics: Optional[str] = typer.Option(None, "--gpu-metrics", metavar="URL|nvml", help="GPU telemetry during every point: a DCGM exporter's /metrics URL (http://node:9400/metrics; no key or header goes there), or nvml for this machine's GPUs."),
+    percentiles: Optional[str] = typer.Option(None, "--percentiles", metavar="Q,Q,...", help="More percentiles of every latency, beside p50/p90/p95/p99: 50,90,99,99.9 (at most 8)."),
     steptime: Optional[Path] = typer.Option(None, "--steptime", metavar="RUN", help="Predict every point's latency with this calibration (a run folder holding steptime.json, or the file; kvplan calibrate --bench); default: the --gpu prior."),
     request_timeout: float = typer.Option(300.0, "--request-timeout", help="Seconds without a byte before a request fails (a request also fails after 1 h in all, or this long if longer)."),
     startup_timeout: float = typer.Option(900.0, "--startup-timeout", help="Seconds the engine may take to become ready."),
@@ -297,6 +298,7 @@ def bench(
         ca_bundle=None if ca_bundle is None else str(ca_bundle),
         insecure=insecure,
         gpu_metrics=_gpu_metrics(gpu_metrics),
+        percentiles=_percentiles(percentiles),
         keep_alive=keep_alive,
         steptime=None if steptime is None else str(steptime),
         traffic=replay,
@@ -726,3 +728,20 @@ def _gpu_metrics(source: Optional[str]) -> Optional[str]:
     if "@" in urlsplit(source).netloc:  # run.json keeps the URL: a credential in it would reach the disk
         raise KvplanError("--gpu-metrics takes no credentials in its URL", "a DCGM exporter needs none")
     return source
+
+
+def _percentiles(text: Optional[str]) -> list[float]:
+    """--percentiles 50,90,99,99.9: each a number in (0, 100), at most 8 (BenchConfig checks the range)."""
+    from kvplan.bench.config import MAX_PERCENTILES
+    from kvplan.errors import KvplanError
+
+    if text is None:
+        return []
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts or len(parts) > MAX_PERCENTILES or len(text) > 200:
+        raise KvplanError(f"invalid --percentiles {text[:60]!r}", f"give 1 to {MAX_PERCENTILES} percentiles: 50,90,99,99.9")
+    try:
+        values = [float(p) for p in parts]
+    except ValueError:
+        raise KvplanError(f"invalid --percentiles {text[:60]!r}", "give numbers between 0 and 100: 50,90,99,99.9") from None
+    return sorted(set(values))

@@ -75,6 +75,7 @@ def markdown(summary: BenchSummary) -> str:
     lines += replay_markdown(s.points)
     lines += tier_markdown(s.points)
     lines += gpu_markdown(s.points)
+    lines += chosen_percentiles_markdown(s.points)
     lines += ["", "## Points", ""]
     if s.load_description:
         lines += [f"Load: {s.load_description}.", ""]
@@ -149,6 +150,21 @@ def replay_markdown(points: list[PointResult]) -> list[str]:
                      f"{pct(r.predicted_hit_rate)} | {pct(r.predicted_hit_rate_low)}-{pct(r.predicted_hit_rate_high)} | "
                      f"{'yes' if p.preempted else 'no'} ({want}) | {r.predicted_by} |")
     return lines
+
+
+def chosen_percentiles_markdown(points: list[PointResult]) -> list[str]:
+    """--percentiles: every latency's chosen percentiles per point, in ms."""
+    names = sorted({k for p in points for m in (p.ttft, p.itl, p.e2e) for k in (m.chosen or {})},
+                   key=lambda k: float(k[1:]))
+    if not names:
+        return []
+    head = ["load"] + [f"{metric} {k} ms" for metric in ("TTFT", "ITL", "E2E") for k in names]
+    rows = []
+    for p in points:
+        where = f"{p.rate:g} requests/s" if p.mode == "rate" else f"concurrency {p.concurrency}"
+        rows.append([where] + [format_ms((m.chosen or {}).get(k)) for m in (p.ttft, p.itl, p.e2e) for k in names])
+    return ["", "## Chosen percentiles (--percentiles)", "", "| " + " | ".join(head) + " |",
+            "|---|" + "---:|" * (len(head) - 1), *("| " + " | ".join(r) + " |" for r in rows)]
 
 
 def gpu_markdown(points: list[PointResult]) -> list[str]:
