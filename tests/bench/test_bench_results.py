@@ -122,7 +122,8 @@ def test_kvplan_schema_bench_describes_the_typed_summary():
     defs = json.loads(result.stdout)["$defs"]
     assert {"PointResult", "LatencyStats", "ServerFigures", "OnsetPrediction", "MeasuredOnsets", "Onset",
             "EngineCapacity", "PlannerCapacity", "PredictedPoint", "SloResult"} <= set(defs)
-    assert set(defs["LatencyStats"]["properties"]) == {"n", "mean", "p50", "p90", "p95", "p99", "p50_ci", "p99_ci"}
+    assert set(defs["LatencyStats"]["properties"]) == {"n", "mean", "p50", "p90", "p95", "p99", "p50_ci", "p99_ci",
+                                                      "chosen"}
 
 
 # ------------------------------------------------------------------------------------------ 80 columns
