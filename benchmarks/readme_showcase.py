@@ -2,8 +2,9 @@
 
 Runs `kvplan bench` on vLLM's CPU build with the tests' tiny model at the bench's defaults (100 requests a point), then
 writes the run's report.md to docs/bench-cpu-sweep.md, its plot.png to docs/bench-cpu-sweep.png, its summary.json to
-docs/bench-cpu-sweep.json, and the README's block between the ``showcase`` markers from that summary
-(`showcase_block`). tests/test_readme_showcase.py checks that the README's block is the one the kept summary gives.
+docs/bench-cpu-sweep.json (each point's TTFTs to docs/bench-cpu-sweep-ttft.json), and the README's block between the
+``showcase`` markers from that summary (`showcase_block`). tests/test_readme_showcase.py checks that the README's
+block is the one the kept summary gives.
 
     python benchmarks/readme_showcase.py            # a fresh run (a few minutes on 2 cores), then the files
     python benchmarks/readme_showcase.py --from RUN # the files from an existing run folder
@@ -88,6 +89,12 @@ def main() -> None:
     kept = json.loads((run / "summary.json").read_text())
     kept["run_dir"] = "docs/bench-cpu-sweep (a run folder made by benchmarks/readme_showcase.py)"
     (docs / "bench-cpu-sweep.json").write_text(json.dumps(kept, indent=1) + "\n")
+    # each point's TTFTs (s): what report.html's distribution draws, kept small beside the summary
+    from kvplan.bench.outputs.html import ttfts_by_point
+    from kvplan.bench.store import RunStore
+
+    ttfts = {seq: [round(v, 6) for v in values] for seq, values in ttfts_by_point(RunStore(run)).items()}
+    (docs / "bench-cpu-sweep-ttft.json").write_text(json.dumps(ttfts) + "\n")
     write_readme(summary)
     print(f"wrote docs/bench-cpu-sweep.{{md,png,json}} and README's showcase from {run}")
 

@@ -508,3 +508,34 @@ def test_the_network_checks_see_a_page_that_fetches(tmp_path):
     assert {"https://example.invalid/x.css", "http://example.invalid/x.png"} <= set(requests)
     layout = probe_data(dom)
     assert {"https://example.invalid/x.css", "http://example.invalid/x.png"} <= set(layout["resources"])
+
+
+def test_a_real_cpu_engine_run_shows_every_element(tmp_path):
+    """Issue 27's goal: report.html of a real CPU-engine run (the README's showcase, kept in docs/: its summary and
+    each point's TTFTs) shows every element a team reviews, present and not empty, in the browser: the charts
+    against the load with the onsets, the SLO targets (an SLO applied to the kept run), the run over time, the TTFT
+    distribution, the capacity table and the one warning list."""
+    from kvplan.bench.outputs.html import html_report
+    from kvplan.bench.results import BenchSummary
+
+    root = Path(__file__).resolve().parents[2] / "docs"
+    summary = BenchSummary.model_validate_json((root / "bench-cpu-sweep.json").read_text())
+    summary = summary.model_copy(update={"slo": {"ttft_p99": 0.5, "e2e_p99": 1.0}})
+    ttfts = {int(k): v for k, v in json.loads((root / "bench-cpu-sweep-ttft.json").read_text()).items()}
+    page_file = tmp_path / "report.html"
+    page_file.write_text(html_report([summary], ttfts=ttfts))
+    page = render(page_file, tmp_path)
+    assert page["requests"] == [] and page["errors"] == [] and page["layout"]["empty"] == 0
+    charts = {c["label"]: c for c in page["layout"]["charts"]}
+    assert list(charts) == list(CHARTS) + [label for label in TIMELINE]
+    for label, c in charts.items():  # every chart drew its series, each a path with points
+        assert c["paths"] and c["dots"], label
+    assert {t["name"] for t in charts["TTFT vs load (ms)"]["targets"]} == {"SLO ttft p99 <= 500 ms"}
+    assert {t["name"] for t in charts["E2E vs load (ms)"]["targets"]} == {"SLO e2e p99 <= 1,000 ms"}
+    onsets = {v["name"] for v in charts["TTFT vs load (ms)"]["vlines"]}
+    assert {"predicted KV wait 9", "measured KV wait 9"} <= onsets, onsets
+    assert any(v["name"].startswith("measured preemption") for v in charts["Preemptions over time (run total)"]["vlines"])
+    assert len(charts["TTFT distribution by load"]["paths"]) == len(summary.points) == len(ttfts)  # a line per load
+    dom = page["dom"]
+    assert "KV capacity: planner vs engine" in dom and "Over time" in dom and "Latency distribution" in dom
+    assert dom.count('<ul class="warn">') <= 1 and '<p class="warn">' not in dom
