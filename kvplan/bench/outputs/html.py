@@ -341,24 +341,23 @@ def _replay_table(s: BenchSummary) -> str:
     return "".join(out)
 
 
-def _gpu_table(s: BenchSummary) -> str:
-    """The GPUs during each point, where --gpu-metrics sampled them."""
-    rows = gpu_rows(s.points)
+def _plain_table(css_class: str, caption: str, head: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    """A captioned table of text cells (escaped); nothing without rows."""
     if not rows:
         return ""
-    return ('<table class="gpu"><caption>GPUs (--gpu-metrics)</caption><tr>'
-            + "".join(f"<th>{escape(h)}</th>" for h in GPU_HEAD) + "</tr>"
+    return (f'<table class="{css_class}"><caption>{escape(caption, quote=False)}</caption><tr>'
+            + "".join(f"<th>{escape(h)}</th>" for h in head) + "</tr>"
             + "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in r) + "</tr>" for r in rows) + "</table>")
+
+
+def _gpu_table(s: BenchSummary) -> str:
+    """The GPUs during each point, where --gpu-metrics sampled them."""
+    return _plain_table("gpu", "GPUs (--gpu-metrics)", GPU_HEAD, gpu_rows(s.points))
 
 
 def _tier_table(s: BenchSummary) -> str:
     """The KV tier's counters per point, where the server declares a KV connector's."""
-    rows = tier_rows(s.points)
-    if not rows:
-        return ""
-    return ('<table class="tier"><caption>KV tier (the engine\'s connector counters)</caption><tr>'
-            + "".join(f"<th>{escape(h)}</th>" for h in TIER_HEAD) + "</tr>"
-            + "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in r) + "</tr>" for r in rows) + "</table>")
+    return _plain_table("tier", "KV tier (the engine's connector counters)", TIER_HEAD, tier_rows(s.points))
 
 
 def _latency_table(s: BenchSummary) -> str:
