@@ -3,8 +3,11 @@ reports, and the measured onsets against the planner's block rule on that capaci
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import subprocess
+import sys
 
 import pytest
 from helpers.bench import BLOCK_SIZE, POOL_BLOCKS, bench_env, engine_required, kvplan_cmd
@@ -50,15 +53,29 @@ def test_engine_reports_the_pinned_pool(cpu_engine):
         assert (cap.num_blocks, cap.block_size, cap.kv_cache_tokens) == (POOL_BLOCKS, BLOCK_SIZE, 544)
 
 
+def _thread_nice_values(pid: int) -> set[int]:
+    """The nice values of the threads of ``pid``, read from /proc (field 19 of each task's stat): on
+    Linux a nice value belongs to a thread, and psutil's Process.nice() reads the main thread's only."""
+    values = set()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/stat") as stat:  # OSError: thread ended
+            values.add(int(stat.read().rsplit(")", 1)[1].split()[16]))
+    return values
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_the_engine_yields_the_cpu_to_its_front_end(cpu_engine):
-    """The fixture reniced vLLM's EngineCore and worker (helpers.bench.cpu_engine_fixture), not the API
-    server that serves the requests and the metrics."""
+    """The fixture reniced every thread of vLLM's EngineCore and worker (helpers.bench.cpu_engine_fixture),
+    not the API server that serves the requests and the metrics. Every thread: with the main threads
+    alone niced (59 of 61 threads left at 0), CI's 2 cores starved the API server, a 4-stream wave
+    reached EngineCore one request after another, and the simulator-vs-engine test measured (5, 5)
+    where the 16-block pool preempts at 4 (2 of 3 CI runs on 2026-12-05)."""
     import psutil
 
     leader = psutil.Process(cpu_engine.pid)
-    names = {c.name(): c.nice() for c in leader.children(recursive=True)}
-    assert leader.nice() == 0
-    assert names.get("VLLM::EngineCore") == 19 and names.get("VLLM::Worker") == 19, names
+    engine = {c.name(): _thread_nice_values(c.pid) for c in leader.children(recursive=True)}
+    assert _thread_nice_values(leader.pid) == {0}
+    assert engine.get("VLLM::EngineCore") == {19} and engine.get("VLLM::Worker") == {19}, engine
 
 
 def test_onsets_coincide_prompt_64_output_64(cpu_engine, tmp_path):
