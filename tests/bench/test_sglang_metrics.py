@@ -8,11 +8,7 @@ engine_type, tp_rank, pp_rank, moe_ep_rank, one series per attention-DP group), 
 
 from __future__ import annotations
 
-import json
-import subprocess
-
-from helpers.bench import bench_env, kvplan_cmd
-from helpers.fake_server import FakeBehaviour, FakeServer
+from helpers.bench import bench_one_fake_point
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from kvplan.bench.metrics import parse_metrics, summarize
@@ -64,12 +60,6 @@ def test_a_bench_point_against_sglang_counts_its_retractions_as_preemptions(tmp_
     def metrics(n: int) -> str:  # the retraction counter grows between the point's scrapes
         return _text({"0": {"running": 1, "retracted": 3 * (n // 2), "usage": 0.25}})
 
-    with FakeServer(FakeBehaviour(metrics_text=metrics, token_gap_s=0.005)) as srv:
-        proc = subprocess.run(kvplan_cmd("bench", "--url", srv.url, "--sweep", "1", "--requests-per-stream", "3",
-                                         "--prompt", "8", "--output", "4", "--no-warmup", "--scrape-interval", "10",
-                                         "--out", str(tmp_path), "--json"),
-                              capture_output=True, text=True, timeout=120, env=bench_env())
-    assert proc.returncode == 0, proc.stderr
-    (point,) = json.loads(proc.stdout)["points"]
+    point = bench_one_fake_point(tmp_path, metrics)
     assert point["server"]["preemptions"] > 0 and point["server"]["preemptions"] % 3 == 0
     assert point["preempted"] is True

@@ -9,11 +9,8 @@ labelled ``model_name`` and ``engine``). Expected figures are the counters set h
 
 from __future__ import annotations
 
-import json
-import subprocess
-
-from helpers.bench import bench_env, kvplan_cmd
-from helpers.fake_server import METRICS, FakeBehaviour, FakeServer
+from helpers.bench import bench_one_fake_point
+from helpers.fake_server import METRICS
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from kvplan.bench.metrics import parse_metrics, summarize
@@ -89,13 +86,7 @@ def test_a_point_carries_the_deltas_and_the_reports_show_them(tmp_path):
         return _text({"0": {"queries": 512 * k, "hits": 128 * k, "load_bytes": GiB * k, "store_bytes": 2 * GiB * k,
                             "load_time": 0.25 * k, "store_time": 0.5 * k}})
 
-    with FakeServer(FakeBehaviour(metrics_text=metrics, token_gap_s=0.005)) as srv:
-        proc = subprocess.run(kvplan_cmd("bench", "--url", srv.url, "--sweep", "1", "--requests-per-stream", "3",
-                                         "--prompt", "8", "--output", "4", "--no-warmup", "--scrape-interval", "10",
-                                         "--out", str(tmp_path), "--json"),
-                              capture_output=True, text=True, timeout=120, env=bench_env())
-    assert proc.returncode == 0, proc.stderr
-    (point,) = json.loads(proc.stdout)["points"]
+    point = bench_one_fake_point(tmp_path, metrics)
     srv_figures = point["server"]
     assert srv_figures["external_queries"] > 0 and srv_figures["external_hits"] * 4 == srv_figures["external_queries"]
     assert srv_figures["offload_store_bytes"] == 2 * srv_figures["offload_load_bytes"] > 0

@@ -68,6 +68,23 @@ def bench_env() -> dict[str, str]:
     return env
 
 
+def bench_one_fake_point(tmp_path: Path, metrics_text) -> dict:
+    """One bench point (1 stream, 3 requests) against a fake server whose /metrics text is
+    ``metrics_text(n)`` at its n-th scrape; returns the point of the summary."""
+    import subprocess
+
+    from helpers.fake_server import FakeBehaviour, FakeServer
+
+    with FakeServer(FakeBehaviour(metrics_text=metrics_text, token_gap_s=0.005)) as srv:
+        proc = subprocess.run(kvplan_cmd("--url", srv.url, "--sweep", "1", "--requests-per-stream", "3",
+                                         "--prompt", "8", "--output", "4", "--no-warmup", "--scrape-interval", "10",
+                                         "--out", str(tmp_path), "--json"),
+                              capture_output=True, text=True, timeout=120, env=bench_env())
+    assert proc.returncode == 0, proc.stderr
+    (point,) = json.loads(proc.stdout)["points"]
+    return point
+
+
 def group_alive(pgid: int) -> bool:
     """True while any live process is in the process group ``pgid`` (zombies do not count).
 
