@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -17,10 +18,13 @@ def test_kvplan_alone_prints_the_help_once():
 
 def test_plain_size_through_the_entry_point_stays_light():
     """The console script's path (`run`, with the collector paused for start-up): the table, exit 0, and
-    none of the engine, HTTP or validation libraries imported (pydantic only serializes --json)."""
+    none of the engine, HTTP or validation libraries imported (kvplan's pydantic only serializes --json;
+    typer 0.29 and later import it themselves to coerce every option, typer/_adapters.py)."""
+    typer_needs_pydantic = importlib.util.find_spec("typer._adapters") is not None
+    heavy = ("torch", "vllm", "transformers", "aiohttp") + (() if typer_needs_pydantic else ("pydantic",))
     code = ("import sys; sys.argv = ['kvplan', 'size', 'meta-llama/Llama-3.1-8B', '--gpu', '4090', '--ctx', '32k']\n"
             "import atexit, gc\n"
-            "heavy = ('torch', 'vllm', 'transformers', 'aiohttp', 'pydantic')\n"
+            f"heavy = {heavy!r}\n"
             "atexit.register(lambda: print(gc.isenabled(), sorted(m for m in heavy if m in sys.modules), file=sys.stderr))\n"
             "from kvplan.cli.app import run; run()")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
