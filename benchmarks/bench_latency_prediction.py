@@ -193,9 +193,11 @@ def measure(args, out: Path):
     try:
         if not url:
             from kvplan.bench.engine import EngineConfig, EngineLauncher, free_port
+            from kvplan.vllm.args import EngineArgs
 
-            cfg = EngineConfig(model=str(args.model), port=free_port(), block_size=32, num_gpu_blocks_override=17,
-                               kv_cache_memory_bytes=64 * 2**20, max_model_len=512, enforce_eager=True,
+            cfg = EngineConfig(model=str(args.model), port=free_port(),
+                               args=EngineArgs(block_size=32, num_gpu_blocks_override=17, kv_cache_memory_bytes=64 * 2**20,
+                                               max_model_len=512, enforce_eager=True),
                                env=(("HF_HUB_OFFLINE", "1"),),
                                extra_args=("--load-format", args.load_format) if args.load_format else ())
             launcher = EngineLauncher(cfg, out / "engine.log", startup_timeout_s=900)

@@ -58,14 +58,16 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
     from kvplan.bench.engine import EngineConfig, EngineLauncher, free_port
+    from kvplan.vllm.args import EngineArgs
 
     launcher = None
     url = args.url
     try:
         if url is None:
             log = Path(tempfile.mkdtemp(prefix="kvplan-ttft-")) / "engine.log"
-            cfg = EngineConfig(model=args.model, port=free_port(), block_size=32, max_model_len=512,
-                               kv_cache_memory_bytes=256 * 2**20, enforce_eager=True,
+            cfg = EngineConfig(model=args.model, port=free_port(),
+                               args=EngineArgs(block_size=32, max_model_len=512, kv_cache_memory_bytes=256 * 2**20,
+                                               enforce_eager=True),
                                env=(("HF_HUB_OFFLINE", "1"),))
             launcher = EngineLauncher(cfg, log, startup_timeout_s=900)
             launcher.start()

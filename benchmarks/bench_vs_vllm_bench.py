@@ -265,6 +265,7 @@ def main() -> None:
 
     from kvplan.bench.config import BenchConfig
     from kvplan.bench.engine import EngineConfig, EngineLauncher, free_port
+    from kvplan.vllm.args import EngineArgs
 
     interval = BenchConfig.model_fields["scrape_interval_s"].default  # kvplan bench's --scrape-interval
     launcher = None
@@ -281,8 +282,9 @@ def main() -> None:
             # Prefix caching off: vllm bench's random prompts are runs of consecutive token ids from a
             # random offset (vllm/benchmarks/datasets/datasets.py@v0.32.0), which on this model's
             # 1,024-token vocabulary share whole blocks and hit the cache, kvplan's unique prompts never.
-            cfg = EngineConfig(model=args.model, port=free_port(), block_size=32, max_model_len=512,
-                               kv_cache_memory_bytes=256 * 2**20, enforce_eager=True, enable_prefix_caching=False,
+            cfg = EngineConfig(model=args.model, port=free_port(),
+                               args=EngineArgs(block_size=32, max_model_len=512, kv_cache_memory_bytes=256 * 2**20,
+                                               enforce_eager=True, enable_prefix_caching=False),
                                env=(("HF_HUB_OFFLINE", "1"),), extra_args=engine_args)
             launcher = EngineLauncher(cfg, out / "engine.log", startup_timeout_s=900)
             launcher.start()

@@ -12,6 +12,7 @@ from kvplan.bench.limits import check_bench_bounds
 from kvplan.bench.replay import TrafficReplay
 from kvplan.bench.workload import Workload
 from kvplan.errors import ExitCode, KvplanError
+from kvplan.vllm.args import ENGINE_FIELDS, EngineArgs
 
 #: Requests per point when neither --requests, --requests-per-stream nor --duration is given: enough
 #: for a p99 that is not just the largest sample (kvplan.bench.stats.min_samples).
@@ -79,11 +80,11 @@ class BenchConfig(BaseModel):
     def engine_config(self) -> EngineConfig | None:
         if self.engine is None:
             return None
-        data = dict(self.engine)
+        data = {key: value for key, value in self.engine.items() if key not in ENGINE_FIELDS}
         for key in ("extra_args", "engine_cmd"):
             data[key] = tuple(data.get(key) or ())
         data["env"] = tuple(tuple(pair) for pair in data.get("env") or ())
-        return EngineConfig(**data)
+        return EngineConfig(args=EngineArgs.from_stored(self.engine), **data)
 
     def workload_obj(self, nonce: str = "") -> Workload:
         data = dict(self.workload)

@@ -30,7 +30,7 @@ from kvplan.bench.client import Client
 from kvplan.bench.store import _open_nofollow
 from kvplan.errors import KvplanError
 from kvplan.paths import open_user_file
-from kvplan.vllm.args import ENGINE_FIELDS, to_vllm_args
+from kvplan.vllm.args import EngineArgs
 from kvplan.vllm.startup_log import parse_startup_log, redact
 
 #: Module entry points of vLLM's OpenAI server, newest first. The ``vllm`` console script
@@ -56,38 +56,14 @@ class EngineError(KvplanError):
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """What `vllm serve` is given. ``None`` leaves vLLM's default."""
+    """What `vllm serve` is given: the engine arguments (kvplan.vllm.args.EngineArgs, ``None`` leaving vLLM's
+    default) and how to launch it."""
 
     model: str
+    args: EngineArgs = EngineArgs()
     host: str = "127.0.0.1"
     port: int = 8000
     served_model_name: str | None = None
-    max_model_len: int | None = None
-    gpu_memory_utilization: float | None = None
-    kv_cache_memory_bytes: int | None = None
-    num_gpu_blocks_override: int | None = None
-    block_size: int | None = None
-    kv_cache_dtype: str | None = None
-    tensor_parallel_size: int | None = None
-    pipeline_parallel_size: int | None = None
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    enable_prefix_caching: bool | None = None
-    enforce_eager: bool = False
-    # The other engine arguments kvplan writes (kvplan.vllm.args.ENGINE_FLAGS), so a deployment's
-    # settings reach the engine whole.
-    data_parallel_size: int | None = None
-    enable_expert_parallel: bool | None = None
-    language_model_only: bool | None = None
-    mm_processor_kwargs: dict[str, int] | None = None
-    skip_mm_profiling: bool | None = None
-    disable_hybrid_kv_cache_manager: bool | None = None
-    async_scheduling: bool | None = None
-    mamba_ssm_cache_dtype: str | None = None
-    decode_context_parallel_size: int | None = None
-    speculative_config: dict | None = None  # vLLM's --speculative-config, as given
-    kv_offloading_size: float | None = None  # vLLM's --kv-offloading-size, GiB
-    kv_offloading_backend: str | None = None
     extra_args: tuple[str, ...] = ()
     engine_cmd: tuple[str, ...] = ()  # replaces the launcher prefix (`python -m ...`)
     env: tuple[tuple[str, str], ...] = ()
@@ -127,7 +103,7 @@ def build_command(cfg: EngineConfig, prefix: list[str]) -> list[str]:
     cmd = list(prefix) + ["--model", cfg.model, "--host", cfg.host, "--port", str(cfg.port)]
     if cfg.served_model_name:
         cmd += ["--served-model-name", cfg.served_model_name]
-    cmd += to_vllm_args({field: getattr(cfg, field) for field in ENGINE_FIELDS})
+    cmd += cfg.args.flags()
     cmd += list(cfg.extra_args)
     return cmd
 

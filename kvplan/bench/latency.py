@@ -25,6 +25,7 @@ from kvplan.bench.steptime_io import calibration_scheduler, deployment_inputs, l
 from kvplan.errors import KvplanError
 from kvplan.plan.simulate import Lengths, Load, SchedulerConfig, closed_loop, open_loop
 from kvplan.plan.steptime import StepTimeModel, model_for, predict_latency, prior_for
+from kvplan.vllm.args import EngineArgs
 
 #: Output tokens simulated per point at most: 0.7-2 s on one core (3.5-10 us a token, busy or not).
 MAX_SIMULATED_TOKENS = 200_000
@@ -100,13 +101,12 @@ def predictor_for(cfg: dict[str, Any], capacity: dict[str, Any], model_name: str
 
 def _scheduler_from(cfg: dict[str, Any], capacity: dict[str, Any], limits: dict[str, Any]) -> SchedulerConfig:
     """The engine's pool, its flags where given, else ``limits`` (a calibration's SchedulerConfig)."""
-    engine = cfg.get("engine") or {}
+    engine = EngineArgs.from_stored(cfg.get("engine"))
     return SchedulerConfig(
         num_blocks=int(capacity["num_blocks"]), block_size=int(capacity["block_size"]),
         max_num_seqs=int(cfg.get("max_num_seqs") or limits.get("max_num_seqs") or 1 << 30),
-        max_num_batched_tokens=int(engine.get("max_num_batched_tokens") or limits.get("max_num_batched_tokens")
-                                   or 1 << 30),
-        admit_full_prompt=bool(limits.get("admit_full_prompt", True)), max_model_len=engine.get("max_model_len"))
+        max_num_batched_tokens=int(engine.max_num_batched_tokens or limits.get("max_num_batched_tokens") or 1 << 30),
+        admit_full_prompt=bool(limits.get("admit_full_prompt", True)), max_model_len=engine.max_model_len)
 
 
 def point_load(point: PointResult, lengths: Lengths, shared_prefix: float = 0.0, requests_per_stream: int | None = None,

@@ -411,7 +411,7 @@ class BenchRun:
             ecfg = self.cfg.engine_config()
             config = SchedulerConfig(
                 num_blocks=cap.num_blocks, block_size=cap.block_size, max_num_seqs=self.cfg.max_num_seqs or 1 << 30,
-                max_num_batched_tokens=(ecfg.max_num_batched_tokens if ecfg and ecfg.max_num_batched_tokens else 1 << 30),
+                max_num_batched_tokens=(ecfg.args.max_num_batched_tokens if ecfg and ecfg.args.max_num_batched_tokens else 1 << 30),
                 admit_full_prompt=rules.admit_full_prompt, uncached_blocks_first=rules.free_uncached_first,
                 prefix_stats_at_admission=rules.prefix_stats_at_admission)
         model = self.latency.model if self.latency is not None else None
@@ -613,10 +613,10 @@ class BenchRun:
 def planner_capacity(ecfg: EngineConfig, gpu: str | None, max_num_seqs: int | None) -> PlannerCapacity:
     """What `kvplan size` plans for the same flags: blocks and KV tokens (for the report)."""
 
-    if gpu is None and ecfg.num_gpu_blocks_override is None and ecfg.kv_cache_memory_bytes is None:
+    if gpu is None and ecfg.args.num_gpu_blocks_override is None and ecfg.args.kv_cache_memory_bytes is None:
         return PlannerCapacity(error="pass --gpu to compare with the planner (the pool is not pinned)")
     selection = select_gpus(gpu, None, None if gpu else "1TiB")
-    settings = settings_from_engine_args(ecfg, max_num_seqs=max_num_seqs)
+    settings = settings_from_engine_args(ecfg.args, max_num_seqs=max_num_seqs)
     plan = plan_deployment(load_model(ecfg.model, offline=True), selection, settings)
     return PlannerCapacity(num_blocks=plan.num_blocks, kv_cache_tokens=plan.kv_cache_tokens,
                            block_size=plan.block_size, vllm_version=plan.vllm_version)

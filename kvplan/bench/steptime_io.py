@@ -26,6 +26,7 @@ from kvplan.plan.overhead import load_overhead
 from kvplan.plan.schema import Settings
 from kvplan.plan.simulate import Lengths, SchedulerConfig
 from kvplan.plan.steptime import StepTimeModel, calibrate_bench, decode_measurements, model_for
+from kvplan.vllm.args import EngineArgs
 from kvplan.vllm.rules import rules_for
 
 STEPTIME_FILE = "steptime.json"
@@ -95,7 +96,7 @@ def deployment_inputs(cfg: dict[str, Any], capacity: dict[str, Any], name: str, 
     capacity of a bench run's deployment (``cfg``: run.json's config; ``capacity``: the engine's
     pool), the model read offline, on the GPU ``gpu`` (else a NOMINAL device)."""
 
-    engine = cfg.get("engine") or {}
+    engine = EngineArgs.from_stored(cfg.get("engine"))
     num_blocks, block_size = capacity.get("num_blocks"), capacity.get("block_size")
     resolved = load_model(name, offline=True)
     if gpu:
@@ -107,19 +108,19 @@ def deployment_inputs(cfg: dict[str, Any], capacity: dict[str, Any], name: str, 
         label = f"nominal ({NOMINAL_BANDWIDTH_GBPS:g} GB/s, {NOMINAL_TFLOPS:g} TFLOP/s: no --gpu)"
     rules = rules_for(capacity.get("vllm_version"))
     settings = Settings(
-        tensor_parallel_size=engine.get("tensor_parallel_size") or 1,
-        pipeline_parallel_size=engine.get("pipeline_parallel_size") or 1,
-        block_size=block_size, max_model_len=engine.get("max_model_len"),
-        num_gpu_blocks_override=num_blocks, kv_cache_memory_bytes=engine.get("kv_cache_memory_bytes") or 2**30,
-        max_num_seqs=cfg.get("max_num_seqs"), max_num_batched_tokens=engine.get("max_num_batched_tokens"),
-        enforce_eager=bool(engine.get("enforce_eager")),
+        tensor_parallel_size=engine.tensor_parallel_size or 1,
+        pipeline_parallel_size=engine.pipeline_parallel_size or 1,
+        block_size=block_size, max_model_len=engine.max_model_len,
+        num_gpu_blocks_override=num_blocks, kv_cache_memory_bytes=engine.kv_cache_memory_bytes or 2**30,
+        max_num_seqs=cfg.get("max_num_seqs"), max_num_batched_tokens=engine.max_num_batched_tokens,
+        enforce_eager=bool(engine.enforce_eager),
     )
     cap = compute_capacity(resolved.arch, device, settings, rules, load_overhead(), resolved.weights_total)
     sched = SchedulerConfig(num_blocks=num_blocks, block_size=block_size,
                             max_num_seqs=cfg.get("max_num_seqs") or cap.limits.max_num_seqs,
-                            max_num_batched_tokens=engine.get("max_num_batched_tokens")
+                            max_num_batched_tokens=engine.max_num_batched_tokens
                             or cap.limits.max_num_batched_tokens,
-                            admit_full_prompt=rules.admit_full_prompt, max_model_len=engine.get("max_model_len"))
+                            admit_full_prompt=rules.admit_full_prompt, max_model_len=engine.max_model_len)
     return DeploymentInputs(sched, cap, device, not gpu, label, resolved.config.name)
 
 

@@ -448,13 +448,13 @@ def _spec_deployments(path: Path) -> list[tuple[str, dict, dict, str | None, int
         raise KvplanError("no MODEL given and no ./kvplan.yaml here", "pass a model, --url, or --resume RUN_DIR")
     from kvplan.deploy import select_gpus
     from kvplan.gate.spec import load_spec
-    from kvplan.vllm.args import engine_values
+    from kvplan.vllm.args import engine_args
 
     out = []
     for entry in load_spec(path).entries:
         d = entry.deployment
         gpu_count = d.gpus or (select_gpus(d.gpu, None, None).count if d.gpu else 1)
-        engine = {"model": d.model, **engine_values(d.settings(gpu_count))}
+        engine = {"model": d.model, **engine_args(d.settings(gpu_count)).stored()}
         workload: dict = {}
         if d.prompt:
             workload["prompt_tokens"] = d.prompt

@@ -129,7 +129,7 @@ output_record = dataclass(frozen=True, eq=False)
 
 def settings_from_engine_args(source: object, **extra: object) -> Settings:
     """The planner's ``Settings`` from anything that names vLLM's engine arguments as vLLM does (a
-    parsed start-up log, a public report, the bench's EngineConfig): the inverse of ``engine_values``.
+    parsed start-up log, a public report, the bench's EngineArgs): the inverse of ``engine_args``.
     ``extra`` sets what such a source does not carry (usage context, workload, weights) or overrides it."""
     values: dict[str, object] = {}
     for name, default in READ_BACK:
@@ -140,7 +140,7 @@ def settings_from_engine_args(source: object, **extra: object) -> Settings:
     spec = getattr(source, "speculative_config", None)  # vLLM's dict (a log's non-default args) or its JSON
     if spec:
         values["speculative"] = parse_speculative_config(spec, strict=False)  # another release's keys too
-    kwargs = getattr(source, "mm_processor_kwargs", None)  # the bench's EngineConfig carries vLLM's dict
+    kwargs = getattr(source, "mm_processor_kwargs", None)  # EngineArgs carries vLLM's dict
     if values["mm_max_pixels"] is None and isinstance(kwargs, dict):
         values["mm_max_pixels"] = kwargs.get("max_pixels")
     values.update(extra)

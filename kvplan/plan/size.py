@@ -32,7 +32,7 @@ from kvplan.plan.schema import (
 )
 from kvplan.plan.steptime import model_for, quick_latency
 from kvplan.units import GiB, cdiv, format_bytes, format_share, format_tokens
-from kvplan.vllm.args import engine_values, to_vllm_args
+from kvplan.vllm.args import engine_args
 from kvplan.vllm.rules import VllmRules
 
 
@@ -202,8 +202,8 @@ def _table(cap: Capacity, replicas: int, request_tokens: int, concurrency: int,
 def serve_command(model: str, cap: Capacity, replicas: int = 1) -> str:
     """The `vllm serve` line for these settings (one per data-parallel group of GPUs)."""
     s = cap.settings
-    values = engine_values(s)
-    values.update(  # what the plan resolved, where the user's value alone would not say it
+    values = replace(  # what the plan resolved, where the user's value alone would not say it
+        engine_args(s),
         max_model_len=cap.max_model_len,
         data_parallel_size=replicas if replicas > 1 else None,
         enable_expert_parallel=s.enable_expert_parallel or None,
@@ -214,7 +214,7 @@ def serve_command(model: str, cap: Capacity, replicas: int = 1) -> str:
         max_num_seqs=(max(s.max_num_seqs or 0, s.concurrency)
                       if s.max_num_seqs or s.concurrency > cap.limits.max_num_seqs else None),
     )
-    args = ["vllm", "serve", model, *to_vllm_args(values)]
+    args = ["vllm", "serve", model, *values.flags()]
     line = shlex.join(args)
     if s.draft_layers and not s.speculative:
         line += "  # plus your --speculative-config (its draft layers share this KV pool)"

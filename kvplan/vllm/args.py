@@ -1,13 +1,18 @@
-"""vLLM's engine flags: one table from vLLM's own argument names (``EngineArgs`` fields,
-vllm/engine/arg_utils.py) to the flags ``vllm serve`` takes, and one writer. The ``vllm serve``
-line kvplan prints and the command the bench launcher runs both come from here, so they cannot
-disagree about a flag's spelling or form."""
+"""vLLM's engine arguments: one typed record of them (``EngineArgs``, by vLLM's own names: the
+``EngineArgs`` fields of vllm/engine/arg_utils.py), one table from those names to the flags ``vllm serve``
+takes, and one writer. The ``vllm serve`` line kvplan prints and the command the bench launcher runs both
+come from here, so they cannot disagree about a flag's spelling or form.
+
+Every source converts through here: a plan's ``Settings`` (`engine_args`), a stored run.json or kvplan.yaml
+entry (`EngineArgs.from_stored`), and back to ``Settings`` (kvplan.plan.schema.settings_from_engine_args)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kvplan.plan.schema import Settings
@@ -43,15 +48,62 @@ ENGINE_FLAGS: tuple[tuple[str, str, str], ...] = (
 ENGINE_FIELDS = frozenset(field for field, _, _ in ENGINE_FLAGS)
 
 
-def to_vllm_args(values: Mapping[str, object]) -> list[str]:
-    """Flags for the engine arguments in ``values`` (``None`` leaves vLLM's default), in one fixed
-    order. A name that is not in ENGINE_FLAGS is a programming error, not user input."""
-    unknown = set(values) - ENGINE_FIELDS
-    if unknown:
-        raise ValueError(f"not a vLLM engine argument kvplan writes: {sorted(unknown)}")
+@dataclass(frozen=True, kw_only=True)
+class EngineArgs:
+    """The vLLM engine arguments kvplan writes, by vLLM's names; ``None`` leaves vLLM's default. One field per
+    row of ENGINE_FLAGS, in its order (checked below, at import). The bench's EngineConfig carries one beside
+    its launch facts; a plan's Settings gives one (`engine_args`)."""
+
+    max_model_len: int | None = None
+    data_parallel_size: int | None = None
+    enable_expert_parallel: bool | None = None
+    tensor_parallel_size: int | None = None
+    pipeline_parallel_size: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    gpu_memory_utilization: float | None = None
+    kv_cache_dtype: str | None = None
+    block_size: int | None = None
+    num_gpu_blocks_override: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    enforce_eager: bool | None = None
+    language_model_only: bool | None = None
+    mm_processor_kwargs: dict[str, int] | None = None  # vLLM's --mm-processor-kwargs, as given
+    skip_mm_profiling: bool | None = None
+    disable_hybrid_kv_cache_manager: bool | None = None
+    enable_prefix_caching: bool | None = None
+    async_scheduling: bool | None = None
+    mamba_ssm_cache_dtype: str | None = None
+    decode_context_parallel_size: int | None = None
+    speculative_config: dict | None = None  # vLLM's --speculative-config, as given
+    kv_offloading_size: float | None = None  # GiB
+    kv_offloading_backend: str | None = None
+
+    @classmethod
+    def from_stored(cls, data: Mapping[str, Any] | None) -> EngineArgs:
+        """The engine arguments of a stored mapping (run.json's ``engine``, which also holds launch facts such as
+        the model and port: those are not engine arguments and are left out)."""
+        data = data or {}
+        return cls(**{name: data[name] for name in ENGINE_FIELDS if data.get(name) is not None})
+
+    def stored(self) -> dict[str, Any]:
+        """The arguments as run.json keeps them: every field, by vLLM's name (``None``: vLLM's default)."""
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+
+    def flags(self) -> list[str]:
+        """The `vllm serve` flags that set these arguments (`to_vllm_args`)."""
+        return to_vllm_args(self)
+
+
+if tuple(f.name for f in dataclasses.fields(EngineArgs)) != tuple(field for field, _, _ in ENGINE_FLAGS):
+    raise AssertionError("EngineArgs and ENGINE_FLAGS must name the same engine arguments, in the same order")
+
+
+def to_vllm_args(values: EngineArgs) -> list[str]:
+    """Flags for the engine arguments in ``values`` (``None`` leaves vLLM's default), in one fixed order."""
     args: list[str] = []
     for field, flag, form in ENGINE_FLAGS:
-        value = values.get(field)
+        value = getattr(values, field)
         if value is None:
             continue
         if form == "value":
@@ -64,10 +116,10 @@ def to_vllm_args(values: Mapping[str, object]) -> list[str]:
     return args
 
 
-def engine_values(s: Settings) -> dict[str, object]:
-    """The vLLM engine arguments a ``Settings`` sets, under vLLM's names; ``None`` leaves vLLM's default.
-    The `vllm serve` line and the bench launcher both start from these."""
-    return {
+def engine_args(s: Settings) -> EngineArgs:
+    """The vLLM engine arguments a ``Settings`` sets; ``None`` leaves vLLM's default. The `vllm serve` line
+    and the bench launcher both start from these."""
+    return EngineArgs(**{
         "max_model_len": s.max_model_len,
         "data_parallel_size": s.data_parallel_size if s.data_parallel_size > 1 else None,
         "enable_expert_parallel": s.enable_expert_parallel or None,
@@ -92,7 +144,7 @@ def engine_values(s: Settings) -> dict[str, object]:
         "speculative_config": s.speculative.as_vllm_dict() if s.speculative else None,
         "kv_offloading_size": s.kv_offloading_size,
         "kv_offloading_backend": s.kv_offloading_backend,
-    }
+    })
 
 
 #: The engine arguments a source names as vLLM does, and the planner's default when it gives none

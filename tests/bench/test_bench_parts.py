@@ -24,6 +24,7 @@ from kvplan.bench.workload import Workload
 from kvplan.errors import KvplanError
 from kvplan.stats import percentile
 from kvplan.traffic.loaders import load_trace
+from kvplan.vllm.args import EngineArgs
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
@@ -275,9 +276,10 @@ def test_tokens_line_gives_blocks_only_when_the_division_is_exact():
 
 def test_engine_command_carries_the_planned_flags():
     cfg = EngineConfig(
-        model="org/m", port=8123, max_model_len=4096, kv_cache_memory_bytes=2**30, num_gpu_blocks_override=100,
-        block_size=32, kv_cache_dtype="fp8", tensor_parallel_size=2, pipeline_parallel_size=1, max_num_seqs=64,
-        max_num_batched_tokens=2048, enable_prefix_caching=False, enforce_eager=True, extra_args=("--seed", "1"),
+        model="org/m", port=8123, extra_args=("--seed", "1"), args=EngineArgs(
+            max_model_len=4096, kv_cache_memory_bytes=2**30, num_gpu_blocks_override=100, block_size=32,
+            kv_cache_dtype="fp8", tensor_parallel_size=2, pipeline_parallel_size=1, max_num_seqs=64,
+            max_num_batched_tokens=2048, enable_prefix_caching=False, enforce_eager=True),
     )
     cmd = build_command(cfg, ["python", "-m", "vllm.entrypoints.openai.api_server"])
     text = " ".join(cmd)

@@ -46,8 +46,9 @@ def serve_and_capture(model_dir: Path, log_path: Path, flags: list[str], expect_
     stop it; the log."""
     pytest.importorskip("vllm")
     from kvplan.bench.engine import EngineConfig, EngineError, EngineLauncher, free_port
+    from kvplan.vllm.args import EngineArgs
 
-    cfg = EngineConfig(model=str(model_dir), port=free_port(), enforce_eager=True, extra_args=tuple(flags),
+    cfg = EngineConfig(model=str(model_dir), port=free_port(), args=EngineArgs(enforce_eager=True), extra_args=tuple(flags),
                        env=(("HF_HUB_OFFLINE", "1"), ("VLLM_NO_USAGE_STATS", "1"), ("DO_NOT_TRACK", "1")))
     launcher = EngineLauncher(cfg, log_path, startup_timeout_s=START_TIMEOUT_S, stop_timeout_s=30)
     ready = False

