@@ -1,5 +1,6 @@
 """Results of other harnesses as kvplan bench summaries: ``vllm bench serve --save-result`` JSON, and GuideLLM's
-benchmarks report, saved as JSON or YAML.
+benchmarks report, saved as JSON or YAML; AIPerf's and inference-perf's (kvplan.bench.aiperf,
+kvplan.bench.inference_perf), which read_external dispatches to.
 
 ``vllm bench serve``: what such a file can show: the latency percentiles it saved (``--metric-percentiles``, 99 by
 default, plus mean and median) of TTFT, TPOT, ITL and E2E at one load (``max_concurrency`` closed-ish loop, or
@@ -23,10 +24,14 @@ many nodes refused at their line.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
+from kvplan.bench.aiperf import is_aiperf_result, read_aiperf, result_files
+from kvplan.bench.inference_perf import is_stage_report, read_inference_perf, stage_files
+from kvplan.bench.result_fields import MAX_COUNT
+from kvplan.bench.result_fields import count as _count
+from kvplan.bench.result_fields import number as _num
 from kvplan.bench.results import BenchSummary, LatencyStats, PointResult, ServerFigures
 from kvplan.bench.stats import sample_warnings
 from kvplan.errors import KvplanError
@@ -41,27 +46,6 @@ _METRICS = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2e": "e2el"}
 def is_vllm_result(data: Any) -> bool:
     return isinstance(data, dict) and "request_throughput" in data and any(
         k in data for k in ("median_ttft_ms", "mean_ttft_ms", "p99_ttft_ms", "mean_e2el_ms"))
-
-
-def _num(data: dict, key: str) -> float | None:
-    v = data.get(key)
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    try:
-        v = float(v)
-    except OverflowError:  # an integer past float's range
-        return None
-    return v if math.isfinite(v) and v >= 0 else None
-
-
-#: The largest count (requests, tokens, concurrency) a result file may claim: past it, the figure is a lie.
-MAX_COUNT = 10**12
-
-
-def _count(data: dict, key: str) -> int | None:
-    """A whole count of a result file, 1 to MAX_COUNT; anything else (a string, 1e308, 400 digits) is None."""
-    v = data.get(key)
-    return v if isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_COUNT else None
 
 
 def _stats(data: dict, name: str, n: int | None) -> LatencyStats:
@@ -364,8 +348,9 @@ def read_guidellm_report(path: Path, data: Any = None) -> BenchSummary:
 
 def read_external(path: Path) -> BenchSummary:
     """Another harness's results as a BenchSummary: a `vllm bench serve --save-result` file or folder of
-    them, or a GuideLLM report (a JSON or YAML file, or a folder holding its default ``benchmarks.json``
-    or ``benchmarks.yaml``). A path that is not a folder is read as a file (a FIFO or device: one error)."""
+    them, a GuideLLM report (a JSON or YAML file, or a folder holding its default ``benchmarks.json``
+    or ``benchmarks.yaml``), AIPerf's results (kvplan.bench.aiperf) or inference-perf's per-stage reports
+    (kvplan.bench.inference_perf). A path that is not a folder is read as a file (a FIFO or device: one error)."""
     if not path.is_dir():
         if path.suffix.lower() in YAML_SUFFIXES:  # vllm bench serve saves JSON only
             data = load_report_file(path)
@@ -374,11 +359,22 @@ def read_external(path: Path) -> BenchSummary:
             raise KvplanError(f"{path}: not a GuideLLM benchmarks report",
                               "pass the YAML written by guidellm benchmark --output-path benchmarks.yaml")
         documents = vllm_result_documents(path)  # one JSON document, or --append-result's one a line
-        if len(documents) == 1 and is_guidellm_report(documents[0][1]):
-            return read_guidellm_report(path, documents[0][1])
+        if len(documents) == 1:
+            data = documents[0][1]
+            if is_guidellm_report(data):
+                return read_guidellm_report(path, data)
+            if is_aiperf_result(data):
+                return read_aiperf(path, data)
+            if is_stage_report(data):
+                return read_inference_perf(path, data)
         if any(is_vllm_result(data) for _, data in documents):
             return read_vllm_results(path)
-        raise KvplanError(f"{path}: neither a `vllm bench serve --save-result` JSON nor a GuideLLM report")
+        raise KvplanError(f"{path}: neither a `vllm bench serve --save-result` JSON, a GuideLLM report, AIPerf's "
+                          "profile_export_aiperf.json nor an inference-perf lifecycle report")
+    if stage_files(path):  # inference-perf's per-stage reports
+        return read_inference_perf(path)
+    if result_files(path):  # AIPerf's artifact folder, or a folder of them
+        return read_aiperf(path)
     for name in GUIDELLM_DEFAULT_FILES:
         default = path / name
         if not default.is_file():

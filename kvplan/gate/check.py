@@ -25,7 +25,9 @@ So is a GuideLLM benchmarks report, JSON or YAML (``guidellm benchmark --output-
 ``benchmarks.yaml``, or a folder holding it): TTFT/ITL/TPOT/E2E percentiles of each benchmark at its
 concurrent streams or constant/Poisson rate; no
 KV onsets, no preemption gate (even where its optional server metrics counted preemptions, no sweep searched
-the onset).
+the onset). So are AIPerf's results (``profile_export_aiperf.json``, its artifact folder or a folder of them;
+its inter-token latency is kvplan's TPOT) and inference-perf's per-stage lifecycle reports
+(``stage_<N>_lifecycle_metrics.json``): kvplan.bench.aiperf, kvplan.bench.inference_perf.
 
 SLO gate: a deployment with ``slo:`` and bench evidence is checked at its ``concurrency``: the closed-loop
 point at that concurrency, else the lowest measured above it (more load); each SLO percentile must be
@@ -46,6 +48,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, model_serializer
 
+from kvplan.bench.aiperf import result_files as aiperf_result_files
 from kvplan.bench.external import GUIDELLM_DEFAULT_FILES, read_external
 from kvplan.bench.results import Count, LatencyStats, SloResult
 from kvplan.bench.slo import fmt_s, slo_results
@@ -255,9 +258,11 @@ def _read_summary(file: Path) -> BenchEvidence:
 
 
 def _has_vllm_results(path: Path) -> bool:
-    """A folder of `vllm bench serve` results, or one holding a GuideLLM report (JSON or YAML)."""
+    """A folder of `vllm bench serve` results, one holding a GuideLLM report (JSON or YAML), AIPerf's or
+    inference-perf's results, or a folder of AIPerf runs (one artifact folder each)."""
 
-    return any(path.glob("*.json")) or any((path / name).is_file() for name in GUIDELLM_DEFAULT_FILES)
+    return (any(path.glob("*.json")) or any((path / name).is_file() for name in GUIDELLM_DEFAULT_FILES)
+            or bool(aiperf_result_files(path)))
 
 
 def _read_external(path: Path, raw: str) -> BenchEvidence:

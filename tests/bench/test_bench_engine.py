@@ -8,9 +8,11 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from helpers.bench import BLOCK_SIZE, POOL_BLOCKS, bench_env, engine_required, kvplan_cmd
+from helpers.llmd import assert_valid_llmd_reports
 
 from kvplan.bench.engine import capacity_from_cache_info, parse_capacity_log
 from kvplan.bench.metrics import scrape_once
@@ -92,6 +94,12 @@ def test_onsets_coincide_prompt_64_output_64(cpu_engine, tmp_path):
     assert by_c[4]["server"]["preemptions"] == 0 and by_c[5]["server"]["preemptions"] > 0
     assert all(p["status"] == "ok" and p["requests_failed"] == 0 for p in s["points"])
     assert s["measured"]["agrees_with_prediction"] == {"first_kv_wait": True, "first_preemption": True}
+    # the run's llm-d benchmark reports (one a point) validate against llm-d-benchmark's schema, preemptions and all
+    reports = assert_valid_llmd_reports(Path(s["run_dir"]))
+    for p in s["points"]:
+        own = reports[p["seq"]]["results"]["observability"]["kvplan"]
+        assert own["preemptions"] == p["server"]["preemptions"] and own["kv_pool"]["num_blocks"] == POOL_BLOCKS
+        assert reports[p["seq"]]["scenario"]["load"]["standardized"]["concurrency"] == p["concurrency"]
 
 
 def test_waits_without_preemption_prompt_40_output_24(cpu_engine, tmp_path):

@@ -384,7 +384,9 @@ def test_an_output_is_one_registered_function(tmp_path):
         import importlib.util
 
         png = ["plot.png"] if importlib.util.find_spec("matplotlib") else []  # the plot needs the extra
-        assert written == ["summary.json", "report.md", "points.csv", "requests.csv", "report.html", *png, "models.txt"]
+        llmd = [f"benchmark_report_v0.2,_kvplan_stage_{seq}.yaml" for seq in (1, 4, 5, 10)]  # one a point (several files)
+        assert written == ["summary.json", "report.md", "points.csv", "requests.csv", "report.html", *png, *llmd,
+                           "models.txt"]
         assert (tmp_path / "models.txt").read_text() == "tiny\n"
     finally:
         OUTPUTS.pop("test-models", None)

@@ -11,14 +11,15 @@ from kvplan.bench.results import BenchSummary
 from kvplan.bench.store import RunStore
 
 #: What an output returns: the file's text, its bytes, its lines one at a time (a file that grows with the run, written
-#: without holding it whole), or None (nothing to write, e.g. no matplotlib).
-Render = Callable[[BenchSummary, RunStore], "str | bytes | Iterator[str] | None"]
+#: without holding it whole), several files by name (one per point: llm-d's benchmark reports), or None (nothing to
+#: write, e.g. no matplotlib).
+Render = Callable[[BenchSummary, RunStore], "str | bytes | Iterator[str] | dict[str, str] | None"]
 
 
 @dataclass(frozen=True)
 class Output:
     name: str  # e.g. "markdown"
-    file: str  # the file it writes in the run folder, e.g. "report.md"
+    file: str  # the file it writes in the run folder, e.g. "report.md"; a pattern when it writes one a point
     render: Render
     order: int  # lower first; the summary is 0 (what `kvplan report` and --resume read back)
 
@@ -45,6 +46,11 @@ def write_reports(store: RunStore, summary: BenchSummary) -> list[str]:
     for out in sorted(OUTPUTS.values(), key=lambda o: (o.order, o.name)):
         content = out.render(summary, store)
         if content is None:
+            continue
+        if isinstance(content, dict):  # one file a point, each named by the output
+            for name, text in content.items():
+                store.write_text(name, text)
+                written.append(name)
             continue
         if isinstance(content, bytes):
             store.write_bytes(out.file, content)
