@@ -42,6 +42,7 @@ its own (user:password@ in --prometheus, --prometheus-header), and the engine's 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
@@ -305,17 +306,18 @@ class Prometheus:
 
     # ---------------------------------------------------------------- per point
 
-    def mark(self, reuse: bool = False) -> float:
+    async def mark(self, reuse: bool = False) -> float:
         """A time on Prometheus' clock by which every selected engine has been scraped since this call began:
-        the instant vectors there hold nothing older. ``reuse``: the last end mark, when nothing ran since."""
+        the instant vectors there hold nothing older. ``reuse``: the last end mark, when nothing ran since.
+        Async, each query in a worker thread: Ctrl-C stops the wait between two looks."""
         if reuse and self.last_mark is not None:
             return self.last_mark
         clock = self._clock()
-        now = self.scalar("time()")
+        now = await asyncio.to_thread(self.scalar, "time()")
         deadline, pause = time.monotonic() + self.wait_s, POLL_S[0]
         while True:
             expr = f"timestamp({self._select([clock])})"
-            stamps = [s.samples[0][1] for s in self.series(expr)]
+            stamps = [s.samples[0][1] for s in await asyncio.to_thread(self.series, expr)]
             if not all(math.isfinite(t) for t in stamps):
                 raise self._lie(expr, "a sample time that is not a number")
             if not stamps:
@@ -327,7 +329,7 @@ class Prometheus:
             if time.monotonic() > deadline:
                 raise PrometheusError(f"Prometheus took no new sample of every selected engine within "
                                       f"{self.wait_s:g} s", "raise --prometheus-wait above its scrape interval")
-            time.sleep(pause)
+            await asyncio.sleep(pause)
             pause = min(pause * 1.5, POLL_S[1])
 
     def snapshot(self, at: float, start: float) -> Snapshot:

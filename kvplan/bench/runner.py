@@ -331,9 +331,9 @@ class BenchRun:
         prom_start = None
         if self.prometheus is not None and not stop.is_set():
             try:  # the window's start: the previous point's end mark, else a scrape taken from now on
-                prom_start = await asyncio.to_thread(self.prometheus.mark, True)
+                prom_start = await self.prometheus.mark(reuse=True)
             except KvplanError as exc:
-                stop.stop(self.client.scrub(f"Prometheus: {exc}"))
+                stop.stop(self._prometheus_said(exc))
         t0 = time.perf_counter()
         during: list[Snapshot] = []
         scraping = asyncio.Event()
@@ -396,11 +396,16 @@ class BenchRun:
             self.prometheus.last_mark = None
             return ServerFigures(), None
         try:
-            end = await asyncio.to_thread(self.prometheus.mark)
+            end = await self.prometheus.mark()
             return await asyncio.to_thread(self.prometheus.figures, start, end), None
         except KvplanError as exc:  # never a figure Prometheus did not give: the point fails, saying why
             self.prometheus.last_mark = None
-            return ServerFigures(), self.client.scrub(self.prometheus.client.scrub(f"Prometheus: {exc}"))
+            return ServerFigures(), self._prometheus_said(exc)
+
+    def _prometheus_said(self, exc: KvplanError) -> str:
+        """Why Prometheus gave no figure, for the point's error: neither origin's secrets in it."""
+        assert self.prometheus is not None
+        return self.client.scrub(self.prometheus.client.scrub(f"Prometheus: {exc}"))
 
     async def _send(self, load: Load, seq: int, first_index: int, stop: StopSignal,
                     replayed) -> tuple[list[RequestRecord], float, str | None]:

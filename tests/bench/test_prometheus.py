@@ -5,6 +5,7 @@ either origin reaching the other, a file or a log."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import subprocess
@@ -171,12 +172,12 @@ def test_the_window_waits_for_a_scrape_after_the_point():
     with FakePrometheus(answer) as fake:
         reader = _reader(fake)
         reader.names = {"running": "vllm:num_requests_running"}
-        assert reader.mark() == 1000.25 and clock["polls"] == 3
-        assert reader.mark(reuse=True) == 1000.25  # the next point starts where this one ended
+        assert asyncio.run(reader.mark()) == 1000.25 and clock["polls"] == 3
+        assert asyncio.run(reader.mark(reuse=True)) == 1000.25  # the next point starts where this one ended
         clock["now"] = 2000.0
         with pytest.raises(PrometheusError, match="no new sample of every selected engine within 0.3 s"):
             reader.wait_s = 0.3
-            reader.mark()
+            asyncio.run(reader.mark())
 
 
 def _bench(engine: FakeServer, out, *args: str) -> subprocess.CompletedProcess:
