@@ -39,40 +39,43 @@ _RESERVED = {"content-length", "transfer-encoding", "connection", "proxy-authori
 #: The most of a probe's or the model list's body kvplan reads (300,000 models listed by a lying server
 #: made gigabytes); a body cut there is not JSON, and the model list then reads as empty.
 MAX_BODY_BYTES = 16 * 1024 * 1024
+#: The most of an error answer's body kvplan reads (an API's reason, not a document).
+MAX_ERROR_BODY_BYTES = 64 * 1024
 #: The most a GET (probe, model list) may take beyond its per-read timeout, headers and body in all.
 GET_BODY_S = 20.0
 #: Secrets shorter than this are not scrubbed out of text (masking "1" would garble every number).
 MIN_SCRUB = 6
 
 
-def parse_header(text: str, position: int = 1) -> tuple[str, str]:
-    """``'Name: value'`` -> ``('Name', 'value')``. The value is a secret: no error repeats it."""
-    where = f"--header #{position}"
+def parse_header(text: str, position: int = 1, flag: str = "--header") -> tuple[str, str]:
+    """``'Name: value'`` -> ``('Name', 'value')``. The value is a secret: no error repeats it. ``flag``: the option
+    it came from, for messages (--header, --prometheus-header)."""
+    where = f"{flag} #{position}"
     name, sep, value = str(text).partition(":")
     if not sep:
-        raise KvplanError(f"invalid {where}: no colon", "write it as --header 'Name: value'")
+        raise KvplanError(f"invalid {where}: no colon", f"write it as {flag} 'Name: value'")
     name = name.strip()
     if not name:
-        raise KvplanError(f"invalid {where}: the name before the colon is empty", "write it as --header 'Name: value'")
+        raise KvplanError(f"invalid {where}: the name before the colon is empty", f"write it as {flag} 'Name: value'")
     if not _TOKEN.match(name) or len(name) > 256:
         raise KvplanError(f"invalid {where}: the name holds characters a header name cannot",
-                          "letters, digits and !#$%&'*+-.^_`|~ only, then a colon: --header 'X-Token: value'")
+                          f"letters, digits and !#$%&'*+-.^_`|~ only, then a colon: {flag} 'X-Token: value'")
     if any(c in value for c in "\r\n\0"):
-        raise KvplanError(f"invalid --header {name!r}: its value holds a line break or NUL",
+        raise KvplanError(f"invalid {flag} {name!r}: its value holds a line break or NUL",
                           "a header is one line: pass the value without CR/LF")
     if name.lower() in _RESERVED:
-        raise KvplanError(f"invalid --header {name!r}: kvplan's HTTP client sets it", "drop this header")
+        raise KvplanError(f"invalid {flag} {name!r}: kvplan's HTTP client sets it", "drop this header")
     return name, value.strip(" \t")
 
 
-def parse_headers(values: Iterable[str] | None) -> tuple[tuple[str, str], ...]:
-    """Every ``--header`` in order; the same name twice (any case) is refused."""
+def parse_headers(values: Iterable[str] | None, flag: str = "--header") -> tuple[tuple[str, str], ...]:
+    """Every ``--header`` (or ``flag``) in order; the same name twice (any case) is refused."""
     out: list[tuple[str, str]] = []
     seen: set[str] = set()
     for i, text in enumerate(values or (), start=1):
-        name, value = parse_header(text, i)
+        name, value = parse_header(text, i, flag)
         if name.lower() in seen:
-            raise KvplanError(f"invalid --header {name!r}: given twice", "pass each header once")
+            raise KvplanError(f"invalid {flag} {name!r}: given twice", "pass each header once")
         seen.add(name.lower())
         out.append((name, value))
     return tuple(out)
@@ -282,20 +285,15 @@ class Client:
                                              _NoRedirects())
         request = urllib.request.Request(bare, headers=headers)
         try:
-            with opener.open(request, timeout=timeout_s) as resp:  # at most MAX_BODY_BYTES: a server may lie
-                parts, size = [], 0
-                while size < MAX_BODY_BYTES and time.monotonic() < deadline:
-                    chunk = resp.read1(min(1 << 16, MAX_BODY_BYTES - size))
-                    if not chunk:
-                        break
-                    parts.append(chunk)
-                    size += len(chunk)
-                else:
-                    if time.monotonic() >= deadline:
-                        return 0, ""  # still sending when time ran out
-                return resp.status, b"".join(parts).decode(errors="replace")
-        except urllib.error.HTTPError as exc:
-            return exc.code, ""
+            with opener.open(request, timeout=timeout_s) as resp:
+                body = _read_bounded(resp, deadline)
+                return (0, "") if body is None else (resp.status, body)
+        except urllib.error.HTTPError as exc:  # its body too: an API says why (Prometheus: {"error": ...})
+            try:
+                body = _read_bounded(exc, deadline, MAX_ERROR_BODY_BYTES) if exc.fp is not None else ""
+            except (OSError, ValueError):
+                body = ""
+            return exc.code, body or ""
         except urllib.error.URLError as exc:
             if isinstance(exc.reason, ssl.SSLCertVerificationError):
                 return 0, TLS_UNTRUSTED + str(exc.reason.verify_message or exc.reason)
@@ -320,6 +318,22 @@ class Client:
             if basic:
                 kwargs["proxy_auth"] = aiohttp.BasicAuth(basic[0], basic[1])
         return bare, kwargs
+
+
+def _read_bounded(resp, deadline: float, limit: int = MAX_BODY_BYTES) -> str | None:
+    """At most ``limit`` bytes of a response's body (a server may lie about its size), as text; None when it was
+    still sending at ``deadline``."""
+    parts, size = [], 0
+    while size < limit and time.monotonic() < deadline:
+        chunk = resp.read1(min(1 << 16, limit - size))
+        if not chunk:
+            break
+        parts.append(chunk)
+        size += len(chunk)
+    else:
+        if time.monotonic() >= deadline:
+            return None
+    return b"".join(parts).decode(errors="replace")
 
 
 #: The body `Client._get` returns with status 0 when an https server's certificate failed verification.

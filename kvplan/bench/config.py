@@ -34,6 +34,17 @@ class RateSearchConfig(BaseModel):
     max_points: int = 12
 
 
+class PrometheusConfig(BaseModel):
+    """--prometheus: the Prometheus every point's server figures are read from (kvplan.bench.prometheus), as run.json
+    keeps it: no secret (the URL without its credentials, ``credentials`` saying it had some; header names only)."""
+
+    url: str
+    selector: str | None = None  # the label matchers, without braces (kvplan.bench.prometheus.parse_selector)
+    header_names: list[str] = Field(default_factory=list)  # --prometheus-header names (values are never stored)
+    credentials: bool = False  # the URL held user:password@ (never stored: --resume asks for it again)
+    wait_s: float = Field(60.0, gt=0, le=3600)  # --prometheus-wait: the most a point waits for a fresh scrape
+
+
 class BenchConfig(BaseModel):
     """Everything a run needs; stored in run.json so ``--resume`` can continue it."""
 
@@ -68,6 +79,7 @@ class BenchConfig(BaseModel):
     # --percentiles: more percentiles of every latency (0 < q < 100), beside p50/p90/p95/p99
     percentiles: list[float] = Field(default_factory=list, max_length=MAX_PERCENTILES)
     traffic: TrafficReplay | None = None  # --traffic: replay sessions (kvplan.bench.replay) instead of a sweep
+    prometheus: PrometheusConfig | None = None  # --prometheus: server figures by PromQL instead of /metrics alone
 
     @model_validator(mode="after")
     def _within_bounds(self) -> BenchConfig:

@@ -126,6 +126,14 @@ def parse_metrics(text: str, t_s: float = 0.0, only: Iterable[str] | None = None
                 samples.setdefault(sample.name, []).append(sample)
             else:
                 insane.add(sample.name)
+    return snapshot_of(samples, t_s, only, declared, insane)
+
+
+def snapshot_of(samples: dict[str, list], t_s: float, only: Iterable[str] | None = None,
+                declared: set[str] = frozenset(), insane: set[str] = frozenset()) -> Snapshot:
+    """A Snapshot from sane samples by sample name (each with ``.labels`` and ``.value``), whatever read them:
+    /metrics text here, Prometheus' query API in kvplan.bench.prometheus. The rules are the same for both: each
+    quantity from the first of its names present, summed over engines (KV usage: their maximum)."""
     snap = Snapshot(t_s)
     for key, aliases in ALIASES.items():
         for alias in aliases:
@@ -200,6 +208,15 @@ def _delta(after: Snapshot, before: Snapshot, key: str) -> float | None:
     return d if math.isfinite(d) else None
 
 
+def _histogram_delta(after: Snapshot, before: Snapshot, key: str) -> Histogram | None:
+    """A histogram's increase over a point; None when unknown or when it went down (reset between scrapes)."""
+    hist = after.histograms.get(key)
+    if hist is None:
+        return None
+    d = hist.minus(before.histograms.get(key))
+    return d if d.count >= 0 and d.sum >= 0 and all(c >= 0 for _, c in d.buckets) else None
+
+
 def _peak(values: Iterable[float | None]) -> float | None:
     vals = [v for v in values if v is not None]
     return max(vals) if vals else None
@@ -221,12 +238,11 @@ def summarize(before: Snapshot, during: list[Snapshot], after: Snapshot) -> Serv
     for key in ("prompt_tokens", "generation_tokens", "prefix_queries", "prefix_hits", *TIER_COUNTERS):
         pm[key] = _delta(after, before, key)
     pm.update(server_ttft_mean_s=None, server_ttft_p50_s=None, server_ttft_p99_s=None, server_ttft_count=None)
-    ttft = after.histograms.get("ttft")
-    if ttft is not None:
-        d = ttft.minus(before.histograms.get("ttft"))
-        if d.count >= 0 and d.sum >= 0 and all(c >= 0 for _, c in d.buckets):  # else: reset between scrapes
-            pm.update(server_ttft_mean_s=d.mean, server_ttft_p50_s=d.quantile(0.5), server_ttft_p99_s=d.quantile(0.99),
-                      server_ttft_count=d.count)
+    for key in ("ttft", "itl"):  # the server's own view of the latencies (ITL only when its histogram is there)
+        d = _histogram_delta(after, before, key)
+        if d is not None:
+            pm.update({f"server_{key}_mean_s": d.mean, f"server_{key}_p50_s": d.quantile(0.5),
+                       f"server_{key}_p99_s": d.quantile(0.99), f"server_{key}_count": d.count})
     base = before.get("preemptions") or 0.0
     series = []
     for s in during:

@@ -15,19 +15,26 @@ from kvplan.bench.stats import sample_warnings
 from kvplan.bench.sweep import PointOutcome, measured_label, waited_for_kv
 from kvplan.plan.blocks import BlockRule
 
+#: Fewer gauge samples than this inside a point's Prometheus window get a note (kvplan.bench.prometheus).
+SPARSE_SAMPLES = 3
+
 
 def point_result(cfg: BenchConfig, rule: BlockRule | None, concurrency: int, seq: int, first_index: int,
              started_at: str, records: list[RequestRecord], wall: float, aborted: str | None,
              before: Snapshot | None, during: list[Snapshot], after: Snapshot | None,
-             rate: float | None = None) -> tuple[PointResult, list[dict[str, Any]]]:
+             rate: float | None = None, prometheus: ServerFigures | None = None) -> tuple[PointResult, list[dict[str, Any]]]:
     """One point's result from what the client recorded (``records``, the wall time, why it stopped) and the
     server's /metrics before, during and after it; with the request rows requests.jsonl keeps. ``concurrency``:
-    the streams (closed loop), the sessions (replay) or the peak in flight (open loop, ``rate`` set)."""
+    the streams (closed loop), the sessions (replay) or the peak in flight (open loop, ``rate`` set). ``prometheus``:
+    the point's figures from Prometheus (--prometheus), which then judge it; the scraped ones are kept beside."""
     ok = [r for r in records if r.ok]
     failed = [r for r in records if not r.ok]
     server = summarize(before, during, after) if before is not None and after is not None else ServerFigures()
     if before is not None and after is None and during:
         server = summarize(before, during, during[-1]).model_copy(update={"incomplete": True})
+    scraped = None
+    if prometheus is not None:
+        server, scraped = prometheus, (None if server.empty else server)
     # A point is "ok" only when every request completed: one failed request (whatever its
     # reason, or none recorded) fails it, and a point that sent nothing is no measurement.
     error = aborted or next((r.error for r in failed if r.error), None)
@@ -54,6 +61,10 @@ def point_result(cfg: BenchConfig, rule: BlockRule | None, concurrency: int, seq
         notes.append(f"the engine was seen holding at most {seen:.0f} of the {concurrency} requests at once "
                      "(short requests, a slow API server or scrapes too far apart): the load may not have "
                      "reached this concurrency inside the engine")
+    if server.source == "prometheus" and status == "ok" and server.scrapes < SPARSE_SAMPLES:
+        notes.append(f"Prometheus scraped the engines {server.scrapes} time{'s' if server.scrapes != 1 else ''} during "
+                     "this point: a wait for KV shorter than its scrape interval may not show (preemptions are "
+                     "counted whatever the interval); lengthen the point (--requests, --duration)")
     request_rows = [dict(r.to_json(), concurrency=concurrency, seq=seq,
                                **({"rate": rate} if rate is not None else {})) for r in records]
     chosen = cfg.percentiles
@@ -110,6 +121,7 @@ def point_result(cfg: BenchConfig, rule: BlockRule | None, concurrency: int, seq
         label=measured_label(outcome, cfg.max_num_seqs),
         predicted=predicted,
         notes=notes,
+        server_scraped=scraped,
     )
     return result, request_rows
 

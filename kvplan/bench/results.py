@@ -13,7 +13,9 @@ The JSON is the one kvplan has always written (run folders of older releases loa
 - ``PredictedLatency``    what the simulator and the step-time model say of one point's latency
 - ``LatencyModelInfo``    which step-time model predicted them (prior, calibrated), or why none did
 - ``LatencyStats``        n, mean and percentiles of one latency (seconds)
-- ``ServerFigures``       what the server's /metrics said during one point (kvplan.bench.metrics.summarize)
+- ``ServerFigures``       what the server's /metrics said during one point (kvplan.bench.metrics.summarize), or
+                          Prometheus for it (kvplan.bench.prometheus)
+- ``PrometheusInfo``      where --prometheus read them
 - ``SloResult``           one SLO of one point: target, value, met
 
 Models whose JSON keys depend on the source (another harness's file gives fewer figures, a server
@@ -125,6 +127,11 @@ class ServerFigures(_Figures):
     server_ttft_p50_s: float | None = None
     server_ttft_p99_s: float | None = None
     server_ttft_count: Count | None = None
+    # The server's ITL histogram (vllm:inter_token_latency_seconds), as the TTFT one; absent where it has none
+    server_itl_mean_s: float | None = None
+    server_itl_p50_s: float | None = None
+    server_itl_p99_s: float | None = None
+    server_itl_count: Count | None = None
     # The KV tier (kvplan.vllm.metric_names.TIER_COUNTERS), deltas over the point: tokens asked of the KV connector
     # (vLLM's native CPU offloading, LMCache...) and found there; bytes and seconds of the native tier's loads
     # (tier -> GPU) and stores (GPU -> tier). None where the server does not declare them.
@@ -136,6 +143,9 @@ class ServerFigures(_Figures):
     offload_store_s: float | None = None
     series: list[tuple[float, float, float, float, float]] = Field(default_factory=list)  # t, run, wait, kv, preempt
     incomplete: bool = False  # the server went away before the last scrape: figures up to the last one seen
+    # Where the figures come from: "prometheus" (kvplan bench --prometheus: PromQL over the point's window,
+    # kvplan.bench.prometheus); absent: the server's own /metrics, scraped by the bench
+    source: Literal["prometheus"] | None = None
 
     @property
     def empty(self) -> bool:
@@ -322,10 +332,30 @@ class GpuFigures(_Figures):
     sm_clock_min_mhz: float | None = None  # the lowest SM clock seen: below the GPU's boost when it throttled
 
 
+class PrometheusInfo(BaseModel):
+    """Where a run's server figures came from when --prometheus was given: the API's URL (credentials never kept),
+    the selector, the request headers' names (values never kept)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    url: str
+    selector: str | None = None
+    headers: list[str] = Field(default_factory=list)  # "Authorization: ***"
+    engine_metrics: bool = False  # the engine's /metrics was scraped beside (PointResult.server_scraped)
+
+    def describe(self) -> str:
+        """One line for the reports: where the server figures came from."""
+        picked = f" {self.selector}" if self.selector else ""
+        headers = f", headers {', '.join(self.headers)}" if self.headers else ""
+        beside = ("the engine's /metrics scraped beside (server_scraped)" if self.engine_metrics
+                  else "the engine's /metrics not read")
+        return f"Prometheus {self.url}{picked} by PromQL over each point's window{headers}; {beside}"
+
+
 class PointResult(_NewFieldsOptional):
     """One line of points.jsonl."""
 
-    ADDED: ClassVar[tuple[str, ...]] = ("predicted_latency", "retries", "replay", "gpu")
+    ADDED: ClassVar[tuple[str, ...]] = ("predicted_latency", "retries", "replay", "gpu", "server_scraped")
 
     seq: int
     concurrency: int
@@ -372,6 +402,9 @@ class PointResult(_NewFieldsOptional):
     # measured and predicted (kvplan.bench.replay)
     replay: ReplayFigures | None = None
     gpu: GpuFigures | None = None  # --gpu-metrics: the GPUs' utilization, memory, power and clocks during the point
+    # --prometheus: `server` holds Prometheus' figures; these are the engine's own /metrics, scraped beside them
+    # when it answered (null: not scraped), so the two can be compared
+    server_scraped: ServerFigures | None = None
 
     @property
     def load(self) -> float:
@@ -392,7 +425,7 @@ class PointResult(_NewFieldsOptional):
 class BenchSummary(_NewFieldsOptional):
     """summary.json: one run (kvplan's own, or another harness's results read as one)."""
 
-    ADDED: ClassVar[tuple[str, ...]] = ("latency_model", "tls")
+    ADDED: ClassVar[tuple[str, ...]] = ("latency_model", "tls", "prometheus")
 
     kvplan_version: str = __version__
     status: Literal["complete", "interrupted", "failed"]
@@ -428,6 +461,7 @@ class BenchSummary(_NewFieldsOptional):
     # TLS to an https server: "verified", "verified with --ca-bundle FILE", "NOT verified (--insecure)"; null: http
     tls: str | None = None
     latency_model: LatencyModelInfo | None = None  # what predicted the points' latency; null: older runs
+    prometheus: PrometheusInfo | None = None  # --prometheus: the points' server figures came from there
 
     @property
     def rate_mode(self) -> bool:

@@ -35,6 +35,7 @@ from kvplan.bench.metrics import Snapshot, scrape_during, scrape_once
 from kvplan.bench.outputs import write_reports
 from kvplan.bench.point import peak_in_flight, point_result
 from kvplan.bench.profiles import profile_for
+from kvplan.bench.prometheus import Prometheus
 from kvplan.bench.replay import first_sessions, load_replay_traffic, replay_figures, request_specs, session_sends
 from kvplan.bench.results import (
     BenchSummary,
@@ -45,7 +46,9 @@ from kvplan.bench.results import (
     PlannerCapacity,
     PointResult,
     PredictedLatency,
+    PrometheusInfo,
     RateSearchResult,
+    ServerFigures,
     highest_load_meeting,
 )
 from kvplan.bench.sweep import (
@@ -76,7 +79,8 @@ class BenchRun:
 
     def __init__(self, cfg: BenchConfig, store: st.RunStore, view: NullView | None = None,
                  previous: list[dict[str, Any]] | None = None, api_key: str | None = None,
-                 expected_model: str | None = None, headers: tuple[tuple[str, str], ...] = ()):
+                 expected_model: str | None = None, headers: tuple[tuple[str, str], ...] = (),
+                 prometheus: Prometheus | None = None):
         self.cfg = cfg
         # The key (a bearer token) and --header values go with every client request and probe; held
         # here only, never in BenchConfig (which run.json stores) nor in any file (kvplan.bench.client).
@@ -85,7 +89,9 @@ class BenchRun:
                              insecure=cfg.insecure)
         self.expected_model = expected_model or None  # --resume: the model the run's points measured
         self.store = store
-        self.store.secrets = tuple(self.client.secrets())  # masked in every file, whatever wrote them
+        # --prometheus: the points' server figures by PromQL (kvplan.bench.prometheus); its credentials are its own
+        self.prometheus = prometheus
+        self.store.secrets = tuple(self.client.secrets()) + (tuple(prometheus.client.secrets()) if prometheus else ())
         self.view = view or NullView()
         self.launcher: EngineLauncher | None = None
         self.base_url = cfg.url.rstrip("/") if cfg.url else ""
@@ -322,6 +328,12 @@ class BenchRun:
                 before = await scrape_once(self.base_url, client=self.client)
             except Exception as exc:  # noqa: BLE001 - it answered at the start: the server is gone or broken
                 stop.stop(self._dead_reason() or f"cannot read {self.shown_url}/metrics ({type(exc).__name__}: {exc})")
+        prom_start = None
+        if self.prometheus is not None and not stop.is_set():
+            try:  # the window's start: the previous point's end mark, else a scrape taken from now on
+                prom_start = await self.prometheus.mark(reuse=True)
+            except KvplanError as exc:
+                stop.stop(self._prometheus_said(exc))
         t0 = time.perf_counter()
         during: list[Snapshot] = []
         scraping = asyncio.Event()
@@ -359,18 +371,41 @@ class BenchRun:
                 after = await scrape_once(self.base_url, client=self.client)
             except Exception:  # noqa: BLE001
                 after = None
+        prom = None if self.prometheus is None else ServerFigures()  # with --prometheus, no figure unless from it
+        if prom_start is not None:
+            prom, why = await self._prometheus_figures(prom_start, dead)
+            aborted = aborted or why
         match load:
             case OpenLoad():
                 concurrency = peak_in_flight(records)  # what the open loop reached
             case ClosedLoad(concurrency) | ReplayLoad(sessions=concurrency):
                 pass
         point = self._point_result(concurrency, seq, first_index, started_at, records, wall, aborted, before, during,
-                                   after, rate)
+                                   after, rate, prom)
         if self.cfg.gpu_metrics:
             point = point.model_copy(update={"gpu": summarize_gpu(gpu_samples, self.cfg.gpu_metrics)})
         if replayed is not None:
             point = self._replay_figures(point, replayed, records)
         return point
+
+    async def _prometheus_figures(self, start: float, dead: str | None) -> tuple[ServerFigures, str | None]:
+        """The point's figures from Prometheus (kvplan.bench.prometheus), once it has scraped every engine after
+        the point's end; or none, and why the point failed."""
+        assert self.prometheus is not None
+        if dead:
+            self.prometheus.last_mark = None
+            return ServerFigures(), None
+        try:
+            end = await self.prometheus.mark()
+            return await asyncio.to_thread(self.prometheus.figures, start, end), None
+        except KvplanError as exc:  # never a figure Prometheus did not give: the point fails, saying why
+            self.prometheus.last_mark = None
+            return ServerFigures(), self._prometheus_said(exc)
+
+    def _prometheus_said(self, exc: KvplanError) -> str:
+        """Why Prometheus gave no figure, for the point's error: neither origin's secrets in it."""
+        assert self.prometheus is not None
+        return self.client.scrub(self.prometheus.client.scrub(f"Prometheus: {exc}"))
 
     async def _send(self, load: Load, seq: int, first_index: int, stop: StopSignal,
                     replayed) -> tuple[list[RequestRecord], float, str | None]:
@@ -446,12 +481,12 @@ class BenchRun:
     def _point_result(self, concurrency: int, seq: int, first_index: int, started_at: str,
                       records: list[RequestRecord], wall: float, aborted: str | None,
                       before: Snapshot | None, during: list[Snapshot], after: Snapshot | None,
-                      rate: float | None = None) -> PointResult:
+                      rate: float | None = None, prometheus: ServerFigures | None = None) -> PointResult:
         for r in records:  # a server may echo a key or header value back in an error body
             r.error = self.client.scrub(r.error)
         result, self._request_rows = point_result(self.cfg, self.rule, concurrency, seq, first_index, started_at,
                                                   records, wall, self.client.scrub(aborted), before, during, after,
-                                                  rate)
+                                                  rate, prometheus)
         return result
 
     # ---------------------------------------------------------------- the sweep
@@ -541,7 +576,15 @@ class BenchRun:
             proxy=shown_proxy(self.client.proxy(self.base_url)) if self.base_url else None,
             tls=self._tls_said(),
             latency_model=None if self.latency is None else self.latency.info,
+            prometheus=self._prometheus_info(),
         )
+
+    def _prometheus_info(self) -> PrometheusInfo | None:
+        prom = self.prometheus
+        if prom is None:
+            return None
+        return PrometheusInfo(url=prom.shown, selector=None if prom.selector is None else prom.shown_selector,
+                              headers=masked_headers(prom.client.headers), engine_metrics=self.metrics_error is None)
 
     def _tls_said(self) -> str | None:
         """How the run's https requests were verified (null for http)."""
@@ -574,12 +617,19 @@ class BenchRun:
             else:
                 self._start_engine()
             self._discover_model()
+            if self.prometheus is not None:
+                self.prometheus.discover(self.model)  # a selector matching no engine: one line, before any point
             try:
                 snap = run_stoppable(scrape_once(self.base_url, client=self.client))
             except Exception as exc:  # noqa: BLE001 - a server without /metrics can still be benched
                 snap = None
                 self.metrics_error = f"{type(exc).__name__}: {exc}"
-                self.view.message(f"no server metrics ({esc(self.metrics_error)}): onsets cannot be measured")
+                if self.prometheus is None:
+                    self.view.message(f"no server metrics ({esc(self.metrics_error)}): onsets cannot be measured")
+                else:
+                    self.view.message(f"the engine's /metrics is not read ({esc(self.metrics_error)}): server "
+                                      f"figures from Prometheus alone")
+                    snap = Snapshot(0.0, cache_info=self.prometheus.cache_config())
             self._read_capacity(snap)
             self._predict()
             self._planner()

@@ -154,6 +154,10 @@ def bench(
     resume: Optional[Path] = typer.Option(None, "--resume", help="Continue this run folder (its finished points are kept)."),
     api_key: Optional[str] = typer.Option(None, "--api-key", help="The server's API key (vLLM --api-key), sent as 'Authorization: Bearer' by every request; default: $OPENAI_API_KEY. A launched engine gets it too. Never written to the run folder.", show_default=False),
     header: Optional[list[str]] = typer.Option(None, "--header", "-H", help="Extra request header 'Name: value' (repeatable), sent by the probe, the model discovery, the /metrics scraper and every request (servers behind gateways). Values are secrets: shown as 'Name: ***', never written; --resume asks for them again.", show_default=False),
+    prometheus: Optional[str] = typer.Option(None, "--prometheus", metavar="URL", help="Read every point's server figures (preemptions, KV usage, waiting, prefix cache queries and hits, the server's TTFT and ITL histograms) by PromQL from this Prometheus, over the point's window, instead of the engine's /metrics alone (still scraped beside when it answers, kept as server_scraped). Each point waits for Prometheus' first scrape after its end (about one scrape interval). Credentials as user:password@ in the URL or --prometheus-header; the engine's key and headers never go there. Example: kvplan bench --url http://gateway:8000 --prometheus http://prometheus:9090 --selector '{namespace=\"llm\",pod=~\"vllm-.*\"}'", rich_help_panel="Server figures from Prometheus", show_default=False),
+    selector: Optional[str] = typer.Option(None, "--selector", metavar="{MATCHERS}", help="--prometheus: PromQL label matchers picking the benched deployment's engines (every replica and engine it matches is summed; KV usage: the fullest). Needed when Prometheus scrapes vLLM at several targets.", rich_help_panel="Server figures from Prometheus", show_default=False),
+    prometheus_header: Optional[list[str]] = typer.Option(None, "--prometheus-header", help="--prometheus: a request header 'Name: value' for Prometheus (repeatable): 'Authorization: Bearer TOKEN'. Values are secrets: never written; --resume asks for them again.", rich_help_panel="Server figures from Prometheus", show_default=False),
+    prometheus_wait: float = typer.Option(60.0, "--prometheus-wait", metavar="SECONDS", help="--prometheus: the most a point waits for Prometheus to scrape every engine after the point's end (above its scrape interval).", rich_help_panel="Server figures from Prometheus"),
     check: bool = typer.Option(False, "--check", help="Exit 1 when a measured onset differs from the prediction."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON document."),
 ) -> None:
@@ -193,6 +197,10 @@ def bench(
         raise KvplanError("--api-key and --header 'Authorization: ...' both set the Authorization header",
                           "pass one of them")
     key = api_key or os.environ.get("OPENAI_API_KEY", "").strip() or None
+    prom_headers = parse_headers(prometheus_header, "--prometheus-header")
+    prom = _prometheus_config(prometheus, selector, prom_headers, prometheus_wait)
+    if resume is None and prom is None and (selector is not None or prom_headers):
+        raise KvplanError("--selector and --prometheus-header are for --prometheus", "pass --prometheus URL too")
     if resume is not None:
         if url is None and _finished(resume):  # nothing left to measure: re-render, never start an engine
             from kvplan.bench.render import rerender
@@ -211,7 +219,9 @@ def bench(
             if missing:
                 raise KvplanError(f"cannot resume {resume}: the run sent --header {', '.join(missing)}, whose values kvplan "
                                   "never stores", "pass " + " ".join(f"--header '{n}: ...'" for n in missing) + " again")
-            cfg = cfg.model_copy(update={"header_names": [name for name, _ in headers]})
+            cfg = cfg.model_copy(update={"header_names": [name for name, _ in headers],
+                                         "prometheus": _resumed_prometheus(resume, cfg.prometheus, prom, selector,
+                                                                           prom_headers)})
             if url:
                 cfg = cfg.model_copy(update={"url": url, "engine": None})
             elif cfg.url and "***" in cfg.url:
@@ -226,7 +236,7 @@ def bench(
                 sys.stderr.write(f"note: $OPENAI_API_KEY is not sent to the server the run's run.json names "
                                  f"({printable(cfg.url or '', 200)}); pass --url or --api-key to send a key\n")
             _run([(store, cfg, previous)], as_json, check, resume_key if cfg.engine is None else api_key,
-                 resumed_model(resume), headers)
+                 resumed_model(resume), headers, (prometheus, prom_headers))
         return
 
     for name, value in (("--num-gpu-blocks-override", blocks_override), ("--block-size", block_size), ("--tp", tp),
@@ -302,7 +312,12 @@ def bench(
         keep_alive=keep_alive,
         steptime=None if steptime is None else str(steptime),
         traffic=replay,
+        prometheus=prom,
     )
+    if prom is not None:  # Prometheus answers, before a run folder exists
+        from kvplan.bench.prometheus import prometheus_for
+
+        prometheus_for(prom, prometheus, prom_headers, common["ca_bundle"], insecure).check()
     if url:
         if not url.startswith(("http://", "https://")):
             raise KvplanError(f"invalid --url {redact(url)!r}", "use http://host:port")
@@ -315,7 +330,8 @@ def bench(
             raise KvplanError(f"nothing answers at {redact(url.rstrip('/'))}{via}",
                               "start vLLM there, or check --url (scheme, host, port)"
                               + (" and the proxy (HTTP_PROXY, NO_PROXY)" if via else ""))
-        _run([(st.RunStore(st.new_run_dir(out, model_name or "server")), cfg, [])], as_json, check, key, headers=headers)
+        _run([(st.RunStore(st.new_run_dir(out, model_name or "server")), cfg, [])], as_json, check, key, headers=headers,
+             prometheus=(prometheus, prom_headers))
         return
     if port < 0 or port > 65535:
         raise KvplanError(f"invalid --port {port}")
@@ -339,7 +355,8 @@ def bench(
     )
     if model is not None:
         cfg = BenchConfig(engine=dict(engine, model=model), **common)
-        _run([(st.RunStore(st.new_run_dir(out, model)), cfg, [])], as_json, check, api_key, headers=headers)
+        _run([(st.RunStore(st.new_run_dir(out, model)), cfg, [])], as_json, check, api_key, headers=headers,
+             prometheus=(prometheus, prom_headers))
         return
     runs = []
     for name, engine_over, workload_over, planner_gpu, level in _spec_deployments(Path("kvplan.yaml")):
@@ -349,7 +366,7 @@ def bench(
             cfg_common["max_num_seqs"] = engine_over["max_num_seqs"]
         cfg = BenchConfig(engine=merged, include_levels=[level] if levels is None else [], deployment=name, **cfg_common)
         runs.append((st.RunStore(st.new_run_dir(out, name)), cfg, []))
-    _run(runs, as_json, check, api_key, headers=headers)
+    _run(runs, as_json, check, api_key, headers=headers, prometheus=(prometheus, prom_headers))
 
 
 def _rates(rate: Optional[float], sweep_rate: Optional[str]):
@@ -468,7 +485,9 @@ def _spec_deployments(path: Path) -> list[tuple[str, dict, dict, str | None, int
 
 
 def _run(runs: list, as_json: bool, check: bool, api_key: str | None = None, expected_model: str | None = None,
-         headers: tuple = ()) -> None:
+         headers: tuple = (), prometheus: tuple = (None, ())) -> None:
+    """Each run of ``runs`` (store, config, finished points), one after the other. ``prometheus``: the --prometheus
+    URL as given (credentials and all) and --prometheus-header pairs, the secrets the configs do not keep."""
     import signal
 
     from kvplan.bench.runner import BenchRun
@@ -490,7 +509,13 @@ def _run(runs: list, as_json: bool, check: bool, api_key: str | None = None, exp
     exit_code = ExitCode.OK
     for store, cfg, previous in runs:
         view = RichView() if not as_json or _stderr_tty() else NullView()
-        run = BenchRun(cfg, store, view, previous, api_key=api_key, expected_model=expected_model, headers=headers)
+        reader = None
+        if cfg.prometheus is not None:
+            from kvplan.bench.prometheus import prometheus_for
+
+            reader = prometheus_for(cfg.prometheus, prometheus[0], prometheus[1], cfg.ca_bundle, cfg.insecure)
+        run = BenchRun(cfg, store, view, previous, api_key=api_key, expected_model=expected_model, headers=headers,
+                       prometheus=reader)
         try:
             from kvplan.bench.store import hold_run_folder
 
@@ -659,6 +684,8 @@ def render(summary) -> None:
     client += [f"through the proxy {summary.proxy}"] if summary.proxy else []
     if client:
         console.print(f"[dim]requests: {esc('; '.join(client))}[/]")
+    if summary.prometheus:
+        console.print(f"[dim]server figures: {esc(summary.prometheus.describe())}[/]")
     if summary.load_description:
         console.print(f"[dim]load: {esc(summary.load_description)}; latencies from the scheduled send time[/]")
     for table in points_tables(summary.points, rate_mode, console):
@@ -728,6 +755,62 @@ def _gpu_metrics(source: Optional[str]) -> Optional[str]:
     if "@" in urlsplit(source).netloc:  # run.json keeps the URL: a credential in it would reach the disk
         raise KvplanError("--gpu-metrics takes no credentials in its URL", "a DCGM exporter needs none")
     return source
+
+
+def _prometheus_config(url: Optional[str], selector: Optional[str], headers: tuple, wait_s: float):
+    """--prometheus URL, --selector, --prometheus-header, --prometheus-wait -> PrometheusConfig (no secret kept:
+    the URL without its credentials, header names only); None without --prometheus."""
+    from urllib.parse import urlsplit
+
+    from kvplan.bench.client import split_credentials
+    from kvplan.bench.config import PrometheusConfig
+    from kvplan.bench.prometheus import parse_selector
+    from kvplan.errors import KvplanError
+    from kvplan.units import check_positive
+    from kvplan.vllm.startup_log import redact
+
+    if url is None:
+        return None
+    try:
+        parts = urlsplit(url)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
+    except ValueError:
+        ok = False
+    if not ok or len(url) > 2048 or parts.query or parts.fragment or any(c in url for c in "\r\n\0 "):
+        raise KvplanError(f"invalid --prometheus {printable(redact(url[:200]), 200)!r}",
+                          "give the Prometheus server's URL: http://prometheus:9090 (a path prefix is kept)")
+    check_positive(wait_s, "--prometheus-wait", maximum=3600)
+    bare, basic = split_credentials(url.rstrip("/"))
+    return PrometheusConfig(url=bare, selector=parse_selector(selector), header_names=[n for n, _ in headers],
+                            credentials=basic is not None, wait_s=wait_s)
+
+
+def _resumed_prometheus(resume: Path, stored, given, selector: Optional[str], headers: tuple):
+    """The --prometheus of a resumed run: restated (its selector kept unless --selector is given again), or the
+    stored one when kvplan kept all it needs (credentials and header values are never stored)."""
+    from kvplan.errors import KvplanError
+
+    if given is not None:
+        return given if selector is not None or stored is None else given.model_copy(update={"selector": stored.selector})
+    if stored is None:
+        if selector is not None or headers:
+            raise KvplanError("--selector and --prometheus-header are for --prometheus", "pass --prometheus URL too")
+        return None
+    if stored.credentials:
+        raise KvplanError(f"cannot resume {resume}: its --prometheus URL held credentials, which kvplan never stores",
+                          "pass --prometheus URL again")
+    names = {name.lower() for name, _ in headers}
+    missing = [name for name in stored.header_names if name.lower() not in names]
+    if missing:
+        raise KvplanError(f"cannot resume {resume}: the run sent --prometheus-header {', '.join(missing)}, whose values "
+                          "kvplan never stores", "pass " + " ".join(f"--prometheus-header '{n}: ...'" for n in missing)
+                          + " again")
+    update = {"header_names": [name for name, _ in headers]}
+    if selector is not None:
+        from kvplan.bench.prometheus import parse_selector
+
+        update["selector"] = parse_selector(selector)
+    return stored.model_copy(update=update)
 
 
 def _percentiles(text: Optional[str]) -> list[float]:

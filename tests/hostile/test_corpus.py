@@ -309,6 +309,19 @@ def test_bench_bad_options(option, value, tmp_path):
     bad("bench", str(TINY), option, value, "--out", str(tmp_path))
 
 
+@pytest.mark.parametrize("option,value", [("--prometheus", v) for v in (
+    "http://", "prometheus:9090", "http://[::1", "http://x:99999", "http://x:0", "\x1b[31mhttp://x", "http://x y",
+    "http://" + "a" * 5000, "http://x:9090/#frag")]
+                         + [("--selector", v) for v in ("", "{", "}", "{a}", '{a="b"', '{a="b"}}', "{" + "a" * 5000 + "}",
+                                                        '{a="\x1b[31m"} or up', "[/]", '{__name__="x"}')]
+                         + [("--prometheus-wait", v) for v in BAD_FLOATS]
+                         + [("--prometheus-header", v) for v in ("", ":", "x", "a b: c", "Content-Length: 1")])
+def test_bench_bad_prometheus_options(option, value, tmp_path):
+    extra = [] if option == "--prometheus" else ["--prometheus", "http://127.0.0.1:9"]
+    # refused for itself, before Prometheus (nothing answers there) is asked anything
+    assert option in bad("bench", str(TINY), *extra, option, value, "--out", str(tmp_path))
+
+
 TRACES = {"not-utf8": b"\xff\xfe\n", "deep": b"[" * 10_000 + b"\n", "not-json": b"{\n", "empty": b"",
           "huge-prompt": b'{"prompt_tokens": 1000000000000, "output_tokens": 1}\n',
           "nan": b'{"prompt_tokens": NaN, "output_tokens": 1}\n', "negative": b'{"prompt_tokens": -1, "output_tokens": 1}\n',

@@ -310,6 +310,8 @@ def html_report(summaries: list[BenchSummary], title: str | None = None,
             body.append(f"<p>Request headers: {escape(', '.join(s.headers))} (values never stored).</p>")
         if s.proxy:
             body.append(f"<p>Proxy (from the environment): {escape(s.proxy)}.</p>")
+        if s.prometheus:
+            body.append(f"<p>Server figures: {escape(s.prometheus.describe())}.</p>")
         if s.tls:
             body.append(f'<p class="{"warn" if s.tls.startswith("NOT") else ""}">TLS: {escape(s.tls)}.</p>')
     body.append(f"<p>{escape(DEFINITIONS)}</p>")

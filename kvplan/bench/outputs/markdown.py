@@ -48,6 +48,8 @@ def markdown(summary: BenchSummary) -> str:
         lines.append(f"- proxy: {s.proxy} (from the environment; every request, probe and scrape went through it)")
     if s.tls:
         lines.append(f"- TLS: {s.tls}")
+    if s.prometheus:
+        lines.append(f"- server figures: {s.prometheus.describe()}")
     lines.append(f"- status: {s.status}" + (f" ({s.error})" if s.error and s.status != "complete" else ""))
     lines += ["", "## KV capacity", "", "| | planner | engine reports |", "|---|---:|---:|"]
     lines.append(f"| blocks (incl. the null block) | {num(planner.num_blocks)} | {num(cap.num_blocks)} |")
