@@ -106,7 +106,7 @@ def detect_engine(text: str) -> str:
     """The engine whose start-up lines the log holds; a log of none, or of several, is refused."""
     vllm = parse_startup_log(relevant_lines(text.splitlines()))
     vllm_lines = (vllm.has_capacity, vllm.failed, vllm.available_kv_gib is not None, vllm.vllm_version is not None,
-                  vllm.engine is not None and "tensor_parallel_size" in vllm.sources)
+                  vllm.weights_gib is not None, vllm.engine is not None and "tensor_parallel_size" in vllm.sources)
     scores = {"vllm": int(any(vllm_lines)),
               "sglang": sglang_lines.looks_like_sglang(text), "trtllm": trtllm_lines.looks_like_trtllm(text)}
     found = [name for name, score in scores.items() if score]
