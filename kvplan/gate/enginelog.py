@@ -86,15 +86,18 @@ _KEYWORDS = tuple(dict.fromkeys(sglang_lines.KEYWORDS + trtllm_lines.KEYWORDS))
 
 
 def engine_lines(lines) -> str:
-    """The lines of a log any engine's reader can use, each cut, the last ones kept: bounded time and memory.
-    (vLLM's own filter runs again on them when the log is vLLM's.)"""
-    keywords = _KEYWORDS + VLLM_KEYWORDS
-    kept: deque[str] = deque(maxlen=MAX_KEPT_LINES)
-    for line in lines:
-        line = line[:MAX_LINE]
-        if any(word in line for word in keywords):
-            kept.append(line.rstrip("\r\n"))
-    return "\n".join(kept)
+    """The lines of a log any engine's reader can use, each cut, in bounded time and memory. vLLM's lines are kept
+    exactly as vLLM's own reader keeps them (its last ``MAX_KEPT_LINES``), the other engines' beside them in a cap
+    of their own, so a vLLM log full of request lines loses nothing it lost before."""
+    vllm_kept: deque[tuple[int, str]] = deque(maxlen=MAX_KEPT_LINES)
+    other_kept: deque[tuple[int, str]] = deque(maxlen=MAX_KEPT_LINES)
+    for number, line in enumerate(lines):
+        line = line[:MAX_LINE].rstrip("\r\n")
+        if any(word in line for word in VLLM_KEYWORDS):
+            vllm_kept.append((number, line))
+        elif any(word in line for word in _KEYWORDS):
+            other_kept.append((number, line))
+    return "\n".join(line for _, line in sorted([*vllm_kept, *other_kept]))
 
 
 def read_engine_log(path: str) -> str:

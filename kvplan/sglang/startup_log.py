@@ -75,7 +75,7 @@ _VALUE = r"('(?:[^'\\\n]|\\.){0,1000}'|\"[^\"\n]{0,1000}\"|True|False|None|-?\d{
 
 # A line is kept for parsing only when it holds one of these (a 100 MB log keeps a few hundred lines).
 KEYWORDS = ("server_args=", "launch_server", "sglang serve", "Load weight", "KV Cache", "KV cache dtype", "memory pool", "Memory pool",
-            "Mamba Cache", "max_total_num_tokens=", "sglang", "GPU ")
+            "Mamba Cache", "max_total_num_tokens=", "sglang", "GPU 0")
 
 
 class SglangStartup(BaseModel):

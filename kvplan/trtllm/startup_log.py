@@ -62,9 +62,9 @@ _TP = re.compile(r"(?:--tp_size|--tp|tensor_parallel_size|tp_size)['\"]?(?:=|:|\
 _KV_DTYPE = re.compile(r"KV Cache Dtype: (\w{1,16})|(?:--kv_cache_dtype|kv_cache_dtype)['\"]?(?:=|:|\s)\s{0,4}['\"]?(\w{1,16})")
 
 KEYWORDS = ("TensorRT", "TRT-LLM", "paged KV cache", "paged kv cache", "tokens per block", "primary pool",
-            "primary blocks", "memory usage profiling", "Estimated max", "max_tokens", "maxTokens",
-            "for model weights", "max_seq_len=", "trtllm-serve", "trtllm-bench", "Model: ", "fraction", "tp_size",
-            "TP Size", "kv_cache_dtype", "KV Cache Dtype")
+            "primary blocks", "memory usage profiling", "Estimated max", "are set (to", "for model weights",
+            "max_seq_len=", "trtllm-serve", "trtllm-bench", "Model: ", "free_gpu_mem", "tp_size", "TP Size",
+            "kv_cache_dtype", "KV Cache Dtype")
 
 
 class TrtllmPool(BaseModel):

@@ -230,6 +230,19 @@ def test_engine_is_told_and_can_be_named():
     assert tgi.code == 2 and "invalid --engine" in tgi.one_line_error()
 
 
+def test_other_engines_lines_never_crowd_out_vllm_s(tmp_path):
+    """The reader keeps vLLM's lines as vLLM's reader does, the other engines' in a cap of their own: a vLLM log
+    followed by 5,000 lines that only other engines' keywords keep is judged exactly as the log alone."""
+    from helpers.harness import invoke
+
+    alone = json.loads(invoke("check-log", str(VLLM_LOG), "--json").stdout)
+    log = tmp_path / "vllm-then-noise.log"
+    log.write_text(VLLM_LOG.read_text() + "".join(f"request {i} tp_size=1 Model: x\n" for i in range(5000)))
+    noisy = invoke("check-log", str(log), "--json")
+    assert noisy.code == 0
+    assert json.loads(noisy.stdout)["page_math"] == alone["page_math"]
+
+
 def test_a_hostile_log_is_bounded_and_refused(tmp_path):
     """A 5 MB line of digits and a line of 200,000 'KV Cache' words: one line on stderr, exit 2, no traceback."""
     from helpers.harness import invoke
