@@ -19,12 +19,13 @@ FLOORS: dict[str, int] = {
     # 1: facts about vLLM: its rules per release, platforms, metric names, engine flags; every floor above reads them
     "kvplan.vllm.rules": 1, "kvplan.vllm.platforms": 1, "kvplan.vllm.metric_names": 1, "kvplan.vllm.args": 1,
     "kvplan.sglang.rules": 1, "kvplan.sglang.metric_names": 1,  # SGLang's facts, beside vLLM's
+    "kvplan.trtllm.rules": 1,  # TensorRT-LLM's
     # 2: what is planned for: the model, the hardware, the traffic
     "kvplan.model": 2, "kvplan.hardware": 2, "kvplan.traffic": 2,
     # 3: the planner
     "kvplan.plan": 3,
     # 4: vLLM-facing readers and the engine's own code: flags, start-up logs, twins, the probe
-    "kvplan.vllm": 4, "kvplan.sglang": 4,
+    "kvplan.vllm": 4, "kvplan.sglang": 4, "kvplan.trtllm": 4,
     # 5: one deployment resolved end to end (model + GPUs + settings -> plan)
     "kvplan.deploy": 5, "kvplan.engines": 5,
     # 6: the wings: bench, validate, gate

@@ -80,7 +80,9 @@ SCHEMAS = {
     "fit-rate": ("kvplan.plan.schema", "FleetFitOutput"),  # kvplan fit --rate R
     "check": ("kvplan.gate.check", "CheckReport"),
     "check-log": ("kvplan.gate.checklog", "CheckLogResult"),
+    "check-log-engines": ("kvplan.gate.enginelog", "EngineLogResult"),  # an SGLang or TensorRT-LLM log
     "validate": ("kvplan.validate.runner", "Validation"),
+    "validate-engines": ("kvplan.validate.engine_reports", "EngineValidation"),  # --engine sglang|trtllm
     "calibrate": ("kvplan.plan.schema", "CalibrateOutput"),  # a start-up log's record, or --bench RUN's step time
     "bench": ("kvplan.bench.results", "BenchSummary"),  # also summary.json
     "report": ("kvplan.bench.results", "BenchSummary"),  # one summary, or a list of them for several runs

@@ -39,6 +39,10 @@ Examples:
 
   kvplan check-log engine.log --model ./my-model --json
 
+  kvplan check-log sglang.log                 # SGLang and TensorRT-LLM logs are told apart from their own lines
+
+  kvplan check-log trtllm.log --tp 1 --gate all
+
 Exit code 0: every reported number is within --tolerance of the plan; 1: one is not; 2: bad input.
 """
 
@@ -101,7 +105,7 @@ def check(
 
 @user_errors
 def check_log(
-    log: str = typer.Argument(..., help="A vLLM start-up log (any release; GPU or CPU build). '-' reads stdin."),
+    log: str = typer.Argument(..., help="A vLLM, SGLang or TensorRT-LLM start-up log (any release; GPU or CPU build). '-' reads stdin."),
     tolerance: float = typer.Option(0.02, "--tolerance", help="Largest |error| allowed, as a fraction (0.02 = 2%)."),
     gpu: Optional[str] = typer.Option(None, "--gpu", help="The GPU the log came from (H100, 2xH100), when the log does not say: adds the memory budget comparison."),
     model: Optional[str] = typer.Option(None, "--model", help="Model id or path to plan with, instead of the one in the log."),
@@ -117,10 +121,15 @@ def check_log(
     block_size: Optional[int] = typer.Option(None, "--block-size", help="KV block size, likewise.", metavar="N", min=1, max=1 << 20),
     kv_offloading_size: Optional[float] = typer.Option(None, "--kv-offloading-size", help="vLLM's CPU offload tier (GiB over the ranks), likewise: sized beside the pool.", metavar="GiB"),
     kv_offloading_backend: Optional[str] = typer.Option(None, "--kv-offloading-backend", help="native or lmcache, likewise.", metavar="BACKEND"),
+    engine: str = typer.Option("auto", "--engine", help="auto (told from the log's own lines), vllm, sglang or trtllm.", metavar="ENGINE"),
+    engine_version: Optional[str] = typer.Option(None, "--engine-version", help="SGLang or TensorRT-LLM: the release, when the log does not print it.", metavar="V"),
+    free_gpu_memory_fraction: Optional[float] = typer.Option(None, "--free-gpu-memory-fraction", help="TensorRT-LLM: kv_cache_config.free_gpu_memory_fraction, when the log does not print it.", metavar="F"),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
-    """Parse a vLLM start-up log, re-plan the same settings, and show predicted vs reported numbers."""
+    """Parse a vLLM, SGLang or TensorRT-LLM start-up log, re-plan it by that engine's rules, and show predicted vs
+    reported numbers."""
     from kvplan.errors import KvplanError
+    from kvplan.gate import enginelog
     from kvplan.gate.checklog import check_log_text, render
 
     if not 0 <= tolerance < 1:
@@ -129,16 +138,45 @@ def check_log(
         raise KvplanError(f"invalid --usage {usage!r}", "use serve or llm")
     if gate not in ("page", "all"):
         raise KvplanError(f"invalid --gate {gate!r}", "use page or all")
-    from kvplan.vllm.startup_log import read_startup_log, relevant_lines
+    if engine not in ("auto",) + enginelog.ENGINES:
+        raise KvplanError(f"invalid --engine {engine!r}", "use auto, vllm, sglang or trtllm")
+    if free_gpu_memory_fraction is not None and not 0 < free_gpu_memory_fraction < 1:
+        raise KvplanError(f"invalid --free-gpu-memory-fraction {free_gpu_memory_fraction}", "give a fraction in (0, 1)")
+    from kvplan.vllm.startup_log import relevant_lines
 
-    if log == "-":
-        text = relevant_lines(sys.stdin)  # streamed: a huge log on stdin stays in bounded memory
-    else:
-        text = read_startup_log(log, "")
+    # streamed: a huge log (or stdin) stays in bounded memory
+    text = enginelog.engine_lines(sys.stdin) if log == "-" else enginelog.read_engine_log(log)
     if kv_cache_dtype is not None and kv_cache_dtype != "auto":
         from kvplan.model.dtypes import kv_dtype
 
         kv_dtype(kv_cache_dtype)  # refuse an unknown name now, with the list
+    engine = enginelog.detect_engine(text) if engine == "auto" else engine
+    if engine != "vllm":
+        vllm_only = {"--vllm-version": vllm_version, "--pp": pp, "--dcp": dcp, "--block-size": block_size,
+                     "--max-model-len": max_model_len, "--kv-offloading-size": kv_offloading_size,
+                     "--kv-offloading-backend": kv_offloading_backend, "--draft-layers": draft_layers,
+                     "--usage": None if usage == "serve" else usage}
+        given = [flag for flag, value in vllm_only.items() if value is not None]
+        if given:
+            raise KvplanError(f"{', '.join(given)}: vLLM flag(s), and this is a {engine} log",
+                              "drop them (--engine-version, --tp, --kv-cache-dtype and --model apply to every engine)")
+        if engine == "sglang":
+            if free_gpu_memory_fraction is not None:
+                raise KvplanError("--free-gpu-memory-fraction is a TensorRT-LLM setting, and this is an SGLang log")
+            result = enginelog.judge_sglang(text, log, tolerance, gate, model, gpu, engine_version, tp, kv_cache_dtype)
+        else:
+            result = enginelog.judge_trtllm(text, log, tolerance, gate, model, engine_version, tp, kv_cache_dtype,
+                                            free_gpu_memory_fraction)
+        if as_json:
+            print_json(result)
+        else:
+            enginelog.render(result)
+        raise typer.Exit(ExitCode.OK if result.ok else ExitCode.DOES_NOT_FIT)
+    for flag, value in (("--engine-version", engine_version), ("--free-gpu-memory-fraction", free_gpu_memory_fraction)):
+        if value is not None:
+            raise KvplanError(f"{flag} is for SGLang and TensorRT-LLM logs, and this is a vLLM log",
+                              "vLLM's release: --vllm-version")
+    text = relevant_lines(text.splitlines())
     given = {"tensor_parallel_size": tp, "pipeline_parallel_size": pp, "decode_context_parallel_size": dcp,
              "kv_cache_dtype": kv_cache_dtype,
              "block_size": block_size, "kv_offloading_size": kv_offloading_size,

@@ -51,6 +51,7 @@ class Layout(str, Enum):
 class EngineChoice(str, Enum):
     vllm = "vllm"
     sglang = "sglang"
+    trtllm = "trtllm"
     all = "all"
 
 
@@ -95,7 +96,7 @@ def size(
     draft_layers: int = typer.Option(0, "--draft-layers", help="Speculative decoding: the draft's KV layers, where --speculative-config cannot tell them (a draft model) or without it.", metavar="N", rich_help_panel="KV cache"),
     usage: Usage = typer.Option(Usage.serve, "--usage", help="serve (vllm serve) or llm (offline LLM class): picks vLLM's defaults.", rich_help_panel="vLLM scheduler"),
     vllm_version: Optional[str] = typer.Option(None, "--vllm-version", help="Accounting rules of this vLLM release (default: newest known).", metavar="VERSION", rich_help_panel="vLLM release and layout"),
-    engine: EngineChoice = typer.Option(EngineChoice.vllm, "--engine", help="Size for this engine: vllm, sglang, or all side by side.", rich_help_panel="vLLM release and layout"),
+    engine: EngineChoice = typer.Option(EngineChoice.vllm, "--engine", help="Size for this engine: vllm, sglang, trtllm (page math only: its budget is refused with the reason), or all side by side.", rich_help_panel="vLLM release and layout"),
     engine_version: Optional[str] = typer.Option(None, "--engine-version", help="Release of a non-vLLM --engine (default: the newest kvplan has read; SGLang 0.4.6-0.5.23).", metavar="VERSION", rich_help_panel="vLLM release and layout"),
     mem_fraction_static: Optional[float] = typer.Option(None, "--mem-fraction-static", help="SGLang's --mem-fraction-static (default: SGLang's own heuristic of the GPU).", metavar="FRACTION", rich_help_panel="vLLM release and layout"),
     page_size: Optional[int] = typer.Option(None, "--page-size", help="SGLang's --page-size in tokens (default 1).", metavar="TOKENS", rich_help_panel="vLLM release and layout"),

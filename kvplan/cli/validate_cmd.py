@@ -30,6 +30,10 @@ Examples:
   kvplan validate --mode page                   # page math only (given the reported KV memory)
 
   kvplan validate --fit                         # refit profiles/overhead.json on the reports, then validate
+
+  kvplan validate --engine sglang               # the public SGLang start-ups (trtllm: TensorRT-LLM's)
+
+  kvplan validate --engine all                  # every engine's reports and goal lines
 """
 
 CALIBRATE_EXAMPLES = """
@@ -52,6 +56,7 @@ def validate(
     mode: ValidateMode = typer.Option(ValidateMode.both, "--mode", help="page (page math from the reported KV memory), full (from GPU and settings), or both."),
     fit: bool = typer.Option(False, "--fit", help="Refit the overhead model on the reports and write profiles/overhead.json first."),
     overhead_file: Path | None = typer.Option(None, "--overhead", help="Overhead model JSON to validate (default: profiles/overhead.json)."),
+    engine: str = typer.Option("vllm", "--engine", help="vllm, sglang, trtllm or all: whose public start-up reports (a given REPORTS file is read as its rows say).", metavar="ENGINE"),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
     fmt: OutputFormat = format_option(),
 ) -> None:
@@ -59,9 +64,17 @@ def validate(
 
     Page math: KV tokens, blocks and concurrency from the reported available KV memory.
     Full budget: available KV memory and weights from the GPU and settings alone.
-    Each with the median and p90 absolute % error.
+    Each with the median and p90 absolute % error. --engine sglang|trtllm|all judges those engines'
+    reports by their own rules, with each engine's goal lines.
     """
     from kvplan.errors import KvplanError
+
+    engines = _engines_to_validate(engine, reports)
+    if engines != ["vllm"]:
+        if fit or overhead_file or ValidateMode(mode) is not ValidateMode.both:
+            raise KvplanError("--fit, --overhead and --mode are vLLM's", "drop them for --engine sglang|trtllm|all")
+        _validate_engines(engines, reports, configs, chosen_format(fmt, as_json))
+        return
     from kvplan.plan.overhead import load_overhead
     from kvplan.validate.fit import run_fit, write_overhead
     from kvplan.validate.reports import DEFAULT_REPORTS
@@ -102,6 +115,99 @@ def validate(
     if fit_result is not None:
         render_fit(console, fit_result)
     render(console, result)
+
+
+def _engines_to_validate(engine: str, reports: Path | None) -> list[str]:
+    """The engines whose reports run: --engine, or a given file's own (its rows' release field says)."""
+    from kvplan.errors import KvplanError
+
+    name = str(engine).strip().lower()
+    if name not in ("vllm", "sglang", "trtllm", "all"):
+        raise KvplanError(f"unknown engine {engine!r}", "use vllm, sglang, trtllm or all")
+    if reports is not None:
+        from kvplan.validate.engine_reports import engine_of_file
+
+        if name == "all":
+            raise KvplanError("--engine all runs the shipped reports", "pass a REPORTS file with one engine, or none")
+        found = engine_of_file(reports) or "vllm"
+        if name not in ("vllm", found):
+            raise KvplanError(f"{reports} holds {found} reports, not {name}", f"pass --engine {found}")
+        return [found]
+    return ["vllm", "sglang", "trtllm"] if name == "all" else [name]
+
+
+def _validate_engines(engines: list[str], reports: Path | None, configs: Path | None, fmt: OutputFormat) -> None:
+    """SGLang and TensorRT-LLM reports (and vLLM's, for --engine all), each engine's goals printed."""
+    from kvplan.validate.engine_reports import validate_engine
+    from kvplan.validate.runner import validate as run_validate
+
+    results = {e: (run_validate(reports, configs) if e == "vllm" else validate_engine(e, reports, configs))
+               for e in engines}
+    if fmt is OutputFormat.json:
+        print_json(next(iter(results.values())) if len(results) == 1 else
+                   {e: r.model_dump() for e, r in results.items()})
+        return
+    if fmt in (OutputFormat.csv, OutputFormat.markdown):
+        rows = []
+        for e, result in results.items():
+            if e == "vllm":
+                rows += [{"case_id": c.case_id, "engine": e, "mode": c.mode, "quantity": q.quantity,
+                          "predicted": q.predicted, "reported": q.reported, "error_pct": q.error_pct}
+                         for c in result.cases for q in c.comparisons]
+                continue
+            for c in result.cases:
+                if c.page:
+                    rows.append({"case_id": c.case_id, "engine": e, "mode": "page", "quantity": c.page.quantity,
+                                 "predicted": c.page.predicted, "reported": c.page.reported,
+                                 "error_pct": c.page.error_pct})
+                if c.full:
+                    rows.append({"case_id": c.case_id, "engine": e, "mode": "full", "quantity": "KV budget GiB",
+                                 "predicted": c.full.predicted_gib, "reported": c.full.reported_gib,
+                                 "error_pct": c.full.error_of_gpu_pct})
+        emit_rows(rows, ENGINE_COLUMNS, fmt, footnote="full budget rows (SGLang, TensorRT-LLM): the error is a "
+                  "share of the GPU's memory")
+        return
+    console = make_console()
+    for e, result in results.items():
+        if e == "vllm":
+            render(console, result)
+        else:
+            render_engine(console, result)
+        console.print()
+
+
+ENGINE_COLUMNS = [Column("case_id", "case", right=False), Column("engine", "engine", right=False),
+                  Column("mode", "mode", right=False), Column("quantity", "quantity", right=False),
+                  Column("predicted", "predicted", lambda v: "" if v is None else f"{v:,.4g}"),
+                  Column("reported", "reported", lambda v: "" if v is None else f"{v:,.4g}"),
+                  Column("error_pct", "error %", lambda v: "" if v is None else f"{v:+.2f}")]
+
+
+def render_engine(console, result) -> None:
+    from rich.table import Table
+
+    from kvplan.validate.engine_reports import LABELS
+
+    label = LABELS[result.engine]
+    t = Table(title=f"{label}: page math (the printed memory in, the pool out) and full budget (from the GPU and the "
+                    "settings; its miss as a share of the GPU's memory)", title_justify="left", show_edge=False)
+    for col in ("case", "model", "GPU", "page math tokens", "full budget GiB", "budget rule", "not judged because"):
+        t.add_column(col, overflow="fold")
+    for c in result.cases:
+        page = "" if c.page is None else (f"{int(c.page.predicted):,} / {int(c.page.reported):,}"
+                                          + ("" if c.page.error_pct is None else f" ({c.page.error_pct:+.2f}%)"))
+        full = "" if c.full is None else (f"{c.full.predicted_gib:.2f} / {c.full.reported_gib:.2f} "
+                                          f"({c.full.error_of_gpu_pct:+.2f}% of {c.full.gpu_gib:g})")
+        rule = "" if c.budget_rule is None else ("agrees" if c.budget_rule.within else "differs")
+        why = c.page_reason or ("" if c.full else c.full_reason or "")
+        t.add_row(esc(c.case_id), esc(_short(c.model or "")), esc(c.gpu or ""), page, full, rule, esc(why))
+    console.print(t)
+    console.print()
+    for g in result.goals:
+        mark = "[dim]not measured[/]" if g.met is None else "[green]met[/]" if g.met else "[red]missed[/]"
+        console.print(f"{mark} {esc(g.name)}: {esc(g.target)}; got {esc(g.achieved)}")
+    for note in result.notes:
+        console.print(f"[dim]note: {esc(note)}[/]")
 
 
 def _number(value: float | None) -> str:

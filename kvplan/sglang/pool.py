@@ -160,7 +160,8 @@ def resolve_kv_dtype(arch: Architecture, settings: Settings, rules: SglangRules)
     return kv_dtype(arch.model_dtype if arch.model_dtype in ("bfloat16", "float16") else "bfloat16"), "auto"
 
 
-def _refuse_what_is_not_modelled(arch: Architecture, settings: Settings) -> None:
+def refuse_layers(arch: Architecture) -> None:
+    """Refuse, with the reason, the layer kinds whose pools kvplan does not model for SGLang."""
     kinds = {type(s) for s in arch.layers}
     other = sorted({s.kind for s in arch.layers if type(s) not in (FullAttention, MLA)})
     if other:
@@ -169,6 +170,22 @@ def _refuse_what_is_not_modelled(arch: Architecture, settings: Settings) -> None
                           "size it for vLLM (--engine vllm)")
     if kinds == {FullAttention, MLA}:
         raise KvplanError("a model of both full attention and MLA layers is not sized for SGLang")
+
+
+def kv_cell(arch: Architecture, tp: int, dtype: KVDtype) -> tuple[int, int, bool]:
+    """(cell, K half, MLA): the bytes one token takes on one GPU, and of them the K buffer's (MLA: the latent, all
+    of it). `profile_max_num_token`@0.4.6.post5: KV heads of this rank x head_dim x layers x 2 x dtype; MLA:
+    (kv_lora_rank + qk_rope_head_dim) x layers x dtype on every rank."""
+    refuse_layers(arch)
+    mla = any(isinstance(s, MLA) for s in arch.layers)
+    per_rank = [s.per_rank(tp) for s in arch.layers]
+    cell = round(sum(s.bytes_per_token(dtype) for s in per_rank))
+    k_half = cell if mla else round(sum(s.num_kv_heads * s.head_size * dtype.bytes_per_element for s in per_rank))
+    return cell, k_half, mla
+
+
+def _refuse_what_is_not_modelled(arch: Architecture, settings: Settings) -> None:
+    refuse_layers(arch)
     if arch.params.towers and not settings.language_model_only:
         raise KvplanError("kvplan does not size SGLang's pool for a multimodal model (SGLang lowers its memory "
                           "fraction by the vision tower's size, adjust_mem_fraction_for_vlm, not modelled)",
@@ -188,8 +205,8 @@ def size_pool(arch: Architecture, device: Device, settings: Settings, rules: Sgl
     """SGLang's pool on each GPU of one replica of ``settings`` (weights: per GPU)."""
     _refuse_what_is_not_modelled(arch, settings)
     tp = settings.tensor_parallel_size
-    mla = any(isinstance(s, MLA) for s in arch.layers)
     gpu_mem = round(device.memory_bytes / MiB)
+    mla = any(isinstance(s, MLA) for s in arch.layers)
     chunk, _ = graph_defaults(gpu_mem, tp, rules)
     if rules.fraction_rule == "gpu_reserve":  # server_args.py@0.4.7.post1 .. 0.5.2
         chunk = 2048 if gpu_mem < 35 * 1024 else 8192 if gpu_mem < 160 * 1024 else 16384
@@ -205,9 +222,7 @@ def size_pool(arch: Architecture, device: Device, settings: Settings, rules: Sgl
             raise KvplanError(f"invalid --mem-fraction-static {mem_fraction_static!r}", "give a fraction in (0, 1)")
         fraction, how, high_fraction = mem_fraction_static, "given", mem_fraction_static
     dtype, flag = resolve_kv_dtype(arch, settings, rules)
-    per_rank = [s.per_rank(tp) for s in arch.layers]
-    cell = round(sum(s.bytes_per_token(dtype) for s in per_rank))
-    k_half = cell if mla else round(sum(s.num_kv_heads * s.head_size * dtype.bytes_per_element for s in per_rank))
+    cell, k_half, _ = kv_cell(arch, tp, dtype)
     low_p, est_p, high_p = (device.cuda_total_bytes - s for s in reversed(STARTUP_BYTES))
     rests = (low_p * fraction - weights_bytes, est_p * fraction - weights_bytes, high_p * high_fraction - weights_bytes)
     counts = [max(0, int(r) // cell) // page_size * page_size for r in rests]
@@ -230,3 +245,19 @@ def max_running_requests(tokens: int, context_len: int, rules: SglangRules) -> i
     if rules.fraction_rule == "table":
         estimated += 1  # ReqToTokenPool(size=max_num_reqs + 1), 0.4.6
     return min(estimated, tokens // 2)
+
+
+def tokens_from_budget(rest_bytes: float, cell: int, page_size: int = 1, max_total_tokens: int | None = None) -> int:
+    """``max_total_num_tokens`` from the KV budget: ``int(rest x 2^30) // cell``, capped by ``--max-total-tokens``,
+    rounded down to the page (`profile_max_num_token`@0.5.6.post2, `pool_configurator.py`@0.5.23)."""
+    tokens = max(0, int(rest_bytes)) // cell
+    if max_total_tokens:
+        tokens = min(tokens, max_total_tokens)
+    return tokens // page_size * page_size
+
+
+def tokens_from_buffers(pool_bytes: float, cell: int, page_size: int = 1) -> int:
+    """The ``#tokens`` whose buffers take ``pool_bytes``: they hold one padding page more than the tokens
+    (``torch.zeros((size + page_size, heads, head_dim))``, `mem_cache/memory_pool.py`@0.4.6.post5 .. @0.5.23), so
+    this inverts the printed "K size" + "V size" (MLA: "KV size")."""
+    return max(0, int(pool_bytes) // cell - page_size) // page_size * page_size

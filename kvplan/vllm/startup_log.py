@@ -79,6 +79,7 @@ _KEYWORDS = (
     "blocks", "num_gpu_blocks", "Maximum concurrency", "padding layers", "maximum model length",
     "max seq len", "maximum number of tokens",
 )
+KEYWORDS = _KEYWORDS  # public: `kvplan check-log` keeps these lines too when it reads a log of any engine
 
 # --- secrets ---------------------------------------------------------------------------------------
 _SECRET_NAMES = r"(?:api[-_]?key|hf[-_]?token|access[-_]?token|auth[-_]?token|secret(?:[-_]?key)?|password|passwd|token)"

@@ -13,9 +13,12 @@ from typer.testing import CliRunner
 from kvplan.bench.results import BenchSummary
 from kvplan.cli.app import app
 from kvplan.engines import EnginePools
+from kvplan.gate.enginelog import EngineLogResult
 from kvplan.plan.schema import FitOutput, FleetFitOutput, SizePlan
+from kvplan.validate.engine_reports import EngineValidation
 
 ENV = {"HF_HUB_OFFLINE": "1"}
+ENGINE_LOGS = Path(__file__).resolve().parents[1] / "engines" / "data"
 
 
 def _json(*args: str):
@@ -63,6 +66,12 @@ def _same_keys(data, schema: dict, defs: dict, where: str = "$") -> None:
                                   "--gpus", "H100", "--max-gpus", "2", "--slo", "ttft_p99=2s,tpot_p99=50ms", "--rate",
                                   "20", "--pd", "--json"]),
     ("size", SizePlan, ["size", "meta-llama/Llama-3.1-8B", "--ctx", "32k", "--gpu", "4090", "--prompt", "1k", "--json"]),
+    # an SGLang start-up log (with its full budget) and the engines' reports
+    ("check-log-engines", EngineLogResult, ["check-log", str(ENGINE_LOGS / "sglang-0.4.3-qwq32b-4xL4.log"), "--model",
+                                            "Qwen/Qwen2.5-32B", "--gpu", "4xL4", "--gate", "all", "--json"]),
+    ("check-log-engines", EngineLogResult, ["check-log", str(ENGINE_LOGS / "trtllm-1.1.0rc3-gpt-oss-120b-dgx-spark.log"),
+                                            "--model", "openai/gpt-oss-120b", "--tp", "1", "--json"]),
+    ("validate-engines", EngineValidation, ["validate", "--engine", "trtllm", "--json"]),
     # the CPU tier with its reload rows, and a P/D transfer
     ("size", SizePlan, ["size", "meta-llama/Llama-3.1-8B", "--ctx", "32k", "--gpu", "2xH100", "--tp", "2",
                         "--kv-offloading-size", "64", "--pd-decode-tp", "1", "--json"]),

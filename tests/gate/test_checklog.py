@@ -165,7 +165,7 @@ def test_human_output(tmp_path):
 
 
 @pytest.mark.parametrize("text, args, message", [
-    ("hello\nworld\n", (), "no vLLM KV capacity lines found"),
+    ("hello\nworld\n", (), "cannot tell which engine wrote this log"),
     (KV003, (), "the log does not name the model"),
     (KV040, ("--model", "nobody/nothing"), "cannot plan the log's model 'nobody/nothing'"),
     (KV040, ("--tolerance", "2"), "invalid --tolerance"),

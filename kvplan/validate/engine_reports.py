@@ -1,0 +1,272 @@
+"""`kvplan validate --engine sglang|trtllm`: public SGLang and TensorRT-LLM start-ups against their engines' rules.
+
+Each report (``profiles/reports/sglang-startup-reports.jsonl``, ``trtllm-startup-reports.jsonl``) quotes the engine's
+own lines; its other fields say what the source states outside the quote (model, GPU, TP, settings). A report is
+judged the way `kvplan check-log` judges a log (kvplan/gate/enginelog.py): its quote is the log, its fields the
+settings given on the command line, its model read offline (``--configs`` folder, then the bundled profiles).
+
+- **page math**: the printed pool memory in, the printed tokens out (SGLang: K + V size -> ``#tokens``;
+  TensorRT-LLM: the profiled budget, a TensorRT engine's fraction x free memory, else the pool's GiB -> "(N)").
+- **full budget** (SGLang): the pool from the GPU and the settings alone (`kvplan size --engine sglang`), its miss
+  as a share of the GPU's memory. TensorRT-LLM's is not built (kvplan has no model of its profiled peak); what is
+  shown instead is its budget rule given the peak the log prints.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kvplan.deploy import ResolvedModel
+from kvplan.errors import KvplanError
+from kvplan.gate.checklog import LogComparison
+from kvplan.gate.enginelog import EngineLogResult, judge_sglang, judge_trtllm
+from kvplan.hardware.catalog import find_device
+from kvplan.model.arch import parse_architecture
+from kvplan.model.source import ModelConfig
+from kvplan.paths import parse_json_text, read_user_text
+from kvplan.units import GiB
+from kvplan.validate.cases import resolve_config
+from kvplan.validate.reports import REPORTS_DIR
+
+REPORT_FILES = {"sglang": REPORTS_DIR / "sglang-startup-reports.jsonl",
+                "trtllm": REPORTS_DIR / "trtllm-startup-reports.jsonl"}
+LABELS = {"sglang": "SGLang", "trtllm": "TensorRT-LLM"}
+PAGE_GOAL_PCT = 0.5  # issue 25: page math within 0.5% of the printed tokens ...
+PAGE_GOAL_SHARE = 0.9  # ... on >= 90% of each engine's reports
+FULL_GOAL_PCT = 3.0  # full budget within 3% of the GPU's memory ...
+FULL_GOAL_SHARE = 0.8  # ... on >= 80% of the reports that state enough
+#: The page-math comparison each engine's goal reads, best first (kvplan/gate/enginelog.py names them).
+_PAGE_QUANTITIES = ("#tokens from the printed pool GiB", "pool tokens from the profiled budget",
+                    "pool tokens from the engine's free memory", "pool tokens from 'Estimated max tokens'",
+                    "pool tokens in the printed GiB")
+
+
+class EngineReport(BaseModel):
+    """One published SGLang or TensorRT-LLM start-up: the fields both files share (the rest are kept as given)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    case_id: str
+    source: str
+    quote: str
+    model: str | None = None
+    gpu: str | None = None
+    gpu_count: int | None = None
+    tensor_parallel_size: int | None = None
+    kv_cache_dtype: str | None = None
+    notes: str = ""
+    # Curation, each with its reason: ``config_model`` + ``config_note`` (the bundled config that stands for the
+    # model), ``assumed_version`` + ``version_note`` (a release the report dates itself to).
+    kvplan: dict[str, Any] = Field(default_factory=dict)
+
+    def field(self, name: str) -> Any:
+        return (self.model_extra or {}).get(name)
+
+
+class PageResult(BaseModel):
+    quantity: str
+    reported: float
+    predicted: float
+    error_pct: float | None
+    within_rounding: bool = Field(description="within what the printed memory's rounding allows")
+
+
+class FullResult(BaseModel):
+    reported_gib: float = Field(description="the pool's memory as printed, per GPU")
+    predicted_gib: float
+    gpu_gib: float = Field(description="the GPU's CUDA total, what the miss is a share of")
+    error_of_gpu_pct: float
+
+
+class EngineCase(BaseModel):
+    case_id: str
+    engine: str
+    model: str | None
+    gpu: str | None
+    rules: str | None
+    source: str
+    page: PageResult | None = None
+    page_reason: str | None = Field(None, description="why page math could not judge it")
+    full: FullResult | None = None
+    full_reason: str | None = None
+    budget_rule: LogComparison | None = Field(None, description="the engine's budget rule from its printed memory")
+    notes: list[str] = Field(default_factory=list)
+
+
+class EngineGoal(BaseModel):
+    name: str
+    target: str
+    achieved: str
+    met: bool | None = Field(description="null: not measured")
+
+
+class EngineValidation(BaseModel):
+    """`kvplan validate --engine sglang|trtllm --json` (`kvplan schema validate-engines`)."""
+
+    engine: str
+    reports_file: str
+    reports: int
+    cases: list[EngineCase]
+    goals: list[EngineGoal]
+    notes: list[str]
+
+
+def load_engine_reports(path: Path) -> list[EngineReport]:
+    text = read_user_text(path, "reports file")
+    out: list[EngineReport] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(EngineReport.model_validate(parse_json_text(line, f"{path}:{number}")))
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise KvplanError(f"{path}:{number}: field {'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
+    if not out:
+        raise KvplanError(f"{path} holds no reports")
+    return out
+
+
+def engine_of_file(path: Path) -> str | None:
+    """The engine a reports file is of, from its first row's release field (None: vLLM's)."""
+    rows = load_engine_reports(path)
+    first = rows[0].model_extra or {}
+    return "sglang" if "sglang_version" in first else "trtllm" if "trtllm_version" in first else None
+
+
+def _resolve(report: EngineReport, configs_dir: Path | None) -> tuple[ResolvedModel | None, str | None]:
+    name = report.kvplan.get("config_model") or report.model
+    if not name:
+        return None, "the report names no model"
+    found = resolve_config(name, configs_dir)
+    if found is None:
+        return None, f"no config for {name} (bundled or --configs)"
+    config, where = found
+    try:
+        return ResolvedModel(ModelConfig(name, config, "bundled", where), parse_architecture(config)), None
+    except KvplanError as exc:
+        return None, f"config of {name} unreadable: {exc.message}"
+
+
+def _judge(engine: str, report: EngineReport, resolved: ResolvedModel) -> EngineLogResult:
+    text = report.quote.replace(" / ", "\n")
+    # One GPU can only run TP 1: a report of one GPU that prints no TP size is at TP 1.
+    tp = report.tensor_parallel_size or (1 if report.gpu_count == 1 else None)
+    version = report.field(f"{engine}_version") or report.kvplan.get("assumed_version")
+    if engine == "sglang":
+        args = {"mem_fraction_static": report.field("mem_fraction_static"), "page_size": report.field("page_size"),
+                "context_length": report.field("context_length")}
+        return judge_sglang(text, report.case_id, 0.02, "all", None, report.gpu, version,
+                            tp, report.kv_cache_dtype, resolved=resolved, given_args=args)
+    return judge_trtllm(text, report.case_id, 0.02, "all", None, version, tp,
+                        report.kv_cache_dtype, report.field("free_gpu_memory_fraction"), resolved=resolved)
+
+
+def _page(result: EngineLogResult) -> PageResult | None:
+    rows = {c.quantity: c for c in (result.page_math.comparisons if result.page_math else [])}
+    for quantity in _PAGE_QUANTITIES:
+        c = rows.get(quantity)
+        if c is not None and c.reported is not None and c.predicted is not None:
+            return PageResult(quantity=quantity, reported=c.reported, predicted=c.predicted, error_pct=c.error_pct,
+                              within_rounding=bool(c.within and "rounding" in c.note) or c.reported == c.predicted)
+    return None
+
+
+def _full(report: EngineReport, result: EngineLogResult) -> tuple[FullResult | None, str | None]:
+    if result.full_budget is None:
+        return None, "needs the model, the GPU, the TP and mem_fraction_static (or the release)"
+    c = next((c for c in result.full_budget.comparisons if c.quantity == "KV budget GiB per GPU"), None)
+    if c is None or c.reported is None or c.predicted is None:
+        return None, "the report prints no pool memory"
+    gpu_gib = find_device(report.gpu).cuda_total_bytes / GiB  # the full budget ran: the GPU is in the catalog
+    return FullResult(reported_gib=c.reported, predicted_gib=c.predicted, gpu_gib=round(gpu_gib, 2),
+                      error_of_gpu_pct=round(100 * (c.predicted - c.reported) / gpu_gib, 3)), None
+
+
+def validate_engine(engine: str, reports_file: Path | None = None, configs_dir: Path | None = None) -> EngineValidation:
+    """Judge every report of ``engine`` (sglang or trtllm); a report that cannot be judged says why."""
+    path = reports_file or REPORT_FILES[engine]
+    reports = load_engine_reports(path)
+    cases: list[EngineCase] = []
+    for report in reports:
+        case = EngineCase(case_id=report.case_id, engine=engine, model=report.kvplan.get("config_model") or report.model,
+                          gpu=report.gpu, rules=None, source=report.source)
+        resolved, why = _resolve(report, configs_dir)
+        if resolved is None:
+            cases.append(case.model_copy(update={"page_reason": why, "full_reason": why}))
+            continue
+        try:
+            result = _judge(engine, report, resolved)
+        except KvplanError as exc:
+            reason = exc.message.removeprefix(f"{report.case_id}: ")
+            cases.append(case.model_copy(update={"page_reason": reason, "full_reason": reason}))
+            continue
+        page = _page(result)
+        full, full_reason = _full(report, result) if engine == "sglang" else (
+            None, "not built: kvplan does not model TensorRT-LLM's profiled peak")
+        budget = next((c for c in (result.budget.comparisons if result.budget else []) if c.within is not None), None)
+        cases.append(case.model_copy(update={
+            "rules": result.rules, "page": page, "page_reason": None if page else "no pool memory and tokens to compare",
+            "full": full, "full_reason": full_reason, "budget_rule": budget, "notes": result.notes}))
+    return EngineValidation(engine=engine, reports_file=str(path), reports=len(reports), cases=cases,
+                            goals=engine_goals(engine, cases), notes=[
+                                "error = (predicted - reported) / reported; the full budget's miss is a share of "
+                                "the GPU's CUDA total",
+                                "a report is judged as `kvplan check-log` judges its quote, with the settings the "
+                                "report states given"])
+
+
+def _short_reason(reason: str | None) -> str:
+    """A report's reason, without its model's name, so reports of one reason are listed together."""
+    text = reason or "nothing to compare"
+    return "no config (bundled or --configs)" if text.startswith("no config for") else text
+
+
+def engine_goals(engine: str, cases: list[EngineCase]) -> list[EngineGoal]:
+    label = LABELS[engine]
+    judged = [c for c in cases if c.page and c.page.error_pct is not None]
+    near = [c.case_id for c in judged if abs(c.page.error_pct) <= PAGE_GOAL_PCT]
+    missed = [f"{c.case_id} ({c.page.error_pct:+.2f}%)" for c in judged if c.case_id not in near]
+    why: dict[str, list[str]] = {}
+    for c in cases:
+        if c not in judged:
+            why.setdefault(_short_reason(c.page_reason), []).append(c.case_id)
+    # The issue's goal is over every public report: one page math cannot judge counts against it.
+    share = len(near) / len(cases)
+    goals = [EngineGoal(
+        name=f"{label} page math: pool tokens from the printed memory",
+        target=f"within {PAGE_GOAL_PCT}% on >= {PAGE_GOAL_SHARE:.0%} of the engine's public reports",
+        achieved=(f"{len(near)}/{len(cases)} ({share:.0%}); of the {len(judged)} it can judge, {len(near)} within"
+                  + (f"; missed: {', '.join(missed)}" if missed else "")
+                  + "".join(f"; not judged, {reason}: {', '.join(ids)}" for reason, ids in why.items())),
+        met=share >= PAGE_GOAL_SHARE)]
+    fulls = [c for c in cases if c.full]
+    if engine == "sglang":
+        near_full = [c.case_id for c in fulls if abs(c.full.error_of_gpu_pct) <= FULL_GOAL_PCT]
+        far = [f"{c.case_id} ({c.full.error_of_gpu_pct:+.1f}%)" for c in fulls if c.case_id not in near_full]
+        share = len(near_full) / len(fulls) if fulls else 0.0
+        goals.append(EngineGoal(
+            name=f"{label} full budget: the pool from the GPU and the settings",
+            target=f"within {FULL_GOAL_PCT}% of the GPU's memory on >= {FULL_GOAL_SHARE:.0%} of the reports that state "
+                   "enough (model, GPU, TP, mem_fraction_static or release)",
+            achieved=f"{len(near_full)}/{len(fulls)} of {len(cases)} reports" + (f"; missed: {', '.join(far)}" if far else ""),
+            met=bool(fulls) and share >= FULL_GOAL_SHARE))
+    else:
+        rules = [c for c in cases if c.budget_rule is not None]
+        ok = [c.case_id for c in rules if c.budget_rule.within]
+        goals.append(EngineGoal(
+            name=f"{label} full budget: the pool from the GPU and the settings",
+            target=f"within {FULL_GOAL_PCT}% of the GPU's memory on >= {FULL_GOAL_SHARE:.0%} of the reports that state "
+                   "enough",
+            achieved="not measured: kvplan does not model TensorRT-LLM's profiled peak (weights, the dummy prefill, "
+                     f"CUDA graphs); its budget rule given the printed peak agrees on {len(ok)}/{len(rules)} reports "
+                     "that print it",
+            met=None))
+    return goals
+
+
+__all__ = ["EngineValidation", "REPORT_FILES", "engine_goals", "engine_of_file", "load_engine_reports",
+           "validate_engine"]
