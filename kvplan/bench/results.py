@@ -5,7 +5,7 @@ The JSON is the one kvplan has always written (run folders of older releases loa
 
 - ``BenchSummary``        summary.json (and ``kvplan bench --json``)
 - ``PointResult``         one line of points.jsonl
-- ``EngineCapacity``      the KV pool the engine reports (kvplan.bench.engine)
+- ``EngineCapacity``      the KV pool the engine reports (kvplan.engines.base)
 - ``PlannerCapacity``     the planner's pool for the same flags, or why there is none
 - ``OnsetPrediction``     the block rule on the engine's pool (kvplan.plan.blocks.BlockRule)
 - ``MeasuredOnsets``      the measured onsets (kvplan.bench.sweep.Onset) and whether they agree
@@ -31,9 +31,9 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_serializer
 
 from kvplan import __version__
-from kvplan.bench.engine import EngineCapacity
 from kvplan.bench.stats import describe
 from kvplan.bench.sweep import Onset, PointOutcome
+from kvplan.engines.base import EngineCapacity
 
 LATENCY_FROM = "scheduled"  # every latency counts from the request's scheduled time (see loadgen)
 

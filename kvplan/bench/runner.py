@@ -18,15 +18,7 @@ from kvplan import __version__
 from kvplan.bench import store as st
 from kvplan.bench.client import GET_BODY_S, REDIRECT_HINT, Client, credential_secrets, is_redirect, masked_headers, shown_proxy
 from kvplan.bench.config import DEFAULT_REQUESTS, BenchConfig, BenchFailed
-from kvplan.bench.engine import (
-    EngineCapacity,
-    EngineConfig,
-    EngineLauncher,
-    capacity_from_cache_info,
-    free_port,
-    no_interrupts,
-    parse_capacity_log,
-)
+from kvplan.bench.engine import EngineConfig, EngineLauncher, free_port, no_interrupts
 from kvplan.bench.gpu_telemetry import sample_during, summarize_gpu, telemetry_client
 from kvplan.bench.latency import no_prediction, predictor_for
 from kvplan.bench.loadgen import RequestRecord, StopSignal, run_closed_loop, run_open_loop, run_sessions, run_stoppable
@@ -59,6 +51,7 @@ from kvplan.bench.sweep import (
 )
 from kvplan.bench.view import NullView
 from kvplan.deploy import load_model, plan_deployment, select_gpus
+from kvplan.engines import EngineCapacity, engine_named
 from kvplan.errors import KvplanError
 from kvplan.plan.blocks import BlockRule
 from kvplan.plan.schema import settings_from_engine_args
@@ -213,12 +206,14 @@ class BenchRun:
             raise KvplanError(f"the server does not serve {self.model!r}", f"it serves: {', '.join(ids)}")
 
     def _read_capacity(self, snap: Snapshot | None) -> None:
+        """The pool the engine reports, by its own door (kvplan.engines): its /metrics first, its log to fill in."""
+        engine = engine_named(self.launcher.cfg.engine if self.launcher is not None else "vllm")
         cap = EngineCapacity()
         if snap is not None and snap.cache_info:
-            cap = capacity_from_cache_info(snap.cache_info)
+            cap = engine.capacity_from_metrics(snap.cache_info)
         if self.launcher is not None:
             try:
-                log_cap = parse_capacity_log(read_startup_log(str(self.store.engine_log), "engine log"))
+                log_cap = engine.capacity_from_log(read_startup_log(str(self.store.engine_log), "engine log"))
             except (OSError, KvplanError):
                 log_cap = EngineCapacity()
             cap = cap.merged(log_cap) if cap.source else log_cap.merged(cap)

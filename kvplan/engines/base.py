@@ -1,16 +1,22 @@
-"""The door for an inference engine: what sizing a deployment on it answers, engine by engine.
+"""The door for an inference engine: what sizing a deployment on it answers, and what the bench needs to run and
+read it, engine by engine.
 
 An engine is one module in this package that registers an ``Engine`` with ``@engine``; `kvplan size --engine NAME`
 (and ``all``) finds it here. Each engine sizes one deployment with its own rules per release, read in its own
 source and cited as ``path@version``: vLLM's are in kvplan/vllm/rules.py and kvplan/plan/ (the planner proper),
 SGLang's in kvplan/sglang/. The result is an ``EnginePool``, the same record for every engine, so engines can be
 printed side by side with the terms that differ.
+
+The bench's half of the door: the command that starts the engine's server, and the pool a running engine reports
+(``EngineCapacity``, read from its start-up log or its /metrics). vLLM's are in kvplan/engines/vllm.py; an engine
+kvplan does not launch says so in one line.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kvplan.errors import KvplanError
 from kvplan.plan.schema import MemoryTerm, Settings
@@ -72,8 +78,36 @@ class EngineOptions:
         return [f"--{name.replace('_', '-')}" for name, value in vars(self).items() if value is not None]
 
 
+@dataclass(frozen=True)
+class EngineCapacity:
+    """The KV pool a running engine reports. ``num_blocks`` counts vLLM's null block, as vLLM does. Also the
+    ``capacity`` of a bench summary (kvplan.bench.results.BenchSummary); all None: nothing reported."""
+
+    num_blocks: int | None = None
+    block_size: int | None = None  # the engine's page: vLLM's block size, SGLang's page_size
+    kv_cache_tokens: int | None = None
+    max_concurrency: float | None = None
+    max_concurrency_len: int | None = None
+    source: str = ""  # "metrics", "log", or both joined by "+"
+    vllm_version: str | None = None  # the release as the engine logged it (the name predates other engines)
+
+    def merged(self, other: EngineCapacity) -> EngineCapacity:
+        """Fill the fields this one lacks from ``other``."""
+        return EngineCapacity(
+            num_blocks=self.num_blocks if self.num_blocks is not None else other.num_blocks,
+            block_size=self.block_size if self.block_size is not None else other.block_size,
+            kv_cache_tokens=self.kv_cache_tokens if self.kv_cache_tokens is not None else other.kv_cache_tokens,
+            max_concurrency=self.max_concurrency if self.max_concurrency is not None else other.max_concurrency,
+            max_concurrency_len=self.max_concurrency_len
+            if self.max_concurrency_len is not None
+            else other.max_concurrency_len,
+            source="+".join(s for s in (self.source, other.source) if s),
+            vllm_version=self.vllm_version or other.vllm_version,
+        )
+
+
 class Engine(Protocol):
-    """What kvplan needs of an engine to size a deployment on it."""
+    """What kvplan needs of an engine to size a deployment on it, and to launch and read it in the bench."""
 
     name: str  # the registry name, `--engine NAME`
     label: str  # "vLLM", "SGLang"
@@ -84,6 +118,21 @@ class Engine(Protocol):
              options: EngineOptions = EngineOptions()) -> EnginePool:
         """The pool of ``settings`` on ``gpus`` under release ``version`` (None: the newest known); a deployment the
         engine refuses, or another engine's option, raises KvplanError with the reason."""
+        ...
+
+    def server_command(self, model: str, host: str, port: int, served_model_name: str | None, args: Any,
+                       prefix: Sequence[str] | None = None) -> list[str]:
+        """The command that starts the engine's OpenAI-compatible server with the engine arguments ``args`` (the
+        engine's own record: vLLM's EngineArgs), after ``prefix`` (None: found in this Python environment). An
+        engine kvplan does not launch raises KvplanError saying so."""
+        ...
+
+    def capacity_from_log(self, text: str) -> EngineCapacity:
+        """The pool the engine's start-up log reports (all None where it reports none)."""
+        ...
+
+    def capacity_from_metrics(self, cache_info: Mapping[str, str]) -> EngineCapacity:
+        """The pool the labels of the engine's /metrics pool-info series report (all None where it has none)."""
         ...
 
 

@@ -7,14 +7,17 @@ own rules."""
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from kvplan.deploy import ResolvedModel, plan_deployment
-from kvplan.engines.base import EngineOptions, EnginePool, engine
+from kvplan.engines.base import EngineCapacity, EngineOptions, EnginePool, engine
 from kvplan.errors import KvplanError
 from kvplan.hardware.catalog import GpuSelection
 from kvplan.plan.schema import Settings
 from kvplan.sglang.pool import SglangPool, size_pool
 from kvplan.sglang.rules import KNOWN_VERSIONS, NEWEST_KNOWN, rules_for
+from kvplan.sglang.startup_log import parse_sglang_log
 from kvplan.units import cdiv, format_share
 
 
@@ -65,6 +68,25 @@ class Sglang:
                           "--chunked-prefill-size": str(pool.chunked_prefill_size),
                           "--max-running-requests": str(pool.max_running_requests)},
             notes=_notes(pool, plan.weights_source))
+
+
+    def server_command(self, model: str, host: str, port: int, served_model_name: str | None, args: Any,
+                       prefix: Sequence[str] | None = None) -> list[str]:
+        raise KvplanError("kvplan does not launch SGLang yet", "start `python -m sglang.launch_server ...` (kvplan size "
+                          "--engine sglang prints the line) and attach with kvplan bench --url")
+
+    def capacity_from_log(self, text: str) -> EngineCapacity:
+        """The pool SGLang prints (`max_total_num_tokens=`, else the first pool line's `#tokens`), in pages of its
+        page size (server_args; 1 by default)."""
+        log = parse_sglang_log(text)
+        tokens = log.max_total_num_tokens if log.max_total_num_tokens is not None else log.pool_tokens
+        if tokens is None:
+            return EngineCapacity()
+        return EngineCapacity(num_blocks=tokens // log.page_size, block_size=log.page_size, kv_cache_tokens=tokens,
+                              source="log")
+
+    def capacity_from_metrics(self, cache_info: Mapping[str, str]) -> EngineCapacity:
+        return EngineCapacity()  # kvplan reads no pool size from SGLang's /metrics (kvplan/sglang/metric_names.py)
 
 
 def launch_command(model: str, pool: SglangPool, tp: int, replicas: int, settings: Settings,

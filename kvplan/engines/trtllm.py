@@ -10,13 +10,17 @@ one line, with the bytes a token it would page by, rather than print a pool it c
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 from kvplan.deploy import ResolvedModel
-from kvplan.engines.base import EngineOptions, EnginePool, engine
+from kvplan.engines.base import EngineCapacity, EngineOptions, EnginePool, engine
 from kvplan.errors import KvplanError
 from kvplan.hardware.catalog import GpuSelection
 from kvplan.plan.schema import Settings
 from kvplan.trtllm.pool import cell_of
 from kvplan.trtllm.rules import READ_RELEASES, parse_version
+from kvplan.trtllm.startup_log import parse_trtllm_log
 
 
 @engine
@@ -41,3 +45,20 @@ class Trtllm:
             "CUDA graphs) is not modelled",
             f"its page math is: {cell.manager_bytes:,} B a token on each GPU here, in blocks of 32; check a start-up "
             "log with kvplan check-log")
+
+    def server_command(self, model: str, host: str, port: int, served_model_name: str | None, args: Any,
+                       prefix: Sequence[str] | None = None) -> list[str]:
+        raise KvplanError("kvplan does not launch TensorRT-LLM", "start `trtllm-serve` and attach with kvplan bench --url")
+
+    def capacity_from_log(self, text: str) -> EngineCapacity:
+        """The pool TensorRT-LLM prints: the last 'Allocated ... paged KV cache (N)' line's tokens, in blocks of
+        its tokens per block where the log states them."""
+        log = parse_trtllm_log(text)
+        if log.pool is None:
+            return EngineCapacity()
+        per_block = log.tokens_per_block
+        return EngineCapacity(num_blocks=log.pool.tokens // per_block if per_block else None, block_size=per_block,
+                              kv_cache_tokens=log.pool.tokens, source="log")
+
+    def capacity_from_metrics(self, cache_info: Mapping[str, str]) -> EngineCapacity:
+        return EngineCapacity()  # kvplan reads no pool size from TensorRT-LLM's metrics

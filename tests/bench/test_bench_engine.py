@@ -14,8 +14,8 @@ import pytest
 from helpers.bench import BLOCK_SIZE, POOL_BLOCKS, bench_env, engine_required, kvplan_cmd
 from helpers.llmd import assert_valid_llmd_reports
 
-from kvplan.bench.engine import capacity_from_cache_info, parse_capacity_log
 from kvplan.bench.metrics import scrape_once
+from kvplan.engines.vllm import capacity_from_cache_info, capacity_from_log
 from kvplan.plan.blocks import BlockRule
 
 pytestmark = [pytest.mark.engine, engine_required]
@@ -48,7 +48,7 @@ def _rule(summary: dict, prompt: int, output: int) -> BlockRule:
 def test_engine_reports_the_pinned_pool(cpu_engine):
     import asyncio
 
-    log_cap = parse_capacity_log(cpu_engine.log_path.read_text())
+    log_cap = capacity_from_log(cpu_engine.log_path.read_text())
     metrics_cap = capacity_from_cache_info(asyncio.run(scrape_once(cpu_engine.cfg.base_url)).cache_info)
     # 17 blocks x 32 tokens = 544 tokens ("CPU KV cache size: 544 tokens"); the null block is counted.
     for cap in (log_cap, metrics_cap):

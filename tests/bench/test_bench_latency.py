@@ -135,8 +135,8 @@ def test_a_calibrated_model_from_a_run(tmp_path):
 def test_the_runner_predicts_each_point_and_records_the_model(tmp_path):
     from kvplan.bench import store as st
     from kvplan.bench.config import BenchConfig
-    from kvplan.bench.engine import EngineCapacity
     from kvplan.bench.runner import BenchRun
+    from kvplan.engines.base import EngineCapacity
 
     (tmp_path / "steptime.json").write_text(json.dumps({"schema": 1, "steptime": asdict(TEN_MS)}))
     cfg = BenchConfig.model_validate(run_config("old-run-conc", steptime=str(tmp_path / "steptime.json")))

@@ -9,18 +9,12 @@ from pathlib import Path
 import pytest
 
 from kvplan.bench import store as st
-from kvplan.bench.engine import (
-    EngineConfig,
-    build_command,
-    capacity_from_cache_info,
-    free_port,
-    parse_capacity_log,
-    port_is_free,
-)
+from kvplan.bench.engine import EngineConfig, build_command, free_port, port_is_free
 from kvplan.bench.metrics import Histogram, parse_metrics, summarize
 from kvplan.bench.stats import describe
 from kvplan.bench.sweep import PointOutcome, Sweep, SweepStopped, first_with, parse_levels, waited_for_kv
 from kvplan.bench.workload import Workload
+from kvplan.engines.vllm import capacity_from_cache_info, capacity_from_log
 from kvplan.errors import KvplanError
 from kvplan.stats import percentile
 from kvplan.traffic.loaders import load_trace
@@ -241,7 +235,7 @@ def test_point_summary_peaks_and_deltas():
 
 
 def test_capacity_from_the_real_cpu_startup_log():
-    cap = parse_capacity_log((FIXTURES / "vllm-0.32.0-cpu-startup.log").read_text())
+    cap = capacity_from_log((FIXTURES / "vllm-0.32.0-cpu-startup.log").read_text())
     # "Overriding num_gpu_blocks=4096 with num_gpu_blocks_override=17",
     # "CPU KV cache size: 544 tokens, Maximum concurrency for 512 tokens per request: 1.06x"
     assert (cap.num_blocks, cap.block_size, cap.kv_cache_tokens) == (17, 32, 544)
@@ -260,15 +254,15 @@ def test_capacity_from_the_real_cpu_startup_log():
     ],
 )
 def test_capacity_line_formats(line, blocks, tokens):
-    cap = parse_capacity_log(line)
+    cap = capacity_from_log(line)
     assert cap.num_blocks == blocks and cap.kv_cache_tokens == tokens and cap.source == "log"
 
 
 def test_tokens_line_gives_blocks_only_when_the_division_is_exact():
     # 34,952 tokens / 16 = 2,184.5 (0.21+ prints int(concurrency x len)): no block count from it.
     args = "INFO 05-01 [utils.py:1] non-default args: {'model': 'x', 'block_size': 16}\n"
-    assert parse_capacity_log(args + "GPU KV cache size: 34,952 tokens").num_blocks is None
-    assert parse_capacity_log(args + "GPU KV cache size: 34,944 tokens").num_blocks == 2184
+    assert capacity_from_log(args + "GPU KV cache size: 34,952 tokens").num_blocks is None
+    assert capacity_from_log(args + "GPU KV cache size: 34,944 tokens").num_blocks == 2184
 
 
 # ----------------------------------------------------------------------------- engine command

@@ -14,7 +14,6 @@ import pytest
 from helpers.bench import bench_env, kvplan_cmd
 from helpers.fake_server import FakeBehaviour, FakeServer
 
-from kvplan.bench.engine import EngineCapacity
 from kvplan.bench.render import load_summary
 from kvplan.bench.results import (
     BenchSummary,
@@ -27,6 +26,7 @@ from kvplan.bench.results import (
     SloResult,
 )
 from kvplan.bench.sweep import Onset
+from kvplan.engines.base import EngineCapacity
 
 DATA = Path(__file__).parent / "data"
 #: Written by kvplan 0.1.0 before the typed results (dicts between runner, reports and gate), against

@@ -18,8 +18,8 @@ from kvplan.bench.results import OnsetName, PointResult
 from kvplan.bench.sweep import Onset, RateSearch, Sweep, first_with
 
 if TYPE_CHECKING:
-    from kvplan.bench.engine import EngineCapacity
     from kvplan.bench.workload import Workload
+    from kvplan.engines.base import EngineCapacity
     from kvplan.plan.blocks import BlockRule
     from kvplan.traffic.model import Traffic
 

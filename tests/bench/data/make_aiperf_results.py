@@ -26,6 +26,7 @@ sys.path.insert(0, str(HERE.parents[1]))  # tests/, for helpers
 from helpers.bench import BLOCK_SIZE, POOL_BLOCKS, TINY_MODEL, kill_group  # noqa: E402
 
 from kvplan.bench.engine import EngineConfig, EngineLauncher, free_port  # noqa: E402
+from kvplan.vllm.args import EngineArgs  # noqa: E402
 
 RUNS = {"concurrency-2": ("--concurrency", "2"), "rate-4": ("--request-rate", "4")}
 
@@ -33,9 +34,10 @@ RUNS = {"concurrency-2": ("--concurrency", "2"), "rate-4": ("--request-rate", "4
 def main() -> None:
     aiperf = os.environ["AIPERF"]
     work = Path(tempfile.mkdtemp(prefix="aiperf-samples-"))
-    cfg = EngineConfig(model=str(TINY_MODEL), port=free_port(), block_size=BLOCK_SIZE,
-                       num_gpu_blocks_override=POOL_BLOCKS, kv_cache_memory_bytes=64 * 2**20, max_model_len=512,
-                       enforce_eager=True, env=(("HF_HUB_OFFLINE", "1"),))
+    cfg = EngineConfig(model=str(TINY_MODEL), port=free_port(),
+                       args=EngineArgs(block_size=BLOCK_SIZE, num_gpu_blocks_override=POOL_BLOCKS,
+                                       kv_cache_memory_bytes=64 * 2**20, max_model_len=512, enforce_eager=True),
+                       env=(("HF_HUB_OFFLINE", "1"),))
     launcher = EngineLauncher(cfg, work / "engine.log", startup_timeout_s=600)
     launcher.start()
     try:
