@@ -55,6 +55,10 @@ class EngineChoice(str, Enum):
     all = "all"
 
 
+class Emit(str, Enum):
+    llm_d_sim = "llm-d-sim"
+
+
 class StateDtype(str, Enum):
     auto = "auto"
     float32 = "float32"
@@ -125,6 +129,8 @@ def size(
     workload_option: Optional[list[str]] = typer.Option(None, "--workload-option", metavar="KEY=NUMBER", help="--workload: a loader option (repeatable), as kvplan bench --traffic-option.", rich_help_panel="Workload"),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 unless it fits at the low end of the KV budget's range too (the verdict says when it fits at the estimate only).", rich_help_panel="Output"),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document (schema: kvplan schema).", rich_help_panel="Output"),
+    emit: Optional[Emit] = typer.Option(None, "--emit", help="Print the plan as another tool's input instead of the report (with --json: one JSON document of it). llm-d-sim: llm-d-inference-sim's YAML config for one replica: the plan's usable blocks and block size, max-num-seqs, max-model-len, and the step-time model's per-token latency terms (needs --prompt). The simulator's KV cache only counts prefix hits and fails a request whose prompt blocks do not fit: it does not wait or preempt as vLLM does, so kvplan's KV onsets do not show in it.", rich_help_panel="Output"),
+    emit_out: Optional[str] = typer.Option(None, "--out", metavar="FILE", help="--emit: write the config to FILE; the report (or the --json plan) goes to stdout as without --emit.", rich_help_panel="Output"),
 ) -> None:
     """Size the KV cache of MODEL on GPUs: bytes per token, pool, tokens, concurrency, verdict.
 
@@ -149,6 +155,11 @@ def size(
     if pd_decode_tp is None and (pd_prompt, pd_decode_hit, pd_link) != (None, None, None):
         raise KvplanError("--pd-prompt, --pd-decode-hit and --pd-link-gbs are for --pd-decode-tp",
                           "give the decode instance's TP with --pd-decode-tp N")
+    if emit_out is not None and emit is None:
+        raise KvplanError("--out is the file of --emit", "add --emit llm-d-sim")
+    if emit is not None and prompt is None:
+        raise KvplanError("--emit llm-d-sim prices the prompt's prefill and the decode at its context",
+                          "give the prompt length with --prompt TOKENS (and --output TOKENS)")
     tier_policy = _tier_policy(kv_offloading_eviction_policy, kv_offloading_store_threshold, kv_offloading_size,
                                kv_offloading_backend, workload)
     selection = select_gpus(gpu, gpus, gpu_mem)
@@ -204,7 +215,8 @@ def size(
         from kvplan.engines import ENGINES, EngineOptions, EnginePools, engine_named
 
         for flag, given in (("--workload", workload), ("--kv-offloading-size", kv_offloading_size),
-                            ("--pd-decode-tp", pd_decode_tp), ("--steptime", steptime), ("--strict", strict or None)):
+                            ("--pd-decode-tp", pd_decode_tp), ("--steptime", steptime), ("--strict", strict or None),
+                            ("--emit", emit)):
             if given is not None:
                 raise KvplanError(f"{flag} is for vLLM plans", "drop it, or size with --engine vllm")
         if engine_name == "all" and engine_version:
@@ -241,11 +253,38 @@ def size(
         plan = plan.replace(workload=_workload_plan(plan, workload, workload_option, *tier_policy))
     elif workload_option:
         raise KvplanError("--workload-option is for --workload", "give the traffic file with --workload FILE")
+    if emit is not None:
+        _emit_llmd_sim(plan, model_steptime, emit_out, as_json)
+    else:
+        _print_plan(plan, as_json)
+    raise typer.Exit(ExitCode.OK if plan.fits and (plan.fits_across_range or not strict) else ExitCode.DOES_NOT_FIT)
+
+
+def _emit_llmd_sim(plan: SizePlan, steptime, out: Optional[str], as_json: bool) -> None:
+    """--emit llm-d-sim: the config on stdout (YAML, or one JSON document with --json), or in ``out`` with the
+    usual report on stdout."""
+    import sys
+
+    from kvplan.paths import write_file_safely
+    from kvplan.plan.llmd_sim import llmd_sim_config, to_yaml
+    from kvplan.term import printable
+
+    export = llmd_sim_config(plan, steptime)  # a refusal (no prompt, a block size it lacks...) before any output
+    if out is None and as_json:
+        print_json(export.to_json())
+    elif out is None:
+        sys.stdout.write(to_yaml(export, plan))
+    else:
+        written = write_file_safely(out, to_yaml(export, plan), "the llm-d-inference-sim config")
+        _print_plan(plan, as_json)
+        sys.stderr.write(f"llm-d-inference-sim config written to {printable(str(written))}\n")
+
+
+def _print_plan(plan: SizePlan, as_json: bool) -> None:
     if as_json:
         print_json(plan)
     else:
         render(plan)
-    raise typer.Exit(ExitCode.OK if plan.fits and (plan.fits_across_range or not strict) else ExitCode.DOES_NOT_FIT)
 
 
 def _host_memory(text: Optional[str], gpu: Optional[str]) -> Optional[int]:
