@@ -419,8 +419,6 @@ def _judge(r: StartupReport, resolved, version: str, notes: list[str], log_name:
 
 
 def render(result: CheckLogResult) -> None:
-    from rich.table import Table
-
     console = make_console()
     r = result.parsed
     console.print(f"[bold]{result.log}[/]: vLLM {r.vllm_version or '?'} ({r.engine or '?'} engine, "
@@ -430,21 +428,8 @@ def render(result: CheckLogResult) -> None:
     if r.failed:
         console.print(f"  [red]the engine failed to start[/]: {r.failure_message}")
     for section in (result.page_math, result.budget):
-        if section is None:
-            continue
-        table = Table(title=f"{section.mode} - {section.gpu}", title_justify="left", show_edge=False)
-        for col, justify in (("quantity", "left"), ("reported", "right"), ("predicted", "right"),
-                             ("error", "right"), ("", "left")):
-            table.add_column(col, justify=justify, overflow="fold")
-        for c in section.comparisons:
-            if c.within is None:
-                mark = f"[dim]{c.note}[/]"
-            else:
-                ok = "[green]ok[/]" if c.within else ("[red]off[/]" if c.gated else "[yellow]off[/]")
-                mark = ok + ("" if c.gated else " [dim](not gated)[/]") + (f" [dim]{c.note}[/]" if c.note else "")
-            err = "-" if c.error_pct is None else f"{c.error_pct:+.2f}%"
-            table.add_row(c.quantity, _num(c.reported), _num(c.predicted), err, mark)
-        console.print(table)
+        if section is not None:
+            console.print(comparison_table(section))
     if result.offload is not None:
         t = result.offload
         chunks, held = t.describe()
@@ -455,6 +440,26 @@ def render(result: CheckLogResult) -> None:
     color = "green" if result.ok else "red"
     verdict = "within" if result.ok else "outside"
     console.print(f"[bold {color}]{verdict} the tolerance of {result.tolerance:.1%}[/]")
+
+
+def comparison_table(section: Section):
+    """One judged section (page math, a budget) as a rich table: each quantity reported, predicted, its error and
+    whether it is within (gated or not); the table check-log prints for every engine."""
+    from rich.table import Table
+
+    table = Table(title=f"{section.mode} - {section.gpu}", title_justify="left", show_edge=False)
+    for col, justify in (("quantity", "left"), ("reported", "right"), ("predicted", "right"),
+                         ("error", "right"), ("", "left")):
+        table.add_column(col, justify=justify, overflow="fold")
+    for c in section.comparisons:
+        if c.within is None:
+            mark = f"[dim]{c.note}[/]"
+        else:
+            ok = "[green]ok[/]" if c.within else ("[red]off[/]" if c.gated else "[yellow]off[/]")
+            mark = ok + ("" if c.gated else " [dim](not gated)[/]") + (f" [dim]{c.note}[/]" if c.note else "")
+        err = "-" if c.error_pct is None else f"{c.error_pct:+.2f}%"
+        table.add_row(c.quantity, _num(c.reported), _num(c.predicted), err, mark)
+    return table
 
 
 def _starts(plan) -> bool:

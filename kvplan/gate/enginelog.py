@@ -26,7 +26,7 @@ from pydantic import BaseModel, Field
 from kvplan.deploy import ResolvedModel, load_model_from_log, select_gpus
 from kvplan.engines import EngineOptions, engine_named
 from kvplan.errors import KvplanError
-from kvplan.gate.checklog import LogComparison, Section, _num, compare
+from kvplan.gate.checklog import LogComparison, Section, compare, comparison_table
 from kvplan.model.dtypes import KVDtype, kv_dtype
 from kvplan.paths import iter_user_lines
 from kvplan.plan.schema import Settings
@@ -434,28 +434,13 @@ def _result(log_name, engine, version, label, tolerance, gate, resolved, gpu, se
 
 
 def render(result: EngineLogResult) -> None:
-    from rich.table import Table
-
     console = make_console()
     console.print(f"[bold]{result.log}[/]: {_LABEL[result.engine]} {result.engine_version or '(no release printed)'}, "
                   f"model {result.model or '?'}")
     console.print(f"  judged by {result.rules}; " + ", ".join(f"{k}={v}" for k, v in result.settings.items()))
     for section in (result.page_math, result.budget, result.full_budget):
-        if section is None:
-            continue
-        table = Table(title=f"{section.mode} - {section.gpu}", title_justify="left", show_edge=False)
-        for col, justify in (("quantity", "left"), ("reported", "right"), ("predicted", "right"),
-                             ("error", "right"), ("", "left")):
-            table.add_column(col, justify=justify, overflow="fold")
-        for c in section.comparisons:
-            if c.within is None:
-                mark = f"[dim]{c.note}[/]"
-            else:
-                mark = ("[green]ok[/]" if c.within else "[red]off[/]" if c.gated else "[yellow]off[/]") + (
-                    "" if c.gated else " [dim](not gated)[/]") + (f" [dim]{c.note}[/]" if c.note else "")
-            table.add_row(c.quantity, _num(c.reported), _num(c.predicted),
-                          "-" if c.error_pct is None else f"{c.error_pct:+.2f}%", mark)
-        console.print(table)
+        if section is not None:
+            console.print(comparison_table(section))
     for note in result.notes:
         console.print(f"[yellow]note:[/] {note}")
     color, verdict = ("green", "within") if result.ok else ("red", "outside")
