@@ -526,11 +526,15 @@ class _Scheduler:
             self.pool.cache(req.blocks[req.num_cached:full], _keys(req, req.num_cached, full, self.B))
             req.num_cached = full
 
+    def _free(self, req: _Req) -> None:
+        """Its blocks back to the pool, its last block first (a hybrid pool frees group by group)."""
+        self.pool.release(req.blocks)
+        req.blocks = []
+
     def _preempt(self, req: _Req) -> None:
         if self.trace is not None:
             self.trace.append(("preempt", req.tl.index))
-        self.pool.release(req.blocks)
-        req.blocks = []
+        self._free(req)
         req.computed = 0
         req.num_cached = 0
         req.tl.preemptions += 1
@@ -659,8 +663,7 @@ class _Scheduler:
             self.running.remove(req)
             if self.trace is not None:
                 self.trace.append(("finish", req.tl.index))
-            self.pool.release(req.blocks)
-            req.blocks = []
+            self._free(req)
             req.tl.finish_step = self.step
             self.finished += 1
             if req.tl.index in self.next_turn:

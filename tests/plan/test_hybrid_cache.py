@@ -1,0 +1,111 @@
+"""The hybrid KV cache's one-at-a-time replay (kvplan.plan.hybrid_sim.replay_one_at_a_time) against the hybrid
+simulator stepping the same requests as one session, and, with one full-attention group, against the working-set
+curve (kvplan.plan.prefix_cache.working_set); the groups read off kvplan's layouts. (The simulator itself is
+checked block for block against vLLM's KVCacheManager in tests/vllm_facing/test_hybrid_pool_parity.py.)"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from kvplan.errors import KvplanError
+from kvplan.plan.hybrid_cache import CHUNKED, FULL, SLIDING, CacheGroup, HybridGroups
+from kvplan.plan.hybrid_sim import replay_one_at_a_time, simulate_groups
+from kvplan.plan.prefix_cache import BlockHasher, working_set
+from kvplan.plan.simulate import SchedulerConfig, SimTurn, session_load
+from kvplan.traffic.model import Segment, Turn
+
+
+def _turns(seed: int, n: int = 50) -> list[Turn]:
+    """Requests from a few system prompts and documents (shorter copies too), unique tails, outputs crossing
+    blocks and windows."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        segs = [Segment(f"sys{rng.randrange(3)}", rng.choice([40, 64, 100, 150]))]
+        if rng.random() < 0.5:
+            segs.append(Segment("doc", rng.choice([20, 70, 130])))
+        segs.append(Segment(f"user{i}", rng.randrange(1, 60)))
+        out.append(Turn(f"r{i}", 0, tuple(segs), rng.randrange(1, 90), arrival_s=float(i)))
+    return out
+
+
+def _sim_turns(turns: list[Turn], B: int) -> list[SimTurn]:
+    hasher = BlockHasher(B)
+    return [SimTurn(0, t.prompt_tokens, t.output_tokens, hasher.prompt_keys(t.segments),
+                    arrival=0.0 if i == 0 else None) for i, t in enumerate(turns)]
+
+
+GROUPS = {
+    "window": (CacheGroup(FULL), CacheGroup(SLIDING, 40)),
+    "two-windows": (CacheGroup(SLIDING, 24), CacheGroup(FULL), CacheGroup(SLIDING, 24), CacheGroup(FULL)),
+    "three-specs": (CacheGroup(FULL), CacheGroup(SLIDING, 33), CacheGroup(SLIDING, 100)),
+    "chunked": (CacheGroup(FULL), CacheGroup(CHUNKED, 48)),
+}
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("groups", list(GROUPS))
+@pytest.mark.parametrize("retention", [0, None, 64])
+@pytest.mark.parametrize("budget", [1 << 30, 48])
+def test_one_at_a_time_replay_is_the_simulators(seed, groups, retention, budget):
+    """At every pool size (from one that barely holds the largest request up), the replay's lookups and hits
+    are the simulator's for the same requests as one session (each sent when the one before ends)."""
+    B = 16
+    turns = _sim_turns(_turns(seed), B)
+    hg = HybridGroups(GROUPS[groups], B, 1 << 20, budget, retention)
+    tried = 0
+    for usable in (60, 90, 150, 400, 5000):
+        config = SchedulerConfig(num_blocks=usable + 1, block_size=B, max_num_batched_tokens=budget)
+        try:
+            res = simulate_groups(config, session_load(turns), hg)
+        except KvplanError:
+            with pytest.raises(KvplanError):
+                replay_one_at_a_time(turns, hg, usable, budget)
+            continue
+        assert res.preemptions == 0
+        assert replay_one_at_a_time(turns, hg, usable, budget) == (res.prefix_queries, res.prefix_hits), usable
+        tried += 1
+    assert tried >= 3
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_one_full_attention_group_is_the_working_set(seed):
+    """With one full-attention group the replay is the working-set curve's one-at-a-time model: equal hits at
+    every pool size."""
+    B = 16
+    raw = _turns(seed)
+    ws = working_set(raw, B)
+    hg = HybridGroups((CacheGroup(FULL),), B, 1 << 20, 1 << 30)
+    need = max(-(-(t.prompt_tokens + t.output_tokens - 1) // B) for t in raw)
+    for usable in (need, need + 5, 2 * need, 5 * need, 10_000):
+        assert replay_one_at_a_time(_sim_turns(raw, B), hg, usable) == (ws.queried_tokens, ws.hit_blocks(usable) * B)
+
+
+@pytest.mark.parametrize("model,groups", [
+    ("meta-llama/Llama-3.1-8B", (CacheGroup(FULL),)),
+    ("openai/gpt-oss-20b", (CacheGroup(SLIDING, 128), CacheGroup(FULL))),
+    ("google/gemma-3-12b-it", (CacheGroup(SLIDING, 1024),) * 5 + (CacheGroup(FULL),)),
+    ("meta-llama/Llama-4-Scout-17B-16E-Instruct", (CacheGroup(CHUNKED, 8192),) * 3 + (CacheGroup(FULL),)),
+])
+def test_groups_of_real_models(model, groups):
+    """The groups kvplan plans for real model configs (windows from their config.json: gpt-oss 128, Gemma 3
+    1,024 in five groups of sliding layers beside one of full ones; Llama 4's chunks of 8,192)."""
+    from kvplan.api import size
+
+    plan = size(model, "H100", gpus=8, ctx=8192)
+    hg = HybridGroups.of_capacity(plan.capacity)
+    assert hg.groups == groups
+    assert hg.block_size == plan.block_size and hg.max_model_len == 8192
+    assert hg.full_attention_only == (len(groups) == 1)
+
+
+@pytest.mark.parametrize("model", ["Qwen/Qwen3-Next-80B-A3B-Thinking", "ai21labs/Jamba-v0.1"])
+def test_recurrent_state_is_refused(model):
+    """Mamba / linear-attention groups are not modelled: a KvplanError naming them, never full attention's hits."""
+    from kvplan.api import size
+
+    plan = size(model, "H100", gpus=8, ctx=8192)
+    with pytest.raises(KvplanError, match="mamba KV groups is not modelled"):
+        HybridGroups.of_capacity(plan.capacity)
