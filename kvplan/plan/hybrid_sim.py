@@ -19,6 +19,7 @@ group); `replay_one_at_a_time` is the fast path for requests served one at a tim
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from kvplan.errors import KvplanError
 from kvplan.plan.block_pool import BlockPool
@@ -188,14 +189,16 @@ class _HybridScheduler(_Scheduler):
 
 
 def replay_one_at_a_time(turns: Sequence[SimTurn], groups: HybridGroups, usable_blocks: int,
-                         max_num_batched_tokens: int = 1 << 30, prefix_caching: bool = True) -> tuple[int, int]:
+                         max_num_batched_tokens: int = 1 << 30, prefix_caching: bool = True,
+                         pool=None) -> tuple[int, int]:
     """(prompt tokens looked up, tokens hit) when the turns are served one at a time, in order, on a pool of
     ``usable_blocks``: the hybrid simulator's run of them as one session (each turn sent when the one before
     ends), the same pool operations in the same order, without its steps: a prompt goes in chunks of the
     token budget, and decoding only touches the pool at the steps where a block fills or starts, or a window
-    (chunk) moves past a block. A turn the pool cannot hold alone raises a KvplanError."""
+    (chunk) moves past a block. A turn the pool cannot hold alone raises a KvplanError. (``pool``: another
+    pool to replay on, as `hybrid_working_set`'s unbounded one.)"""
     B = groups.block_size
-    pool = BlockPool(usable_blocks, prefix_caching)
+    pool = pool if pool is not None else BlockPool(usable_blocks, prefix_caching)
     cache = HybridCache(groups, pool)
     G = len(groups.groups)
     sliding = [cache.spans[g] for g in range(G) if cache.kinds[g] == "sliding"]
@@ -248,3 +251,105 @@ def replay_one_at_a_time(turns: Sequence[SimTurn], groups: HybridGroups, usable_
             cache.cache(tables, offered, upto, keys, boundaries)
         cache.free(tables)
     return queries, hits_tokens
+
+
+class _RefsOfNone(dict):
+    def __missing__(self, key: int) -> int:
+        return 0
+
+
+class _UnboundedPool:
+    """A pool that never runs out and never evicts, for the achievable hits: blocks are numbered as taken
+    (``taken``: how many; a pool that size never evicts either). It keeps only prompt blocks' hashes: served
+    one at a time, nothing is preempted, so no request looks up another's generated blocks."""
+
+    caching = True
+
+    def __init__(self) -> None:
+        self.first: dict = {}
+        self.ref = _RefsOfNone()  # (no block is ever free: nothing to count as evictable)
+        self.taken = 0
+        self.num_free = 1 << 62
+
+    def take(self, count: int) -> list[int]:
+        start, self.taken = self.taken + 1, self.taken + count
+        return list(range(start, self.taken + 1))
+
+    def touch(self, blocks) -> None:
+        pass
+
+    def release(self, blocks) -> None:
+        pass
+
+    def cache(self, blocks, keys) -> None:
+        for block, key in zip(blocks, keys):
+            if not isinstance(key[1], tuple):  # (group, ("req", n, k)): a generated block
+                self.first.setdefault(key, block)
+
+
+@dataclass(frozen=True)
+class HybridWorkingSet:
+    """Hits of requests served one at a time on a hybrid pool (`replay_one_at_a_time`): the lookups, the hits an
+    unbounded pool keeps, this pool's, and the pool each share of the achievable hits needs (None: none found
+    up to the never-evicting size)."""
+
+    queried_tokens: int
+    achievable_tokens: int
+    hit_tokens_at_pool: int
+    pool_for_share: dict[float, int | None]
+    never_evicting_pool: int
+    replays: int
+
+
+#: Block positions (over the groups) a hybrid working set replays at most, times its replays: a bound on time.
+MAX_HYBRID_BLOCK_OPS = 30_000_000
+
+
+def hybrid_working_set(turns: Sequence[SimTurn], groups: HybridGroups, usable_blocks: int,
+                       shares: Sequence[float] = (0.5, 0.9, 0.99),
+                       max_num_batched_tokens: int = 1 << 30) -> HybridWorkingSet:
+    """The one-at-a-time hits on ``usable_blocks``, and, by bisection over pool sizes, the smallest pool keeping
+    each share of the achievable hits, to within 1% (each share searched from the previous one's pool up:
+    hybrid hits need not grow with the pool everywhere, so a pool is "the smallest the search found"). Every
+    probe is a replay of every block: a trace above `MAX_HYBRID_BLOCK_OPS` is refused."""
+    B = groups.block_size
+    positions = len(groups.groups) * sum(-(-(t.prompt + t.output - 1) // B) for t in turns)
+    probes = 3 + 3 * 10  # the asked pool, the unbounded one, ~10 bisection probes a share (to 1%)
+    if positions * probes > MAX_HYBRID_BLOCK_OPS:
+        raise KvplanError(f"the traffic holds {positions:,} block positions over the model's {len(groups.groups)} KV "
+                          f"groups: replaying them ~{probes} times for a hybrid model's working set is above "
+                          f"kvplan's bound of {MAX_HYBRID_BLOCK_OPS:,}",
+                          "give a sample of the traffic (fewer sessions or requests)")
+    unbounded = _UnboundedPool()
+    queried, achievable = replay_one_at_a_time(turns, groups, 0, max_num_batched_tokens, pool=unbounded)
+    top = max(1, unbounded.taken)
+    memo: dict[int, int | None] = {}
+
+    def hits(pool: int) -> int | None:
+        if pool not in memo:
+            try:
+                memo[pool] = replay_one_at_a_time(turns, groups, pool, max_num_batched_tokens)[1]
+            except KvplanError:
+                memo[pool] = None  # the pool cannot hold one of the requests alone
+        return memo[pool]
+
+    at_pool = hits(usable_blocks) or 0
+    found: dict[float, int | None] = {}
+    lo = 1
+    for share in sorted(shares):
+        goal = share * achievable
+        if goal <= 0:
+            found[share] = 0
+            continue
+        if (hits(top) or 0) < goal:  # (never: the never-evicting pool keeps every achievable hit)
+            found[share] = None
+            continue
+        a, b = lo, top  # b keeps the goal; stop within 1% of it (each probe replays every block)
+        while b - a > b // 128:
+            mid = (a + b) // 2
+            if (hits(mid) or 0) >= goal:
+                b = mid
+            else:
+                a = mid + 1
+        found[share] = lo = b
+    return HybridWorkingSet(queried, achievable, at_pool, found, top, len(memo))

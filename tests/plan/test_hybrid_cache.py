@@ -109,3 +109,41 @@ def test_recurrent_state_is_refused(model):
     plan = size(model, "H100", gpus=8, ctx=8192)
     with pytest.raises(KvplanError, match="mamba KV groups is not modelled"):
         HybridGroups.of_capacity(plan.capacity)
+
+
+def test_sessions_held_at_once_on_a_hybrid_cache():
+    """2 agent sessions of 2 turns (tests/plan/test_prefix_cache.py's hand-worked one): each largest turn holds
+    cdiv(95, 16) = 6 blocks, 2 of them (the prefix) shared. Full attention + a 40-token window with 16 tokens in
+    flight: the window group's admission cap is cdiv(min(39 + 16, 2048), 16) + 1 = 5 blocks, never shared. Session
+    0 needs 6 + 5 = 11 blocks, session 1 (6 - 2) + 5 = 9: 20 hold both, 19 one. (Full attention alone: 10.)"""
+    from kvplan.plan.prefix_cache import sessions_held_at_once
+    from kvplan.traffic.loaders import agent_traffic
+
+    traffic = agent_traffic(2, 2, 1, 32, 16, 16)
+    hg = HybridGroups((CacheGroup(FULL), CacheGroup(SLIDING, 40)), 16, 2048, 16)
+    assert [sessions_held_at_once(traffic, 16, n, hg) for n in (10, 11, 19, 20)] == [0, 1, 1, 2]
+    assert [sessions_held_at_once(traffic, 16, n) for n in (9, 10)] == [1, 2]
+
+
+def test_hybrid_workload_plan_against_the_simulator():
+    """The hybrid working set's figures, each checked on the hybrid simulator (requests as one session): the hit
+    rate at the pool, the achievable one (a pool that never evicts), and every share's pool keeps that share."""
+    from kvplan.plan.prefix_cache import hybrid_sim_turns, workload_plan
+    from kvplan.traffic.loaders import agent_traffic
+
+    traffic = agent_traffic(6, 3, 2, 200, 60, 40)
+    hg = HybridGroups((CacheGroup(SLIDING, 64), CacheGroup(FULL)), 16, 1 << 20, 1 << 30)
+    turns = hybrid_sim_turns(traffic, 16)
+    one = [SimTurn(0, t.prompt, t.output, t.keys, arrival=0.0 if i == 0 else None) for i, t in enumerate(turns)]
+
+    def sim(pool: int):
+        return simulate_groups(SchedulerConfig(num_blocks=pool + 1, block_size=16), session_load(one), hg)
+
+    w = workload_plan(traffic, 16, 120, hg)
+    full = sim(100_000)
+    assert w.queried_tokens == full.prefix_queries
+    assert w.achievable_hit_rate == round(full.prefix_hits / full.prefix_queries, 6) > w.hit_rate_at_pool > 0
+    assert w.hit_rate_at_pool == round(sim(120).prefix_hits / full.prefix_queries, 6)
+    for share, pool in w.pool_for_share.items():
+        assert sim(pool).prefix_hits >= float(share.rstrip("%")) / 100 * full.prefix_hits, share
+        assert w.pool_share_used[share] == round(pool / 120, 4)
