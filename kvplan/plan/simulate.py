@@ -35,7 +35,8 @@ simulation predicts can then move by a level from run to run. `timing_verdict` a
 `proven_onsets` tell the onsets no such timing can move from the ones it can.
 
 Not modelled: async scheduling's output placeholders (one step of lookahead on GPUs),
-speculative decoding, sliding-window / recurrent-state groups (full attention only), the
+speculative decoding, several KV cache groups (one full-attention group here; sliding-window and
+chunked-local groups: kvplan.plan.hybrid_sim; recurrent-state groups: not modelled), the
 0.33 watermark, priority scheduling, the API server's own delays (beyond ``client_delay``).
 """
 

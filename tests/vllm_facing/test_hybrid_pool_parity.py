@@ -219,3 +219,57 @@ def test_a_window_keeps_only_the_replay_boundarys_tail():
     res = simulate_groups(config, session_load(turns), hg)
     assert [r.cached_tokens for r in res.requests] == [0, 96, 0]
     assert [r.cached_tokens for r in simulate(config, session_load(turns)).requests] == [0, 96, 80]
+
+
+def test_vllms_mamba_group_hits_only_where_a_state_was_cached():
+    """Why kvplan refuses recurrent-state groups rather than give full attention's hits: vLLM's own KVCacheManager
+    (full attention + a Mamba group in "align" mode, block 16, the default retention) hits only at a state block
+    it cached. Request A (100 tokens) goes in the chunks the scheduler's `_mamba_block_aligned_split` makes, 96
+    then 4 (its last cacheable position is (100 - 1) // 16 * 16 = 96): the state after 96 tokens is cached. B (A's
+    100 + 20) hits 96; C (A's first 80 + 40 more) hits 0 where full attention holds 80; D, the same 100 tokens as A
+    but new ids in one chunk of 100, caches no state: E (D's + 20) hits 0 where full attention holds 96."""
+    import torch
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec
+    from vllm.v1.request import Request, RequestStatus
+
+    hash_fn = get_hash_fn_by_name("sha256")
+    init_none_hash(hash_fn)
+    hasher = get_request_block_hasher(16, hash_fn)
+    specs = [FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=8, dtype=torch.float16),
+             MambaSpec(block_size=16, shapes=((4,),), dtypes=(torch.float32,), mamba_cache_mode="align")]
+    cfg = KVCacheConfig(num_blocks=200, kv_cache_tensors=[], prefix_cache_retention_interval=0,
+                        kv_cache_groups=[KVCacheGroupSpec(layer_names=[f"l{i}"], kv_cache_spec=s)
+                                         for i, s in enumerate(specs)])
+    mgr = KVCacheManager(kv_cache_config=cfg, max_model_len=4096, scheduler_block_size=16, hash_block_size=16,
+                         max_in_flight_tokens=2048, enable_caching=True)
+
+    def serve(name: str, ids: list[int], chunks: list[int]) -> tuple[int, int]:
+        """Admit, prefill in ``chunks``, sample one token, free; (the hit, full attention's own hit blocks)."""
+        req = Request(request_id=name, prompt_token_ids=ids, sampling_params=SamplingParams(max_tokens=2),
+                      pooling_params=None, block_hasher=hasher)
+        blocks, hit, junction = mgr.get_computed_blocks(req)
+        req.shared_prefix_boundary = junction
+        full_attention_alone = len(mgr.coordinator.find_longest_cache_hit_per_group(req.block_hashes, len(ids) - 1)[0][0])
+        first = chunks[0] - hit if hit else chunks[0]
+        assert mgr.allocate_slots(req, first, num_new_computed_tokens=hit, new_computed_blocks=blocks,
+                                  full_sequence_must_fit=True) is not None
+        req.status, req.num_computed_tokens = RequestStatus.RUNNING, hit + first
+        for n in chunks[1:]:
+            mgr.new_step_starts()
+            assert mgr.allocate_slots(req, n) is not None
+            req.num_computed_tokens += n
+        mgr.new_step_starts()
+        mgr.free(req)
+        return hit, full_attention_alone * 16
+
+    a = list(range(1000, 1100))
+    assert serve("A", a, [96, 4]) == (0, 0)
+    assert serve("B", a + list(range(2000, 2020)), [120]) == (96, 96)
+    assert serve("C", a[:80] + list(range(3000, 3040)), [120]) == (0, 80)
+    d = list(range(4000, 4100))
+    assert serve("D", d, [100]) == (0, 0)
+    assert serve("E", d + list(range(5000, 5020)), [120]) == (0, 96)
