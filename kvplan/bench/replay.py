@@ -21,6 +21,11 @@ engine's reported pool with vLLM's block pool and counters (kvplan.plan.block_po
 - else, for traffic whose requests do not overlap (arrivals further apart than a request lasts), the
   working set (kvplan.plan.prefix_cache): requests one at a time, no timing needed. A replay whose
   requests do overlap then gets no prediction rather than a wrong one (`predicted_by` says which).
+
+All of it on the served model's KV cache groups (`served_groups`: its config read offline): a hybrid model's
+sliding-window / chunked-local groups through kvplan.plan.hybrid_sim; a recurrent-state model gets no prediction
+(its prefix cache is not modelled); a model kvplan cannot read is predicted as one full-attention group, and
+`predicted_by` says so.
 """
 
 from __future__ import annotations
@@ -120,6 +125,9 @@ MAX_WAVES = 30
 MAX_LATE_SESSIONS = 16
 #: Above this many turns a lockstep replay is simulated once (all at once, no delay), not per timing.
 MAX_TIMED_TURNS = 5000
+#: The same on a hybrid KV cache, whose simulator steps every decode step (kvplan.plan.hybrid_sim: ~20 times
+#: the plain simulator's time on 128 agent turns, 0.4 s a run), so ~200 timings stay within a minute.
+MAX_TIMED_HYBRID_TURNS = 100
 
 
 @dataclass(frozen=True)
@@ -145,7 +153,7 @@ def predict(traffic: Traffic, config: SchedulerConfig, time_scale: float = 1.0, 
     if not lockstep(traffic):
         return None
     nominal = simulate_groups(config, traffic_load(traffic, B), groups)
-    if traffic.num_requests > MAX_TIMED_TURNS:
+    if traffic.num_requests > (MAX_TIMED_TURNS if groups is None else MAX_TIMED_HYBRID_TURNS):
         return Prediction(nominal, "simulator, in engine steps (sessions in lockstep; one timing)",
                           nominal.prefix_hit_rate, nominal.prefix_hit_rate, nominal.preempted)
     session_of = {name: i for i, name in enumerate(traffic.sessions)}

@@ -154,6 +154,7 @@ class HybridCache:
         self.spans = [g.span for g in hg.groups]
         # Blocks in a row a window hit needs (`_contiguous_blocks_for_hit`, no EAGLE).
         self.need = [cdiv(g.span - 1, B) if g.kind == SLIDING else 0 for g in hg.groups]
+        self.moving = [g for g, group in enumerate(hg.groups) if group.kind != FULL]  # groups that let blocks go
         cap_tokens = hg.max_in_flight_tokens
         self.cap: list[int | None] = [
             cdiv(min(g.span - 1 + cap_tokens, hg.max_model_len), B) + 1 if g.kind == SLIDING
@@ -291,10 +292,12 @@ class HybridCache:
             tables.append([0] * skipped + kept)
         return tables
 
-    def remove_skipped(self, tables: list[list[int]], computed: int) -> None:
+    def remove_skipped(self, tables: list[list[int]], computed: int) -> int:
         """`remove_skipped_blocks`: each window / chunk group frees the blocks before the next token's window,
-        from the last one back to the first null (`_remove_blocks_in_range`)."""
-        for g, table in enumerate(tables):
+        from the last one back to the first null (`_remove_blocks_in_range`). Returns how many it freed."""
+        count = 0
+        for g in self.moving:
+            table = tables[g]
             skipped = self.skipped_tokens(g, computed)
             if skipped <= 0:
                 continue
@@ -306,13 +309,17 @@ class HybridCache:
                 table[i] = 0
             if freed:
                 self.pool.release(freed[::-1])  # (release frees its list last block first)
+                count += len(freed)
+        return count
 
-    def allocate(self, tables: list[list[int]], num_tokens: int) -> None:
-        """`allocate_new_blocks`, group by group, from the head of the free queue."""
-        need = cdiv(num_tokens, self.B)
+    def allocate(self, tables: list[list[int]], num_tokens: int) -> int:
+        """`allocate_new_blocks`, group by group, from the head of the free queue. Returns how many it took."""
+        need, count = cdiv(num_tokens, self.B), 0
         for table in tables:
             if need > len(table):
+                count += need - len(table)
                 table += self.pool.take(need - len(table))
+        return count
 
     def mask(self, g: int, start: int, end: int, boundaries: Sequence[int]) -> list[bool] | None:
         """`SlidingWindowManager.reachable_block_mask` for blocks ``start..end-1`` (no EAGLE, alignment = the

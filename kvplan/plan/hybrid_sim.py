@@ -71,22 +71,27 @@ class _HybridScheduler(_Scheduler):
         req.blocks = [b for t in self.tables.get(req.rid, ()) for b in t if b]
 
     def _cache_to(self, req: _Req, upto: int) -> None:
+        offered = self.offered[req.rid]
+        if min(upto, req.num_tokens) // self.B <= min(offered):  # no group has a newly full block
+            return
         junction = self.junction.get(req.rid, 0)
         boundaries = (req.prompt - 1, junction) if junction else (req.prompt - 1,)
-        self.cache.cache(self.tables[req.rid], self.offered[req.rid], min(upto, req.num_tokens),
+        self.cache.cache(self.tables[req.rid], offered, min(upto, req.num_tokens),
                          lambda start, stop: _keys(req, start, stop, self.B), boundaries)
 
     def _allocate_slots(self, req: _Req, num_tokens: int) -> bool:
         """A running request's `allocate_slots` for ``num_tokens`` in all: out-of-window blocks freed, the
         new blocks if they fit (False if not), the full ones cached."""
         tables = self.tables[req.rid]
-        self.cache.remove_skipped(tables, req.computed)
+        changed = self.cache.remove_skipped(tables, req.computed)
         if self.cache.blocks_to_allocate(tables, num_tokens, [], req.computed) > self.pool.num_free:
-            self._held(req)
+            if changed:
+                self._held(req)
             return False
-        self.cache.allocate(tables, num_tokens)
+        changed += self.cache.allocate(tables, num_tokens)
         self._cache_to(req, num_tokens)
-        self._held(req)
+        if changed:
+            self._held(req)
         return True
 
     def _free(self, req: _Req) -> None:
