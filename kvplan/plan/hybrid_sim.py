@@ -306,8 +306,9 @@ class HybridWorkingSet:
     replays: int
 
 
-#: Block positions (over the groups) a hybrid working set replays at most, times its replays: a bound on time.
-MAX_HYBRID_BLOCK_OPS = 30_000_000
+#: Block positions (over the groups) a hybrid working set replays at most, times its replays: a bound on time
+#: (a replay takes ~3 us a block position: ~30 s at the bound).
+MAX_HYBRID_BLOCK_OPS = 10_000_000
 
 
 def hybrid_working_set(turns: Sequence[SimTurn], groups: HybridGroups, usable_blocks: int,
@@ -324,7 +325,7 @@ def hybrid_working_set(turns: Sequence[SimTurn], groups: HybridGroups, usable_bl
         raise KvplanError(f"the traffic holds {positions:,} block positions over the model's {len(groups.groups)} KV "
                           f"groups: replaying them ~{probes} times for a hybrid model's working set is above "
                           f"kvplan's bound of {MAX_HYBRID_BLOCK_OPS:,}",
-                          "give a sample of the traffic (fewer sessions or requests)")
+                          "replay a sample of the traffic: fewer sessions or requests")
     unbounded = _UnboundedPool()
     queried, achievable = replay_one_at_a_time(turns, groups, 0, max_num_batched_tokens, pool=unbounded)
     top = max(1, unbounded.taken)

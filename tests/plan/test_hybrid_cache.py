@@ -147,3 +147,13 @@ def test_hybrid_workload_plan_against_the_simulator():
     for share, pool in w.pool_for_share.items():
         assert sim(pool).prefix_hits >= float(share.rstrip("%")) / 100 * full.prefix_hits, share
         assert w.pool_share_used[share] == round(pool / 120, 4)
+
+
+def test_a_hybrid_working_set_too_large_to_replay_is_refused():
+    """Every probe replays every block: a traffic above the bound is refused at once, naming its size."""
+    from kvplan.plan.hybrid_sim import MAX_HYBRID_BLOCK_OPS, hybrid_working_set
+
+    hg = HybridGroups((CacheGroup(SLIDING, 64), CacheGroup(FULL)), 16, 1 << 30, 1 << 30)
+    positions = MAX_HYBRID_BLOCK_OPS // 2 // 30  # per group: x 2 groups x ~33 probes is above the bound
+    with pytest.raises(KvplanError, match="block positions over the model's 2 KV groups"):
+        hybrid_working_set([SimTurn(0, 16 * positions, 1)], hg, 1000)
