@@ -314,10 +314,10 @@ MAX_HYBRID_BLOCK_OPS = 10_000_000
 def hybrid_working_set(turns: Sequence[SimTurn], groups: HybridGroups, usable_blocks: int,
                        shares: Sequence[float] = (0.5, 0.9, 0.99),
                        max_num_batched_tokens: int = 1 << 30) -> HybridWorkingSet:
-    """The one-at-a-time hits on ``usable_blocks``, and, by bisection over pool sizes, the smallest pool keeping
-    each share of the achievable hits, to within 1% (each share searched from the previous one's pool up:
-    hybrid hits need not grow with the pool everywhere, so a pool is "the smallest the search found"). Every
-    probe is a replay of every block: a trace above `MAX_HYBRID_BLOCK_OPS` is refused."""
+    """The one-at-a-time hits on ``usable_blocks``, and, by bisection over pool sizes, a pool keeping each share of
+    the achievable hits: the top of a bracket narrowed to 1% (each share searched from the previous one's pool
+    up). Hybrid hits need not grow with the pool at every size, so a somewhat smaller pool may keep the share
+    too. Every probe is a replay of every block: a trace above `MAX_HYBRID_BLOCK_OPS` is refused."""
     B = groups.block_size
     positions = len(groups.groups) * sum(-(-(t.prompt + t.output - 1) // B) for t in turns)
     probes = 3 + 3 * 10  # the asked pool, the unbounded one, ~10 bisection probes a share (to 1%)

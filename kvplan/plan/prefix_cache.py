@@ -466,8 +466,8 @@ def hybrid_workload_plan(traffic: Traffic, groups: HybridGroups, usable_blocks: 
              f"hybrid KV cache ({groups.describe()}): a hit is the prefix every group has cached (vLLM 0.32's hybrid "
              "coordinator); a sliding-window group caches only the window's blocks before each prompt's last "
              "block and at shared-prefix junctions, and frees the blocks that slide out of the window",
-             f"pool sizes found by bisection over {hws.replays} one-at-a-time replays (hybrid hits need not grow "
-             "with the pool at every size: the smallest pool the search found)"]
+             f"pool sizes found by bisection to a 1% bracket over {hws.replays} one-at-a-time replays; hybrid hits "
+             "need not grow with the pool at every size, so a somewhat smaller pool may keep the share too"]
     return WorkloadPlan(
         source=traffic.source, requests=traffic.num_requests, sessions=len(traffic.sessions), block_size=B,
         pool_blocks=usable_blocks, queried_tokens=q,
