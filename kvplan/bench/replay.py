@@ -21,10 +21,16 @@ engine's reported pool with vLLM's block pool and counters (kvplan.plan.block_po
 - else, for traffic whose requests do not overlap (arrivals further apart than a request lasts), the
   working set (kvplan.plan.prefix_cache): requests one at a time, no timing needed. A replay whose
   requests do overlap then gets no prediction rather than a wrong one (`predicted_by` says which).
+
+All of it on the served model's KV cache groups (`served_groups`: its config read offline): a hybrid model's
+sliding-window / chunked-local groups through kvplan.plan.hybrid_sim; a recurrent-state model gets no prediction
+(its prefix cache is not modelled); a model kvplan cannot read is predicted as one full-attention group, and
+`predicted_by` says so.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,9 +39,13 @@ from pydantic import BaseModel
 from kvplan.bench.loadgen import RequestRecord, SessionSend
 from kvplan.bench.results import LatencyStats, ReplayFigures, ServerFigures
 from kvplan.bench.workload import RequestSpec
+from kvplan.deploy import load_model, plan_deployment, select_gpus
 from kvplan.errors import KvplanError
-from kvplan.plan.prefix_cache import traffic_load, traffic_working_set
-from kvplan.plan.simulate import SchedulerConfig, SimResult, simulate, wave_scenarios
+from kvplan.plan.hybrid_cache import HybridGroups
+from kvplan.plan.hybrid_sim import replay_one_at_a_time, simulate_groups
+from kvplan.plan.prefix_cache import hybrid_sim_turns, traffic_load, traffic_working_set
+from kvplan.plan.schema import Settings, settings_from_engine_args
+from kvplan.plan.simulate import SchedulerConfig, SimResult, wave_scenarios
 from kvplan.traffic.loaders import load_traffic
 from kvplan.traffic.model import Traffic
 from kvplan.traffic.tokens import prompt_token_ids
@@ -115,6 +125,9 @@ MAX_WAVES = 30
 MAX_LATE_SESSIONS = 16
 #: Above this many turns a lockstep replay is simulated once (all at once, no delay), not per timing.
 MAX_TIMED_TURNS = 5000
+#: The same on a hybrid KV cache, whose simulator steps every decode step (kvplan.plan.hybrid_sim: ~20 times
+#: the plain simulator's time on 128 agent turns, 0.4 s a run), so ~200 timings stay within a minute.
+MAX_TIMED_HYBRID_TURNS = 100
 
 
 @dataclass(frozen=True)
@@ -129,16 +142,18 @@ class Prediction:
     preemption: bool | None  # None: some timings preempt, others do not
 
 
-def predict(traffic: Traffic, config: SchedulerConfig, time_scale: float = 1.0, step_time=None) -> Prediction | None:
-    """The simulator's run of the replay (see the module doc); None when kvplan cannot time it honestly."""
+def predict(traffic: Traffic, config: SchedulerConfig, time_scale: float = 1.0, step_time=None,
+            groups: HybridGroups | None = None) -> Prediction | None:
+    """The simulator's run of the replay (see the module doc); None when kvplan cannot time it honestly.
+    ``groups``: the model's KV cache groups (None: one full-attention group)."""
     B = config.block_size
     if step_time is not None:
-        sim = simulate(config, traffic_load(traffic, B, time_scale), step_time)
+        sim = simulate_groups(config, traffic_load(traffic, B, time_scale), groups, step_time)
         return Prediction(sim, "simulator, step-time model", sim.prefix_hit_rate, sim.prefix_hit_rate, sim.preempted)
     if not lockstep(traffic):
         return None
-    nominal = simulate(config, traffic_load(traffic, B))
-    if traffic.num_requests > MAX_TIMED_TURNS:
+    nominal = simulate_groups(config, traffic_load(traffic, B), groups)
+    if traffic.num_requests > (MAX_TIMED_TURNS if groups is None else MAX_TIMED_HYBRID_TURNS):
         return Prediction(nominal, "simulator, in engine steps (sessions in lockstep; one timing)",
                           nominal.prefix_hit_rate, nominal.prefix_hit_rate, nominal.preempted)
     session_of = {name: i for i, name in enumerate(traffic.sessions)}
@@ -160,7 +175,8 @@ def predict(traffic: Traffic, config: SchedulerConfig, time_scale: float = 1.0, 
                            if turn.turn == 0 and session_of[turn.session] == late else 0.0)
     rates, preempts = [], set()
     for timing in timings:
-        sim = simulate(config, traffic_load(traffic, B, client_delay=lambda number, t=timing: t(traffic.turns[number])))
+        sim = simulate_groups(config, traffic_load(traffic, B, client_delay=lambda number, t=timing: t(traffic.turns[number])),
+                              groups)
         rates.append(sim.prefix_hit_rate)
         preempts.add(sim.preempted)
     known = [r for r in rates if r is not None]
@@ -170,7 +186,7 @@ def predict(traffic: Traffic, config: SchedulerConfig, time_scale: float = 1.0, 
 
 
 def replay_figures(traffic: Traffic, records: list[RequestRecord], server: ServerFigures, config: SchedulerConfig | None,
-                   time_scale: float = 1.0, step_time=None) -> ReplayFigures:
+                   time_scale: float = 1.0, step_time=None, groups: ServedGroups | None = None) -> ReplayFigures:
     queries, hits = server.prefix_queries, server.prefix_hits
     fig: dict = dict(sessions=len(traffic.sessions), requests=len(records), prefix_queries=queries, prefix_hits=hits,
                      hit_rate=round(hits / queries, 6) if queries and hits is not None else None,
@@ -183,29 +199,79 @@ def replay_figures(traffic: Traffic, records: list[RequestRecord], server: Serve
         fig.update(cached_tokens_reported=True,
                    ttft_hit=LatencyStats.of([r.ttft_s for r in reported if r.cached_tokens > 0]),
                    ttft_miss=LatencyStats.of([r.ttft_s for r in reported if r.cached_tokens == 0]))
-    fig.update(_prediction(traffic, records, config, time_scale, step_time))
+    fig.update(_prediction(traffic, records, config, time_scale, step_time, groups or ServedGroups(None)))
     return ReplayFigures(**fig)
 
 
+@dataclass(frozen=True)
+class ServedGroups:
+    """The served model's KV cache groups as far as kvplan knows them: ``groups`` (None with ``unknown``: one
+    full-attention group assumed, and said; None alone: one full-attention group), or ``refused``: why their
+    prefix cache is not modelled (no prediction then)."""
+
+    groups: HybridGroups | None
+    unknown: str = ""
+    refused: str = ""
+
+
+def served_groups(model: str | None, ecfg, block_size: int, max_num_batched_tokens: int | None) -> ServedGroups:
+    """The KV cache groups kvplan plans for the served model (its config read offline; the engine's flags when
+    kvplan launched it), at the engine's block size."""
+    if not model:
+        return ServedGroups(None, unknown="the model is unknown")
+    try:
+        resolved = load_model(model, offline=True)
+    except Exception as exc:  # noqa: BLE001 - any model kvplan cannot read leaves the groups unknown
+        return ServedGroups(None, unknown=f"kvplan cannot read {model}'s config ({type(exc).__name__})")
+    try:
+        extra = {} if max_num_batched_tokens is None or ecfg is not None else {
+            "max_num_batched_tokens": max_num_batched_tokens}
+        settings = settings_from_engine_args(ecfg, **extra) if ecfg is not None else Settings(**extra)
+        plan = plan_deployment(resolved, select_gpus(None, None, "1TiB"), settings)
+        groups = HybridGroups.of_capacity(plan.capacity)
+    except KvplanError as exc:
+        return ServedGroups(None, refused=exc.message)
+    except Exception as exc:  # noqa: BLE001 - a model kvplan cannot plan leaves the groups unknown
+        return ServedGroups(None, unknown=f"kvplan cannot plan {model} ({type(exc).__name__})")
+    if groups.full_attention_only:
+        return ServedGroups(None)
+    return ServedGroups(dataclasses.replace(groups, block_size=block_size))
+
+
 def _prediction(traffic: Traffic, records: list[RequestRecord], config: SchedulerConfig | None, time_scale: float,
-                step_time) -> dict:
+                step_time, served: ServedGroups) -> dict:
     if config is None:
         return {"predicted_by": "none: the engine's KV pool is unknown"}
+    if served.refused:
+        return {"predicted_by": f"none: {served.refused}"}
+    groups = served.groups
+    assumed = f" (one full-attention KV group assumed: {served.unknown})" if served.unknown else ""
     try:
-        pred = predict(traffic, config, time_scale, step_time)
+        pred = predict(traffic, config, time_scale, step_time, groups)
     except KvplanError as exc:
         return {"predicted_by": f"none: {str(exc).splitlines()[0]}"}
     if pred is not None:
         sim = pred.nominal
-        return {"predicted_by": pred.how, "predicted_queries": sim.prefix_queries, "predicted_hits": sim.prefix_hits,
+        return {"predicted_by": pred.how + assumed, "predicted_queries": sim.prefix_queries, "predicted_hits": sim.prefix_hits,
                 "predicted_hit_rate": _round(sim.prefix_hit_rate), "predicted_hit_rate_low": _round(pred.hit_rate_low),
                 "predicted_hit_rate_high": _round(pred.hit_rate_high), "predicted_preemption": pred.preemption}
     if not _one_at_a_time(records):
         return {"predicted_by": "none: requests overlapped and the run has no step-time model (--steptime RUN or "
                                 "--gpu) to time them"}
+    how = "working set (requests one at a time, in the traffic's order)"
+    if groups is not None:  # the hybrid pool replayed one request at a time (kvplan.plan.hybrid_sim)
+        try:
+            queried, hits = replay_one_at_a_time(hybrid_sim_turns(traffic, config.block_size), groups,
+                                                 config.usable_blocks, config.max_num_batched_tokens)
+        except KvplanError as exc:
+            return {"predicted_by": f"none: {str(exc).splitlines()[0]}"}
+        rate = _round(hits / queried if queried else None)
+        return {"predicted_by": f"{how} on {groups.describe()}", "predicted_queries": queried, "predicted_hits": hits,
+                "predicted_hit_rate": rate, "predicted_hit_rate_low": rate, "predicted_hit_rate_high": rate,
+                "predicted_preemption": False}
     ws = traffic_working_set(traffic, config.block_size)
     rate = _round(ws.hit_rate(config.usable_blocks))
-    return {"predicted_by": "working set (requests one at a time, in the traffic's order)",
+    return {"predicted_by": how + assumed,
             "predicted_queries": ws.queried_tokens, "predicted_hits": ws.hit_blocks(config.usable_blocks) * ws.block_size,
             "predicted_hit_rate": rate, "predicted_hit_rate_low": rate, "predicted_hit_rate_high": rate,
             "predicted_preemption": False}

@@ -28,7 +28,15 @@ from kvplan.bench.outputs import write_reports
 from kvplan.bench.point import peak_in_flight, point_result
 from kvplan.bench.profiles import profile_for
 from kvplan.bench.prometheus import Prometheus
-from kvplan.bench.replay import first_sessions, load_replay_traffic, replay_figures, request_specs, session_sends
+from kvplan.bench.replay import (
+    ServedGroups,
+    first_sessions,
+    load_replay_traffic,
+    replay_figures,
+    request_specs,
+    served_groups,
+    session_sends,
+)
 from kvplan.bench.results import (
     BenchSummary,
     MeasuredOnsets,
@@ -90,6 +98,7 @@ class BenchRun:
         self.base_url = cfg.url.rstrip("/") if cfg.url else ""
         self.model = cfg.model or ""
         self.capacity = EngineCapacity()
+        self.served_groups: ServedGroups | None = None  # the served model's KV cache groups (a replay's prediction)
         self.rule: BlockRule | None = None
         self.rule_exact = False
         self.planner: PlannerCapacity | None = None
@@ -445,7 +454,13 @@ class BenchRun:
                 admit_full_prompt=rules.admit_full_prompt, uncached_blocks_first=rules.free_uncached_first,
                 prefix_stats_at_admission=rules.prefix_stats_at_admission)
         model = self.latency.model if self.latency is not None else None
-        figures = replay_figures(replayed, records, point.server, config, self.cfg.traffic.time_scale, model)
+        if config is not None and self.served_groups is None:  # the model's KV cache groups, read once a run
+            ecfg = self.cfg.engine_config()
+            self.served_groups = served_groups(ecfg.model if ecfg else self.model, ecfg, config.block_size,
+                                               config.max_num_batched_tokens if config.max_num_batched_tokens < 1 << 30
+                                               else None)
+        figures = replay_figures(replayed, records, point.server, config, self.cfg.traffic.time_scale, model,
+                                 self.served_groups)
         notes = list(point.notes)
         notes = [n for n in notes if "may not have reached this concurrency" not in n]  # concurrency = sessions here
         return point.model_copy(update={"replay": figures, "notes": notes})

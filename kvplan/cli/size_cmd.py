@@ -324,17 +324,20 @@ def _workload_plan(plan: SizePlan, path: str, options: Optional[list[str]], evic
     from pathlib import Path
 
     from kvplan.cli.bench_cmd import parse_loader_options
+    from kvplan.plan.hybrid_cache import HybridGroups
     from kvplan.plan.prefix_cache import workload_plan
     from kvplan.plan.tier_cache import workload_tier
     from kvplan.traffic.loaders import load_traffic
 
     traffic = load_traffic(Path(path).expanduser(), **parse_loader_options(options, "--workload-option"))
+    groups = HybridGroups.of_capacity(plan.capacity)  # refuses KV groups whose prefix cache is not modelled
     usable = plan.capacity.usable_blocks  # less V1's null block
     tier = None
     if plan.offload is not None:  # the native tier: its chunks per KV group (each group's block takes a chunk)
         tier = workload_tier(traffic, plan.block_size, usable, plan.offload.num_chunks // max(1, plan.offload.groups),
                              plan.offload.blocks_per_chunk, eviction_policy, store_threshold)
-    return workload_plan(traffic, plan.block_size, usable, [g.kind for g in plan.kv_groups], tier=tier)
+    return workload_plan(traffic, plan.block_size, usable, groups, tier=tier,
+                         max_num_batched_tokens=plan.capacity.limits.max_num_batched_tokens)
 
 
 def render(plan: SizePlan) -> None:

@@ -59,6 +59,7 @@ from kvplan.paths import MAX_RUN_NUMBER, load_user_json
 from kvplan.plan.capacity import blocks_needed, request_load
 from kvplan.plan.fit import latency_floor
 from kvplan.plan.fleet import MAX_REPLICAS, replica_at, replicas_for_rate
+from kvplan.plan.hybrid_cache import HybridGroups
 from kvplan.plan.prefix_cache import workload_plan
 from kvplan.plan.simulate import SchedulerConfig
 from kvplan.plan.size import gpu_flag
@@ -594,7 +595,12 @@ class Planner:
             traffic = load_traffic(path, **options)
         except KvplanError as exc:
             raise SpecIssue(self.file, entry.line_of("workload"), entry.label("workload"), exc.message, exc.hint) from None
-        return workload_plan(traffic, plan.block_size, usable, [g.kind for g in plan.kv_groups])
+        try:
+            groups = HybridGroups.of_capacity(plan.capacity)
+            return workload_plan(traffic, plan.block_size, usable, groups,
+                                 max_num_batched_tokens=plan.capacity.limits.max_num_batched_tokens)
+        except KvplanError as exc:
+            raise SpecIssue(self.file, entry.line_of("workload"), entry.label("workload"), exc.message, exc.hint) from None
 
 
 def check_spec(spec: Spec, bench_runs: list[BenchEvidence] | None = None, strict: bool = False) -> CheckReport:

@@ -30,6 +30,9 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 
 from kvplan.errors import KvplanError
+from kvplan.plan.block_pool import BlockPool
+from kvplan.plan.hybrid_cache import HybridCache, HybridGroups
+from kvplan.plan.hybrid_sim import hybrid_working_set
 from kvplan.plan.schema import WorkloadPlan, WorkloadTier
 from kvplan.plan.simulate import SimTurn, paused_gc, session_load
 from kvplan.traffic.model import Segment, Traffic, Turn
@@ -391,16 +394,24 @@ def session_peak_blocks(traffic: Traffic, block_size: int) -> tuple[dict[str, in
     return peaks, keys
 
 
-def sessions_held_at_once(traffic: Traffic, block_size: int, usable_blocks: int) -> int:
+def sessions_held_at_once(traffic: Traffic, block_size: int, usable_blocks: int,
+                          groups: HybridGroups | None = None) -> int:
     """The most sessions whose largest turns fit the pool together, the blocks they share counted once,
-    taking the largest sessions first (a worst case: the sessions in flight are the heaviest)."""
+    taking the largest sessions first (a worst case: the sessions in flight are the heaviest). On a hybrid
+    cache (``groups``) a turn holds its blocks in every full-attention group (shared ones counted once per
+    group) and, in each window / chunk group, what admission reserves there: at most the group's cap
+    (kvplan.plan.hybrid_cache), never shared."""
     peaks, keys = session_peak_blocks(traffic, block_size)
+    full, caps = 1, ()
+    if groups is not None and not groups.full_attention_only:
+        full = sum(g.kind == "full" for g in groups.groups)
+        caps = tuple(c for c in HybridCache(groups, BlockPool(1)).cap if c is not None)
     held: set[int] = set()
     unique = 0
     count = 0
     for session in sorted(peaks, key=lambda s: -peaks[s]):
         shared = len(keys[session] & held)
-        need = peaks[session] - shared
+        need = (peaks[session] - shared) * full + sum(min(peaks[session], cap) for cap in caps)
         if unique + need > usable_blocks:
             break
         unique += need
@@ -409,18 +420,21 @@ def sessions_held_at_once(traffic: Traffic, block_size: int, usable_blocks: int)
     return count
 
 
-def workload_plan(traffic: Traffic, block_size: int, usable_blocks: int, kinds: Sequence[str] = ("full_attention",),
-                  tier: WorkloadTier | None = None):
+def workload_plan(traffic: Traffic, block_size: int, usable_blocks: int, groups: HybridGroups | None = None,
+                  tier: WorkloadTier | None = None, max_num_batched_tokens: int = 1 << 30):
     """What `kvplan size --workload` prints: the hits the pool keeps and the pool each share needs; ``tier``
-    (--kv-offloading-size: kvplan.plan.tier_cache.workload_tier, which builds on this module) goes with it."""
+    (--kv-offloading-size: kvplan.plan.tier_cache.workload_tier, which builds on this module) goes with it.
+    ``groups``: the model's KV cache groups (kvplan.plan.hybrid_cache.HybridGroups.of_capacity, which refuses
+    what is not modelled); a hybrid cache is replayed (`hybrid_workload_plan`)."""
 
+    if groups is not None and not groups.full_attention_only:
+        if tier is not None:
+            raise KvplanError(f"the CPU tier's hits on a hybrid KV cache ({groups.describe()}) are not modelled",
+                              "drop --kv-offloading-size to see the GPU pool's hits")
+        return hybrid_workload_plan(traffic, groups, usable_blocks, max_num_batched_tokens)
     ws = traffic_working_set(traffic, block_size)
     notes = ["requests served one at a time (no timing): requests in flight pin blocks and leave less room for "
              "cached ones; kvplan bench --traffic replays it on the engine beside the simulator's figures"]
-    other = sorted(set(kinds) - {"full_attention", "mla"})
-    if other:
-        notes.append(f"the model also has {', '.join(other)} groups: vLLM caches those sparsely (the replay boundary "
-                     "and shared-prefix junctions), which kvplan does not model; hits are the full-attention groups'")
     need = {f"{share:.0%}": ws.pool_for(share) for share in HIT_SHARES}
     return WorkloadPlan(
         source=traffic.source, requests=traffic.num_requests, sessions=len(traffic.sessions), block_size=block_size,
@@ -430,3 +444,34 @@ def workload_plan(traffic: Traffic, block_size: int, usable_blocks: int, kinds: 
         pool_share_used={k: round(v / usable_blocks, 4) if usable_blocks else float("inf") for k, v in need.items()},
         sessions_held_at_once=sessions_held_at_once(traffic, block_size, usable_blocks), notes=notes,
         tier=tier)
+
+
+def hybrid_sim_turns(traffic: Traffic, block_size: int) -> list[SimTurn]:
+    """The traffic's turns in `replay_order`, as the one-at-a-time replay takes them (hash ids of their full
+    prompt blocks)."""
+    hasher = BlockHasher(block_size)
+    return [SimTurn(0, t.prompt_tokens, t.output_tokens, hasher.prompt_keys(t.segments)) for t in replay_order(traffic)]
+
+
+def hybrid_workload_plan(traffic: Traffic, groups: HybridGroups, usable_blocks: int,
+                         max_num_batched_tokens: int = 1 << 30) -> WorkloadPlan:
+    """`workload_plan` on a hybrid KV cache: the requests replayed one at a time through every group
+    (kvplan.plan.hybrid_sim.hybrid_working_set), in the working set's order."""
+    B = groups.block_size
+    hws = hybrid_working_set(hybrid_sim_turns(traffic, B), groups, usable_blocks, HIT_SHARES, max_num_batched_tokens)
+    q = hws.queried_tokens
+    need = {f"{share:.0%}": hws.pool_for_share[share] or hws.never_evicting_pool for share in HIT_SHARES}
+    notes = ["requests served one at a time (no timing): requests in flight pin blocks and leave less room for "
+             "cached ones; kvplan bench --traffic replays it on the engine beside the simulator's figures",
+             f"hybrid KV cache ({groups.describe()}): a hit is the prefix every group has cached (vLLM 0.32's hybrid "
+             "coordinator); a sliding-window group caches only the window's blocks before each prompt's last "
+             "block and at shared-prefix junctions, and frees the blocks that slide out of the window",
+             f"pool sizes found by bisection to a 1% bracket over {hws.replays} one-at-a-time replays; hybrid hits "
+             "need not grow with the pool at every size, so a somewhat smaller pool may keep the share too"]
+    return WorkloadPlan(
+        source=traffic.source, requests=traffic.num_requests, sessions=len(traffic.sessions), block_size=B,
+        pool_blocks=usable_blocks, queried_tokens=q,
+        achievable_hit_rate=round(hws.achievable_tokens / q, 6) if q else 0.0,
+        hit_rate_at_pool=round(hws.hit_tokens_at_pool / q, 6) if q else 0.0, pool_for_share=need,
+        pool_share_used={k: round(v / usable_blocks, 4) if usable_blocks else float("inf") for k, v in need.items()},
+        sessions_held_at_once=sessions_held_at_once(traffic, B, usable_blocks, groups), notes=notes)

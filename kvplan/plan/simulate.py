@@ -35,7 +35,8 @@ simulation predicts can then move by a level from run to run. `timing_verdict` a
 `proven_onsets` tell the onsets no such timing can move from the ones it can.
 
 Not modelled: async scheduling's output placeholders (one step of lookahead on GPUs),
-speculative decoding, sliding-window / recurrent-state groups (full attention only), the
+speculative decoding, several KV cache groups (one full-attention group here; sliding-window and
+chunked-local groups: kvplan.plan.hybrid_sim; recurrent-state groups: not modelled), the
 0.33 watermark, priority scheduling, the API server's own delays (beyond ``client_delay``).
 """
 
@@ -526,11 +527,15 @@ class _Scheduler:
             self.pool.cache(req.blocks[req.num_cached:full], _keys(req, req.num_cached, full, self.B))
             req.num_cached = full
 
+    def _free(self, req: _Req) -> None:
+        """Its blocks back to the pool, its last block first (a hybrid pool frees group by group)."""
+        self.pool.release(req.blocks)
+        req.blocks = []
+
     def _preempt(self, req: _Req) -> None:
         if self.trace is not None:
             self.trace.append(("preempt", req.tl.index))
-        self.pool.release(req.blocks)
-        req.blocks = []
+        self._free(req)
         req.computed = 0
         req.num_cached = 0
         req.tl.preemptions += 1
@@ -659,8 +664,7 @@ class _Scheduler:
             self.running.remove(req)
             if self.trace is not None:
                 self.trace.append(("finish", req.tl.index))
-            self.pool.release(req.blocks)
-            req.blocks = []
+            self._free(req)
             req.tl.finish_step = self.step
             self.finished += 1
             if req.tl.index in self.next_turn:

