@@ -247,8 +247,8 @@ SYNTHETIC: dict[str, dict] = {
         "vocab_size": 512, "max_position_embeddings": 8192, "torch_dtype": "bfloat16", "tie_word_embeddings": False},
     # MiMo-V2-Flash's layout, in the checkpoint's own fields (the ones vLLM's mimo_v2.py reads): global layers with
     # fewer KV heads than the sliding ones (so their pages differ: vLLM doubles the global block), K heads of 192 and
-    # V heads of 128, MoE layers by moe_layer_freq; small shapes written here (no published config.json was found
-    # in the stored sources).
+    # V heads of 128, MoE layers by moe_layer_freq; small shapes written here (the bundled profile,
+    # profiles/models/XiaomiMiMo--MiMo-V2-Flash.json, is a field subset of the published config, from aiconfigurator).
     "synthetic/mimo-v2-flash": {
         "architectures": ["MiMoV2FlashForCausalLM"], "model_type": "mimo_v2_flash", "hidden_size": 256,
         "num_hidden_layers": 6, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 192, "v_head_dim": 128,
