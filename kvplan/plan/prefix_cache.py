@@ -226,7 +226,16 @@ def working_set(turns: Iterable[Turn], block_size: int) -> WorkingSet:
     segment reused only its first blocks): ``pieces[run]`` holds them as ``(end, j, end, j...)``, newest
     first, blocks ``[previous end, end)`` last used by ``j``. Along a prompt the last users only get older
     (a request that uses a block uses every block before it), so ``r`` takes its blocks from one request
-    after another, a *stretch* each: it looks a stretch's blocks up, then moves them to itself."""
+    after another, a *stretch* each: it looks a stretch's blocks up, then moves them to itself.
+
+    **Stale copies.** A cached block the request does not look up (its last, when the prompt ends on a block
+    boundary: the last token is always computed; or any past a miss) is computed again into a new block with the
+    same hash, and vLLM keeps both (`BlockHashToBlockMap`). The old copy stays where it was, holding a slot
+    (``stale``: its prompt positions, counted in its request's distances once a later request moved past them);
+    the request's copy is the hash's newer one. vLLM's lookup takes the older copy while it lasts, which moves the
+    stale slot to the newer copy's place; the curve keeps it at the older one's, so it can count one block too
+    few for blocks last used between the two: it may over-predict by a block per such copy, never under-predict
+    (tests/plan/test_prefix_cache.py, against the simulator)."""
     turns = list(turns)
     B = block_size
     if B < 1:
@@ -237,6 +246,9 @@ def working_set(turns: Iterable[Turn], block_size: int) -> WorkingSet:
     pieces: list[tuple[int, ...]] = [()]
     tree = _Fenwick()  # request number -> the blocks it was the last to use
     moved = [0] * (len(turns) + 1)  # leading blocks of each request's prompt a later request took
+    # request -> prompt positions of its stale copies: blocks a later request computed again instead of hitting
+    # (past its hits), which stay in the pool where they were; rare, so a list each
+    stale: dict[int, list[int]] = {}
     # (distance, blocks) pairs as one int each, distance << shift | blocks: ints sort several times faster
     # than tuples, fastest within a machine word, so shift is just wide enough for the longest run
     shift = (max((t.prompt_tokens for t in turns), default=0) // B).bit_length()
@@ -296,10 +308,19 @@ def working_set(turns: Iterable[Turn], block_size: int) -> WorkingSet:
                                 # the previous request's partial block holds a slot (uncached blocks go to the
                                 # head of the free queue, vLLM 0.23+)
                                 offset = total_blocks - tree.prefix(j) - moved[j] + uncached_prev
+                                if j in stale:  # its stale copies inside the moved prefix still hold a slot
+                                    offset += sum(1 for at in stale[j] if at < moved[j])
                             pairs.append((offset + held + start) << shift | ((end if end < want else want) - start))
                         stop = end if end < count else count
-                        taken += stop - start
-                        reach = held + stop
+                        # Only looked-up blocks move to this request. A cached block past the lookups (the
+                        # prompt's last, when it ends on a block boundary) is recomputed into a new block with
+                        # the same hash: the old copy stays where it was, and this request's copy is the newer.
+                        moves_to = stop if stop < want else want
+                        if moves_to > start:
+                            taken += moves_to - start
+                            reach = held + moves_to
+                        if stop > moves_to:
+                            stale.setdefault(j, []).extend(range(held + max(start, moves_to), held + stop))
                         start = stop
                         i += 2
                     if start < want:  # a never-seen block ends the chain
@@ -308,7 +329,7 @@ def working_set(turns: Iterable[Turn], block_size: int) -> WorkingSet:
                     else:
                         achievable += want
                         left -= want
-                    new_blocks += count - start
+                    new_blocks += count - (start if start < want else want)  # never seen, or recomputed
                     # This request now holds the run's blocks [0, count); the older pieces past them stay.
                     if end > count:
                         i -= 2

@@ -279,7 +279,8 @@ def test_laguna_without_layer_types_is_global_everywhere():
 
 
 # MiMo-V2-Flash's shape in the checkpoint's own fields (those vLLM's mimo_v2.py reads; written here before the bundled
-# profile, a field subset of the published config transcribed by aiconfigurator, was found): 48 layers, layer 0 and every 6th global (4 KV heads),
+# profile, a field subset of the published config transcribed by aiconfigurator, was found): 48 layers, layer 0 and
+# every 6th global (4 KV heads),
 # the rest sliding (8 KV heads, a 128-token window), K heads of 192 and V heads of 128, 256 experts from layer 1.
 MIMO_V2_FLASH = {
     "architectures": ["MiMoV2FlashForCausalLM"], "model_type": "mimo_v2_flash", "hidden_size": 4096,

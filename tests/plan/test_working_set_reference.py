@@ -16,7 +16,9 @@ def reference_distances(turns: list[Turn], block_size: int) -> list[int]:
     """The reuse distance of every block a request finds cached, one block at a time: its place in the
     eviction order (blocks used more recently before it), plus one while the previous request's partial
     last block holds a slot. A finished request's blocks go first, its prompt in prompt order, then its
-    generated blocks (never hit: ids below 0)."""
+    generated blocks (never hit: ids below 0). A cached block the request does not hit (past its hits, or
+    its last block when it ends on a block boundary) is computed again: its old copy stays in place as a
+    stale block (an id below 0, never hit)."""
     B = block_size
     hasher = BlockHasher(B)
     order: list[int] = []
@@ -26,14 +28,26 @@ def reference_distances(turns: list[Turn], block_size: int) -> list[int]:
     for turn in turns:
         keys = hasher.prompt_keys(turn.segments)
         place = {block: i for i, block in enumerate(order)}
+        hits = 0
         for block in keys[: (turn.prompt_tokens - 1) // B]:  # the last token is always computed
             if block not in place:
                 break
             distances.append(place[block] + uncached_prev)
+            hits += 1
         computed = turn.prompt_tokens + turn.output_tokens - 1
         tail = max(0, computed // B - len(keys))
-        mine = set(keys)
-        order = [*keys, *range(generated - 1, generated - 1 - tail, -1), *(b for b in order if b not in mine)]
+        # A cached block the request does not hit is computed again into a new block with the same hash: the
+        # old copy stays where it is (a stale copy: an id of its own, never looked up again).
+        touched = set(keys[:hits])
+        stale = {block for block in keys[hits:] if block in place}
+        kept = []
+        for b in order:
+            if b in stale:
+                generated -= 1
+                kept.append(generated)
+            elif b not in touched:
+                kept.append(b)
+        order = [*keys, *range(generated - 1, generated - 1 - tail, -1), *kept]
         generated -= tail
         uncached_prev = 1 if computed % B else 0
     return sorted(distances)
@@ -78,7 +92,21 @@ def collisions(rng: random.Random) -> list[Turn]:
     return [Turn(f"q{i}", 0, rng.choice(prompts), rng.randint(1, 50), arrival_s=0.0) for i in range(rng.randint(1, 40))]
 
 
-@pytest.mark.parametrize("make", [conversations, collisions])
+def aligned(rng: random.Random) -> list[Turn]:
+    """Prompts that end on block boundaries (at every block size tried) and are prefixes of earlier ones: their
+    cached last block is computed again, leaving a stale copy."""
+    docs = {f"d{i}": 48 * rng.randint(1, 4) for i in range(rng.randint(1, 3))}
+    turns = []
+    for i in range(rng.randint(2, 30)):
+        key = rng.choice(list(docs))
+        segs = [Segment(key, rng.choice([docs[key], 48 * rng.randint(1, docs[key] // 48)]))]
+        if rng.random() < 0.3:
+            segs.append(Segment(f"u{i}", rng.choice([48, rng.randint(1, 60)])))
+        turns.append(Turn(f"a{i}", 0, tuple(segs), rng.randint(1, 50), arrival_s=0.0))
+    return turns
+
+
+@pytest.mark.parametrize("make", [conversations, collisions, aligned])
 @pytest.mark.parametrize("seed", range(12))
 def test_the_runs_expand_to_the_block_at_a_time_distances(make, seed):
     rng = random.Random(seed)
