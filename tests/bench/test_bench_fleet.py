@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from helpers.bench import bench_env, kvplan_cmd
 from helpers.fleet import PoolReplica
+from helpers.llmd import assert_valid_llmd_reports
 
 from kvplan.bench.config import BenchConfig, FleetConfig
 from kvplan.bench.fleet import FleetRule, resumed_fleet
@@ -117,6 +118,11 @@ def test_least_outstanding_names_the_first_replica_to_preempt(tmp_path):
     report = (run / "report.md").read_text()
     assert "## Replicas" in report and f"| 2 | {b.url} | {b.url} | 13 blocks of 32;" in report
     assert "| 8 | 2 | 12 | 4 | KV (KV) |" in report  # load 8, replica 2: 12 requests, 4 at once
+    # llm-d-benchmark's report: still valid, the engine's replicas counted, each replica's figures kept
+    reports = assert_valid_llmd_reports(run)
+    last = reports[max(reports)]
+    assert last["scenario"]["stack"][0]["standardized"]["replicas"] == 2
+    assert [r["name"] for r in last["results"]["observability"]["kvplan"]["replicas"]] == [a.url, b.url]
 
 
 def test_round_robin_sends_each_replica_every_other_request(tmp_path):
