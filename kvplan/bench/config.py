@@ -45,8 +45,9 @@ class PrometheusConfig(BaseModel):
     wait_s: float = Field(60.0, gt=0, le=3600)  # --prometheus-wait: the most a point waits for a fresh scrape
 
 
-#: Replicas one run may name (--url or --metrics-url): far above a fleet one client can load.
-MAX_REPLICAS = 256
+#: Replicas one run may name (--url or --metrics-url): above the fleet one client process can load and scrape
+#: (each replica's /metrics is read every --scrape-interval).
+MAX_REPLICAS = 64
 
 
 class FleetConfig(BaseModel):

@@ -64,6 +64,9 @@ from kvplan.plan.blocks import BlockRule
 from kvplan.term import printable
 from kvplan.vllm.startup_log import redact
 
+#: Full scrapes (before and after a point) in flight at once: a fleet of lying servers cannot make kvplan hold
+#: every replica's /metrics at its size limit together.
+FULL_SCRAPES_AT_ONCE = 8
 #: ServerFigures that add up over replicas (deltas of counters over the point).
 SUMMED = ("preemptions", "prompt_tokens", "generation_tokens", "prefix_queries", "prefix_hits", "external_queries",
           "external_hits", "offload_load_bytes", "offload_load_s", "offload_store_bytes", "offload_store_s")
@@ -326,9 +329,15 @@ class Fleet:
     # -------------------------------------------------------- one point
 
     async def scrape_all(self, client: Client) -> list[Snapshot | BaseException]:
-        """One full scrape of every replica at once; a replica that cannot be read gives its exception."""
-        return await asyncio.gather(*(scrape_once(r.metrics_url, client=client) for r in self.replicas),
-                                    return_exceptions=True)
+        """One full scrape of every replica, FULL_SCRAPES_AT_ONCE at a time (each may read and parse up to
+        kvplan.bench.metrics.MAX_METRICS_BYTES); a replica that cannot be read gives its exception."""
+        gate = asyncio.Semaphore(FULL_SCRAPES_AT_ONCE)
+
+        async def one(replica: Replica) -> Snapshot:
+            async with gate:
+                return await scrape_once(replica.metrics_url, client=client)
+
+        return await asyncio.gather(*(one(r) for r in self.replicas), return_exceptions=True)
 
     async def before_point(self, client: Client) -> tuple[list[Snapshot] | None, str | None]:
         """(each replica's scrape, None), or (None, why the point cannot start: the replica that cannot be read)."""

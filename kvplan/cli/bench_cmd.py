@@ -103,8 +103,8 @@ def _traffic_replay(traffic: Optional[Path], kind: str, options: Optional[list[s
 @user_errors
 def bench(
     model: Optional[str] = typer.Argument(None, help="Model to launch (Hub id or local folder). Omit to bench ./kvplan.yaml, or with --url."),
-    url: Optional[list[str]] = typer.Option(None, "--url", help="Attach to this running server (http://host:port) instead of launching one. Repeat it for several replicas of one model: requests spread by --route, each replica's /metrics read on its own (attach only)."),
-    metrics_url: Optional[list[str]] = typer.Option(None, "--metrics-url", help="Behind a gateway (one --url): each replica's server, whose /metrics is read (repeatable, one per replica). With several --url: one each, in order, where a replica's /metrics is not at its --url.", rich_help_panel="Several replicas"),
+    url: Optional[list[str]] = typer.Option(None, "--url", metavar="URL", help="Attach to this running server (http://host:port) instead of launching one. Repeat it for several replicas of one model: requests spread by --route, each replica's /metrics read on its own (attach only)."),
+    metrics_url: Optional[list[str]] = typer.Option(None, "--metrics-url", metavar="URL", help="Behind a gateway (one --url): each replica's server, whose /metrics is read (repeatable, one per replica). With several --url: one each, in order, where a replica's /metrics is not at its --url.", rich_help_panel="Several replicas"),
     route: Optional[str] = typer.Option(None, "--route", help="How requests spread over several --url: round-robin (default) or least-outstanding (the replica with the fewest in flight; ties to the first listed).", rich_help_panel="Several replicas"),
     engine_cmd: Optional[str] = typer.Option(None, "--engine-cmd", help="Command that starts the server, before kvplan's flags (default: python -m vllm.entrypoints.openai.api_server)."),
     engine_arg: Optional[list[str]] = typer.Option(None, "--engine-arg", help="Extra flag passed to the engine as is (repeatable): --engine-arg=--seed=1."),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from helpers.fleet import PoolReplica
 from helpers.llmd import assert_valid_llmd_reports
 
 from kvplan.bench.config import BenchConfig, FleetConfig
-from kvplan.bench.fleet import FleetRule, resumed_fleet
+from kvplan.bench.fleet import FleetRule, fleet_config, resumed_fleet
 from kvplan.bench.route import Router, share
 from kvplan.errors import KvplanError
 from kvplan.plan.blocks import BlockRule
@@ -215,21 +216,29 @@ def test_credentials_in_replica_urls_go_to_their_replica_and_never_to_disk(tmp_p
             assert b"s3cret" not in f.read_bytes(), f
 
 
-@pytest.mark.parametrize(("args", "says"), [
-    (("--url", "http://127.0.0.1:9", "--url", "http://127.0.0.1:9/"), "the same server as"),
-    (("--url", "http://u:hunter2-pw@127.0.0.1:9", "--url", "http://127.0.0.1:9"), "the same server as"),
-    (("--url", "http://127.0.0.1:9", "--url", "http://127.0.0.1:10", "--route", "random"), "invalid --route"),
-    (("--url", "http://127.0.0.1:9", "--route", "round-robin"), "--route spreads requests over several --url"),
-    (("--url", "http://127.0.0.1:9", "--url", "http://127.0.0.1:10", "--metrics-url", "http://127.0.0.1:11"),
-     "2 --url and 1 --metrics-url"),
-    (("--metrics-url", "http://127.0.0.1:11"), "give the gateway's --url too"),
-    (("--url", "http://127.0.0.1:9", "--url", "ftp://127.0.0.1:10"), "invalid --url"),
+@pytest.mark.parametrize(("urls", "metrics", "route", "says"), [
+    (["http://127.0.0.1:9", "http://127.0.0.1:9/"], [], None, "the same server as"),
+    (["http://127.0.0.1:9", "http://LOCALHOST:80", "http://localhost/"], [], None, "the same server as"),
+    (["http://127.0.0.1:9", "http://127.0.0.1:10"], [], "random", "invalid --route"),
+    (["http://127.0.0.1:9"], [], "round-robin", "--route spreads requests over several --url"),
+    (["http://127.0.0.1:9"], ["http://127.0.0.1:11"], "least-outstanding", "behind a gateway, the gateway chooses"),
+    (["http://127.0.0.1:9", "http://127.0.0.1:10"], ["http://127.0.0.1:11"], None, "2 --url and 1 --metrics-url"),
+    ([], ["http://127.0.0.1:11"], None, "give the gateway's --url too"),
+    (["http://127.0.0.1:9"], ["http://127.0.0.1:11/metrics", "http://127.0.0.1:11"], None, "the same server as"),
+    (["http://127.0.0.1:9", "ftp://127.0.0.1:10"], [], None, "invalid --url"),
+    ([f"http://127.0.0.1:{port}" for port in range(1000, 1065)], [], None, "at most 64 replicas"),
 ])
-def test_refused_fleet_options(tmp_path, args, says):
-    proc = _bench(tmp_path, *args, code=2, timeout=30)
-    assert says in proc.stderr and len(proc.stderr.strip().splitlines()) <= 2, proc.stderr
-    assert "hunter2" not in proc.stderr
-    assert not list(tmp_path.iterdir())  # refused before a run folder
+def test_refused_fleet_options(urls, metrics, route, says):
+    with pytest.raises(KvplanError, match=re.escape(says)):
+        fleet_config(urls, metrics, route)
+
+
+def test_a_refused_fleet_is_one_line_before_any_run_folder(tmp_path):
+    proc = _bench(tmp_path, "--url", "http://u:hunter2-pw@127.0.0.1:9", "--url", "http://127.0.0.1:9", code=2,
+                  timeout=30)
+    assert "the same server as" in proc.stderr and len(proc.stderr.strip().splitlines()) <= 2, proc.stderr
+    assert "hunter2" not in proc.stderr  # shown as http://***@127.0.0.1:9
+    assert not list(tmp_path.iterdir())
 
 
 def test_traffic_replay_is_refused_over_several_replicas(tmp_path):
