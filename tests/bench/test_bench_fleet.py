@@ -274,3 +274,11 @@ def test_resuming_a_fleet_run_whose_urls_held_credentials_asks_for_them():
     with pytest.raises(KvplanError, match="it measured one server"):
         resumed_fleet(one, ["http://h:1", "http://h:2"], [], None, "RUN")
     assert "fleet" not in one.model_dump(mode="json")  # a run of one server stores the config it always stored
+
+
+def test_prometheus_and_several_replicas_are_refused_together():
+    from kvplan.bench.config import PrometheusConfig
+
+    fleet = FleetConfig(urls=["http://h:1", "http://h:2"])
+    with pytest.raises(KvplanError, match="--prometheus reads one server's figures"):
+        BenchConfig(url="http://h:1", fleet=fleet, prometheus=PrometheusConfig(url="http://prom:9090"))
