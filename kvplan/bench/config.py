@@ -3,9 +3,9 @@ workload, the load profile's options, SLOs and limits."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, model_serializer, model_validator
 
 from kvplan.bench.engine import EngineConfig
 from kvplan.bench.limits import check_bench_bounds
@@ -45,6 +45,35 @@ class PrometheusConfig(BaseModel):
     wait_s: float = Field(60.0, gt=0, le=3600)  # --prometheus-wait: the most a point waits for a fresh scrape
 
 
+#: Replicas one run may name (--url or --metrics-url): above the fleet one client process can load and scrape
+#: (each replica's /metrics is read every --scrape-interval).
+MAX_REPLICAS = 64
+
+
+class FleetConfig(BaseModel):
+    """Several replicas (kvplan.bench.fleet): ``--url A --url B`` (kvplan spreads the requests by ``route``), or one
+    gateway ``--url`` and one ``--metrics-url`` per replica (route ``gateway``: the gateway spreads them). Stored in
+    run.json with any credential in a URL masked."""
+
+    urls: list[str] = Field(default_factory=list, max_length=MAX_REPLICAS)  # where requests go, one per replica
+    metrics_urls: list[str] = Field(default_factory=list, max_length=MAX_REPLICAS)  # each replica's server (/metrics)
+    route: Literal["round-robin", "least-outstanding", "gateway"] = "round-robin"
+
+    @model_validator(mode="after")
+    def _one_shape(self) -> FleetConfig:
+        if self.route == "gateway":
+            if len(self.urls) != 1 or not self.metrics_urls:
+                raise KvplanError("a gateway run has one --url and a --metrics-url per replica")
+        elif len(self.urls) < 2 or (self.metrics_urls and len(self.metrics_urls) != len(self.urls)):
+            raise KvplanError("a fleet of replicas has two --url or more (and, if given, one --metrics-url each)")
+        return self
+
+    @property
+    def replicas(self) -> list[str]:
+        """The servers whose /metrics are read, one per replica."""
+        return list(self.metrics_urls or self.urls)
+
+
 class BenchConfig(BaseModel):
     """Everything a run needs; stored in run.json so ``--resume`` can continue it."""
 
@@ -80,6 +109,15 @@ class BenchConfig(BaseModel):
     percentiles: list[float] = Field(default_factory=list, max_length=MAX_PERCENTILES)
     traffic: TrafficReplay | None = None  # --traffic: replay sessions (kvplan.bench.replay) instead of a sweep
     prometheus: PrometheusConfig | None = None  # --prometheus: server figures by PromQL instead of /metrics alone
+    fleet: FleetConfig | None = None  # several replicas (kvplan.bench.fleet); None: the one server of ``url``
+
+    @model_serializer(mode="wrap")
+    def _without_fleet(self, handler):
+        """A run of one server stores the config it always stored (no ``fleet: null``)."""
+        data = handler(self)
+        if isinstance(data, dict) and data.get("fleet", 0) is None:
+            del data["fleet"]
+        return data
 
     @model_validator(mode="after")
     def _within_bounds(self) -> BenchConfig:
@@ -87,6 +125,14 @@ class BenchConfig(BaseModel):
         bad = [q for q in self.percentiles if not (isinstance(q, (int, float)) and 0 < q < 100)]
         if bad:
             raise KvplanError(f"invalid --percentiles {bad[0]!r}", "give percentiles between 0 and 100, e.g. 50,90,99,99.9")
+        if self.fleet is not None and self.traffic is not None:
+            raise KvplanError("--traffic replays sessions on one server, not over several replicas",
+                              "give one --url with --traffic (a session's turns must reach the replica holding its cache)")
+        if self.fleet is not None and self.prometheus is not None:
+            raise KvplanError("--prometheus reads one server's figures; several replicas are each scraped at their "
+                              "/metrics", "leave --prometheus out with several --url or --metrics-url")
+        if self.fleet is not None and (self.url is None or self.engine is not None):
+            raise KvplanError("several replicas are attached to, never launched", "give each replica's --url")
         return self
 
     def engine_config(self) -> EngineConfig | None:

@@ -48,6 +48,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvplan.bench.client import REDIRECT_HINT, Client, is_redirect
+from kvplan.bench.route import Router
 from kvplan.bench.workload import RequestSpec
 
 READ_BUFSIZE = 1 << 24  # 16 MiB per connection; SSE lines of a 128k-token context fit
@@ -89,6 +90,7 @@ class RequestRecord:
     # usage.prompt_tokens_details.cached_tokens: prompt tokens served from the prefix cache (vLLM
     # reports it with --enable-prompt-tokens-details); None when the server does not say
     cached_tokens: int | None = None
+    replica: int | None = None  # --url A --url B: which replica it went to (0-based, kvplan.bench.route); None: one URL
 
     @property
     def ttft_s(self) -> float | None:
@@ -149,6 +151,7 @@ class RequestRecord:
             **({"chunk_tokens": list(self.chunk_tokens)} if any(k != 1 for k in self.chunk_tokens) else {}),
             **({"retries": self.retries} if self.retries else {}),
             **({"cached_tokens": self.cached_tokens} if self.cached_tokens is not None else {}),
+            **({"replica": self.replica} if self.replica is not None else {}),
         }
 
 
@@ -483,6 +486,7 @@ async def run_closed_loop(
     total_requests: int | None = None,
     duration_s: float | None = None,
     client: Client | None = None,
+    router: Router | None = None,
 ) -> LoadResult:
     """``concurrency`` streams. With ``requests_per_stream``: each stream sends that many, request
     ``k`` of stream ``s`` being number ``first_index + k * concurrency + s`` of the run. Otherwise
@@ -490,6 +494,7 @@ async def run_closed_loop(
     stop sending new requests once ``duration_s`` has passed (requests in flight finish).
     ``api_key`` is sent as ``Authorization: Bearer`` (vLLM's --api-key); it is never part of a record.
     ``client`` (instead of ``api_key``): the key, extra headers and the proxy decision of the run.
+    ``router`` (kvplan.bench.route): each request goes to the replica it picks (``base_url`` is then unused).
 
     Whatever goes wrong inside one request (a malformed stream, a client error, a bug) makes that
     request a failed one with the reason; it never escapes as an unretrieved task exception."""
@@ -520,7 +525,7 @@ async def run_closed_loop(
         await ctx.run_tasks([asyncio.create_task(stream_worker(s)) for s in range(concurrency)])
 
     return await _run_load(base_url, model, api, concurrency, spec_for, request_timeout_s, stop, on_request_done,
-                           keep_alive, client or Client(api_key=api_key), body)
+                           keep_alive, client or Client(api_key=api_key), body, router)
 
 
 async def run_open_loop(
@@ -541,6 +546,7 @@ async def run_open_loop(
     keep_alive: bool = True,
     api_key: str | None = None,
     client: Client | None = None,
+    router: Router | None = None,
 ) -> LoadResult:
     """Requests at ``rate`` per second (see ``arrival_times``), each sent at its scheduled time, or
     when one of ``max_concurrency`` slots frees up; latencies still count from the scheduled time
@@ -569,7 +575,7 @@ async def run_open_loop(
             await ctx.run_tasks(tasks)
 
     return await _run_load(base_url, model, api, limit, spec_for, request_timeout_s, stop, on_request_done,
-                           keep_alive, client or Client(api_key=api_key), body)
+                           keep_alive, client or Client(api_key=api_key), body, router)
 
 
 @dataclass(frozen=True)
@@ -637,10 +643,12 @@ class _LoadContext:
     """What the closed and the open loop share: the session, the clock, one request, the stop."""
 
     def __init__(self, session, url: str, model: str, api: str, spec_for, stop: StopSignal, records: list,
-                 clock, on_request_done, request_kwargs: dict | None = None, fresh_session=None) -> None:
+                 clock, on_request_done, request_kwargs: dict | None = None, fresh_session=None,
+                 router: Router | None = None, targets: list[tuple[str, dict]] | None = None) -> None:
         self.session, self.url, self.model, self.api = session, url, model, api
         self.fresh_session = fresh_session
         self.request_kwargs = request_kwargs or {}
+        self.router, self.targets = router, targets or []  # a fleet: (url, request kwargs) of each replica
         self.spec_for, self.stop, self.records, self.clock = spec_for, stop, records, clock
         self.on_request_done = on_request_done
 
@@ -660,18 +668,26 @@ class _LoadContext:
     async def one(self, number: int, stream: int, scheduled: float) -> RequestRecord:
         rec = RequestRecord(number, stream, scheduled)
         self.records.append(rec)
+        url, request_kwargs, server = self.url, self.request_kwargs, "the server"
+        if self.router is not None:
+            rec.replica = self.router.pick()
+            url, request_kwargs = self.targets[rec.replica]
+            server = f"replica {self.router.names[rec.replica]}"
         try:
             spec = self.spec_for(number)
             rec.index, rec.max_tokens = spec.index, spec.max_tokens
-            await stream_one(self.session, self.url, completion_body(spec, self.model, self.api), rec, self.clock,
-                             self.request_kwargs, self.fresh_session)
+            await stream_one(self.session, url, completion_body(spec, self.model, self.api), rec, self.clock,
+                             request_kwargs, self.fresh_session)
         except ServerGone as exc:
-            self.stop.stop(f"the server went away ({exc})")
+            self.stop.stop(f"{server} went away ({exc})")
         except Exception as exc:  # noqa: BLE001 - one request's failure, recorded as such
             rec.ok = False
             rec.error = rec.error or f"{type(exc).__name__}: {exc}"[:500]
             if rec.end_s is None:
                 rec.end_s = self.clock()
+        finally:
+            if self.router is not None:
+                self.router.release(rec.replica)
         if rec.ok is False and rec.error is None:
             rec.error = "the request did not complete"
         if self.on_request_done:
@@ -697,11 +713,13 @@ class _LoadContext:
 
 
 async def _run_load(base_url, model, api, connections, spec_for, request_timeout_s, stop, on_request_done,
-                    keep_alive, client: Client, body) -> LoadResult:
+                    keep_alive, client: Client, body, router: Router | None = None) -> LoadResult:
     import aiohttp
 
     path = "/v1/chat/completions" if api == "chat" else "/v1/completions"
     url, request_kwargs = client.aio_kwargs(base_url.rstrip("/") + path)
+    # Each replica's URL carries its own credentials (Client.request splits them off per URL).
+    targets = [client.aio_kwargs(u.rstrip("/") + path) for u in router.urls] if router is not None else None
     stop = stop or StopSignal()
     records: list[RequestRecord] = []
     t0 = time.perf_counter()
@@ -727,7 +745,7 @@ async def _run_load(base_url, model, api, connections, spec_for, request_timeout
         main = await sessions.enter_async_context(session(keep_alive))
         fresh = await sessions.enter_async_context(session(False)) if keep_alive else None
         ctx = _LoadContext(main, url, model, api, spec_for, stop, records, clock, on_request_done, request_kwargs,
-                           fresh)
+                           fresh, router, targets)
         await body(ctx)
     for rec in records:
         if rec.end_s is None and rec.error is None:

@@ -89,6 +89,7 @@ class Snapshot:
     waiting_by_reason: dict[str, float] = field(default_factory=dict)
     histograms: dict[str, Histogram] = field(default_factory=dict)
     cache_info: dict[str, str] | None = None
+    model_names: frozenset[str] = frozenset()  # the model_name labels of a full scrape (the models it serves)
 
     def get(self, name: str) -> float | None:
         return self.values.get(name)
@@ -152,6 +153,8 @@ def snapshot_of(samples: dict[str, list], t_s: float, only: Iterable[str] | None
                     snap.histograms[key] = hist
                     break
         snap.values.update(_tier_counters(samples, declared, insane))
+        snap.model_names = frozenset(s.labels["model_name"] for group in samples.values() for s in group
+                                     if "model_name" in s.labels)
         info = samples.get(CACHE_INFO)
         if info:
             snap.cache_info = {k: v for k, v in info[0].labels.items() if k not in ("engine", "model_name")}

@@ -29,9 +29,7 @@ def point_result(cfg: BenchConfig, rule: BlockRule | None, concurrency: int, seq
     the point's figures from Prometheus (--prometheus), which then judge it; the scraped ones are kept beside."""
     ok = [r for r in records if r.ok]
     failed = [r for r in records if not r.ok]
-    server = summarize(before, during, after) if before is not None and after is not None else ServerFigures()
-    if before is not None and after is None and during:
-        server = summarize(before, during, during[-1]).model_copy(update={"incomplete": True})
+    server = server_figures(before, during, after)
     scraped = None
     if prometheus is not None:
         server, scraped = prometheus, (None if server.empty else server)
@@ -124,6 +122,16 @@ def point_result(cfg: BenchConfig, rule: BlockRule | None, concurrency: int, seq
         server_scraped=scraped,
     )
     return result, request_rows
+
+
+def server_figures(before: Snapshot | None, during: list[Snapshot], after: Snapshot | None) -> ServerFigures:
+    """What one server's /metrics said over a point (kvplan.bench.metrics.summarize); up to its last fast scrape,
+    marked ``incomplete``, when it could not be read after the point; nothing without a scrape before it."""
+    if before is not None and after is not None:
+        return summarize(before, during, after)
+    if before is not None and during:
+        return summarize(before, during, during[-1]).model_copy(update={"incomplete": True})
+    return ServerFigures()
 
 
 def peak_in_flight(records: list[RequestRecord]) -> int:

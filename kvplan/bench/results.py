@@ -17,6 +17,8 @@ The JSON is the one kvplan has always written (run folders of older releases loa
                           Prometheus for it (kvplan.bench.prometheus)
 - ``PrometheusInfo``      where --prometheus read them
 - ``SloResult``           one SLO of one point: target, value, met
+- ``ReplicaPoint``        one replica during one point of a fleet run (kvplan.bench.fleet)
+- ``FleetSummary``        the replicas of a fleet run: pools, the route, the first replica to wait / preempt
 
 Models whose JSON keys depend on the source (another harness's file gives fewer figures, a server
 without /metrics none) are *sparse*: a figure is written only when it was given, so a reader never
@@ -352,10 +354,33 @@ class PrometheusInfo(BaseModel):
         return f"Prometheus {self.url}{picked} by PromQL over each point's window{headers}; {beside}"
 
 
+class ReplicaPoint(BaseModel):
+    """One replica during one point of a fleet run (kvplan.bench.fleet): what the client routed to it, what its own
+    /metrics said, and the block rule on its own pool at its share of the load."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    index: int  # 0-based, in the order of --url (or --metrics-url behind a gateway)
+    name: str  # its URL as shown (credentials masked)
+    requests: int | None = None  # the client sent it this many (null behind a gateway: the gateway chose)
+    requests_ok: int | None = None
+    peak_in_flight: int | None = None  # the most the client had at it at once (null behind a gateway)
+    server: ServerFigures = Field(default_factory=ServerFigures)  # from its own /metrics
+    waited_for_kv: bool = False
+    wait_evidence: list[str] = Field(default_factory=list)
+    preempted: bool = False
+    label: str = "neither"  # KV-limited | admission-limited | neither | failed
+    # seconds into the point when one of its scrapes first showed the event (null: none did; the counters read
+    # after the point may still show it)
+    first_kv_wait_s: float | None = None
+    first_preemption_s: float | None = None
+    predicted: PredictedPoint | None = None  # the block rule on its pool, at the requests the route gives it
+
+
 class PointResult(_NewFieldsOptional):
     """One line of points.jsonl."""
 
-    ADDED: ClassVar[tuple[str, ...]] = ("predicted_latency", "retries", "replay", "gpu", "server_scraped")
+    ADDED: ClassVar[tuple[str, ...]] = ("predicted_latency", "retries", "replay", "gpu", "server_scraped", "replicas")
 
     seq: int
     concurrency: int
@@ -405,6 +430,9 @@ class PointResult(_NewFieldsOptional):
     # --prometheus: `server` holds Prometheus' figures; these are the engine's own /metrics, scraped beside them
     # when it answered (null: not scraped), so the two can be compared
     server_scraped: ServerFigures | None = None
+    # several replicas (kvplan.bench.fleet): each one's figures; ``server`` then holds the fleet's (counters summed,
+    # KV usage the fullest replica's, running and waiting the sum of each replica's peak)
+    replicas: list[ReplicaPoint] | None = None
 
     @property
     def load(self) -> float:
@@ -422,10 +450,53 @@ class PointResult(_NewFieldsOptional):
         return PointOutcome(self.concurrency, self.waited_for_kv, self.preempted, self.status != "ok")
 
 
+class FleetReplica(BaseModel):
+    """One replica of a fleet run: where it is, the pool its /metrics reports, the block rule on that pool."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    index: int
+    name: str  # its URL as shown (credentials masked): where its requests go, or its --metrics-url behind a gateway
+    metrics_url: str  # the server whose /metrics was read (credentials masked)
+    capacity: EngineCapacity = Field(default_factory=EngineCapacity)
+    prediction: OnsetPrediction | None = None  # in its own concurrency (null: its pool is unknown)
+
+
+class FleetOnset(BaseModel):
+    """One onset of a fleet run, in streams over the whole fleet: the first replica to reach it, predicted and
+    measured. ``share`` / ``in_flight``: that replica's part of the load there."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    predicted: int | None = None  # null: never up to each replica's max_num_seqs, or not predicted
+    predicted_replica: str | None = None
+    predicted_share: int | None = None  # requests the route gives that replica at the predicted onset
+    measured: int | None = None  # null: not seen (or not searched)
+    measured_replica: str | None = None  # of the replicas showing it at that point, the first a scrape saw
+    measured_in_flight: int | None = None  # the most requests the client had at that replica in that point
+    agrees: bool | None = None  # same load and same replica (null: not measured or not predicted)
+
+
+class FleetSummary(BaseModel):
+    """The replicas of a fleet run (``--url A --url B``, or a gateway with ``--metrics-url``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    route: Literal["round-robin", "least-outstanding", "gateway"]
+    gateway: str | None = None  # behind a gateway: its URL (credentials masked)
+    replicas: list[FleetReplica]
+    first_kv_wait: FleetOnset = Field(default_factory=FleetOnset)
+    first_preemption: FleetOnset = Field(default_factory=FleetOnset)
+    prediction_basis: str  # how the fleet's onsets were predicted, in words (or why they were not)
+
+    def onset(self, name: OnsetName) -> FleetOnset:
+        return self.first_kv_wait if name == "first_kv_wait" else self.first_preemption
+
+
 class BenchSummary(_NewFieldsOptional):
     """summary.json: one run (kvplan's own, or another harness's results read as one)."""
 
-    ADDED: ClassVar[tuple[str, ...]] = ("latency_model", "tls", "prometheus")
+    ADDED: ClassVar[tuple[str, ...]] = ("latency_model", "tls", "prometheus", "fleet")
 
     kvplan_version: str = __version__
     status: Literal["complete", "interrupted", "failed"]
@@ -462,6 +533,7 @@ class BenchSummary(_NewFieldsOptional):
     tls: str | None = None
     latency_model: LatencyModelInfo | None = None  # what predicted the points' latency; null: older runs
     prometheus: PrometheusInfo | None = None  # --prometheus: the points' server figures came from there
+    fleet: FleetSummary | None = None  # several replicas: each one's pool and the first to wait / preempt
 
     @property
     def rate_mode(self) -> bool:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,6 +18,7 @@ from kvplan.bench import store as st
 from kvplan.bench.client import GET_BODY_S, REDIRECT_HINT, Client, credential_secrets, is_redirect, masked_headers, shown_proxy
 from kvplan.bench.config import DEFAULT_REQUESTS, BenchConfig, BenchFailed
 from kvplan.bench.engine import EngineConfig, EngineLauncher, free_port, no_interrupts
+from kvplan.bench.fleet import Fleet, fleet_secrets, served_models
 from kvplan.bench.gpu_telemetry import sample_during, summarize_gpu, telemetry_client
 from kvplan.bench.latency import no_prediction, predictor_for
 from kvplan.bench.loadgen import RequestRecord, StopSignal, run_closed_loop, run_open_loop, run_sessions, run_stoppable
@@ -86,8 +86,8 @@ class BenchRun:
         # The key (a bearer token) and --header values go with every client request and probe; held
         # here only, never in BenchConfig (which run.json stores) nor in any file (kvplan.bench.client).
         self.client = Client(api_key=api_key or None, headers=tuple(headers),
-                             url_secrets=credential_secrets(cfg.url or ""), ca_bundle=cfg.ca_bundle,
-                             insecure=cfg.insecure)
+                             url_secrets=credential_secrets(cfg.url or "") + fleet_secrets(cfg.fleet),
+                             ca_bundle=cfg.ca_bundle, insecure=cfg.insecure)
         self.expected_model = expected_model or None  # --resume: the model the run's points measured
         self.store = store
         # --prometheus: the points' server figures by PromQL (kvplan.bench.prometheus); its credentials are its own
@@ -120,6 +120,7 @@ class BenchRun:
         # --traffic: the sessions every point replays a part of
         self.traffic = load_replay_traffic(cfg.traffic) if cfg.traffic is not None else None
         self.profile = profile_for(cfg)  # which points the run measures (kvplan/bench/profiles/)
+        self.fleet = Fleet(cfg.fleet) if cfg.fleet is not None else None  # several replicas (kvplan.bench.fleet)
 
     @property
     def api_key(self) -> str | None:
@@ -161,40 +162,37 @@ class BenchRun:
         self.run_info["engine"]["ready_after_s"] = round(took, 1)
         self.view.engine_ready(took)
 
-    def _attach(self) -> None:
-        via = self.client.via(self.base_url)
-        status, _ = self.client.get(self.base_url + "/v1/models", timeout_s=5)
+    def _attach(self, base_url: str) -> None:
+        """The server at ``base_url`` answers as a vLLM OpenAI server, without a key it lacks or a redirect."""
+        shown_url = redact(base_url)
+        via = self.client.via(base_url)
+        status, _ = self.client.get(base_url + "/v1/models", timeout_s=5)
         if status == 0:
-            raise KvplanError(f"nothing answers at {self.shown_url}{via}", "start vLLM there, or check --url (scheme, host, port)"
+            raise KvplanError(f"nothing answers at {shown_url}{via}", "start vLLM there, or check --url (scheme, host, port)"
                               + (" and the proxy (HTTP_PROXY, NO_PROXY)" if via else ""))
         if status in (401, 403):
             hint = ("pass --api-key (or set OPENAI_API_KEY)" if not self.api_key and not self.client.headers
                     else "check --api-key and --header")
-            raise KvplanError(f"{self.shown_url}/v1/models answered HTTP {status}{via}: the server wants an API key", hint)
+            raise KvplanError(f"{shown_url}/v1/models answered HTTP {status}{via}: the server wants an API key", hint)
         if status == 407:
-            raise KvplanError(f"the proxy {shown_proxy(self.client.proxy(self.base_url))} answered HTTP 407: it wants "
+            raise KvplanError(f"the proxy {shown_proxy(self.client.proxy(base_url))} answered HTTP 407: it wants "
                               "credentials", "put them in the proxy URL (HTTP_PROXY=http://user:pass@host:port)")
         if is_redirect(status):
-            raise KvplanError(f"{self.shown_url}/v1/models answered HTTP {status}, a redirect{via}", REDIRECT_HINT)
+            raise KvplanError(f"{shown_url}/v1/models answered HTTP {status}, a redirect{via}", REDIRECT_HINT)
         if status != 200:
-            raise KvplanError(f"{self.shown_url}/v1/models answered HTTP {status}{via}",
+            raise KvplanError(f"{shown_url}/v1/models answered HTTP {status}{via}",
                               "is this a vLLM OpenAI-compatible server?")
-        health, _ = self.client.get(self.base_url + "/health", timeout_s=5)
+        health, _ = self.client.get(base_url + "/health", timeout_s=5)
         if is_redirect(health):
-            raise KvplanError(f"{self.shown_url}/health answered HTTP {health}, a redirect{via}", REDIRECT_HINT)
+            raise KvplanError(f"{shown_url}/health answered HTTP {health}, a redirect{via}", REDIRECT_HINT)
         if health == 0:
-            raise KvplanError(f"{self.shown_url}/health gave no whole answer within {5 + GET_BODY_S:g} s{via}",
+            raise KvplanError(f"{shown_url}/health gave no whole answer within {5 + GET_BODY_S:g} s{via}",
                               "is this a vLLM OpenAI-compatible server?")
         if health not in (200, 404):
-            raise KvplanError(f"{self.shown_url}/health answered HTTP {health}{via}: the engine is not healthy")
+            raise KvplanError(f"{shown_url}/health answered HTTP {health}{via}: the engine is not healthy")
 
     def _discover_model(self) -> None:
-        status, body = self.client.get(self.base_url + "/v1/models", timeout_s=10)
-        try:
-            ids = [m["id"] for m in json.loads(body)["data"]] if status == 200 else []
-            ids = [i for i in ids if isinstance(i, str)]
-        except (ValueError, KeyError, TypeError):
-            ids = []
+        _, ids = served_models(self.client, self.base_url)
         if self.expected_model is not None:
             # --resume: the finished points measured that model; points of another one must not join them.
             if ids and self.expected_model not in ids:
@@ -232,11 +230,7 @@ class BenchRun:
         w = self.workload
         if self.capacity.num_blocks is None or self.capacity.block_size is None:
             return
-        if w.trace:
-            prompt = round(sum(p for p, _ in w.trace) / len(w.trace))
-            output = round(sum(o for _, o in w.trace) / len(w.trace))
-        else:
-            prompt, output = w.prompt_tokens, w.output_tokens
+        prompt, output = w.rule_lengths
         try:
             self.rule = block_rule(self.capacity.num_blocks, self.capacity.block_size, prompt, output,
                                    self.cfg.max_num_seqs, self.capacity.vllm_version)
@@ -246,7 +240,10 @@ class BenchRun:
 
     @property
     def prediction(self) -> OnsetPrediction | None:
-        return None if self.rule is None else OnsetPrediction.from_rule(self.rule, self.rule_exact)
+        """The block rule on the one server's pool (several replicas: each one's, in the summary's ``fleet``)."""
+        if self.rule is None or self.fleet is not None:
+            return None
+        return OnsetPrediction.from_rule(self.rule, self.rule_exact)
 
     def _planner(self) -> None:
         """The planner's own pool for this deployment, next to the engine's (best effort)."""
@@ -260,7 +257,9 @@ class BenchRun:
 
     def _latency_model(self) -> None:
         """The step-time model every point's latency is predicted with (best effort: never stops a run)."""
-
+        if self.fleet is not None:
+            self.latency = no_prediction("several replicas: latency is predicted for one server")
+            return
         try:
             self.latency = predictor_for(self.cfg.model_dump(mode="json"), dataclasses.asdict(self.capacity),
                                          self.model or None, Path(self.cfg.steptime) if self.cfg.steptime else None)
@@ -327,7 +326,12 @@ class BenchRun:
         rate = load.rate if isinstance(load, OpenLoad) else None
         stop = StopSignal()
         before = None
-        if self.metrics_error is None:
+        fleet_before = None  # several replicas: each one's scrapes (kvplan.bench.fleet), instead of the one server's
+        if self.fleet is not None:
+            fleet_before, why = await self.fleet.before_point(self.client)
+            if why:
+                stop.stop(why)
+        elif self.metrics_error is None:
             try:
                 before = await scrape_once(self.base_url, client=self.client)
             except Exception as exc:  # noqa: BLE001 - it answered at the start: the server is gone or broken
@@ -351,6 +355,10 @@ class BenchRun:
         if self.cfg.gpu_metrics:  # stopped with the scrapes (a task after the first is cancelled at the end)
             tasks.insert(0, asyncio.create_task(sample_during(self.cfg.gpu_metrics, telemetry_client(self.client),
                                                               self.cfg.scrape_interval_s, scraping, gpu_samples)))
+        fleet_during: list = []
+        if fleet_before is not None:
+            fleet_tasks, fleet_during = self.fleet.scrapes_during(self.client, self.cfg.scrape_interval_s, scraping, t0)
+            tasks[:0] = fleet_tasks
         if self.launcher is not None:
             tasks.append(asyncio.create_task(self._watch_engine(stop)))
         if stop.is_set():
@@ -358,7 +366,8 @@ class BenchRun:
         else:
             records, wall, aborted = await self._send(load, seq, first_index, stop, replayed)
         scraping.set()
-        keep = 1 + (before is not None) if self.cfg.gpu_metrics else 1  # the samplers end themselves at `scraping`
+        # the samplers (first in `tasks`) end themselves at `scraping`; the engine watch after them is cancelled
+        keep = bool(self.cfg.gpu_metrics) + (before is not None) + (len(self.fleet.replicas) if fleet_before else 0)
         for task in tasks[keep:]:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -386,6 +395,9 @@ class BenchRun:
                 pass
         point = self._point_result(concurrency, seq, first_index, started_at, records, wall, aborted, before, during,
                                    after, rate, prom)
+        if fleet_before is not None:
+            point = self.fleet.judge(point, records, fleet_before, fleet_during,
+                                     await self.fleet.after_point(self.client), self.cfg)
         if self.cfg.gpu_metrics:
             point = point.model_copy(update={"gpu": summarize_gpu(gpu_samples, self.cfg.gpu_metrics)})
         if replayed is not None:
@@ -429,7 +441,7 @@ class BenchRun:
                     total_requests=self.point_requests(None), duration_s=cfg.duration_s,
                     burstiness=cfg.burstiness, max_concurrency=cfg.rate_max_concurrency,
                     seed=w.seed + seq, request_timeout_s=cfg.request_timeout_s, stop=stop,
-                    on_request_done=done, client=self.client, keep_alive=cfg.keep_alive)
+                    on_request_done=done, client=self.client, keep_alive=cfg.keep_alive, router=self._router())
             case ClosedLoad(concurrency):
                 sent = await run_closed_loop(
                     self.base_url, self.model, w.api, concurrency, cfg.requests_per_stream,
@@ -437,8 +449,12 @@ class BenchRun:
                     on_request_done=done, client=self.client,
                     total_requests=None if cfg.requests_per_stream else self.point_requests(concurrency),
                     duration_s=None if cfg.requests_per_stream else cfg.duration_s,
-                    keep_alive=cfg.keep_alive)
+                    keep_alive=cfg.keep_alive, router=self._router())
         return sent.records, sent.wall_s, sent.aborted
+
+    def _router(self):
+        """Which replica each request goes to (kvplan.bench.route): a new router for every point; None for one server."""
+        return None if self.fleet is None else self.fleet.router()
 
     def _replay_figures(self, point: PointResult, replayed, records: list[RequestRecord]) -> PointResult:
         """The replay's prefix-cache figures against the simulator's (kvplan.bench.replay)."""
@@ -518,7 +534,7 @@ class BenchRun:
         self.view.message(f"warm-up: {level} stream{'s' if level != 1 else ''}, not recorded")
         load = run_stoppable(run_closed_loop(
             self.base_url, self.model, self.workload.api, level, 1, self.workload.request, self._next_index,
-            self.cfg.request_timeout_s, client=self.client, keep_alive=self.cfg.keep_alive))
+            self.cfg.request_timeout_s, client=self.client, keep_alive=self.cfg.keep_alive, router=self._router()))
         self._next_index += level
         if load.aborted:
             raise BenchFailed(f"the warm-up failed: {load.aborted}")
@@ -551,6 +567,9 @@ class BenchRun:
         if rule is not None:
             agree = OnsetAgreement(**{key: None if onset is None else onset.first == rule.onset(key)
                                       for key, onset in self.onsets.items()})
+        fleet = None if self.fleet is None else self.fleet.summary(ordered, self.onsets)
+        if fleet is not None and self.fleet.rule is not None:  # the same load, and the same replica first
+            agree = OnsetAgreement(**{key: fleet.onset(key).agrees for key, onset in self.onsets.items()})
         measured = MeasuredOnsets(**self.onsets, agrees_with_prediction=agree)
         cmd = None
         if self.launcher is not None and self.launcher.command:
@@ -567,8 +586,9 @@ class BenchRun:
             deployment=self.cfg.deployment,
             measured_first_kv_wait=_first(self.onsets["first_kv_wait"]),
             measured_first_preemption=_first(self.onsets["first_preemption"]),
-            predicted_first_kv_wait=rule.first_kv_wait if rule else None,
-            predicted_first_preemption=rule.first_preemption if rule else None,
+            predicted_first_kv_wait=rule.first_kv_wait if rule else fleet.first_kv_wait.predicted if fleet else None,
+            predicted_first_preemption=rule.first_preemption if rule else fleet.first_preemption.predicted if fleet
+            else None,
             engine_command=cmd,
             metrics_error=self.metrics_error,
             workload=self.traffic.describe() if self.traffic is not None else self.workload.describe(),
@@ -587,6 +607,7 @@ class BenchRun:
             tls=self._tls_said(),
             latency_model=None if self.latency is None else self.latency.info,
             prometheus=self._prometheus_info(),
+            fleet=fleet,
         )
 
     def _prometheus_info(self) -> PrometheusInfo | None:
@@ -623,25 +644,30 @@ class BenchRun:
         try:
             self._write_run()
             if self.cfg.url:
-                self._attach()
+                for url in [self.base_url, *(self.cfg.fleet.urls[1:] if self.cfg.fleet else [])]:
+                    self._attach(url.rstrip("/"))
             else:
                 self._start_engine()
             self._discover_model()
-            if self.prometheus is not None:
-                self.prometheus.discover(self.model)  # a selector matching no engine: one line, before any point
-            try:
-                snap = run_stoppable(scrape_once(self.base_url, client=self.client))
-            except Exception as exc:  # noqa: BLE001 - a server without /metrics can still be benched
-                snap = None
-                self.metrics_error = f"{type(exc).__name__}: {exc}"
-                if self.prometheus is None:
-                    self.view.message(f"no server metrics ({esc(self.metrics_error)}): onsets cannot be measured")
-                else:
-                    self.view.message(f"the engine's /metrics is not read ({esc(self.metrics_error)}): server "
-                                      f"figures from Prometheus alone")
-                    snap = Snapshot(0.0, cache_info=self.prometheus.cache_config())
-            self._read_capacity(snap)
-            self._predict()
+            if self.fleet is not None:  # each replica's model, /metrics and pool; the fleet's onsets
+                self.rule = self.fleet.attach(self.client, self.model, self.cfg, self.workload)
+                self.capacity = self.fleet.capacity
+            else:
+                if self.prometheus is not None:
+                    self.prometheus.discover(self.model)  # a selector matching no engine: one line, before any point
+                try:
+                    snap = run_stoppable(scrape_once(self.base_url, client=self.client))
+                except Exception as exc:  # noqa: BLE001 - a server without /metrics can still be benched
+                    snap = None
+                    self.metrics_error = f"{type(exc).__name__}: {exc}"
+                    if self.prometheus is None:
+                        self.view.message(f"no server metrics ({esc(self.metrics_error)}): onsets cannot be measured")
+                    else:
+                        self.view.message(f"the engine's /metrics is not read ({esc(self.metrics_error)}): server "
+                                          f"figures from Prometheus alone")
+                        snap = Snapshot(0.0, cache_info=self.prometheus.cache_config())
+                self._read_capacity(snap)
+                self._predict()
             self._planner()
             self._latency_model()
             self._write_run()

@@ -73,6 +73,14 @@ class Workload:
         """Every request has the same lengths and nothing shared: the block rule predicts exactly."""
         return self.distribution == "fixed" and not self.trace and self.shared_prefix == 0 and self.api == "completions"
 
+    @property
+    def rule_lengths(self) -> tuple[int, int]:
+        """(prompt, output) the block rule predicts with: the lengths asked, or a trace's mean ones."""
+        if self.trace:
+            return (round(sum(p for p, _ in self.trace) / len(self.trace)),
+                    round(sum(o for _, o in self.trace) / len(self.trace)))
+        return self.prompt_tokens, self.output_tokens
+
     def describe(self) -> str:
         if self.trace:
             return f"trace of {len(self.trace)} requests"

@@ -26,6 +26,13 @@ Examples:
   # attach to a server already running anywhere (multi-GPU, multi-node): no launch
   kvplan bench --url http://gpu-box:8000 --sweep 1,8,32,64,128 --prompt 4k --output 512
 
+  # two replicas: kvplan spreads the requests (least outstanding), reads each one's /metrics, and names
+  # the first replica to wait for KV and to preempt, predicted (each one's pool) and measured
+  kvplan bench --url http://gpu-a:8000 --url http://gpu-b:8000 --route least-outstanding --sweep 8,16,24,32
+
+  # behind a gateway: requests go to it, each replica's /metrics is read where --metrics-url says
+  kvplan bench --url http://gateway:80 --metrics-url http://pod-a:8000 --metrics-url http://pod-b:8000
+
   # the deployments of ./kvplan.yaml, one run each
   kvplan bench
 
@@ -96,7 +103,9 @@ def _traffic_replay(traffic: Optional[Path], kind: str, options: Optional[list[s
 @user_errors
 def bench(
     model: Optional[str] = typer.Argument(None, help="Model to launch (Hub id or local folder). Omit to bench ./kvplan.yaml, or with --url."),
-    url: Optional[str] = typer.Option(None, "--url", help="Attach to this running server (http://host:port) instead of launching one."),
+    url: Optional[list[str]] = typer.Option(None, "--url", metavar="URL", help="Attach to this running server (http://host:port) instead of launching one. Repeat it for several replicas of one model: requests spread by --route, each replica's /metrics read on its own (attach only)."),
+    metrics_url: Optional[list[str]] = typer.Option(None, "--metrics-url", metavar="URL", help="Behind a gateway (one --url): each replica's server, whose /metrics is read (repeatable, one per replica). With several --url: one each, in order, where a replica's /metrics is not at its --url.", rich_help_panel="Several replicas"),
+    route: Optional[str] = typer.Option(None, "--route", help="How requests spread over several --url: round-robin (default) or least-outstanding (the replica with the fewest in flight; ties to the first listed).", rich_help_panel="Several replicas"),
     engine_cmd: Optional[str] = typer.Option(None, "--engine-cmd", help="Command that starts the server, before kvplan's flags (default: python -m vllm.entrypoints.openai.api_server)."),
     engine_arg: Optional[list[str]] = typer.Option(None, "--engine-arg", help="Extra flag passed to the engine as is (repeatable): --engine-arg=--seed=1."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address the launched engine listens on."),
@@ -173,6 +182,7 @@ def bench(
     require_extra("bench", ("aiohttp", "prometheus_client", "psutil"))  # before anything is written
     from kvplan.bench import store as st
     from kvplan.bench.config import BenchConfig
+    from kvplan.bench.fleet import fleet_config
     from kvplan.bench.runner import resume_state, resumed_model
     from kvplan.bench.sweep import parse_levels
     from kvplan.errors import KvplanError
@@ -201,6 +211,8 @@ def bench(
     prom = _prometheus_config(prometheus, selector, prom_headers, prometheus_wait)
     if resume is None and prom is None and (selector is not None or prom_headers):
         raise KvplanError("--selector and --prometheus-header are for --prometheus", "pass --prometheus URL too")
+    urls, metrics_urls = list(url or []), list(metrics_url or [])
+    url = urls[0] if urls else None
     if resume is not None:
         if url is None and _finished(resume):  # nothing left to measure: re-render, never start an engine
             from kvplan.bench.render import rerender
@@ -222,13 +234,7 @@ def bench(
             cfg = cfg.model_copy(update={"header_names": [name for name, _ in headers],
                                          "prometheus": _resumed_prometheus(resume, cfg.prometheus, prom, selector,
                                                                            prom_headers)})
-            if url:
-                cfg = cfg.model_copy(update={"url": url, "engine": None})
-            elif cfg.url and "***" in cfg.url:
-                raise KvplanError(f"cannot resume {resume}: its URL held credentials, which kvplan never stores",
-                                  "restate the server with --url")
-            elif cfg.engine is not None:
-                cfg = _trusted_engine(cfg, resume, engine_prefix, list(engine_arg or []))
+            cfg = _resumed_server(cfg, resume, urls, metrics_urls, route, engine_prefix, list(engine_arg or []))
             # $OPENAI_API_KEY goes only to a server this command names: not to the one run.json names (a
             # planted or shared run folder must not collect the key); --api-key is the user's explicit choice.
             resume_key = key if url else api_key
@@ -314,6 +320,7 @@ def bench(
         traffic=replay,
         prometheus=prom,
     )
+    fleet = fleet_config(urls, metrics_urls, route)  # several replicas (kvplan.bench.fleet); None: one server
     if prom is not None:  # Prometheus answers, before a run folder exists
         from kvplan.bench.prometheus import prometheus_for
 
@@ -321,15 +328,11 @@ def bench(
     if url:
         if not url.startswith(("http://", "https://")):
             raise KvplanError(f"invalid --url {redact(url)!r}", "use http://host:port")
-        cfg = BenchConfig(url=url, **common)
+        cfg = BenchConfig(url=url, fleet=fleet, **common)
         from kvplan.bench.client import Client
 
         client = Client(api_key=key, headers=headers, ca_bundle=cfg.ca_bundle, insecure=cfg.insecure)
-        if client.get(url.rstrip("/") + "/v1/models", timeout_s=5)[0] == 0:  # before a run folder exists
-            via = client.via(url)
-            raise KvplanError(f"nothing answers at {redact(url.rstrip('/'))}{via}",
-                              "start vLLM there, or check --url (scheme, host, port)"
-                              + (" and the proxy (HTTP_PROXY, NO_PROXY)" if via else ""))
+        _something_answers(client, fleet.urls if fleet is not None else [url])  # before a run folder exists
         _run([(st.RunStore(st.new_run_dir(out, model_name or "server")), cfg, [])], as_json, check, key, headers=headers,
              prometheus=(prometheus, prom_headers))
         return
@@ -427,6 +430,38 @@ def _finished(run_dir: Path) -> bool:
     from kvplan.bench.render import finished_run
 
     return finished_run(run_dir)
+
+
+def _something_answers(client, urls: list[str]) -> None:
+    """Each server to attach to answers /v1/models (one line, exit 2, for the first that does not)."""
+    from kvplan.errors import KvplanError
+    from kvplan.vllm.startup_log import redact
+
+    for url in urls:
+        if client.get(url.rstrip("/") + "/v1/models", timeout_s=5)[0] == 0:
+            via = client.via(url)
+            raise KvplanError(f"nothing answers at {redact(url.rstrip('/'))}{via}",
+                              "start vLLM there, or check --url (scheme, host, port)"
+                              + (" and the proxy (HTTP_PROXY, NO_PROXY)" if via else ""))
+
+
+def _resumed_server(cfg, run_dir: Path, urls: list[str], metrics_urls: list[str], route: Optional[str],
+                    engine_cmd: list[str], engine_args: list[str]):
+    """Where a resumed run sends its load: the replicas (kvplan.bench.fleet.resumed_fleet), the --url restated, or
+    the engine run.json launched (its command restated); a URL whose credentials run.json masked must be restated."""
+    from kvplan.bench.fleet import resumed_fleet
+    from kvplan.errors import KvplanError
+
+    if cfg.fleet is not None or len(urls) > 1 or metrics_urls or route:
+        return resumed_fleet(cfg, urls, metrics_urls, route, run_dir)
+    if urls:
+        return cfg.model_copy(update={"url": urls[0], "engine": None})
+    if cfg.url and "***" in cfg.url:
+        raise KvplanError(f"cannot resume {run_dir}: its URL held credentials, which kvplan never stores",
+                          "restate the server with --url")
+    if cfg.engine is not None:
+        return _trusted_engine(cfg, run_dir, engine_cmd, engine_args)
+    return cfg
 
 
 def _trusted_engine(cfg, run_dir: Path, engine_cmd: list[str], engine_args: list[str]):
@@ -695,6 +730,12 @@ def render(summary) -> None:
     if any(p.warnings for p in summary.points):
         console.print("[yellow](n!) = a p99 from fewer than 100 samples: close to the largest sample; raise --requests "
                       "or --duration[/]")
+    if summary.fleet is not None:  # several replicas: each one's pool, the first to wait / preempt, its figures
+        from kvplan.bench.outputs.fleet_text import FLEET_HEAD, fleet_lines, fleet_rows
+
+        for line in fleet_lines(summary):
+            console.print(esc(line))
+        console.print(points_table(FLEET_HEAD, fleet_rows(summary.points)))
     for line in latency_lines(summary):  # predicted next to measured, when a step-time model was given
         console.print(esc(line))
     for line in replay_lines(summary.points):

@@ -104,7 +104,7 @@ def _run_time(point: PointResult) -> dict[str, str] | None:
 
 
 def _engine(summary: BenchSummary, point: PointResult) -> dict[str, Any]:
-    """The served engine as an ``inference_engine`` component (one replica, the model kvplan sent requests to)."""
+    """The served engine as an ``inference_engine`` component (its replicas, the model kvplan sent requests to)."""
     cap = summary.capacity
     gpus = point.gpu.gpus if point.gpu is not None else 0
     return {
@@ -113,7 +113,8 @@ def _engine(summary: BenchSummary, point: PointResult) -> dict[str, Any]:
                      "description": f"{summary.mode} ({'launched by kvplan' if summary.mode == 'launch' else summary.base_url})"},
         "standardized": {
             "kind": "inference_engine", "tool": "vllm" if cap.vllm_version else "", "tool_version": cap.vllm_version or "",
-            "role": "replica", "replicas": 1, "model": {"name": summary.model},
+            "role": "replica", "replicas": len(summary.fleet.replicas) if summary.fleet else 1,
+            "model": {"name": summary.model},
             "accelerator": {"model": "", "count": gpus, "parallelism": {"tp": 1, "dp": 1, "dp_local": 1, "workers": 1}},
         },
         "native": _drop_none({"args": {"command": summary.engine_command} if summary.engine_command else None}),
@@ -256,6 +257,8 @@ def _observability(summary: BenchSummary, point: PointResult) -> dict[str, Any]:
                               "measured_first_kv_wait": summary.measured_first_kv_wait,
                               "measured_first_preemption": summary.measured_first_preemption}) or None,
         "status": point.status, "error": point.error,
+        # several replicas (kvplan.bench.fleet): each one's figures over the point
+        "replicas": None if point.replicas is None else [r.model_dump(mode="json") for r in point.replicas],
     })
     out: dict[str, Any] = {"kvplan": own}
     if aggregate:

@@ -3,6 +3,7 @@ latency predicted beside the measured, notes and warnings."""
 
 from __future__ import annotations
 
+from kvplan.bench.outputs.fleet_text import fleet_markdown
 from kvplan.bench.outputs.registry import output
 from kvplan.bench.outputs.text import (
     DEFINITIONS,
@@ -74,6 +75,7 @@ def markdown(summary: BenchSummary) -> str:
         )]
     rate_mode = s.rate_mode
     slo = s.slo
+    lines += fleet_markdown(s)
     lines += replay_markdown(s.points)
     lines += tier_markdown(s.points)
     lines += gpu_markdown(s.points)
