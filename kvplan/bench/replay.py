@@ -41,7 +41,7 @@ from kvplan.bench.results import LatencyStats, ReplayFigures, ServerFigures
 from kvplan.bench.workload import RequestSpec
 from kvplan.deploy import load_model, plan_deployment, select_gpus
 from kvplan.errors import KvplanError
-from kvplan.plan.hybrid_cache import HybridGroups
+from kvplan.plan.hybrid_cache import FULL, MANAGER_OF_KIND, HybridGroups
 from kvplan.plan.hybrid_sim import replay_one_at_a_time, simulate_groups
 from kvplan.plan.prefix_cache import hybrid_sim_turns, traffic_load, traffic_working_set
 from kvplan.plan.schema import Settings, settings_from_engine_args
@@ -212,6 +212,15 @@ class ServedGroups:
     groups: HybridGroups | None
     unknown: str = ""
     refused: str = ""
+    # the KV cache groups' spec kinds as kvplan plans the model (one a block table: vLLM's grouping), when planned
+    kinds: tuple[str, ...] = ()
+
+    @property
+    def one_full_attention_group(self) -> bool | None:
+        """Whether the pool is one full-attention group (MLA's included), as the block rule counts it; None: unknown."""
+        if not self.kinds:
+            return None
+        return len(self.kinds) == 1 and MANAGER_OF_KIND.get(self.kinds[0]) == FULL
 
 
 def served_groups(model: str | None, ecfg, block_size: int, max_num_batched_tokens: int | None) -> ServedGroups:
@@ -228,14 +237,19 @@ def served_groups(model: str | None, ecfg, block_size: int, max_num_batched_toke
             "max_num_batched_tokens": max_num_batched_tokens}
         settings = settings_from_engine_args(ecfg, **extra) if ecfg is not None else Settings(**extra)
         plan = plan_deployment(resolved, select_gpus(None, None, "1TiB"), settings)
-        groups = HybridGroups.of_capacity(plan.capacity)
     except KvplanError as exc:
         return ServedGroups(None, refused=exc.message)
     except Exception as exc:  # noqa: BLE001 - a model kvplan cannot plan leaves the groups unknown
         return ServedGroups(None, unknown=f"kvplan cannot plan {model} ({type(exc).__name__})")
+    layout = plan.capacity.layout
+    kinds = tuple(g.spec.kind for g in (layout.groups[:1] if layout.shared_block_table else layout.groups))
+    try:
+        groups = HybridGroups.of_capacity(plan.capacity)
+    except KvplanError as exc:
+        return ServedGroups(None, refused=exc.message, kinds=kinds)
     if groups.full_attention_only:
-        return ServedGroups(None)
-    return ServedGroups(dataclasses.replace(groups, block_size=block_size))
+        return ServedGroups(None, kinds=kinds)
+    return ServedGroups(dataclasses.replace(groups, block_size=block_size), kinds=kinds)
 
 
 def _prediction(traffic: Traffic, records: list[RequestRecord], config: SchedulerConfig | None, time_scale: float,

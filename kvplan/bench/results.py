@@ -496,7 +496,7 @@ class FleetSummary(BaseModel):
 class BenchSummary(_NewFieldsOptional):
     """summary.json: one run (kvplan's own, or another harness's results read as one)."""
 
-    ADDED: ClassVar[tuple[str, ...]] = ("latency_model", "tls", "prometheus", "fleet")
+    ADDED: ClassVar[tuple[str, ...]] = ("latency_model", "tls", "prometheus", "fleet", "prediction_note")
 
     kvplan_version: str = __version__
     status: Literal["complete", "interrupted", "failed"]
@@ -534,6 +534,7 @@ class BenchSummary(_NewFieldsOptional):
     latency_model: LatencyModelInfo | None = None  # what predicted the points' latency; null: older runs
     prometheus: PrometheusInfo | None = None  # --prometheus: the points' server figures came from there
     fleet: FleetSummary | None = None  # several replicas: each one's pool and the first to wait / preempt
+    prediction_note: str | None = Field(None, description="why the onsets are not predicted on a known pool")
 
     @property
     def rate_mode(self) -> bool:

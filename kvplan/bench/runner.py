@@ -99,6 +99,7 @@ class BenchRun:
         self.model = cfg.model or ""
         self.capacity = EngineCapacity()
         self.served_groups: ServedGroups | None = None  # the served model's KV cache groups (a replay's prediction)
+        self.prediction_note: str | None = None  # why the onsets are not predicted, when the pool is known
         self.rule: BlockRule | None = None
         self.rule_exact = False
         self.planner: PlannerCapacity | None = None
@@ -237,6 +238,20 @@ class BenchRun:
         except KvplanError:
             self.rule = None
         self.rule_exact = w.identical
+        # The block rule counts one full-attention group. A model whose KV cache has several (sliding-window or
+        # recurrent layers beside full ones) takes blocks in every group from the one pool, so the rule would
+        # promise more requests than fit: no onset prediction for it, and the reason said.
+        if self.rule is None:
+            return
+        ecfg = self.cfg.engine_config()
+        served = served_groups(ecfg.model if ecfg else self.model, ecfg, self.capacity.block_size, None)
+        if served.one_full_attention_group is False:
+            self.prediction_note = (f"onsets not predicted: the model's KV cache is {len(served.kinds)} group(s) "
+                                    f"({', '.join(served.kinds)}) taking blocks from one pool; kvplan's block rule "
+                                    "counts one full-attention group (kvplan bench --traffic predicts sliding-window "
+                                    "pools)")
+            self.rule = None
+            self.view.message(self.prediction_note)
 
     @property
     def prediction(self) -> OnsetPrediction | None:
@@ -608,6 +623,7 @@ class BenchRun:
             latency_model=None if self.latency is None else self.latency.info,
             prometheus=self._prometheus_info(),
             fleet=fleet,
+            prediction_note=self.prediction_note,
         )
 
     def _prometheus_info(self) -> PrometheusInfo | None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from kvplan.deploy import load_draft, plan_deployment, select_gpus
 from kvplan.deploy import load_model_from_log as resolve_log_model
@@ -57,6 +57,9 @@ class Section(BaseModel):
 
 class CheckLogResult(BaseModel):
     """`kvplan check-log --json`."""
+
+    # pydantic before 2.10 warns on stderr about fields named model_*: its namespace, not ours
+    model_config = ConfigDict(protected_namespaces=())
 
     log: str
     ok: bool

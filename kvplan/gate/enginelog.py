@@ -21,7 +21,7 @@ import re
 from collections import deque
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from kvplan.deploy import ResolvedModel, load_model_from_log, select_gpus
 from kvplan.engines import EngineOptions, engine_named
@@ -60,6 +60,9 @@ _TORCH_KV = {"bfloat16": "bfloat16", "float16": "float16", "half": "float16", "f
 
 class EngineLogResult(BaseModel):
     """`kvplan check-log --json` for an SGLang or TensorRT-LLM log (`kvplan schema check-log-engines`)."""
+
+    # pydantic before 2.10 warns on stderr about fields named model_*: its namespace, not ours
+    model_config = ConfigDict(protected_namespaces=())
 
     log: str
     engine: str = Field(description="sglang or trtllm, as told from the log's own lines (or --engine)")

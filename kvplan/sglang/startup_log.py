@@ -28,7 +28,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from kvplan.vllm.startup_log import redact
 
@@ -80,6 +80,9 @@ KEYWORDS = ("server_args=", "launch_server", "sglang serve", "Load weight", "KV 
 
 class SglangStartup(BaseModel):
     """What one SGLang start-up log says. ``None``: the log does not show it."""
+
+    # pydantic before 2.10 warns on stderr about fields named model_*: its namespace, not ours
+    model_config = ConfigDict(protected_namespaces=())
 
     sglang_version: str | None = None
     gpu: str | None = Field(None, description="the GPU check_env names ('GPU 0,1: NVIDIA H100 80GB HBM3')")

@@ -19,10 +19,13 @@ def test_the_served_models_groups():
     gpt_oss = served_groups("openai/gpt-oss-20b", None, 32, 512)
     assert gpt_oss.groups is not None and gpt_oss.groups.groups == (CacheGroup(SLIDING, 128), CacheGroup(FULL))
     assert gpt_oss.groups.block_size == 32 and not gpt_oss.unknown and not gpt_oss.refused
-    assert served_groups("meta-llama/Llama-3.1-8B", None, 16, None) == ServedGroups(None)
-    assert "mamba KV groups is not modelled" in served_groups("Qwen/Qwen3-Next-80B-A3B-Thinking", None, 16, None).refused
+    assert gpt_oss.kinds == ("sliding_window", "full_attention") and gpt_oss.one_full_attention_group is False
+    llama = served_groups("meta-llama/Llama-3.1-8B", None, 16, None)
+    assert llama == ServedGroups(None, kinds=("full_attention",)) and llama.one_full_attention_group
+    qwen3_next = served_groups("Qwen/Qwen3-Next-80B-A3B-Thinking", None, 16, None)
+    assert "mamba KV groups is not modelled" in qwen3_next.refused and qwen3_next.one_full_attention_group is False
     unknown = served_groups("/nonexistent/model-dir", None, 16, None)
-    assert unknown.groups is None and "cannot read" in unknown.unknown
+    assert unknown.groups is None and "cannot read" in unknown.unknown and unknown.one_full_attention_group is None
 
 
 def _records(n: int, overlap: bool) -> list[RequestRecord]:

@@ -52,6 +52,8 @@ def markdown(summary: BenchSummary) -> str:
     if s.prometheus:
         lines.append(f"- server figures: {s.prometheus.describe()}")
     lines.append(f"- status: {s.status}" + (f" ({s.error})" if s.error and s.status != "complete" else ""))
+    if s.prediction_note:
+        lines.append(f"- {s.prediction_note}")
     lines += ["", "## KV capacity", "", "| | planner | engine reports |", "|---|---:|---:|"]
     lines.append(f"| blocks (incl. the null block) | {num(planner.num_blocks)} | {num(cap.num_blocks)} |")
     lines.append(f"| block size | {num(planner.block_size)} | {num(cap.block_size)} |")
