@@ -79,6 +79,13 @@ class _HybridScheduler(_Scheduler):
         self.cache.cache(self.tables[req.rid], offered, min(upto, req.num_tokens),
                          lambda start, stop: _keys(req, start, stop, self.B), boundaries)
 
+    def _grow(self, req: _Req, num_tokens: int, new_tokens: int) -> bool:
+        if self._allocate_slots(req, num_tokens):
+            return True
+        if self.trace is not None:
+            self.trace.append(("stall", req.tl.index, req.num_tokens, new_tokens))
+        return False
+
     def _allocate_slots(self, req: _Req, num_tokens: int) -> bool:
         """A running request's `allocate_slots` for ``num_tokens`` in all: out-of-window blocks freed, the
         new blocks if they fit (False if not), the full ones cached."""
@@ -106,39 +113,12 @@ class _HybridScheduler(_Scheduler):
 
     # ---------------------------------------------------------------- one step
 
-    def _schedule_running(self, scheduled: list[tuple[_Req, int, int]], budget: int) -> tuple[int, bool]:
-        config, running = self.config, self.running
-        preempted_now = False
-        i = 0
-        while i < len(running) and budget > 0:
-            req = running[i]
-            computed = req.computed
-            n = min(req.prompt + req.generated - computed, budget)
-            if config.max_model_len:
-                n = min(n, config.max_model_len - 1 - computed)
-            if n <= 0:
-                i += 1
-                continue
-            ok = False
-            while True:
-                if self._allocate_slots(req, computed + n):
-                    ok = True
-                    break
-                if self.trace is not None:
-                    self.trace.append(("stall", req.tl.index, req.num_tokens, n))
-                victim = running.pop()
-                self._preempt(victim)
-                preempted_now = True
-                if victim is req:
-                    break
-            if not ok:
-                break
-            if self.trace is not None:
-                self.trace.append(("alloc", req.tl.index, req.num_tokens, n, self._tables(req)))
-            scheduled.append((req, n, computed))
-            budget -= n
-            i += 1
-        return budget, preempted_now
+    def _needs_room(self, req: _Req, num_tokens: int) -> bool:
+        return True  # allocate_slots runs every step: a window frees the blocks that slid out of it
+
+    def _scheduled(self, req: _Req, num_tokens: int, new_tokens: int) -> None:
+        if self.trace is not None:  # (the full blocks were cached by _allocate_slots)
+            self.trace.append(("alloc", req.tl.index, req.num_tokens, new_tokens, self._tables(req)))
 
     def _admit_waiting(self, scheduled: list[tuple[_Req, int, int]], budget: int) -> bool:
         config, pool, cache, waiting = self.config, self.pool, self.cache, self.waiting

@@ -555,7 +555,7 @@ class _Scheduler:
     def _schedule_running(self, scheduled: list[tuple[_Req, int, int]], budget: int) -> tuple[int, bool]:
         """Running requests first, in order; out of blocks, the last running one is preempted (until the
         request itself is). Returns the budget left and whether anything was preempted."""
-        config, running, B = self.config, self.running, self.B
+        config, running = self.config, self.running
         preempted_now = False
         i = 0
         while i < len(running) and budget > 0:
@@ -567,27 +567,42 @@ class _Scheduler:
             if n <= 0:
                 i += 1
                 continue
-            if -(-(computed + n) // B) > len(req.blocks):  # it needs a new block (else nothing to allocate)
-                ok = False
-                while True:
-                    if self._allocate(req, computed + n):
-                        ok = True
-                        break
-                    victim = running.pop()
-                    self._preempt(victim)
-                    preempted_now = True
-                    if victim is req:
-                        break
+            if self._needs_room(req, computed + n):
+                ok, preempted = self._room_for(req, computed + n, n)
+                preempted_now |= preempted
                 if not ok:
                     break
-            if (computed + n) // B > req.num_cached:
-                self._cache_full(req, computed + n)
-            if self.trace is not None:
-                self.trace.append(("alloc", req.tl.index, req.num_tokens, n, tuple(req.blocks)))
+            self._scheduled(req, computed + n, n)
             scheduled.append((req, n, computed))
             budget -= n
             i += 1
         return budget, preempted_now
+
+    def _needs_room(self, req: _Req, num_tokens: int) -> bool:
+        """Whether a running request must allocate to hold ``num_tokens`` (a new block; else nothing to do)."""
+        return -(-num_tokens // self.B) > len(req.blocks)
+
+    def _scheduled(self, req: _Req, num_tokens: int, new_tokens: int) -> None:
+        """A running request scheduled up to ``num_tokens``: its newly full blocks cached, the step traced."""
+        if num_tokens // self.B > req.num_cached:
+            self._cache_full(req, num_tokens)
+        if self.trace is not None:
+            self.trace.append(("alloc", req.tl.index, req.num_tokens, new_tokens, tuple(req.blocks)))
+
+    def _room_for(self, req: _Req, num_tokens: int, new_tokens: int) -> tuple[bool, bool]:
+        """A running request's slots up to ``num_tokens`` (`_grow`), the newest running request preempted each
+        time they do not fit, until they do or the request preempted itself: (allocated, anything preempted)."""
+        preempted = False
+        while not self._grow(req, num_tokens, new_tokens):
+            victim = self.running.pop()
+            self._preempt(victim)
+            preempted = True
+            if victim is req:
+                return False, True
+        return True, preempted
+
+    def _grow(self, req: _Req, num_tokens: int, new_tokens: int) -> bool:
+        return self._allocate(req, num_tokens)
 
     def _admit_waiting(self, scheduled: list[tuple[_Req, int, int]], budget: int) -> bool:
         """Waiting requests in order, while the budget, max_num_seqs and the pool allow; True when the
