@@ -31,3 +31,21 @@ class VllmRequests:
             req.append_output_token_ids(tok)
         assert req.num_tokens == num_tokens
         return req
+
+    def preempt(self, mgr, number: int) -> None:
+        """`Scheduler._preempt_request`: its blocks freed, back to no computed tokens, waiting again."""
+        from vllm.v1.request import RequestStatus
+
+        req = self.reqs[number]
+        mgr.free(req)
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        req.status = RequestStatus.PREEMPTED
+
+    def finish(self, mgr, number: int) -> None:
+        mgr.free(self.reqs.pop(number))
+
+
+def free_queue(mgr) -> list[int]:
+    """vLLM's free block queue, head (evicted first) to tail."""
+    return [b.block_id for b in mgr.block_pool.free_block_queue.get_all_free_blocks()]

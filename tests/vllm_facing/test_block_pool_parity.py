@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 from helpers.traffic import agent_traffic, hashed_traffic
-from helpers.vllm_requests import VllmRequests
+from helpers.vllm_requests import VllmRequests, free_queue
 
 from kvplan.plan.prefix_cache import traffic_load
 from kvplan.plan.simulate import SchedulerConfig, simulate
@@ -94,19 +94,15 @@ class VllmSide:
             assert self.mgr.allocate_slots(req, new_tokens) is not None, f"request {number}: no room in vLLM"
             req.num_computed_tokens += new_tokens
             assert self.table(number) == table, f"request {number}: block table differs"
-        elif kind == "preempt":  # Scheduler._preempt_request
-            req = self.requests.reqs[number]
-            self.mgr.free(req)
-            req.num_computed_tokens = 0
-            req.num_preemptions += 1
-            req.status = RequestStatus.PREEMPTED
+        elif kind == "preempt":
+            self.requests.preempt(self.mgr, number)
         elif kind == "finish":
-            self.mgr.free(self.requests.reqs.pop(number))
+            self.requests.finish(self.mgr, number)
         else:
             raise AssertionError(event)
 
     def free_queue(self) -> list[int]:
-        return [b.block_id for b in self.mgr.block_pool.free_block_queue.get_all_free_blocks()]
+        return free_queue(self.mgr)
 
 
 @pytest.mark.parametrize("name", list(CASES))

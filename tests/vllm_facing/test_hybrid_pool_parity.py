@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 from helpers.traffic import agent_traffic, hashed_traffic
-from helpers.vllm_requests import VllmRequests
+from helpers.vllm_requests import VllmRequests, free_queue
 
 from kvplan.plan.hybrid_cache import CHUNKED, FULL, SLIDING, CacheGroup, HybridGroups
 from kvplan.plan.hybrid_sim import simulate_groups
@@ -137,19 +137,15 @@ class VllmHybridSide:
         elif kind == "stall":
             req = self.request(number, event[2])
             assert self.mgr.allocate_slots(req, event[3]) is None, f"request {number}: vLLM finds room"
-        elif kind == "preempt":  # Scheduler._preempt_request
-            req = self.requests.reqs[number]
-            self.mgr.free(req)
-            req.num_computed_tokens = 0
-            req.num_preemptions += 1
-            req.status = RequestStatus.PREEMPTED
+        elif kind == "preempt":
+            self.requests.preempt(self.mgr, number)
         elif kind == "finish":
-            self.mgr.free(self.requests.reqs.pop(number))
+            self.requests.finish(self.mgr, number)
         else:
             raise AssertionError(event)
 
     def free_queue(self) -> list[int]:
-        return [b.block_id for b in self.mgr.block_pool.free_block_queue.get_all_free_blocks()]
+        return free_queue(self.mgr)
 
 
 def _run(name: str, trace: list | None = None, usable: int | None = None):
