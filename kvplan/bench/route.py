@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from kvplan.units import cdiv
+
 Route = Literal["round-robin", "least-outstanding", "gateway"]
 ROUTES: tuple[str, ...] = ("round-robin", "least-outstanding")  # what --route takes
 
@@ -46,4 +48,4 @@ class Router:
 def share(concurrency: int, replica: int, replicas: int) -> int:
     """Requests replica ``replica`` (0-based) gets of the first ``concurrency`` a point sends, one to each replica
     in turn: ``ceil((c - i) / N)``. By hand, 9 over 2 replicas: 5 to the first, 4 to the second."""
-    return max(0, (concurrency - replica + replicas - 1) // replicas)
+    return max(0, cdiv(concurrency - replica, replicas))

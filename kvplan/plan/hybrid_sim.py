@@ -36,6 +36,7 @@ from kvplan.plan.simulate import (
     paused_gc,
     simulate,
 )
+from kvplan.units import cdiv
 
 
 def simulate_groups(config: SchedulerConfig, load: Load, groups: HybridGroups | None,
@@ -299,7 +300,7 @@ def hybrid_working_set(turns: Sequence[SimTurn], groups: HybridGroups, usable_bl
     up). Hybrid hits need not grow with the pool at every size, so a somewhat smaller pool may keep the share
     too. Every probe is a replay of every block: a trace above `MAX_HYBRID_BLOCK_OPS` is refused."""
     B = groups.block_size
-    positions = len(groups.groups) * sum(-(-(t.prompt + t.output - 1) // B) for t in turns)
+    positions = len(groups.groups) * sum(cdiv(t.prompt + t.output - 1, B) for t in turns)
     probes = 3 + 3 * 10  # the asked pool, the unbounded one, ~10 bisection probes a share (to 1%)
     if positions * probes > MAX_HYBRID_BLOCK_OPS:
         raise KvplanError(f"the traffic holds {positions:,} block positions over the model's {len(groups.groups)} KV "
