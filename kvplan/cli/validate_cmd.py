@@ -200,6 +200,8 @@ def render_engine(console, result) -> None:
                                           f"({c.full.error_of_gpu_pct:+.2f}% of {c.full.gpu_gib:g})")
         rule = "" if c.budget_rule is None else ("agrees" if c.budget_rule.within else "differs")
         why = c.page_reason or ("" if c.full else c.full_reason or "")
+        if c.contradiction:
+            why = f"the report contradicts itself: {c.contradiction}" + (f"; {why}" if why else "")
         t.add_row(esc(c.case_id), esc(_short(c.model or "")), esc(c.gpu or ""), page, full, rule, esc(why))
     console.print(t)
     console.print()

@@ -59,7 +59,8 @@ class EngineReport(BaseModel):
     kv_cache_dtype: str | None = None
     notes: str = ""
     # Curation, each with its reason: ``config_model`` + ``config_note`` (the bundled config that stands for the
-    # model), ``assumed_version`` + ``version_note`` (a release the report dates itself to).
+    # model), ``assumed_version`` + ``version_note`` (a release the report dates itself to), ``contradiction`` (the
+    # report's printed figures disagree with the model it names: still judged and counted, the reason shown).
     kvplan: dict[str, Any] = Field(default_factory=dict)
 
     def field(self, name: str) -> Any:
@@ -93,6 +94,8 @@ class EngineCase(BaseModel):
     full: FullResult | None = None
     full_reason: str | None = None
     budget_rule: LogComparison | None = Field(None, description="the engine's budget rule from its printed memory")
+    contradiction: str | None = Field(None, description="why the report's own figures disagree with the model it "
+                                                        "names (curated; the miss still counts)")
     notes: list[str] = Field(default_factory=list)
 
 
@@ -193,7 +196,8 @@ def validate_engine(engine: str, reports_file: Path | None = None, configs_dir: 
     cases: list[EngineCase] = []
     for report in reports:
         case = EngineCase(case_id=report.case_id, engine=engine, model=report.kvplan.get("config_model") or report.model,
-                          gpu=report.gpu, rules=None, source=report.source)
+                          gpu=report.gpu, rules=None, source=report.source,
+                          contradiction=report.kvplan.get("contradiction"))
         resolved, why = _resolve(report, configs_dir)
         if resolved is None:
             cases.append(case.model_copy(update={"page_reason": why, "full_reason": why}))
@@ -229,7 +233,8 @@ def engine_goals(engine: str, cases: list[EngineCase]) -> list[EngineGoal]:
     label = LABELS[engine]
     judged = [c for c in cases if c.page and c.page.error_pct is not None]
     near = [c.case_id for c in judged if abs(c.page.error_pct) <= PAGE_GOAL_PCT]
-    missed = [f"{c.case_id} ({c.page.error_pct:+.2f}%)" for c in judged if c.case_id not in near]
+    missed = [f"{c.case_id} ({c.page.error_pct:+.2f}%" + (", the report contradicts itself" if c.contradiction else "")
+              + ")" for c in judged if c.case_id not in near]
     why: dict[str, list[str]] = {}
     for c in cases:
         if c not in judged:

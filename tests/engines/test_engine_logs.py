@@ -281,6 +281,29 @@ def test_validate_sglang_and_trtllm_reports():
     assert bad.code == 2 and "vLLM's" in bad.one_line_error()
 
 
+def test_trtllm_reports_judged_by_hand_and_tr006_marked():
+    """Public TensorRT-LLM start-ups priced by hand with TensorRT-LLM's rule (blocks = ceil(tokens / 32)), and tr006,
+    whose pool lines contradict the model it names, still counted as a miss with the reason shown."""
+    from helpers.harness import invoke
+
+    tr = json.loads(invoke("validate", "--engine", "trtllm", "--json").stdout)
+    cases = {c["case_id"]: c for c in tr["cases"]}
+    assert tr["reports"] >= 15
+    # tr010, Qwen3-Reranker-0.6B (Qwen3-0.6B's shape), bf16: 28 x 8 x 128 x 2 x 2 = 114,688 B a token;
+    # int(68.69 x 2^30 / 114,688) = 643,095 -> 20,097 blocks of 32 = 643,104
+    assert (cases["tr010"]["page"]["predicted"], cases["tr010"]["page"]["reported"]) == (643_104, 643_136)
+    # tr011, Kimi K2.5 at TP 8, FP8 MLA: 61 x (512 + 64) x 1 = 35,136 B a token on every rank;
+    # int(166.02 x 2^30 / 35,136) = 5,073,503 -> 158,547 blocks of 32 = 5,073,504
+    assert (cases["tr011"]["page"]["predicted"], cases["tr011"]["page"]["reported"]) == (5_073_504, 5_073_376)
+    # tr006: 0.99 x 63.62 GiB at Llama-2-7B's FP8 262,144 B a token = 257,981 tokens -> 4,031 blocks of 64
+    tr006 = cases["tr006"]
+    assert tr006["page"]["predicted"] == 257_984 and "GPT-J-6B" in tr006["contradiction"]
+    page_goal = tr["goals"][0]["achieved"]
+    assert "tr006 (-12.50%, the report contradicts itself)" in page_goal
+    table = invoke("validate", "--engine", "trtllm")
+    assert "the report contradicts itself" in table.stdout
+
+
 def test_size_engine_trtllm_says_what_it_does_not_size():
     """Qwen3-32B at TP 2: 64 layers x (8 KV heads / 2) x 128 x 2 x 2 B = 131,072 B a token, the page math kvplan has;
     the budget is refused with the reason, one line, exit 2."""
