@@ -261,6 +261,7 @@ class Fleet:
         self.rule: FleetRule | None = None
         self.rule_exact = False
         self.basis = "not predicted: the replicas' pools were not read"
+        self.engine_counts = [0] * len(self.replicas)
 
     @property
     def names(self) -> list[str]:
@@ -291,13 +292,23 @@ class Fleet:
                 raise KvplanError(f"replica {r.name}'s /metrics are for {printable(', '.join(sorted(snap.model_names)), 200)}, "
                                   f"not {printable(model, 200)!r}",
                                   "each --metrics-url must be a replica serving the model the requests ask for")
+            if snap.engine_error:
+                raise KvplanError(f"replica {r.name}'s /metrics: {snap.engine_error}",
+                                  "kvplan bench reads each engine's KV figures by vLLM's engine label")
         vllm = engine_named("vllm")  # an attached server's pool, read as for one URL (kvplan.engines)
         self.capacities = [vllm.capacity_from_metrics(s.cache_info) if s.cache_info else EngineCapacity() for s in snaps]
+        self.engine_counts = [len(s.engines) for s in snaps]  # data-parallel replicas' engines (0: one engine)
         self._predict(cfg, workload)
         return self.rule
 
     def _predict(self, cfg: BenchConfig, workload: Workload) -> None:
         prompt, output = workload.rule_lengths
+        data_parallel = next(((r, n) for r, n in zip(self.replicas, self.engine_counts) if n), None)
+        if data_parallel is not None:  # its onset is a range, not a load (EnginePools): not composed over replicas
+            self.basis = (f"not predicted: replica {data_parallel[0].name} is data-parallel ({data_parallel[1]} "
+                          "engines): each engine's figures are read and judged, but a fleet of such replicas is not "
+                          "predicted")
+            return
         for i, cap in enumerate(self.capacities):
             if cap.num_blocks is None or cap.block_size is None:
                 self.basis = f"not predicted: replica {self.replicas[i].name}'s /metrics do not give its pool"

@@ -42,7 +42,8 @@ def point_result(cfg: BenchConfig, rule: BlockRule | None, concurrency: int, seq
     if error is None and not records:
         error = "no request was sent"
     # A data-parallel server: each engine has its own pool, so the point waited or preempted when one engine did
-    # (the first to, as a fleet's first replica), never by queues summed over engines
+    # (the first to, as a fleet's first replica), never by queues summed over engines. The engines' figures come from
+    # the server's own /metrics (with --prometheus, when scraped beside it: Prometheus' figures stay summed)
     engines, engine_error = engine_points(before, during, after, cfg, error is not None)
     error = error or engine_error
     status = "failed" if error else "ok"

@@ -6,13 +6,14 @@ one engine, not the other, preempt and wait.
     python tests/bench/data/make_dp_metrics.py --url URL  # or reads one already serving the tiny model so
 
 It starts the tiny Llama of tests/fixtures on vLLM's CPU build with the pool the engine tests pin (17 blocks of 32
-tokens per engine: tests/helpers/bench.py) and ``--data-parallel-size 2``, scrapes /metrics (``before.prom``), sends
-3 requests at once to /v1/completions (prompts of 160 distinct token ids, 160 output tokens, ignore_eos), scrapes
-every 50 ms while they run and keeps the scrape with the most requests waiting (``during.prom``), then scrapes once
-they have all ended (``after.prom``), and stops the server by its PID. By the block rule, two requests on one engine
-are admitted (6 blocks each) and then outgrow its 16 usable blocks (10 blocks each at 320 tokens): that engine
-preempts one and it waits; the engine with one request does neither. vLLM's DP coordinator chooses which engine gets
-two (vllm/v1/engine/core_client.py@0.32.0, DPLBAsyncMPClient.get_core_engine_for_request)."""
+tokens per engine: tests/helpers/bench.py), ``--data-parallel-size 2`` and ``--served-model-name tiny-llama``,
+scrapes /metrics (``before.prom``), sends 3 requests at once to /v1/completions (prompts of 160 distinct token ids,
+160 output tokens, ignore_eos), scrapes every 50 ms while they run and keeps the scrape with the most requests
+waiting (``during.prom``), then scrapes once they have all ended (``after.prom``; a load during which no scrape saw
+a request waiting is sent again, up to 5 times), and stops the server by its PID. By the block rule, two requests on
+one engine are admitted (6 blocks each) and then outgrow its 16 usable blocks (10 blocks each at 320 tokens): that
+engine preempts one and it waits; the engine with one request does neither. vLLM's DP coordinator chooses which
+engine gets two (vllm/v1/engine/core_client.py@0.32.0, DPLBAsyncMPClient.get_core_engine_for_request)."""
 
 from __future__ import annotations
 
@@ -55,24 +56,31 @@ def waiting(text: str) -> float:
                if line.startswith("vllm:num_requests_waiting{"))
 
 
-def record(base: str) -> None:
+def record(base: str, tries: int = 5) -> None:
+    """One load, recorded; again (the counters read afresh) when no scrape caught a request waiting."""
     model = json.loads(get(base + "/v1/models"))["data"][0]["id"]
-    OUT.mkdir(exist_ok=True)
-    (OUT / "before.prom").write_text(get(base + "/metrics"))
-    threads = [threading.Thread(target=complete, args=(base, model, k)) for k in range(REQUESTS)]
-    for t in threads:
-        t.start()
-    peak, peak_text = -1.0, ""
-    while any(t.is_alive() for t in threads):
-        text = get(base + "/metrics")
-        if waiting(text) > peak:
-            peak, peak_text = waiting(text), text
-        time.sleep(0.05)
-    for t in threads:
-        t.join()
-    time.sleep(1.0)  # the engines' last stats reach the API server's logger
-    (OUT / "during.prom").write_text(peak_text)
-    (OUT / "after.prom").write_text(get(base + "/metrics"))
+    for _ in range(tries):
+        before = get(base + "/metrics")
+        threads = [threading.Thread(target=complete, args=(base, model, k)) for k in range(REQUESTS)]
+        for t in threads:
+            t.start()
+        peak, peak_text = 0.0, ""
+        while any(t.is_alive() for t in threads):
+            text = get(base + "/metrics")
+            if waiting(text) > peak:
+                peak, peak_text = waiting(text), text
+            time.sleep(0.05)
+        for t in threads:
+            t.join()
+        time.sleep(1.0)  # the engines' last stats reach the API server's logger
+        if peak_text:
+            OUT.mkdir(exist_ok=True)
+            (OUT / "before.prom").write_text(before)
+            (OUT / "during.prom").write_text(peak_text)
+            (OUT / "after.prom").write_text(get(base + "/metrics"))
+            print(f"recorded: {peak:g} waiting at the peak scrape")
+            return
+    raise SystemExit(f"no scrape caught a request waiting in {tries} loads")
 
 
 def main() -> None:
@@ -87,7 +95,7 @@ def main() -> None:
     cfg = EngineConfig(model=str(TINY_MODEL), port=free_port(),
                        args=EngineArgs(block_size=BLOCK_SIZE, num_gpu_blocks_override=POOL_BLOCKS,
                                        kv_cache_memory_bytes=64 * 2**20, max_model_len=512, enforce_eager=True),
-                       env=(("HF_HUB_OFFLINE", "1"),), extra_args=("--data-parallel-size", "2"))
+                       env=(("HF_HUB_OFFLINE", "1"),), extra_args=("--data-parallel-size", "2", "--served-model-name", "tiny-llama"))
     with tempfile.TemporaryDirectory() as tmp:
         launcher = EngineLauncher(cfg, Path(tmp) / "engine.log", startup_timeout_s=600)
         launcher.start()
