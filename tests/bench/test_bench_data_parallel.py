@@ -186,3 +186,25 @@ def test_an_engine_that_appears_mid_run_fails_the_point(tmp_path, when):
     assert point["status"] == "failed" and said in point["error"] and point["label"] == "failed"
     # engines that came during the point give no figures; ones there all through it (from its start) do
     assert ("engines" in point) == (when == "between points")
+
+
+def test_a_data_parallel_replica_of_a_fleet_is_judged_by_its_engines(tmp_path):
+    from helpers.fake_server import FakeBehaviour, FakeServer
+    from helpers.fleet import PoolReplica
+
+    with FakeServer(FakeBehaviour(metrics_text=_recorded, token_gap_s=0.005, model_id=MODEL)) as dp, \
+            PoolReplica(17, model_id=MODEL) as one:
+        proc = subprocess.run(kvplan_cmd("--url", dp.url, "--url", one.url, "--sweep", "3", "--requests-per-stream",
+                                         "1", "--prompt", "160", "--output", "160", "--no-warmup",
+                                         "--scrape-interval", "10", "--out", str(tmp_path), "--json"),
+                              capture_output=True, text=True, timeout=120, env=bench_env())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    s = json.loads(proc.stdout)
+    assert s["fleet"]["prediction_basis"].startswith(f"not predicted: replica {dp.url} is data-parallel (2 engines)")
+    assert s["fleet"]["replicas"][0]["prediction"] is None  # its cache_config_info's 34 blocks are two engines' 17
+    (point,) = s["points"]
+    first, second = point["replicas"]
+    assert [(e["name"], e["server"]["preemptions"]) for e in first["engines"]] == [("engine 0", 1), ("engine 1", 0)]
+    assert first["preempted"] and first["wait_evidence"] == ["preemptions (engine 0)", "waiting gauge (engine 0)"]
+    assert "engines" not in second  # one engine: as before
+    assert s["fleet"]["first_preemption"]["measured_replica"] == dp.url
