@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from helpers.bench import bench_env, kvplan_cmd
+from helpers.llmd import assert_valid_llmd_reports
 
 from kvplan.bench.config import BenchConfig
 from kvplan.bench.fleet import EnginePools
@@ -150,6 +151,10 @@ def test_a_bench_run_shows_each_engine_and_the_first_to_preempt(tmp_path):
     # load 3, each engine's own figures: the most it held (running + waiting in one scrape: 1 + 1, and 1 + 0), its
     # preemptions, queue, KV usage (0.625) and prompt tokens looked up in its prefix cache
     assert "| 3 | 0 | 2 | KV | 1 | 1 | 62% | 0 / 320 |" in report and "| 3 | 1 | 1 | - | 0 | 0 | 62% | 0 / 160 |" in report
+    # llm-d-benchmark's report: still valid, each engine's figures kept
+    reports = assert_valid_llmd_reports(run)
+    kept = reports[max(reports)]["results"]["observability"]["kvplan"]["engines"]
+    assert [(e["name"], e["server"]["preemptions"]) for e in kept] == [("engine 0", 1), ("engine 1", 0)]
 
 
 def test_engine_labels_that_are_no_engines_stop_the_run_in_one_line(tmp_path):
