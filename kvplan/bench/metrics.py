@@ -49,9 +49,9 @@ GAUGES = ("running", "waiting", "kv_usage", "preemptions")
 #: cores behind one API server, each with its own scheduler and KV pool, and one PrometheusStatLogger labels each
 #: engine's children ``engine="<index>"`` (vllm/v1/metrics/loggers.py@0.32.0, ``engine_indexes``).
 ENGINE_LABEL = "engine"
-#: The most engines kvplan reads on one server; a /metrics naming more is refused (their figures would not fit a
-#: point's record, and no data-parallel deployment behind one API server comes near it).
-MAX_ENGINES = 256
+#: The most engines kvplan reads on one server, as it reads at most 64 replicas a run (kvplan.bench.config.MAX_REPLICAS):
+#: each engine's figures and fast-scrape series go into every point's record. A /metrics naming more is refused.
+MAX_ENGINES = 64
 
 
 @dataclass(frozen=True)
