@@ -35,14 +35,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from kvplan.bench.client import Client, credential_secrets, split_credentials
 from kvplan.bench.config import MAX_REPLICAS, BenchConfig, FleetConfig
 from kvplan.bench.loadgen import RequestRecord, run_stoppable
-from kvplan.bench.metrics import Histogram, Snapshot, preempted, scrape_during, scrape_once
-from kvplan.bench.point import peak_in_flight, server_figures, wait_evidence
+from kvplan.bench.metrics import Histogram, Snapshot, scrape_during, scrape_once
+from kvplan.bench.point import engine_points, failed_point, pool_point, pools_label, server_figures
 from kvplan.bench.results import (
     ONSETS,
     FleetOnset,
@@ -56,7 +57,7 @@ from kvplan.bench.results import (
     ServerFigures,
 )
 from kvplan.bench.route import ROUTES, Router, share
-from kvplan.bench.sweep import Onset, PointOutcome, block_rule, measured_label
+from kvplan.bench.sweep import Onset, block_rule
 from kvplan.bench.workload import Workload
 from kvplan.engines import EngineCapacity, engine_named
 from kvplan.errors import KvplanError
@@ -176,6 +177,11 @@ class FleetRule:
     def share(self, concurrency: int, replica: int) -> int:
         return share(concurrency, replica, len(self.rules))
 
+    def own_onsets(self, name: OnsetName) -> list[int]:
+        """Each replica's onset in its own concurrency (those that reach it)."""
+        return [onset for r in self.rules
+                if (onset := r.first_kv_wait if name == "first_kv_wait" else r.first_preemption) is not None]
+
     def first(self, name: OnsetName) -> tuple[int, int] | None:
         """(streams over the fleet, replica index) of the first replica to reach the onset; None: none does."""
         n = len(self.rules)
@@ -255,6 +261,7 @@ class Fleet:
         self.rule: FleetRule | None = None
         self.rule_exact = False
         self.basis = "not predicted: the replicas' pools were not read"
+        self.engine_counts = [0] * len(self.replicas)
 
     @property
     def names(self) -> list[str]:
@@ -285,13 +292,23 @@ class Fleet:
                 raise KvplanError(f"replica {r.name}'s /metrics are for {printable(', '.join(sorted(snap.model_names)), 200)}, "
                                   f"not {printable(model, 200)!r}",
                                   "each --metrics-url must be a replica serving the model the requests ask for")
+            if snap.engine_error:
+                raise KvplanError(f"replica {r.name}'s /metrics: {snap.engine_error}",
+                                  "kvplan bench reads each engine's KV figures by vLLM's engine label")
         vllm = engine_named("vllm")  # an attached server's pool, read as for one URL (kvplan.engines)
         self.capacities = [vllm.capacity_from_metrics(s.cache_info) if s.cache_info else EngineCapacity() for s in snaps]
+        self.engine_counts = [len(s.engines) for s in snaps]  # data-parallel replicas' engines (0: one engine)
         self._predict(cfg, workload)
         return self.rule
 
     def _predict(self, cfg: BenchConfig, workload: Workload) -> None:
         prompt, output = workload.rule_lengths
+        data_parallel = next(((r, n) for r, n in zip(self.replicas, self.engine_counts) if n), None)
+        if data_parallel is not None:  # its onset is a range, not a load (EnginePools): not composed over replicas
+            self.basis = (f"not predicted: replica {data_parallel[0].name} is data-parallel ({data_parallel[1]} "
+                          "engines): each engine's figures are read and judged, but a fleet of such replicas is not "
+                          "predicted")
+            return
         for i, cap in enumerate(self.capacities):
             if cap.num_blocks is None or cap.block_size is None:
                 self.basis = f"not predicted: replica {self.replicas[i].name}'s /metrics do not give its pool"
@@ -318,13 +335,7 @@ class Fleet:
     @property
     def capacity(self) -> EngineCapacity:
         """The fleet's pool: the replicas' summed, when each reported its own with one block size."""
-        caps = self.capacities
-        if any(c.num_blocks is None for c in caps) or len({c.block_size for c in caps}) != 1:
-            return EngineCapacity()
-        tokens = [c.kv_cache_tokens for c in caps]
-        return EngineCapacity(num_blocks=sum(c.num_blocks or 0 for c in caps), block_size=caps[0].block_size,
-                              kv_cache_tokens=None if None in tokens else sum(t or 0 for t in tokens),
-                              source=f"{len(caps)} replicas' metrics, summed")
+        return summed_capacity(self.capacities, f"{len(self.capacities)} replicas' metrics, summed")
 
     # -------------------------------------------------------- one point
 
@@ -369,29 +380,18 @@ class Fleet:
         for r in self.replicas:
             srv = server_figures(before[r.index], during[r.index], after[r.index])
             mine = None if self.gateway is not None else [x for x in records if x.replica == r.index]
-            held = peak_in_flight(mine) if mine is not None else int(srv.peak_in_engine or 0)
-            peak_wait = srv.peak_waiting_capacity if srv.peak_waiting_capacity is not None else srv.peak_waiting
-            evidence = wait_evidence(held, cfg.max_num_seqs, peak_wait, srv.preemptions)
-            did_preempt = preempted(srv.preemptions)
             failed = point.status != "ok" if mine is None else any(not x.ok for x in mine)
+            engines, why = engine_points(before[r.index], during[r.index], after[r.index], cfg, failed)
+            if why is not None:
+                point = failed_point(point, f"replica {r.name}: {why}")
+                failed = True
             rule = self.rules[r.index]
-            admission_waits = max(0, held - (cfg.max_num_seqs or held))
-            replicas.append(ReplicaPoint(
-                index=r.index, name=r.name,
-                requests=None if mine is None else len(mine),
-                requests_ok=None if mine is None else sum(1 for x in mine if x.ok),
-                peak_in_flight=None if mine is None else held,
-                server=srv, waited_for_kv=bool(evidence), wait_evidence=evidence, preempted=did_preempt,
-                label=measured_label(PointOutcome(held, bool(evidence), did_preempt, failed), cfg.max_num_seqs),
-                first_kv_wait_s=next((t for t, _, wait, _, pre in srv.series if pre > 0 or wait > admission_waits),
-                                     None),
-                first_preemption_s=next((t for t, _, _, _, pre in srv.series if pre > 0), None),
-                predicted=None if rule is None or not closed or self.rule is None
+            replicas.append(pool_point(
+                r.index, r.name, srv, cfg, failed, mine,
+                None if rule is None or not closed or self.rule is None
                 else PredictedPoint.from_rule(rule, self.rule.share(point.concurrency, r.index)),
-            ))
-        labels = {p.label for p in replicas}
-        label = "failed" if point.status != "ok" else next(
-            (x for x in ("KV-limited", "admission-limited") if x in labels), "neither")
+                engines))
+        label = pools_label([p.label for p in replicas], point.status != "ok")
         return point.model_copy(update={
             "server": fleet_figures([p.server for p in replicas], before, after),
             "replicas": replicas,
@@ -407,33 +407,133 @@ class Fleet:
         replicas = [FleetReplica(index=r.index, name=r.name, metrics_url=redact(r.metrics_url), capacity=cap,
                                  prediction=None if rule is None else OnsetPrediction.from_rule(rule, self.rule_exact))
                     for r, cap, rule in zip(self.replicas, self.capacities, self.rules)]
-        found = {key: self._onset(key, points, onsets.get(key)) for key in ONSETS}
+        found = {key: pools_onset(self.rule, self.names, key, points, onsets.get(key), lambda p: p.replicas)
+                 for key in ONSETS}
         return FleetSummary(route=self.cfg.route, gateway=self.gateway, replicas=replicas,
                             first_kv_wait=found["first_kv_wait"], first_preemption=found["first_preemption"],
                             prediction_basis=self.basis)
 
-    def _onset(self, key: OnsetName, points: list[PointResult], onset: Onset | None) -> FleetOnset:
-        out: dict = {}
-        first = None if self.rule is None else self.rule.first(key)
-        if first is not None:
-            load, i = first
-            out.update(predicted=load, predicted_replica=self.names[i], predicted_share=self.rule.share(load, i))
-        if onset is not None and onset.first is not None:
-            at = next((p for p in points if p.mode == "concurrency" and p.concurrency == onset.first
-                       and p.replicas is not None), None)
-            who = None if at is None else first_replica(at, key)
-            out.update(measured=onset.first, measured_replica=None if who is None else who.name,
-                       measured_in_flight=None if who is None else who.peak_in_flight)
-        if onset is not None and self.rule is not None:
-            same_load = onset.first == out.get("predicted")
-            out["agrees"] = same_load and (onset.first is None or out.get("measured_replica") == out.get("predicted_replica"))
-        return FleetOnset(**out)
+
+def summed_capacity(caps: list[EngineCapacity], source: str) -> EngineCapacity:
+    """Several pools as one: their blocks summed, when each is known and all have one block size."""
+    if any(c.num_blocks is None for c in caps) or len({c.block_size for c in caps}) != 1:
+        return EngineCapacity()
+    tokens = [c.kv_cache_tokens for c in caps]
+    return EngineCapacity(num_blocks=sum(c.num_blocks or 0 for c in caps), block_size=caps[0].block_size,
+                          kv_cache_tokens=None if None in tokens else sum(t or 0 for t in tokens), source=source)
 
 
-def first_replica(point: PointResult, key: OnsetName) -> ReplicaPoint | None:
-    """Of the replicas that showed the event in ``point``, the one a scrape saw first (the first listed when no
-    scrape caught it in time, only the counters read after the point)."""
-    showed = [p for p in point.replicas or [] if (p.waited_for_kv if key == "first_kv_wait" else p.preempted)]
+class EnginePools:
+    """The engines of one data-parallel vLLM server (``--data-parallel-size N``: N engine cores behind one API server,
+    each with its own scheduler and KV pool; its /metrics label each engine's figures ``engine="i"``).
+
+    **Pools.** The API server's vllm:cache_config_info carries, under every engine's label, the engines' blocks
+    *summed* (``num_gpu_blocks``: "Sum num_gpu_blocks from all engines in DP case", vllm/v1/engine/core_client.py@0.32.0,
+    where each engine's handshake is read) and one engine's ``kv_cache_size_tokens``. So each engine's pool is taken as
+    ``num_gpu_blocks / N`` (vLLM starts every engine with the same flags: an override pins them equal; a profiled
+    pool can differ between GPUs by a few blocks, which vLLM's figures do not show).
+
+    **Split.** The API server's DPLBAsyncMPClient.get_core_engine_for_request (same file) sends each request to the
+    engine with the lowest ``max(requests this client has in flight there, waiting + running in the coordinator's
+    latest snapshot)`` (the snapshot is published at most every 100 ms, vllm/v1/engine/coordinator.py@0.32.0; a
+    queue on an engine over half full of KV adds to its score), ties to a scan start that rotates by one engine with
+    every request routed since the server started. A point's first ``c`` requests reach idle engines at once, so each
+    gets ``floor(c / N)`` or ``ceil(c / N)``: the block rule of one engine, at ``ceil(c / N)``, says the load by which
+    the first engine has reached its own onset ``o``: ``N (o - 1) + 1`` streams at the latest. Later in a point a
+    stale snapshot can leave one engine holding more than ``ceil(c / N)`` (a request goes to the engine the snapshot
+    still shows emptier): the onset can then come at fewer streams, down to ``o`` (every stream on one engine), as
+    the coordinator's timing decides, which kvplan cannot predict. Nor which engine: that is the rotation's (it
+    counts every request the server has routed, other clients' too) and the snapshot's. So the prediction is the
+    range ``o`` to ``N (o - 1) + 1``, no engine named. Measured on the tiny CPU engine, 2 engines of 17 blocks,
+    prompts and outputs of 64 tokens (``o`` = 5): the first preemption at 7 streams, inside 5 to 9."""
+
+    def __init__(self, snap: Snapshot, server: str, metrics_url: str):
+        self.indexes = sorted(snap.engines)
+        self.names = [f"engine {i}" for i in self.indexes]
+        self.server, self.metrics_url = server, metrics_url
+        n = len(self.indexes)
+        whole = engine_named("vllm").capacity_from_metrics(snap.cache_info) if snap.cache_info else EngineCapacity()
+        each = EngineCapacity()
+        if whole.num_blocks is not None and whole.num_blocks % n == 0:
+            each = EngineCapacity(num_blocks=whole.num_blocks // n, block_size=whole.block_size,
+                                  kv_cache_tokens=whole.kv_cache_tokens,
+                                  source=f"metrics: {whole.num_blocks:,} blocks over {n} engines, each 1/{n}")
+        self.capacities = [each] * n
+        self.rules: list[BlockRule | None] = [None] * n
+        self.rule: FleetRule | None = None
+        self.rule_exact = False
+        self.basis = ("not predicted: the server's /metrics do not give its engines' pools"
+                      if each.num_blocks is None or each.block_size is None else "not predicted")
+
+    @property
+    def capacity(self) -> EngineCapacity:
+        """The server's pool: its engines' summed."""
+        return summed_capacity(self.capacities, f"{len(self.capacities)} engines' pools, summed")
+
+    def predict(self, rule: BlockRule | None, exact: bool, why_not: str | None) -> FleetRule | None:
+        """The server's rule from one engine's (``rule``: the block rule on one engine's pool), or None and why."""
+        if rule is None:
+            if why_not:
+                self.basis = f"not predicted: {why_not}"
+            return None
+        n = len(self.indexes)
+        self.rules = [rule] * n
+        self.rule, self.rule_exact = FleetRule(self.rules, self.names), exact
+        self.basis = (f"each engine's block rule on its pool; a point's first c requests reach the idle engines "
+                      f"split ceil(c / {n}) / floor(c / {n}) (vLLM's DP coordinator, vllm/v1/engine/core_client.py"
+                      "@0.32.0: the fewest in flight, the tie to an engine that rotates with every request the server "
+                      f"routes), so the first engine reaches its onset o by {n} (o - 1) + 1 streams; later requests go "
+                      "by the coordinator's 100 ms snapshot of each engine's queue, which can load one engine past "
+                      "the even split: the onset can come at fewer streams, down to o, as its timing decides (not "
+                      "predicted), and which engine is not determinate")
+        return self.rule
+
+    def summary(self, points: list[PointResult], onsets: dict[OnsetName, Onset | None]) -> FleetSummary:
+        engines = [FleetReplica(index=i, name=name, metrics_url=redact(self.metrics_url), capacity=cap,
+                                prediction=None if rule is None else OnsetPrediction.from_rule(rule, self.rule_exact))
+                   for i, name, cap, rule in zip(self.indexes, self.names, self.capacities, self.rules)]
+        found = {key: pools_onset(self.rule, self.names, key, points, onsets.get(key), lambda p: p.engines,
+                                  which_predicted=False) for key in ONSETS}
+        return FleetSummary(route="data-parallel", gateway=self.server, replicas=engines,
+                            first_kv_wait=found["first_kv_wait"], first_preemption=found["first_preemption"],
+                            prediction_basis=self.basis)
+
+
+def pools_onset(rule: FleetRule | None, names: list[str], key: OnsetName, points: list[PointResult],
+                onset: Onset | None, pools_of: Callable[[PointResult], list[ReplicaPoint] | None],
+                which_predicted: bool = True) -> FleetOnset:
+    """One onset over several pools (a fleet's replicas, or a data-parallel server's engines: ``pools_of`` a point):
+    the load at which the first pool reaches its own, predicted and measured, and which pool. ``which_predicted``
+    False (vLLM's DP coordinator, EnginePools): the rule bounds the load, from the fewest streams one pool's own onset
+    needs to the even split's, and does not say which pool; agreeing is a measured load within those bounds."""
+    out: dict = {}
+    first = None if rule is None else rule.first(key)
+    if first is not None:
+        load, i = first
+        out.update(predicted=load, predicted_replica=names[i] if which_predicted else None,
+                   predicted_share=rule.share(load, i))
+        if not which_predicted:
+            out["predicted_earliest"] = min(rule.own_onsets(key))
+    if onset is not None and onset.first is not None:
+        at = next((p for p in points if p.mode == "concurrency" and p.concurrency == onset.first
+                   and pools_of(p) is not None), None)
+        who = None if at is None else first_pool(pools_of(at) or [], key)
+        out.update(measured=onset.first, measured_replica=None if who is None else who.name,
+                   measured_in_flight=None if who is None else who.peak_in_flight)
+    if onset is not None and rule is not None and not which_predicted:
+        out["agrees"] = (onset.first is None and first is None) or (
+            onset.first is not None and first is not None and out["predicted_earliest"] <= onset.first <= first[0])
+    elif onset is not None and rule is not None:
+        same_load = onset.first == out.get("predicted")
+        out["agrees"] = same_load and (onset.first is None
+                                       or out.get("measured_replica") == out.get("predicted_replica"))
+    return FleetOnset(**out)
+
+
+def first_pool(pools: list[ReplicaPoint], key: OnsetName) -> ReplicaPoint | None:
+    """Of the pools (replicas, engines) that showed the event in a point, the one a scrape saw first (the first listed
+    when no scrape caught it in time, only the counters read after the point)."""
+    showed = [p for p in pools if (p.waited_for_kv if key == "first_kv_wait" else p.preempted)]
 
     def seen(p: ReplicaPoint) -> tuple[bool, float, int]:
         t = p.first_kv_wait_s if key == "first_kv_wait" else p.first_preemption_s

@@ -3,7 +3,8 @@
 Metric names differ between releases; ``kvplan/vllm/metric_names.py`` lists each quantity's
 aliases, newest first.
 
-Samples of several engines (data parallel) are summed, KV usage takes the maximum. During a
+Samples of several engines (data parallel) are summed, KV usage takes the maximum; each engine's own
+figures are kept beside (``Snapshot.engines``), since each engine has its own KV pool. During a
 point kvplan scrapes every ``--scrape-interval`` (``GAUGES`` only, so parsing stays cheap) and
 once in full before and after it (counters and histograms, as deltas). The server renders all of
 /metrics for every GET, whatever the client keeps: 7-15 ms of server CPU per scrape on the tiny
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 from kvplan.bench.client import REDIRECT_HINT, Client, is_redirect
 from kvplan.bench.results import ServerFigures
 from kvplan.sglang import metric_names as sglang_names
+from kvplan.term import printable
 from kvplan.vllm import metric_names as vllm_names
 from kvplan.vllm.metric_names import CACHE_INFO, TIER_COUNTERS, WAITING_BY_REASON
 
@@ -42,6 +44,14 @@ HISTOGRAMS: dict[str, tuple[str, ...]] = {key: names + sglang_names.HISTOGRAMS.g
 
 #: What the fast scrape keeps (line prefixes).
 GAUGES = ("running", "waiting", "kv_usage", "preemptions")
+
+#: The label vLLM puts on every per-engine sample: a data-parallel server (``--data-parallel-size N``) runs N engine
+#: cores behind one API server, each with its own scheduler and KV pool, and one PrometheusStatLogger labels each
+#: engine's children ``engine="<index>"`` (vllm/v1/metrics/loggers.py@0.32.0, ``engine_indexes``).
+ENGINE_LABEL = "engine"
+#: The most engines kvplan reads on one server, as it reads at most 64 replicas a run (kvplan.bench.config.MAX_REPLICAS):
+#: each engine's figures and fast-scrape series go into every point's record. A /metrics naming more is refused.
+MAX_ENGINES = 64
 
 
 @dataclass(frozen=True)
@@ -90,6 +100,9 @@ class Snapshot:
     histograms: dict[str, Histogram] = field(default_factory=dict)
     cache_info: dict[str, str] | None = None
     model_names: frozenset[str] = frozenset()  # the model_name labels of a full scrape (the models it serves)
+    # Data parallel (two engines or more): each engine's own snapshot, by engine index; empty for one engine
+    engines: dict[int, Snapshot] = field(default_factory=dict)
+    engine_error: str | None = None  # why the engine labels cannot be read as engines (the split is then not made)
 
     def get(self, name: str) -> float | None:
         return self.values.get(name)
@@ -134,7 +147,46 @@ def snapshot_of(samples: dict[str, list], t_s: float, only: Iterable[str] | None
                 declared: set[str] = frozenset(), insane: set[str] = frozenset()) -> Snapshot:
     """A Snapshot from sane samples by sample name (each with ``.labels`` and ``.value``), whatever read them:
     /metrics text here, Prometheus' query API in kvplan.bench.prometheus. The rules are the same for both: each
-    quantity from the first of its names present, summed over engines (KV usage: their maximum)."""
+    quantity from the first of its names present, summed over engines (KV usage: their maximum); with two engines or
+    more, each engine's own snapshot beside (``engines``)."""
+    snap = _pooled(samples, t_s, only, declared, insane)
+    indexes, snap.engine_error = engine_indexes(samples)
+    if len(indexes) > 1:
+        by_label: dict[str, dict[str, list]] = {label: {} for _, label in indexes}
+        for name, group in samples.items():  # one pass: a sample without the label belongs to no engine
+            for s in group:
+                mine = by_label.get(s.labels.get(ENGINE_LABEL))
+                if mine is not None:
+                    mine.setdefault(name, []).append(s)
+        snap.engines = {index: _pooled(by_label[label], t_s, only, declared, insane) for index, label in indexes}
+    return snap
+
+
+def engine_indexes(samples: dict[str, list]) -> tuple[list[tuple[int, str]], str | None]:
+    """The engines the samples name ((index, label) in index order) and why they are not engines, if so: a label
+    that is no engine index (vLLM writes ``str(index)``), two labels of one index, or more than MAX_ENGINES."""
+    labels: set[str] = set()
+    for group in samples.values():
+        for s in group:
+            label = s.labels.get(ENGINE_LABEL)
+            if label is not None:
+                labels.add(label)
+                if len(labels) > MAX_ENGINES:
+                    return [], f"more than {MAX_ENGINES} engine labels (engine=...), over the {MAX_ENGINES} kvplan reads"
+    if len(labels) < 2:
+        return [], None
+    bad = next((label for label in sorted(labels) if not (label.isascii() and label.isdecimal() and len(label) < 10)),
+               None)
+    if bad is not None:
+        return [], f"the engine label {printable(bad, 40)!r} is not an engine index (vLLM writes 0, 1, ...)"
+    indexes = sorted((int(label), label) for label in labels)
+    if len({i for i, _ in indexes}) != len(indexes):
+        return [], f"two engine labels of one index ({', '.join(sorted(labels))[:200]})"
+    return indexes, None
+
+
+def _pooled(samples: dict[str, list], t_s: float, only: Iterable[str] | None, declared: set[str],
+            insane: set[str]) -> Snapshot:
     snap = Snapshot(t_s)
     for key, aliases in ALIASES.items():
         for alias in aliases:

@@ -9,11 +9,12 @@ from typing import Any
 from kvplan.bench.config import BenchConfig
 from kvplan.bench.loadgen import RequestRecord
 from kvplan.bench.metrics import Snapshot, preempted, summarize
-from kvplan.bench.results import LatencyStats, PointResult, PredictedPoint, ServerFigures
+from kvplan.bench.results import LatencyStats, PointResult, PredictedPoint, ReplicaPoint, ServerFigures
 from kvplan.bench.slo import request_meets, slo_results
 from kvplan.bench.stats import sample_warnings
 from kvplan.bench.sweep import PointOutcome, measured_label, waited_for_kv
 from kvplan.plan.blocks import BlockRule
+from kvplan.term import printable
 
 #: Fewer gauge samples than this inside a point's Prometheus window get a note (kvplan.bench.prometheus).
 SPARSE_SAMPLES = 3
@@ -40,14 +41,22 @@ def point_result(cfg: BenchConfig, rule: BlockRule | None, concurrency: int, seq
         error = f"{len(failed)} of {len(records)} requests failed"
     if error is None and not records:
         error = "no request was sent"
+    # A data-parallel server: each engine has its own pool, so the point waited or preempted when one engine did
+    # (the first to, as a fleet's first replica), never by queues summed over engines. The engines' figures come from
+    # the server's own /metrics (with --prometheus, when scraped beside it: Prometheus' figures stay summed)
+    engines, engine_error = engine_points(before, during, after, cfg, error is not None)
+    error = error or engine_error
     status = "failed" if error else "ok"
     peak_wait = server.peak_waiting_capacity
     if peak_wait is None:
         peak_wait = server.peak_waiting
     preemptions = server.preemptions
     evidence = wait_evidence(concurrency, cfg.max_num_seqs, peak_wait, preemptions)
-    waited = bool(evidence)
     did_preempt = preempted(preemptions)  # a reset or lying counter (negative, NaN, inf) is no evidence
+    if engines is not None:
+        evidence = [f"{e} (engine {p.index})" for p in engines for e in p.wait_evidence]
+        did_preempt = any(p.preempted for p in engines)
+    waited = bool(evidence)
     outcome = PointOutcome(concurrency, waited, did_preempt, status != "ok")
     output_tokens = sum(r.output_tokens for r in ok)
     predicted = None
@@ -120,6 +129,7 @@ def point_result(cfg: BenchConfig, rule: BlockRule | None, concurrency: int, seq
         predicted=predicted,
         notes=notes,
         server_scraped=scraped,
+        engines=engines,
     )
     return result, request_rows
 
@@ -132,6 +142,81 @@ def server_figures(before: Snapshot | None, during: list[Snapshot], after: Snaps
     if before is not None and during:
         return summarize(before, during, during[-1]).model_copy(update={"incomplete": True})
     return ServerFigures()
+
+
+def pool_point(index: int, name: str, server: ServerFigures, cfg: BenchConfig, failed: bool,
+               mine: list[RequestRecord] | None = None, predicted: PredictedPoint | None = None,
+               engines: list[ReplicaPoint] | None = None) -> ReplicaPoint:
+    """One KV pool during a point (a replica of a fleet, or an engine of a data-parallel server), judged as one
+    server is (wait_evidence) at the load it held: ``mine``, the requests the client sent it; without them (behind a
+    gateway, or an engine whose requests vLLM's DP coordinator chose) the most its own gauges showed at once.
+    ``engines``: a data-parallel replica's own engines, which then judge it: it waited or preempted when one did."""
+    held = peak_in_flight(mine) if mine is not None else int(server.peak_in_engine or 0)
+    peak_wait = server.peak_waiting_capacity if server.peak_waiting_capacity is not None else server.peak_waiting
+    evidence = wait_evidence(held, cfg.max_num_seqs, peak_wait, server.preemptions)
+    did_preempt = preempted(server.preemptions)
+    if engines:
+        evidence = [f"{e} (engine {p.index})" for p in engines for e in p.wait_evidence]
+        did_preempt = any(p.preempted for p in engines)
+    admission_waits = max(0, held - (cfg.max_num_seqs or held))
+    return ReplicaPoint(
+        index=index, name=name,
+        requests=None if mine is None else len(mine),
+        requests_ok=None if mine is None else sum(1 for x in mine if x.ok),
+        peak_in_flight=None if mine is None else held,
+        server=server, waited_for_kv=bool(evidence), wait_evidence=evidence, preempted=did_preempt,
+        label=pools_label([p.label for p in engines], failed) if engines else
+        measured_label(PointOutcome(held, bool(evidence), did_preempt, failed), cfg.max_num_seqs),
+        first_kv_wait_s=_first_seen([p.first_kv_wait_s for p in engines]) if engines else
+        next((t for t, _, wait, _, pre in server.series if pre > 0 or wait > admission_waits), None),
+        first_preemption_s=_first_seen([p.first_preemption_s for p in engines]) if engines else
+        next((t for t, _, _, _, pre in server.series if pre > 0), None),
+        predicted=predicted, engines=engines or None,
+    )
+
+
+def failed_point(point: PointResult, why: str) -> PointResult:
+    """``point`` failed for ``why`` (the first reason kept, when it had failed already)."""
+    return point.model_copy(update={"status": "failed", "error": point.error or why, "label": "failed"})
+
+
+def pools_label(labels: list[str], failed: bool) -> str:
+    """The label of several pools' point: what held back the first of them to be held back."""
+    return "failed" if failed else next((x for x in ("KV-limited", "admission-limited") if x in labels), "neither")
+
+
+def _first_seen(times: list[float | None]) -> float | None:
+    seen = [t for t in times if t is not None]
+    return min(seen) if seen else None
+
+
+def engine_points(before: Snapshot | None, during: list[Snapshot], after: Snapshot | None, cfg: BenchConfig,
+                  failed: bool) -> tuple[list[ReplicaPoint] | None, str | None]:
+    """Each engine of a data-parallel server over a point (pool_point on its own figures), or None for one engine;
+    with why the point cannot be judged by engine: engine labels that are no engines, or engines that came or went
+    during the point (a restarted or rescaled server: its counters are not one engine's over the point)."""
+    if before is None:
+        return None, None
+    scrapes = [before, *during, *([after] if after is not None else [])]
+    why = next((s.engine_error for s in scrapes if s.engine_error), None)
+    if why is not None:
+        return None, f"the server's /metrics: {why}"
+    names = sorted(before.engines)
+    changed = next((s for s in scrapes if sorted(s.engines) != names), None)
+    if changed is not None:
+        return None, (f"the server's /metrics named engines {engine_list(sorted(changed.engines))} during the point, "
+                      f"{engine_list(names)} before it: an engine came or went (a restart or a rescale), so no "
+                      "engine's figures span the point")
+    if not names:
+        return None, None
+    return [pool_point(i, f"engine {i}", server_figures(before.engines[i], [s.engines[i] for s in during],
+                                                         None if after is None else after.engines[i]), cfg, failed)
+            for i in names], None
+
+
+def engine_list(indexes: list[int]) -> str:
+    """Engine indexes for a message (none: one engine, unlabelled)."""
+    return printable(", ".join(map(str, indexes)), 100) if indexes else "none (one engine)"
 
 
 def peak_in_flight(records: list[RequestRecord]) -> int:

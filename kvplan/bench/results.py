@@ -354,11 +354,14 @@ class PrometheusInfo(BaseModel):
         return f"Prometheus {self.url}{picked} by PromQL over each point's window{headers}; {beside}"
 
 
-class ReplicaPoint(BaseModel):
+class ReplicaPoint(_NewFieldsOptional):
     """One replica during one point of a fleet run (kvplan.bench.fleet): what the client routed to it, what its own
-    /metrics said, and the block rule on its own pool at its share of the load."""
+    /metrics said, and the block rule on its own pool at its share of the load. The same for one engine of a
+    data-parallel server (vLLM's ``engine`` label: its own pool, its own figures; its requests the DP coordinator's
+    choice, so no client count)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+    ADDED: ClassVar[tuple[str, ...]] = ("engines",)
 
     index: int  # 0-based, in the order of --url (or --metrics-url behind a gateway)
     name: str  # its URL as shown (credentials masked)
@@ -375,12 +378,14 @@ class ReplicaPoint(BaseModel):
     first_kv_wait_s: float | None = None
     first_preemption_s: float | None = None
     predicted: PredictedPoint | None = None  # the block rule on its pool, at the requests the route gives it
+    engines: list[ReplicaPoint] | None = None  # a data-parallel replica: each engine's (which then judge it)
 
 
 class PointResult(_NewFieldsOptional):
     """One line of points.jsonl."""
 
-    ADDED: ClassVar[tuple[str, ...]] = ("predicted_latency", "retries", "replay", "gpu", "server_scraped", "replicas")
+    ADDED: ClassVar[tuple[str, ...]] = ("predicted_latency", "retries", "replay", "gpu", "server_scraped", "replicas",
+                                        "engines")
 
     seq: int
     concurrency: int
@@ -433,6 +438,9 @@ class PointResult(_NewFieldsOptional):
     # several replicas (kvplan.bench.fleet): each one's figures; ``server`` then holds the fleet's (counters summed,
     # KV usage the fullest replica's, running and waiting the sum of each replica's peak)
     replicas: list[ReplicaPoint] | None = None
+    # a data-parallel server (two engines or more): each engine's figures, judged on its own pool; the point waited
+    # for KV or preempted when an engine did (``server`` holds the engines' summed figures)
+    engines: list[ReplicaPoint] | None = None
 
     @property
     def load(self) -> float:
@@ -462,13 +470,18 @@ class FleetReplica(BaseModel):
     prediction: OnsetPrediction | None = None  # in its own concurrency (null: its pool is unknown)
 
 
-class FleetOnset(BaseModel):
+class FleetOnset(_NewFieldsOptional):
     """One onset of a fleet run, in streams over the whole fleet: the first replica to reach it, predicted and
-    measured. ``share`` / ``in_flight``: that replica's part of the load there."""
+    measured. ``share`` / ``in_flight``: that replica's part of the load there. The same for a data-parallel server's
+    engines, where the rule bounds the load (``predicted_earliest`` to ``predicted``) and does not say which engine."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+    ADDED: ClassVar[tuple[str, ...]] = ("predicted_earliest",)
 
     predicted: int | None = None  # null: never up to each replica's max_num_seqs, or not predicted
+    # data parallel: the fewest streams the onset can come at (all of them on one engine); ``predicted`` is then the
+    # most (the even split a point's first requests get), and ``agrees`` means measured within the two
+    predicted_earliest: int | None = None
     predicted_replica: str | None = None
     predicted_share: int | None = None  # requests the route gives that replica at the predicted onset
     measured: int | None = None  # null: not seen (or not searched)
@@ -482,9 +495,10 @@ class FleetSummary(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    route: Literal["round-robin", "least-outstanding", "gateway"]
-    gateway: str | None = None  # behind a gateway: its URL (credentials masked)
-    replicas: list[FleetReplica]
+    # data-parallel: the engines of one server (BenchSummary.engines), its API server spreading the requests
+    route: Literal["round-robin", "least-outstanding", "gateway", "data-parallel"]
+    gateway: str | None = None  # behind a gateway (or a data-parallel server's API server): its URL (credentials masked)
+    replicas: list[FleetReplica]  # data-parallel: its engines
     first_kv_wait: FleetOnset = Field(default_factory=FleetOnset)
     first_preemption: FleetOnset = Field(default_factory=FleetOnset)
     prediction_basis: str  # how the fleet's onsets were predicted, in words (or why they were not)
@@ -496,7 +510,7 @@ class FleetSummary(BaseModel):
 class BenchSummary(_NewFieldsOptional):
     """summary.json: one run (kvplan's own, or another harness's results read as one)."""
 
-    ADDED: ClassVar[tuple[str, ...]] = ("latency_model", "tls", "prometheus", "fleet", "prediction_note")
+    ADDED: ClassVar[tuple[str, ...]] = ("latency_model", "tls", "prometheus", "fleet", "prediction_note", "engines")
 
     kvplan_version: str = __version__
     status: Literal["complete", "interrupted", "failed"]
@@ -535,6 +549,9 @@ class BenchSummary(_NewFieldsOptional):
     prometheus: PrometheusInfo | None = None  # --prometheus: the points' server figures came from there
     fleet: FleetSummary | None = None  # several replicas: each one's pool and the first to wait / preempt
     prediction_note: str | None = Field(None, description="why the onsets are not predicted on a known pool")
+    # a data-parallel server (two engines or more, one --url): each engine's pool and the first engine to wait /
+    # preempt, as a fleet's replicas (route "data-parallel"); the points' ``engines`` hold each engine's figures
+    engines: FleetSummary | None = None
 
     @property
     def rate_mode(self) -> bool:

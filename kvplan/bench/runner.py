@@ -18,14 +18,14 @@ from kvplan.bench import store as st
 from kvplan.bench.client import GET_BODY_S, REDIRECT_HINT, Client, credential_secrets, is_redirect, masked_headers, shown_proxy
 from kvplan.bench.config import DEFAULT_REQUESTS, BenchConfig, BenchFailed
 from kvplan.bench.engine import EngineConfig, EngineLauncher, free_port, no_interrupts
-from kvplan.bench.fleet import Fleet, fleet_secrets, served_models
+from kvplan.bench.fleet import EnginePools, Fleet, fleet_secrets, served_models
 from kvplan.bench.gpu_telemetry import sample_during, summarize_gpu, telemetry_client
 from kvplan.bench.latency import no_prediction, predictor_for
 from kvplan.bench.loadgen import RequestRecord, StopSignal, run_closed_loop, run_open_loop, run_sessions, run_stoppable
 from kvplan.bench.loads import ClosedLoad, Load, OpenLoad, ReplayLoad
 from kvplan.bench.metrics import Snapshot, scrape_during, scrape_once
 from kvplan.bench.outputs import write_reports
-from kvplan.bench.point import peak_in_flight, point_result
+from kvplan.bench.point import engine_list, peak_in_flight, point_result
 from kvplan.bench.profiles import profile_for
 from kvplan.bench.prometheus import Prometheus
 from kvplan.bench.replay import (
@@ -122,6 +122,7 @@ class BenchRun:
         self.traffic = load_replay_traffic(cfg.traffic) if cfg.traffic is not None else None
         self.profile = profile_for(cfg)  # which points the run measures (kvplan/bench/profiles/)
         self.fleet = Fleet(cfg.fleet) if cfg.fleet is not None else None  # several replicas (kvplan.bench.fleet)
+        self.engines: EnginePools | None = None  # a data-parallel server's engines (kvplan.bench.fleet.EnginePools)
 
     @property
     def api_key(self) -> str | None:
@@ -227,6 +228,22 @@ class BenchRun:
             cap = cap.merged(log_cap) if cap.source else log_cap.merged(cap)
         self.capacity = cap
 
+    def _data_parallel(self, snap: Snapshot | None) -> None:
+        """The block rule: on the one pool, or on one engine's of a data-parallel server (kvplan.bench.fleet.
+        EnginePools), whose first engine to reach its onset is the server's. One line for engine labels that are
+        no engines."""
+        if snap is not None and snap.engine_error:
+            raise KvplanError(f"{self.shown_url}/metrics: {snap.engine_error}",
+                              "kvplan bench reads each engine's KV figures by vLLM's engine label")
+        if snap is None or not snap.engines:
+            self._predict()
+            return
+        self.engines = EnginePools(snap, self.shown_url, self.base_url)
+        self.capacity = self.engines.capacities[0]
+        self._predict()
+        self.rule = self.engines.predict(self.rule, self.rule_exact, self.prediction_note)
+        self.capacity = self.engines.capacity
+
     def _predict(self) -> None:
         w = self.workload
         if self.capacity.num_blocks is None or self.capacity.block_size is None:
@@ -256,7 +273,7 @@ class BenchRun:
     @property
     def prediction(self) -> OnsetPrediction | None:
         """The block rule on the one server's pool (several replicas: each one's, in the summary's ``fleet``)."""
-        if self.rule is None or self.fleet is not None:
+        if self.rule is None or self.fleet is not None or self.engines is not None:
             return None
         return OnsetPrediction.from_rule(self.rule, self.rule_exact)
 
@@ -272,8 +289,9 @@ class BenchRun:
 
     def _latency_model(self) -> None:
         """The step-time model every point's latency is predicted with (best effort: never stops a run)."""
-        if self.fleet is not None:
-            self.latency = no_prediction("several replicas: latency is predicted for one server")
+        if self.fleet is not None or self.engines is not None:
+            self.latency = no_prediction(f"several {'replicas' if self.fleet else 'engines'}: latency is predicted "
+                                         "for one engine")
             return
         try:
             self.latency = predictor_for(self.cfg.model_dump(mode="json"), dataclasses.asdict(self.capacity),
@@ -525,6 +543,11 @@ class BenchRun:
                       rate: float | None = None, prometheus: ServerFigures | None = None) -> PointResult:
         for r in records:  # a server may echo a key or header value back in an error body
             r.error = self.client.scrub(r.error)
+        engines = [] if self.engines is None else self.engines.indexes  # a data-parallel server's, as at the start
+        if before is not None and not before.engine_error and sorted(before.engines) != engines:
+            aborted = aborted or (f"{self.shown_url}/metrics named engines {engine_list(sorted(before.engines))} at "
+                                  f"this point's start, {engine_list(engines)} when the run began: the server "
+                                  "restarted or rescaled, and the run's prediction was for the engines it began with")
         result, self._request_rows = point_result(self.cfg, self.rule, concurrency, seq, first_index, started_at,
                                                   records, wall, self.client.scrub(aborted), before, during, after,
                                                   rate, prometheus)
@@ -583,8 +606,10 @@ class BenchRun:
             agree = OnsetAgreement(**{key: None if onset is None else onset.first == rule.onset(key)
                                       for key, onset in self.onsets.items()})
         fleet = None if self.fleet is None else self.fleet.summary(ordered, self.onsets)
-        if fleet is not None and self.fleet.rule is not None:  # the same load, and the same replica first
-            agree = OnsetAgreement(**{key: fleet.onset(key).agrees for key, onset in self.onsets.items()})
+        engines = None if self.engines is None else self.engines.summary(ordered, self.onsets)
+        pools = fleet or engines  # several pools: the first to reach its onset
+        if pools is not None and (self.fleet or self.engines).rule is not None:  # the same load (and replica first)
+            agree = OnsetAgreement(**{key: pools.onset(key).agrees for key, onset in self.onsets.items()})
         measured = MeasuredOnsets(**self.onsets, agrees_with_prediction=agree)
         cmd = None
         if self.launcher is not None and self.launcher.command:
@@ -601,8 +626,8 @@ class BenchRun:
             deployment=self.cfg.deployment,
             measured_first_kv_wait=_first(self.onsets["first_kv_wait"]),
             measured_first_preemption=_first(self.onsets["first_preemption"]),
-            predicted_first_kv_wait=rule.first_kv_wait if rule else fleet.first_kv_wait.predicted if fleet else None,
-            predicted_first_preemption=rule.first_preemption if rule else fleet.first_preemption.predicted if fleet
+            predicted_first_kv_wait=rule.first_kv_wait if rule else pools.first_kv_wait.predicted if pools else None,
+            predicted_first_preemption=rule.first_preemption if rule else pools.first_preemption.predicted if pools
             else None,
             engine_command=cmd,
             metrics_error=self.metrics_error,
@@ -624,6 +649,7 @@ class BenchRun:
             prometheus=self._prometheus_info(),
             fleet=fleet,
             prediction_note=self.prediction_note,
+            engines=engines,
         )
 
     def _prometheus_info(self) -> PrometheusInfo | None:
@@ -683,7 +709,7 @@ class BenchRun:
                                           f"figures from Prometheus alone")
                         snap = Snapshot(0.0, cache_info=self.prometheus.cache_config())
                 self._read_capacity(snap)
-                self._predict()
+                self._data_parallel(snap)
             self._planner()
             self._latency_model()
             self._write_run()

@@ -730,12 +730,14 @@ def render(summary) -> None:
     if any(p.warnings for p in summary.points):
         console.print("[yellow](n!) = a p99 from fewer than 100 samples: close to the largest sample; raise --requests "
                       "or --duration[/]")
-    if summary.fleet is not None:  # several replicas: each one's pool, the first to wait / preempt, its figures
-        from kvplan.bench.outputs.fleet_text import FLEET_HEAD, fleet_lines, fleet_rows
+    if summary.fleet is not None or summary.engines is not None:  # several pools (replicas, a data-parallel
+        # server's engines): each one's pool, the first to wait / preempt, its figures
+        from kvplan.bench.outputs.fleet_text import fleet_lines, fleet_tables
 
         for line in fleet_lines(summary):
             console.print(esc(line))
-        console.print(points_table(FLEET_HEAD, fleet_rows(summary.points)))
+        for head, rows in fleet_tables(summary):
+            console.print(points_table(head, rows))
     for line in latency_lines(summary):  # predicted next to measured, when a step-time model was given
         console.print(esc(line))
     for line in replay_lines(summary.points):

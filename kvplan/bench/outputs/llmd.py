@@ -259,6 +259,8 @@ def _observability(summary: BenchSummary, point: PointResult) -> dict[str, Any]:
         "status": point.status, "error": point.error,
         # several replicas (kvplan.bench.fleet): each one's figures over the point
         "replicas": None if point.replicas is None else [r.model_dump(mode="json") for r in point.replicas],
+        # a data-parallel server (kvplan.bench.fleet.EnginePools): each engine's figures over the point
+        "engines": None if point.engines is None else [e.model_dump(mode="json") for e in point.engines],
     })
     out: dict[str, Any] = {"kvplan": own}
     if aggregate:
