@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from kvplan.bench import store as st
 from kvplan.bench.config import BenchConfig
 from kvplan.bench.outputs.markdown import markdown
