@@ -262,6 +262,9 @@ class BenchRun:
             why = (f"kvplan's simulator does not model the blocks of {', '.join(unmodelled)} groups" if unmodelled
                    else served.refused or served.unknown)
             self.prediction_note = f"onsets not predicted: {what}, and {why}"
+        elif self.traffic is not None or self.profile.load_mode != "concurrency":
+            self.prediction_note = (f"onsets not predicted: {what}; the hybrid simulator predicts the onsets of "
+                                    "closed-loop sweeps (--traffic replays: each point's own prediction)")
         else:
             self.view.message(f"{what}: predicting the onsets with the hybrid simulator ({served.groups.describe()})")
             try:

@@ -79,3 +79,16 @@ def test_one_full_attention_group_keeps_the_block_rule(tmp_path, monkeypatch):
     assert run.prediction.usable_blocks == 999
     assert "kv_groups" not in run.prediction.model_dump() and "searched_up_to" not in run.prediction.model_dump()
     assert "| onset | predicted (block rule) | measured |" in markdown(run.summary("complete", None))
+
+
+def test_a_rate_sweep_on_a_hybrid_model_says_its_onsets_are_not_predicted(tmp_path, monkeypatch):
+    """The hybrid simulator predicts closed-loop streams; an open-loop rate sweep gets the reason, not the block rule."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cfg = BenchConfig.model_validate(json.loads((DATA / "old-run-rate" / "run.json").read_text())["config"])
+    (tmp_path / "run").mkdir()
+    run = BenchRun(cfg, st.RunStore(tmp_path / "run"))
+    run.model, run.capacity = "openai/gpt-oss-20b", EngineCapacity(num_blocks=1000, block_size=16)
+    run._predict()
+    assert run.profile.load_mode == "rate" and run.prediction is None
+    assert run.prediction_note.endswith("the hybrid simulator predicts the onsets of closed-loop sweeps (--traffic "
+                                        "replays: each point's own prediction)")
