@@ -169,9 +169,12 @@ class PlannerCapacity(_Figures):
     error: str | None = None
 
 
-class OnsetPrediction(BaseModel):
-    """The block rule (kvplan.plan.blocks.BlockRule) on the pool the engine reports, for the workload."""
+class OnsetPrediction(_NewFieldsOptional):
+    """The block rule (kvplan.plan.blocks.BlockRule) on the pool the engine reports, for the workload; on a model
+    whose KV cache is several groups, the hybrid simulator's onsets (kvplan.plan.hybrid_rule.HybridRule), with
+    ``kv_groups`` saying which."""
 
+    ADDED: ClassVar[tuple[str, ...]] = ("kv_groups", "searched_up_to")
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     num_blocks: int
@@ -185,17 +188,27 @@ class OnsetPrediction(BaseModel):
     first_kv_wait: int | None  # null: never up to max_num_seqs
     first_preemption: int | None
     exact: bool = False  # the requests are identical (else: mean lengths)
+    # The model's KV cache groups ("sliding 64 + full attention") when the hybrid simulator predicted the onsets
+    # (none of them up to ``searched_up_to`` streams when null); null: the block rule on one group.
+    kv_groups: str | None = None
+    searched_up_to: int | None = None
 
     @classmethod
     def from_rule(cls, rule: Any, exact: bool) -> OnsetPrediction:
+        hybrid = {"kv_groups": rule.kv_groups, "searched_up_to": rule.searched_up_to} if hasattr(rule, "kv_groups") else {}
         return cls(num_blocks=rule.num_blocks, block_size=rule.block_size, prompt_tokens=rule.prompt_tokens,
                    output_tokens=rule.output_tokens,
                    max_num_seqs=None if rule.max_num_seqs >= (1 << 30) else rule.max_num_seqs,
                    usable_blocks=rule.usable_blocks, admit_blocks=rule.admit_blocks, peak_blocks=rule.peak_blocks,
-                   first_kv_wait=rule.first_kv_wait, first_preemption=rule.first_preemption, exact=exact)
+                   first_kv_wait=rule.first_kv_wait, first_preemption=rule.first_preemption, exact=exact, **hybrid)
 
     def onset(self, name: OnsetName) -> int | None:
         return self.first_kv_wait if name == "first_kv_wait" else self.first_preemption
+
+    @property
+    def none_text(self) -> str:
+        """What a null onset says: never (the block rule), or none up to the top the simulator searched."""
+        return "never" if self.searched_up_to is None else f"none up to {self.searched_up_to}"
 
 
 class OnsetAgreement(_Figures):

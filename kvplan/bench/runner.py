@@ -62,9 +62,12 @@ from kvplan.deploy import load_model, plan_deployment, select_gpus
 from kvplan.engines import EngineCapacity, engine_named
 from kvplan.errors import KvplanError
 from kvplan.plan.blocks import BlockRule
+from kvplan.plan.hybrid_cache import MANAGER_OF_KIND
+from kvplan.plan.hybrid_rule import HybridRule
 from kvplan.plan.schema import settings_from_engine_args
 from kvplan.plan.simulate import SchedulerConfig
 from kvplan.term import esc, printable
+from kvplan.units import cdiv
 from kvplan.vllm.rules import rules_for
 from kvplan.vllm.startup_log import read_startup_log, redact
 
@@ -100,7 +103,7 @@ class BenchRun:
         self.capacity = EngineCapacity()
         self.served_groups: ServedGroups | None = None  # the served model's KV cache groups (a replay's prediction)
         self.prediction_note: str | None = None  # why the onsets are not predicted, when the pool is known
-        self.rule: BlockRule | None = None
+        self.rule: BlockRule | HybridRule | None = None
         self.rule_exact = False
         self.planner: PlannerCapacity | None = None
         self.nonce = str(time.time_ns())
@@ -256,19 +259,54 @@ class BenchRun:
             self.rule = None
         self.rule_exact = w.identical
         # The block rule counts one full-attention group. A model whose KV cache has several (sliding-window or
-        # recurrent layers beside full ones) takes blocks in every group from the one pool, so the rule would
-        # promise more requests than fit: no onset prediction for it, and the reason said.
+        # chunked-local layers beside full ones) takes blocks in every group from the one pool, so the rule would
+        # promise more requests than fit: the hybrid simulator predicts its onsets (kvplan.plan.hybrid_rule); a
+        # group kvplan does not model (recurrent state) gets no onset prediction, and the reason said.
         if self.rule is None:
             return
+        config = self._scheduler_config()
         ecfg = self.cfg.engine_config()
-        served = served_groups(ecfg.model if ecfg else self.model, ecfg, self.capacity.block_size, None)
-        if served.one_full_attention_group is False:
-            self.prediction_note = (f"onsets not predicted: the model's KV cache is {len(served.kinds)} group(s) "
-                                    f"({', '.join(served.kinds)}) taking blocks from one pool; kvplan's block rule "
-                                    "counts one full-attention group (kvplan bench --traffic predicts sliding-window "
-                                    "pools)")
-            self.rule = None
+        served = self.served_groups = served_groups(
+            ecfg.model if ecfg else self.model, ecfg, config.block_size,
+            config.max_num_batched_tokens if config.max_num_batched_tokens < 1 << 30 else None)
+        if served.one_full_attention_group is not False:
+            return
+        self.rule = None
+        what = (f"the model's KV cache is {len(served.kinds)} group(s) ({', '.join(served.kinds)}) taking blocks "
+                "from one pool")
+        if served.groups is None:  # a recurrent state (mamba) beside attention: its blocks are not modelled
+            unmodelled = sorted({k for k in served.kinds if k not in MANAGER_OF_KIND})
+            why = (f"kvplan's simulator does not model the blocks of {', '.join(unmodelled)} groups" if unmodelled
+                   else served.refused or served.unknown)
+            self.prediction_note = f"onsets not predicted: {what}, and {why}"
+        elif self.traffic is not None or self.profile.load_mode != "concurrency":
+            self.prediction_note = (f"onsets not predicted: {what}; the hybrid simulator predicts the onsets of "
+                                    "closed-loop sweeps (--traffic replays: each point's own prediction)")
+        else:
+            self.view.message(f"{what}: predicting the onsets with the hybrid simulator ({served.groups.describe()})")
+            try:
+                self.rule = HybridRule(config, served.groups, w.lengths, prompt, output, self._stream_requests,
+                                       w.shared_prefix)
+            except KvplanError as exc:
+                self.prediction_note = f"onsets not predicted: {what}, and {exc.message}"
+        if self.prediction_note:
             self.view.message(self.prediction_note)
+
+    def _stream_requests(self, concurrency: int) -> int:
+        """Requests each of ``concurrency`` streams sends (the streams share a point's budget when not set)."""
+        return self.cfg.requests_per_stream or cdiv(self.point_requests(concurrency) or DEFAULT_REQUESTS, concurrency)
+
+    def _scheduler_config(self) -> SchedulerConfig:
+        """The simulator's view of the engine: its reported pool, the run's limits, its release's rules."""
+        cap = self.capacity
+        assert cap.num_blocks is not None and cap.block_size is not None
+        rules = rules_for(cap.vllm_version) if cap.vllm_version else rules_for(None)
+        ecfg = self.cfg.engine_config()
+        return SchedulerConfig(
+            num_blocks=cap.num_blocks, block_size=cap.block_size, max_num_seqs=self.cfg.max_num_seqs or 1 << 30,
+            max_num_batched_tokens=(ecfg.args.max_num_batched_tokens if ecfg and ecfg.args.max_num_batched_tokens else 1 << 30),
+            admit_full_prompt=rules.admit_full_prompt, uncached_blocks_first=rules.free_uncached_first,
+            prefix_stats_at_admission=rules.prefix_stats_at_admission)
 
     @property
     def prediction(self) -> OnsetPrediction | None:
@@ -492,16 +530,8 @@ class BenchRun:
     def _replay_figures(self, point: PointResult, replayed, records: list[RequestRecord]) -> PointResult:
         """The replay's prefix-cache figures against the simulator's (kvplan.bench.replay)."""
 
-        config = None
         cap = self.capacity
-        if cap.num_blocks and cap.block_size:
-            rules = rules_for(cap.vllm_version) if cap.vllm_version else rules_for(None)
-            ecfg = self.cfg.engine_config()
-            config = SchedulerConfig(
-                num_blocks=cap.num_blocks, block_size=cap.block_size, max_num_seqs=self.cfg.max_num_seqs or 1 << 30,
-                max_num_batched_tokens=(ecfg.args.max_num_batched_tokens if ecfg and ecfg.args.max_num_batched_tokens else 1 << 30),
-                admit_full_prompt=rules.admit_full_prompt, uncached_blocks_first=rules.free_uncached_first,
-                prefix_stats_at_admission=rules.prefix_stats_at_admission)
+        config = self._scheduler_config() if cap.num_blocks and cap.block_size else None
         model = self.latency.model if self.latency is not None else None
         if config is not None and self.served_groups is None:  # the model's KV cache groups, read once a run
             ecfg = self.cfg.engine_config()

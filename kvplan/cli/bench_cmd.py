@@ -704,13 +704,13 @@ def render(summary) -> None:
     for key, name in zip(ONSETS, ("first KV wait", "first preemption")):
         onset = summary.measured.onset(key)
         if onset is None:  # a rate sweep, another harness's results, or a run stopped before the search
-            console.print(f"  {name}: predicted {'-' if pred is None else pred.onset(key) or 'never'}, not measured")
+            console.print(f"  {name}: predicted {'-' if pred is None else pred.onset(key) or pred.none_text}, not measured")
             continue
         measured = onset_text(onset)
         if pred is not None:
             p = pred.onset(key)
             ok = onset.first == p
-            console.print(f"  {name}: predicted {'never' if p is None else p}, measured {measured} "
+            console.print(f"  {name}: predicted {pred.none_text if p is None else p}, measured {measured} "
                           f"[{'green' if ok else 'red'}]{'agrees' if ok else 'differs'}[/]")
         else:
             console.print(f"  {name}: measured {measured}")

@@ -1,26 +1,28 @@
 """The bench's onset prediction on a model whose KV cache is several groups. The block rule counts one
 full-attention group; vLLM's hybrid manager takes blocks in every group from the one pool (gpt-oss: a 128-token
 sliding window beside full attention, kvplan/plan/hybrid_cache.py), so the rule would promise requests that do not
-fit. The runner then predicts no onset and says why, rather than a number it cannot stand behind."""
+fit. The runner predicts such a model's onsets with the hybrid simulator (kvplan.plan.hybrid_rule) and says so;
+a model with groups kvplan does not model (Mamba's recurrent state) gets no onset and the reason."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-import pytest
-
 from kvplan.bench import store as st
 from kvplan.bench.config import BenchConfig
 from kvplan.bench.outputs.markdown import markdown
 from kvplan.bench.runner import BenchRun
 from kvplan.engines.base import EngineCapacity
+from kvplan.plan.blocks import BlockRule
 
 DATA = Path(__file__).parent / "data"
 
 
-def _run(tmp_path: Path, model: str) -> BenchRun:
-    cfg = BenchConfig.model_validate(json.loads((DATA / "old-run-conc" / "run.json").read_text())["config"])
+def _run(tmp_path: Path, model: str, prompt: int = 8, output: int = 6) -> BenchRun:
+    raw = json.loads((DATA / "old-run-conc" / "run.json").read_text())["config"]  # 8 requests a point
+    raw["workload"].update(prompt_tokens=prompt, output_tokens=output)
+    cfg = BenchConfig.model_validate(raw)
     (tmp_path / "run").mkdir()
     run = BenchRun(cfg, st.RunStore(tmp_path / "run"))
     run.model = model  # the served model's name, as /v1/models gives it (bundled profiles, read offline)
@@ -29,12 +31,41 @@ def _run(tmp_path: Path, model: str) -> BenchRun:
     return run
 
 
-@pytest.mark.parametrize("model", ["openai/gpt-oss-20b", "google/gemma-3-12b-it"])
-def test_a_model_of_several_kv_groups_gets_no_block_rule(tmp_path, model, monkeypatch):
+def test_gpt_oss_onsets_by_the_hybrid_simulator(tmp_path, monkeypatch):
+    """gpt-oss-20b, 256 + 128 tokens on 999 usable blocks of 16: full attention ends at cdiv(383, 16) = 24 blocks;
+    the 128-token window holds at most 9 while decoding (at 382 computed, 255 skipped: 15 of its 24 positions
+    freed) and 16 at prefill, so a request peaks at 24 + 9 = 33 (16 + 16 = 32 at prefill, which admission
+    reserves). 999 // 33 = 30 fit; 31 are all admitted (31 x 32 = 992) and grow to 31 x 33 = 1,023 > 999: both
+    onsets at 31. The one-group block rule would say 999 // 24 + 1 = 42."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    run = _run(tmp_path, model)
+    run = _run(tmp_path, "openai/gpt-oss-20b", 256, 128)
+    pred = run.prediction
+    assert run.prediction_note is None and pred is not None
+    assert (pred.kv_groups, pred.admit_blocks, pred.peak_blocks) == ("sliding 128 + full attention", 32, 33)
+    assert (pred.first_kv_wait, pred.first_preemption, pred.searched_up_to) == (31, 31, 62)
+    assert BlockRule(1000, 16, 256, 128, 1 << 30).first_kv_wait == 42
+    report = markdown(run.summary("complete", None))
+    assert "| onset | predicted (hybrid simulator) | measured |" in report
+    assert "shared by the KV cache groups (sliding 128 + full attention)" in report
+
+
+def test_gemma_never_outgrows_admission(tmp_path, monkeypatch):
+    """gemma-3-12b: five 1,024-token window groups and a full-attention one; 8 + 6 tokens take one block in each of
+    the six at admission and never more: 999 // 6 = 166 run, the 167th waits, none preempts up to 2 x 167."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    pred = _run(tmp_path, "google/gemma-3-12b-it").prediction
+    assert pred.kv_groups == "5 x sliding 1,024 + full attention" and (pred.admit_blocks, pred.peak_blocks) == (6, 6)
+    assert (pred.first_kv_wait, pred.first_preemption, pred.searched_up_to) == (167, None, 334)
+    assert pred.none_text == "none up to 334"
+
+
+def test_a_recurrent_state_model_gets_no_onsets_and_the_reason(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    run = _run(tmp_path, "Qwen/Qwen3-Next-80B-A3B-Thinking")
     assert run.rule is None and run.prediction is None
-    assert "sliding_window" in run.prediction_note and "full_attention" in run.prediction_note
+    assert run.prediction_note == ("onsets not predicted: the model's KV cache is 4 group(s) (mamba, mamba, mamba, "
+                                   "full_attention) taking blocks from one pool, and kvplan's simulator does not model "
+                                   "the blocks of mamba groups")
     summary = run.summary("complete", None)
     assert summary.prediction is None and summary.prediction_note == run.prediction_note
     assert run.prediction_note in markdown(summary)
@@ -44,5 +75,20 @@ def test_one_full_attention_group_keeps_the_block_rule(tmp_path, monkeypatch):
     """Llama-3.1-8B: one group; 8 + 6 tokens peak at cdiv(8 + 6 - 1, 16) = 1 block of 999 usable."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     run = _run(tmp_path, "meta-llama/Llama-3.1-8B")
-    assert run.prediction_note is None and run.rule is not None and run.rule.peak_blocks == 1
+    assert run.prediction_note is None and isinstance(run.rule, BlockRule) and run.rule.peak_blocks == 1
     assert run.prediction.usable_blocks == 999
+    assert "kv_groups" not in run.prediction.model_dump() and "searched_up_to" not in run.prediction.model_dump()
+    assert "| onset | predicted (block rule) | measured |" in markdown(run.summary("complete", None))
+
+
+def test_a_rate_sweep_on_a_hybrid_model_says_its_onsets_are_not_predicted(tmp_path, monkeypatch):
+    """The hybrid simulator predicts closed-loop streams; an open-loop rate sweep gets the reason, not the block rule."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cfg = BenchConfig.model_validate(json.loads((DATA / "old-run-rate" / "run.json").read_text())["config"])
+    (tmp_path / "run").mkdir()
+    run = BenchRun(cfg, st.RunStore(tmp_path / "run"))
+    run.model, run.capacity = "openai/gpt-oss-20b", EngineCapacity(num_blocks=1000, block_size=16)
+    run._predict()
+    assert run.profile.load_mode == "rate" and run.prediction is None
+    assert run.prediction_note.endswith("the hybrid simulator predicts the onsets of closed-loop sweeps (--traffic "
+                                        "replays: each point's own prediction)")

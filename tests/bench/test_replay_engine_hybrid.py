@@ -76,3 +76,24 @@ def test_hybrid_model_replays_as_predicted(hybrid_engine, tmp_path):
     assert abs(r["hit_rate"] - r["predicted_hit_rate"]) <= 0.02, r
     full_only_rate = traffic_working_set(load_traffic(Path(trace), hash_block_tokens=32), 32).hit_rate(POOL_BLOCKS - 1)
     assert full_only_rate > r["hit_rate"] + 0.05, (full_only_rate, r)
+
+
+def test_hybrid_model_onsets_as_predicted(hybrid_engine, tmp_path):
+    """The standard closed-loop sweep on the same engine: the onsets the hybrid simulator predicts on the reported
+    pool (kvplan.plan.hybrid_rule) are the ones the engine reaches. By hand, 64 + 64 tokens on 39 usable blocks of
+    32: the full-attention group ends at cdiv(64 + 64 - 1, 32) = 4 blocks; the 64-token window group allocates the
+    prompt's 2 blocks at prefill and, at the last step (126 tokens computed, 126 - 64 + 1 = 63 skipped: block 0
+    freed, `remove_skipped_blocks`), holds 4 - 1 = 3 (single_type_kv_cache_manager.py@0.32.0): 7 a request.
+    5 x 7 = 35 fit; at 6, all six are admitted (2 + 2 blocks each, 24) and grow to 42 > 39: both onsets at 6.
+    The full-attention block rule alone would say 39 // 4 + 1 = 10."""
+    out = _bench(hybrid_engine, tmp_path, "--prompt", "64", "--output", "64", "--requests-per-stream", "8",
+                 "--scrape-interval", "0.05", "--max-concurrency", "6")
+    pred = out["prediction"]
+    assert (pred["kv_groups"], pred["usable_blocks"], pred["admit_blocks"], pred["peak_blocks"]) == (
+        "sliding 64 + full attention", POOL_BLOCKS - 1, 4, 7), pred
+    assert (pred["first_kv_wait"], pred["first_preemption"]) == (6, 6), pred
+    assert "prediction_note" not in out
+    assert (out["measured_first_kv_wait"], out["measured_first_preemption"]) == (6, 6), out["measured"]
+    assert out["measured"]["agrees_with_prediction"] == {"first_kv_wait": True, "first_preemption": True}
+    by_c = {p["concurrency"]: p for p in out["points"]}
+    assert by_c[5]["server"]["preemptions"] == 0 and by_c[6]["server"]["preemptions"] > 0

@@ -249,7 +249,7 @@ def html_report(summaries: list[BenchSummary], title: str | None = None,
         def onset(key, s=s, pred=pred):
             m = s.measured.onset(key)
             meas = "-" if m is None else onset_text(m)
-            p = ("never" if pred.onset(key) is None else str(pred.onset(key))) if pred else "-"
+            p = (pred.none_text if pred.onset(key) is None else str(pred.onset(key))) if pred else "-"
             return escape(f"{p} / {meas}")
 
         best = s.highest_load_meeting_slo

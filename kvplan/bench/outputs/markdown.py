@@ -61,13 +61,23 @@ def markdown(summary: BenchSummary) -> str:
     if planner.error:
         lines += ["", f"Planner: {planner.error}"]
     lines += ["", f"Capacity read from: {cap.source or 'nothing (no log line, no cache_config_info)'}."]
-    lines += ["", "## Onsets", "", "| onset | predicted (block rule) | measured |", "|---|---:|---|"]
+    by = "hybrid simulator" if pred is not None and pred.kv_groups else "block rule"
+    lines += ["", "## Onsets", "", f"| onset | predicted ({by}) | measured |", "|---|---:|---|"]
     for key, name in (("first_kv_wait", "first concurrency that waits for KV"),
                       ("first_preemption", "first concurrency with preemptions")):
         p = pred.onset(key) if pred else None
-        p_text = ("never" if p is None else str(p)) if pred else "-"
+        p_text = (pred.none_text if p is None else str(p)) if pred else "-"
         lines.append(f"| {name} | {p_text} | {onset_cell(s.measured.onset(key), p, pred is not None)} |")
-    if pred:
+    if pred and pred.kv_groups:
+        lines += ["", (
+            f"Hybrid simulator (kvplan.plan.hybrid_sim) on the engine's pool: {pred.num_blocks} blocks of "
+            f"{pred.block_size} ({pred.usable_blocks} usable) shared by the KV cache groups ({pred.kv_groups}); a "
+            f"request is admitted with {pred.admit_blocks} free blocks and peaks at {pred.peak_blocks} over the groups; "
+            f"closed loops of streams in lockstep simulated up to {pred.searched_up_to} streams"
+            + ("" if pred.exact else " (approximate: requests are not identical)")
+            + "."
+        )]
+    elif pred:
         lines += ["", (
             f"Block rule on the engine's pool: {pred.num_blocks} blocks of {pred.block_size} "
             f"({pred.usable_blocks} usable); a request is admitted with {pred.admit_blocks} free blocks "
