@@ -301,6 +301,11 @@ class Fleet:
         self._predict(cfg, workload)
         return self.rule
 
+    def not_predicted(self, why: str) -> None:
+        """Withdraw the fleet's prediction (the replicas' pools stay read), saying why."""
+        self.rule, self.rules = None, [None] * len(self.replicas)
+        self.basis = f"not predicted: {why}"
+
     def _predict(self, cfg: BenchConfig, workload: Workload) -> None:
         prompt, output = workload.rule_lengths
         data_parallel = next(((r, n) for r, n in zip(self.replicas, self.engine_counts) if n), None)

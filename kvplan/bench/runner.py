@@ -292,6 +292,20 @@ class BenchRun:
         if self.prediction_note:
             self.view.message(self.prediction_note)
 
+    def _fleet_groups(self) -> None:
+        """The fleet's rule counts one full-attention group per replica: a model whose KV cache is several groups
+        takes blocks in each from one pool, so that rule would promise more requests than fit (the one-URL path
+        simulates them, kvplan.plan.hybrid_rule; a fleet of them is not predicted)."""
+        block_size = next((c.block_size for c in self.fleet.capacities if c.block_size), None)
+        if self.rule is None or block_size is None:
+            return
+        served = self.served_groups = served_groups(self.model, None, block_size, None)
+        if served.one_full_attention_group is False:
+            self.rule = None
+            self.fleet.not_predicted(f"the model's KV cache is {len(served.kinds)} group(s) ({', '.join(served.kinds)}) "
+                                     "taking blocks from one pool, which kvplan predicts for one server, not a fleet")
+            self.view.message(self.fleet.basis)
+
     def _stream_requests(self, concurrency: int) -> int:
         """Requests each of ``concurrency`` streams sends (the streams share a point's budget when not set)."""
         return self.cfg.requests_per_stream or cdiv(self.point_requests(concurrency) or DEFAULT_REQUESTS, concurrency)
@@ -724,6 +738,7 @@ class BenchRun:
             if self.fleet is not None:  # each replica's model, /metrics and pool; the fleet's onsets
                 self.rule = self.fleet.attach(self.client, self.model, self.cfg, self.workload)
                 self.capacity = self.fleet.capacity
+                self._fleet_groups()
             else:
                 if self.prometheus is not None:
                     self.prometheus.discover(self.model)  # a selector matching no engine: one line, before any point

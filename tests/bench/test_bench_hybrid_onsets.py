@@ -92,3 +92,30 @@ def test_a_rate_sweep_on_a_hybrid_model_says_its_onsets_are_not_predicted(tmp_pa
     assert run.profile.load_mode == "rate" and run.prediction is None
     assert run.prediction_note.endswith("the hybrid simulator predicts the onsets of closed-loop sweeps (--traffic "
                                         "replays: each point's own prediction)")
+
+
+def test_a_fleet_of_a_hybrid_model_is_not_predicted_by_the_one_group_rule(tmp_path, monkeypatch):
+    """Two replicas of gpt-oss-20b, 999 usable blocks of 16 each, 256 + 128 tokens: the fleet's one-group rule would
+    let each replica run 999 // 24 = 41 before it waits, where its sliding-window group makes it 30 (the test above).
+    The fleet's prediction is withdrawn with that reason, not printed wrong; a single-group model keeps its rule."""
+    from kvplan.bench.config import FleetConfig
+    from kvplan.bench.fleet import Fleet
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+    def fleet_run(model: str) -> BenchRun:
+        run = _run(tmp_path / model.replace("/", "_"), model, 256, 128)
+        run.fleet = Fleet(FleetConfig(urls=["http://127.0.0.1:1", "http://127.0.0.1:2"], route="least-outstanding"))
+        run.fleet.capacities = [EngineCapacity(num_blocks=1000, block_size=16)] * 2
+        run.fleet._predict(run.cfg, run.workload)
+        run.rule = run.fleet.rule
+        run._fleet_groups()
+        return run
+
+    (tmp_path / "openai_gpt-oss-20b").mkdir(parents=True)
+    hybrid = fleet_run("openai/gpt-oss-20b")
+    assert hybrid.rule is None and hybrid.fleet.rule is None
+    assert hybrid.fleet.basis.startswith("not predicted: the model's KV cache is 2 group(s)")
+    (tmp_path / "Qwen_Qwen3-0.6B").mkdir(parents=True)
+    plain = fleet_run("Qwen/Qwen3-0.6B")
+    assert plain.rule is not None and plain.fleet.rule.rules[0].first_kv_wait == 999 // 24 + 1
