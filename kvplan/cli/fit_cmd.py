@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -106,7 +107,6 @@ def fit(
     Exit code 0: something fits; 1: nothing within --max-gpus (or --max-replicas); 2: bad input; 3: internal error.
     """
     import time
-    from pathlib import Path
 
     from kvplan.bench.slo import describe_slo, parse_slo, point_checks
     from kvplan.deploy import load_model
@@ -154,14 +154,7 @@ def fit(
         raise KvplanError("--pd-link-gbs is for --pd", "add --pd, or drop --pd-link-gbs")
     if pd and rate_per_s is None:
         raise KvplanError("--pd sizes a fleet: it needs --rate", "add --rate 200 --slo ttft_p99=1s,tpot_p99=50ms")
-    if steptime is not None:
-        if rate_per_s is None:
-            raise KvplanError("--steptime sizes a fleet of the measured engine: it needs --rate",
-                              "add --rate 5 --slo ttft_p99=2s")
-        given = [name for name, value in (("--gpus", gpus), ("--price", price), ("--pd", pd)) if value]
-        if given:
-            raise KvplanError(f"--steptime sizes the engine the run measured; {given[0]} is for the GPU search",
-                              f"drop {given[0]}")
+    _check_steptime_options(steptime, rate_per_s, {"--gpus": gpus, "--price": price, "--pd": pd})
     link_gb_per_s = None if not pd else check_positive(50.0 if pd_link_gbs is None else pd_link_gbs, "--pd-link-gbs",
                                                        maximum=100_000)
     resolved = load_model(model, None, source, True if offline else None, {})
@@ -520,6 +513,21 @@ def _fleet_payload(resolved, result, req, rules, overhead, base, slo_targets: di
     }
 
 
+def _check_steptime_options(steptime: str | None, rate_per_s: float | None, search_options: dict) -> None:
+    """--steptime RUN sizes a fleet of the measured engine: it needs --rate, and takes none of the GPU search's."""
+    from kvplan.errors import KvplanError
+
+    if steptime is None:
+        return
+    if rate_per_s is None:
+        raise KvplanError("--steptime sizes a fleet of the measured engine: it needs --rate",
+                          "add --rate 5 --slo ttft_p99=2s")
+    given = [name for name, value in search_options.items() if value]
+    if given:
+        raise KvplanError(f"--steptime sizes the engine the run measured; {given[0]} is for the GPU search",
+                          f"drop {given[0]}")
+
+
 def _count_fields(count, gpus_per_replica: int, slo_targets: dict) -> dict:
     """A fleet record's replica count, its replica's prediction and SLO checks (kvplan.plan.fleet.ReplicaCount)."""
     from kvplan.bench.slo import point_checks
@@ -581,8 +589,6 @@ def _measured_fleet_payload(resolved, rules, req, run: Path, slo_targets: dict, 
 
 def _same_model(a: str, b: str) -> bool:
     """Two names of one model: equal, or the same local folder written two ways."""
-    from pathlib import Path
-
     return a == b or (Path(a).is_dir() and Path(b).is_dir() and Path(a).resolve() == Path(b).resolve())
 
 
