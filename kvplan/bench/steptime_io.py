@@ -214,3 +214,43 @@ def calibration_scheduler(path: Path) -> dict[str, Any]:
     except (KvplanError, AttributeError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+@dataclass(frozen=True)
+class CalibratedEngine:
+    """The deployment a calibration was fitted on (`kvplan fit --rate --steptime RUN`): the engine's scheduler
+    (its reported pool, its limits) and the step-time model fitted to its points."""
+
+    scheduler: SchedulerConfig
+    model: StepTimeModel
+    model_name: str  # the served model, as the calibration names it
+    device: str  # the calibration's device label (a catalog GPU, or "nominal (...)" for a CPU engine)
+    gpus_per_replica: int  # tensor x pipeline parallel of the run's engine (1 when the run does not say)
+
+
+#: The calibration's scheduler limits a simulation needs, and the ones it may leave to their defaults.
+_SCHEDULER_INTS = ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens")
+
+
+def calibrated_engine(path: Path) -> CalibratedEngine:
+    """RUN/steptime.json (or that file) read as one replica: its scheduler limits, model and device; the run's
+    tensor/pipeline parallel sizes from RUN/run.json when RUN is a run folder."""
+    file = path / STEPTIME_FILE if path.is_dir() else path
+    model = load_steptime(path)
+    data = load_user_json(file, "step-time calibration")
+    sched = data.get("scheduler") if isinstance(data, dict) else None
+    if not isinstance(sched, dict) or not all(
+            isinstance(sched.get(k), int) and not isinstance(sched.get(k), bool) and sched[k] >= 1
+            for k in _SCHEDULER_INTS):
+        raise KvplanError(f"{file} does not record the engine's scheduler (num_blocks, block_size, max_num_seqs, "
+                          "max_num_batched_tokens as whole numbers >= 1)", "calibrate again: kvplan calibrate --bench RUN")
+    names = {f.name for f in fields(SchedulerConfig)}
+    try:
+        scheduler = SchedulerConfig(**{k: v for k, v in sched.items() if k in names})
+    except (TypeError, ValueError) as exc:
+        raise KvplanError(f"cannot read the scheduler of {file}: {exc}") from None
+    gpus = 1
+    if path.is_dir() and (path / "run.json").is_file():
+        engine = EngineArgs.from_stored((RunStore.open_existing(path).read_run().get("config") or {}).get("engine"))
+        gpus = (engine.tensor_parallel_size or 1) * (engine.pipeline_parallel_size or 1)
+    return CalibratedEngine(scheduler, model, str(data.get("model") or ""), str(data.get("device") or ""), gpus)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -31,6 +32,8 @@ Examples:
                                                                            # replicas for 200 requests/s
   kvplan fit meta-llama/Llama-3.1-8B --ctx 8k --rate 40 --prompt 2k --output 128 --slo ttft_p99=800ms,tpot_p99=40ms --gpus H100 --pd
                                                                            # ... and as prefill/decode pairs
+  kvplan fit ./my-model --ctx 512 --rate 5 --prompt 64 --output 64 --slo ttft_p99=2s --steptime runs/cpu-engine
+                                                                           # replicas of the engine a bench run measured
 """
 
 #: Deployment shapes whose replica count a --rate search finds at most (each takes a few simulations).
@@ -82,6 +85,7 @@ def fit(
     max_replicas: int = typer.Option(256, "--max-replicas", help="With --rate: the largest fleet searched.", metavar="N"),
     pd: bool = typer.Option(False, "--pd", help="With --rate: also size each shape as prefill/decode pairs (vLLM's NixlConnector): prefill replicas simulated at the TTFT target less the KV transfer, decode replicas in their steady state at the TPOT/ITL target."),
     pd_link_gbs: Optional[float] = typer.Option(None, "--pd-link-gbs", help="With --pd: one NIC's rate in GB/s for the KV transfer (default: 50, a 400 Gb/s NIC).", metavar="GB/S"),
+    steptime: Optional[str] = typer.Option(None, "--steptime", help="With --rate: size replicas of the engine a bench run measured (its pool and limits, and the step-time model calibrated on it: kvplan calibrate --bench RUN) instead of searching GPUs.", metavar="RUN"),
     vllm_version: Optional[str] = typer.Option(None, "--vllm-version", help="Accounting rules of this vLLM release (default: newest known).", metavar="VERSION"),
     source: str = typer.Option("auto", "--source", help="auto (local, Hub, bundled), local, hub or bundled.", metavar="auto|local|hub|bundled"),
     offline: bool = typer.Option(False, "--offline", help="Do not contact the Hub."),
@@ -150,10 +154,16 @@ def fit(
         raise KvplanError("--pd-link-gbs is for --pd", "add --pd, or drop --pd-link-gbs")
     if pd and rate_per_s is None:
         raise KvplanError("--pd sizes a fleet: it needs --rate", "add --rate 200 --slo ttft_p99=1s,tpot_p99=50ms")
+    _check_steptime_options(steptime, rate_per_s, {"--gpus": gpus, "--price": price, "--pd": pd})
     link_gb_per_s = None if not pd else check_positive(50.0 if pd_link_gbs is None else pd_link_gbs, "--pd-link-gbs",
                                                        maximum=100_000)
     resolved = load_model(model, None, source, True if offline else None, {})
     rules = rules_for(vllm_version)
+    if steptime is not None:
+        t0 = time.perf_counter()
+        payload = _measured_fleet_payload(resolved, rules, req, Path(steptime), slo_targets, rate_per_s, max_replicas)
+        payload["search_seconds"] = round(time.perf_counter() - t0, 4)
+        _emit_fleets(payload, fmt)
     overhead = load_overhead()
     t0 = time.perf_counter()
     from kvplan.deploy import load_draft
@@ -368,9 +378,15 @@ def _render(p: dict) -> None:
 # --------------------------------------------------------------------------- --rate: fleets
 
 
-FLEET_NOTE = ("Replicas: the fewest whose replica, simulated at its share of the rate (Poisson arrivals, prior step-time "
-              "model, uncalibrated), meets every SLO (figures in ms); 'bound by': what held a replica back one replica "
-              "short (kv: its pool; batch: max_num_seqs; compute).")
+FLEET_NOTE = ("Replicas: the fewest whose replica, simulated at its share of the rate (Poisson arrivals, {model}), "
+              "meets every SLO (figures in ms); 'bound by': what held a replica back one replica short (kv: its pool; "
+              "batch: max_num_seqs; compute).")
+
+
+def _fleet_note(p: dict) -> str:
+    run = p.get("steptime_run")
+    return FLEET_NOTE.format(model="prior step-time model, uncalibrated" if run is None
+                             else f"its pool, limits and step-time model calibrated on {run}")
 
 
 def _rate(text: str, slo_targets: dict, concurrency: int, max_replicas: int) -> float:
@@ -407,7 +423,7 @@ def _emit_fleets(payload: dict, fmt: OutputFormat) -> None:
     elif fmt is OutputFormat.table:
         _render_fleets(payload)
     else:
-        emit_rows(*fleet_rows(payload), fmt, footnote=FLEET_NOTE if payload["fleets"] else None)
+        emit_rows(*fleet_rows(payload), fmt, footnote=_fleet_note(payload) if payload["fleets"] else None)
         if not payload["fleets"]:
             typer.echo(printable(_why_no_fleet(payload)), err=True)
     raise typer.Exit(ExitCode.OK if payload["fleets"] else ExitCode.DOES_NOT_FIT)
@@ -417,7 +433,7 @@ def _fleet_payload(resolved, result, req, rules, overhead, base, slo_targets: di
                    max_replicas: int, top: int, pd_link_gb_per_s: float | None = None) -> dict:
     """The fewest replicas of each deployment shape (one engine: GPU x TP x PP x KV dtype, at the first context the
     search found for it) for the rate, best first; with ``pd_link_gb_per_s`` (--pd) also as prefill/decode pairs."""
-    from kvplan.bench.slo import describe_slo, point_checks
+    from kvplan.bench.slo import describe_slo
     from kvplan.errors import KvplanError
     from kvplan.plan.fit import latency_floor, replan, workload_lengths
     from kvplan.plan.fleet import replicas_for_rate
@@ -467,22 +483,12 @@ def _fleet_payload(resolved, result, req, rules, overhead, base, slo_targets: di
         if pair is not None:
             pair["price_per_hour"], pair["usd_per_million_output_tokens"] = _cost(cand.price_per_hour, pair["gpus"],
                                                                                 tokens_per_s)
-        pred = count.prediction if count.replicas is not None else None
-        checks = {} if pred is None else point_checks(
-            {"ttft": pred.ttft, "itl": pred.itl, "tpot": pred.tpot, "e2e": pred.e2e}, slo_targets)
         price, per_million = _cost(cand.price_per_hour, count.replicas and count.replicas * cand.gpus, tokens_per_s)
         fleets.append({
             "gpu": cand.device.name, "gpus_per_replica": cand.gpus, "tensor_parallel_size": cand.tp,
             "pipeline_parallel_size": cand.pp, "kv_cache_dtype": cap.dtype.name, "max_model_len": cand.ctx,
-            "replicas": count.replicas, "gpus": count.replicas and count.replicas * cand.gpus,
-            "per_replica_rate_per_s": count.per_replica_rate_per_s and round(count.per_replica_rate_per_s, 4),
-            "binding": count.binding if count.replicas is not None else "-",
+            **_count_fields(count, cand.gpus, slo_targets),
             "price_per_hour": price, "usd_per_million_output_tokens": per_million,
-            "latency_predicted": None if pred is None else pred.to_json(),
-            "slo": {k: {"target_ms": round(c["target"] * 1000, 3),
-                        "predicted_ms": None if c["value"] is None else round(c["value"] * 1000, 3), "met": c["met"]}
-                    for k, c in checks.items()},
-            "simulations": count.simulations,
             "vllm_serve_command": serve_command(resolved.config.name, cap, 1),
             "pd": pair,
         })
@@ -502,9 +508,88 @@ def _fleet_payload(resolved, result, req, rules, overhead, base, slo_targets: di
         "rejected": result.rejected_reasons, "slo": {k: round(v * 1000, 3) for k, v in slo_targets.items()},
         "slo_description": describe_slo(slo_targets), "shapes_sized": len(seen), "fleet_unmet": unmet,
         "fleet_simulations": simulations, "fleet_search_stopped": stopped, "max_replicas": max_replicas,
-        "pd": pd_link_gb_per_s is not None, "pd_link_gb_per_s": pd_link_gb_per_s,
+        "pd": pd_link_gb_per_s is not None, "pd_link_gb_per_s": pd_link_gb_per_s, "steptime_run": None,
         "fleets": fleets[:top],
     }
+
+
+def _check_steptime_options(steptime: str | None, rate_per_s: float | None, search_options: dict) -> None:
+    """--steptime RUN sizes a fleet of the measured engine: it needs --rate, and takes none of the GPU search's."""
+    from kvplan.errors import KvplanError
+
+    if steptime is None:
+        return
+    if rate_per_s is None:
+        raise KvplanError("--steptime sizes a fleet of the measured engine: it needs --rate",
+                          "add --rate 5 --slo ttft_p99=2s")
+    given = [name for name, value in search_options.items() if value]
+    if given:
+        raise KvplanError(f"--steptime sizes the engine the run measured; {given[0]} is for the GPU search",
+                          f"drop {given[0]}")
+
+
+def _count_fields(count, gpus_per_replica: int, slo_targets: dict) -> dict:
+    """A fleet record's replica count, its replica's prediction and SLO checks (kvplan.plan.fleet.ReplicaCount)."""
+    from kvplan.bench.slo import point_checks
+
+    pred = count.prediction if count.replicas is not None else None
+    checks = {} if pred is None else point_checks(
+        {"ttft": pred.ttft, "itl": pred.itl, "tpot": pred.tpot, "e2e": pred.e2e}, slo_targets)
+    return {
+        "replicas": count.replicas, "gpus": count.replicas and count.replicas * gpus_per_replica,
+        "per_replica_rate_per_s": count.per_replica_rate_per_s and round(count.per_replica_rate_per_s, 4),
+        "binding": count.binding if count.replicas is not None else "-",
+        "latency_predicted": None if pred is None else pred.to_json(),
+        "slo": {k: {"target_ms": round(c["target"] * 1000, 3),
+                    "predicted_ms": None if c["value"] is None else round(c["value"] * 1000, 3), "met": c["met"]}
+                for k, c in checks.items()},
+        "simulations": count.simulations,
+    }
+
+
+def _measured_fleet_payload(resolved, rules, req, run: Path, slo_targets: dict, rate_per_s: float,
+                            max_replicas: int) -> dict:
+    """--steptime RUN: the fewest replicas of the engine a bench run measured (RUN/steptime.json: its pool, its
+    limits, the step-time model fitted to its points), the one shape of the answer; no GPU search."""
+    from kvplan.bench.slo import describe_slo
+    from kvplan.bench.steptime_io import calibrated_engine
+    from kvplan.errors import KvplanError
+    from kvplan.plan.fit import latency_floor, workload_lengths
+    from kvplan.plan.fleet import replicas_for_rate
+
+    engine = calibrated_engine(run)
+    if engine.model_name and not _same_model(engine.model_name, resolved.config.name):
+        raise KvplanError(f"{run} was calibrated on {engine.model_name}, not {resolved.config.name}",
+                          "size the model the run served, or calibrate a run of this one")
+    sched = engine.scheduler
+    ctx = min(req.ctx, sched.max_model_len or req.ctx)
+    prompt_tokens, out_tokens = workload_lengths(req, ctx)
+    shared = min(req.shared_prefix, prompt_tokens)
+    floor = latency_floor(engine.model, prompt_tokens, out_tokens, sched.max_num_batched_tokens, cached=shared)
+    count = replicas_for_rate(sched, engine.model, rate_per_s, prompt_tokens, out_tokens, slo_targets, floor,
+                              shared_prefix_tokens=shared, max_replicas=max_replicas,
+                              max_simulations=MAX_SLO_SIMULATIONS)
+    fleets = [] if count.replicas is None else [{
+        "gpu": f"engine of {run}", "gpus_per_replica": engine.gpus_per_replica,
+        "tensor_parallel_size": engine.gpus_per_replica, "pipeline_parallel_size": 1, "kv_cache_dtype": "as run",
+        "max_model_len": ctx, **_count_fields(count, engine.gpus_per_replica, slo_targets),
+        "price_per_hour": None, "usd_per_million_output_tokens": None,
+        "vllm_serve_command": f"as run for {run}", "pd": None,
+    }]
+    return {
+        "model": resolved.config.name, "model_source": resolved.config.source, "vllm_version": rules.version,
+        "ctx": req.ctx, "rate_per_s": rate_per_s, "prompt_tokens": req.prompt, "output_tokens": req.output,
+        "candidates_evaluated": 1, "candidates_fitting": 1, "rejected": {},
+        "slo": {k: round(v * 1000, 3) for k, v in slo_targets.items()}, "slo_description": describe_slo(slo_targets),
+        "shapes_sized": 1, "fleet_unmet": {} if count.replicas is not None else {count.reason: 1},
+        "fleet_simulations": count.simulations, "fleet_search_stopped": False, "max_replicas": max_replicas,
+        "pd": False, "pd_link_gb_per_s": None, "steptime_run": str(run), "fleets": fleets,
+    }
+
+
+def _same_model(a: str, b: str) -> bool:
+    """Two names of one model: equal, or the same local folder written two ways."""
+    return a == b or (Path(a).is_dir() and Path(b).is_dir() and Path(a).resolve() == Path(b).resolve())
 
 
 def _cost(usd_per_gpu_hour: float | None, gpus: int | None, output_tokens_per_s: float) -> tuple:
@@ -613,7 +698,7 @@ def _render_fleets(p: dict) -> None:
         table.add_row(str(i), f"{count} x {each}{split}", f["kv_cache_dtype"], f["binding"], *cells,
                       *(money if priced else ()), *((_pd_cell(f["pd"]),) if pd else ()))
     console.print(table)
-    console.print(FLEET_NOTE)
+    console.print(esc(_fleet_note(p)))
     if pd:
         console.print(PD_NOTE.format(link=p["pd_link_gb_per_s"]))
     for i, f in enumerate(p["fleets"], 1):

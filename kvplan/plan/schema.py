@@ -492,6 +492,7 @@ class FleetFitOutput:
     pd_link_gb_per_s: float | None
     fleets: list[FitFleet]
     search_seconds: float
+    steptime_run: str | None = None  # --steptime RUN: the measured engine sized (no GPU search); None: the search
 
 
 @output_record

@@ -172,3 +172,92 @@ def _size_app():
     app.command("size")(size_cmd.size)
     app.command("noop")(lambda: None)
     return app
+
+
+# --------------------------------------------------------------------------- --steptime RUN: the measured engine
+TINY = "tests/fixtures/tiny-llama"
+
+
+def _calibration(tmp_path, scheduler: dict, overhead_s: float = 0.010, model: str = "") -> str:
+    """A RUN/steptime.json as `kvplan calibrate --bench` writes it: every step 10 ms whatever it computes (as
+    tests/plan/test_fleet.py's TEN_MS), the scheduler given."""
+    (tmp_path / "steptime.json").write_text(json.dumps({
+        "schema": 1, "model": model, "device": "nominal", "scheduler": scheduler,
+        "steptime": {"weight_bytes": 0, "kv_bytes_per_token": 0, "linear_flops_per_token": 0,
+                     "attn_flops_per_pair": 0, "bandwidth_bytes_s": 1.0, "peak_flops": 1.0,
+                     "overhead_s": overhead_s, "source": "calibrated"}}))
+    return str(tmp_path)
+
+
+def _run_measured(run: str, *extra: str):
+    app = typer.Typer()
+    app.command("fit")(fit_cmd.fit)
+    app.command("noop")(lambda: None)
+    return CliRunner().invoke(app, ["fit", TINY, "--ctx", "512", "--prompt", "100", "--output", "10",
+                                    "--steptime", run, *extra], env=ENV)
+
+
+def test_steptime_sizes_the_measured_engine_by_hand(tmp_path):
+    """The run's engine: 4 slots (max_num_seqs), a pool that never binds, steps of 10 ms. A request of 10 output
+    tokens holds a slot 10 steps = 100 ms, so a replica serves at most 4 / 0.1 = 40 requests/s: at 100 requests/s
+    2 replicas (50/s each) fall behind (their queue grows ~10/s over the 500 requests simulated: TTFT p99 of
+    seconds), 3 (33.3/s, 83% of their slots) meet TTFT p99 <= 1 s, bound by the batch one replica short."""
+    run = _calibration(tmp_path, {"num_blocks": 10_000, "block_size": 16, "max_num_seqs": 4,
+                                  "max_num_batched_tokens": 2048})
+    r = _run_measured(run, "--rate", "100", "--slo", "ttft_p99=1s", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["steptime_run"] == run and doc["shapes_sized"] == 1
+    (f,) = doc["fleets"]
+    assert (f["replicas"], f["binding"], f["gpus"]) == (3, "batch", 3)
+    assert f["per_replica_rate_per_s"] == pytest.approx(100 / 3, rel=1e-3)
+    assert f["slo"]["ttft_p99"]["met"] is True and f["latency_predicted"]["source"] == "calibrated"
+    # the smallest such count: the simulator (the same sample, replica_at) misses at 2 and meets at 3
+    from kvplan.plan.fleet import replica_at
+    from kvplan.plan.steptime import StepTimeModel
+
+    ten_ms = StepTimeModel(weight_bytes=0, kv_bytes_per_token=0, linear_flops_per_token=0, attn_flops_per_pair=0,
+                           bandwidth_bytes_s=1.0, peak_flops=1.0, overhead_s=0.010)
+    config = SchedulerConfig(num_blocks=10_000, block_size=16, max_num_seqs=4, max_num_batched_tokens=2048)
+    assert missed_targets(replica_at(config, ten_ms, 100.0, 2, 100, 10), {"ttft_p99": 1.0}) == ["ttft_p99"]
+    assert missed_targets(replica_at(config, ten_ms, 100.0, 3, 100, 10), {"ttft_p99": 1.0}) == []
+    table = _run_measured(run, "--rate", "100", "--slo", "ttft_p99=1s")
+    assert table.exit_code == 0 and f"3 x engine of {run}" in " ".join(table.output.split())
+    assert "calibrated on" in table.output
+
+
+def test_steptime_pool_binds_where_it_is_small(tmp_path):
+    """The same engine with a pool of 20 usable blocks of 16: a request peaks at cdiv(100 + 10 - 1, 16) = 7 blocks,
+    so 2 run at once though 4 slots are free: 20 requests/s a replica; 100/s need 6 (5 are at their throughput),
+    bound by the pool (tests/plan/test_fleet.py, by hand)."""
+    run = _calibration(tmp_path, {"num_blocks": 21, "block_size": 16, "max_num_seqs": 4,
+                                  "max_num_batched_tokens": 2048})
+    doc = json.loads(_run_measured(run, "--rate", "100", "--slo", "ttft_p99=1s", "--json").output)
+    assert [(f["replicas"], f["binding"]) for f in doc["fleets"]] == [(6, "kv")]
+
+
+@pytest.mark.parametrize("scheduler, extra, message", [
+    ({"num_blocks": 21, "block_size": 16, "max_num_seqs": 4, "max_num_batched_tokens": 2048}, ["--slo", "ttft_p99=1s"],
+     "--steptime sizes a fleet"),
+    ({"num_blocks": 21, "block_size": 16, "max_num_seqs": 4, "max_num_batched_tokens": 2048},
+     ["--rate", "5", "--slo", "ttft_p99=1s", "--gpus", "H100"], "--gpus is for the GPU search"),
+    ({"num_blocks": 21, "block_size": 16, "max_num_seqs": 4, "max_num_batched_tokens": 2048},
+     ["--rate", "5", "--slo", "ttft_p99=1s", "--pd"], "--pd is for the GPU search"),
+    ({"num_blocks": "21", "block_size": 16, "max_num_seqs": 4, "max_num_batched_tokens": 2048},
+     ["--rate", "5", "--slo", "ttft_p99=1s"], "does not record the engine's scheduler"),
+    ({"num_blocks": 1, "block_size": 16, "max_num_seqs": 4, "max_num_batched_tokens": 2048},
+     ["--rate", "5", "--slo", "ttft_p99=1s"], "needs >= 2 blocks"),
+    ({}, ["--rate", "5", "--slo", "ttft_p99=1s"], "does not record the engine's scheduler"),
+])
+def test_steptime_refusals_are_one_line_and_exit_2(tmp_path, scheduler, extra, message):
+    r = _run_measured(_calibration(tmp_path, scheduler), *extra)
+    assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output, r.output
+
+
+def test_steptime_of_another_model_or_no_calibration_is_refused(tmp_path):
+    sched = {"num_blocks": 21, "block_size": 16, "max_num_seqs": 4, "max_num_batched_tokens": 2048}
+    other = _run_measured(_calibration(tmp_path, sched, model="meta-llama/Llama-3.1-8B"), "--rate", "5", "--slo",
+                          "ttft_p99=1s")
+    assert other.exit_code == 2 and "was calibrated on meta-llama/Llama-3.1-8B" in other.output
+    missing = _run_measured(str(tmp_path / "nowhere"), "--rate", "5", "--slo", "ttft_p99=1s")
+    assert missing.exit_code == 2 and "does not exist" in missing.output
