@@ -226,6 +226,7 @@ class CalibratedEngine:
     model_name: str  # the served model, as the calibration names it
     device: str  # the calibration's device label (a catalog GPU, or "nominal (...)" for a CPU engine)
     gpus_per_replica: int  # tensor x pipeline parallel of the run's engine (1 when the run does not say)
+    vllm_version: str | None = None  # the release the run's engine reported (None when the run does not say)
 
 
 #: The calibration's scheduler limits a simulation needs, and the ones it may leave to their defaults.
@@ -249,8 +250,12 @@ def calibrated_engine(path: Path) -> CalibratedEngine:
         scheduler = SchedulerConfig(**{k: v for k, v in sched.items() if k in names})
     except (TypeError, ValueError) as exc:
         raise KvplanError(f"cannot read the scheduler of {file}: {exc}") from None
-    gpus = 1
+    gpus, version = 1, None
     if path.is_dir() and (path / "run.json").is_file():
-        engine = EngineArgs.from_stored((RunStore.open_existing(path).read_run().get("config") or {}).get("engine"))
+        run = RunStore.open_existing(path).read_run()
+        engine = EngineArgs.from_stored((run.get("config") or {}).get("engine"))
         gpus = (engine.tensor_parallel_size or 1) * (engine.pipeline_parallel_size or 1)
-    return CalibratedEngine(scheduler, model, str(data.get("model") or ""), str(data.get("device") or ""), gpus)
+        reported = (run.get("capacity") or {}).get("vllm_version")
+        version = reported if isinstance(reported, str) else None
+    return CalibratedEngine(scheduler, model, str(data.get("model") or ""), str(data.get("device") or ""), gpus,
+                            version)

@@ -577,7 +577,7 @@ def _measured_fleet_payload(resolved, rules, req, run: Path, slo_targets: dict, 
         "vllm_serve_command": f"as run for {run}", "pd": None,
     }]
     return {
-        "model": resolved.config.name, "model_source": resolved.config.source, "vllm_version": rules.version,
+        "model": resolved.config.name, "model_source": resolved.config.source, "vllm_version": engine.vllm_version or rules.version,  # the run's engine's release
         "ctx": req.ctx, "rate_per_s": rate_per_s, "prompt_tokens": req.prompt, "output_tokens": req.output,
         "candidates_evaluated": 1, "candidates_fitting": 1, "rejected": {},
         "slo": {k: round(v * 1000, 3) for k, v in slo_targets.items()}, "slo_description": describe_slo(slo_targets),

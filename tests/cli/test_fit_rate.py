@@ -261,3 +261,20 @@ def test_steptime_of_another_model_or_no_calibration_is_refused(tmp_path):
     assert other.exit_code == 2 and "was calibrated on meta-llama/Llama-3.1-8B" in other.output
     missing = _run_measured(str(tmp_path / "nowhere"), "--rate", "5", "--slo", "ttft_p99=1s")
     assert missing.exit_code == 2 and "does not exist" in missing.output
+
+
+def test_steptime_names_the_release_the_run_engine_reported(tmp_path):
+    """The answer's vLLM release is the run's engine's (run.json's capacity), not the newest rules kvplan has; a
+    calibration without its run folder says the rules' own."""
+    from kvplan.vllm.rules import rules_for
+
+    run = _calibration(tmp_path, {"num_blocks": 10_000, "block_size": 16, "max_num_seqs": 4,
+                                  "max_num_batched_tokens": 2048})
+    bare = json.loads(_run_measured(run, "--rate", "10", "--slo", "ttft_p99=1s", "--json").output)
+    assert bare["vllm_version"] == rules_for(None).version
+    (tmp_path / "run.json").write_text(json.dumps({"config": {"engine": {}},
+                                                   "capacity": {"num_blocks": 10_000, "block_size": 16,
+                                                                "vllm_version": "0.32.0"}}))
+    r = _run_measured(run, "--rate", "10", "--slo", "ttft_p99=1s", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["vllm_version"] == "0.32.0"
