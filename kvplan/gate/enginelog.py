@@ -31,7 +31,17 @@ from kvplan.model.dtypes import KVDtype, kv_dtype
 from kvplan.paths import iter_user_lines
 from kvplan.plan.schema import Settings
 from kvplan.sglang import startup_log as sglang_lines
-from kvplan.sglang.pool import kv_cell, max_running_requests, resolve_kv_dtype, tokens_from_budget, tokens_from_buffers
+from kvplan.sglang.pool import (
+    SWA_FULL_TOKENS_RATIO,
+    SwaPools,
+    kv_cell,
+    max_running_requests,
+    resolve_kv_dtype,
+    swa_pools,
+    swa_tokens_of_full,
+    tokens_from_budget,
+    tokens_from_buffers,
+)
 from kvplan.sglang.rules import KNOWN_VERSIONS as SGLANG_VERSIONS
 from kvplan.sglang.rules import rules_for as sglang_rules
 from kvplan.term import make_console
@@ -173,6 +183,44 @@ def _sglang_page_rows(r, cell: int, k_half: int, mla: bool, page: int, rules, to
     return rows
 
 
+def _sglang_swa_rows(r, pools: SwaPools, page: int, rules, tolerance: float) -> tuple[list[LogComparison], list[str]]:
+    """A sliding-window pool's lines: the printed pool line is of whichever of SWAKVPool's two pools has its
+    ``#tokens`` (0.5.8 allocates the SWA pool first), priced with that pool's layers; then the split rule."""
+    full, swa = r.swa_full_tokens, r.swa_tokens
+    ratio = r.server_args.get("swa_full_tokens_ratio") or SWA_FULL_TOKENS_RATIO
+    rows: list[LogComparison] = []
+    notes = [f"sliding-window pool: {pools.full_layers} full-attention layers at {pools.full_cell:,} B a token, "
+             f"{pools.swa_layers} sliding-window layers at {pools.swa_cell:,} B a token (one GPU)",
+             "budget rule and full budget not judged for a sliding-window pool: the bytes SGLang divides the budget "
+             "by changed by release (MiMo-V2-Flash's over-count fixed by sglang PR #18039)"]
+    which = {swa: ("SWA", pools.swa_cell, pools.swa_k), full: ("full", pools.full_cell, pools.full_k)}
+    tokens = r.pool_tokens
+    if tokens is not None and r.pool_gib is not None and r.k_size_gib is not None and full != swa and tokens in which:
+        name, cell, k_half = which[tokens]
+        pool = r.pool_gib
+        lo, mid, hi = (tokens_from_buffers((pool + d) * GiB, cell, page) for d in (-2 * _HALF, 0, 2 * _HALF))
+        rows.append(compare("#tokens from the printed pool GiB", tokens, mid, tolerance, band=(lo, hi),
+                            note=f"the {name} pool: (K + V {pool:.2f} GiB) / {cell:,} B a token - one padding page "
+                                 f"of {page}"))
+        rows.append(compare("pool GiB of the printed #tokens", round(pool, 2), round((tokens + page) * cell / GiB, 2),
+                            tolerance, slack=2 * _HALF + 1e-9, note=f"the {name} pool: (#tokens + 1 page) x its bytes"))
+        rows.append(compare("K size GiB", r.k_size_gib, round((tokens + page) * k_half / GiB, 2), tolerance,
+                            slack=_HALF + 1e-9))
+    elif tokens is not None:
+        notes.append(f"the pool line's #tokens ({tokens}) is neither pool's alone (full {full}, SWA {swa}), or it "
+                     "prints no K and V size: its memory is not judged")
+    aligned_first = rules is not None and tuple(int(x) for x in rules.version.split(".")) >= (0, 5, 11)
+    lo, hi = swa_tokens_of_full(full, ratio, page, aligned_first)
+    # The rule gives a range to 0.5.10: the prediction is the value of that range nearest the printed one.
+    rows.append(compare("swa_layer_tokens from full_layer_tokens", swa, min(max(swa, lo), hi), tolerance,
+                        note=f"align(int(full x {ratio:g})) to pages of {page}" + ("" if aligned_first else
+                             f"; to 0.5.10 from the full count before its page rounding: {lo}..{hi}")))
+    if r.max_total_num_tokens is not None:
+        rows.append(compare("max_total_num_tokens", r.max_total_num_tokens, full, tolerance,
+                            note="the scheduler's: the full-attention layers' count"))
+    return rows, notes
+
+
 def _sglang_budget_rows(r, cell: int, page: int, tolerance: float, gated: bool) -> tuple[list[LogComparison], list[str]]:
     notes: list[str] = []
     fraction = r.mem_fraction_static
@@ -260,12 +308,21 @@ def judge_sglang(text: str, log_name: str, tolerance: float, gate: str, model: s
                                                        and r.server_args.get("dp_size")) else tp
     if attention_tp != tp:
         notes.append(f"DP attention: KV heads split over TP {tp} / DP {r.server_args['dp_size']} = {attention_tp}")
-    if r.swa_full_tokens is not None or r.mamba or r.pool_label:
-        what = "sliding-window" if r.swa_full_tokens is not None else "Mamba" if r.mamba else f"'{r.pool_label}'"
+    if r.mamba or r.pool_label:
+        what = "Mamba" if r.mamba else f"'{r.pool_label}'"
         raise KvplanError(f"{log_name}: SGLang sized a {what} hybrid pool, which kvplan does not model for SGLang",
                           "nothing of it is judged")
     page = r.page_size
     dtype, dtype_how = _sglang_dtype(r, resolved.arch, rules, kv_cache_dtype)
+    if r.swa_full_tokens is not None:
+        page_rows, swa_notes = _sglang_swa_rows(r, swa_pools(resolved.arch, attention_tp, dtype), page, rules,
+                                                tolerance)
+        notes += [f"KV dtype {dtype.name} ({dtype_how}); page size {page}", *swa_notes]
+        settings = {"tensor_parallel_size": tp, "page_size": page, "kv_cache_dtype": dtype.name,
+                    **{k: v for k, v in r.server_args.items() if k in ("mem_fraction_static", "swa_full_tokens_ratio")}}
+        return _result(log_name, "sglang", r.sglang_version, label, tolerance, gate, resolved, gpu, settings,
+                       Section(mode="page math (the printed pool memory given)", gpu=gpu or "any",
+                               comparisons=page_rows), None, None, r, notes)
     cell, k_half, mla = kv_cell(resolved.arch, attention_tp, dtype)
     notes.append(f"bytes a token on one GPU: {cell:,} ({dtype.name}: {dtype_how}); page size {page}")
     if r.draft_pools:

@@ -14,7 +14,8 @@ is a heuristic of the GPU's size, the chunked-prefill size and the CUDA graphs (
 
 What kvplan cannot see is the memory a process holds before the weights load (its CUDA context and communicators),
 which ``P`` excludes: an assumption with a range (`STARTUP_BYTES`), carried into the pool's range. Only full
-attention (MHA / GQA / MQA) and MLA are sized; sliding-window pools (SGLang's per-architecture hybrid SWA pool), Mamba
+attention (MHA / GQA / MQA) and MLA are sized; of sliding-window pools (SGLang's hybrid SWA pool) only a printed
+split is judged (`swa_pools`, `swa_tokens_of_full`: its two buffer sets and its ratio), not sized; Mamba
 / linear-attention hybrids, sparse-attention indexers, vision models (`adjust_mem_fraction_for_vlm`), pipeline
 parallelism and speculative decoding are refused with the reason.
 """
@@ -27,7 +28,7 @@ from kvplan.errors import KvplanError
 from kvplan.hardware.catalog import Device
 from kvplan.model.arch import Architecture
 from kvplan.model.dtypes import KVDtype, kv_dtype
-from kvplan.model.layers import MLA, FullAttention
+from kvplan.model.layers import MLA, FullAttention, SlidingWindow
 from kvplan.plan.schema import MemoryTerm, Settings
 from kvplan.sglang.rules import SglangRules
 from kvplan.units import GiB, MiB
@@ -164,6 +165,11 @@ def refuse_layers(arch: Architecture) -> None:
     """Refuse, with the reason, the layer kinds whose pools kvplan does not model for SGLang."""
     kinds = {type(s) for s in arch.layers}
     other = sorted({s.kind for s in arch.layers if type(s) not in (FullAttention, MLA)})
+    if other == ["sliding_window"]:
+        raise KvplanError("kvplan does not size SGLang's sliding-window pool from the GPU: the bytes a token SGLang "
+                          "divides the budget by before splitting it changed by release (MiMo-V2-Flash's over-count, "
+                          "sglang PR #18039); check-log judges a printed split",
+                          "size it for vLLM (--engine vllm)")
     if other:
         raise KvplanError(f"kvplan does not size SGLang's pool for {', '.join(other)} layers (it sizes full attention "
                           "and MLA only: SGLang's sliding-window, Mamba and sparse-indexer pools are not modelled)",
@@ -182,6 +188,60 @@ def kv_cell(arch: Architecture, tp: int, dtype: KVDtype) -> tuple[int, int, bool
     cell = round(sum(s.bytes_per_token(dtype) for s in per_rank))
     k_half = cell if mla else round(sum(s.num_kv_heads * s.head_size * dtype.bytes_per_element for s in per_rank))
     return cell, k_half, mla
+
+
+#: ``--swa-full-tokens-ratio``'s default, the same in every release that has it (server_args.py@0.4.9.post6 ..
+#: arg_groups/memory_hook.py@0.5.23).
+SWA_FULL_TOKENS_RATIO = 0.8
+
+
+@dataclass(frozen=True)
+class SwaPools:
+    """SGLang's hybrid sliding-window pool (``SWAKVPool``, mem_cache/swa_memory_pool.py@0.5.8.post1): one
+    ``MHATokenToKVPool`` over the full-attention layers of ``full_layer_tokens`` tokens, another over the
+    sliding-window layers of ``swa_layer_tokens``, each with its own KV heads and head sizes (MiMo-V2-Flash's
+    ``swa_num_key_value_heads`` / ``swa_head_dim`` / ``swa_v_head_dim``). Bytes are one token on one GPU."""
+
+    full_cell: int  # over the full-attention layers: K + V
+    full_k: int
+    swa_cell: int  # over the sliding-window layers
+    swa_k: int
+    full_layers: int
+    swa_layers: int
+
+
+def swa_pools(arch: Architecture, tp: int, dtype: KVDtype) -> SwaPools:
+    """The two buffer sets of SGLang's sliding-window pool; a model of other layer kinds, or of sliding-window layers
+    only (0.5.11+ sizes those alone), is refused with the reason."""
+    other = sorted({s.kind for s in arch.layers if type(s) not in (FullAttention, SlidingWindow)})
+    if other:
+        raise KvplanError(f"kvplan does not size SGLang's sliding-window pool beside {', '.join(other)} layers")
+    full = [s.per_rank(tp) for s in arch.layers if type(s) is FullAttention]
+    swa = [s.per_rank(tp) for s in arch.layers if type(s) is SlidingWindow]
+    if not full or not swa:
+        raise KvplanError("SGLang printed a sliding-window pool, but the model's config has "
+                          + ("no sliding-window layers" if not swa else "no full-attention layers"),
+                          "check the model the log is of (--model)")
+
+    def cell(layers: list) -> tuple[int, int]:
+        return (round(sum(s.bytes_per_token(dtype) for s in layers)),
+                round(sum(s.num_kv_heads * s.head_size * dtype.bytes_per_element for s in layers)))
+
+    (full_cell, full_k), (swa_cell, swa_k) = cell(full), cell(swa)
+    return SwaPools(full_cell, full_k, swa_cell, swa_k, len(full), len(swa))
+
+
+def swa_tokens_of_full(full_tokens: int, ratio: float, page_size: int, aligned_first: bool) -> tuple[int, int]:
+    """``swa_layer_tokens`` from ``full_layer_tokens``, as a (low, high) range. 0.5.11 on (``HybridSWAPoolConfigurator``,
+    model_executor/pool_configurator.py@0.5.11 .. @0.5.23): ``align(int(align(full) x ratio))``, one value. To 0.5.10
+    (`set_num_tokens_hybrid_swa`, model_runner_kv_cache_mixin.py@0.5.8.post1; model_runner.py@0.4.9.post6): the SWA
+    count is taken from the full count *before* its page rounding, so any full count up to one page above the
+    printed one may have given it."""
+    def align(x: float) -> int:
+        return int(x) // page_size * page_size
+
+    low = align(full_tokens * ratio)
+    return low, low if aligned_first else align((full_tokens + page_size - 1) * ratio)
 
 
 def _refuse_what_is_not_modelled(arch: Architecture, settings: Settings) -> None:

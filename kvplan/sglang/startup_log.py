@@ -101,7 +101,8 @@ class SglangStartup(BaseModel):
     v_size_gib: float | None = None
     kv_size_gib: float | None = Field(None, description="MLA: one latent buffer")
     pool_label: str | None = Field(None, description="a labelled pool line (0.5.23 MiniMax pools): not the usual pool")
-    draft_pools: int = Field(0, description="further pool lines of the same rank (a speculative draft's)")
+    draft_pools: int = Field(0, description="further pool lines of the same rank (a speculative draft's); a "
+                                            "sliding-window pool's own two lines are not counted")
     swa_full_tokens: int | None = None
     swa_tokens: int | None = None
     mamba: bool = False
@@ -259,7 +260,9 @@ def parse_sglang_log(text: str) -> SglangStartup:
     if "model" not in found and found.get("server_args", {}).get("model_path"):
         found["model"] = found["server_args"]["model_path"]
         sources["model"] = sources["server_args"]
-    found["draft_pools"] = max(0, max(pools_of_rank.values(), default=0) - 1)
+    # A sliding-window pool prints two lines a rank, its SWA and full layers' (`SWAKVPool`, swa_memory_pool.py@0.5.8.post1)
+    own = 2 if "swa_full_tokens" in found else 1
+    found["draft_pools"] = max(0, max(pools_of_rank.values(), default=0) - own)
     return SglangStartup(ranks=len(ranks), sources=sources, **found)
 
 

@@ -179,6 +179,8 @@ def _page(result: EngineLogResult) -> PageResult | None:
 
 
 def _full(report: EngineReport, result: EngineLogResult) -> tuple[FullResult | None, str | None]:
+    if result.sglang_log is not None and result.sglang_log.swa_full_tokens is not None:
+        return None, "not built for a sliding-window pool (the bytes SGLang divides its budget by changed by release)"
     if result.full_budget is None:
         return None, "needs the model, the GPU, the TP and mem_fraction_static (or the release)"
     c = next((c for c in result.full_budget.comparisons if c.quantity == "KV budget GiB per GPU"), None)

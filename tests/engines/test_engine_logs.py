@@ -11,6 +11,7 @@ import pytest
 
 from kvplan.deploy import load_model
 from kvplan.errors import KvplanError
+from kvplan.gate.enginelog import judge_sglang
 from kvplan.sglang.startup_log import parse_server_args, parse_sglang_log
 from kvplan.trtllm.pool import blocks_for, cell_of, pool_from_budget, pool_from_engine_free, tokens_in_printed_gib
 from kvplan.trtllm.startup_log import parse_trtllm_log
@@ -203,9 +204,12 @@ def test_a_wrong_tp_is_outside_the_tolerance():
      "KV dtype is fixed when it is built"),
     ("[TensorRT-LLM][INFO] [MemUsageChange] Allocated 5.95 GiB for max tokens in paged KV cache (86720).\n",
      ("--model", "openai/gpt-oss-120b"), "cannot read TensorRT-LLM's tensor parallel size"),
+    # a sliding-window pool printed for a model of full attention only: the log is not of that model
     ("Use Sliding window memory pool. full_layer_tokens=375360, swa_layer_tokens=300288\nKV Cache is allocated. "
-     "#tokens: 300288, K size: 8.38 GB, V size: 5.59 GB\n", ("--model", "google/gemma-3-27b-it", "--tp", "4"),
-     "sliding-window hybrid pool"),
+     "#tokens: 300288, K size: 8.38 GB, V size: 5.59 GB\n", ("--model", "Qwen/Qwen2.5-32B", "--tp", "4"),
+     "the model's config has no sliding-window layers"),
+    ("Mamba Cache is allocated. max_mamba_cache_size: 10\nKV Cache is allocated. #tokens: 300288, K size: 8.38 GB, "
+     "V size: 5.59 GB\n", ("--model", "Qwen/Qwen2.5-32B", "--tp", "4"), "Mamba hybrid pool"),
 ])
 def test_what_cannot_be_judged_is_one_line_exit_2(tmp_path, text, args, message):
     from helpers.harness import invoke
@@ -302,6 +306,38 @@ def test_trtllm_reports_judged_by_hand_and_tr006_marked():
     assert "tr006 (-12.50%, the report contradicts itself)" in page_goal
     table = invoke("validate", "--engine", "trtllm")
     assert "the report contradicts itself" in table.stdout
+
+
+def test_sglang_sliding_window_report_judged_by_hand():
+    """sg010, MiMo-V2-Flash at TP 4, page 64, bf16 cache (its config: 9 full-attention layers of 4 KV heads, 39
+    sliding-window layers of 8, K 192 and V 128 wide). The printed pool line is SWAKVPool's SWA pool (its #tokens is
+    swa_layer_tokens): 39 x (8 / 4) x (192 + 128) x 2 B = 49,920 B a token; int(13.97 x 2^30) // 49,920 = 300,484,
+    less one padding page = 300,420 -> 4,694 pages of 64 = 300,416 (+0.04%). K: 300,352 rows x 39 x 2 x 192 x 2 B
+    = 8,996,143,104 B = 8.38 GiB. The split: int(375,360 x 0.8) = 300,288 = 4,692 pages of 64."""
+    from helpers.harness import invoke
+
+    sg = json.loads(invoke("validate", "--engine", "sglang", "--json").stdout)
+    sg010 = next(c for c in sg["cases"] if c["case_id"] == "sg010")
+    assert (sg010["page"]["predicted"], sg010["page"]["reported"]) == (300_416, 300_288)
+    assert sg010["page_reason"] is None and "sliding-window pool" in sg010["full_reason"]
+    assert "sg010" not in sg["goals"][0]["achieved"]  # judged and within: neither missed nor listed as not judged
+    log = ("[2026-01-31 13:50:39 TP0] Use sliding window memory pool. full_layer_tokens=375360, swa_layer_tokens=300288\n"
+           "[2026-01-31 13:50:39 TP1] KV Cache is allocated. #tokens: 300288, K size: 8.38 GB, V size: 5.59 GB\n")
+    parsed = parse_sglang_log(log)
+    model = load_model("XiaomiMiMo/MiMo-V2-Flash", source="bundled")
+    r = judge_sglang(log, "sg010", 0.005, "all", None, None, None, 4, None, resolved=model,
+                     given_args={"page_size": 64})
+    rows = {c.quantity: c for c in r.page_math.comparisons}
+    assert r.ok and parsed.draft_pools == 0
+    assert (rows["K size GiB"].reported, rows["K size GiB"].predicted) == (8.38, 8.38)
+    assert (rows["swa_layer_tokens from full_layer_tokens"].predicted, rows["swa_layer_tokens from full_layer_tokens"]
+            .reported) == (300_288, 300_288)
+    # the same line read as the full pool's would be priced with the 9 full layers' 5,760 B: it is not
+    assert "the SWA pool" in rows["#tokens from the printed pool GiB"].note
+    # SWAKVPool prints both pools' lines on a rank (SWA first, swa_memory_pool.py@0.5.8.post1): not a draft's
+    both = log + ("[2026-01-31 13:50:39 TP1] KV Cache is allocated. #tokens: 375360, K size: 1.21 GB, "
+                  "V size: 0.81 GB\n")
+    assert parse_sglang_log(both).draft_pools == 0
 
 
 def test_size_engine_trtllm_says_what_it_does_not_size():

@@ -124,7 +124,7 @@ def _sglang(model: str, gpu: str, version: str | None = None, **settings):
 
 
 def test_what_is_not_modelled_is_refused():
-    with pytest.raises(KvplanError, match="sliding_window"):
+    with pytest.raises(KvplanError, match="sliding-window pool from the GPU"):
         _sglang("google/gemma-3-27b-it", "H100", language_model_only=True)
     with pytest.raises(KvplanError, match="--block-size"):
         _sglang("meta-llama/Llama-3.1-8B", "H100", block_size=32)
@@ -176,6 +176,6 @@ def test_engine_all_shows_the_others_when_one_does_not_size_the_model():
     assert r.code == 0
     doc = json.loads(r.stdout)
     assert [p["engine"] for p in doc["engines"]] == ["vllm"]
-    assert "sliding_window" in doc["refused"]["sglang"]
+    assert "sliding-window pool" in doc["refused"]["sglang"]
     alone = invoke("size", "google/gemma-3-27b-it", "--gpu", "H100", "--ctx", "8k", "--engine", "sglang")
-    assert alone.code == 2 and "sliding_window" in alone.one_line_error()
+    assert alone.code == 2 and "sliding-window pool" in alone.one_line_error()
