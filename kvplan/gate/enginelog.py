@@ -28,6 +28,7 @@ from kvplan.engines import EngineOptions, engine_named
 from kvplan.errors import KvplanError
 from kvplan.gate.checklog import LogComparison, Section, compare, comparison_table
 from kvplan.model.dtypes import KVDtype, kv_dtype
+from kvplan.model.layers import MLAIndexer
 from kvplan.paths import iter_user_lines
 from kvplan.plan.schema import Settings
 from kvplan.sglang import startup_log as sglang_lines
@@ -36,6 +37,7 @@ from kvplan.sglang.pool import (
     SwaPools,
     kv_cell,
     max_running_requests,
+    nsa_cell,
     resolve_kv_dtype,
     swa_pools,
     swa_tokens_of_full,
@@ -221,6 +223,43 @@ def _sglang_swa_rows(r, pools: SwaPools, page: int, rules, tolerance: float) -> 
     return rows, notes
 
 
+#: The releases whose NSA pool kvplan has read (memory_pool.py, server_args.py @0.5.3, 0.5.3.post1, 0.5.3.post3,
+#: 0.5.4.post3); later ones moved its dtype rule (arg_groups/, 0.5.19 on) and are not judged.
+_NSA_READ = ((0, 5, 3), (0, 5, 4))
+
+
+def _sglang_nsa_rows(r, resolved, gpu: str | None, rules, given_dtype: str | None,
+                     tolerance: float) -> tuple[list[LogComparison], list[str]]:
+    """DeepSeek-V3.2's NSA pool: page 64, the latent and (from 0.5.3.post1) the indexer's keys in the printed size."""
+    if rules is None:
+        raise KvplanError("SGLang's NSA pool line counts the indexer's keys from 0.5.3.post1 and not in 0.5.3 (sglang "
+                          "PR #11309): the release decides what its KV size is", "pass --engine-version")
+    version = tuple(int(x) for x in rules.version.split("."))
+    if not _NSA_READ[0] <= version <= _NSA_READ[1]:
+        raise KvplanError(f"kvplan has read SGLang's NSA pool in 0.5.3 to 0.5.4 only, not {rules.version}",
+                          "pass --engine-version 0.5.3 .. 0.5.4 if the log is of one")
+    gpu = gpu or r.gpu
+    blackwell = bool(gpu) and select_gpus(gpu, None if re.match(r"^\s*\d+\s*[x×*]", gpu) else 1).device.is_blackwell
+    if given_dtype:
+        dtype, how = kv_dtype(given_dtype), "given on the command line"
+    elif r.kv_cache_dtype:
+        dtype, how = kv_dtype(_TORCH_KV.get(r.kv_cache_dtype, r.kv_cache_dtype)), "as the log prints it"
+    elif blackwell:  # server_args.py@0.5.3 / 0.5.3.post1: forced; @0.5.4.post3: for "auto"
+        dtype, how = kv_dtype("fp8_e4m3"), "SGLang's FP8 for DeepSeek NSA on Blackwell (compute capability >= 10)"
+    elif gpu and (r.server_args.get("kv_cache_dtype") or "auto") == "auto":
+        dtype, how = kv_dtype("bfloat16"), "--kv-cache-dtype auto: bf16 for DeepSeek NSA before Blackwell"
+    else:
+        raise KvplanError("the NSA pool's dtype is FP8 on Blackwell and the flag's elsewhere: the log prints neither "
+                          "its dtype nor its GPU", "pass --gpu or --kv-cache-dtype")
+    config = resolved.config.config
+    indexer = bool(rules.nsa_indexer_in_pool)
+    cell = nsa_cell(resolved.arch, dtype, int(config["kv_lora_rank"]), int(config["qk_rope_head_dim"]), indexer)
+    notes = [f"NSA pool (page 64, server_args.py@0.5.3): {cell:,} B a token on every rank ({dtype.name}: {how}; "
+             + ("the latent and the indexer's keys" if indexer else "the latent alone: 0.5.3 prints no indexer keys")
+             + ")", "budget rule and full budget not judged for an NSA pool"]
+    return _sglang_page_rows(r, cell, cell, True, 64, rules, tolerance), notes
+
+
 def _sglang_budget_rows(r, cell: int, page: int, tolerance: float, gated: bool) -> tuple[list[LogComparison], list[str]]:
     notes: list[str] = []
     fraction = r.mem_fraction_static
@@ -292,7 +331,8 @@ def judge_sglang(text: str, log_name: str, tolerance: float, gate: str, model: s
     if version:
         try:
             rules = sglang_rules(version)
-            label = f"SGLang {rules.version} (the {'log' if version == r.sglang_version else 'given'} release)"
+            shown = version.lstrip("v") if "post" in version else rules.version  # 0.5.3.post1's NSA pool is not 0.5.3's
+            label = f"SGLang {shown} (the {'log' if version == r.sglang_version else 'given'} release)"
         except KvplanError as exc:
             notes.append(f"{exc.message}: judged by the page math, which is the same in every release read, and by "
                          "the budget rule the log's own figures give")
@@ -313,6 +353,13 @@ def judge_sglang(text: str, log_name: str, tolerance: float, gate: str, model: s
         raise KvplanError(f"{log_name}: SGLang sized a {what} hybrid pool, which kvplan does not model for SGLang",
                           "nothing of it is judged")
     page = r.page_size
+    if any(isinstance(s, MLAIndexer) for s in resolved.arch.layers):
+        page_rows, nsa_notes = _sglang_nsa_rows(r, resolved, gpu, rules, kv_cache_dtype, tolerance)
+        settings = {"tensor_parallel_size": tp, "page_size": 64, **{k: v for k, v in r.server_args.items() if k in (
+            "mem_fraction_static", "dp_size", "enable_dp_attention")}}
+        return _result(log_name, "sglang", r.sglang_version, label, tolerance, gate, resolved, gpu, settings,
+                       Section(mode="page math (the printed pool memory given)", gpu=gpu or "any",
+                               comparisons=page_rows), None, None, r, notes + nsa_notes)
     dtype, dtype_how = _sglang_dtype(r, resolved.arch, rules, kv_cache_dtype)
     if r.swa_full_tokens is not None:
         page_rows, swa_notes = _sglang_swa_rows(r, swa_pools(resolved.arch, attention_tp, dtype), page, rules,

@@ -28,7 +28,7 @@ from kvplan.errors import KvplanError
 from kvplan.hardware.catalog import Device
 from kvplan.model.arch import Architecture
 from kvplan.model.dtypes import KVDtype, kv_dtype
-from kvplan.model.layers import MLA, FullAttention, SlidingWindow
+from kvplan.model.layers import MLA, FullAttention, MLAIndexer, SlidingWindow
 from kvplan.plan.schema import MemoryTerm, Settings
 from kvplan.sglang.rules import SglangRules
 from kvplan.units import GiB, MiB
@@ -242,6 +242,30 @@ def swa_tokens_of_full(full_tokens: int, ratio: float, page_size: int, aligned_f
 
     low = align(full_tokens * ratio)
     return low, low if aligned_first else align((full_tokens + page_size - 1) * ratio)
+
+
+def nsa_cell(arch: Architecture, dtype: KVDtype, kv_lora_rank: int, rope_dim: int, with_indexer: bool) -> int:
+    """The bytes one token takes in DeepSeek-V3.2's NSA pool (``NSATokenToKVPool``), on every rank. A layer's latent:
+    FP8 ``kv_lora_rank`` bytes + one fp32 scale per 128 + the rope part in bf16 (656 for DeepSeek-V3.2:
+    mem_cache/memory_pool.py@0.5.3 hard-codes it, ``override_kv_cache_dim`` @0.5.4.post3 computes it), else
+    ``(kv_lora_rank + rope) x dtype``; the indexer's keys: ``index_head_dim + index_head_dim // 128 x 4`` uint8
+    bytes a layer (``index_k_with_scale_buffer``, memory_pool.py@0.5.3). Both buffers hold ``#tokens + one page``
+    rows when ``#tokens`` is whole pages (the indexer's ``(size + page_size + 1) // page_size`` pages)."""
+    mla = [s for s in arch.layers if type(s) is MLA]
+    indexers = [s for s in arch.layers if type(s) is MLAIndexer]
+    other = sorted({s.kind for s in arch.layers if type(s) not in (MLA, MLAIndexer)})
+    if other or not indexers or len(mla) != len(indexers):
+        raise KvplanError("kvplan prices SGLang's NSA pool only for a model of MLA layers each with an indexer "
+                          f"(this one: {len(mla)} MLA, {len(indexers)} indexer" + (f", {', '.join(other)}" if other
+                                                                                     else "") + ")")
+    if dtype.name in ("fp8", "fp8_e4m3"):
+        latent = kv_lora_rank + kv_lora_rank // 128 * 4 + rope_dim * 2
+    elif dtype.name in ("bfloat16", "float16"):
+        latent = round(mla[0].bytes_per_token(dtype))
+    else:
+        raise KvplanError(f"SGLang's NSA pool takes bf16 or fp8_e4m3 (server_args.py@0.5.3), not {dtype.name}")
+    index = round(indexers[0].bytes_per_token(dtype)) if with_indexer else 0
+    return len(mla) * (latent + index)
 
 
 def _refuse_what_is_not_modelled(arch: Architecture, settings: Settings) -> None:

@@ -42,6 +42,13 @@ class SglangRules:
     auto_kv_reads_checkpoint: bool
     # The fraction when the GPU's size is unknown: 0.88; 0.95 in 0.5.23 (the release that changed it not pinned).
     unknown_gpu_fraction: float
+    # DeepSeek-V3.2's NSA pool (`NSATokenToKVPool`, from 0.5.3): whether its "KV size" line and the bytes a token
+    # the budget is divided by count the indexer's key cache. 0.5.3 prints and divides by the MLA latent alone
+    # (mem_cache/memory_pool.py@0.5.3 logs before the indexer buffers exist); 0.5.3.post1 on count both (sglang
+    # PR #11309: "NSA will allocate indexer KV cache later and then log the total size", memory_pool.py@0.5.3.post1;
+    # `profile_max_num_token` adds ``indexer_size_per_token``, model_runner.py@0.5.3.post1). None: before 0.5.3,
+    # which has no NSA pool.
+    nsa_indexer_in_pool: bool | None
 
     @property
     def label(self) -> str:
@@ -62,6 +69,7 @@ def rules_for(version: str | None = None) -> SglangRules:
     SGLang's pool code changed too often to assume a neighbour's."""
     v = parse_version(NEWEST_KNOWN if version is None else version)
     text = ".".join(map(str, v))
+    post = re.search(r"post(\d+)", str(version or ""))
     if not (0, 4, 6) <= v <= parse_version(NEWEST_KNOWN):
         raise KvplanError(f"kvplan has not read SGLang {text}'s pool code (it has read 0.4.6 to {NEWEST_KNOWN})",
                           "give --engine-version within that range")
@@ -72,4 +80,5 @@ def rules_for(version: str | None = None) -> SglangRules:
         small_gpu_row=(2048, 16, 80) if v < (0, 5, 4) else (2048, 24, 80) if v < (0, 5, 23) else (4096, 48, 160),
         auto_kv_reads_checkpoint=v >= (0, 5, 3),
         unknown_gpu_fraction=0.95 if v >= (0, 5, 23) else 0.88,
+        nsa_indexer_in_pool=None if v < (0, 5, 3) else v > (0, 5, 3) or bool(post and int(post.group(1)) >= 1),
     )

@@ -340,6 +340,34 @@ def test_sglang_sliding_window_report_judged_by_hand():
     assert parse_sglang_log(both).draft_pools == 0
 
 
+def test_sglang_nsa_reports_judged_by_hand():
+    """sg008 / sg009, DeepSeek-V3.2-Exp on 8 x B200 (DP attention, page 64, FP8 forced on Blackwell,
+    server_args.py@0.5.3). A layer's FP8 latent: 512 + 512 // 128 x 4 + 64 x 2 (bf16 rope) = 656 B; its indexer keys:
+    128 + 128 // 128 x 4 = 132 B. sg008 (PR #11309, as shipped in 0.5.3.post1: the pool line counts the indexer):
+    61 x 788 = 48,068 B; int(43.67 x 2^30) = 46,890,305,454 // 48,068 = 975,499, less a page = 975,435 -> 975,424,
+    the printed count. sg009 (main before it, 0.5.3: the latent alone): 61 x 656 = 40,016 B; int(54.52 x 2^30) =
+    58,540,404,244 // 40,016 = 1,462,924, less a page = 1,462,860 -> 1,462,848 (one page above the printed)."""
+    from helpers.harness import invoke
+
+    sg = json.loads(invoke("validate", "--engine", "sglang", "--json").stdout)
+    cases = {c["case_id"]: c for c in sg["cases"]}
+    assert (cases["sg008"]["page"]["predicted"], cases["sg008"]["page"]["reported"]) == (975_424, 975_424)
+    assert (cases["sg009"]["page"]["predicted"], cases["sg009"]["page"]["reported"]) == (1_462_848, 1_462_784)
+    assert "NSA pool" in cases["sg008"]["full_reason"] and "0.5.3.post1" in cases["sg008"]["rules"]
+    assert "mla_indexer" not in sg["goals"][0]["achieved"]
+    # The release decides what the printed size holds: with none, refused with the reason, one line, exit 2.
+    log = ("[2025-10-07 23:17:19 DP0 TP0] KV Cache is allocated. #tokens: 975424, KV size: 43.67 GB\n")
+    model = load_model("deepseek-ai/DeepSeek-V3.2-Exp", source="bundled")
+    with pytest.raises(KvplanError, match="0.5.3.post1 and not in 0.5.3"):
+        judge_sglang(log, "sg008", 0.005, "all", None, "B200", None, 8, None, resolved=model)
+    with pytest.raises(KvplanError, match="0.5.3 to 0.5.4 only"):
+        judge_sglang(log, "sg008", 0.005, "all", None, "B200", "0.5.10", 8, None, resolved=model)
+    # Read as 0.5.3 (the latent alone), the same line would be 46,890,305,454 // 40,016 = 1,171,788, less a page,
+    # in pages: 1,171,712 tokens, 20% off: the release's rule decides, nothing is fitted to the report.
+    as_053 = judge_sglang(log, "sg008", 0.005, "all", None, "B200", "0.5.3", 8, None, resolved=model)
+    assert as_053.page_math.comparisons[0].predicted == 1_171_712 and not as_053.ok
+
+
 def test_size_engine_trtllm_says_what_it_does_not_size():
     """Qwen3-32B at TP 2: 64 layers x (8 KV heads / 2) x 128 x 2 x 2 B = 131,072 B a token, the page math kvplan has;
     the budget is refused with the reason, one line, exit 2."""

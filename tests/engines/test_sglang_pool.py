@@ -60,6 +60,14 @@ def test_versions():
             rules_for(bad)
 
 
+def test_nsa_pool_line_counts_the_indexer_from_0_5_3_post1():
+    """memory_pool.py@0.5.3 logs before the indexer buffers exist; @0.5.3.post1 logs after them (read in the wheels)."""
+    assert rules_for("0.5.2").nsa_indexer_in_pool is None  # no NSA pool yet
+    assert rules_for("0.5.3").nsa_indexer_in_pool is False
+    assert rules_for("0.5.3.post1").nsa_indexer_in_pool is True and rules_for("0.5.3.post1").version == "0.5.3"
+    assert rules_for("0.5.4").nsa_indexer_in_pool is True
+
+
 def test_running_requests_cap():
     rules = rules_for("0.5.23")
     # int(399,087 / 40,960 x 512) = 4,988, clamped to 4,096; tokens // 2 = 199,543
