@@ -252,8 +252,12 @@ def _sglang_nsa_rows(r, resolved, gpu: str | None, rules, given_dtype: str | Non
         raise KvplanError("the NSA pool's dtype is FP8 on Blackwell and the flag's elsewhere: the log prints neither "
                           "its dtype nor its GPU", "pass --gpu or --kv-cache-dtype")
     config = resolved.config.config
+    ranks = [config.get(k) for k in ("kv_lora_rank", "qk_rope_head_dim")]
+    if not all(isinstance(x, int) and x > 0 for x in ranks):
+        raise KvplanError(f"the config of {resolved.config.name} gives no whole kv_lora_rank and qk_rope_head_dim, "
+                          "which SGLang's NSA pool is shaped by")
     indexer = bool(rules.nsa_indexer_in_pool)
-    cell = nsa_cell(resolved.arch, dtype, int(config["kv_lora_rank"]), int(config["qk_rope_head_dim"]), indexer)
+    cell = nsa_cell(resolved.arch, dtype, ranks[0], ranks[1], indexer)
     notes = [f"NSA pool (page 64, server_args.py@0.5.3): {cell:,} B a token on every rank ({dtype.name}: {how}; "
              + ("the latent and the indexer's keys" if indexer else "the latent alone: 0.5.3 prints no indexer keys")
              + ")", "budget rule and full budget not judged for an NSA pool"]
