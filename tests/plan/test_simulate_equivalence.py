@@ -162,6 +162,108 @@ def test_steady_steps_at_once_are_the_steps_one_by_one(name, monkeypatch):
     assert [(s, t.hex(), u.hex()) for s, t, u in fast.kv_fill] == [(s, t.hex(), u.hex()) for s, t, u in plain.kv_fill]
 
 
+def _random_case(seed: int):
+    """A small pool (evicting, often preempting), random limits and rules, and one of three random loads:
+    sessions of shared prefixes arriving in bursts, an open loop of drawn lengths, or a closed loop."""
+    rng = random.Random(f"case:{seed}")
+    B = rng.choice([1, 4, 8, 16])
+    kind = rng.choice(["sessions", "open", "closed"])
+    if kind == "sessions":
+        prefixes = [[f"p{i}b{k}" for k in range(rng.randrange(1, 4))] for i in range(rng.randint(1, 4))]
+        rows, t = [], 0.0
+        for i in range(rng.randint(20, 80)):
+            keys = list(rng.choice(prefixes)) + [f"r{i}b{k}" for k in range(rng.randrange(0, 3))]
+            segs = [Segment(k, rng.choice([B, 2 * B, 3 * B + 1])) for k in keys[:-1]] + [Segment(keys[-1], rng.randint(1, 3 * B))]
+            t += rng.choice([0.0, 0.001, 0.02, 0.3])
+            rows.append(Turn(f"r{i}", 0, tuple(segs), rng.randint(1, 8 * B), arrival_s=t))
+        traffic = Traffic(tuple(rows), "random sessions")
+        need = max(-(-(r.prompt_tokens + r.output_tokens - 1) // B) for r in rows)
+        build = lambda: traffic_load(traffic, B)  # noqa: E731
+    else:
+        mean_p, mean_o = rng.randint(2, 6 * B), rng.randint(2, 10 * B)
+        lengths = Lengths(mean_p, mean_o, rng.choice(["fixed", "uniform", "lognormal"]), 0.5, seed)
+        n = rng.randint(10, 60)
+        shared, think = rng.choice([0, B, 3 * B]), rng.choice([0.0, 0.01])
+        if kind == "open":
+            arrivals = poisson_arrivals(rng.choice([0.05, 0.3, 2.0]), n, seed)
+            build = lambda: open_loop(arrivals, lengths, shared_prefix_tokens=shared)  # noqa: E731
+            numbers = range(n)
+        else:
+            streams = rng.randint(1, 12)
+            per = rng.randint(1, 4)
+            build = lambda: closed_loop(streams, lengths, per, shared_prefix_tokens=shared,  # noqa: E731
+                                        think_time=think)
+            numbers = range(streams * per)
+        need = max(-(-(sum(lengths(i)) - 1) // B) for i in numbers)
+    config = SchedulerConfig(
+        num_blocks=need + 1 + rng.randint(0, 2 * need), block_size=B,
+        max_num_seqs=rng.choice([2, 4, 256]), max_num_batched_tokens=rng.choice([max(8, 2 * B), 64, 1 << 20]),
+        admit_full_prompt=rng.random() < 0.7, prefix_caching=rng.random() < 0.85,
+        uncached_blocks_first=rng.random() < 0.7, prefix_stats_at_admission=rng.random() < 0.7)
+    return config, build, rng.choice(["none", "linear", "count"])
+
+
+def _fast_and_one_by_one(seed: int, monkeypatch) -> tuple[bool, bool, bool]:
+    """Random case ``seed`` run the fast way and one step at a time (a trace turns the fast path off): every
+    result identical, floats to the bit. Returns whether it evicted a cached block, preempted, and ran
+    steady steps at once."""
+    config, build, kind = _random_case(seed)
+    fast_steps: list[int] = []
+    original = sim._Scheduler._decode_steps
+
+    def counted(self, max_steps):
+        fast_steps.append(original(self, max_steps))
+        return fast_steps[-1]
+
+    evicted: list[int] = []
+    take = BlockPool.take
+
+    def counting_take(self, count=1):
+        evicted.append(sum(self.key_of[b] is not None for b in self.free_queue()[:count]))
+        return take(self, count)
+
+    pools: list[BlockPool] = []  # each run's pool, to compare block for block at the end
+    init = BlockPool.__init__
+
+    def kept_init(self, *args):
+        init(self, *args)
+        pools.append(self)
+
+    monkeypatch.setattr(BlockPool, "__init__", kept_init)
+    fast_time, fast_calls = _step_time(kind)
+    with monkeypatch.context() as m:
+        m.setattr(sim._Scheduler, "_decode_steps", counted)
+        fast = sim.simulate(config, build(), fast_time)
+    plain_time, plain_calls = _step_time(kind)
+    with monkeypatch.context() as m:
+        m.setattr(BlockPool, "take", counting_take)
+        plain = sim.simulate(config, build(), plain_time, trace=[])
+    assert fast_calls == plain_calls
+    a, b = pools
+    assert (a.free_queue(), a.key_of, a.first, a.dups) == (b.free_queue(), b.key_of, b.first, b.dups)
+    for f in dataclasses.fields(fast):
+        assert getattr(fast, f.name) == getattr(plain, f.name), f.name
+    assert [t.hex() for r in fast.requests for t in r.token_times] == [t.hex() for r in plain.requests for t in r.token_times]
+    assert [(s, t.hex(), u.hex()) for s, t, u in fast.kv_fill] == [(s, t.hex(), u.hex()) for s, t, u in plain.kv_fill]
+    return sum(evicted) > 0, plain.preemptions > 0, sum(fast_steps) > 0
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_random_small_pools_fast_is_one_by_one(seed, monkeypatch):
+    """Random workloads on pools small enough to evict and preempt: the fast path (steady steps at once, their
+    new blocks in one take) gives what the steps one by one give."""
+    _fast_and_one_by_one(seed, monkeypatch)
+
+
+def test_random_small_pools_cover_eviction_preemption_and_steady_steps(monkeypatch):
+    """The random cases are not all easy ones: many evict cached blocks, many preempt, most run steady steps
+    at once (counts over the 60 seeds)."""
+    covered = [_fast_and_one_by_one(seed, monkeypatch) for seed in range(60)]
+    evicting, preempting, steady = (sum(c[i] for c in covered) for i in range(3))
+    print(f"evicting {evicting}, preempting {preempting}, steady {steady} of 60")
+    assert evicting >= 15 and preempting >= 10 and steady >= 40, (evicting, preempting, steady)
+
+
 # --------------------------------------------------------------------------- the hasher
 
 
@@ -219,5 +321,5 @@ def test_a_decode_batch_is_the_step_batch():
         fast, plain = sim._decode_batch(num, kv), sim.StepBatch(0, num, kv, num, kv)
         assert type(fast) is sim.StepBatch
         assert fast == plain and hash(fast) == hash(plain) and repr(fast) == repr(plain)
-        assert vars(fast) == vars(plain) and list(vars(fast)) == list(vars(plain))
         assert dataclasses.asdict(fast) == dataclasses.asdict(plain)
+        assert [type(getattr(fast, f.name)) for f in dataclasses.fields(fast)] == [int] * 5
