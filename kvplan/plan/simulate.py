@@ -618,12 +618,13 @@ class _Scheduler:
         """Waiting requests in order, while the budget, max_num_seqs and the pool allow; True when the
         head of the queue waits for KV blocks."""
         config, pool, B, waiting = self.config, self.pool, self.B, self.waiting
+        ref = pool.ref
         while waiting and budget > 0 and len(self.running) < config.max_num_seqs:
             req = waiting[0]
             hits = _prefix_hits(pool, req, B) if config.prefix_caching else []
             computed = len(hits) * B
             # Hits on blocks nobody holds are taken off the free queue: they cost a block.
-            evictable = [pool.ref[b] for b in hits].count(0)
+            evictable = [ref[b] for b in hits].count(0)
             first_chunk = min(req.num_tokens - computed, budget)
             check = req.num_tokens if config.admit_full_prompt else computed + first_chunk
             admitted = cdiv(check, B) - len(hits) + evictable <= pool.num_free
@@ -724,9 +725,11 @@ class _Scheduler:
         changes the pool and sends successors), with that step's results applied as `_apply_results` would.
 
         Why the pool ends up the same: in these steps the pool only hands out new blocks (`take`, in step
-        then running order, as here) and registers full blocks (`cache`, done here at the end). A `take`
-        pops a free block, `cache` names a held one, so the two touch different blocks; and the two orders
-        of removing one block from a hash's list of blocks and appending another give the same list."""
+        then running order, one by one; here one `take` of them all after the loop, in that order: blocks
+        come off the head of the free queue, so one take of n + m blocks is a take of n then of m) and
+        registers full blocks (`cache`, done here at the end). A `take` pops a free block, `cache` names a
+        held one, so the two touch different blocks; and the two orders of removing one block from a hash's
+        list of blocks and appending another give the same list."""
         config, running, waiting, B = self.config, self.running, self.waiting, self.B
         num = len(running)
         budget_left = config.max_num_batched_tokens - num
