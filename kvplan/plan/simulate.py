@@ -51,7 +51,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from kvplan.errors import KvplanError
-from kvplan.plan.block_pool import BlockPool
+from kvplan.plan.block_pool import BlockPool, LinkedBlockPool
 from kvplan.stats import percentile
 from kvplan.units import cdiv
 
@@ -384,7 +384,7 @@ class _Req:
         self.prompt, self.output, self.shared = tl.prompt_tokens, tl.output_tokens, tl.shared_tokens
         self.generated = 0
         self.computed = 0
-        self.blocks: list[int] = []
+        self.blocks: list = []  # its blocks (the pool's Block objects, or ids)
         self.num_cached = 0  # leading blocks already offered to the prefix cache (vLLM: num_cached_block)
 
     @property
@@ -449,14 +449,19 @@ class _Scheduler:
     """One simulation: vLLM V1's scheduler step (`Scheduler.schedule`, v1/core/sched/scheduler.py) over the
     block pool. A step schedules the running requests first (preempting from the back when the pool is out
     of blocks), then admits waiting ones while the token budget and the pool allow, then applies the
-    step's results (tokens computed, tokens sampled, requests finished and their successors sent)."""
+    step's results (tokens computed, tokens sampled, requests finished and their successors sent).
+
+    The pool: `LinkedBlockPool` (a request's ``blocks`` are its `Block` objects; the trace records ids), or
+    what a subclass names in ``pool_class`` (the hybrid scheduler: `BlockPool`, ids)."""
+
+    pool_class: type = LinkedBlockPool
 
     def __init__(self, config: SchedulerConfig, load: Load, step_time: Callable[[StepBatch], float] | None,
                  trace: list[tuple] | None):
         self.config, self.load, self.step_time, self.trace = config, load, step_time, trace
         self.B = config.block_size
         self.usable = config.usable_blocks
-        self.pool = BlockPool(self.usable, config.prefix_caching, config.uncached_blocks_first)
+        self.pool = self.pool_class(self.usable, config.prefix_caching, config.uncached_blocks_first)
         self.timelines: list[RequestTimeline] = []
         self.counter = 0
         self.delay = load.client_delay or (lambda number: 0.0)
@@ -597,7 +602,7 @@ class _Scheduler:
         if num_tokens // self.B > req.num_cached:
             self._cache_full(req, num_tokens)
         if self.trace is not None:
-            self.trace.append(("alloc", req.tl.index, req.num_tokens, new_tokens, tuple(req.blocks)))
+            self.trace.append(("alloc", req.tl.index, req.num_tokens, new_tokens, self.pool.ids(req.blocks)))
 
     def _room_for(self, req: _Req, num_tokens: int, new_tokens: int) -> tuple[bool, bool]:
         """A running request's slots up to ``num_tokens`` (`_grow`), the newest running request preempted each
@@ -618,13 +623,12 @@ class _Scheduler:
         """Waiting requests in order, while the budget, max_num_seqs and the pool allow; True when the
         head of the queue waits for KV blocks."""
         config, pool, B, waiting = self.config, self.pool, self.B, self.waiting
-        ref = pool.ref
         while waiting and budget > 0 and len(self.running) < config.max_num_seqs:
             req = waiting[0]
             hits = _prefix_hits(pool, req, B) if config.prefix_caching else []
             computed = len(hits) * B
             # Hits on blocks nobody holds are taken off the free queue: they cost a block.
-            evictable = [ref[b] for b in hits].count(0)
+            evictable = pool.free_among(hits)
             first_chunk = min(req.num_tokens - computed, budget)
             check = req.num_tokens if config.admit_full_prompt else computed + first_chunk
             admitted = cdiv(check, B) - len(hits) + evictable <= pool.num_free
@@ -644,7 +648,7 @@ class _Scheduler:
             self._allocate(req, computed + first_chunk)
             self._cache_full(req, computed + first_chunk)
             if self.trace is not None:
-                self.trace.append(("admit", req.tl.index, req.num_tokens, tuple(hits), first_chunk, tuple(req.blocks)))
+                self.trace.append(("admit", req.tl.index, req.num_tokens, pool.ids(hits), first_chunk, pool.ids(req.blocks)))
             waiting.popleft()
             self.running.append(req)
             if req.tl.admitted_step is None:
@@ -846,7 +850,7 @@ class _Scheduler:
         hits = _prefix_hits(pool, head, B) if config.prefix_caching else []
         computed = len(hits) * B
         check = head.num_tokens if config.admit_full_prompt else computed + min(head.num_tokens - computed, budget)
-        need = cdiv(check, B) - len(hits) + [pool.ref[b] for b in hits].count(0)  # less the hits others hold
+        need = cdiv(check, B) - len(hits) + pool.free_among(hits)  # less the hits others hold
         return need > pool.num_free - first_takes
 
     # ---------------------------------------------------------------- the loop
@@ -933,7 +937,7 @@ def _insert(q: deque, item: tuple) -> None:
     q.extend(items)
 
 
-def _prefix_hits(pool: BlockPool, req: _Req, block_size: int) -> list[int]:
+def _prefix_hits(pool: BlockPool | LinkedBlockPool, req: _Req, block_size: int) -> list:
     """`get_computed_blocks`: the longest run of cached full blocks from the start, at most
     ``num_tokens - 1`` tokens (the last token is always computed)."""
     lookups = (req.num_tokens - 1) // block_size

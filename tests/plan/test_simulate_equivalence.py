@@ -13,7 +13,7 @@ import pytest
 from helpers.reference_block_pool import ReferenceBlockPool
 
 from kvplan.plan import simulate as sim
-from kvplan.plan.block_pool import BlockPool
+from kvplan.plan.block_pool import BlockPool, LinkedBlockPool
 from kvplan.plan.prefix_cache import BlockHasher, traffic_load
 from kvplan.plan.simulate import Lengths, SchedulerConfig, SimTurn, closed_loop, open_loop, poisson_arrivals, session_load
 from kvplan.traffic.loaders import agent_traffic
@@ -22,23 +22,26 @@ from kvplan.traffic.model import Segment, Traffic, Turn
 # --------------------------------------------------------------------------- the pool
 
 
-def _pools_agree(ref: ReferenceBlockPool, flat: BlockPool, keys: range) -> None:
+def _pools_agree(ref: ReferenceBlockPool, flat: BlockPool | LinkedBlockPool, keys: range) -> None:
     assert flat.free_queue() == ref.free_queue()
     assert flat.num_free == ref.num_free
     assert flat.ref == ref.ref
     assert [flat.cached(k) for k in keys] == [ref.cached(k) for k in keys]
 
 
+@pytest.mark.parametrize("pool_class", [BlockPool, LinkedBlockPool])
 @pytest.mark.parametrize("caching,uncached_first", [(True, True), (True, False), (False, True)])
 @pytest.mark.parametrize("seed", range(6))
-def test_the_flat_pool_is_block_pool_block_for_block(seed, caching, uncached_first):
+def test_the_fast_pools_are_block_pool_block_for_block(seed, caching, uncached_first, pool_class):
     """Random requests take blocks, register some under a few shared hashes (so hashes get a second block
     and lose it again), hit cached ones (held or free) and release; after every operation both pools
-    have the same free queue, references and lookups."""
+    have the same free queue, references and lookups. (The linked pool takes and returns its Block
+    objects: the operations name them by id here.)"""
     rng = random.Random(seed)
     usable = rng.choice([5, 12, 40])
     keys = range(rng.choice([3, 8, 30]))
-    ref, flat = ReferenceBlockPool(usable, caching, uncached_first), BlockPool(usable, caching, uncached_first)
+    ref, fast = ReferenceBlockPool(usable, caching, uncached_first), pool_class(usable, caching, uncached_first)
+    flat = _ById(fast) if pool_class is LinkedBlockPool else fast
     held: list[list[int]] = []  # each request's blocks, in table order
     for _ in range(400):
         op = rng.random()
@@ -72,6 +75,37 @@ def test_the_flat_pool_is_block_pool_block_for_block(seed, caching, uncached_fir
         flat.release(blocks)
     _pools_agree(ref, flat, keys)
     assert flat.num_free == usable
+
+
+class _ById:
+    """A LinkedBlockPool operated by block ids (its Block objects looked up by id, ids returned)."""
+
+    def __init__(self, pool: LinkedBlockPool):
+        self.pool = pool
+
+    def __getattr__(self, name):
+        return getattr(self.pool, name)
+
+    def take(self, count: int) -> list[int]:
+        return [b.id for b in self.pool.take(count)]
+
+    def touch(self, blocks) -> None:
+        self.pool.touch([self.pool.blocks[b] for b in blocks])
+
+    def release(self, blocks) -> None:
+        self.pool.release([self.pool.blocks[b] for b in blocks])
+
+    def cache(self, blocks, keys) -> None:
+        self.pool.cache([self.pool.blocks[b] for b in blocks], keys)
+
+
+def _pool_state(pool: BlockPool | LinkedBlockPool) -> tuple:
+    """Free queue, hashes and lookups (the blocks of each hash several hold) by block id."""
+    def ids(blocks):
+        return [getattr(b, "id", b) for b in blocks]
+
+    return (pool.free_queue(), pool.key_of, {k: pool.cached(k) for k in pool.first},
+            {k: ids(v) for k, v in pool.dups.items()})
 
 
 # --------------------------------------------------------------------------- steady decode steps
@@ -216,31 +250,31 @@ def _fast_and_one_by_one(seed: int, monkeypatch) -> tuple[bool, bool, bool]:
         return fast_steps[-1]
 
     evicted: list[int] = []
-    take = BlockPool.take
+    take = LinkedBlockPool.take
 
     def counting_take(self, count=1):
         evicted.append(sum(self.key_of[b] is not None for b in self.free_queue()[:count]))
         return take(self, count)
 
-    pools: list[BlockPool] = []  # each run's pool, to compare block for block at the end
-    init = BlockPool.__init__
+    pools: list[LinkedBlockPool] = []  # each run's pool, to compare block for block at the end
+    init = LinkedBlockPool.__init__
 
     def kept_init(self, *args):
         init(self, *args)
         pools.append(self)
 
-    monkeypatch.setattr(BlockPool, "__init__", kept_init)
+    monkeypatch.setattr(LinkedBlockPool, "__init__", kept_init)
     fast_time, fast_calls = _step_time(kind)
     with monkeypatch.context() as m:
         m.setattr(sim._Scheduler, "_decode_steps", counted)
         fast = sim.simulate(config, build(), fast_time)
     plain_time, plain_calls = _step_time(kind)
     with monkeypatch.context() as m:
-        m.setattr(BlockPool, "take", counting_take)
+        m.setattr(LinkedBlockPool, "take", counting_take)
         plain = sim.simulate(config, build(), plain_time, trace=[])
     assert fast_calls == plain_calls
     a, b = pools
-    assert (a.free_queue(), a.key_of, a.first, a.dups) == (b.free_queue(), b.key_of, b.first, b.dups)
+    assert _pool_state(a) == _pool_state(b)
     for f in dataclasses.fields(fast):
         assert getattr(fast, f.name) == getattr(plain, f.name), f.name
     assert [t.hex() for r in fast.requests for t in r.token_times] == [t.hex() for r in plain.requests for t in r.token_times]
