@@ -162,6 +162,9 @@ class BlockPool:
         """The blocks' ids (a block table as the trace records it)."""
         return tuple(blocks)
 
+    def unlink(self) -> None:
+        """(Nothing to break: see `LinkedBlockPool.unlink`.)"""
+
 
 class Block:
     """One block of `LinkedBlockPool`, as vLLM's ``KVCacheBlock``: its id, its neighbours in the free queue
@@ -302,6 +305,12 @@ class LinkedBlockPool:
 
     def ids(self, blocks: Iterable[Block]) -> tuple[int, ...]:
         return tuple(b.id for b in blocks)
+
+    def unlink(self) -> None:
+        """Break the queue's links, once the pool is done with: its blocks form a ring of reference cycles
+        that only a full collection would free (megabytes for a large pool, per simulation)."""
+        for block in self.blocks:
+            block.prev = block.next = None  # type: ignore[assignment]
 
     @property
     def ref(self) -> list[int]:

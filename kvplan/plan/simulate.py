@@ -419,7 +419,11 @@ def simulate(config: SchedulerConfig, load: Load, step_time: Callable[[StepBatch
     hit_blocks, new_tokens, block_table)``, ``("alloc", request, num_tokens, new_tokens, block_table)``,
     ``("preempt", request)``, ``("finish", request)``."""
     with paused_gc():
-        return _Scheduler(config, load, step_time, trace).run(max_steps)
+        scheduler = _Scheduler(config, load, step_time, trace)
+        try:
+            return scheduler.run(max_steps)
+        finally:
+            scheduler.pool.unlink()
 
 
 @contextmanager
