@@ -405,9 +405,13 @@ def _key(req: _Req, k: int, block_size: int) -> Hashable:
 
 def _keys(req: _Req, start: int, stop: int, block_size: int) -> Sequence[Hashable]:
     """`_key` of blocks ``start`` to ``stop - 1`` (a slice of the hash ids where it can)."""
-    if stop <= len(req.keys):
+    given = len(req.keys)
+    if stop <= given:
         return req.keys[start:stop]
-    return [_key(req, k, block_size) for k in range(start, stop)]
+    out = list(req.keys[start:given])  # then `_key`'s other two cases, inline (generated blocks: millions)
+    shared_blocks, rid = req.shared // block_size, req.rid  # (k + 1) * B <= shared  <=>  k < shared // B
+    out += [("shared", k) if k < shared_blocks else ("req", rid, k) for k in range(max(start, given), stop)]
+    return out
 
 
 def simulate(config: SchedulerConfig, load: Load, step_time: Callable[[StepBatch], float] | None = None,

@@ -373,3 +373,18 @@ def test_a_simulation_leaves_no_cycles_behind():
     finally:
         if was:
             gc.enable()
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_keys_of_a_range_are_each_blocks_key(seed):
+    """`_keys` (hash ids, then the shared prefix's and the request's own blocks, inline) is `_key` block by block."""
+    rng = random.Random(seed)
+    B = rng.choice([1, 4, 16])
+    prompt = rng.randint(1, 10 * B)
+    keys = tuple(range(100, 100 + rng.randint(0, prompt // B + 2)))
+    tl = sim.RequestTimeline(0, prompt, 5 * B, rng.randint(0, prompt), 0.0)
+    req = sim._Req(tl, 7, 0, 0, keys)
+    for _ in range(30):
+        start = rng.randint(0, 12)
+        stop = rng.randint(start, 16)
+        assert list(sim._keys(req, start, stop, B)) == [sim._key(req, k, B) for k in range(start, stop)]
