@@ -437,8 +437,8 @@ def paused_gc() -> Iterator[None]:
     yet each full collection walks every one of them: a tenth of its time at 100,000 requests.
 
     On again, the objects made meanwhile go straight to the oldest generation (`gc.freeze` then
-    `gc.unfreeze`: two list splices), instead of the first young collection after walking them all (a
-    second at 100,000 requests); a cycle among them waits for the next full collection. Not when the
+    `gc.unfreeze`: two list splices), instead of the first young collection after walking them all (0.2-0.34 s
+    measured after a 20,000-request simulation); a cycle among them waits for the next full collection. Not when the
     process keeps frozen objects of its own (a server may freeze its startup objects): unfreezing them
     would undo that."""
     was_enabled = gc.isenabled()
