@@ -152,3 +152,172 @@ class BlockPool:
             out.append(block)
             block = self.nxt[block]
         return out
+
+    def free_among(self, blocks: Iterable[int]) -> int:
+        """How many of ``blocks`` no request holds (free, cached: a hit on one takes it off the queue)."""
+        ref = self.ref
+        return [ref[b] for b in blocks].count(0)
+
+    def ids(self, blocks: Iterable[int]) -> tuple[int, ...]:
+        """The blocks' ids (a block table as the trace records it)."""
+        return tuple(blocks)
+
+    def unlink(self) -> None:
+        """(Nothing to break: see `LinkedBlockPool.unlink`.)"""
+
+
+class Block:
+    """One block of `LinkedBlockPool`, as vLLM's ``KVCacheBlock``: its id, its neighbours in the free queue
+    (stale while it is held), its references and its hash (None: not cached)."""
+
+    __slots__ = ("id", "prev", "next", "ref", "key")
+
+    def __init__(self, block_id: int):
+        self.id, self.ref, self.key = block_id, 0, None
+        self.prev = self.next = self
+
+
+class LinkedBlockPool:
+    """`BlockPool`'s rules (the module's docstring) with each block one `Block` object, linked as vLLM's
+    ``FreeKVCacheBlockQueue`` links its ``KVCacheBlock`` s; the plain simulator hands the objects around
+    instead of ids. Why: the pool is memory-bound, and a block's fields sit together in one object, so
+    taking, freeing or hitting a block reads one object where `BlockPool` reads four lists (and the id's int)
+    (benchmarks/bench_working_set.py). The hybrid scheduler keeps `BlockPool` (its tables are ids, 0 the
+    null block). tests/plan/test_simulate_equivalence.py drives both against the reference pool.
+
+    The null block (id 0) is the free queue's head-and-tail sentinel: ``null.next`` is evicted first."""
+
+    def __init__(self, usable: int, caching: bool = True, uncached_first: bool = True):
+        self.blocks = [Block(i) for i in range(usable + 1)]
+        ring = self.blocks + self.blocks[:1]
+        for before, after in zip(ring, ring[1:]):
+            before.next, after.prev = after, before
+        self.null = self.blocks[0]
+        self.num_free = usable
+        self.first: dict[Hashable, Block] = {}
+        self.dups: dict[Hashable, list[Block]] = {}
+        self.caching = caching
+        self.uncached_first = uncached_first
+
+    def cached(self, key: Hashable) -> int | None:
+        block = self.first.get(key)
+        return None if block is None else block.id
+
+    def longest_hit(self, keys: Iterable[Hashable]) -> list[Block]:
+        """Cached blocks from the start, stopping at the first miss."""
+        hits: list[Block] = []
+        get = self.first.get
+        for key in keys:
+            block = get(key)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def take(self, count: int = 1) -> list[Block]:
+        """``count`` new blocks from the head of the queue (each evicting its cache entry)."""
+        first, dups = self.first, self.dups
+        out: list[Block] = []
+        block = null = self.null
+        for _ in range(count):
+            block = block.next
+            out.append(block)
+            key = block.key
+            if key is not None:  # evicted
+                block.key = None
+                if dups and key in dups:
+                    self._forget_one_of(key, block)
+                else:
+                    del first[key]
+            block.ref = 1
+        head = block.next  # the queue now starts after the last one taken
+        null.next, head.prev = head, null
+        self.num_free -= count
+        return out
+
+    def _forget_one_of(self, key: Hashable, block: Block) -> None:
+        blocks = self.dups[key]
+        blocks.remove(block)
+        self.first[key] = blocks[0]
+        if len(blocks) == 1:
+            del self.dups[key]
+
+    def touch(self, blocks: Iterable[Block]) -> None:
+        """Hits: each block leaves the queue (if it is in it) and gains a reference."""
+        unlinked = 0
+        for block in blocks:
+            if not block.ref:
+                before, after = block.prev, block.next
+                before.next, after.prev = after, before
+                unlinked += 1
+            block.ref += 1
+        self.num_free -= unlinked
+
+    def release(self, blocks: Sequence[Block]) -> None:
+        """`BlockPool.release`: the blocks in table order, freed last first; cached ones to the tail, uncached
+        ones (``uncached_first``) to the head in the order they are freed."""
+        uncached_first, null = self.uncached_first, self.null
+        to_head: list[Block] = []
+        tail = null.prev
+        held = 0
+        for block in reversed(blocks):
+            if block.ref != 1:  # another request still holds it
+                block.ref -= 1
+                held += 1
+                continue
+            block.ref = 0
+            if block.key is None and uncached_first:
+                to_head.append(block)
+            else:
+                tail.next, block.prev = block, tail
+                tail = block
+        tail.next, null.prev = null, tail
+        if to_head:
+            before, after = null, null.next
+            for block in to_head:
+                before.next, block.prev = block, before
+                before = block
+            before.next, after.prev = after, before
+        self.num_free += len(blocks) - held
+
+    def cache(self, blocks: Sequence[Block], keys: Sequence[Hashable]) -> None:
+        """Register each block under its key (a block already cached keeps its hash)."""
+        if not self.caching:
+            return
+        first = self.first
+        for block, key in zip(blocks, keys):
+            if block.key is None:
+                block.key = key
+                found = first.setdefault(key, block)
+                if found is not block:  # a second block with this hash: both stay cached, lookups find the first
+                    self.dups.setdefault(key, [found]).append(block)
+
+    def free_queue(self) -> list[int]:
+        """The free queue's ids from head (evicted first) to tail."""
+        out, block = [], self.null.next
+        while block is not self.null:
+            out.append(block.id)
+            block = block.next
+        return out
+
+    def free_among(self, blocks: Iterable[Block]) -> int:
+        return [b.ref for b in blocks].count(0)
+
+    def ids(self, blocks: Iterable[Block]) -> tuple[int, ...]:
+        return tuple(b.id for b in blocks)
+
+    def unlink(self) -> None:
+        """Break the queue's links, once the pool is done with: its blocks form a ring of reference cycles
+        that only a full collection would free (megabytes for a large pool, per simulation)."""
+        for block in self.blocks:
+            block.prev = block.next = None  # type: ignore[assignment]
+
+    @property
+    def ref(self) -> list[int]:
+        """Every block's references, by id (for tests: a list made on each call)."""
+        return [b.ref for b in self.blocks]
+
+    @property
+    def key_of(self) -> list[Hashable | None]:
+        """Every block's hash, by id (for tests)."""
+        return [b.key for b in self.blocks]

@@ -53,6 +53,8 @@ def simulate_groups(config: SchedulerConfig, load: Load, groups: HybridGroups | 
 
 
 class _HybridScheduler(_Scheduler):
+    pool_class = BlockPool  # (HybridCache keeps tables of block ids, 0 the null block)
+
     def __init__(self, config: SchedulerConfig, load: Load, step_time, trace, groups: HybridGroups):
         if groups.block_size != config.block_size:
             raise KvplanError(f"the KV groups' block size {groups.block_size} is not the pool's {config.block_size}")

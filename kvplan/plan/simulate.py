@@ -51,7 +51,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from kvplan.errors import KvplanError
-from kvplan.plan.block_pool import BlockPool
+from kvplan.plan.block_pool import BlockPool, LinkedBlockPool
 from kvplan.stats import percentile
 from kvplan.units import cdiv
 
@@ -248,9 +248,10 @@ class SchedulerConfig:
                    prefix_stats_at_admission=cap.rules.prefix_stats_at_admission)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StepBatch:
-    """What one engine step computes: the step-time model's input."""
+    """What one engine step computes: the step-time model's input. (Slots: a large simulation keeps millions,
+    at a third of a dict-backed object's memory, and the collector walks one object each, not two.)"""
 
     prefill_tokens: int  # tokens of prompts (and recomputed tokens) in the step
     decode_seqs: int  # requests decoding one token
@@ -383,7 +384,7 @@ class _Req:
         self.prompt, self.output, self.shared = tl.prompt_tokens, tl.output_tokens, tl.shared_tokens
         self.generated = 0
         self.computed = 0
-        self.blocks: list[int] = []
+        self.blocks: list = []  # its blocks (the pool's Block objects, or ids)
         self.num_cached = 0  # leading blocks already offered to the prefix cache (vLLM: num_cached_block)
 
     @property
@@ -404,9 +405,13 @@ def _key(req: _Req, k: int, block_size: int) -> Hashable:
 
 def _keys(req: _Req, start: int, stop: int, block_size: int) -> Sequence[Hashable]:
     """`_key` of blocks ``start`` to ``stop - 1`` (a slice of the hash ids where it can)."""
-    if stop <= len(req.keys):
+    given = len(req.keys)
+    if stop <= given:
         return req.keys[start:stop]
-    return [_key(req, k, block_size) for k in range(start, stop)]
+    out = list(req.keys[start:given])  # then `_key`'s other two cases, inline (generated blocks: millions)
+    shared_blocks, rid = req.shared // block_size, req.rid  # (k + 1) * B <= shared  <=>  k < shared // B
+    out += [("shared", k) if k < shared_blocks else ("req", rid, k) for k in range(max(start, given), stop)]
+    return out
 
 
 def simulate(config: SchedulerConfig, load: Load, step_time: Callable[[StepBatch], float] | None = None,
@@ -418,20 +423,33 @@ def simulate(config: SchedulerConfig, load: Load, step_time: Callable[[StepBatch
     hit_blocks, new_tokens, block_table)``, ``("alloc", request, num_tokens, new_tokens, block_table)``,
     ``("preempt", request)``, ``("finish", request)``."""
     with paused_gc():
-        return _Scheduler(config, load, step_time, trace).run(max_steps)
+        scheduler = _Scheduler(config, load, step_time, trace)
+        try:
+            return scheduler.run(max_steps)
+        finally:
+            scheduler.pool.unlink()
 
 
 @contextmanager
 def paused_gc() -> Iterator[None]:
     """The cyclic garbage collector off for a while (on again after, if it was on). A large simulation
     makes millions of objects that live to its end (batches, times, timelines) and no garbage cycles,
-    yet each full collection walks every one of them: a tenth of its time at 100,000 requests."""
+    yet each full collection walks every one of them: a tenth of its time at 100,000 requests.
+
+    On again, the objects made meanwhile go straight to the oldest generation (`gc.freeze` then
+    `gc.unfreeze`: two list splices), instead of the first young collection after walking them all (0.2-0.34 s
+    measured after a 20,000-request simulation); a cycle among them waits for the next full collection. Not when the
+    process keeps frozen objects of its own (a server may freeze its startup objects): unfreezing them
+    would undo that."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         if was_enabled:
+            if not gc.get_freeze_count():
+                gc.freeze()
+                gc.unfreeze()
             gc.enable()
 
 
@@ -439,14 +457,19 @@ class _Scheduler:
     """One simulation: vLLM V1's scheduler step (`Scheduler.schedule`, v1/core/sched/scheduler.py) over the
     block pool. A step schedules the running requests first (preempting from the back when the pool is out
     of blocks), then admits waiting ones while the token budget and the pool allow, then applies the
-    step's results (tokens computed, tokens sampled, requests finished and their successors sent)."""
+    step's results (tokens computed, tokens sampled, requests finished and their successors sent).
+
+    The pool: `LinkedBlockPool` (a request's ``blocks`` are its `Block` objects; the trace records ids), or
+    what a subclass names in ``pool_class`` (the hybrid scheduler: `BlockPool`, ids)."""
+
+    pool_class: type = LinkedBlockPool
 
     def __init__(self, config: SchedulerConfig, load: Load, step_time: Callable[[StepBatch], float] | None,
                  trace: list[tuple] | None):
         self.config, self.load, self.step_time, self.trace = config, load, step_time, trace
         self.B = config.block_size
         self.usable = config.usable_blocks
-        self.pool = BlockPool(self.usable, config.prefix_caching, config.uncached_blocks_first)
+        self.pool = self.pool_class(self.usable, config.prefix_caching, config.uncached_blocks_first)
         self.timelines: list[RequestTimeline] = []
         self.counter = 0
         self.delay = load.client_delay or (lambda number: 0.0)
@@ -587,7 +610,7 @@ class _Scheduler:
         if num_tokens // self.B > req.num_cached:
             self._cache_full(req, num_tokens)
         if self.trace is not None:
-            self.trace.append(("alloc", req.tl.index, req.num_tokens, new_tokens, tuple(req.blocks)))
+            self.trace.append(("alloc", req.tl.index, req.num_tokens, new_tokens, self.pool.ids(req.blocks)))
 
     def _room_for(self, req: _Req, num_tokens: int, new_tokens: int) -> tuple[bool, bool]:
         """A running request's slots up to ``num_tokens`` (`_grow`), the newest running request preempted each
@@ -613,7 +636,7 @@ class _Scheduler:
             hits = _prefix_hits(pool, req, B) if config.prefix_caching else []
             computed = len(hits) * B
             # Hits on blocks nobody holds are taken off the free queue: they cost a block.
-            evictable = [pool.ref[b] for b in hits].count(0)
+            evictable = pool.free_among(hits)
             first_chunk = min(req.num_tokens - computed, budget)
             check = req.num_tokens if config.admit_full_prompt else computed + first_chunk
             admitted = cdiv(check, B) - len(hits) + evictable <= pool.num_free
@@ -633,7 +656,7 @@ class _Scheduler:
             self._allocate(req, computed + first_chunk)
             self._cache_full(req, computed + first_chunk)
             if self.trace is not None:
-                self.trace.append(("admit", req.tl.index, req.num_tokens, tuple(hits), first_chunk, tuple(req.blocks)))
+                self.trace.append(("admit", req.tl.index, req.num_tokens, pool.ids(hits), first_chunk, pool.ids(req.blocks)))
             waiting.popleft()
             self.running.append(req)
             if req.tl.admitted_step is None:
@@ -714,9 +737,11 @@ class _Scheduler:
         changes the pool and sends successors), with that step's results applied as `_apply_results` would.
 
         Why the pool ends up the same: in these steps the pool only hands out new blocks (`take`, in step
-        then running order, as here) and registers full blocks (`cache`, done here at the end). A `take`
-        pops a free block, `cache` names a held one, so the two touch different blocks; and the two orders
-        of removing one block from a hash's list of blocks and appending another give the same list."""
+        then running order, one by one; here one `take` of them all after the loop, in that order: blocks
+        come off the head of the free queue, so one take of n + m blocks is a take of n then of m) and
+        registers full blocks (`cache`, done here at the end). A `take` pops a free block, `cache` names a
+        held one, so the two touch different blocks; and the two orders of removing one block from a hash's
+        list of blocks and appending another give the same list."""
         config, running, waiting, B = self.config, self.running, self.waiting, self.B
         num = len(running)
         budget_left = config.max_num_batched_tokens - num
@@ -749,7 +774,11 @@ class _Scheduler:
         pool, pending, step_time, usable = self.pool, self.pending_q, self.step_time, self.usable
         batches, kv_fill, ends = self.batches, self.kv_fill, []
         now, step = self.now, self.step
-        used = usable - pool.num_free  # (changes only when blocks are taken)
+        # The steps' new blocks are taken after the loop, in one `take` (steps in order, each in running order, as
+        # one by one: nothing else uses the pool in these steps); ``free`` counts them down meanwhile.
+        free = pool.num_free
+        crossers: list[_Req] = []
+        used = usable - free  # (changes only when blocks are taken)
         fill = used / usable
         peak_waiting = max(self.peak_waiting, len(waiting))
         next_arrival = pending[0][0] if pending else math.inf
@@ -766,11 +795,11 @@ class _Scheduler:
                 peak_waiting = max(peak_waiting, len(waiting))
             crossing = crossing_at[j % B]
             if crossing:
-                if len(crossing) > pool.num_free:  # one of them preempts: a step of its own
+                if len(crossing) > free:  # one of them preempts: a step of its own
                     break
-                for req, block in zip(crossing, pool.take(len(crossing))):  # (in running order, as one by one)
-                    req.blocks.append(block)
-                used = usable - pool.num_free
+                free -= len(crossing)
+                crossers += crossing
+                used = usable - free
                 fill = used / usable
             batch = _decode_batch(num, kv)
             batches.append(batch)
@@ -783,6 +812,8 @@ class _Scheduler:
         steps = len(ends)
         if not steps:
             return 0
+        for req, block in zip(crossers, pool.take(len(crossers))):
+            req.blocks.append(block)
         if blocked:
             for req in waiting:
                 req.tl.waited_for_kv = True
@@ -827,7 +858,7 @@ class _Scheduler:
         hits = _prefix_hits(pool, head, B) if config.prefix_caching else []
         computed = len(hits) * B
         check = head.num_tokens if config.admit_full_prompt else computed + min(head.num_tokens - computed, budget)
-        need = cdiv(check, B) - len(hits) + [pool.ref[b] for b in hits].count(0)  # less the hits others hold
+        need = cdiv(check, B) - len(hits) + pool.free_among(hits)  # less the hits others hold
         return need > pool.num_free - first_takes
 
     # ---------------------------------------------------------------- the loop
@@ -883,15 +914,22 @@ class _Scheduler:
         )
 
 
-_new, _setattr = object.__new__, object.__setattr__
+_new = object.__new__
+_set_prefill, _set_decode, _set_kv, _set_seqs, _set_pairs = (
+    StepBatch.__dict__[name].__set__ for name in ("prefill_tokens", "decode_seqs", "kv_tokens_read", "num_seqs",
+                                                   "attention_pairs"))
 
 
 def _decode_batch(num: int, kv: int) -> StepBatch:
     """``StepBatch(0, num, kv, num, kv)``, an equal object made in about half the time: the frozen dataclass's
-    ``__init__`` sets each field with its own ``object.__setattr__`` call, and steady steps make millions."""
+    ``__init__`` sets each field through ``object.__setattr__`` (which looks the name up) after parsing its
+    arguments; this sets the slots directly, and steady steps make millions."""
     batch = _new(StepBatch)
-    _setattr(batch, "__dict__", {"prefill_tokens": 0, "decode_seqs": num, "kv_tokens_read": kv, "num_seqs": num,
-                                 "attention_pairs": kv})
+    _set_prefill(batch, 0)
+    _set_decode(batch, num)
+    _set_kv(batch, kv)
+    _set_seqs(batch, num)
+    _set_pairs(batch, kv)
     return batch
 
 
@@ -907,7 +945,7 @@ def _insert(q: deque, item: tuple) -> None:
     q.extend(items)
 
 
-def _prefix_hits(pool: BlockPool, req: _Req, block_size: int) -> list[int]:
+def _prefix_hits(pool: BlockPool | LinkedBlockPool, req: _Req, block_size: int) -> list:
     """`get_computed_blocks`: the longest run of cached full blocks from the start, at most
     ``num_tokens - 1`` tokens (the last token is always computed)."""
     lookups = (req.num_tokens - 1) // block_size

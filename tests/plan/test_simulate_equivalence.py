@@ -13,7 +13,7 @@ import pytest
 from helpers.reference_block_pool import ReferenceBlockPool
 
 from kvplan.plan import simulate as sim
-from kvplan.plan.block_pool import BlockPool
+from kvplan.plan.block_pool import BlockPool, LinkedBlockPool
 from kvplan.plan.prefix_cache import BlockHasher, traffic_load
 from kvplan.plan.simulate import Lengths, SchedulerConfig, SimTurn, closed_loop, open_loop, poisson_arrivals, session_load
 from kvplan.traffic.loaders import agent_traffic
@@ -22,23 +22,26 @@ from kvplan.traffic.model import Segment, Traffic, Turn
 # --------------------------------------------------------------------------- the pool
 
 
-def _pools_agree(ref: ReferenceBlockPool, flat: BlockPool, keys: range) -> None:
+def _pools_agree(ref: ReferenceBlockPool, flat: BlockPool | LinkedBlockPool, keys: range) -> None:
     assert flat.free_queue() == ref.free_queue()
     assert flat.num_free == ref.num_free
     assert flat.ref == ref.ref
     assert [flat.cached(k) for k in keys] == [ref.cached(k) for k in keys]
 
 
+@pytest.mark.parametrize("pool_class", [BlockPool, LinkedBlockPool])
 @pytest.mark.parametrize("caching,uncached_first", [(True, True), (True, False), (False, True)])
 @pytest.mark.parametrize("seed", range(6))
-def test_the_flat_pool_is_block_pool_block_for_block(seed, caching, uncached_first):
+def test_the_fast_pools_are_block_pool_block_for_block(seed, caching, uncached_first, pool_class):
     """Random requests take blocks, register some under a few shared hashes (so hashes get a second block
     and lose it again), hit cached ones (held or free) and release; after every operation both pools
-    have the same free queue, references and lookups."""
+    have the same free queue, references and lookups. (The linked pool takes and returns its Block
+    objects: the operations name them by id here.)"""
     rng = random.Random(seed)
     usable = rng.choice([5, 12, 40])
     keys = range(rng.choice([3, 8, 30]))
-    ref, flat = ReferenceBlockPool(usable, caching, uncached_first), BlockPool(usable, caching, uncached_first)
+    ref, fast = ReferenceBlockPool(usable, caching, uncached_first), pool_class(usable, caching, uncached_first)
+    flat = _ById(fast) if pool_class is LinkedBlockPool else fast
     held: list[list[int]] = []  # each request's blocks, in table order
     for _ in range(400):
         op = rng.random()
@@ -72,6 +75,37 @@ def test_the_flat_pool_is_block_pool_block_for_block(seed, caching, uncached_fir
         flat.release(blocks)
     _pools_agree(ref, flat, keys)
     assert flat.num_free == usable
+
+
+class _ById:
+    """A LinkedBlockPool operated by block ids (its Block objects looked up by id, ids returned)."""
+
+    def __init__(self, pool: LinkedBlockPool):
+        self.pool = pool
+
+    def __getattr__(self, name):
+        return getattr(self.pool, name)
+
+    def take(self, count: int) -> list[int]:
+        return [b.id for b in self.pool.take(count)]
+
+    def touch(self, blocks) -> None:
+        self.pool.touch([self.pool.blocks[b] for b in blocks])
+
+    def release(self, blocks) -> None:
+        self.pool.release([self.pool.blocks[b] for b in blocks])
+
+    def cache(self, blocks, keys) -> None:
+        self.pool.cache([self.pool.blocks[b] for b in blocks], keys)
+
+
+def _pool_state(pool: BlockPool | LinkedBlockPool) -> tuple:
+    """Free queue, hashes and lookups (the blocks of each hash several hold) by block id."""
+    def ids(blocks):
+        return [getattr(b, "id", b) for b in blocks]
+
+    return (pool.free_queue(), pool.key_of, {k: pool.cached(k) for k in pool.first},
+            {k: ids(v) for k, v in pool.dups.items()})
 
 
 # --------------------------------------------------------------------------- steady decode steps
@@ -162,6 +196,108 @@ def test_steady_steps_at_once_are_the_steps_one_by_one(name, monkeypatch):
     assert [(s, t.hex(), u.hex()) for s, t, u in fast.kv_fill] == [(s, t.hex(), u.hex()) for s, t, u in plain.kv_fill]
 
 
+def _random_case(seed: int):
+    """A small pool (evicting, often preempting), random limits and rules, and one of three random loads:
+    sessions of shared prefixes arriving in bursts, an open loop of drawn lengths, or a closed loop."""
+    rng = random.Random(f"case:{seed}")
+    B = rng.choice([1, 4, 8, 16])
+    kind = rng.choice(["sessions", "open", "closed"])
+    if kind == "sessions":
+        prefixes = [[f"p{i}b{k}" for k in range(rng.randrange(1, 4))] for i in range(rng.randint(1, 4))]
+        rows, t = [], 0.0
+        for i in range(rng.randint(20, 80)):
+            keys = list(rng.choice(prefixes)) + [f"r{i}b{k}" for k in range(rng.randrange(0, 3))]
+            segs = [Segment(k, rng.choice([B, 2 * B, 3 * B + 1])) for k in keys[:-1]] + [Segment(keys[-1], rng.randint(1, 3 * B))]
+            t += rng.choice([0.0, 0.001, 0.02, 0.3])
+            rows.append(Turn(f"r{i}", 0, tuple(segs), rng.randint(1, 8 * B), arrival_s=t))
+        traffic = Traffic(tuple(rows), "random sessions")
+        need = max(-(-(r.prompt_tokens + r.output_tokens - 1) // B) for r in rows)
+        build = lambda: traffic_load(traffic, B)  # noqa: E731
+    else:
+        mean_p, mean_o = rng.randint(2, 6 * B), rng.randint(2, 10 * B)
+        lengths = Lengths(mean_p, mean_o, rng.choice(["fixed", "uniform", "lognormal"]), 0.5, seed)
+        n = rng.randint(10, 60)
+        shared, think = rng.choice([0, B, 3 * B]), rng.choice([0.0, 0.01])
+        if kind == "open":
+            arrivals = poisson_arrivals(rng.choice([0.05, 0.3, 2.0]), n, seed)
+            build = lambda: open_loop(arrivals, lengths, shared_prefix_tokens=shared)  # noqa: E731
+            numbers = range(n)
+        else:
+            streams = rng.randint(1, 12)
+            per = rng.randint(1, 4)
+            build = lambda: closed_loop(streams, lengths, per, shared_prefix_tokens=shared,  # noqa: E731
+                                        think_time=think)
+            numbers = range(streams * per)
+        need = max(-(-(sum(lengths(i)) - 1) // B) for i in numbers)
+    config = SchedulerConfig(
+        num_blocks=need + 1 + rng.randint(0, 2 * need), block_size=B,
+        max_num_seqs=rng.choice([2, 4, 256]), max_num_batched_tokens=rng.choice([max(8, 2 * B), 64, 1 << 20]),
+        admit_full_prompt=rng.random() < 0.7, prefix_caching=rng.random() < 0.85,
+        uncached_blocks_first=rng.random() < 0.7, prefix_stats_at_admission=rng.random() < 0.7)
+    return config, build, rng.choice(["none", "linear", "count"])
+
+
+def _fast_and_one_by_one(seed: int, monkeypatch) -> tuple[bool, bool, bool]:
+    """Random case ``seed`` run the fast way and one step at a time (a trace turns the fast path off): every
+    result identical, floats to the bit. Returns whether it evicted a cached block, preempted, and ran
+    steady steps at once."""
+    config, build, kind = _random_case(seed)
+    fast_steps: list[int] = []
+    original = sim._Scheduler._decode_steps
+
+    def counted(self, max_steps):
+        fast_steps.append(original(self, max_steps))
+        return fast_steps[-1]
+
+    evicted: list[int] = []
+    take = LinkedBlockPool.take
+
+    def counting_take(self, count=1):
+        evicted.append(sum(self.key_of[b] is not None for b in self.free_queue()[:count]))
+        return take(self, count)
+
+    pools: list[tuple] = []  # each run's pool at its end (before `simulate` unlinks it), block for block
+    unlink = LinkedBlockPool.unlink
+
+    def kept_unlink(self):
+        pools.append(_pool_state(self))
+        unlink(self)
+
+    monkeypatch.setattr(LinkedBlockPool, "unlink", kept_unlink)
+    fast_time, fast_calls = _step_time(kind)
+    with monkeypatch.context() as m:
+        m.setattr(sim._Scheduler, "_decode_steps", counted)
+        fast = sim.simulate(config, build(), fast_time)
+    plain_time, plain_calls = _step_time(kind)
+    with monkeypatch.context() as m:
+        m.setattr(LinkedBlockPool, "take", counting_take)
+        plain = sim.simulate(config, build(), plain_time, trace=[])
+    assert fast_calls == plain_calls
+    a, b = pools
+    assert a == b
+    for f in dataclasses.fields(fast):
+        assert getattr(fast, f.name) == getattr(plain, f.name), f.name
+    assert [t.hex() for r in fast.requests for t in r.token_times] == [t.hex() for r in plain.requests for t in r.token_times]
+    assert [(s, t.hex(), u.hex()) for s, t, u in fast.kv_fill] == [(s, t.hex(), u.hex()) for s, t, u in plain.kv_fill]
+    return sum(evicted) > 0, plain.preemptions > 0, sum(fast_steps) > 0
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_random_small_pools_fast_is_one_by_one(seed, monkeypatch):
+    """Random workloads on pools small enough to evict and preempt: the fast path (steady steps at once, their
+    new blocks in one take) gives what the steps one by one give."""
+    _fast_and_one_by_one(seed, monkeypatch)
+
+
+def test_random_small_pools_cover_eviction_preemption_and_steady_steps(monkeypatch):
+    """The random cases are not all easy ones: many evict cached blocks, many preempt, most run steady steps
+    at once (counts over the 60 seeds)."""
+    covered = [_fast_and_one_by_one(seed, monkeypatch) for seed in range(60)]
+    evicting, preempting, steady = (sum(c[i] for c in covered) for i in range(3))
+    print(f"evicting {evicting}, preempting {preempting}, steady {steady} of 60")
+    assert evicting >= 15 and preempting >= 10 and steady >= 40, (evicting, preempting, steady)
+
+
 # --------------------------------------------------------------------------- the hasher
 
 
@@ -219,5 +355,36 @@ def test_a_decode_batch_is_the_step_batch():
         fast, plain = sim._decode_batch(num, kv), sim.StepBatch(0, num, kv, num, kv)
         assert type(fast) is sim.StepBatch
         assert fast == plain and hash(fast) == hash(plain) and repr(fast) == repr(plain)
-        assert vars(fast) == vars(plain) and list(vars(fast)) == list(vars(plain))
         assert dataclasses.asdict(fast) == dataclasses.asdict(plain)
+        assert [type(getattr(fast, f.name)) for f in dataclasses.fields(fast)] == [int] * 5
+
+
+def test_a_simulation_leaves_no_cycles_behind():
+    """The linked pool's blocks form a ring of reference cycles; `simulate` breaks it, so a simulation's
+    pool is freed when it returns, not by a later full collection (which finds nothing left)."""
+    import gc
+
+    gc.collect()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        sim.simulate(SchedulerConfig(num_blocks=50, block_size=4), closed_loop(3, Lengths(10, 10), 2))
+        assert gc.collect() == 0
+    finally:
+        if was:
+            gc.enable()
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_keys_of_a_range_are_each_blocks_key(seed):
+    """`_keys` (hash ids, then the shared prefix's and the request's own blocks, inline) is `_key` block by block."""
+    rng = random.Random(seed)
+    B = rng.choice([1, 4, 16])
+    prompt = rng.randint(1, 10 * B)
+    keys = tuple(range(100, 100 + rng.randint(0, prompt // B + 2)))
+    tl = sim.RequestTimeline(0, prompt, 5 * B, rng.randint(0, prompt), 0.0)
+    req = sim._Req(tl, 7, 0, 0, keys)
+    for _ in range(30):
+        start = rng.randint(0, 12)
+        stop = rng.randint(start, 16)
+        assert list(sim._keys(req, start, stop, B)) == [sim._key(req, k, B) for k in range(start, stop)]
