@@ -20,7 +20,25 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Sequence
 
 
-class BlockPool:
+class _PrefixMap:
+    """The lookup both pools share: ``first`` maps a block's hash to the block vLLM's lookup returns for it (a
+    block id, or a `Block`)."""
+
+    first: dict
+
+    def longest_hit(self, keys: Iterable[Hashable]) -> list:
+        """Cached blocks from the start, stopping at the first miss."""
+        hits: list = []
+        get = self.first.get
+        for key in keys:
+            block = get(key)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+
+class BlockPool(_PrefixMap):
     """The pool in flat lists indexed by block id, which the simulator's millions of block operations need
     (a third of the time of an OrderedDict-based one; tests/plan/test_simulate_equivalence.py drives this one
     and tests/helpers/reference_block_pool.py's plain copy with the same operations and compares them).
@@ -45,17 +63,6 @@ class BlockPool:
 
     def cached(self, key: Hashable) -> int | None:
         return self.first.get(key)
-
-    def longest_hit(self, keys: Iterable[Hashable]) -> list[int]:
-        """Cached blocks from the start, stopping at the first miss."""
-        hits: list[int] = []
-        get = self.first.get
-        for key in keys:
-            block = get(key)
-            if block is None:
-                break
-            hits.append(block)
-        return hits
 
     def take(self, count: int = 1) -> list[int]:
         """``count`` new blocks from the head of the queue (each evicting its cache entry)."""
@@ -177,7 +184,7 @@ class Block:
         self.prev = self.next = self
 
 
-class LinkedBlockPool:
+class LinkedBlockPool(_PrefixMap):
     """`BlockPool`'s rules (the module's docstring) with each block one `Block` object, linked as vLLM's
     ``FreeKVCacheBlockQueue`` links its ``KVCacheBlock`` s; the plain simulator hands the objects around
     instead of ids. Why: the pool is memory-bound, and a block's fields sit together in one object, so
@@ -202,17 +209,6 @@ class LinkedBlockPool:
     def cached(self, key: Hashable) -> int | None:
         block = self.first.get(key)
         return None if block is None else block.id
-
-    def longest_hit(self, keys: Iterable[Hashable]) -> list[Block]:
-        """Cached blocks from the start, stopping at the first miss."""
-        hits: list[Block] = []
-        get = self.first.get
-        for key in keys:
-            block = get(key)
-            if block is None:
-                break
-            hits.append(block)
-        return hits
 
     def take(self, count: int = 1) -> list[Block]:
         """``count`` new blocks from the head of the queue (each evicting its cache entry)."""

@@ -88,8 +88,14 @@ class BlockRule:
 
     def label(self, concurrency: int) -> str:
         """KV-limited, admission-limited (max_num_seqs) or neither."""
-        if self.waits_for_kv(concurrency):
-            return "KV-limited"
-        if concurrency > self.max_num_seqs:
-            return "admission-limited"
-        return "neither"
+        return load_label(self.waits_for_kv(concurrency), concurrency, self.max_num_seqs)
+
+
+def load_label(waits_for_kv: bool, concurrency: int, max_num_seqs: int) -> str:
+    """What holds a closed-loop load back: "KV-limited" (it waits for blocks), "admission-limited" (more streams
+    than max_num_seqs) or "neither"; one rule for the one-group block rule and the hybrid simulator's."""
+    if waits_for_kv:
+        return "KV-limited"
+    if concurrency > max_num_seqs:
+        return "admission-limited"
+    return "neither"

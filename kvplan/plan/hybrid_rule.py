@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from kvplan.errors import KvplanError
 from kvplan.plan.block_pool import BlockPool
+from kvplan.plan.blocks import load_label
 from kvplan.plan.hybrid_cache import HybridCache, HybridGroups
 from kvplan.plan.hybrid_sim import simulate_groups
 from kvplan.plan.simulate import SchedulerConfig, SimResult, closed_loop
@@ -116,12 +117,8 @@ class HybridRule:
         return min(1.0, min(concurrency, self.max_num_seqs) * self.peak_blocks / self.usable_blocks)
 
     def label(self, concurrency: int) -> str:
-        """KV-limited, admission-limited (max_num_seqs) or neither (kvplan.plan.blocks.BlockRule.label)."""
-        if self.waits_for_kv(concurrency):
-            return "KV-limited"
-        if concurrency > self.max_num_seqs:
-            return "admission-limited"
-        return "neither"
+        """KV-limited, admission-limited (max_num_seqs) or neither (kvplan.plan.blocks.load_label)."""
+        return load_label(self.waits_for_kv(concurrency), concurrency, self.max_num_seqs)
 
     # ---------------------------------------------------------------- the search
 
