@@ -160,9 +160,9 @@ class HybridGroups:
             if g.spec.kind == MAMBA:
                 why = _unmodelled_state(g.spec, mamba_align, checkpoint_variants, speculative_blocks)
                 if why:
-                    raise KvplanError(f"the prefix cache of recurrent-state ({g.spec.variant}) KV groups {why} is not "
-                                      "modelled; kvplan would otherwise give full attention's hits, which this "
-                                      "model does not get")
+                    raise KvplanError(f"the prefix cache of mamba KV groups ({g.spec.variant}) {why} is not modelled; "
+                                      "kvplan would otherwise give full attention's hits, which this model does not "
+                                      "get")
                 groups.append(CacheGroup(MAMBA))
                 continue
             manager = MANAGER_OF_KIND.get(g.spec.kind)
