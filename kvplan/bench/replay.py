@@ -249,6 +249,10 @@ def served_groups(model: str | None, ecfg, block_size: int, max_num_batched_toke
         return ServedGroups(None, refused=exc.message, kinds=kinds)
     if groups.full_attention_only:
         return ServedGroups(None, kinds=kinds)
+    if groups.has_mamba:  # (planned here without the served GPU, which decides a GDN checkpoint page from 0.33)
+        return ServedGroups(None, refused="the prefix cache of mamba KV groups is not modelled for a served engine: "
+                                          "whether its mixers add a prefill checkpoint page depends on the GPU, which "
+                                          "kvplan does not know here", kinds=kinds)
     return ServedGroups(dataclasses.replace(groups, block_size=block_size), kinds=kinds)
 
 

@@ -1,9 +1,10 @@
-"""What vLLM's hybrid KV cache caches and hits: full-attention, sliding-window and chunked-local groups
-sharing one block pool. Pure.
+"""What vLLM's hybrid KV cache caches and hits: full-attention, sliding-window, chunked-local and recurrent-state
+(Mamba / linear attention in "align" mode) groups sharing one block pool. Pure.
 
 Follows vLLM 0.32.0: `v1/core/kv_cache_coordinator.py` (HybridKVCacheCoordinator),
 `v1/core/single_type_kv_cache_manager.py` (FullAttentionManager, SlidingWindowManager,
-ChunkedLocalAttentionManager), `v1/core/kv_cache_manager.py` (`allocate_slots`) and `v1/core/block_pool.py`.
+ChunkedLocalAttentionManager, MambaManager), `v1/core/kv_cache_manager.py` (`allocate_slots`),
+`v1/core/block_pool.py` and `v1/core/sched/scheduler.py` (`_mamba_block_aligned_split`).
 
 - **Groups.** Every group has its own block table and takes its own blocks from the one pool (block 0 is
   the null block): a request holding ``n`` tokens pins ``cdiv(n, B)`` blocks in a full-attention group and
@@ -19,20 +20,44 @@ ChunkedLocalAttentionManager), `v1/core/kv_cache_manager.py` (`allocate_slots`) 
   junction (a longer prefix the full-attention groups hit than the window groups could: `get_computed_blocks`'
   ``shared_prefix_boundary``). Its other blocks hold no hash: freed, they go to the head of the free queue.
   ``None`` caches every block; a positive interval also keeps a window tail once per interval.
+- **Recurrent state, "align" mode** (`MambaManager` with ``mamba_cache_mode == "align"``, the hybrids' mode
+  when prefix caching is on; the attention block size is raised until a page holds a state page, and every
+  group then has that block size, so the hash block is the block and no partial hit exists). Block ``i`` of
+  a state group's table holds the state after ``(i + 1) * B`` tokens. `allocate_new_blocks` gives a request
+  one block, at index ``cdiv(tokens, B) - 1``, whenever its tokens need a new index, nulls before it, and
+  remembers the block it copies the state from (`last_state_block_idx`); `get_num_blocks_to_allocate`
+  counts at most that 1 (plus a hit sitting in the free queue), admission's full-sequence check included.
+  `remove_skipped_blocks` frees every state before the last computed token's block (`get_num_skipped_tokens`
+  = computed - 1), nulls passed over, and the copied-from state once past its block: a request holds at most
+  2 state blocks. `cache_blocks` offers a full state block like a window's (`reachable_block_mask`: at the
+  default interval 0 only the block ending on the replay boundary or the junction, one block each; None
+  every block, a positive interval one per segment); a state block is non-null there only when a prefill
+  chunk ended on that block, which is why the scheduler cuts chunks (`_mamba_block_aligned_split`,
+  :func:`mamba_aligned_chunk`): a chunk short of the prefill's end ends on a block boundary, and none runs past
+  ``(num_tokens - 1) // B * B`` (the replay boundary's state) or the block-floored junction. The hit
+  (`find_longest_cache_hit`) is the last cached state at or before the other groups' hit, scanned from the
+  right, nulls before it. A state hashed in this step (`cached_blocks_this_step`, re-registered by each
+  `cache_blocks` whose computed tokens, rounded down to the block, end on the replay boundary:
+  `_cache_partial_tail_block`) cannot be hit until the next step: admission fails (`get_num_blocks_to_allocate`
+  returns more than the pool).
 - **The hit every group agrees on.** Full attention first (its longest run of cached blocks from the start),
   then each other spec no further than that: a sliding window needs ``cdiv(window - 1, B)`` cached blocks in a
   row ending at the hit (scanned from the right), or every block from the start of a shorter one; a chunked
-  group needs the blocks of the last chunk. Any spec that shortens the hit makes the others look again, until
-  none does (one pass when there are two specs, full attention one of them); full-attention hits are cut to it.
+  group needs the blocks of the last chunk; a state group its last cached state. Any spec that shortens the
+  hit makes the others look again, until none does (one pass when there are two specs, full attention one of
+  them); full-attention hits are cut to it.
 - **Admission** (`full_sequence_must_fit`) reserves a sliding-window group at most
   ``cdiv(min(window - 1 + max_in_flight_tokens, max_model_len), B) + 1`` blocks (chunked: ``cdiv(min(chunk +
-  max_in_flight_tokens, max_model_len), B)``: `max_admission_blocks_per_request`).
+  max_in_flight_tokens, max_model_len), B)``: `max_admission_blocks_per_request`), a state group 1.
 
-Not modelled (refused by `HybridGroups.of_layout`): recurrent-state groups (Mamba / linear attention: their
-"align" mode keeps a state block only at chunk ends the scheduler aligns for it, `_mamba_block_aligned_split`,
-with copy-on-write partial hits and prefill checkpoint pages), groups of different block sizes (hashes finer
-than a group's block, `resolve_block_hashes`), DeepSeek-V4's packed groups, EAGLE's dropped block, a KV
-connector, async scheduling's tokens in flight (blocks are freed on the processed-token basis: one step later).
+Not modelled (refused by `HybridGroups.of_layout`): recurrent state outside "align" mode (0.26-0.27's "all"),
+with a prefill checkpoint page (Mamba-2 mixers from 0.32, GDN on Hopper from 0.33: the boundary state is
+exported inside the last chunk, `_needs_internal_checkpoint`, and the split no longer stops there) or with
+speculative decoding's state blocks; groups of different block sizes (hashes finer than a group's block,
+`resolve_block_hashes`, and with them the state groups' copy-on-write partial hits); DeepSeek-V4's packed
+groups, EAGLE's dropped block, a KV connector, async scheduling's tokens in flight (blocks are freed on the
+processed-token basis: one step later), `long_prefill_token_threshold`. The state-group rules were read at
+0.32.0 and are applied to every release with "align" mode.
 """
 
 from __future__ import annotations
@@ -44,7 +69,7 @@ from kvplan.errors import KvplanError
 from kvplan.plan.block_pool import BlockPool
 from kvplan.units import cdiv
 
-FULL, SLIDING, CHUNKED = "full", "sliding", "chunked"
+FULL, SLIDING, CHUNKED, MAMBA = "full", "sliding", "chunked", "mamba"
 
 #: kvplan's layer kinds (kvplan.model.layers) as vLLM's managers treat them.
 MANAGER_OF_KIND = {"full_attention": FULL, "mla": FULL, "mla_indexer": FULL, "sliding_window": SLIDING,
@@ -53,16 +78,16 @@ MANAGER_OF_KIND = {"full_attention": FULL, "mla": FULL, "mla_indexer": FULL, "sl
 
 @dataclass(frozen=True)
 class CacheGroup:
-    """One KV cache group: ``full`` attention, a ``sliding`` window of ``span`` tokens, or ``chunked`` local
-    attention in chunks of ``span`` tokens."""
+    """One KV cache group: ``full`` attention, a ``sliding`` window of ``span`` tokens, ``chunked`` local
+    attention in chunks of ``span`` tokens, or ``mamba``: recurrent state in "align" mode (no span)."""
 
     kind: str
     span: int = 0
 
     def __post_init__(self) -> None:
-        if self.kind not in (FULL, SLIDING, CHUNKED):
+        if self.kind not in (FULL, SLIDING, CHUNKED, MAMBA):
             raise KvplanError(f"unknown KV cache group kind {self.kind!r}")
-        if self.kind != FULL and self.span < 1:
+        if self.kind not in (FULL, MAMBA) and self.span < 1:
             raise KvplanError(f"a {self.kind} group needs a window / chunk of >= 1 token")
 
 
@@ -98,21 +123,32 @@ class HybridGroups:
         parts = []
         for g in dict.fromkeys(self.groups):
             n = self.groups.count(g)
-            what = "full attention" if g.kind == FULL else f"{g.kind} {g.span:,}"
+            what = ("full attention" if g.kind == FULL else "recurrent state (align)" if g.kind == MAMBA
+                    else f"{g.kind} {g.span:,}")
             parts.append(f"{n} x {what}" if n > 1 else what)
         return " + ".join(parts)
+
+    @property
+    def has_mamba(self) -> bool:
+        """A recurrent-state group: the scheduler cuts prefill chunks for it (`mamba_aligned_chunk`)."""
+        return any(g.kind == MAMBA for g in self.groups)
 
     @classmethod
     def of_capacity(cls, cap) -> HybridGroups:
         """The groups of a kvplan.plan.capacity.Capacity (its limiting stage's layout, its max_model_len and
-        tokens in flight); a KvplanError for what is not modelled."""
-        return cls.of_layout(cap.layout, cap.max_model_len, cap.request_context.inflight_tokens)
+        tokens in flight, its Mamba cache mode); a KvplanError for what is not modelled."""
+        ctx = cap.request_context
+        return cls.of_layout(cap.layout, cap.max_model_len, ctx.inflight_tokens, mamba_align=ctx.mamba_align,
+                             checkpoint_variants=ctx.checkpoint_variants, speculative_blocks=ctx.speculative_blocks)
 
     @classmethod
     def of_layout(cls, layout, max_model_len: int, max_in_flight_tokens: int,
-                  retention_interval: int | None = 0) -> HybridGroups:
+                  retention_interval: int | None = 0, mamba_align: bool = False,
+                  checkpoint_variants: frozenset = frozenset(), speculative_blocks: int = 0) -> HybridGroups:
         """The groups of a kvplan.plan.layout.KVLayout; a KvplanError for what is not modelled (see the module
-        doc), naming it."""
+        doc), naming it. A recurrent-state group is modelled in "align" mode (``mamba_align``) only, without
+        the prefill checkpoint page its mixer may add (``checkpoint_variants``: kvplan.model.layers
+        RequestContext) and without speculative blocks."""
         if layout.packed:
             raise KvplanError("the prefix cache of DeepSeek-V4's packed KV groups (windows and compressor states of "
                               "their own block sizes) is not modelled")
@@ -121,6 +157,14 @@ class HybridGroups:
             specs = specs[:1]
         groups, missing = [], set()
         for g in specs:
+            if g.spec.kind == MAMBA:
+                why = _unmodelled_state(g.spec, mamba_align, checkpoint_variants, speculative_blocks)
+                if why:
+                    raise KvplanError(f"the prefix cache of mamba KV groups ({g.spec.variant}) {why} is not modelled; "
+                                      "kvplan would otherwise give full attention's hits, which this model does not "
+                                      "get")
+                groups.append(CacheGroup(MAMBA))
+                continue
             manager = MANAGER_OF_KIND.get(g.spec.kind)
             if manager is None:
                 missing.add(g.spec.kind)
@@ -128,17 +172,68 @@ class HybridGroups:
             span = getattr(g.spec, "window", 0) if manager == SLIDING else getattr(g.spec, "chunk", 0)
             groups.append(CacheGroup(manager, span if manager != FULL else 0))
         if missing:
-            state = {"mamba"} & missing
-            why = (" (vLLM 0.32 keeps a recurrent state block only where a chunk of the prompt ends on a block, "
-                   "at its replay boundary and shared-prefix junctions, with copy-on-write partial hits)" if state
-                   else "")
-            raise KvplanError(f"the prefix cache of {', '.join(sorted(missing))} KV groups is not modelled{why}; "
+            raise KvplanError(f"the prefix cache of {', '.join(sorted(missing))} KV groups is not modelled; "
                               "kvplan would otherwise give full attention's hits, which this model does not get")
         sizes = {g.block_size for g in specs}
         if len(sizes) > 1:
             raise KvplanError(f"KV groups of different block sizes ({', '.join(map(str, sorted(sizes)))}): their "
                               "prefix cache (hashes finer than a group's block) is not modelled")
         return cls(tuple(groups), sizes.pop(), max_model_len, max_in_flight_tokens, retention_interval)
+
+
+def _unmodelled_state(spec, mamba_align: bool, checkpoint_variants: frozenset, speculative_blocks: int) -> str:
+    """Why a recurrent-state group's prefix cache is not modelled ('' when it is)."""
+    if not mamba_align:
+        return "outside mamba_cache_mode 'align' (vLLM's 'all' mode caches a state at every block)"
+    if spec.variant in checkpoint_variants:
+        return ("with a prefill checkpoint page (the mixer exports the prompt's boundary state inside the last "
+                "chunk: `MambaManager._needs_internal_checkpoint`, v1/core/single_type_kv_cache_manager.py@0.32.0)")
+    if speculative_blocks:
+        return "with speculative decoding's extra state blocks"
+    return ""
+
+
+def mamba_aligned_chunk(start: int, num_new_tokens: int, prompt: int, num_tokens: int, block_size: int,
+                        max_prefill_tokens: int, junction: int = 0) -> int:
+    """`Scheduler._mamba_block_aligned_split` (v1/core/sched/scheduler.py@0.32.0) with the hash block equal to
+    the block, no prefill checkpoint page, no EAGLE, no junction checkpoint: the tokens a prefill chunk from
+    ``start`` may schedule of ``num_new_tokens`` so that it ends where a state must be cached. A chunk that
+    stops before the prefill's end stops on a block boundary (down to 0 tokens when the budget holds no
+    whole block and a block fits ``max_prefill_tokens``); no chunk runs past the next block boundary when
+    it starts mid-block, past the last block-aligned position before the last token (``(num_tokens - 1) //
+    B * B``: the replay boundary's state), or past the block-floored shared-prefix junction."""
+    B = block_size
+    prefill_end = max(prompt, num_tokens - 1)
+    if start >= prefill_end:
+        return num_new_tokens
+    last_cache_position = (num_tokens - 1) // B * B
+    end = start + num_new_tokens
+    if end < prefill_end:
+        aligned_end = end // B * B
+        if aligned_end > start or max_prefill_tokens >= B:
+            end = aligned_end
+    stops = (
+        (start // B + 1) * B if start % B else 0,
+        last_cache_position,
+        start + (junction - start) // B * B if start < junction < end else 0,
+    )
+    end = min((s for s in stops if start < s < end), default=end)
+    return max(end - start, 0)
+
+
+class _StateTable(list):
+    """A recurrent-state group's block table (a list, 0 the null block) and what `MambaManager` keeps beside
+    it in align mode: the index of the state block the last allocation copied from (``last_state``,
+    `last_state_block_idx`), the blocks already retired (`_num_retired_blocks`) and whether it has allocated
+    (`_allocated_block_reqs`)."""
+
+    __slots__ = ("last_state", "retired", "allocated")
+
+    def __init__(self, blocks=()):
+        super().__init__(blocks)
+        self.last_state: int | None = None
+        self.retired = 0
+        self.allocated = False
 
 
 class HybridCache:
@@ -156,10 +251,18 @@ class HybridCache:
         self.need = [cdiv(g.span - 1, B) if g.kind == SLIDING else 0 for g in hg.groups]
         self.moving = [g for g, group in enumerate(hg.groups) if group.kind != FULL]  # groups that let blocks go
         cap_tokens = hg.max_in_flight_tokens
+        # (A state group's: the running state block and the one it was copied from, the 2 pages of
+        # `MambaSpec.max_memory_usage_bytes` in align mode; admission itself reserves 1, `blocks_to_allocate`.)
         self.cap: list[int | None] = [
             cdiv(min(g.span - 1 + cap_tokens, hg.max_model_len), B) + 1 if g.kind == SLIDING
-            else cdiv(min(g.span + cap_tokens, hg.max_model_len), B) if g.kind == CHUNKED else None
+            else cdiv(min(g.span + cap_tokens, hg.max_model_len), B) if g.kind == CHUNKED
+            else 2 if g.kind == MAMBA else None
             for g in hg.groups]
+        # Hashes a state group cached in this step (`MambaManager.cached_blocks_this_step`): a hit ending on one
+        # waits for the next step (`new_step`).
+        self.cached_this_step: set = set()
+        self.states = [g for g, group in enumerate(hg.groups) if group.kind == MAMBA]
+        self.has_state = bool(self.states)
         # Spec groups (`verify_and_split_kv_cache_groups`): equal specs looked up together, full attention first.
         specs: dict[CacheGroup, list[int]] = {}
         for i, g in enumerate(hg.groups):
@@ -193,6 +296,12 @@ class HybridCache:
                 for t, b in zip(tables, blocks):
                     t.append(b)
             return tables, len(tables[0]) * B
+        if spec.kind == MAMBA:  # `MambaManager.find_longest_cache_hit`: the last cached state, nulls before it
+            for i in range(n - 1, -1, -1):
+                blocks = found(keys[i], gids)
+                if blocks is not None:
+                    return [[0] * i + [b] for b in blocks], (i + 1) * B
+            return [[] for _ in gids], 0
         if spec.kind == CHUNKED:
             start = (max_length // spec.span * spec.span) // B if max_length > 0 else 0
             tables = [[0] * start for _ in gids]
@@ -262,7 +371,13 @@ class HybridCache:
             return max(0, computed - self.spans[g] + 1)
         if kind == CHUNKED:
             return computed // self.spans[g] * self.spans[g]
+        if kind == MAMBA:  # only the last computed token's state is needed
+            return max(0, computed - 1)
         return 0
+
+    def new_step(self) -> None:
+        """`KVCacheManager.new_step_starts`: the states cached in the last step may be hit from now on."""
+        self.cached_this_step.clear()
 
     def blocks_to_allocate(self, tables: list[list[int]] | None, num_tokens: int, hits: list[list[int]],
                            computed: int, capped: bool = False) -> int:
@@ -272,6 +387,13 @@ class HybridCache:
         B, ref, total = self.B, self.pool.ref, 0
         for g in range(len(self.kinds)):
             required = cdiv(num_tokens, B)
+            if self.kinds[g] == MAMBA:  # `MambaManager.get_num_blocks_to_allocate`, align mode: one new block
+                hit = hits[g] if tables is None else ()
+                if hit and self.cached_this_step and self.pool.key_of[hit[-1]] in self.cached_this_step:
+                    return 1 << 62  # a state cached in this step: admitted in the next one
+                new = required - len(hit) - (len(tables[g]) if tables is not None else 0)
+                total += min(new, 1) + sum(1 for b in hit if b and not ref[b])
+                continue
             if capped and self.cap[g] is not None:
                 required = min(required, self.cap[g])
             if tables is not None:
@@ -289,7 +411,8 @@ class HybridCache:
             skipped = self.skipped_tokens(g, hit_length) // self.B
             kept = blocks[skipped:]
             self.pool.touch([b for b in kept if b])
-            tables.append([0] * skipped + kept)
+            table = [0] * skipped + kept
+            tables.append(_StateTable(table) if self.kinds[g] == MAMBA else table)
         return tables
 
     def remove_skipped(self, tables: list[list[int]], computed: int) -> int:
@@ -298,6 +421,9 @@ class HybridCache:
         count = 0
         for g in self.moving:
             table = tables[g]
+            if self.kinds[g] == MAMBA:
+                count += self._retire_states(table, computed)
+                continue
             skipped = self.skipped_tokens(g, computed)
             if skipped <= 0:
                 continue
@@ -312,18 +438,52 @@ class HybridCache:
                 count += len(freed)
         return count
 
+    def _retire_states(self, table: _StateTable, computed: int) -> int:
+        """`MambaManager.remove_skipped_blocks`, align mode: the states before the last computed token's block
+        freed (nulls passed over, from where the last call stopped), then the state the last allocation copied
+        from, once the request is past its block. Returns how many it freed."""
+        freed = []
+        last = min((computed - 1) // self.B, len(table)) if computed > 1 else 0
+        first = table.retired
+        if first < last:
+            for i in range(last - 1, first - 1, -1):
+                if table[i]:
+                    freed.append(table[i])
+                    table[i] = 0
+            if freed:
+                self.pool.release(freed[::-1])
+            table.retired = last
+        s = table.last_state
+        if s is not None and s < cdiv(computed, self.B) - 1 and table[s]:
+            self.pool.release([table[s]])
+            table[s] = 0
+            return len(freed) + 1
+        return len(freed)
+
     def allocate(self, tables: list[list[int]], num_tokens: int) -> int:
-        """`allocate_new_blocks`, group by group, from the head of the free queue. Returns how many it took."""
+        """`allocate_new_blocks`, group by group, from the head of the free queue. Returns how many it took.
+        A state group (align mode) takes one block for the state at the last token, nulls before it, and
+        remembers the block it copies the state from."""
         need, count = cdiv(num_tokens, self.B), 0
         for table in tables:
-            if need > len(table):
-                count += need - len(table)
-                table += self.pool.take(need - len(table))
+            if need <= len(table):
+                if isinstance(table, _StateTable):
+                    table.allocated = True
+                continue
+            if isinstance(table, _StateTable):
+                if table.allocated or table:
+                    table.last_state = len(table) - 1
+                table += [0] * (need - 1 - len(table))
+                table.allocated = True
+            count += need - len(table)
+            table += self.pool.take(need - len(table))
         return count
 
     def mask(self, g: int, start: int, end: int, boundaries: Sequence[int]) -> list[bool] | None:
         """`SlidingWindowManager.reachable_block_mask` for blocks ``start..end-1`` (no EAGLE, alignment = the
         block): None caches them all."""
+        if self.kinds[g] == MAMBA:
+            return self._state_mask(start, end, boundaries)
         if self.kinds[g] != SLIDING:
             return None
         B, need, r = self.B, self.need[g], self.hg.retention_interval
@@ -343,9 +503,29 @@ class HybridCache:
                     out[j - start] = True
         return out
 
+    def _state_mask(self, start: int, end: int, boundaries: Sequence[int]) -> list[bool] | None:
+        """`MambaManager.reachable_block_mask`: the one state block ending on each retention segment (none at
+        the default interval 0) and on each boundary."""
+        B, r = self.B, self.hg.retention_interval
+        if r is None:
+            return None
+        out = [False] * (end - start)
+        if r:
+            per = r // B
+            if per <= 1:
+                return None
+            for i in range((start + per) // per * per - 1 - start, len(out), per):
+                out[i] = True
+        for boundary in boundaries:
+            block = boundary // B - 1
+            if start <= block < end:
+                out[block - start] = True
+        return out
+
     def cache(self, tables: list[list[int]], num_cached: list[int], num_tokens: int, keys, boundaries) -> None:
         """`cache_blocks`: each group offers its newly full blocks (``keys(start, stop)``: their hash ids), a
-        window group only those of its mask; ``num_cached`` advances."""
+        window or state group only those of its mask; ``num_cached`` advances. ``boundaries``: the prompt's
+        replay boundary (its length less one token) first, then the shared-prefix junction if any."""
         full = num_tokens // self.B
         pool = self.pool
         for g, table in enumerate(tables):
@@ -360,7 +540,24 @@ class HybridCache:
                     blocks.append(table[i])
                     names.append((g, ids[i - start]))
             pool.cache(blocks, names)
+            if self.kinds[g] == MAMBA and pool.caching:
+                self.cached_this_step.update(names)
             num_cached[g] = full
+        if self.has_state and self.pool.caching:
+            self._recache_replay_state(tables, full * self.B, boundaries[0])
+
+    def _recache_replay_state(self, tables: list[list[int]], aligned: int, replay: int) -> None:
+        """`MambaManager._cache_partial_tail_block` with the hash block equal to the block: while the computed
+        tokens, rounded down to the block (`HybridKVCacheCoordinator._align_cacheable`), end on the prompt's
+        replay boundary and the request still holds the state there, every `cache_blocks` re-registers it, so
+        it counts as cached in this step again."""
+        if aligned <= 0 or aligned != replay // self.B * self.B:
+            return
+        index = aligned // self.B - 1
+        for g in self.states:
+            table = tables[g]
+            if index < len(table) and table[index]:
+                self.cached_this_step.add(self.pool.key_of[table[index]])
 
     def free(self, tables: list[list[int]]) -> None:
         """`KVCacheCoordinator.free`: group by group, each table's last block first."""

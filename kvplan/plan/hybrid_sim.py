@@ -10,7 +10,10 @@ the pool, as `KVCacheManager.allocate_slots` (v1/core/kv_cache_manager.py@0.32.0
   offered to the cache (a window group's only at its replay boundary and junction);
 - admission looks up the hit every group agrees on, checks the whole sequence fits (window groups capped at
   their admission bound) and the first chunk does, then touches the hits (skipped ones are nulls);
-- finishing or preemption frees group by group, each table's last block first.
+- finishing or preemption frees group by group, each table's last block first;
+- with a recurrent-state group (Mamba "align" mode) the scheduler cuts every prefill chunk where a state must
+  be cached (`mamba_aligned_chunk`, a running request given 0 tokens is passed over for the step), and a
+  waiting request whose hit ends on a state cached in this step waits for the next one.
 
 Steady decode stretches are stepped one by one (the plain simulator's many-steps-at-once path assumes one
 group); `replay_one_at_a_time` is the fast path for requests served one at a time.
@@ -23,7 +26,7 @@ from dataclasses import dataclass
 
 from kvplan.errors import KvplanError
 from kvplan.plan.block_pool import BlockPool
-from kvplan.plan.hybrid_cache import HybridCache, HybridGroups
+from kvplan.plan.hybrid_cache import HybridCache, HybridGroups, mamba_aligned_chunk
 from kvplan.plan.simulate import (
     Load,
     SchedulerConfig,
@@ -66,6 +69,7 @@ class _HybridScheduler(_Scheduler):
         self.tables: dict[int, list[list[int]]] = {}
         self.offered: dict[int, list[int]] = {}
         self.junction: dict[int, int] = {}
+        self.mamba = groups.has_mamba
 
     # ---------------------------------------------------------------- the pool
 
@@ -75,8 +79,8 @@ class _HybridScheduler(_Scheduler):
 
     def _cache_to(self, req: _Req, upto: int) -> None:
         offered = self.offered[req.rid]
-        if min(upto, req.num_tokens) // self.B <= min(offered):  # no group has a newly full block
-            return
+        if min(upto, req.num_tokens) // self.B <= min(offered) and not self.mamba:  # no newly full block
+            return  # (a state group may re-register its replay state: every call counts)
         junction = self.junction.get(req.rid, 0)
         boundaries = (req.prompt - 1, junction) if junction else (req.prompt - 1,)
         self.cache.cache(self.tables[req.rid], offered, min(upto, req.num_tokens),
@@ -119,6 +123,44 @@ class _HybridScheduler(_Scheduler):
     def _needs_room(self, req: _Req, num_tokens: int) -> bool:
         return True  # allocate_slots runs every step: a window frees the blocks that slid out of it
 
+    def _chunk(self, req: _Req, start: int, num_new_tokens: int) -> int:
+        """The tokens a step schedules of ``num_new_tokens`` from ``start``: cut where a state must be cached
+        when the model has a recurrent-state group (`_mamba_block_aligned_split`)."""
+        if not self.mamba:
+            return num_new_tokens
+        return mamba_aligned_chunk(start, num_new_tokens, req.prompt, req.num_tokens, self.B,
+                                   self.config.max_num_batched_tokens, self.junction.get(req.rid, 0))
+
+    def _schedule_running(self, scheduled: list[tuple[_Req, int, int]], budget: int) -> tuple[int, bool]:
+        if not self.mamba:
+            return super()._schedule_running(scheduled, budget)
+        # (the plain simulator's loop, with the aligned split; a step starts: `new_step_starts`)
+        self.cache.new_step()
+        if self.trace is not None:
+            self.trace.append(("step",))
+        config, running = self.config, self.running
+        preempted_now = False
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            computed = req.computed
+            n = min(req.prompt + req.generated - computed, budget)
+            if config.max_model_len:
+                n = min(n, config.max_model_len - 1 - computed)
+            n = self._chunk(req, computed, n) if n > 0 else n
+            if n <= 0:
+                i += 1
+                continue
+            ok, preempted = self._room_for(req, computed + n, n)
+            preempted_now |= preempted
+            if not ok:
+                break
+            self._scheduled(req, computed + n, n)
+            scheduled.append((req, n, computed))
+            budget -= n
+            i += 1
+        return budget, preempted_now
+
     def _scheduled(self, req: _Req, num_tokens: int, new_tokens: int) -> None:
         if self.trace is not None:  # (the full blocks were cached by _allocate_slots)
             self.trace.append(("alloc", req.tl.index, req.num_tokens, new_tokens, self._tables(req)))
@@ -134,7 +176,9 @@ class _HybridScheduler(_Scheduler):
             else:
                 hits, computed, junction = [[] for _ in range(groups)], 0, 0
             self.junction[req.rid] = junction
-            first_chunk = min(req.num_tokens - computed, budget)
+            first_chunk = self._chunk(req, computed, min(req.num_tokens - computed, budget))
+            if not first_chunk:  # no block-aligned chunk fits the budget left: the step admits no more
+                return False
             fits = True
             if config.admit_full_prompt:  # full_sequence_must_fit, window groups at their admission cap
                 whole = min(req.num_tokens, self.max_model_len)
@@ -191,6 +235,7 @@ def replay_one_at_a_time(turns: Sequence[SimTurn], groups: HybridGroups, usable_
     G = len(groups.groups)
     sliding = [cache.spans[g] for g in range(G) if cache.kinds[g] == "sliding"]
     chunked = [cache.spans[g] for g in range(G) if cache.kinds[g] == "chunked"]
+    mamba = groups.has_mamba
     budget = max_num_batched_tokens
     queries = hits_tokens = 0
     for number, turn in enumerate(turns):
@@ -201,11 +246,20 @@ def replay_one_at_a_time(turns: Sequence[SimTurn], groups: HybridGroups, usable_
                 return ids[start:stop]
             return [ids[k] if k < len(ids) else ("req", number, k) for k in range(start, stop)]
 
+        def chunk_of(start: int, P=P, junction=0, number=number) -> int:
+            n = min(P - start, budget)
+            n = mamba_aligned_chunk(start, n, P, P, B, budget, junction) if mamba else n
+            if n <= 0:
+                raise KvplanError(f"request {number}: no block-aligned prefill chunk of {B:,} tokens fits the token "
+                                  f"budget of {budget:,}")
+            return n
+
+        cache.new_step()  # (a turn starts in a later step than the one before ended)
         if prefix_caching:
             hits, computed, junction = cache.lookup(keys(0, (P - 1) // B), P - 1)
         else:
             hits, computed, junction = [[] for _ in range(G)], 0, 0
-        chunk = min(P - computed, budget)
+        chunk = chunk_of(computed, junction=junction)
         free = pool.num_free
         if (cache.blocks_to_allocate(None, min(P, groups.max_model_len), hits, computed, capped=True) > free
                 or cache.blocks_to_allocate(None, computed + chunk, hits, computed) > free):
@@ -220,11 +274,13 @@ def replay_one_at_a_time(turns: Sequence[SimTurn], groups: HybridGroups, usable_
         computed += chunk
         steps = [computed]  # the prompt's later chunks: each step starts with `computed` tokens done
         while steps[-1] < P:
-            steps.append(min(P, steps[-1] + budget))
+            steps.append(steps[-1] + chunk_of(steps[-1], junction=junction))
         # Decode: a step with c tokens computed computes token c + 1 (c = P .. P + M - 2). It changes the pool
         # only when a block starts (c % B == 0) or fills (c % B == B - 1), or a window / chunk group's skipped
         # blocks grow; the first decode step also frees what the prompt's last chunk left out of the window.
-        decode = {c for c in range(P, P + M - 1) if c % B in (0, B - 1)} if M > 1 else set()
+        # A state group also frees the state before the last token's block when c % B == 1.
+        edges = (0, 1, B - 1) if mamba else (0, B - 1)
+        decode = {c for c in range(P, P + M - 1) if c % B in edges} if M > 1 else set()
         if M > 1:
             decode.add(P)
             for w in sliding:  # skipped = c - w + 1 reaches a multiple of B
@@ -246,6 +302,11 @@ class _RefsOfNone(dict):
         return 0
 
 
+class _KeysOfNone(dict):
+    def __missing__(self, key: int) -> None:
+        return None
+
+
 class _UnboundedPool:
     """A pool that never runs out and never evicts, for the achievable hits: blocks are numbered as taken
     (``taken``: how many; a pool that size never evicts either). It keeps only prompt blocks' hashes: served
@@ -256,6 +317,7 @@ class _UnboundedPool:
     def __init__(self) -> None:
         self.first: dict = {}
         self.ref = _RefsOfNone()  # (no block is ever free: nothing to count as evictable)
+        self.key_of = _KeysOfNone()  # (a state cached in this step is never hit in it: one request at a time)
         self.taken = 0
         self.num_free = 1 << 62
 

@@ -474,6 +474,21 @@ def hybrid_sim_turns(traffic: Traffic, block_size: int) -> list[SimTurn]:
     return [SimTurn(0, t.prompt_tokens, t.output_tokens, hasher.prompt_keys(t.segments)) for t in replay_order(traffic)]
 
 
+def _hybrid_note(groups: HybridGroups) -> str:
+    """What the hybrid working set assumes, for the kinds of group the model has."""
+    kinds = {g.kind for g in groups.groups}
+    note = (f"hybrid KV cache ({groups.describe()}): a hit is the prefix every group has cached (vLLM 0.32's hybrid "
+            "coordinator)")
+    if kinds & {"sliding", "chunked"}:
+        note += ("; a sliding-window group caches only the window's blocks before each prompt's last block and at "
+                 "shared-prefix junctions, and frees the blocks that slide out of the window")
+    if "mamba" in kinds:
+        note += ("; a recurrent-state group (mamba_cache_mode align) keeps a state only where a prefill chunk ends on "
+                 "a block (the scheduler cuts chunks there) and caches the one at each prompt's last whole block "
+                 "and at shared-prefix junctions: a hit ends on one of those states")
+    return note
+
+
 def hybrid_workload_plan(traffic: Traffic, groups: HybridGroups, usable_blocks: int,
                          max_num_batched_tokens: int = 1 << 30) -> WorkloadPlan:
     """`workload_plan` on a hybrid KV cache: the requests replayed one at a time through every group
@@ -484,9 +499,7 @@ def hybrid_workload_plan(traffic: Traffic, groups: HybridGroups, usable_blocks: 
     need = {f"{share:.0%}": hws.pool_for_share[share] or hws.never_evicting_pool for share in HIT_SHARES}
     notes = ["requests served one at a time (no timing): requests in flight pin blocks and leave less room for "
              "cached ones; kvplan bench --traffic replays it on the engine beside the simulator's figures",
-             f"hybrid KV cache ({groups.describe()}): a hit is the prefix every group has cached (vLLM 0.32's hybrid "
-             "coordinator); a sliding-window group caches only the window's blocks before each prompt's last "
-             "block and at shared-prefix junctions, and frees the blocks that slide out of the window",
+             _hybrid_note(groups),
              f"pool sizes found by bisection to a 1% bracket over {hws.replays} one-at-a-time replays; hybrid hits "
              "need not grow with the pool at every size, so a somewhat smaller pool may keep the share too"]
     return WorkloadPlan(

@@ -10,7 +10,7 @@ import random
 import pytest
 
 from kvplan.errors import KvplanError
-from kvplan.plan.hybrid_cache import CHUNKED, FULL, SLIDING, CacheGroup, HybridGroups
+from kvplan.plan.hybrid_cache import CHUNKED, FULL, MAMBA, SLIDING, CacheGroup, HybridGroups
 from kvplan.plan.hybrid_sim import replay_one_at_a_time, simulate_groups
 from kvplan.plan.prefix_cache import BlockHasher, working_set
 from kvplan.plan.simulate import SchedulerConfig, SimTurn, session_load
@@ -42,6 +42,8 @@ GROUPS = {
     "two-windows": (CacheGroup(SLIDING, 24), CacheGroup(FULL), CacheGroup(SLIDING, 24), CacheGroup(FULL)),
     "three-specs": (CacheGroup(FULL), CacheGroup(SLIDING, 33), CacheGroup(SLIDING, 100)),
     "chunked": (CacheGroup(FULL), CacheGroup(CHUNKED, 48)),
+    "mamba": (CacheGroup(MAMBA), CacheGroup(MAMBA), CacheGroup(FULL)),
+    "mamba-window": (CacheGroup(FULL), CacheGroup(SLIDING, 40), CacheGroup(MAMBA)),
 }
 
 
@@ -101,13 +103,41 @@ def test_groups_of_real_models(model, groups):
     assert hg.full_attention_only == (len(groups) == 1)
 
 
-@pytest.mark.parametrize("model", ["Qwen/Qwen3-Next-80B-A3B-Thinking", "ai21labs/Jamba-v0.1"])
-def test_recurrent_state_is_refused(model):
-    """Mamba / linear-attention groups are not modelled: a KvplanError naming them, never full attention's hits."""
+@pytest.mark.parametrize("model,gpu,layers", [
+    # Qwen3-Next: 48 layers, every 4th full attention (config.json full_attention_interval 4): 36 gated-delta-net
+    # layers in 3 groups of 12 beside the 12 full-attention ones. A100: no GDN checkpoint page.
+    ("Qwen/Qwen3-Next-80B-A3B-Thinking", "A100-80GB-SXM", (MAMBA,) * 3 + (FULL,)),
+    # Jamba v0.1: 32 layers, attention every 8th (attn_layer_period 8): 28 Mamba-1 layers, 7 groups of 4.
+    ("ai21labs/Jamba-v0.1", "H100", None),
+])
+def test_recurrent_state_in_align_mode_is_modelled(model, gpu, layers):
+    """A Mamba / linear-attention group in "align" mode without a prefill checkpoint page is a state group."""
     from kvplan.api import size
 
-    plan = size(model, "H100", gpus=8, ctx=8192)
-    with pytest.raises(KvplanError, match="mamba KV groups is not modelled"):
+    plan = size(model, gpu, gpus=8, ctx=8192)
+    hg = HybridGroups.of_capacity(plan.capacity)
+    kinds = tuple(g.kind for g in hg.groups)
+    if layers is not None:
+        assert kinds == layers
+    else:
+        assert kinds.count(MAMBA) == 7 and kinds.count(FULL) == 1
+    assert hg.has_mamba and hg.block_size == plan.block_size
+
+
+@pytest.mark.parametrize("model,gpu,vllm_version,engine_args,why", [
+    # GDN's FlashInfer prefill exports a checkpoint page on Hopper from 0.33 (kvplan's newest known release).
+    ("Qwen/Qwen3-Next-80B-A3B-Thinking", "H100", None, {}, "prefill checkpoint page"),
+    # Mamba-2 mixers add the checkpoint page from 0.32 (`mamba_mixer2.py::get_kv_cache_spec`).
+    ("ibm-granite/granite-4.0-h-350m", "A100-80GB-SXM", "0.32.0", {}, "prefill checkpoint page"),
+    # 0.26-0.27: mamba_cache_mode "all" for the families that support it.
+    ("Qwen/Qwen3-Next-80B-A3B-Thinking", "A100-80GB-SXM", "0.26.0", {}, "outside mamba_cache_mode 'align'"),
+])
+def test_unmodelled_recurrent_state_is_refused(model, gpu, vllm_version, engine_args, why):
+    """What the state group does not model is refused, naming it, never given full attention's hits."""
+    from kvplan.api import size
+
+    plan = size(model, gpu, gpus=4, ctx=8192, vllm_version=vllm_version, **engine_args)
+    with pytest.raises(KvplanError, match=why):
         HybridGroups.of_capacity(plan.capacity)
 
 

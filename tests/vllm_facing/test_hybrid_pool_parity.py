@@ -18,7 +18,7 @@ import pytest
 from helpers.traffic import agent_traffic, hashed_traffic
 from helpers.vllm_requests import VllmRequests, free_queue
 
-from kvplan.plan.hybrid_cache import CHUNKED, FULL, SLIDING, CacheGroup, HybridGroups
+from kvplan.plan.hybrid_cache import CHUNKED, FULL, MAMBA, SLIDING, CacheGroup, HybridGroups
 from kvplan.plan.hybrid_sim import simulate_groups
 from kvplan.plan.prefix_cache import traffic_load
 from kvplan.plan.simulate import SchedulerConfig, simulate
@@ -39,7 +39,7 @@ def _repeats() -> Traffic:
     return Traffic(tuple(rows), "repeats")
 
 
-F, S = CacheGroup(FULL), lambda w: CacheGroup(SLIDING, w)
+F, S, M = CacheGroup(FULL), lambda w: CacheGroup(SLIDING, w), CacheGroup(MAMBA)
 
 CASES = {
     # name: (traffic, groups, block size, usable blocks, max_num_batched_tokens, max_num_seqs, retention)
@@ -52,6 +52,14 @@ CASES = {
     "agent-window-dense-retention": (agent_traffic(4, 3, 96, 40, 24), (F, S(40)), 16, 60, 2048, 16, None),
     "agent-window-periodic-retention": (agent_traffic(4, 3, 96, 40, 24), (F, S(40)), 16, 60, 2048, 16, 64),
     "agent-chunked-local": (agent_traffic(4, 3, 96, 40, 24), (F, CacheGroup(CHUNKED, 64)), 16, 50, 2048, 16, 0),
+    # Recurrent state in "align" mode (MambaSpec, no checkpoint page): prefill chunks cut on blocks.
+    "agent-mamba-evicting": (agent_traffic(4, 3, 96, 40, 24), (F, M), 16, 40, 2048, 16, 0),
+    "agent-mamba-preempting": (agent_traffic(6, 3, 64, 48, 48), (F, M), 16, 40, 2048, 16, 0),
+    "hashed-mamba-chunked-evicting": (hashed_traffic(40, 2), (F, M), 32, 24, 96, 4, 0),
+    "agent-mamba-window-two-states": (agent_traffic(4, 3, 80, 40, 30), (F, S(40), M, M), 16, 120, 2048, 16, 0),
+    "repeats-mamba-duplicates": (_repeats(), (F, M), 16, 20, 2048, 2, 0),
+    "agent-mamba-dense-retention": (agent_traffic(4, 3, 96, 40, 24), (F, M), 16, 40, 2048, 16, None),
+    "agent-mamba-periodic-retention": (agent_traffic(4, 3, 96, 40, 24), (F, M), 16, 40, 2048, 16, 64),
 }
 
 
@@ -68,6 +76,7 @@ class VllmHybridSide:
             FullAttentionSpec,
             KVCacheConfig,
             KVCacheGroupSpec,
+            MambaSpec,
             SlidingWindowSpec,
         )
 
@@ -82,6 +91,8 @@ class VllmHybridSide:
                 specs.append(FullAttentionSpec(**shape))
             elif g.kind == SLIDING:
                 specs.append(SlidingWindowSpec(**shape, sliding_window=g.span))
+            elif g.kind == MAMBA:
+                specs.append(MambaSpec(block_size=B, shapes=((4,),), dtypes=(torch.float32,), mamba_cache_mode="align"))
             else:
                 specs.append(ChunkedLocalAttentionSpec(**shape, attention_chunk_size=g.span))
         cfg = KVCacheConfig(num_blocks=usable + 1, kv_cache_tensors=[],
@@ -108,6 +119,9 @@ class VllmHybridSide:
     def apply(self, event: tuple) -> None:
         from vllm.v1.request import RequestStatus
 
+        if event[0] == "step":  # a step starts (logged with a recurrent-state group only)
+            self.mgr.new_step_starts()
+            return
         kind, number = event[0], event[1]
         if kind == "admit":
             _, _, num_tokens, hits, new_tokens, tables = event
@@ -158,7 +172,7 @@ def _run(name: str, trace: list | None = None, usable: int | None = None):
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_the_hybrid_pool_is_vllms_block_for_block(name):
-    traffic, groups, B, usable, *_ = CASES[name]
+    traffic, groups, B, usable, budget, *_ = CASES[name]
     trace: list[tuple] = []
     res, hg = _run(name, trace)
     side = VllmHybridSide(hg, usable, traffic)
@@ -177,6 +191,9 @@ def test_the_hybrid_pool_is_vllms_block_for_block(name):
     if "evicting" in name:
         unbounded, _ = _run(name, usable=100_000)
         assert res.prefix_hits < unbounded.prefix_hits  # the small pool evicted blocks later prompts wanted
+    if MAMBA in [g.kind for g in groups]:  # the scheduler cut a prompt's chunk where a state must be cached
+        full = [g.kind for g in groups].index(FULL)
+        assert any(e[0] == "admit" and e[4] < min(e[2] - len(e[3][full]) * B, budget) for e in trace)
     if "capped" in name:  # a prompt longer than the window's admission cap was admitted on the cap
         cap = -(-(50 - 1 + 96) // B) + 1
         assert any(e[0] == "admit" and -(-e[2] // B) > cap for e in trace)
@@ -256,3 +273,39 @@ def test_vllms_mamba_group_hits_only_where_a_state_was_cached():
     d = list(range(4000, 4100))
     assert serve("D", d, [100]) == (0, 0)
     assert serve("E", d + list(range(5000, 5020)), [120]) == (0, 96)
+
+
+def test_kvplans_state_group_hits_where_vllms_does():
+    """kvplan's side of the test above, on the scheduler's own chunks: A (100 tokens) is cut at 96, its last
+    block-aligned position before the last token, so the state after 96 tokens is cached; B (A's 100 + 20) hits
+    96; C (A's first 80 + 40 others) hits 0 where full attention alone hits 80 (blocks 0..4)."""
+    from kvplan.plan.simulate import SimTurn, session_load
+
+    hg = HybridGroups((F, M), 16, MAX_MODEL_LEN, 2048)
+    a = tuple(range(1, 7))  # A's 6 full prompt blocks as hash ids
+    turns = [SimTurn(0, 100, 1, a, arrival=0.0), SimTurn(0, 120, 1, a + (7,), arrival=None),
+             SimTurn(0, 120, 1, a[:5] + (8, 9), arrival=None)]
+    config = SchedulerConfig(num_blocks=200, block_size=16)
+    trace: list[tuple] = []
+    res = simulate_groups(config, session_load(turns), hg, trace=trace)
+    # First chunks: A's cut at 96; B's, from its hit at 96, at its own (120 - 1) // 16 * 16 = 112; C's at the
+    # junction 80 (full attention's 80 cached tokens, longer than the agreed hit 0).
+    assert [e[4] for e in trace if e[0] == "admit"] == [96, 16, 80]
+    assert [r.cached_tokens for r in res.requests] == [0, 96, 0]
+    assert [r.cached_tokens for r in simulate(config, session_load(turns)).requests] == [0, 96, 80]
+
+
+@pytest.mark.parametrize("start,new,prompt,tokens,budget,junction,expected", [
+    (0, 100, 100, 100, 2048, 0, 96),  # stops at (100 - 1) // 16 * 16 = 96
+    (96, 4, 100, 100, 2048, 0, 4),  # the prompt's last chunk runs to its end
+    (0, 40, 100, 100, 40, 0, 32),  # a chunk short of the prompt's end stops on a block: 40 -> 32
+    (8, 100, 100, 100, 2048, 0, 8),  # one starting mid-block (after a hit) stops at the next boundary, 16
+    (0, 100, 100, 100, 2048, 70, 64),  # the shared-prefix junction 70, block-floored: 64
+    (0, 10, 100, 100, 2048, 0, 0),  # 10 tokens hold no whole block and a block fits the budget: none scheduled
+    (100, 1, 100, 101, 2048, 0, 1),  # decoding is never cut
+])
+def test_the_aligned_split_by_hand(start, new, prompt, tokens, budget, junction, expected):
+    """`Scheduler._mamba_block_aligned_split` (v1/core/sched/scheduler.py@0.32.0), block 16, worked by hand."""
+    from kvplan.plan.hybrid_cache import mamba_aligned_chunk
+
+    assert mamba_aligned_chunk(start, new, prompt, tokens, 16, budget, junction) == expected
