@@ -62,6 +62,7 @@ from kvplan.bench.workload import Workload
 from kvplan.engines import EngineCapacity, engine_named
 from kvplan.errors import KvplanError
 from kvplan.plan.blocks import BlockRule
+from kvplan.plan.hybrid_rule import HybridRule
 from kvplan.term import printable
 from kvplan.vllm.startup_log import redact
 
@@ -475,8 +476,9 @@ class EnginePools:
         """The server's pool: its engines' summed."""
         return summed_capacity(self.capacities, f"{len(self.capacities)} engines' pools, summed")
 
-    def predict(self, rule: BlockRule | None, exact: bool, why_not: str | None) -> FleetRule | None:
-        """The server's rule from one engine's (``rule``: the block rule on one engine's pool), or None and why."""
+    def predict(self, rule: BlockRule | HybridRule | None, exact: bool, why_not: str | None) -> FleetRule | None:
+        """The server's rule from one engine's (``rule``: the block rule on one engine's pool, or the hybrid
+        simulator's for a model of several KV cache groups), or None and why."""
         if rule is None:
             if why_not:
                 self.basis = f"not predicted: {why_not}"
@@ -484,7 +486,8 @@ class EnginePools:
         n = len(self.indexes)
         self.rules = [rule] * n
         self.rule, self.rule_exact = FleetRule(self.rules, self.names), exact
-        self.basis = (f"each engine's block rule on its pool; a point's first c requests reach the idle engines "
+        what = "hybrid simulator" if isinstance(rule, HybridRule) else "block rule"
+        self.basis = (f"each engine's {what} on its pool; a point's first c requests reach the idle engines "
                       f"split ceil(c / {n}) / floor(c / {n}) (vLLM's DP coordinator, vllm/v1/engine/core_client.py"
                       "@0.32.0: the fewest in flight, the tie to an engine that rotates with every request the server "
                       f"routes), so the first engine reaches its onset o by {n} (o - 1) + 1 streams; later requests go "
