@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from kvplan.deploy import ResolvedModel
 from kvplan.errors import KvplanError
@@ -27,10 +27,9 @@ from kvplan.hardware.catalog import find_device
 from kvplan.model.arch import Architecture, parse_architecture
 from kvplan.model.layers import MLAIndexer
 from kvplan.model.source import ModelConfig
-from kvplan.paths import parse_json_text, read_user_text
 from kvplan.units import GiB
 from kvplan.validate.cases import resolve_config
-from kvplan.validate.reports import REPORTS_DIR
+from kvplan.validate.reports import REPORTS_DIR, read_report_lines
 
 REPORT_FILES = {"sglang": REPORTS_DIR / "sglang-startup-reports.jsonl",
                 "trtllm": REPORTS_DIR / "trtllm-startup-reports.jsonl"}
@@ -119,19 +118,7 @@ class EngineValidation(BaseModel):
 
 
 def load_engine_reports(path: Path) -> list[EngineReport]:
-    text = read_user_text(path, "reports file")
-    out: list[EngineReport] = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            out.append(EngineReport.model_validate(parse_json_text(line, f"{path}:{number}")))
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            raise KvplanError(f"{path}:{number}: field {'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
-    if not out:
-        raise KvplanError(f"{path} holds no reports")
-    return out
+    return read_report_lines(path, EngineReport)
 
 
 def engine_of_file(path: Path) -> str | None:

@@ -12,12 +12,14 @@ assumed when the report gives none.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvplan.errors import KvplanError
 from kvplan.paths import PROFILES_DIR, parse_json_text, read_user_text
+
+RecordT = TypeVar("RecordT", bound=BaseModel)
 
 REPORTS_DIR = PROFILES_DIR / "reports"
 DEFAULT_REPORTS = REPORTS_DIR / "vllm-startup-reports.jsonl"
@@ -90,17 +92,23 @@ def load_reports(path: str | Path | None = None) -> list[Report]:
     """Read a JSON-lines reports file (default: the shipped one)."""
     file = Path(path) if path else DEFAULT_REPORTS
 
+    return read_report_lines(file, Report)
+
+
+def read_report_lines(file: Path, record: type[RecordT]) -> list[RecordT]:
+    """A JSON-lines reports file, one ``record`` a line (blank lines skipped); a line that is not one, or a file
+    with none, is one line naming the file, the line and the field."""
     text = read_user_text(file, "reports file")
-    reports: list[Report] = []
+    out: list[RecordT] = []
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
-            reports.append(Report.model_validate(parse_json_text(line, f"{file}:{number}")))
+            out.append(record.model_validate(parse_json_text(line, f"{file}:{number}")))
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"])
             raise KvplanError(f"{file}:{number}: field {where}: {first['msg']}") from None
-    if not reports:
+    if not out:
         raise KvplanError(f"{file} holds no reports")
-    return reports
+    return out
