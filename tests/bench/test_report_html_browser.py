@@ -339,10 +339,13 @@ def check_charts(page: dict, runs: list[str], many: bool) -> list[dict]:
         for d in c["dots"]:
             assert _inside(d["box"], frame, slack=4), (name, d)
         # Within a series a higher value is drawn higher, when it differs by more than 2% (the dots' titles are
-        # rounded) and by more than 1% of the values the chart spans: a closer pair can round to the same pixel
-        # (4.4 and 4.5 ms on an axis that also holds another run's 500 ms did, once).
+        # rounded) and by more than 1% of the axis: a closer pair can round to the same pixel (coordinates are
+        # written to 0.1 px). The y axis runs from 0 to above the highest point or SLO target, so an SLO line far
+        # above the points shrinks them: 188 and 192 ms under a 10 s target were 0.09 px apart and drew on one
+        # tenth of a pixel; 4.4 and 4.5 ms on an axis that also held another run's 500 ms did too, once.
         values = [float(d["title"].split("-> ")[1].replace(",", "")) for d in c["dots"]]
-        span = max(values) - min(values)
+        targets = [float(t["name"].split("<= ")[1].split(" ")[0].replace(",", "")) for t in c["targets"]]
+        span = max(values + targets)
         for col in {col for _, col in expected}:
             for series in {d["title"].split(":")[0] for d in c["dots"] if d["colour"] == col}:
                 dots = [(float(d["title"].split("-> ")[1].replace(",", "")), _centre(d["box"])[1])
