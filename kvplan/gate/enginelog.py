@@ -474,7 +474,8 @@ def judge_trtllm(text: str, log_name: str, tolerance: float, gate: str, model: s
     if not r.pools:
         raise KvplanError(f"{log_name}: no TensorRT-LLM pool line found",
                           "expected 'Allocated X GiB for max tokens in paged KV cache (N)' (a 2023 log's 'Using N "
-                          "tokens in paged KV cache' prints no memory to compare)" if r.legacy_tokens else
+                          "tokens in paged KV cache', without an 'Allocate B bytes for k/v cache' line before it, "
+                          "prints no memory to compare)" if r.legacy_tokens else
                           "expected 'Allocated X GiB for max tokens in paged KV cache (N)'")
     notes: list[str] = []
     version = version or r.trtllm_version

@@ -18,7 +18,12 @@ The lines (docs/engines-trtllm-rules.md section 3 lists them in start-up order, 
   tokens in paged kv cache: total: T GiB, available: A GiB`` and ``Number of blocks in KV cache primary pool: B``;
 - ``Both free_gpu_memory_fraction and max_tokens are set (to F and N, respectively)`` (`resource_manager.py`
   `calculate_max_num_blocks`; the C++ text names ``freeGpuMemoryFraction (aka kv_cache_free_gpu_mem_fraction)``);
-- ``Use X GB for model weights.`` (GiB, printed "GB"); 2023 releases: ``Using N tokens in paged KV cache.``
+- ``Use X GB for model weights.`` (GiB, printed "GB"); 2023 releases: ``Using N tokens in paged KV cache.``;
+- releases 0.8-0.9 (early 2024; the batch manager that prints them shipped as a binary library, so the format is
+  read from their logs): ``Allocate B bytes for k/v cache.`` then ``Using N tokens in paged KV cache.`` (0.9: ``Using N
+  total tokens in paged KV cache, and M blocks per sequence``): the pool in bytes, exact, and its tokens (blocks x T).
+  Such a pair is read as the pool line is, with X = B / 2^30; a lone 2023 ``Using N tokens`` prints no memory;
+- a TensorRT engine's build log (`trtllm-build`) prints its paged block size as ``Set tokens_per_block to T.``
 
 Every GiB is ``1 << 30`` bytes (``GB = 1 << 30`` in `_util.py@b35ac1b`; the C++ divides by ``1 << 30``).
 """
@@ -30,13 +35,14 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from kvplan.units import GiB
 from kvplan.vllm.startup_log import redact
 
 _F = r"(-?\d{1,9}(?:\.\d{1,18})?)"
 _N = r"(\d{1,12})"
 _VERSION = re.compile(r"TensorRT[- ]LLM [Vv]ersion: v?(\d{1,3}\.\d{1,3}\.\d{1,3}[\w.]{0,24})")
 _ALLOCATED = re.compile(r"Allocated " + _F + r" GiB for max tokens in paged KV cache \(" + _N + r"\)")
-_TOKENS_PER_BLOCK = re.compile(r"(?:Number of tokens per block: |tokens per block=)" + _N)
+_TOKENS_PER_BLOCK = re.compile(r"(?:Number of tokens per block: |tokens per block=|Set tokens_per_block to )" + _N)
 _PRIMARY = re.compile(r"(?:Number of blocks in KV cache primary pool: |primary blocks=)" + _N)
 _MEM_USAGE = re.compile(r"Memory usage when calculating max tokens in paged kv cache: total: " + _F
                         + r" GiB, available: " + _F + " GiB")
@@ -51,8 +57,12 @@ _BOTH = re.compile(r"Both (?:free_gpu_memory_fraction|freeGpuMemoryFraction)[^(]
                    r"are set \(to " + _F + " and " + _N)
 _WEIGHTS = re.compile(r"Use " + _F + r" GB for model weights")
 _SEQ = re.compile(r"max_seq_len=" + _N + r", max_num_requests=" + _N + r", max_num_tokens=" + _N)
-_OLD_TOKENS = re.compile(r"Using " + _N + r" tokens in paged KV cache")
-_PYTORCH = re.compile(r"PyTorch backend|Peak memory during memory usage profiling|Memory used after loading model weights")
+_OLD_TOKENS = re.compile(r"Using " + _N + r" (?:total )?tokens in paged KV cache")
+_OLD_BYTES = re.compile(r"Allocate " + _N + r" bytes for k/v cache")
+# Lines only the PyTorch backend prints (`_torch/pyexecutor/_util.py`, `resource_manager.py` snake_case warning; the
+# C++ one names freeGpuMemoryFraction).
+_PYTORCH = re.compile(r"PyTorch backend|Peak memory during memory usage profiling|Memory used after loading model weights"
+                      r"|Estimated max (?:memory|tokens) in KV cache|Both free_gpu_memory_fraction and max_tokens")
 # Settings a log may show: a trtllm-serve / trtllm-bench command, an LLM-args dump or a YAML option file.
 _FRACTION = re.compile(r"(?:--kv_cache_free_gpu_memory_fraction|--kv_cache_free_gpu_mem_fraction|free_gpu_memory_fraction"
                        r"|kv_cache_free_gpu_mem_fraction)['\"]?(?:=|:|\s)\s{0,4}" + _F)
@@ -61,7 +71,7 @@ _MODEL = re.compile(r"trtllm-serve(?: serve)? (?!--)([\w./\-]{1,200})|trtllm-ben
 _TP = re.compile(r"(?:--tp_size|--tp|tensor_parallel_size|tp_size)['\"]?(?:=|:|\s)\s{0,4}(\d{1,4})\b|TP Size: (\d{1,4})")
 _KV_DTYPE = re.compile(r"KV Cache Dtype: (\w{1,16})|(?:--kv_cache_dtype|kv_cache_dtype)['\"]?(?:=|:|\s)\s{0,4}['\"]?(\w{1,16})")
 
-KEYWORDS = ("TensorRT", "TRT-LLM", "paged KV cache", "paged kv cache", "tokens per block", "primary pool",
+KEYWORDS = ("TensorRT", "TRT-LLM", "paged KV cache", "for k/v cache", "paged kv cache", "tokens per block", "primary pool",
             "primary blocks", "memory usage profiling", "Estimated max", "are set (to", "for model weights",
             "max_seq_len=", "trtllm-serve", "trtllm-bench", "Model: ", "free_gpu_mem", "tp_size", "TP Size",
             "kv_cache_dtype", "KV Cache Dtype")
@@ -97,6 +107,8 @@ class TrtllmStartup(BaseModel):
     max_seq_len: int | None = None
     max_num_tokens: int | None = None
     legacy_tokens: int | None = Field(None, description="2023: 'Using N tokens in paged KV cache'")
+    legacy_kv_bytes: int | None = Field(None, description="0.8-0.9: 'Allocate B bytes for k/v cache' (with 'Using N "
+                                                          "tokens' after it, read as a pool line)")
     sources: dict[str, str] = Field(default_factory=dict, description="field -> the log line it came from")
 
     @property
@@ -114,6 +126,7 @@ def parse_trtllm_log(text: str) -> TrtllmStartup:
     found: dict[str, Any] = {}
     sources: dict[str, str] = {}
     pools: list[TrtllmPool] = []
+    pending_bytes: int | None = None  # 0.8-0.9: 'Allocate B bytes', waiting for its 'Using N tokens'
 
     def put(field: str, value: Any, line: str, *, first: bool = False) -> None:
         if value is None or (first and field in found):
@@ -156,8 +169,15 @@ def parse_trtllm_log(text: str) -> TrtllmStartup:
         if (m := _SEQ.search(line)) is not None:
             put("max_seq_len", int(m.group(1)), line)
             put("max_num_tokens", int(m.group(3)), line)
+        if (m := _OLD_BYTES.search(line)) is not None:
+            pending_bytes = int(m.group(1))
+            put("legacy_kv_bytes", pending_bytes, line)
         if (m := _OLD_TOKENS.search(line)) is not None:
             put("legacy_tokens", int(m.group(1)), line)
+            if pending_bytes is not None:  # every rank prints its pair: one pool line each, as the C++ one
+                pools.append(TrtllmPool(gib=pending_bytes / GiB, tokens=int(m.group(1))))
+                sources["pools"] = line.strip()[:400]
+                pending_bytes = None
         if (m := _FRACTION.search(line)) is not None and "peak_gib" not in found:
             put("free_gpu_memory_fraction", float(m.group(1)), line, first=True)
         if (m := _MODEL.search(line)) is not None:

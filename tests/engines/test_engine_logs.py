@@ -308,6 +308,39 @@ def test_trtllm_reports_judged_by_hand_and_tr006_marked():
     assert "the report contradicts itself" in table.stdout
 
 
+def test_trtllm_0_8_log_prints_its_pool_in_bytes():
+    """TensorRT-LLM 0.8-0.9 printed 'Allocate B bytes for k/v cache.' then 'Using N [total] tokens in paged KV cache':
+    the pair is the pool line (B exact). Llama-3-8B bf16, 32 x 8 x 128 x 2 x 2 = 131,072 B a token: 60,672 x 131,072
+    = 7,952,400,384 B (tr017's pair); gpt2-medium at TP 2 prints one pair a rank, 24 x (16 / 2) x 64 x 2 x 2 = 49,152
+    B a token: 447,744 x 49,152 = 22,007,513,088 B (tr020's). A lone 'Using N tokens' (2023) still prints no memory."""
+    from helpers.harness import invoke
+
+    r = parse_trtllm_log("[05/21/2024-14:00:33] [TRT-LLM] [I] Set tokens_per_block to 128.\n"
+                         "[TensorRT-LLM][INFO] Allocate 7952400384 bytes for k/v cache. \n"
+                         "[TensorRT-LLM][INFO] Using 60672 tokens in paged KV cache.\n")
+    assert [(p.gib, p.tokens) for p in r.pools] == [(7952400384 / 2**30, 60672)] and r.tokens_per_block == 128
+    assert r.backend is None  # a TensorRT engine's runtime: its KV dtype must be given
+    both = parse_trtllm_log("Allocate 22007513088 bytes for k/v cache.\nUsing 447744 tokens in paged KV cache.\n" * 2)
+    assert [p.tokens for p in both.pools] == [447744, 447744]
+    triton = parse_trtllm_log("Allocate 335544320 bytes for k/v cache.\n"
+                              "Using 2560 total tokens in paged KV cache, and 20 blocks per sequence\n")
+    assert (triton.pool.gib * 2**30, triton.pool.tokens) == (335544320, 2560)  # 2,560 x 131,072 B
+    assert parse_trtllm_log("Using 10718 tokens in paged KV cache.\n").pools == []
+    # the PyTorch backend's own lines name it (its KV dtype then defaults to "auto")
+    assert parse_trtllm_log("[TRT-LLM] [I] Estimated max memory in KV cache : 9.06 GiB\n").backend == "pytorch"
+
+    tr = json.loads(invoke("validate", "--engine", "trtllm", "--json").stdout)
+    cases = {c["case_id"]: c for c in tr["cases"]}
+    assert (cases["tr017"]["page"]["predicted"], cases["tr017"]["page"]["reported"]) == (60_672, 60_672)
+    assert (cases["tr020"]["page"]["predicted"], cases["tr020"]["page"]["reported"]) == (447_744, 447_744)
+    # tr016, SmolLM2-135M-Instruct (PyTorch backend, bf16): 30 x 3 x 64 x 2 x 2 = 23,040 B a token;
+    # int(9.06 x 2^30) // 23,040 = 422,226 -> 13,195 blocks of 32 = 422,240 (printed 13,189 blocks = 422,048)
+    assert (cases["tr016"]["page"]["predicted"], cases["tr016"]["page"]["reported"]) == (422_240, 422_048)
+    # 21 reports: 12 within 0.5% (tr001, tr005, tr007, tr008, tr010, tr011, tr016-tr021), tr006 missed, 8 not judged
+    assert tr["goals"][0]["achieved"].startswith("12/21 (57%); of the 13 it can judge, 12 within")
+    assert "not judged, the report names no model: tr002, tr004, tr012, tr014, tr015" in tr["goals"][0]["achieved"]
+
+
 def test_sglang_sliding_window_report_judged_by_hand():
     """sg010, MiMo-V2-Flash at TP 4, page 64, bf16 cache (its config: 9 full-attention layers of 4 KV heads, 39
     sliding-window layers of 8, K 192 and V 128 wide). The printed pool line is SWAKVPool's SWA pool (its #tokens is
