@@ -274,7 +274,10 @@ def test_validate_sglang_and_trtllm_reports():
     assert (cases["sg001"]["page"]["predicted"], cases["sg001"]["page"]["reported"]) == (367_223, 367_404)
     assert (cases["sg014"]["page"]["predicted"], cases["sg014"]["page"]["reported"]) == (46_529, 46_611)
     assert cases["sg014"]["full"]["gpu_gib"] == 22.05 and abs(cases["sg014"]["full"]["error_of_gpu_pct"]) <= 3
-    assert cases["sg002"]["page_reason"] == "the report names no model"
+    assert cases["sg003"]["page_reason"] == "the report names no model"
+    # sg002 names google/gemma-3-4b-it (the PR comment's own launch command) but kvplan refuses sliding-window models
+    # for SGLang; 0.4.4's pool priced every Gemma 3 layer as full attention (the row's notes): not judged, said why
+    assert cases["sg002"]["model"] == "google/gemma-3-4b-it" and "sliding-window" in cases["sg002"]["page_reason"]
     # Rows whose own thread names the model, page 1, bf16, the bytes a token from each config (layers x KV heads per
     # rank x head size x 2 (K and V) x 2 B), the printed K + V GiB over it less the padding token:
     # sg018 Llama-3.3-70B-Instruct at TP 8: 80 x 8/8 x 128 x 2 x 2 = 40,960 B; int(106.62 x 2^30) // 40,960 - 1
