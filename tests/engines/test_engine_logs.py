@@ -286,6 +286,10 @@ def test_validate_sglang_and_trtllm_reports():
     assert (cases["sg020"]["page"]["predicted"], cases["sg020"]["page"]["reported"]) == (444_496, 444_500)
     # sg021 DeepSeek-R1-Distill-Qwen-7B (Qwen2.5-7B's shape) on a 3090: 28 x 4 x 128 x 4 = 57,344 B; 5.64 GiB
     assert (cases["sg021"]["page"]["predicted"], cases["sg021"]["page"]["reported"]) == (105_605, 105_531)
+    # sg015 Qwen3-30B-A3B-Instruct-2507-FP8 (Qwen3-30B-A3B's shape), bf16 cache: 48 x 4 x 128 x 4 = 98,304 B; 203.90 GiB
+    assert (cases["sg015"]["page"]["predicted"], cases["sg015"]["page"]["reported"]) == (2_227_130, 2_227_073)
+    # sg017 names Qwen3.5-397B-A17B-FP8 (the issue's own launch script): a GDN hybrid, whose Mamba pool kvplan refuses
+    assert "Mamba" in cases["sg017"]["page_reason"]
     # sg019 names its model but neither its GPUs nor its TP: not judged, not guessed from the printed K size
     assert "tensor parallel size" in cases["sg019"]["page_reason"]
     names = [g["name"] for g in sg["goals"]]
