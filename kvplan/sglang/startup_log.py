@@ -13,7 +13,8 @@ The lines, as SGLang's source prints them (docs/engines-sglang-rules.md section 
 - ``Use [Ss]liding window memory pool. full_layer_tokens=F, swa_layer_tokens=S`` (`model_runner.py@0.4.9.post6`,
   `model_executor/pool_configurator.py@0.5.23`), ``Mamba Cache is allocated. ...``;
 - ``max_total_num_tokens=N, chunked_prefill_size=C, max_prefill_tokens=M, max_running_requests=R, context_len=L[,
-  available_gpu_mem=G GB]`` (`managers/scheduler.py@0.4.6.post5` .. `@0.5.23`, TP rank 0);
+  available_gpu_mem=G GB]`` (`managers/scheduler.py@0.4.6.post5` .. `@0.5.23`, TP rank 0; no ``chunked_prefill_size``
+  in `managers/scheduler.py@0.4.1.post7`);
 - ``Memory pool end. avail mem=X GB``;
 - the release and the GPU where ``python3 -m sglang.check_env`` output is pasted with the log (`sglang/check_env.py
   @0.5.23` prints ``sglang: 0.5.23`` and ``GPU 0,1,2,3: NVIDIA H100 80GB HBM3``; SGLang's bug template asks for it).
@@ -44,7 +45,8 @@ _KV_LINE = re.compile(r"(?:([\w\- ]{1,60}) )?KV Cache (?:is allocated|VA upper b
 _KV_DTYPE = re.compile(r"Using KV cache dtype: torch\.(\w{1,20})")
 _SWA = re.compile(r"Use [Ss]liding window memory pool\. full_layer_tokens=" + _N + r", swa_layer_tokens=" + _N)
 _MAMBA = re.compile(r"Mamba Cache is allocated\.")
-_SCHEDULER = re.compile(r"max_total_num_tokens=" + _N + r", chunked_prefill_size=(-?\d{1,9}), max_prefill_tokens=" + _N
+# ``chunked_prefill_size`` is absent from `managers/scheduler.py@0.4.1.post7`'s line (sglang docs' own January 2025 log).
+_SCHEDULER = re.compile(r"max_total_num_tokens=" + _N + r"(?:, chunked_prefill_size=(-?\d{1,9}))?, max_prefill_tokens=" + _N
                         + r", max_running_requests=" + _N + r", context_len=" + _N
                         + r"(?:, available_gpu_mem=" + _F + " GB)?")
 _POOL_END = re.compile(r"Memory pool end\. avail mem=" + _F + " GB")
@@ -239,7 +241,7 @@ def parse_sglang_log(text: str) -> SglangStartup:
             put("mamba", True, line, first=True)
         if (m := _SCHEDULER.search(line)) is not None:
             put("max_total_num_tokens", int(m.group(1)), line, first=True)
-            put("chunked_prefill_size", int(m.group(2)), line, first=True)
+            put("chunked_prefill_size", int(m.group(2)) if m.group(2) else None, line, first=True)
             put("max_running_requests", int(m.group(4)), line, first=True)
             put("context_len", int(m.group(5)), line, first=True)
             put("available_gpu_mem_gib", float(m.group(6)) if m.group(6) else None, line, first=True)
