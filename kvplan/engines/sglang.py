@@ -14,8 +14,8 @@ from kvplan.deploy import ResolvedModel, plan_deployment
 from kvplan.engines.base import EngineCapacity, EngineOptions, EnginePool, engine
 from kvplan.errors import KvplanError
 from kvplan.hardware.catalog import GpuSelection
-from kvplan.plan.schema import Settings
 from kvplan.model.weights import attention_bytes
+from kvplan.plan.schema import Settings
 from kvplan.sglang.pool import SglangPool, pool_kind, size_pool
 from kvplan.sglang.rules import KNOWN_VERSIONS, NEWEST_KNOWN, rules_for
 from kvplan.sglang.startup_log import parse_sglang_log
