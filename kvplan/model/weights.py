@@ -190,6 +190,8 @@ def routed_expert_bytes(params: ParamCounts, model_dtype_bytes: int, quant: Quan
 def attention_bytes(params: ParamCounts, model_dtype_bytes: int, quant: Quantization) -> int:
     """The attention projections' part of ``weight_bytes``, summed over the whole model (what SGLang's DP attention
     keeps whole on every rank of its attention group)."""
+    if quant.method == "none":
+        return params.attention * model_dtype_bytes
     return int(_role_bytes("attention", params.attention, model_dtype_bytes, quant))
 
 

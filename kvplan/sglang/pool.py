@@ -224,8 +224,9 @@ def refuse_layers(arch: Architecture) -> None:
     if "mamba" in other:
         raise KvplanError("kvplan does not size SGLang's Mamba / linear-attention hybrid: its state pool beside the "
                           "KV pool (max_mamba_cache_size, or mamba_full_memory_ratio of the budget: "
-                          "`handle_max_mamba_cache`, model_runner.py@0.5.3.post3 .. pool_configurator.py@0.5.23) is "
-                          "not modelled", "size it for vLLM (--engine vllm)")
+                          "`handle_max_mamba_cache`, model_runner.py@0.5.3.post3, model_runner_kv_cache_mixin.py"
+                          "@0.5.7 .. @0.5.15.post1, mem_cache/kv_cache_configurator.py@0.5.23) is not modelled",
+                          "size it for vLLM (--engine vllm)")
     if other:
         raise KvplanError(f"kvplan does not size SGLang's pool for {', '.join(other)} layers (it sizes full attention, "
                           "MLA, the hybrid sliding-window pool and DeepSeek-V3.2's NSA pool)",
