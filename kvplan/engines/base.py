@@ -80,6 +80,7 @@ class EngineOptions:
     page_size: int | None = None  # SGLang's --page-size
     swa_full_tokens_ratio: float | None = None  # SGLang's --swa-full-tokens-ratio
     enable_dp_attention: bool | None = None  # SGLang's --enable-dp-attention, with --dp-size the TP size
+    mamba_full_memory_ratio: float | None = None  # SGLang's --mamba-full-memory-ratio
 
     def given(self) -> list[str]:
         return [f"--{name.replace('_', '-')}" for name, value in vars(self).items() if value is not None]

@@ -45,6 +45,9 @@ class Sglang:
         if options.swa_full_tokens_ratio is not None and pool_kind(model.arch) != "swa":
             raise KvplanError("--swa-full-tokens-ratio is for a model of sliding-window layers (SGLang's hybrid pool)",
                               "drop it")
+        if options.mamba_full_memory_ratio is not None and pool_kind(model.arch) != "mamba":
+            raise KvplanError("--mamba-full-memory-ratio is for a Mamba / linear-attention hybrid (SGLang's state "
+                              "pool)", "drop it")
         if options.enable_dp_attention or nsa:
             # Attention data-parallel over the TP group (--dp-size = TP; SGLang sets it itself for DeepSeek NSA,
             # server_args.py@0.5.3 .. @0.5.4.post3): each GPU holds the attention weights and the input embedding
@@ -60,7 +63,8 @@ class Sglang:
                          mem_fraction_static=options.mem_fraction_static, page_size=options.page_size or 1,
                          swa_full_tokens_ratio=options.swa_full_tokens_ratio,
                          dp_attention_size=tp if options.enable_dp_attention else 0,
-                         mla_ranks=ranks if all(isinstance(x, int) and x > 0 for x in ranks) else None)
+                         mla_ranks=ranks if all(isinstance(x, int) and x > 0 for x in ranks) else None,
+                         mamba_full_memory_ratio=options.mamba_full_memory_ratio)
         per_request = cdiv(plan.request_tokens, pool.page_size) * pool.page_size
         needed = per_request * plan.concurrency
         fits = pool.tokens >= max(needed, 1) and plan.concurrency <= pool.max_running_requests
@@ -78,7 +82,7 @@ class Sglang:
             engine=self.name, engine_label=rules.label, model=plan.model, gpu=plan.gpu, gpu_count=plan.gpu_count,
             tensor_parallel_size=plan.tensor_parallel_size, replicas=plan.replicas, kv_cache_dtype=pool.kv_dtype.name,
             kv_bytes_per_token_per_gpu=pool.cell_bytes, page_tokens=pool.page_size, memory_terms=pool.memory_terms(),
-            kv_memory_bytes_per_gpu=max(0, pool.rest_bytes[1]), pool_tokens=pool.tokens, pool_pages=pool.tokens // pool.page_size,
+            kv_memory_bytes_per_gpu=pool.kv_budget_bytes(), pool_tokens=pool.tokens, pool_pages=pool.tokens // pool.page_size,
             max_model_len=pool.context_len,
             requests_at_context=round(pool.tokens / pool.context_len, 4) if pool.context_len else 0.0,
             max_running_requests=pool.max_running_requests, request_tokens=plan.request_tokens,
@@ -126,6 +130,8 @@ def launch_command(model: str, pool: SglangPool, tp: int, replicas: int, setting
         args += ["--page-size", str(options.page_size)]
     if options.swa_full_tokens_ratio is not None:
         args += ["--swa-full-tokens-ratio", f"{options.swa_full_tokens_ratio:g}"]
+    if options.mamba_full_memory_ratio is not None:
+        args += ["--mamba-full-memory-ratio", f"{options.mamba_full_memory_ratio:g}"]
     if options.enable_dp_attention:
         args += ["--enable-dp-attention", "--dp-size", str(tp)]
     return shlex.join(args)
@@ -137,6 +143,8 @@ def _flags(pool: SglangPool, tp: int) -> dict[str, str]:
              "--max-running-requests": str(pool.max_running_requests)}
     if pool.kind == "swa":
         flags["--swa-full-tokens-ratio"] = f"{pool.swa_full_tokens_ratio:g}"
+    if pool.kind == "mamba":
+        flags["--mamba-full-memory-ratio"] = f"{pool.mamba_full_memory_ratio:g}"
     if pool.dp_attention:
         flags |= {"--enable-dp-attention": "on", "--dp-size": str(tp)}
     return flags
@@ -151,6 +159,10 @@ def _notes(pool: SglangPool, weights_source: str) -> list[str]:
                 f"sliding-window layers at {pool.swa.swa_cell:,} B hold swa_layer_tokens={pool.swa_tokens:,} "
                 f"(ratio {pool.swa_full_tokens_ratio:g}); {pool.how}; a request's context counts against the full "
                 "pool"]
+    elif pool.kind == "mamba" and pool.mamba_state_bytes is not None:
+        kind = [f"Mamba / GDN hybrid: {pool.how} (the full-attention layers only); a request holds one state slot, "
+                f"{sum(pool.mamba_state_bytes):,} B on each GPU (conv bf16, SSM float32); running requests at most "
+                "max_mamba_cache_size // 3"]
     elif pool.kind == "nsa":
         kind = [f"NSA pool (DeepSeek-V3.2, page 64, DP attention over the TP group): the budget divided by "
                 f"{pool.cell_bytes:,} B a token" + (" (latent and indexer keys)" if pool.rules.nsa_indexer_in_pool

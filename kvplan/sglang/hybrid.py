@@ -121,8 +121,38 @@ def nsa_profile_cell(arch: Architecture, dtype: KVDtype, kv_lora_rank: int, rope
     return int(cell)
 
 
+#: Architectures whose state SGLang 0.5.3.post3-0.5.6 keeps in its Mamba pool with ``Mamba2CacheParams``
+#: (``mambaish_config``: ``hybrid_gdn_config`` / ``mamba2_config``, model_runner.py@0.5.6.post2) and whose state
+#: shapes kvplan has checked against ``Mamba2StateShape.create`` (configs/qwen3_next.py, configs/nemotron_h.py
+#: @0.5.6.post2): conv ``(conv_dim / tp, conv_kernel - 1)`` in bf16 (``CONV_DTYPE``), temporal ``(heads / tp,
+#: head_dim, state_size)`` in ``--mamba-ssm-dtype`` (float32 by default), the same numbers as vLLM's shapes.
+MAMBA_ARCHS = {"Qwen3NextForCausalLM": "gated_delta_net", "NemotronHForCausalLM": "mamba2"}
+
+
+@dataclass(frozen=True)
+class MambaSplit:
+    """The state pool's slots and the budget left for the KV pool (bytes, one GPU)."""
+
+    max_mamba_cache_size: int
+    state_bytes: float  # what the slots take out of the budget
+    kv_budget_bytes: float
+
+
+def mamba_split(budget_bytes: float, per_request_bytes: int, ratio: float) -> MambaSplit:
+    """`handle_max_mamba_cache` (model_runner.py@0.5.3.post3 .. @0.5.6.post2), radix cache on, no speculative
+    decoding: ``raw = rest x ratio / (1 + ratio)`` GiB; ``max_mamba_cache_size = int(raw x 2^30 //
+    mamba_cache_per_req)``; the KV pool gets ``rest - max_mamba_cache_size x mamba_cache_per_req / 2^30``."""
+    if not ratio > 0:
+        raise KvplanError(f"invalid --mamba-full-memory-ratio {ratio!r}", "give a ratio above 0")
+    rest_gib = budget_bytes / (1 << 30)
+    slots = max(0, int((rest_gib * ratio / (1 + ratio) * (1 << 30)) // per_request_bytes))
+    state_gib = slots * per_request_bytes / (1 << 30)
+    return MambaSplit(slots, state_gib * (1 << 30), (rest_gib - state_gib) * (1 << 30))
+
+
 def _v(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split("."))
 
 
-__all__ = ["HYBRID_SWA_ARCHS", "SwaSplit", "hybrid_swa_arch", "nsa_profile_cell", "swa_split"]
+__all__ = ["HYBRID_SWA_ARCHS", "MAMBA_ARCHS", "MambaSplit", "SwaSplit", "hybrid_swa_arch", "mamba_split",
+           "nsa_profile_cell", "swa_split"]

@@ -15,22 +15,22 @@ is a heuristic of the GPU's size, the chunked-prefill size and the CUDA graphs (
 What kvplan cannot see is the memory a process holds before the weights load (its CUDA context and communicators),
 which ``P`` excludes: an assumption with a range (`STARTUP_BYTES`), carried into the pool's range. Only full
 attention (MHA / GQA / MQA), MLA, the hybrid sliding-window pool (two pools, 0.5.8 on, of the architectures
-kvplan/sglang/hybrid.py lists) and DeepSeek-V3.2's NSA pool (0.5.3-0.5.4) are sized; Mamba / linear-attention hybrids
-(their state pool, ``max_mamba_cache_size`` / ``mamba_full_memory_ratio``), vision models
+kvplan/sglang/hybrid.py lists), DeepSeek-V3.2's NSA pool (0.5.3-0.5.4) and the Mamba / GDN state pool (Qwen3-Next,
+Nemotron-H; 0.5.3.post3-0.5.6) are sized; other Mamba / linear-attention hybrids and releases, vision models
 (`adjust_mem_fraction_for_vlm`), pipeline parallelism and speculative decoding are refused with the reason.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvplan.errors import KvplanError
 from kvplan.hardware.catalog import Device
 from kvplan.model.arch import Architecture
 from kvplan.model.dtypes import KVDtype, kv_dtype
-from kvplan.model.layers import MLA, FullAttention, MLAIndexer, SlidingWindow
+from kvplan.model.layers import MLA, FullAttention, MambaState, MLAIndexer, SlidingWindow
 from kvplan.plan.schema import MemoryTerm, Settings
-from kvplan.sglang.hybrid import hybrid_swa_arch, nsa_profile_cell, swa_split
+from kvplan.sglang.hybrid import MAMBA_ARCHS, MambaSplit, hybrid_swa_arch, mamba_split, nsa_profile_cell, swa_split
 from kvplan.sglang.rules import SglangRules
 from kvplan.units import GiB, MiB
 
@@ -75,7 +75,23 @@ class SglangPool:
     # ``cell_bytes`` the budget is divided by
     buffer_bytes_per_token: int | None = None
     dp_attention: bool = False  # attention data-parallel over the TP group: the attention weights on every rank
+    # "mamba": the state pool's slots (max_mamba_cache_size), one request's state on one GPU (conv, SSM), the ratio
+    mamba_slots: int | None = None
+    mamba_state_bytes: tuple[int, int] | None = None
+    mamba_full_memory_ratio: float | None = None
     how: str = ""  # how the tokens came from the budget
+
+    def _state_terms(self) -> list[MemoryTerm]:
+        if self.kind != "mamba" or self.mamba_slots is None or self.mamba_state_bytes is None:
+            return []
+        state = self.mamba_slots * sum(self.mamba_state_bytes)
+        return [MemoryTerm(f"Mamba state pool ({self.mamba_slots:,} slots)", state, state, state, -1,
+                           f"mamba_full_memory_ratio {self.mamba_full_memory_ratio:g} of the budget, in whole slots "
+                           f"of {sum(self.mamba_state_bytes):,} B")]
+
+    def kv_budget_bytes(self) -> int:
+        """What the KV pool is given on one GPU: the budget, less the Mamba state pool's slots."""
+        return max(0, self.rest_bytes[1] - sum(t.bytes for t in self._state_terms()))
 
     def pool_bytes(self) -> dict[str, int]:
         """Each pool's buffers on one GPU as SGLang allocates them: one padding page more than its tokens
@@ -83,11 +99,16 @@ class SglangPool:
         if self.kind == "swa" and self.swa is not None and self.swa_tokens is not None:
             return {"full": (self.tokens + self.page_size) * self.swa.full_cell,
                     "swa": (self.swa_tokens + self.page_size) * self.swa.swa_cell}
-        return {"kv": (self.tokens + self.page_size) * (self.buffer_bytes_per_token or self.cell_bytes)}
+        kv = {"kv": (self.tokens + self.page_size) * (self.buffer_bytes_per_token or self.cell_bytes)}
+        if self.kind == "mamba" and self.mamba_slots is not None and self.mamba_state_bytes is not None:
+            kv["mamba"] = (self.mamba_slots + 1) * sum(self.mamba_state_bytes)  # MambaPool: size + 1 slots
+        return kv
 
     def pool_tokens(self) -> dict[str, int]:
         if self.kind == "swa" and self.swa_tokens is not None:
             return {"full_layer_tokens": self.tokens, "swa_layer_tokens": self.swa_tokens}
+        if self.kind == "mamba" and self.mamba_slots is not None:
+            return {"max_total_num_tokens": self.tokens, "max_mamba_cache_size": self.mamba_slots}
         return {"max_total_num_tokens": self.tokens}
 
     def startup_lines(self) -> list[str]:
@@ -108,6 +129,11 @@ class SglangPool:
                      line(self.tokens, self.swa.full_cell, self.swa.full_k, False)]
         elif self.kind == "nsa":
             lines = [line(self.tokens, self.buffer_bytes_per_token or self.cell_bytes, 0, True)]
+        elif self.kind == "mamba" and self.mamba_slots is not None and self.mamba_state_bytes is not None:
+            conv, ssm = ((self.mamba_slots + 1) * b / GiB for b in self.mamba_state_bytes)
+            lines = [f"Mamba Cache is allocated. max_mamba_cache_size: {self.mamba_slots}, conv_state size: "
+                     f"{conv:.2f}GB, ssm_state size: {ssm:.2f}GB ",  # mem_cache/memory_pool.py@0.5.6.post2
+                     line(self.tokens, self.cell_bytes, self.k_bytes_per_token, False)]
         else:
             lines = [line(self.tokens, self.cell_bytes, self.k_bytes_per_token, self.mla)]
         return lines + [f"max_total_num_tokens={self.tokens}, chunked_prefill_size={self.chunked_prefill_size}, "
@@ -122,6 +148,7 @@ class SglangPool:
                        "CUDA total less the context and communicators (assumed 0.75 GiB, 0.4-1.5)"),
             MemoryTerm(f"kept back: P x (1 - {self.mem_fraction_static:g})", round(p * keep), round(p_low * keep),
                        round(p_high * keep), -1, f"mem_fraction_static {self.mem_fraction_static:g}: {self.fraction_how}"),
+            *self._state_terms(),
             MemoryTerm("weights", self.weights_bytes, self.weights_bytes, self.weights_bytes, -1,
                        "per GPU, kvplan's estimate of the checkpoint as loaded"
                        + ("; DP attention: the attention and embedding weights whole on every GPU"
@@ -203,11 +230,20 @@ def resolve_kv_dtype(arch: Architecture, settings: Settings, rules: SglangRules)
     return kv_dtype(arch.model_dtype if arch.model_dtype in ("bfloat16", "float16") else "bfloat16"), "auto"
 
 
+MAMBA_NOT_SIZED = ("kvplan does not size SGLang's state pool for this Mamba / linear-attention hybrid (its slots, "
+                   "max_mamba_cache_size, take mamba_full_memory_ratio of the budget: `handle_max_mamba_cache`; kvplan "
+                   "sizes it for Qwen3-Next and Nemotron-H of full-attention and state layers, in SGLang "
+                   "0.5.3.post3-0.5.6 (model_runner.py); 0.5.7 on moved it to model_runner_kv_cache_mixin.py and "
+                   "mem_cache/kv_cache_configurator.py@0.5.23, with extra-buffer slots, not read for sizing)")
+
+
 def pool_kind(arch: Architecture) -> str:
     """Which of SGLang's pools a model's layers take: "swa" (full-attention and sliding-window layers: the hybrid
     sliding-window pool), "nsa" (MLA layers with DeepSeek-V3.2's indexer), else "kv" (one pool; refused by
     ``refuse_layers`` where kvplan does not size it)."""
     kinds = {type(s) for s in arch.layers}
+    if kinds == {FullAttention, MambaState}:
+        return "mamba"
     return "swa" if kinds == {FullAttention, SlidingWindow} else "nsa" if kinds == {MLA, MLAIndexer} else "kv"
 
 
@@ -221,12 +257,11 @@ def refuse_layers(arch: Architecture) -> None:
     if pool_kind(arch) == "nsa":
         raise KvplanError("DeepSeek-V3.2 takes SGLang's NSA pool (the latent and the indexer's keys), sized by "
                           "nsa_cell / kvplan/sglang/hybrid.py")
+    if pool_kind(arch) == "mamba":
+        raise KvplanError("a Mamba / linear-attention hybrid takes SGLang's state pool beside its KV pool, sized by "
+                          "size_pool / kvplan/sglang/hybrid.py `mamba_split`")
     if "mamba" in other:
-        raise KvplanError("kvplan does not size SGLang's Mamba / linear-attention hybrid: its state pool beside the "
-                          "KV pool (max_mamba_cache_size, or mamba_full_memory_ratio of the budget: "
-                          "`handle_max_mamba_cache`, model_runner.py@0.5.3.post3, model_runner_kv_cache_mixin.py"
-                          "@0.5.7 .. @0.5.15.post1, mem_cache/kv_cache_configurator.py@0.5.23) is not modelled",
-                          "size it for vLLM (--engine vllm)")
+        raise KvplanError(MAMBA_NOT_SIZED, "size it for vLLM (--engine vllm)")
     if other:
         raise KvplanError(f"kvplan does not size SGLang's pool for {', '.join(other)} layers (it sizes full attention, "
                           "MLA, the hybrid sliding-window pool and DeepSeek-V3.2's NSA pool)",
@@ -363,7 +398,8 @@ def nsa_kv_dtype(settings: Settings, rules: SglangRules, blackwell: bool) -> tup
 def size_pool(arch: Architecture, device: Device, settings: Settings, rules: SglangRules, weights_bytes: int,
               *, mem_fraction_static: float | None = None, page_size: int = 1,
               swa_full_tokens_ratio: float | None = None, dp_attention_size: int = 0,
-              mla_ranks: tuple[int, int] | None = None, max_total_tokens: int | None = None) -> SglangPool:
+              mla_ranks: tuple[int, int] | None = None, max_total_tokens: int | None = None,
+              mamba_full_memory_ratio: float | None = None) -> SglangPool:
     """SGLang's pool on each GPU of one replica of ``settings`` (weights: per GPU, the attention's whole on every
     GPU under DP attention). ``dp_attention_size``: --enable-dp-attention's --dp-size given (0: not given; SGLang
     turns DP attention on for DeepSeek NSA itself, after its memory fraction is set). ``mla_ranks``: the config's
@@ -427,6 +463,11 @@ def size_pool(arch: Architecture, device: Device, settings: Settings, rules: Sgl
         cell, k_half = pools.full_cell + pools.swa_cell, pools.full_k + pools.swa_k  # a token in both pools
         notes_how = splits[1].how
         extra |= {"swa_tokens": splits[1].swa_tokens, "swa": pools, "swa_full_tokens_ratio": ratio}
+    elif kind == "mamba":
+        cell, k_half, mamba = _mamba_pool(arch, rules, tp, dp_attention_size, dtype, mamba_full_memory_ratio, rests)
+        counts = [tokens_from_budget(sp.kv_budget_bytes, cell, page_size, max_total_tokens) for sp in mamba[0]]
+        notes_how = mamba[1]
+        extra |= mamba[2]
     else:
         if kind == "kv":
             cell, k_half, _ = kv_cell(arch, tp if not dp_attention_size else max(1, tp // dp_attention_size), dtype)
@@ -437,13 +478,50 @@ def size_pool(arch: Architecture, device: Device, settings: Settings, rules: Sgl
             extra["buffer_bytes_per_token"] = buffer
             notes_how += f"; its buffers hold {buffer:,} B a token"
     tokens = counts[1]
+    running = max_running_requests(tokens, context, rules)
+    if kind == "mamba":  # min(max_num_reqs, max_mamba_cache_size // 3), model_runner.py@0.5.3.post3 .. @0.5.6.post2
+        running = min(running, extra["mamba_slots"] // 3)
     return SglangPool(
         rules=rules, gpu_mem_mib=gpu_mem, mem_fraction_static=fraction, fraction_how=how,
         chunked_prefill_size=chunk, free_before_load=(low_p, est_p, high_p), weights_bytes=weights_bytes,
         rest_bytes=tuple(round(r) for r in rests), kv_dtype=dtype, kv_dtype_flag=flag, cell_bytes=cell,
         k_bytes_per_token=k_half, page_size=page_size, tokens=tokens, tokens_range=(counts[0], counts[2]),
-        context_len=context, max_running_requests=max_running_requests(tokens, context, rules), mla=mla,
+        context_len=context, max_running_requests=running, mla=mla,
         dp_attention=bool(dp_attention_size) or kind == "nsa", how=notes_how, **extra)
+
+
+def _mamba_pool(arch: Architecture, rules: SglangRules, tp: int, dp_attention_size: int, dtype: KVDtype,
+                ratio: float | None, rests: tuple[float, ...]) -> tuple[int, int, tuple]:
+    """(KV cell over the full-attention layers, its K half, (the splits of each budget, how, the pool's fields)) of
+    a Mamba / GDN hybrid (kvplan/sglang/hybrid.py `mamba_split`)."""
+    name = next((a for a in arch.architectures if a in MAMBA_ARCHS), None)
+    states = [s for s in arch.layers if type(s) is MambaState]
+    if not rules.mamba_ratio_split or name is None or any(s.variant != MAMBA_ARCHS[name] for s in states):
+        raise KvplanError(MAMBA_NOT_SIZED + f"; this is {', '.join(arch.architectures)} in SGLang {rules.version}",
+                          "give --engine-version 0.5.4 .. 0.5.6 for Qwen3-Next or Nemotron-H, or size it for vLLM")
+    attention_tp = max(1, tp // dp_attention_size) if dp_attention_size else tp  # get_attention_tp_size()
+    shaped = [replace(s.per_rank(attention_tp), conv_bytes=2, ssm_bytes=4, spec_tokens=0) for s in states]
+    conv = sum(replace(s, ssm_bytes=0).state_bytes() for s in shaped)  # CONV_DTYPE = torch.bfloat16
+    ssm = sum(replace(s, conv_bytes=0).state_bytes() for s in shaped)  # --mamba-ssm-dtype float32
+    full = [s.per_rank(attention_tp) for s in arch.layers if type(s) is FullAttention]
+    cell = round(sum(s.bytes_per_token(dtype) for s in full))
+    k_half = round(sum(s.num_kv_heads * s.head_size * dtype.bytes_per_element for s in full))
+    ratio = 0.9 if ratio is None else ratio  # --mamba-full-memory-ratio's default (server_args.py@0.5.6.post2)
+    splits = [mamba_split(r, conv + ssm, ratio) for r in rests]
+    if dp_attention_size and MAMBA_ARCHS[name] == "gated_delta_net":  # hybrid_gdn_config: slots // dp_size
+        splits = [mamba_split_slots(sp, conv + ssm, dp_attention_size) for sp in splits]
+    mid = splits[1]
+    how = (f"the state pool: {mid.max_mamba_cache_size:,} slots of {conv + ssm:,} B (ratio {ratio:g}), "
+           f"{mid.state_bytes / GiB:,.2f} GiB; the KV pool: {int(mid.kv_budget_bytes):,} B // {cell:,} B a token")
+    return cell, k_half, (splits, how, {"mamba_slots": mid.max_mamba_cache_size, "mamba_state_bytes": (conv, ssm),
+                                        "mamba_full_memory_ratio": ratio})
+
+
+def mamba_split_slots(split: MambaSplit, per_request: int, dp: int) -> MambaSplit:
+    """GDN under DP attention: the slots divided by the DP size, the KV pool given what they no longer take."""
+    slots = split.max_mamba_cache_size // dp
+    total = split.kv_budget_bytes + split.state_bytes
+    return MambaSplit(slots, slots * per_request, total - slots * per_request)
 
 
 def max_running_requests(tokens: int, context_len: int, rules: SglangRules) -> int:

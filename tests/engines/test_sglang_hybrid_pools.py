@@ -179,3 +179,52 @@ def test_bad_input_is_one_line(model, argv, what):
 
     r = invoke("size", model, "--gpu", "4xH200", *argv)
     assert r.code == 2 and what in r.one_line_error(), (argv, r.stderr)
+
+
+def _qwen3_next(version: str, **kw):
+    model = load_model("Qwen/Qwen3-Next-80B-A3B-Thinking", source="bundled")
+    return size_pool(model.arch, select_gpus("H100").device, Settings(tensor_parallel_size=4), rules_for(version),
+                     37 * GiB, mem_fraction_static=0.85, **kw)
+
+
+def test_the_mamba_state_pool_from_the_gpu():
+    """Qwen3-Next-80B-A3B at TP 4 (profiles/models: 48 layers, every 4th full attention; GDN of 32 value heads and 16
+    key heads of 128, conv kernel 4; full attention 2 KV heads of 256). SGLang's state a request on one GPU
+    (``Mamba2StateShape.create``, configs/qwen3_next.py@0.5.6.post2): conv (128 x 32 + 2 x 16 x 128 = 8,192) / 4 x 3
+    x 2 B (bf16) = 12,288 B, temporal 32 / 4 x 128 x 128 x 4 B (float32) = 524,288 B, x 36 GDN layers = 19,316,736 B.
+    The KV cell counts the 12 full-attention layers only: 1 KV head (2 / 4, replicated) x 256 x 2 x 2 B x 12 =
+    12,288 B. `handle_max_mamba_cache` (model_runner.py@0.5.6.post2): slots = int(rest x 0.9 / 1.9 x 2^30 //
+    19,316,736), the KV pool gets rest - slots x 19,316,736 B; running requests at most slots // 3."""
+    pool = _qwen3_next("0.5.6")
+    p = select_gpus("H100").device.cuda_total_bytes - 0.75 * GiB
+    rest_gib = (p * 0.85 - 37 * GiB) / 2**30
+    slots = int((rest_gib * 0.9 / (1 + 0.9) * 2**30) // 19_316_736)
+    kv = (rest_gib - slots * 19_316_736 / 2**30) * 2**30
+    assert pool.mamba_slots == slots and sum(pool.mamba_state_bytes) == 19_316_736
+    assert (pool.cell_bytes, pool.tokens) == (12_288, int(kv) // 12_288)
+    assert pool.max_running_requests == min(4096, pool.tokens // 2, slots // 3) == slots // 3
+    assert pool.startup_lines()[0].startswith(f"Mamba Cache is allocated. max_mamba_cache_size: {slots}, ")
+    # the ratio given: 0.5 -> a third of the budget to the state
+    assert _qwen3_next("0.5.6", mamba_full_memory_ratio=0.5).mamba_slots == int(
+        (rest_gib * 0.5 / 1.5 * 2**30) // 19_316_736)
+    assert _qwen3_next("0.5.3.post3").mamba_slots == slots  # the same rule from 0.5.3.post3
+    for version in ("0.5.3", "0.5.7", "0.5.23"):  # 0.5.3: --max-mamba-cache-size or 512; 0.5.7 on: not read
+        with pytest.raises(KvplanError, match="0.5.3.post3-0.5.6"):
+            _qwen3_next(version)
+
+
+def test_size_engine_sglang_mamba_flags():
+    from helpers.harness import invoke
+
+    r = invoke("size", "Qwen/Qwen3-Next-80B-A3B-Thinking", "--gpu", "4xH100", "--engine", "sglang",
+               "--engine-version", "0.5.6", "--mamba-full-memory-ratio", "0.5", "--json")
+    assert r.code == 0
+    pool = json.loads(r.stdout)["engines"][0]
+    assert set(pool["pool_split"]) == {"max_total_num_tokens", "max_mamba_cache_size"}
+    assert pool["engine_flags"]["--mamba-full-memory-ratio"] == "0.5"
+    assert "--mamba-full-memory-ratio 0.5" in pool["launch_command"]
+    bad = invoke("size", "meta-llama/Llama-3.1-8B", "--gpu", "H100", "--engine", "sglang",
+                 "--mamba-full-memory-ratio", "0.5")
+    assert bad.code == 2 and "Mamba / linear-attention hybrid" in bad.one_line_error()
+    vllm = invoke("size", "Qwen/Qwen3-Next-80B-A3B-Thinking", "--gpu", "4xH100", "--mamba-full-memory-ratio", "0.5")
+    assert vllm.code == 2 and "not a vLLM flag" in vllm.one_line_error()
