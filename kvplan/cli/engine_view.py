@@ -52,6 +52,8 @@ _ROWS = (
     ("KV bytes / token / GPU", lambda p: f"{p.kv_bytes_per_token_per_gpu:,}"),
     ("KV memory / GPU (GiB)", lambda p: f"{p.kv_memory_bytes_per_gpu / GiB:,.2f}"),
     ("pool (tokens)", lambda p: f"{p.pool_tokens:,}"),
+    ("pools (SGLang's hybrids)", lambda p: "; ".join(f"{k} {v:,}" for k, v in p.pool_split.items())
+     if len(p.pool_split) > 1 else "-"),
     ("requests at context", lambda p: f"{p.requests_at_context:,.2f}"),
     ("max running requests", lambda p: f"{p.max_running_requests:,}"),
     ("fits", lambda p: "yes" if p.fits else "no"),
