@@ -420,9 +420,11 @@ def judge_sglang(text: str, log_name: str, tolerance: float, gate: str, model: s
                                                                             "swa_full_tokens_ratio")}}
             flag = kv_cache_dtype or r.server_args.get("kv_cache_dtype") or "auto"
         full, full_reason = None, _full_reason(
-            gpu_name, tp, version if rules is not None else None, r.mem_fraction_static,
+            gpu_name, tp, version, r.mem_fraction_static,
             "the NSA pool's fraction and bytes a token changed by release" if nsa else
             "the split of the sliding-window pool changed by release: 0.5.8, 0.5.9, 0.5.10, 0.5.11")
+        if full_reason is None and rules is None and version:
+            full_reason = f"not judged because kvplan has not read SGLang {version}'s pool code"
         if full_reason is None:
             try:
                 rows, where, full_notes = _sglang_hybrid_full_rows(r, resolved, gpu_name, version, tp, page, flag,

@@ -16,6 +16,7 @@ from kvplan.sglang.hybrid import swa_split
 from kvplan.sglang.pool import default_fraction, size_pool
 from kvplan.sglang.rules import rules_for
 from kvplan.units import GiB
+from kvplan.validate.reports import REPORTS_DIR
 
 # MiMo-V2-Flash at TP 4, bf16 (profiles/models/XiaomiMiMo--MiMo-V2-Flash.json): 9 full-attention layers of 4 KV heads
 # -> 1 a GPU, x (head_dim 192 + v_head_dim 128) x 2 B = F = 640 B a layer; 39 sliding-window layers of 8 KV heads -> 2,
@@ -228,3 +229,25 @@ def test_size_engine_sglang_mamba_flags():
     assert bad.code == 2 and "Mamba / linear-attention hybrid" in bad.one_line_error()
     vllm = invoke("size", "Qwen/Qwen3-Next-80B-A3B-Thinking", "--gpu", "4xH100", "--mamba-full-memory-ratio", "0.5")
     assert vllm.code == 2 and "not a vLLM flag" in vllm.one_line_error()
+
+
+def test_check_log_judges_a_hybrid_full_budget_where_it_can():
+    """sg010's quote (MiMo-V2-Flash, TP 4, --mem-fraction-static 0.7, --page-size 64): with a GPU and a release the
+    two pools are sized and compared; without either, the reason names what is missing."""
+    from kvplan.gate.enginelog import judge_sglang
+
+    rows = [json.loads(line) for line in
+            (REPORTS_DIR / "sglang-startup-reports.jsonl").read_text().splitlines() if line.strip()]
+    quote = next(r for r in rows if r["case_id"] == "sg010")["quote"].replace(" / ", "\n")
+    model = load_model("XiaomiMiMo/MiMo-V2-Flash", source="bundled")
+    judged = judge_sglang(quote, "sg010", 0.02, "all", None, "4xH200", "0.5.8", None, None, resolved=model)
+    full = {c.quantity: c for c in judged.full_budget.comparisons}
+    assert (full["full_layer_tokens"].reported, full["swa_layer_tokens"].reported) == (375_360, 300_288)
+    assert judged.rules.startswith("SGLang 0.5.8") and judged.full_budget_reason is None
+    # the printed pools' buffers: (375,360 + 64) x 5,760 + (300,288 + 64) x 49,920 B = 17,156,014,080 B = 15.98 GiB
+    assert full["KV budget GiB per GPU"].reported == 15.98
+    none = judge_sglang(quote, "sg010", 0.02, "all", None, None, None, None, None, resolved=model)
+    assert none.full_budget is None and none.full_budget_reason.startswith("not judged because it names no GPU and no "
+                                                                           "release")
+    unread = judge_sglang(quote, "sg010", 0.02, "all", None, "4xH200", "0.6.0", None, None, resolved=model)
+    assert unread.full_budget_reason == "not judged because kvplan has not read SGLang 0.6.0's pool code"
