@@ -30,6 +30,11 @@ def render_pool(pool: EnginePool) -> None:
     console.print(table)
     console.print(f"Pool: {pool.pool_tokens:,} tokens in {pool.pool_pages:,} pages; {pool.requests_at_context:,.2f} "
                   f"requests of {pool.max_model_len:,} tokens at once; at most {pool.max_running_requests:,} running")
+    if len(pool.pool_split) > 1:
+        console.print("  pools: " + "; ".join(
+            f"{escape(name)} {tokens:,}" + (f" ({pool.pool_bytes_per_gpu[key] / GiB:,.2f} GiB)"
+                                            if (key := name.split('_')[0]) in pool.pool_bytes_per_gpu else "")
+            for name, tokens in pool.pool_split.items()))
     for line in pool.startup_lines:
         console.print(f"  {escape(pool.engine_label.split()[0])} would print: {escape(line)}")
     style = "bold green" if pool.fits else "bold red"
@@ -47,6 +52,8 @@ _ROWS = (
     ("KV bytes / token / GPU", lambda p: f"{p.kv_bytes_per_token_per_gpu:,}"),
     ("KV memory / GPU (GiB)", lambda p: f"{p.kv_memory_bytes_per_gpu / GiB:,.2f}"),
     ("pool (tokens)", lambda p: f"{p.pool_tokens:,}"),
+    ("pools (SGLang's hybrids)", lambda p: "; ".join(f"{k} {v:,}" for k, v in p.pool_split.items())
+     if len(p.pool_split) > 1 else "-"),
     ("requests at context", lambda p: f"{p.requests_at_context:,.2f}"),
     ("max running requests", lambda p: f"{p.max_running_requests:,}"),
     ("fits", lambda p: "yes" if p.fits else "no"),

@@ -104,6 +104,9 @@ def size(
     engine_version: Optional[str] = typer.Option(None, "--engine-version", help="Release of a non-vLLM --engine (default: the newest kvplan has read; SGLang 0.4.6-0.5.23).", metavar="VERSION", rich_help_panel="vLLM release and layout"),
     mem_fraction_static: Optional[float] = typer.Option(None, "--mem-fraction-static", help="SGLang's --mem-fraction-static (default: SGLang's own heuristic of the GPU).", metavar="FRACTION", rich_help_panel="vLLM release and layout"),
     page_size: Optional[int] = typer.Option(None, "--page-size", help="SGLang's --page-size in tokens (default 1).", metavar="TOKENS", rich_help_panel="vLLM release and layout"),
+    swa_full_tokens_ratio: Optional[float] = typer.Option(None, "--swa-full-tokens-ratio", help="SGLang's --swa-full-tokens-ratio: the sliding-window pool's tokens per full pool token (default 0.8).", metavar="RATIO", rich_help_panel="vLLM release and layout"),
+    mamba_full_memory_ratio: Optional[float] = typer.Option(None, "--mamba-full-memory-ratio", help="SGLang's --mamba-full-memory-ratio: the Mamba state pool's memory per KV pool memory (default 0.9).", metavar="RATIO", rich_help_panel="vLLM release and layout"),
+    enable_dp_attention: bool = typer.Option(False, "--enable-dp-attention", help="SGLang's --enable-dp-attention with --dp-size the TP size: attention data-parallel over the TP group (DeepSeek NSA: on by itself).", rich_help_panel="vLLM release and layout"),
     revision: Optional[str] = typer.Option(None, "--revision", help="Hub revision of the config.", metavar="REV", rich_help_panel="Model and GPUs"),
     source: Source = typer.Option(Source.auto, "--source", help="auto (local, Hub, bundled), local, hub or bundled.", rich_help_panel="Model and GPUs"),
     offline: bool = typer.Option(False, "--offline", help="Do not contact the Hub (HF_HUB_OFFLINE=1 does the same).", rich_help_panel="Model and GPUs"),
@@ -210,7 +213,9 @@ def size(
     resolved = load_model(model, revision, source, True if offline else None, parse_overrides(set_),
                           allow_unverified=allow_unverified, layout=layout, vllm_version=vllm_version)
     engine_name = EngineChoice(engine).value
-    if engine_name != "vllm" or engine_version or mem_fraction_static is not None or page_size is not None:
+    sglang_flags = (mem_fraction_static, page_size, swa_full_tokens_ratio, mamba_full_memory_ratio,
+                    enable_dp_attention or None)
+    if engine_name != "vllm" or engine_version or any(flag is not None for flag in sglang_flags):
         from kvplan.cli.engine_view import render_pool, render_side_by_side
         from kvplan.engines import ENGINES, EngineOptions, EnginePools, engine_named
 
@@ -222,7 +227,10 @@ def size(
         if engine_name == "all" and engine_version:
             raise KvplanError("--engine-version names a release of one --engine", "give --vllm-version for vLLM, "
                               "and --engine-version with --engine sglang")
-        options = EngineOptions(mem_fraction_static=mem_fraction_static, page_size=page_size)
+        options = EngineOptions(mem_fraction_static=mem_fraction_static, page_size=page_size,
+                                swa_full_tokens_ratio=swa_full_tokens_ratio,
+                                mamba_full_memory_ratio=mamba_full_memory_ratio,
+                                enable_dp_attention=enable_dp_attention or None)
         names = list(ENGINES) if engine_name == "all" else [engine_name]
         pools, refused = [], {}
         for name in names:

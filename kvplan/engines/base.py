@@ -54,6 +54,11 @@ class EnginePool:
     startup_lines: list[str]  # what the engine prints about its pool at start-up
     launch_command: str
     engine_flags: dict[str, str] = field(default_factory=dict)  # the engine's pool flags and the values used
+    # An engine of several pools (SGLang's hybrid sliding-window pool): each pool's tokens as the engine prints
+    # them ({"full_layer_tokens": N, "swa_layer_tokens": M}); one pool: {"max_total_num_tokens": N}
+    pool_split: dict[str, int] = field(default_factory=dict)
+    # ... and each pool's buffers per GPU as the engine allocates them (bytes)
+    pool_bytes_per_gpu: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
 
@@ -73,6 +78,9 @@ class EngineOptions:
 
     mem_fraction_static: float | None = None  # SGLang's --mem-fraction-static
     page_size: int | None = None  # SGLang's --page-size
+    swa_full_tokens_ratio: float | None = None  # SGLang's --swa-full-tokens-ratio
+    enable_dp_attention: bool | None = None  # SGLang's --enable-dp-attention, with --dp-size the TP size
+    mamba_full_memory_ratio: float | None = None  # SGLang's --mamba-full-memory-ratio
 
     def given(self) -> list[str]:
         return [f"--{name.replace('_', '-')}" for name, value in vars(self).items() if value is not None]

@@ -14,8 +14,9 @@ from kvplan.deploy import ResolvedModel, plan_deployment
 from kvplan.engines.base import EngineCapacity, EngineOptions, EnginePool, engine
 from kvplan.errors import KvplanError
 from kvplan.hardware.catalog import GpuSelection
+from kvplan.model.weights import attention_bytes
 from kvplan.plan.schema import Settings
-from kvplan.sglang.pool import SglangPool, size_pool
+from kvplan.sglang.pool import SglangPool, pool_kind, size_pool
 from kvplan.sglang.rules import KNOWN_VERSIONS, NEWEST_KNOWN, rules_for
 from kvplan.sglang.startup_log import parse_sglang_log
 from kvplan.units import cdiv, format_share
@@ -39,8 +40,31 @@ class Sglang:
         if plan.replicas > 1:  # SGLang's --dp-size replicates the model (vLLM shards MoE experts over DP ranks)
             one = GpuSelection(gpus.device, plan.tensor_parallel_size * plan.pipeline_parallel_size)
             weights = plan_deployment(model, one, deployed.replace(data_parallel_size=1), None, suggest=False).weights_bytes
+        tp = plan.tensor_parallel_size
+        nsa = pool_kind(model.arch) == "nsa"
+        if options.swa_full_tokens_ratio is not None and pool_kind(model.arch) != "swa":
+            raise KvplanError("--swa-full-tokens-ratio is for a model of sliding-window layers (SGLang's hybrid pool)",
+                              "drop it")
+        if options.mamba_full_memory_ratio is not None and pool_kind(model.arch) != "mamba":
+            raise KvplanError("--mamba-full-memory-ratio is for a Mamba / linear-attention hybrid (SGLang's state "
+                              "pool)", "drop it")
+        if options.enable_dp_attention or nsa:
+            # Attention data-parallel over the TP group (--dp-size = TP; SGLang sets it itself for DeepSeek NSA,
+            # server_args.py@0.5.3 .. @0.5.4.post3): each GPU holds the attention weights and the input embedding
+            # whole (`VocabParallelEmbedding(enable_tp=not is_dp_attention_enabled())`, models/deepseek_v2.py
+            # @0.5.3.post1); the experts, dense MLPs and lm_head stay split over the TP group.
+            arch = model.arch
+            whole = (attention_bytes(arch.params, arch.model_dtype_bytes, arch.quantization)
+                     + arch.params.embedding * arch.model_dtype_bytes)
+            weights += whole - whole // (tp * plan.pipeline_parallel_size)
+        config = model.config.config
+        ranks = (config.get("kv_lora_rank"), config.get("qk_rope_head_dim"))
         pool = size_pool(model.arch, gpus.device, deployed, rules, weights,
-                         mem_fraction_static=options.mem_fraction_static, page_size=options.page_size or 1)
+                         mem_fraction_static=options.mem_fraction_static, page_size=options.page_size or 1,
+                         swa_full_tokens_ratio=options.swa_full_tokens_ratio,
+                         dp_attention_size=tp if options.enable_dp_attention else 0,
+                         mla_ranks=ranks if all(isinstance(x, int) and x > 0 for x in ranks) else None,
+                         mamba_full_memory_ratio=options.mamba_full_memory_ratio)
         per_request = cdiv(plan.request_tokens, pool.page_size) * pool.page_size
         needed = per_request * plan.concurrency
         fits = pool.tokens >= max(needed, 1) and plan.concurrency <= pool.max_running_requests
@@ -58,15 +82,14 @@ class Sglang:
             engine=self.name, engine_label=rules.label, model=plan.model, gpu=plan.gpu, gpu_count=plan.gpu_count,
             tensor_parallel_size=plan.tensor_parallel_size, replicas=plan.replicas, kv_cache_dtype=pool.kv_dtype.name,
             kv_bytes_per_token_per_gpu=pool.cell_bytes, page_tokens=pool.page_size, memory_terms=pool.memory_terms(),
-            kv_memory_bytes_per_gpu=max(0, pool.rest_bytes[1]), pool_tokens=pool.tokens, pool_pages=pool.tokens // pool.page_size,
+            kv_memory_bytes_per_gpu=pool.kv_budget_bytes(), pool_tokens=pool.tokens, pool_pages=pool.tokens // pool.page_size,
             max_model_len=pool.context_len,
             requests_at_context=round(pool.tokens / pool.context_len, 4) if pool.context_len else 0.0,
             max_running_requests=pool.max_running_requests, request_tokens=plan.request_tokens,
             concurrency=plan.concurrency, fits=fits, verdict=verdict, startup_lines=pool.startup_lines(),
             launch_command=launch_command(plan.model, pool, plan.tensor_parallel_size, plan.replicas, settings, options),
-            engine_flags={"--mem-fraction-static": f"{pool.mem_fraction_static:g}", "--page-size": str(pool.page_size),
-                          "--chunked-prefill-size": str(pool.chunked_prefill_size),
-                          "--max-running-requests": str(pool.max_running_requests)},
+            engine_flags=_flags(pool, tp),
+            pool_split=pool.pool_tokens(), pool_bytes_per_gpu=pool.pool_bytes(),
             notes=_notes(pool, plan.weights_source))
 
 
@@ -103,14 +126,50 @@ def launch_command(model: str, pool: SglangPool, tp: int, replicas: int, setting
         args += ["--kv-cache-dtype", pool.kv_dtype_flag]
     if options.mem_fraction_static is not None:
         args += ["--mem-fraction-static", f"{options.mem_fraction_static:g}"]
-    if options.page_size is not None:
+    if options.page_size is not None and pool.kind != "nsa":
         args += ["--page-size", str(options.page_size)]
+    if options.swa_full_tokens_ratio is not None:
+        args += ["--swa-full-tokens-ratio", f"{options.swa_full_tokens_ratio:g}"]
+    if options.mamba_full_memory_ratio is not None:
+        args += ["--mamba-full-memory-ratio", f"{options.mamba_full_memory_ratio:g}"]
+    if options.enable_dp_attention:
+        args += ["--enable-dp-attention", "--dp-size", str(tp)]
     return shlex.join(args)
+
+
+def _flags(pool: SglangPool, tp: int) -> dict[str, str]:
+    flags = {"--mem-fraction-static": f"{pool.mem_fraction_static:g}", "--page-size": str(pool.page_size),
+             "--chunked-prefill-size": str(pool.chunked_prefill_size),
+             "--max-running-requests": str(pool.max_running_requests)}
+    if pool.kind == "swa":
+        flags["--swa-full-tokens-ratio"] = f"{pool.swa_full_tokens_ratio:g}"
+    if pool.kind == "mamba":
+        flags["--mamba-full-memory-ratio"] = f"{pool.mamba_full_memory_ratio:g}"
+    if pool.dp_attention:
+        flags |= {"--enable-dp-attention": "on", "--dp-size": str(tp)}
+    return flags
 
 
 def _notes(pool: SglangPool, weights_source: str) -> list[str]:
     low, high = pool.tokens_range
-    return [
+    kind = []
+    if pool.kind == "swa" and pool.swa is not None:
+        kind = [f"hybrid sliding-window pool: {pool.swa.full_layers} full-attention layers at "
+                f"{pool.swa.full_cell:,} B a token hold full_layer_tokens={pool.tokens:,}, {pool.swa.swa_layers} "
+                f"sliding-window layers at {pool.swa.swa_cell:,} B hold swa_layer_tokens={pool.swa_tokens:,} "
+                f"(ratio {pool.swa_full_tokens_ratio:g}); {pool.how}; a request's context counts against the full "
+                "pool"]
+    elif pool.kind == "mamba" and pool.mamba_state_bytes is not None:
+        kind = [f"Mamba / GDN hybrid: {pool.how} (the full-attention layers only); a request holds one state slot, "
+                f"{sum(pool.mamba_state_bytes):,} B on each GPU (conv bf16, SSM float32); running requests at most "
+                "max_mamba_cache_size // 3"]
+    elif pool.kind == "kv" and "window layers" in pool.how:
+        kind = [f"one pool: {pool.how}"]
+    elif pool.kind == "nsa":
+        kind = [f"NSA pool (DeepSeek-V3.2, page 64, DP attention over the TP group): the budget divided by "
+                f"{pool.cell_bytes:,} B a token" + (" (latent and indexer keys)" if pool.rules.nsa_indexer_in_pool
+                                                  else " (the latent alone: 0.5.3)") + f"; {pool.how}"]
+    return kind + [
         f"{pool.rules.label} rules (docs/engines-sglang-rules.md); the pool is {low:,}-{high:,} tokens over the range "
         "of the memory a rank holds before loading (its CUDA context and communicators, assumed 0.4-1.5 GiB)"
         + (" and of the prefill CUDA graphs' reserve (SGLang turns them off for some architectures)"

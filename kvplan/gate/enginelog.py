@@ -33,6 +33,7 @@ from kvplan.paths import iter_user_lines
 from kvplan.plan.schema import Settings
 from kvplan.sglang import startup_log as sglang_lines
 from kvplan.sglang.pool import (
+    NSA_READ,
     SWA_FULL_TOKENS_RATIO,
     SwaPools,
     kv_cell,
@@ -90,6 +91,7 @@ class EngineLogResult(BaseModel):
     page_math: Section | None
     budget: Section | None = Field(None, description="the engine's budget rule from the free memory it printed")
     full_budget: Section | None = Field(None, description="SGLang: from the GPU and the settings alone")
+    full_budget_reason: str | None = Field(None, description="SGLang: why the full budget is not judged")
     sglang_log: sglang_lines.SglangStartup | None = Field(None, description="what the SGLang log says (engine sglang)")
     trtllm_log: trtllm_lines.TrtllmStartup | None = Field(None, description="what the TensorRT-LLM log says")
     notes: list[str] = Field(default_factory=list)
@@ -193,8 +195,9 @@ def _sglang_swa_rows(r, pools: SwaPools, page: int, rules, tolerance: float) -> 
     rows: list[LogComparison] = []
     notes = [f"sliding-window pool: {pools.full_layers} full-attention layers at {pools.full_cell:,} B a token, "
              f"{pools.swa_layers} sliding-window layers at {pools.swa_cell:,} B a token (one GPU)",
-             "budget rule and full budget not judged for a sliding-window pool: the bytes SGLang divides the budget "
-             "by changed by release (MiMo-V2-Flash's over-count fixed by sglang PR #18039)"]
+             "budget rule (the printed free memory given) not judged for a sliding-window pool; its full budget is "
+             "sized by the release's split (kvplan/sglang/hybrid.py; MiMo-V2-Flash's over-count to 0.5.8, sglang "
+             "PR #18039)"]
     which = {swa: ("SWA", pools.swa_cell, pools.swa_k), full: ("full", pools.full_cell, pools.full_k)}
     tokens = r.pool_tokens
     if tokens is not None and r.pool_gib is not None and r.k_size_gib is not None and full != swa and tokens in which:
@@ -223,9 +226,6 @@ def _sglang_swa_rows(r, pools: SwaPools, page: int, rules, tolerance: float) -> 
     return rows, notes
 
 
-#: The releases whose NSA pool kvplan has read (memory_pool.py, server_args.py @0.5.3, 0.5.3.post1, 0.5.3.post3,
-#: 0.5.4.post3); later ones moved its dtype rule (arg_groups/, 0.5.19 on) and are not judged.
-_NSA_READ = ((0, 5, 3), (0, 5, 4))
 
 
 def _sglang_nsa_rows(r, resolved, gpu: str | None, rules, given_dtype: str | None,
@@ -235,7 +235,7 @@ def _sglang_nsa_rows(r, resolved, gpu: str | None, rules, given_dtype: str | Non
         raise KvplanError("SGLang's NSA pool line counts the indexer's keys from 0.5.3.post1 and not in 0.5.3 (sglang "
                           "PR #11309): the release decides what its KV size is", "pass --engine-version")
     version = tuple(int(x) for x in rules.version.split("."))
-    if not _NSA_READ[0] <= version <= _NSA_READ[1]:
+    if not NSA_READ[0] <= version <= NSA_READ[1]:
         raise KvplanError(f"kvplan has read SGLang's NSA pool in 0.5.3 to 0.5.4 only, not {rules.version}",
                           "pass --engine-version 0.5.3 .. 0.5.4 if the log is of one")
     gpu = gpu or r.gpu
@@ -260,7 +260,7 @@ def _sglang_nsa_rows(r, resolved, gpu: str | None, rules, given_dtype: str | Non
     cell = nsa_cell(resolved.arch, dtype, ranks[0], ranks[1], indexer)
     notes = [f"NSA pool (page 64, server_args.py@0.5.3): {cell:,} B a token on every rank ({dtype.name}: {how}; "
              + ("the latent and the indexer's keys" if indexer else "the latent alone: 0.5.3 prints no indexer keys")
-             + ")", "budget rule and full budget not judged for an NSA pool"]
+             + ")", "budget rule (the printed free memory given) not judged for an NSA pool"]
     return _sglang_page_rows(r, cell, cell, True, 64, rules, tolerance), notes
 
 
@@ -313,6 +313,50 @@ def _sglang_full_rows(r, resolved, gpu: str, version: str | None, tp: int, page:
     return rows, f"{selection.count}x {selection.device.name}"
 
 
+def _sglang_hybrid_full_rows(r, resolved, gpu: str, version: str, tp: int, page: int, dtype_flag: str,
+                             tolerance: float, gated: bool) -> tuple[list[LogComparison], str, list[str]]:
+    """The hybrid sliding-window or NSA pool from the GPU and the settings (kvplan/sglang/hybrid.py), against the
+    printed pool: the memory compared is the buffers SGLang allocates (the NSA line's "KV size"; both sliding-window
+    pools at the printed token counts), which, unlike a single pool's, is not the budget itself."""
+    selection = select_gpus(gpu, None if re.match(r"^\s*\d+\s*[x×*]", gpu) else tp)
+    settings = Settings(tensor_parallel_size=tp, kv_cache_dtype=dtype_flag,
+                        max_model_len=r.server_args.get("context_length"))
+    options = EngineOptions(mem_fraction_static=r.mem_fraction_static, page_size=page if page > 1 else None,
+                            swa_full_tokens_ratio=r.server_args.get("swa_full_tokens_ratio"),
+                            enable_dp_attention=bool(r.server_args.get("enable_dp_attention")) or None)
+    pool = engine_named("sglang").size(resolved, selection, settings, version, options)
+    split, buffers = pool.pool_split, pool.pool_bytes_per_gpu
+    notes = [f"full budget: {pool.notes[0]}"]
+    if r.swa_full_tokens is not None:
+        full_cell = round(buffers["full"] / (split["full_layer_tokens"] + page)) if split["full_layer_tokens"] else 0
+        swa_cell = round(buffers["swa"] / (split["swa_layer_tokens"] + page)) if split["swa_layer_tokens"] else 0
+        printed = ((r.swa_full_tokens + page) * full_cell + (r.swa_tokens + page) * swa_cell) / GiB
+        rows = [compare("KV budget GiB per GPU", round(printed, 2), round(sum(buffers.values()) / GiB, 2), tolerance,
+                        gated=gated, slack=2 * _HALF, note="both pools' buffers: (tokens + 1 page) x each pool's bytes, "
+                        "at the printed counts and at kvplan's"),
+                compare("full_layer_tokens", r.swa_full_tokens, split["full_layer_tokens"], tolerance, gated=gated),
+                compare("swa_layer_tokens", r.swa_tokens, split["swa_layer_tokens"], tolerance, gated=gated)]
+    else:
+        tokens = r.pool_tokens if r.pool_tokens is not None else r.max_total_num_tokens
+        rows = [compare("KV budget GiB per GPU", round(r.pool_gib, 2) if r.pool_gib is not None else None,
+                        round(buffers["kv"] / GiB, 2), tolerance, gated=gated, slack=2 * _HALF,
+                        note="the NSA pool's buffers, the printed 'KV size' (its budget is divided by fewer bytes a "
+                             "token than they hold)"),
+                compare("#tokens", tokens, pool.pool_tokens, tolerance, gated=gated)]
+    return rows, f"{selection.count}x {selection.device.name}", notes
+
+
+def _full_reason(gpu_name: str | None, tp: int | None, version: str | None, fraction: float | None,
+                 need_release: str | None) -> str | None:
+    """Why the full budget cannot be judged from what a log (or report) states; None: it can."""
+    missing = [what for what, gone in (("GPU", gpu_name is None), ("TP size", tp is None)) if gone]
+    if need_release and version is None:
+        missing.append(f"release ({need_release})")
+    elif version is None and fraction is None:
+        missing.append("mem_fraction_static or release (its default changes by release)")
+    return f"not judged because it names no {' and no '.join(missing)}" if missing else None
+
+
 def judge_sglang(text: str, log_name: str, tolerance: float, gate: str, model: str | None, gpu: str | None,
                  version: str | None, tp: int | None, kv_cache_dtype: str | None,
                  resolved: ResolvedModel | None = None, given_args: dict[str, Any] | None = None) -> EngineLogResult:
@@ -357,23 +401,42 @@ def judge_sglang(text: str, log_name: str, tolerance: float, gate: str, model: s
         raise KvplanError(f"{log_name}: SGLang sized a {what} hybrid pool, which kvplan does not model for SGLang",
                           "nothing of it is judged")
     page = r.page_size
-    if any(isinstance(s, MLAIndexer) for s in resolved.arch.layers):
-        page_rows, nsa_notes = _sglang_nsa_rows(r, resolved, gpu, rules, kv_cache_dtype, tolerance)
-        settings = {"tensor_parallel_size": tp, "page_size": 64, **{k: v for k, v in r.server_args.items() if k in (
-            "mem_fraction_static", "dp_size", "enable_dp_attention")}}
-        return _result(log_name, "sglang", r.sglang_version, label, tolerance, gate, resolved, gpu, settings,
-                       Section(mode="page math (the printed pool memory given)", gpu=gpu or "any",
-                               comparisons=page_rows), None, None, r, notes + nsa_notes)
+    gpu_name = gpu or (f"{r.gpu_count}x{r.gpu}" if r.gpu and r.gpu_count else r.gpu)
+    nsa = any(isinstance(s, MLAIndexer) for s in resolved.arch.layers)
+    if nsa or r.swa_full_tokens is not None:
+        if nsa:
+            page_rows, kind_notes = _sglang_nsa_rows(r, resolved, gpu, rules, kv_cache_dtype, tolerance)
+            settings = {"tensor_parallel_size": tp, "page_size": 64, **{k: v for k, v in r.server_args.items() if k in (
+                "mem_fraction_static", "dp_size", "enable_dp_attention")}}
+            flag = kv_cache_dtype or r.server_args.get("kv_cache_dtype") or "auto"
+            page = 64
+        else:
+            dtype, dtype_how = _sglang_dtype(r, resolved.arch, rules, kv_cache_dtype)
+            page_rows, kind_notes = _sglang_swa_rows(r, swa_pools(resolved.arch, attention_tp, dtype), page, rules,
+                                                     tolerance)
+            kind_notes.insert(0, f"KV dtype {dtype.name} ({dtype_how}); page size {page}")
+            settings = {"tensor_parallel_size": tp, "page_size": page, "kv_cache_dtype": dtype.name,
+                        **{k: v for k, v in r.server_args.items() if k in ("mem_fraction_static",
+                                                                            "swa_full_tokens_ratio")}}
+            flag = kv_cache_dtype or r.server_args.get("kv_cache_dtype") or "auto"
+        full, full_reason = None, _full_reason(
+            gpu_name, tp, version, r.mem_fraction_static,
+            "the NSA pool's fraction and bytes a token changed by release" if nsa else
+            "the split of the sliding-window pool changed by release: 0.5.8, 0.5.9, 0.5.10, 0.5.11")
+        if full_reason is None and rules is None and version:
+            full_reason = f"not judged because kvplan has not read SGLang {version}'s pool code"
+        if full_reason is None:
+            try:
+                rows, where, full_notes = _sglang_hybrid_full_rows(r, resolved, gpu_name, version, tp, page, flag,
+                                                                   tolerance, gate == "all")
+                full = Section(mode="full budget (from the GPU and the settings)", gpu=where, comparisons=rows)
+                kind_notes += full_notes
+            except KvplanError as exc:
+                full_reason = f"not judged because {exc.message}"
+        return _result(log_name, "sglang", r.sglang_version, label, tolerance, gate, resolved, gpu_name, settings,
+                       Section(mode="page math (the printed pool memory given)", gpu=gpu_name or "any",
+                               comparisons=page_rows), None, full, r, notes + kind_notes, full_reason)
     dtype, dtype_how = _sglang_dtype(r, resolved.arch, rules, kv_cache_dtype)
-    if r.swa_full_tokens is not None:
-        page_rows, swa_notes = _sglang_swa_rows(r, swa_pools(resolved.arch, attention_tp, dtype), page, rules,
-                                                tolerance)
-        notes += [f"KV dtype {dtype.name} ({dtype_how}); page size {page}", *swa_notes]
-        settings = {"tensor_parallel_size": tp, "page_size": page, "kv_cache_dtype": dtype.name,
-                    **{k: v for k, v in r.server_args.items() if k in ("mem_fraction_static", "swa_full_tokens_ratio")}}
-        return _result(log_name, "sglang", r.sglang_version, label, tolerance, gate, resolved, gpu, settings,
-                       Section(mode="page math (the printed pool memory given)", gpu=gpu or "any",
-                               comparisons=page_rows), None, None, r, notes)
     cell, k_half, mla = kv_cell(resolved.arch, attention_tp, dtype)
     notes.append(f"bytes a token on one GPU: {cell:,} ({dtype.name}: {dtype_how}); page size {page}")
     if r.draft_pools:
@@ -383,7 +446,7 @@ def judge_sglang(text: str, log_name: str, tolerance: float, gate: str, model: s
     budget_rows, budget_notes = _sglang_budget_rows(r, cell, page, tolerance, gate_all)
     notes += budget_notes
     full = None
-    gpu_name = gpu or (f"{r.gpu_count}x{r.gpu}" if r.gpu and r.gpu_count else r.gpu)
+    full_reason = _full_reason(gpu_name, tp, version if rules is not None else None, r.mem_fraction_static, None)
     if gpu_name and (rules is not None or r.mem_fraction_static is not None):
         flag = kv_cache_dtype or r.server_args.get("kv_cache_dtype") or "auto"
         if rules is None:
@@ -407,7 +470,7 @@ def judge_sglang(text: str, log_name: str, tolerance: float, gate: str, model: s
                    Section(mode="page math (the printed pool memory given)", gpu=gpu_name or "any", comparisons=page_rows)
                    if page_rows else None,
                    Section(mode="budget rule (the printed free memory given)", gpu=gpu_name or "any",
-                           comparisons=budget_rows) if budget_rows else None, full, r, notes)
+                           comparisons=budget_rows) if budget_rows else None, full, r, notes, full_reason)
 
 
 # --- TensorRT-LLM -----------------------------------------------------------------------------------
@@ -533,7 +596,7 @@ def judge_trtllm(text: str, log_name: str, tolerance: float, gate: str, model: s
 
 
 def _result(log_name, engine, version, label, tolerance, gate, resolved, gpu, settings, page, budget, full, parsed,
-            notes) -> EngineLogResult:
+            notes, full_reason: str | None = None) -> EngineLogResult:
     gated = [c for s in (page, budget, full) if s for c in s.comparisons if c.gated and c.within is not None]
     if not gated:
         raise KvplanError(f"{log_name}: no printed figure could be compared with {_LABEL[engine]}'s rules",
@@ -542,7 +605,8 @@ def _result(log_name, engine, version, label, tolerance, gate, resolved, gpu, se
         log=log_name, engine=engine, engine_version=version, rules=label, ok=all(c.within for c in gated),
         tolerance=tolerance, gate=gate, model=resolved.config.name if resolved else None,
         model_source=resolved.config.source if resolved else None, gpu=gpu, settings=settings, page_math=page,
-        budget=budget, full_budget=full, notes=notes, **{f"{engine}_log": parsed})
+        budget=budget, full_budget=full, full_budget_reason=None if full else full_reason, notes=notes,
+        **{f"{engine}_log": parsed})
 
 
 def render(result: EngineLogResult) -> None:

@@ -187,6 +187,14 @@ def routed_expert_bytes(params: ParamCounts, model_dtype_bytes: int, quant: Quan
     return int(_role_bytes("experts", params.experts, model_dtype_bytes, quant))
 
 
+def attention_bytes(params: ParamCounts, model_dtype_bytes: int, quant: Quantization) -> int:
+    """The attention projections' part of ``weight_bytes``, summed over the whole model (what SGLang's DP attention
+    keeps whole on every rank of its attention group)."""
+    if quant.method == "none":
+        return params.attention * model_dtype_bytes
+    return int(_role_bytes("attention", params.attention, model_dtype_bytes, quant))
+
+
 def _role_bytes(role: str, n: int, model_dtype_bytes: int, quant: Quantization) -> float:
     """``n`` parameters of ``role`` as the checkpoint stores them: the quantized share at its bytes,
     the rest in the model dtype."""

@@ -14,22 +14,23 @@ is a heuristic of the GPU's size, the chunked-prefill size and the CUDA graphs (
 
 What kvplan cannot see is the memory a process holds before the weights load (its CUDA context and communicators),
 which ``P`` excludes: an assumption with a range (`STARTUP_BYTES`), carried into the pool's range. Only full
-attention (MHA / GQA / MQA) and MLA are sized; of sliding-window pools (SGLang's hybrid SWA pool) only a printed
-split is judged (`swa_pools`, `swa_tokens_of_full`: its two buffer sets and its ratio), not sized; Mamba
-/ linear-attention hybrids, sparse-attention indexers, vision models (`adjust_mem_fraction_for_vlm`), pipeline
-parallelism and speculative decoding are refused with the reason.
+attention (MHA / GQA / MQA), MLA, the hybrid sliding-window pool (two pools, 0.5.8 on, of the architectures
+kvplan/sglang/hybrid.py lists), DeepSeek-V3.2's NSA pool (0.5.3-0.5.4) and the Mamba / GDN state pool (Qwen3-Next,
+Nemotron-H; 0.5.3.post3-0.5.6) are sized; other Mamba / linear-attention hybrids and releases, vision models
+(`adjust_mem_fraction_for_vlm`), pipeline parallelism and speculative decoding are refused with the reason.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvplan.errors import KvplanError
 from kvplan.hardware.catalog import Device
 from kvplan.model.arch import Architecture
 from kvplan.model.dtypes import KVDtype, kv_dtype
-from kvplan.model.layers import MLA, FullAttention, MLAIndexer, SlidingWindow
+from kvplan.model.layers import MLA, FullAttention, MambaState, MLAIndexer, SlidingWindow
 from kvplan.plan.schema import MemoryTerm, Settings
+from kvplan.sglang.hybrid import MAMBA_ARCHS, MambaSplit, hybrid_swa_arch, mamba_split, nsa_profile_cell, swa_split
 from kvplan.sglang.rules import SglangRules
 from kvplan.units import GiB, MiB
 
@@ -65,20 +66,79 @@ class SglangPool:
     context_len: int
     max_running_requests: int
     mla: bool
+    # "kv": one pool; "swa": the hybrid sliding-window pool (``tokens`` is full_layer_tokens); "nsa": DeepSeek-V3.2's
+    kind: str = "kv"
+    swa_tokens: int | None = None  # swa_layer_tokens
+    swa: SwaPools | None = None  # the two pools' bytes a token
+    swa_full_tokens_ratio: float | None = None
+    # NSA: the bytes a token its buffers hold (the FP8 latent's scales and rope, the indexer's keys), not the
+    # ``cell_bytes`` the budget is divided by
+    buffer_bytes_per_token: int | None = None
+    dp_attention: bool = False  # attention data-parallel over the TP group: the attention weights on every rank
+    # "mamba": the state pool's slots (max_mamba_cache_size), one request's state on one GPU (conv, SSM), the ratio
+    mamba_slots: int | None = None
+    mamba_state_bytes: tuple[int, int] | None = None
+    mamba_full_memory_ratio: float | None = None
+    how: str = ""  # how the tokens came from the budget
+
+    def _state_terms(self) -> list[MemoryTerm]:
+        if self.kind != "mamba" or self.mamba_slots is None or self.mamba_state_bytes is None:
+            return []
+        state = self.mamba_slots * sum(self.mamba_state_bytes)
+        return [MemoryTerm(f"Mamba state pool ({self.mamba_slots:,} slots)", state, state, state, -1,
+                           f"mamba_full_memory_ratio {self.mamba_full_memory_ratio:g} of the budget, in whole slots "
+                           f"of {sum(self.mamba_state_bytes):,} B")]
+
+    def kv_budget_bytes(self) -> int:
+        """What the KV pool is given on one GPU: the budget, less the Mamba state pool's slots."""
+        return max(0, self.rest_bytes[1] - sum(t.bytes for t in self._state_terms()))
+
+    def pool_bytes(self) -> dict[str, int]:
+        """Each pool's buffers on one GPU as SGLang allocates them: one padding page more than its tokens
+        (``torch.zeros((size + page_size, ...))``, mem_cache/memory_pool.py@0.4.6.post5 .. @0.5.23)."""
+        if self.kind == "swa" and self.swa is not None and self.swa_tokens is not None:
+            return {"full": (self.tokens + self.page_size) * self.swa.full_cell,
+                    "swa": (self.swa_tokens + self.page_size) * self.swa.swa_cell}
+        kv = {"kv": (self.tokens + self.page_size) * (self.buffer_bytes_per_token or self.cell_bytes)}
+        if self.kind == "mamba" and self.mamba_slots is not None and self.mamba_state_bytes is not None:
+            kv["mamba"] = (self.mamba_slots + 1) * sum(self.mamba_state_bytes)  # MambaPool: size + 1 slots
+        return kv
+
+    def pool_tokens(self) -> dict[str, int]:
+        if self.kind == "swa" and self.swa_tokens is not None:
+            return {"full_layer_tokens": self.tokens, "swa_layer_tokens": self.swa_tokens}
+        if self.kind == "mamba" and self.mamba_slots is not None:
+            return {"max_total_num_tokens": self.tokens, "max_mamba_cache_size": self.mamba_slots}
+        return {"max_total_num_tokens": self.tokens}
 
     def startup_lines(self) -> list[str]:
         """The pool lines SGLang prints (mem_cache/memory_pool.py; managers/scheduler.py)."""
-        rows = self.tokens + self.page_size  # the buffers hold one padding page more than the tokens
         dtype = f"dtype: torch.{_torch_name(self.kv_dtype)}, " if _version(self.rules) >= (0, 5, 13) else ""
-        if self.mla:
-            sizes = f"KV size: {rows * self.k_bytes_per_token / GiB:.2f} GB"
+
+        def line(tokens: int, cell: int, k_half: int, mla: bool) -> str:
+            rows = tokens + self.page_size  # the buffers hold one padding page more than the tokens
+            if mla:
+                return f"KV Cache is allocated. {dtype}#tokens: {tokens}, KV size: {rows * cell / GiB:.2f} GB"
+            return (f"KV Cache is allocated. {dtype}#tokens: {tokens}, K size: {rows * k_half / GiB:.2f} GB, "
+                    f"V size: {rows * (cell - k_half) / GiB:.2f} GB")
+
+        if self.kind == "swa" and self.swa is not None and self.swa_tokens is not None:
+            lines = [f"Use sliding window memory pool. full_layer_tokens={self.tokens}, "
+                     f"swa_layer_tokens={self.swa_tokens}",
+                     line(self.swa_tokens, self.swa.swa_cell, self.swa.swa_k, False),  # SWAKVPool builds it first
+                     line(self.tokens, self.swa.full_cell, self.swa.full_k, False)]
+        elif self.kind == "nsa":
+            lines = [line(self.tokens, self.buffer_bytes_per_token or self.cell_bytes, 0, True)]
+        elif self.kind == "mamba" and self.mamba_slots is not None and self.mamba_state_bytes is not None:
+            conv, ssm = ((self.mamba_slots + 1) * b / GiB for b in self.mamba_state_bytes)
+            lines = [f"Mamba Cache is allocated. max_mamba_cache_size: {self.mamba_slots}, conv_state size: "
+                     f"{conv:.2f}GB, ssm_state size: {ssm:.2f}GB ",  # mem_cache/memory_pool.py@0.5.6.post2
+                     line(self.tokens, self.cell_bytes, self.k_bytes_per_token, False)]
         else:
-            half = rows * self.k_bytes_per_token / GiB
-            sizes = f"K size: {half:.2f} GB, V size: {(rows * (self.cell_bytes - self.k_bytes_per_token)) / GiB:.2f} GB"
-        return [f"KV Cache is allocated. {dtype}#tokens: {self.tokens}, {sizes}",
-                f"max_total_num_tokens={self.tokens}, chunked_prefill_size={self.chunked_prefill_size}, "
-                f"max_prefill_tokens=16384, max_running_requests={self.max_running_requests}, "
-                f"context_len={self.context_len}, ..."]
+            lines = [line(self.tokens, self.cell_bytes, self.k_bytes_per_token, self.mla)]
+        return lines + [f"max_total_num_tokens={self.tokens}, chunked_prefill_size={self.chunked_prefill_size}, "
+                        f"max_prefill_tokens=16384, max_running_requests={self.max_running_requests}, "
+                        f"context_len={self.context_len}, ..."]
 
     def memory_terms(self) -> list[MemoryTerm]:
         p_low, p, p_high = self.free_before_load
@@ -88,8 +148,11 @@ class SglangPool:
                        "CUDA total less the context and communicators (assumed 0.75 GiB, 0.4-1.5)"),
             MemoryTerm(f"kept back: P x (1 - {self.mem_fraction_static:g})", round(p * keep), round(p_low * keep),
                        round(p_high * keep), -1, f"mem_fraction_static {self.mem_fraction_static:g}: {self.fraction_how}"),
+            *self._state_terms(),
             MemoryTerm("weights", self.weights_bytes, self.weights_bytes, self.weights_bytes, -1,
-                       "per GPU, kvplan's estimate of the checkpoint as loaded"),
+                       "per GPU, kvplan's estimate of the checkpoint as loaded"
+                       + ("; DP attention: the attention and embedding weights whole on every GPU"
+                          if self.dp_attention else "")),
         ]
 
 
@@ -119,8 +182,9 @@ def prefill_graph_sizes(max_tokens: int) -> list[int]:
 
 
 def default_fraction(rules: SglangRules, gpu_mem_mib: int, tp: int, mla: bool,
-                     prefill_graphs: bool) -> tuple[float, str]:
-    """SGLang's default mem_fraction_static and how it was reached (server_args.py, by release)."""
+                     prefill_graphs: bool, dp_attention_size: int = 0) -> tuple[float, str]:
+    """SGLang's default mem_fraction_static and how it was reached (server_args.py, by release).
+    ``dp_attention_size``: the --dp-size of an --enable-dp-attention given on the command line (0: none)."""
     parallel = tp
     if rules.fraction_rule == "table":  # server_args.py@0.4.6.post5
         steps = ((16, 0.79), (8, 0.81), (4, 0.85), (2, 0.87), (1, 0.88))
@@ -138,6 +202,11 @@ def default_fraction(rules: SglangRules, gpu_mem_mib: int, tp: int, mla: bool,
     chunk, max_bs = graph_defaults(gpu_mem_mib, tp, rules)  # server_args.py@0.5.3.post3 .. memory_hook.py@0.5.23
     reserved = 512 + max(chunk, 2048) * 1.5 + max_bs * 2 + parallel / 8 * 1024
     parts = f"512 + {max(chunk, 2048):,} x 1.5 + {max_bs} x 2 + {parallel / 8 * 1024:g}"
+    if dp_attention_size:  # "DP attention needs more padding", server_args.py@0.5.3 .. memory_hook.py@0.5.23
+        dp_reserve = max_bs * dp_attention_size * (3 + (1.5 if max_bs > 300 else 0))
+        reserved += dp_reserve
+        parts += f" + {dp_reserve:g} (DP attention: {max_bs} x {dp_attention_size} x " \
+                 f"{'4.5' if max_bs > 300 else '3'})"
     if prefill_graphs:
         graphs = 1.5 * 1024 if mla else len(prefill_graph_sizes(chunk)) * 8
         reserved += graphs
@@ -161,18 +230,55 @@ def resolve_kv_dtype(arch: Architecture, settings: Settings, rules: SglangRules)
     return kv_dtype(arch.model_dtype if arch.model_dtype in ("bfloat16", "float16") else "bfloat16"), "auto"
 
 
-def refuse_layers(arch: Architecture) -> None:
-    """Refuse, with the reason, the layer kinds whose pools kvplan does not model for SGLang."""
+MAMBA_NOT_SIZED = ("kvplan does not size SGLang's state pool for this Mamba / linear-attention hybrid (its slots, "
+                   "max_mamba_cache_size, take mamba_full_memory_ratio of the budget: `handle_max_mamba_cache`; kvplan "
+                   "sizes it for Qwen3-Next and Nemotron-H of full-attention and state layers, in SGLang "
+                   "0.5.3.post3-0.5.6 (model_runner.py); 0.5.7 on moved it to model_runner_kv_cache_mixin.py and "
+                   "mem_cache/kv_cache_configurator.py@0.5.23, with extra-buffer slots, not read for sizing)")
+
+
+#: Sliding-window models SGLang pools as full attention: one pool, every layer a full-size page. Its hybrid pool
+#: takes Llama 4 only in 0.4.9-0.5.7 (`is_hybrid_model`, configs/model_config.py@0.4.9.post6) and a list of
+#: architectures from 0.5.8 (`is_hybrid_swa_model`, @0.5.8.post1 .. @0.5.23) that never names Gemma 2 or 3; 0.4.4
+#: priced every layer (`profile_max_num_token`, model_executor/model_runner.py@0.4.4.post3).
+FULL_PAGE_SWA_ARCHS = frozenset({"Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"})
+
+
+def _window_as_full(arch: Architecture) -> bool:
+    return bool(FULL_PAGE_SWA_ARCHS.intersection(arch.architectures))
+
+
+def pool_kind(arch: Architecture) -> str:
+    """Which of SGLang's pools a model's layers take: "swa" (full-attention and sliding-window layers: the hybrid
+    sliding-window pool), "nsa" (MLA layers with DeepSeek-V3.2's indexer), else "kv" (one pool; refused by
+    ``refuse_layers`` where kvplan does not size it)."""
     kinds = {type(s) for s in arch.layers}
-    other = sorted({s.kind for s in arch.layers if type(s) not in (FullAttention, MLA)})
-    if other == ["sliding_window"]:
-        raise KvplanError("kvplan does not size SGLang's sliding-window pool from the GPU: the bytes a token SGLang "
-                          "divides the budget by before splitting it changed by release (MiMo-V2-Flash's over-count, "
-                          "sglang PR #18039); check-log judges a printed split",
-                          "size it for vLLM (--engine vllm)")
+    if kinds == {FullAttention, MambaState}:
+        return "mamba"
+    if kinds == {FullAttention, SlidingWindow}:
+        return "kv" if _window_as_full(arch) else "swa"
+    return "nsa" if kinds == {MLA, MLAIndexer} else "kv"
+
+
+def refuse_layers(arch: Architecture) -> None:
+    """Refuse, with the reason, the layer kinds SGLang's single pool (``kv_cell``) does not price."""
+    kinds = {type(s) for s in arch.layers}
+    priced_whole = (FullAttention, MLA, SlidingWindow) if _window_as_full(arch) else (FullAttention, MLA)
+    other = sorted({s.kind for s in arch.layers if type(s) not in priced_whole})
+    if pool_kind(arch) == "swa":
+        raise KvplanError("a model of sliding-window layers takes SGLang's hybrid sliding-window pool (two pools), "
+                          "not one: it is sized by swa_pools / kvplan/sglang/hybrid.py")
+    if pool_kind(arch) == "nsa":
+        raise KvplanError("DeepSeek-V3.2 takes SGLang's NSA pool (the latent and the indexer's keys), sized by "
+                          "nsa_cell / kvplan/sglang/hybrid.py")
+    if pool_kind(arch) == "mamba":
+        raise KvplanError("a Mamba / linear-attention hybrid takes SGLang's state pool beside its KV pool, sized by "
+                          "size_pool / kvplan/sglang/hybrid.py `mamba_split`")
+    if "mamba" in other:
+        raise KvplanError(MAMBA_NOT_SIZED, "size it for vLLM (--engine vllm)")
     if other:
-        raise KvplanError(f"kvplan does not size SGLang's pool for {', '.join(other)} layers (it sizes full attention "
-                          "and MLA only: SGLang's sliding-window, Mamba and sparse-indexer pools are not modelled)",
+        raise KvplanError(f"kvplan does not size SGLang's pool for {', '.join(other)} layers (it sizes full attention, "
+                          "MLA, the hybrid sliding-window pool and DeepSeek-V3.2's NSA pool)",
                           "size it for vLLM (--engine vllm)")
     if kinds == {FullAttention, MLA}:
         raise KvplanError("a model of both full attention and MLA layers is not sized for SGLang")
@@ -269,7 +375,8 @@ def nsa_cell(arch: Architecture, dtype: KVDtype, kv_lora_rank: int, rope_dim: in
 
 
 def _refuse_what_is_not_modelled(arch: Architecture, settings: Settings) -> None:
-    refuse_layers(arch)
+    if pool_kind(arch) == "kv":
+        refuse_layers(arch)
     if arch.params.towers and not settings.language_model_only:
         raise KvplanError("kvplan does not size SGLang's pool for a multimodal model (SGLang lowers its memory "
                           "fraction by the vision tower's size, adjust_mem_fraction_for_vlm, not modelled)",
@@ -284,10 +391,35 @@ def _refuse_what_is_not_modelled(arch: Architecture, settings: Settings) -> None
             raise KvplanError(f"kvplan does not size SGLang's pool with {what}", "drop it, or use --engine vllm")
 
 
+#: The releases whose NSA pool kvplan has read (memory_pool.py, server_args.py @0.5.3, 0.5.3.post1, 0.5.3.post3,
+#: 0.5.4.post3); later ones moved its dtype rule (arg_groups/, 0.5.19 on) and are not sized.
+NSA_READ = ((0, 5, 3), (0, 5, 4))
+
+
+def nsa_kv_dtype(settings: Settings, rules: SglangRules, blackwell: bool) -> tuple[KVDtype, str]:
+    """The NSA pool's dtype: FP8 on Blackwell whatever the flag in 0.5.3.x, for "auto" in 0.5.4; bf16 for "auto"
+    elsewhere (server_args.py@0.5.3, @0.5.3.post1, @0.5.4.post3); only bf16 and fp8_e4m3 taken."""
+    name = settings.kv_cache_dtype
+    if blackwell and (name == "auto" or _version(rules) < (0, 5, 4)):
+        return kv_dtype("fp8_e4m3"), "auto" if name == "auto" else _KV_FLAGS.get(name, name)
+    if name in ("auto", "bfloat16"):
+        return kv_dtype("bfloat16"), "auto" if name == "auto" else "bfloat16"
+    if name in ("fp8", "fp8_e4m3"):
+        return kv_dtype("fp8_e4m3"), "fp8_e4m3"
+    raise KvplanError(f"SGLang's NSA pool takes bf16 or fp8_e4m3 (server_args.py@0.5.4.post3), not {name}")
+
+
 def size_pool(arch: Architecture, device: Device, settings: Settings, rules: SglangRules, weights_bytes: int,
-              *, mem_fraction_static: float | None = None, page_size: int = 1) -> SglangPool:
-    """SGLang's pool on each GPU of one replica of ``settings`` (weights: per GPU)."""
+              *, mem_fraction_static: float | None = None, page_size: int = 1,
+              swa_full_tokens_ratio: float | None = None, dp_attention_size: int = 0,
+              mla_ranks: tuple[int, int] | None = None, max_total_tokens: int | None = None,
+              mamba_full_memory_ratio: float | None = None) -> SglangPool:
+    """SGLang's pool on each GPU of one replica of ``settings`` (weights: per GPU, the attention's whole on every
+    GPU under DP attention). ``dp_attention_size``: --enable-dp-attention's --dp-size given (0: not given; SGLang
+    turns DP attention on for DeepSeek NSA itself, after its memory fraction is set). ``mla_ranks``: the config's
+    (kv_lora_rank, qk_rope_head_dim), which shape the NSA pool's FP8 buffer."""
     _refuse_what_is_not_modelled(arch, settings)
+    kind = pool_kind(arch)
     tp = settings.tensor_parallel_size
     gpu_mem = round(device.memory_bytes / MiB)
     mla = any(isinstance(s, MLA) for s in arch.layers)
@@ -296,28 +428,117 @@ def size_pool(arch: Architecture, device: Device, settings: Settings, rules: Sgl
         chunk = 2048 if gpu_mem < 35 * 1024 else 8192 if gpu_mem < 160 * 1024 else 16384
     elif rules.fraction_rule == "table":  # server_args.py@0.4.6.post5
         chunk = 2048 if gpu_mem < 25_000 else 8192
-    if mem_fraction_static is None:
-        fraction, how = default_fraction(rules, gpu_mem, tp, mla, rules.prefill_graph_reserve)
+    if mem_fraction_static is not None and not 0 < mem_fraction_static < 1:
+        raise KvplanError(f"invalid --mem-fraction-static {mem_fraction_static!r}", "give a fraction in (0, 1)")
+    if dp_attention_size and rules.fraction_rule != "activation_reserve":
+        raise KvplanError(f"kvplan sizes SGLang's DP attention from 0.5.3 on, not {rules.version}",
+                          "give --engine-version 0.5.3 or later")
+    notes_how = ""
+    if kind == "nsa":
+        if not NSA_READ[0] <= _version(rules) <= NSA_READ[1]:
+            raise KvplanError(f"kvplan has read SGLang's NSA pool in 0.5.3 to 0.5.4 only, not {rules.version}",
+                              "give --engine-version 0.5.3 .. 0.5.4.post3")
+        if mla_ranks is None:
+            raise KvplanError("the config gives no kv_lora_rank and qk_rope_head_dim, which SGLang's NSA pool is "
+                              "shaped by")
+        page_size = 64  # "Setting page size to 64 for DeepSeek NSA" (server_args.py@0.5.3 .. @0.5.4.post3)
+    if kind == "nsa" and rules.nsa_forced_fraction is not None:
+        fraction = high_fraction = rules.nsa_forced_fraction
+        how = "0.5.3 sets 0.8 for DeepSeek NSA" + (f", over the {mem_fraction_static:g} given"
+                                                    if mem_fraction_static not in (None, 0.8) else "")
+    elif mem_fraction_static is None:
+        fraction, how = default_fraction(rules, gpu_mem, tp, mla, rules.prefill_graph_reserve, dp_attention_size)
         # SGLang turns the prefill graphs off for some architectures (`is_piecewise_cuda_graph_disabled_model`),
         # which kvplan does not list: the fraction without their reserve is the high end.
-        high_fraction = default_fraction(rules, gpu_mem, tp, mla, False)[0]
+        high_fraction = default_fraction(rules, gpu_mem, tp, mla, False, dp_attention_size)[0]
     else:
-        if not 0 < mem_fraction_static < 1:
-            raise KvplanError(f"invalid --mem-fraction-static {mem_fraction_static!r}", "give a fraction in (0, 1)")
         fraction, how, high_fraction = mem_fraction_static, "given", mem_fraction_static
-    dtype, flag = resolve_kv_dtype(arch, settings, rules)
-    cell, k_half, _ = kv_cell(arch, tp, dtype)
+    if kind == "nsa":
+        dtype, flag = nsa_kv_dtype(settings, rules, device.is_blackwell)
+        cell = k_half = nsa_profile_cell(arch, dtype, *mla_ranks, bool(rules.nsa_indexer_in_pool))
+    else:
+        dtype, flag = resolve_kv_dtype(arch, settings, rules)
     low_p, est_p, high_p = (device.cuda_total_bytes - s for s in reversed(STARTUP_BYTES))
     rests = (low_p * fraction - weights_bytes, est_p * fraction - weights_bytes, high_p * high_fraction - weights_bytes)
-    counts = [max(0, int(r) // cell) // page_size * page_size for r in rests]
     context = settings.max_model_len or arch.max_model_len_limit or arch.max_position_embeddings or 0
+    extra: dict = {"kind": kind}
+    if kind == "swa":
+        if rules.swa_sizing is None:
+            raise KvplanError(f"kvplan has read SGLang's hybrid sliding-window sizing from 0.5.8 on, not "
+                              f"{rules.version} (0.4.9-0.5.7 divide the budget by other layer counts)",
+                              "give --engine-version 0.5.8 or later")
+        architecture = hybrid_swa_arch(arch, rules.version)
+        pools = swa_pools(arch, tp if not dp_attention_size else max(1, tp // dp_attention_size), dtype)
+        ratio = SWA_FULL_TOKENS_RATIO if swa_full_tokens_ratio is None else swa_full_tokens_ratio
+        splits = [swa_split(int(r), pools.full_cell // pools.full_layers, pools.full_layers,
+                            pools.swa_cell // pools.swa_layers, pools.swa_layers, ratio, page_size, rules.swa_sizing,
+                            architecture, max_total_tokens) for r in rests]
+        counts = [sp.full_tokens for sp in splits]
+        cell, k_half = pools.full_cell + pools.swa_cell, pools.full_k + pools.swa_k  # a token in both pools
+        notes_how = splits[1].how
+        extra |= {"swa_tokens": splits[1].swa_tokens, "swa": pools, "swa_full_tokens_ratio": ratio}
+    elif kind == "mamba":
+        cell, k_half, mamba = _mamba_pool(arch, rules, tp, dp_attention_size, dtype, mamba_full_memory_ratio, rests)
+        counts = [tokens_from_budget(sp.kv_budget_bytes, cell, page_size, max_total_tokens) for sp in mamba[0]]
+        notes_how = mamba[1]
+        extra |= mamba[2]
+    else:
+        if kind == "kv":
+            cell, k_half, _ = kv_cell(arch, tp if not dp_attention_size else max(1, tp // dp_attention_size), dtype)
+        counts = [tokens_from_budget(r, cell, page_size, max_total_tokens) for r in rests]
+        notes_how = f"{int(rests[1]):,} B // {cell:,} B a token, in pages of {page_size}"
+        if kind == "nsa":
+            buffer = nsa_cell(arch, dtype, *mla_ranks, bool(rules.nsa_indexer_in_pool))
+            extra["buffer_bytes_per_token"] = buffer
+            notes_how += f"; its buffers hold {buffer:,} B a token"
+        if kind == "kv" and any(isinstance(s, SlidingWindow) for s in arch.layers):
+            notes_how += ("; SGLang gives this model no hybrid sliding-window pool: its window layers take full "
+                          "pages in the one pool (FULL_PAGE_SWA_ARCHS)")
     tokens = counts[1]
+    running = max_running_requests(tokens, context, rules)
+    if kind == "mamba":  # min(max_num_reqs, max_mamba_cache_size // 3), model_runner.py@0.5.3.post3 .. @0.5.6.post2
+        running = min(running, extra["mamba_slots"] // 3)
     return SglangPool(
         rules=rules, gpu_mem_mib=gpu_mem, mem_fraction_static=fraction, fraction_how=how,
         chunked_prefill_size=chunk, free_before_load=(low_p, est_p, high_p), weights_bytes=weights_bytes,
         rest_bytes=tuple(round(r) for r in rests), kv_dtype=dtype, kv_dtype_flag=flag, cell_bytes=cell,
         k_bytes_per_token=k_half, page_size=page_size, tokens=tokens, tokens_range=(counts[0], counts[2]),
-        context_len=context, max_running_requests=max_running_requests(tokens, context, rules), mla=mla)
+        context_len=context, max_running_requests=running, mla=mla,
+        dp_attention=bool(dp_attention_size) or kind == "nsa", how=notes_how, **extra)
+
+
+def _mamba_pool(arch: Architecture, rules: SglangRules, tp: int, dp_attention_size: int, dtype: KVDtype,
+                ratio: float | None, rests: tuple[float, ...]) -> tuple[int, int, tuple]:
+    """(KV cell over the full-attention layers, its K half, (the splits of each budget, how, the pool's fields)) of
+    a Mamba / GDN hybrid (kvplan/sglang/hybrid.py `mamba_split`)."""
+    name = next((a for a in arch.architectures if a in MAMBA_ARCHS), None)
+    states = [s for s in arch.layers if type(s) is MambaState]
+    if not rules.mamba_ratio_split or name is None or any(s.variant != MAMBA_ARCHS[name] for s in states):
+        raise KvplanError(MAMBA_NOT_SIZED + f"; this is {', '.join(arch.architectures)} in SGLang {rules.version}",
+                          "give --engine-version 0.5.4 .. 0.5.6 for Qwen3-Next or Nemotron-H, or size it for vLLM")
+    attention_tp = max(1, tp // dp_attention_size) if dp_attention_size else tp  # get_attention_tp_size()
+    shaped = [replace(s.per_rank(attention_tp), conv_bytes=2, ssm_bytes=4, spec_tokens=0) for s in states]
+    conv = sum(replace(s, ssm_bytes=0).state_bytes() for s in shaped)  # CONV_DTYPE = torch.bfloat16
+    ssm = sum(replace(s, conv_bytes=0).state_bytes() for s in shaped)  # --mamba-ssm-dtype float32
+    full = [s.per_rank(attention_tp) for s in arch.layers if type(s) is FullAttention]
+    cell = round(sum(s.bytes_per_token(dtype) for s in full))
+    k_half = round(sum(s.num_kv_heads * s.head_size * dtype.bytes_per_element for s in full))
+    ratio = 0.9 if ratio is None else ratio  # --mamba-full-memory-ratio's default (server_args.py@0.5.6.post2)
+    splits = [mamba_split(r, conv + ssm, ratio) for r in rests]
+    if dp_attention_size and MAMBA_ARCHS[name] == "gated_delta_net":  # hybrid_gdn_config: slots // dp_size
+        splits = [mamba_split_slots(sp, conv + ssm, dp_attention_size) for sp in splits]
+    mid = splits[1]
+    how = (f"the state pool: {mid.max_mamba_cache_size:,} slots of {conv + ssm:,} B (ratio {ratio:g}), "
+           f"{mid.state_bytes / GiB:,.2f} GiB; the KV pool: {int(mid.kv_budget_bytes):,} B // {cell:,} B a token")
+    return cell, k_half, (splits, how, {"mamba_slots": mid.max_mamba_cache_size, "mamba_state_bytes": (conv, ssm),
+                                        "mamba_full_memory_ratio": ratio})
+
+
+def mamba_split_slots(split: MambaSplit, per_request: int, dp: int) -> MambaSplit:
+    """GDN under DP attention: the slots divided by the DP size, the KV pool given what they no longer take."""
+    slots = split.max_mamba_cache_size // dp
+    total = split.kv_budget_bytes + split.state_bytes
+    return MambaSplit(slots, slots * per_request, total - slots * per_request)
 
 
 def max_running_requests(tokens: int, context_len: int, rules: SglangRules) -> int:

@@ -49,6 +49,18 @@ class SglangRules:
     # `profile_max_num_token` adds ``indexer_size_per_token``, model_runner.py@0.5.3.post1). None: before 0.5.3,
     # which has no NSA pool.
     nsa_indexer_in_pool: bool | None
+    # DeepSeek NSA's mem_fraction_static: 0.5.3 sets it to 0.8 over any value given ("Setting mem fraction static to
+    # 0.8 for DeepSeek NSA", server_args.py@0.5.3); 0.5.3.post1 on dropped the line (server_args.py@0.5.3.post1).
+    nsa_forced_fraction: float | None
+    # How the hybrid sliding-window pool is sized from the budget (``SwaSizing`` in kvplan/sglang/hybrid.py names
+    # each): "0.5.8" (model_runner_kv_cache_mixin.py@0.5.8.post1), "0.5.9" (@0.5.9), "0.5.10" (@0.5.10.post1),
+    # "0.5.11" (model_executor/pool_configurator.py@0.5.11 .. @0.5.23). None: before 0.5.8, not read for sizing.
+    swa_sizing: str | None
+    # Mamba / GDN hybrids' state pool split from the budget by ``mamba_full_memory_ratio`` (`handle_max_mamba_cache`,
+    # model_runner.py@0.5.3.post3 .. @0.5.6.post2, the same in each): read for those releases only. 0.5.3 sizes it
+    # from --max-mamba-cache-size or 512 (model_runner.py@0.5.3); 0.5.7 on moved it (model_runner_kv_cache_mixin.py)
+    # and added extra-buffer slots.
+    mamba_ratio_split: bool
 
     @property
     def label(self) -> str:
@@ -81,4 +93,8 @@ def rules_for(version: str | None = None) -> SglangRules:
         auto_kv_reads_checkpoint=v >= (0, 5, 3),
         unknown_gpu_fraction=0.95 if v >= (0, 5, 23) else 0.88,
         nsa_indexer_in_pool=None if v < (0, 5, 3) else v > (0, 5, 3) or bool(post and int(post.group(1)) >= 1),
+        nsa_forced_fraction=0.8 if v == (0, 5, 3) and not (post and int(post.group(1)) >= 1) else None,
+        mamba_ratio_split=(0, 5, 4) <= v <= (0, 5, 6) or (v == (0, 5, 3) and bool(post and int(post.group(1)) >= 3)),
+        swa_sizing=None if v < (0, 5, 8) else "0.5.8" if v < (0, 5, 9) else "0.5.9" if v < (0, 5, 10)
+        else "0.5.10" if v < (0, 5, 11) else "0.5.11",
     )

@@ -24,8 +24,7 @@ from kvplan.errors import KvplanError
 from kvplan.gate.checklog import LogComparison
 from kvplan.gate.enginelog import EngineLogResult, judge_sglang, judge_trtllm
 from kvplan.hardware.catalog import find_device
-from kvplan.model.arch import Architecture, parse_architecture
-from kvplan.model.layers import MLAIndexer
+from kvplan.model.arch import parse_architecture
 from kvplan.model.source import ModelConfig
 from kvplan.units import GiB
 from kvplan.validate.cases import resolve_config
@@ -166,13 +165,10 @@ def _page(result: EngineLogResult) -> PageResult | None:
     return None
 
 
-def _full(report: EngineReport, result: EngineLogResult, arch: Architecture) -> tuple[FullResult | None, str | None]:
-    if result.sglang_log is not None and result.sglang_log.swa_full_tokens is not None:
-        return None, "not built for a sliding-window pool (the bytes SGLang divides its budget by changed by release)"
-    if any(isinstance(s, MLAIndexer) for s in arch.layers):
-        return None, "not built for DeepSeek-V3.2's NSA pool (kvplan does not size it from the GPU)"
+def _full(report: EngineReport, result: EngineLogResult) -> tuple[FullResult | None, str | None]:
     if result.full_budget is None:
-        return None, "needs the model, the GPU, the TP and mem_fraction_static (or the release)"
+        return None, result.full_budget_reason or "not judged because it states no GPU, TP size and " \
+                                                  "mem_fraction_static or release"
     c = next((c for c in result.full_budget.comparisons if c.quantity == "KV budget GiB per GPU"), None)
     if c is None or c.reported is None or c.predicted is None:
         return None, "the report prints no pool memory"
@@ -201,7 +197,7 @@ def validate_engine(engine: str, reports_file: Path | None = None, configs_dir: 
             cases.append(case.model_copy(update={"page_reason": reason, "full_reason": reason}))
             continue
         page = _page(result)
-        full, full_reason = _full(report, result, resolved.arch) if engine == "sglang" else (
+        full, full_reason = _full(report, result) if engine == "sglang" else (
             None, "not built: kvplan does not model TensorRT-LLM's profiled peak")
         budget = next((c for c in (result.budget.comparisons if result.budget else []) if c.within is not None), None)
         cases.append(case.model_copy(update={

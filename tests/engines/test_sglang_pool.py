@@ -132,8 +132,9 @@ def _sglang(model: str, gpu: str, version: str | None = None, **settings):
 
 
 def test_what_is_not_modelled_is_refused():
-    with pytest.raises(KvplanError, match="sliding-window pool from the GPU"):
-        _sglang("google/gemma-3-27b-it", "H100", language_model_only=True)
+    # gpt-oss takes SGLang's hybrid sliding-window pool, whose split kvplan has read from 0.5.8 on only
+    with pytest.raises(KvplanError, match="from 0.5.8 on, not 0.5.6"):
+        _sglang("openai/gpt-oss-20b", "H100", "0.5.6")
     with pytest.raises(KvplanError, match="--block-size"):
         _sglang("meta-llama/Llama-3.1-8B", "H100", block_size=32)
     with pytest.raises(KvplanError, match="pipeline"):
@@ -177,13 +178,24 @@ def test_size_engine_all_on_the_command_line():
         assert r.code == 2 and what in r.one_line_error(), argv
 
 
+def test_gemma_3_window_layers_take_full_pages_in_sglang():
+    """Gemma 3 is in neither of SGLang's hybrid sliding-window lists (`is_hybrid_model`, Llama 4 only,
+    configs/model_config.py@0.4.9.post6; `is_hybrid_swa_model` @0.5.8.post1 .. @0.5.23): one pool, every one of
+    gemma-3-27b's 62 layers a full page, 62 x 16 KV heads x 128 x 2 (K, V) x 2 B = 507,904 B a token."""
+    pool = _sglang("google/gemma-3-27b-it", "H100", language_model_only=True)
+    assert pool.kv_bytes_per_token_per_gpu == 507_904 and pool.page_tokens == 1
+    assert any("window layers take full pages" in n for n in pool.notes)
+
+
 def test_engine_all_shows_the_others_when_one_does_not_size_the_model():
     from helpers.harness import invoke
 
-    r = invoke("size", "google/gemma-3-27b-it", "--gpu", "H100", "--ctx", "8k", "--engine", "all", "--json")
+    # Jamba: Mamba layers beside attention, whose state pool kvplan sizes for SGLang 0.5.3.post3-0.5.6 only (Qwen3-Next,
+    # Nemotron-H) and for TensorRT-LLM not at all
+    r = invoke("size", "ai21labs/Jamba-v0.1", "--gpu", "H100", "--ctx", "8k", "--engine", "all", "--json")
     assert r.code == 0
     doc = json.loads(r.stdout)
     assert [p["engine"] for p in doc["engines"]] == ["vllm"]
-    assert "sliding-window pool" in doc["refused"]["sglang"]
-    alone = invoke("size", "google/gemma-3-27b-it", "--gpu", "H100", "--ctx", "8k", "--engine", "sglang")
-    assert alone.code == 2 and "sliding-window pool" in alone.one_line_error()
+    assert "state pool" in doc["refused"]["sglang"] and "mamba" in doc["refused"]["trtllm"]
+    alone = invoke("size", "ai21labs/Jamba-v0.1", "--gpu", "H100", "--ctx", "8k", "--engine", "sglang")
+    assert alone.code == 2 and "state pool" in alone.one_line_error()

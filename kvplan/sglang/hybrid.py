@@ -1,0 +1,158 @@
+"""SGLang's hybrid pools sized from the KV budget: the sliding-window pool and DeepSeek-V3.2's NSA pool.
+
+The budget is the plain pool's (kvplan/sglang/pool.py: ``rest = A - P x (1 - mem_fraction_static)``, in bytes as
+SGLang makes it, ``int(rest_memory x 2^30)``); what differs is the bytes a token the budget is divided by, and how
+the tokens are split. Each rule is read in the release named (docs/engines-sglang-rules.md quotes the lines).
+
+Sliding window (``SWAKVPool``: a full-attention pool of ``full_layer_tokens`` and a sliding-window pool of
+``swa_layer_tokens``, ``swa = full x swa_full_tokens_ratio``, 0.8 by default). With ``F``/``S`` the bytes of one
+full / sliding-window layer for one token on one GPU, ``nf``/``ns`` their layer counts, ``r`` the ratio, ``page``
+SGLang's page size and ``align(x) = x // page x page``:
+
+- 0.5.8 (model_runner_kv_cache_mixin.py@0.5.8.post1 `get_cell_size_per_token`, `set_num_tokens_hybrid_swa`):
+  ``cell = F x (nf + ns)`` (every layer at the full layers' shape), plus ``S x ns`` for MiMo-V2-Flash (its
+  over-count, fixed by sglang PR #18039); ``M = align(budget // cell)``; ``full = int(M x (nf + ns) / (r x ns + nf))``,
+  ``swa = int(full x r)``, both then aligned.
+- 0.5.9 (model_runner_kv_cache_mixin.py@0.5.9): ``cell = F nf + S ns``; ``M = align(budget // cell)``;
+  ``full = int(M x cell / (F nf + r S ns))``, ``swa = int(full x r)``, both then aligned.
+- 0.5.10 (@0.5.10.post1 `_resolve_hybrid_swa_tokens`): as 0.5.9, but ``swa = align(int(align(full) x r))``.
+- 0.5.11 on (model_executor/pool_configurator.py@0.5.11 .. @0.5.23 `HybridSWAPoolConfigurator`): the ratio is in the
+  cell, ``cell = F nf + r S ns``; ``full = align(int(budget // cell))``, ``swa = align(int(full x r))``.
+
+``--max-total-tokens`` caps ``M`` (0.5.8-0.5.10) or ``full`` (0.5.11 on, `calculate_pool_sizes_from_max_tokens`).
+
+NSA (``NSATokenToKVPool``, DeepSeek-V3.2): page 64, the budget divided by ``(kv_lora_rank + qk_rope_head_dim) x
+layers x the cache dtype's bytes`` (1 for FP8, although the FP8 buffer holds 656 bytes a layer: 512 + 4 scales x 4 +
+64 x 2), plus, from 0.5.3.post1, the indexer's keys, ``(index_head_dim + index_head_dim // 128 x 4) x layers``
+(model_runner.py@0.5.3.post1 `profile_max_num_token`; @0.5.3 has no indexer term).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvplan.errors import KvplanError
+from kvplan.model.arch import Architecture
+from kvplan.model.dtypes import KVDtype
+from kvplan.model.layers import MLA, MLAIndexer
+
+#: Architectures whose hybrid sliding-window pool kvplan sizes, and the first release read that gives them one
+#: (``is_hybrid_swa_model``, configs/model_config.py@0.5.8.post1 .. @0.5.23). SGLang lists more (Llama 4's chunked
+#: attention, Step-3.5, Gemma 4, ...): their SWA layers' shapes (``swa_head_dim``, ``attention_other_setting``) are
+#: not checked against kvplan's, so they are refused.
+HYBRID_SWA_ARCHS = {"GptOssForCausalLM": "0.5.8", "MiMoV2FlashForCausalLM": "0.5.8", "MiMoV2ForCausalLM": "0.5.11"}
+_MIMO_OVERCOUNT = "MiMoV2FlashForCausalLM"  # get_cell_size_per_token@0.5.8.post1 names this one
+
+
+@dataclass(frozen=True)
+class SwaSplit:
+    """The hybrid sliding-window pool of one GPU, as one release sizes it from the budget."""
+
+    full_tokens: int  # full_layer_tokens (= max_total_num_tokens, what the scheduler counts)
+    swa_tokens: int  # swa_layer_tokens
+    cell_bytes: float  # the bytes a token the budget is divided by
+    how: str
+
+
+def hybrid_swa_arch(arch: Architecture, version: str) -> str:
+    """The architecture that gives ``arch`` SGLang's hybrid sliding-window pool in ``version``; refused with the reason
+    where SGLang gives it none or kvplan does not size it."""
+    v = _v(version)
+    for name in arch.architectures:
+        first = HYBRID_SWA_ARCHS.get(name)
+        if first is not None and v >= _v(first):
+            return name
+    names = ", ".join(arch.architectures) or "no architecture"
+    raise KvplanError(f"kvplan does not size SGLang {version}'s pool for {names} with sliding-window layers: it sizes "
+                      f"the hybrid sliding-window pool of {', '.join(sorted(HYBRID_SWA_ARCHS))} only (others are "
+                      "either not hybrid in SGLang, their window layers then taking full-size pages, or of shapes "
+                      "kvplan has not checked)", "size it for vLLM (--engine vllm)")
+
+
+def swa_split(budget_bytes: int, full_layer_bytes: int, full_layers: int, swa_layer_bytes: int, swa_layers: int,
+              ratio: float, page: int, sizing: str, architecture: str,
+              max_total_tokens: int | None = None) -> SwaSplit:
+    """``full_layer_bytes`` / ``swa_layer_bytes``: one token of ONE layer of each kind on one GPU (F, S above)."""
+    if not 0 < ratio <= 1:
+        raise KvplanError(f"invalid --swa-full-tokens-ratio {ratio!r}", "give a ratio in (0, 1]")
+    f_all, s_all = full_layer_bytes * full_layers, swa_layer_bytes * swa_layers
+    budget = max(0, int(budget_bytes))
+
+    def align(x: float) -> int:
+        return int(x) // page * page
+
+    def capped(tokens: int) -> int:
+        return min(tokens, max_total_tokens) if max_total_tokens else tokens
+
+    if sizing == "0.5.8":
+        cell = full_layer_bytes * (full_layers + swa_layers) + (s_all if architecture == _MIMO_OVERCOUNT else 0)
+        m = align(capped(budget // cell))
+        full = int(m * (full_layers + swa_layers) / (ratio * swa_layers + full_layers))
+        swa = int(full * ratio)
+        return SwaSplit(align(full), align(swa), cell, f"0.5.8: {budget:,} B // {cell:,} B = {m:,} tokens of every "
+                        f"layer, split by layers: x {full_layers + swa_layers} / ({ratio:g} x {swa_layers} + "
+                        f"{full_layers})")
+    if sizing in ("0.5.9", "0.5.10"):
+        cell = f_all + s_all
+        m = align(capped(budget // cell))
+        full = int(m * cell / (f_all + ratio * s_all))
+        swa = int((align(full) if sizing == "0.5.10" else full) * ratio)
+        return SwaSplit(align(full), align(swa), cell, f"{sizing}: {budget:,} B // {cell:,} B = {m:,} tokens, split "
+                        f"by bytes: x {cell:,} / ({f_all:,} + {ratio:g} x {s_all:,})")
+    if sizing == "0.5.11":
+        cell = f_all + ratio * s_all
+        full = align(capped(int(budget // cell)))
+        return SwaSplit(full, align(int(full * ratio)), cell,
+                        f"0.5.11 on: {budget:,} B // ({f_all:,} + {ratio:g} x {s_all:,} B)")
+    raise KvplanError(f"kvplan has read SGLang's hybrid sliding-window sizing from 0.5.8 on (not {sizing})",
+                      "give --engine-version 0.5.8 or later")
+
+
+def nsa_profile_cell(arch: Architecture, dtype: KVDtype, kv_lora_rank: int, rope_dim: int, with_indexer: bool) -> int:
+    """The bytes a token the NSA pool's budget is divided by (not its buffers' bytes: kvplan/sglang/pool.py
+    `nsa_cell`)."""
+    mla = [s for s in arch.layers if type(s) is MLA]
+    indexers = [s for s in arch.layers if type(s) is MLAIndexer]
+    if not mla or len(mla) != len(indexers):
+        raise KvplanError("kvplan prices SGLang's NSA pool only for a model of MLA layers each with an indexer")
+    cell = (kv_lora_rank + rope_dim) * len(mla) * dtype.bytes_per_element
+    if with_indexer:  # uint8, index_k_with_scale_buffer_dtype
+        cell += round(indexers[0].bytes_per_token(dtype)) * len(mla)
+    return int(cell)
+
+
+#: Architectures whose state SGLang 0.5.3.post3-0.5.6 keeps in its Mamba pool with ``Mamba2CacheParams``
+#: (``mambaish_config``: ``hybrid_gdn_config`` / ``mamba2_config``, model_runner.py@0.5.6.post2) and whose state
+#: shapes kvplan has checked against ``Mamba2StateShape.create`` (configs/qwen3_next.py, configs/nemotron_h.py
+#: @0.5.6.post2): conv ``(conv_dim / tp, conv_kernel - 1)`` in bf16 (``CONV_DTYPE``), temporal ``(heads / tp,
+#: head_dim, state_size)`` in ``--mamba-ssm-dtype`` (float32 by default), the same numbers as vLLM's shapes.
+MAMBA_ARCHS = {"Qwen3NextForCausalLM": "gated_delta_net", "NemotronHForCausalLM": "mamba2"}
+
+
+@dataclass(frozen=True)
+class MambaSplit:
+    """The state pool's slots and the budget left for the KV pool (bytes, one GPU)."""
+
+    max_mamba_cache_size: int
+    state_bytes: float  # what the slots take out of the budget
+    kv_budget_bytes: float
+
+
+def mamba_split(budget_bytes: float, per_request_bytes: int, ratio: float) -> MambaSplit:
+    """`handle_max_mamba_cache` (model_runner.py@0.5.3.post3 .. @0.5.6.post2), radix cache on, no speculative
+    decoding: ``raw = rest x ratio / (1 + ratio)`` GiB; ``max_mamba_cache_size = int(raw x 2^30 //
+    mamba_cache_per_req)``; the KV pool gets ``rest - max_mamba_cache_size x mamba_cache_per_req / 2^30``."""
+    if not ratio > 0:
+        raise KvplanError(f"invalid --mamba-full-memory-ratio {ratio!r}", "give a ratio above 0")
+    rest_gib = budget_bytes / (1 << 30)
+    slots = max(0, int((rest_gib * ratio / (1 + ratio) * (1 << 30)) // per_request_bytes))
+    state_gib = slots * per_request_bytes / (1 << 30)
+    return MambaSplit(slots, state_gib * (1 << 30), (rest_gib - state_gib) * (1 << 30))
+
+
+def _v(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split("."))
+
+
+__all__ = ["HYBRID_SWA_ARCHS", "MAMBA_ARCHS", "MambaSplit", "SwaSplit", "hybrid_swa_arch", "mamba_split",
+           "nsa_profile_cell", "swa_split"]

@@ -1,0 +1,253 @@
+"""SGLang's hybrid pools sized from the GPU (kvplan/sglang/hybrid.py): the sliding-window pool's split by release and
+DeepSeek-V3.2's NSA pool, worked by hand from the bundled configs and SGLang's source (the formulas are quoted in
+kvplan/sglang/hybrid.py and docs/engines-sglang-rules.md), and the bad input refused in one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvplan.deploy import load_model, select_gpus
+from kvplan.engines import EngineOptions, engine_named
+from kvplan.errors import KvplanError
+from kvplan.plan.schema import Settings
+from kvplan.sglang.hybrid import swa_split
+from kvplan.sglang.pool import default_fraction, size_pool
+from kvplan.sglang.rules import rules_for
+from kvplan.units import GiB
+from kvplan.validate.reports import REPORTS_DIR
+
+# MiMo-V2-Flash at TP 4, bf16 (profiles/models/XiaomiMiMo--MiMo-V2-Flash.json): 9 full-attention layers of 4 KV heads
+# -> 1 a GPU, x (head_dim 192 + v_head_dim 128) x 2 B = F = 640 B a layer; 39 sliding-window layers of 8 KV heads -> 2,
+# S = 2 x 320 x 2 = 1,280 B a layer.
+F, NF, S, NS = 640, 9, 1_280, 39
+# sg010's run (main of 2026-01-31, before sglang PR #18039) printed full_layer_tokens=375360, swa_layer_tokens=300288
+# at page 64. Under 0.5.8's rule the budget is divided by 640 x 48 + 1,280 x 39 = 80,640 B (every layer at the full
+# shape, plus the SWA layers again: the over-count), so a budget of 314,368 x 80,640 = 25,350,635,520 B gives M = 314,368
+# tokens, full = int(314,368 x 48 / (0.8 x 39 + 9)) = int(375,364.78) = 375,364 -> 375,360, swa = int(375,364 x 0.8) =
+# 300,291 -> 300,288: the printed split.
+SG010_BUDGET = 314_368 * 80_640
+
+
+@pytest.mark.parametrize("sizing, architecture, budget, expected", [
+    ("0.5.8", "MiMoV2FlashForCausalLM", SG010_BUDGET, (375_360, 300_288)),
+    # gpt-oss has no over-count: cell 640 x 48 = 30,720; M = 825,216; full = int(825,216 x 48 / 40.2) = 985,332
+    # -> 985,280; swa = int(985,332 x 0.8) = 788,265 -> 788,224
+    ("0.5.8", "GptOssForCausalLM", SG010_BUDGET, (985_280, 788_224)),
+    # 0.5.9: cell 640 x 9 + 1,280 x 39 = 55,680; M = 25,350,635,520 // 55,680 = 455,291 -> 455,232; full =
+    # int(455,232 x 55,680 / (5,760 + 0.8 x 49,920 = 45,696)) = 554,694 -> 554,688; swa = int(554,694 x 0.8) = 443,755
+    # -> 443,712
+    ("0.5.9", "MiMoV2FlashForCausalLM", SG010_BUDGET, (554_688, 443_712)),
+    # 0.5.11 on: 25,350,635,520 // 45,696 = 554,767 -> 554,752; swa = int(554,752 x 0.8) = 443,801 -> 443,776
+    ("0.5.11", "MiMoV2FlashForCausalLM", SG010_BUDGET, (554_752, 443_776)),
+    # 0.5.9 and 0.5.10 part where the full count's page rounding crosses one of the SWA count's: 25,361,785,472 B //
+    # 55,680 = 455,492 -> 455,488; full = int(455,488 x 55,680 / 45,696) = 555,006 -> 554,944; 0.5.9: int(555,006 x
+    # 0.8) = 444,004 -> 443,968; 0.5.10: int(554,944 x 0.8) = 443,955 -> 443,904
+    ("0.5.9", "MiMoV2FlashForCausalLM", 25_361_785_472, (554_944, 443_968)),
+    ("0.5.10", "MiMoV2FlashForCausalLM", 25_361_785_472, (554_944, 443_904)),
+])
+def test_the_sliding_window_split_by_release(sizing, architecture, budget, expected):
+    split = swa_split(budget, F, NF, S, NS, 0.8, 64, sizing, architecture)
+    assert (split.full_tokens, split.swa_tokens) == expected
+
+
+def test_the_split_under_max_total_tokens_and_bad_ratios():
+    # 0.5.11 caps the full count (calculate_pool_sizes_from_max_tokens): 100,000 -> 99,968; int(99,968 x 0.8) = 79,974
+    # -> 79,936
+    split = swa_split(SG010_BUDGET, F, NF, S, NS, 0.8, 64, "0.5.11", "MiMoV2FlashForCausalLM", max_total_tokens=100_000)
+    assert (split.full_tokens, split.swa_tokens) == (99_968, 79_936)
+    for ratio in (0, 1.5, -0.1):
+        with pytest.raises(KvplanError, match="swa-full-tokens-ratio"):
+            swa_split(SG010_BUDGET, F, NF, S, NS, ratio, 64, "0.5.11", "MiMoV2FlashForCausalLM")
+
+
+def _mimo(version: str, **kw):
+    model = load_model("XiaomiMiMo/MiMo-V2-Flash", source="bundled")
+    return size_pool(model.arch, select_gpus("H200").device, Settings(tensor_parallel_size=4), rules_for(version),
+                     70 * GiB, mem_fraction_static=0.7, page_size=64, **kw)
+
+
+def test_mimo_s_two_pools_from_the_gpu():
+    """The budget is the plain pool's, P x 0.7 - 70 GiB (P: the H200's CUDA total less 0.75 GiB), then 0.5.8's split;
+    the two pool lines SGLang prints are (tokens + 1 page) x each pool's K and V bytes."""
+    pool = _mimo("0.5.8")
+    p = select_gpus("H200").device.cuda_total_bytes - 0.75 * GiB
+    budget = int(p * 0.7 - 70 * GiB)
+    m = budget // 80_640 // 64 * 64
+    full = int(m * 48 / (0.8 * 39 + 9))
+    assert (pool.tokens, pool.swa_tokens) == (full // 64 * 64, int(full * 0.8) // 64 * 64)
+    lines = pool.startup_lines()
+    assert lines[0] == f"Use sliding window memory pool. full_layer_tokens={pool.tokens}, swa_layer_tokens={pool.swa_tokens}"
+    # the SWA pool first (SWAKVPool): K = 2 heads x 192 x 39 layers x 2 B = 29,952 B, V = 2 x 128 x 39 x 2 = 19,968 B
+    rows = pool.swa_tokens + 64
+    assert lines[1] == (f"KV Cache is allocated. #tokens: {pool.swa_tokens}, K size: {rows * 29_952 / GiB:.2f} GB, "
+                        f"V size: {rows * 19_968 / GiB:.2f} GB")
+    # then the full pool: K = 1 x 192 x 9 x 2 = 3,456 B, V = 1 x 128 x 9 x 2 = 2,304 B
+    rows = pool.tokens + 64
+    assert lines[2] == (f"KV Cache is allocated. #tokens: {pool.tokens}, K size: {rows * 3_456 / GiB:.2f} GB, "
+                        f"V size: {rows * 2_304 / GiB:.2f} GB")
+    assert pool.pool_bytes() == {"full": rows * 5_760, "swa": (pool.swa_tokens + 64) * 49_920}
+    # 0.5.11 divides the same budget by 5,760 + 0.8 x 49,920 = 45,696 B: PR #18039's fix gives more tokens
+    fixed = _mimo("0.5.11")
+    assert fixed.tokens == int(budget // 45_696) // 64 * 64 > pool.tokens
+    # the ratio given: 0.5 -> cell 5,760 + 0.5 x 49,920 = 30,720 B
+    half = _mimo("0.5.11", swa_full_tokens_ratio=0.5)
+    assert (half.tokens, half.swa_tokens) == (budget // 30_720 // 64 * 64, int(budget // 30_720 // 64 * 64 * 0.5) // 64 * 64)
+
+
+def _v32(version: str, gpu: str = "B200", weights: float = 90 * GiB, **kw):
+    model = load_model("deepseek-ai/DeepSeek-V3.2", source="bundled")
+    return size_pool(model.arch, select_gpus(gpu).device, Settings(tensor_parallel_size=8), rules_for(version),
+                     weights, mla_ranks=(512, 64), **kw)
+
+
+def test_the_nsa_pool_from_the_gpu():
+    """DeepSeek-V3.2 (61 MLA layers, kv_lora_rank 512, rope 64, index_head_dim 128) on a B200 (FP8 forced on
+    Blackwell, page 64). 0.5.3 divides the budget by (512 + 64) x 61 x 1 B = 35,136 B and sets mem_fraction_static 0.8
+    over the one given; its buffers hold 656 B a layer (512 + 4 scales x 4 + 64 x 2): 40,016 B a token."""
+    p = select_gpus("B200").device.cuda_total_bytes - 0.75 * GiB
+    pool = _v32("0.5.3", mem_fraction_static=0.9)
+    assert pool.mem_fraction_static == 0.8 and "over the 0.9 given" in pool.fraction_how
+    assert (pool.cell_bytes, pool.buffer_bytes_per_token, pool.page_size) == (35_136, 40_016, 64)
+    assert pool.tokens == int(p * 0.8 - 90 * GiB) // 35_136 // 64 * 64
+    assert pool.startup_lines()[0] == (f"KV Cache is allocated. #tokens: {pool.tokens}, "
+                                       f"KV size: {(pool.tokens + 64) * 40_016 / GiB:.2f} GB")
+    # 0.5.3.post1: the indexer's keys, 128 + 4 = 132 B a layer, in both: 35,136 + 61 x 132 = 43,188 and 48,068 B; the
+    # fraction is SGLang's default for a 183,359 MiB card at TP 8: 1 - (512 + 16,384 x 1.5 + 512 x 2 + 1,024) MiB /
+    # 183,359 = 0.852; with --enable-dp-attention --dp-size 8 given, + 512 x 8 x (3 + 1.5) = 18,432 MiB: 0.751
+    post1 = _v32("0.5.3.post1")
+    assert (post1.cell_bytes, post1.buffer_bytes_per_token, post1.mem_fraction_static) == (43_188, 48_068, 0.852)
+    assert post1.tokens == int(p * 0.852 - 90 * GiB) // 43_188 // 64 * 64
+    assert _v32("0.5.3.post1", dp_attention_size=8).mem_fraction_static == 0.751
+    # 0.5.4 on an H200 (not Blackwell): "auto" is bf16, (512 + 64) x 61 x 2 + 61 x 132 = 78,324 B
+    assert _v32("0.5.4", gpu="H200", weights=80 * GiB).cell_bytes == 78_324
+    with pytest.raises(KvplanError, match="0.5.3 to 0.5.4 only"):
+        _v32("0.5.10")
+
+
+def test_dp_attention_keeps_the_attention_weights_whole():
+    """Llama-3.1-8B at TP 2 with --enable-dp-attention (attention TP 1): its attention, 32 x (4,096 x 4,096 x 2 + 4,096
+    x 1,024 x 2) = 1,342,177,280 params, and its embedding, 128,256 x 4,096 = 525,336,576, at 2 B, are whole on each
+    GPU: 3,735,027,712 B, of which TP 2 already counts half, so 1,867,513,856 B more a GPU; the KV heads are not split:
+    8 x 128 x 2 x 32 x 2 B = 131,072 B a token. SGLang's default fraction on an H100 (81,559 MiB) at TP 2 (0.5.23):
+    1 - (512 + 8,192 x 1.5 + 256 x 2 + 256 + 58 x 8) MiB / 81,559 = 0.828; with DP attention, + 256 x 2 x 3 = 0.809."""
+    model = load_model("meta-llama/Llama-3.1-8B", source="bundled")
+    sglang = engine_named("sglang")
+
+    def size(**kw):
+        return sglang.size(model, select_gpus("2xH100"), Settings(tensor_parallel_size=2), "0.5.23", EngineOptions(**kw))
+
+    plain, dp = size(), size(enable_dp_attention=True)
+    weights = {p: next(t.bytes for t in p.memory_terms if t.name == "weights") for p in (plain, dp)}
+    assert weights[dp] - weights[plain] == 1_867_513_856
+    assert (plain.kv_bytes_per_token_per_gpu, dp.kv_bytes_per_token_per_gpu) == (65_536, 131_072)
+    assert (plain.engine_flags["--mem-fraction-static"], dp.engine_flags["--mem-fraction-static"]) == ("0.828", "0.809")
+    assert dp.launch_command.endswith("--enable-dp-attention --dp-size 2")
+    assert default_fraction(rules_for("0.5.23"), 81_559, 2, False, True, 2)[0] == 0.809
+
+
+def test_size_engine_sglang_prints_each_pool():
+    from helpers.harness import invoke
+
+    r = invoke("size", "XiaomiMiMo/MiMo-V2-Flash", "--gpu", "4xH200", "--engine", "sglang", "--engine-version", "0.5.11",
+               "--mem-fraction-static", "0.7", "--page-size", "64", "--swa-full-tokens-ratio", "0.5", "--json")
+    assert r.code == 0
+    pool = json.loads(r.stdout)["engines"][0]
+    split = pool["pool_split"]
+    assert set(split) == {"full_layer_tokens", "swa_layer_tokens"} and pool["pool_tokens"] == split["full_layer_tokens"]
+    assert split["swa_layer_tokens"] == int(split["full_layer_tokens"] * 0.5) // 64 * 64  # align(int(full x r))
+    assert pool["engine_flags"]["--swa-full-tokens-ratio"] == "0.5"
+    assert "--swa-full-tokens-ratio 0.5" in pool["launch_command"]
+    text = invoke("size", "XiaomiMiMo/MiMo-V2-Flash", "--gpu", "4xH200", "--engine", "sglang",
+                  "--engine-version", "0.5.8", env={"COLUMNS": "200"})
+    assert text.code == 0 and "pools: full_layer_tokens " in text.stdout and "Use sliding window memory pool." in text.stdout
+
+
+@pytest.mark.parametrize("model, argv, what", [
+    ("XiaomiMiMo/MiMo-V2-Flash", ("--engine", "vllm", "--swa-full-tokens-ratio", "0.5"), "not a vLLM flag"),
+    ("XiaomiMiMo/MiMo-V2-Flash", ("--engine", "trtllm", "--enable-dp-attention"), "not a TensorRT-LLM flag"),
+    ("XiaomiMiMo/MiMo-V2-Flash", ("--engine", "sglang", "--engine-version", "0.5.7"), "from 0.5.8 on"),
+    ("XiaomiMiMo/MiMo-V2-Flash", ("--engine", "sglang", "--engine-version", "0.9.1"), "0.9.1"),
+    ("XiaomiMiMo/MiMo-V2-Flash", ("--engine", "sglang", "--swa-full-tokens-ratio", "1.5"), "swa-full-tokens-ratio"),
+    ("meta-llama/Llama-3.1-8B", ("--engine", "sglang", "--swa-full-tokens-ratio", "0.5"), "sliding-window layers"),
+    ("deepseek-ai/DeepSeek-V3.2", ("--engine", "sglang"), "0.5.3 to 0.5.4 only"),
+    ("Qwen/Qwen3-Next-80B-A3B-Thinking", ("--engine", "sglang"), "max_mamba_cache_size"),
+    ("nvidia/Nemotron-H-56B-Base-8K", ("--engine", "sglang"), "mamba_full_memory_ratio"),
+])
+def test_bad_input_is_one_line(model, argv, what):
+    from helpers.harness import invoke
+
+    r = invoke("size", model, "--gpu", "4xH200", *argv)
+    assert r.code == 2 and what in r.one_line_error(), (argv, r.stderr)
+
+
+def _qwen3_next(version: str, **kw):
+    model = load_model("Qwen/Qwen3-Next-80B-A3B-Thinking", source="bundled")
+    return size_pool(model.arch, select_gpus("H100").device, Settings(tensor_parallel_size=4), rules_for(version),
+                     37 * GiB, mem_fraction_static=0.85, **kw)
+
+
+def test_the_mamba_state_pool_from_the_gpu():
+    """Qwen3-Next-80B-A3B at TP 4 (profiles/models: 48 layers, every 4th full attention; GDN of 32 value heads and 16
+    key heads of 128, conv kernel 4; full attention 2 KV heads of 256). SGLang's state a request on one GPU
+    (``Mamba2StateShape.create``, configs/qwen3_next.py@0.5.6.post2): conv (128 x 32 + 2 x 16 x 128 = 8,192) / 4 x 3
+    x 2 B (bf16) = 12,288 B, temporal 32 / 4 x 128 x 128 x 4 B (float32) = 524,288 B, x 36 GDN layers = 19,316,736 B.
+    The KV cell counts the 12 full-attention layers only: 1 KV head (2 / 4, replicated) x 256 x 2 x 2 B x 12 =
+    12,288 B. `handle_max_mamba_cache` (model_runner.py@0.5.6.post2): slots = int(rest x 0.9 / 1.9 x 2^30 //
+    19,316,736), the KV pool gets rest - slots x 19,316,736 B; running requests at most slots // 3."""
+    pool = _qwen3_next("0.5.6")
+    p = select_gpus("H100").device.cuda_total_bytes - 0.75 * GiB
+    rest_gib = (p * 0.85 - 37 * GiB) / 2**30
+    slots = int((rest_gib * 0.9 / (1 + 0.9) * 2**30) // 19_316_736)
+    kv = (rest_gib - slots * 19_316_736 / 2**30) * 2**30
+    assert pool.mamba_slots == slots and sum(pool.mamba_state_bytes) == 19_316_736
+    assert (pool.cell_bytes, pool.tokens) == (12_288, int(kv) // 12_288)
+    assert pool.max_running_requests == min(4096, pool.tokens // 2, slots // 3) == slots // 3
+    assert pool.startup_lines()[0].startswith(f"Mamba Cache is allocated. max_mamba_cache_size: {slots}, ")
+    # the ratio given: 0.5 -> a third of the budget to the state
+    assert _qwen3_next("0.5.6", mamba_full_memory_ratio=0.5).mamba_slots == int(
+        (rest_gib * 0.5 / 1.5 * 2**30) // 19_316_736)
+    assert _qwen3_next("0.5.3.post3").mamba_slots == slots  # the same rule from 0.5.3.post3
+    for version in ("0.5.3", "0.5.7", "0.5.23"):  # 0.5.3: --max-mamba-cache-size or 512; 0.5.7 on: not read
+        with pytest.raises(KvplanError, match="0.5.3.post3-0.5.6"):
+            _qwen3_next(version)
+
+
+def test_size_engine_sglang_mamba_flags():
+    from helpers.harness import invoke
+
+    r = invoke("size", "Qwen/Qwen3-Next-80B-A3B-Thinking", "--gpu", "4xH100", "--engine", "sglang",
+               "--engine-version", "0.5.6", "--mamba-full-memory-ratio", "0.5", "--json")
+    assert r.code == 0
+    pool = json.loads(r.stdout)["engines"][0]
+    assert set(pool["pool_split"]) == {"max_total_num_tokens", "max_mamba_cache_size"}
+    assert pool["engine_flags"]["--mamba-full-memory-ratio"] == "0.5"
+    assert "--mamba-full-memory-ratio 0.5" in pool["launch_command"]
+    bad = invoke("size", "meta-llama/Llama-3.1-8B", "--gpu", "H100", "--engine", "sglang",
+                 "--mamba-full-memory-ratio", "0.5")
+    assert bad.code == 2 and "Mamba / linear-attention hybrid" in bad.one_line_error()
+    vllm = invoke("size", "Qwen/Qwen3-Next-80B-A3B-Thinking", "--gpu", "4xH100", "--mamba-full-memory-ratio", "0.5")
+    assert vllm.code == 2 and "not a vLLM flag" in vllm.one_line_error()
+
+
+def test_check_log_judges_a_hybrid_full_budget_where_it_can():
+    """sg010's quote (MiMo-V2-Flash, TP 4, --mem-fraction-static 0.7, --page-size 64): with a GPU and a release the
+    two pools are sized and compared; without either, the reason names what is missing."""
+    from kvplan.gate.enginelog import judge_sglang
+
+    rows = [json.loads(line) for line in
+            (REPORTS_DIR / "sglang-startup-reports.jsonl").read_text().splitlines() if line.strip()]
+    quote = next(r for r in rows if r["case_id"] == "sg010")["quote"].replace(" / ", "\n")
+    model = load_model("XiaomiMiMo/MiMo-V2-Flash", source="bundled")
+    judged = judge_sglang(quote, "sg010", 0.02, "all", None, "4xH200", "0.5.8", None, None, resolved=model)
+    full = {c.quantity: c for c in judged.full_budget.comparisons}
+    assert (full["full_layer_tokens"].reported, full["swa_layer_tokens"].reported) == (375_360, 300_288)
+    assert judged.rules.startswith("SGLang 0.5.8") and judged.full_budget_reason is None
+    # the printed pools' buffers: (375,360 + 64) x 5,760 + (300,288 + 64) x 49,920 B = 17,156,014,080 B = 15.98 GiB
+    assert full["KV budget GiB per GPU"].reported == 15.98
+    none = judge_sglang(quote, "sg010", 0.02, "all", None, None, None, None, None, resolved=model)
+    assert none.full_budget is None and none.full_budget_reason.startswith("not judged because it names no GPU and no "
+                                                                           "release")
+    unread = judge_sglang(quote, "sg010", 0.02, "all", None, "4xH200", "0.6.0", None, None, resolved=model)
+    assert unread.full_budget_reason == "not judged because kvplan has not read SGLang 0.6.0's pool code"
