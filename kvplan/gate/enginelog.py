@@ -28,7 +28,7 @@ from kvplan.engines import EngineOptions, engine_named
 from kvplan.errors import KvplanError
 from kvplan.gate.checklog import LogComparison, Section, compare, comparison_table
 from kvplan.model.dtypes import KVDtype, kv_dtype
-from kvplan.model.layers import MLAIndexer
+from kvplan.model.layers import FullAttention, MLAIndexer
 from kvplan.paths import iter_user_lines
 from kvplan.plan.schema import Settings
 from kvplan.sglang import startup_log as sglang_lines
@@ -36,9 +36,11 @@ from kvplan.sglang.pool import (
     NSA_READ,
     SWA_FULL_TOKENS_RATIO,
     SwaPools,
+    full_attention_cell,
     kv_cell,
     max_running_requests,
     nsa_cell,
+    pool_kind,
     resolve_kv_dtype,
     swa_pools,
     swa_tokens_of_full,
@@ -396,7 +398,8 @@ def judge_sglang(text: str, log_name: str, tolerance: float, gate: str, model: s
                                                        and r.server_args.get("dp_size")) else tp
     if attention_tp != tp:
         notes.append(f"DP attention: KV heads split over TP {tp} / DP {r.server_args['dp_size']} = {attention_tp}")
-    if r.mamba or r.pool_label:
+    mamba_kv = r.mamba and pool_kind(resolved.arch) == "mamba"  # its KV pool line is judged, its state pool not
+    if (r.mamba and not mamba_kv) or r.pool_label:
         what = "Mamba" if r.mamba else f"'{r.pool_label}'"
         raise KvplanError(f"{log_name}: SGLang sized a {what} hybrid pool, which kvplan does not model for SGLang",
                           "nothing of it is judged")
@@ -437,6 +440,18 @@ def judge_sglang(text: str, log_name: str, tolerance: float, gate: str, model: s
                        Section(mode="page math (the printed pool memory given)", gpu=gpu_name or "any",
                                comparisons=page_rows), None, full, r, notes + kind_notes, full_reason)
     dtype, dtype_how = _sglang_dtype(r, resolved.arch, rules, kv_cache_dtype)
+    if mamba_kv:
+        (cell, k_half), mla = full_attention_cell(resolved.arch, attention_tp, dtype), False
+        full_layers = sum(type(s) is FullAttention for s in resolved.arch.layers)
+        notes.append(f"Mamba / GDN hybrid: the KV pool holds its {full_layers} full-attention layers alone; its "
+                     "state pool (max_mamba_cache_size) and the budget are not judged")
+        page_rows = _sglang_page_rows(r, cell, k_half, mla, page, rules, tolerance)
+        notes.append(f"bytes a token on one GPU: {cell:,} ({dtype.name}: {dtype_how}); page size {page}")
+        settings = {"tensor_parallel_size": tp, "page_size": page, "kv_cache_dtype": dtype.name}
+        return _result(log_name, "sglang", r.sglang_version, label, tolerance, gate, resolved, gpu_name, settings,
+                       Section(mode="page math (the printed pool memory given)", gpu=gpu_name or "any",
+                               comparisons=page_rows), None, None, r, notes,
+                       "not judged because kvplan does not size SGLang's Mamba state pool from a log's settings")
     cell, k_half, mla = kv_cell(resolved.arch, attention_tp, dtype)
     notes.append(f"bytes a token on one GPU: {cell:,} ({dtype.name}: {dtype_how}); page size {page}")
     if r.draft_pools:

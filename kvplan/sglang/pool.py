@@ -507,6 +507,15 @@ def size_pool(arch: Architecture, device: Device, settings: Settings, rules: Sgl
         dp_attention=bool(dp_attention_size) or kind == "nsa", how=notes_how, **extra)
 
 
+def full_attention_cell(arch: Architecture, attention_tp: int, dtype: KVDtype) -> tuple[int, int]:
+    """(cell, K half) of a Mamba / GDN hybrid's KV pool on one GPU: its full-attention layers alone
+    (``HybridLinearKVPool`` builds it with ``layer_num = len(full_attention_layer_ids)``,
+    mem_cache/memory_pool.py@0.5.9 .. @0.5.23)."""
+    full = [s.per_rank(attention_tp) for s in arch.layers if type(s) is FullAttention]
+    cell = round(sum(s.bytes_per_token(dtype) for s in full))
+    return cell, round(sum(s.num_kv_heads * s.head_size * dtype.bytes_per_element for s in full))
+
+
 def _mamba_pool(arch: Architecture, rules: SglangRules, tp: int, dp_attention_size: int, dtype: KVDtype,
                 ratio: float | None, rests: tuple[float, ...]) -> tuple[int, int, tuple]:
     """(KV cell over the full-attention layers, its K half, (the splits of each budget, how, the pool's fields)) of
@@ -520,9 +529,7 @@ def _mamba_pool(arch: Architecture, rules: SglangRules, tp: int, dp_attention_si
     shaped = [replace(s.per_rank(attention_tp), conv_bytes=2, ssm_bytes=4, spec_tokens=0) for s in states]
     conv = sum(replace(s, ssm_bytes=0).state_bytes() for s in shaped)  # CONV_DTYPE = torch.bfloat16
     ssm = sum(replace(s, conv_bytes=0).state_bytes() for s in shaped)  # --mamba-ssm-dtype float32
-    full = [s.per_rank(attention_tp) for s in arch.layers if type(s) is FullAttention]
-    cell = round(sum(s.bytes_per_token(dtype) for s in full))
-    k_half = round(sum(s.num_kv_heads * s.head_size * dtype.bytes_per_element for s in full))
+    cell, k_half = full_attention_cell(arch, attention_tp, dtype)
     ratio = 0.9 if ratio is None else ratio  # --mamba-full-memory-ratio's default (server_args.py@0.5.6.post2)
     splits = [mamba_split(r, conv + ssm, ratio) for r in rests]
     if dp_attention_size and MAMBA_ARCHS[name] == "gated_delta_net":  # hybrid_gdn_config: slots // dp_size

@@ -290,8 +290,11 @@ def test_validate_sglang_and_trtllm_reports():
     assert (cases["sg021"]["page"]["predicted"], cases["sg021"]["page"]["reported"]) == (105_605, 105_531)
     # sg015 Qwen3-30B-A3B-Instruct-2507-FP8 (Qwen3-30B-A3B's shape), bf16 cache: 48 x 4 x 128 x 4 = 98,304 B; 203.90 GiB
     assert (cases["sg015"]["page"]["predicted"], cases["sg015"]["page"]["reported"]) == (2_227_130, 2_227_073)
-    # sg017 names Qwen3.5-397B-A17B-FP8 (the issue's own launch script): a GDN hybrid, whose Mamba pool kvplan refuses
-    assert "Mamba" in cases["sg017"]["page_reason"]
+    # sg017 names Qwen3.5-397B-A17B-FP8 (the issue's own launch script, TP 2, SGLang 0.5.9): a GDN hybrid whose KV pool
+    # holds its full-attention layers alone (HybridLinearKVPool, mem_cache/memory_pool.py@0.5.9): 60 layers, every
+    # 4th full, 15 x (2 KV heads / TP 2) x 256 x 2 (K, V) x 2 B = 15,360 B; int(2 x 4.15 x 2^30) // 15,360 - 1
+    assert (cases["sg017"]["page"]["predicted"], cases["sg017"]["page"]["reported"]) == (580_211, 580_364)
+    assert "state pool" in cases["sg017"]["full_reason"]
     # sg019 names its model but neither its GPUs nor its TP: not judged, not guessed from the printed K size
     assert "tensor parallel size" in cases["sg019"]["page_reason"]
     names = [g["name"] for g in sg["goals"]]

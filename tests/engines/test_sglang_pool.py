@@ -192,7 +192,7 @@ def test_engine_all_shows_the_others_when_one_does_not_size_the_model():
 
     # Jamba: Mamba layers beside attention, whose state pool kvplan sizes for SGLang 0.5.3.post3-0.5.6 only (Qwen3-Next,
     # Nemotron-H) and for TensorRT-LLM not at all
-    r = invoke("size", "ai21labs/Jamba-v0.1", "--gpu", "H100", "--ctx", "8k", "--engine", "all", "--json")
+    r = invoke("size", "ai21labs/Jamba-v0.1", "--gpu", "2xH100", "--ctx", "8k", "--engine", "all", "--json")
     assert r.code == 0
     doc = json.loads(r.stdout)
     assert [p["engine"] for p in doc["engines"]] == ["vllm"]
