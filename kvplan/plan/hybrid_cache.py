@@ -40,6 +40,22 @@ ChunkedLocalAttentionManager, MambaManager), `v1/core/kv_cache_manager.py` (`all
   `cache_blocks` whose computed tokens, rounded down to the block, end on the replay boundary:
   `_cache_partial_tail_block`) cannot be hit until the next step: admission fails (`get_num_blocks_to_allocate`
   returns more than the pool).
+- **Mamba-2's prefill checkpoint page** (0.32+: `MambaMixer2.get_kv_cache_spec`,
+  model_executor/layers/mamba/mamba_mixer2.py, ``num_prefill_checkpoint_blocks=1``, alignment 1). A chunk
+  ``start..end`` that reaches the prefill's end (``max(prompt, num_tokens - 1)``), starts on a block, and has
+  the checkpoint position ``(end - 1) // B * B`` (`get_mamba_prefill_checkpoint_position`) at least a block past
+  its start (`is_mamba_prefill_checkpoint_valid`) exports that state from inside itself (the worker's
+  `compute_mamba_prefill_checkpoints`), so the split (:func:`mamba_aligned_chunk`) no longer stops at the replay
+  boundary or the next block boundary (a junction still stops it). The manager (`_needs_internal_checkpoint`,
+  when the request holds no block at ``cdiv(end, B) - 2``) then counts and takes 2 new blocks in that chunk
+  (`get_num_blocks_to_allocate`'s cap 1 + 1, admission's full-sequence check included; `allocate_new_blocks`:
+  nulls up to the checkpoint's index, then the checkpoint's block and the running state's): with a hit, a
+  request holds 3 state blocks until its first decode step retires the hit's and the checkpoint's.
+  `_cache_partial_tail_block` keeps the checkpoint's block cached (the block mask has already hashed it) when
+  it is the prompt's replay boundary, a retention segment's end or the junction, and takes the hash off it
+  otherwise (a resumed request's). With a retention interval other than 0 the coordinator passes
+  ``prefill_end`` 0 (v1/core/kv_cache_coordinator.py), so any chunk may carry one; the split is unchanged.
+  What a hit can end on is unchanged: the replay boundary's state, a junction's, or a retained one.
 - **The hit every group agrees on.** Full attention first (its longest run of cached blocks from the start),
   then each other spec no further than that: a sliding window needs ``cdiv(window - 1, B)`` cached blocks in a
   row ending at the hit (scanned from the right), or every block from the start of a shorter one; a chunked
@@ -51,13 +67,15 @@ ChunkedLocalAttentionManager, MambaManager), `v1/core/kv_cache_manager.py` (`all
   max_in_flight_tokens, max_model_len), B)``: `max_admission_blocks_per_request`), a state group 1.
 
 Not modelled (refused by `HybridGroups.of_layout`): recurrent state outside "align" mode (0.26-0.27's "all"),
-with a prefill checkpoint page (Mamba-2 mixers from 0.32, GDN on Hopper from 0.33: the boundary state is
-exported inside the last chunk, `_needs_internal_checkpoint`, and the split no longer stops there) or with
-speculative decoding's state blocks; groups of different block sizes (hashes finer than a group's block,
+with GDN's prefill checkpoint page (Hopper, 0.33: FlashInfer's own checkpoint alignment,
+`get_prefill_checkpoint_alignment`, not read), state groups with and without a checkpoint page together, or
+with speculative decoding's state blocks; groups of different block sizes (hashes finer than a group's block,
 `resolve_block_hashes`, and with them the state groups' copy-on-write partial hits); DeepSeek-V4's packed
 groups, EAGLE's dropped block, a KV connector, async scheduling's tokens in flight (blocks are freed on the
-processed-token basis: one step later), `long_prefill_token_threshold`. The state-group rules were read at
-0.32.0 and are applied to every release with "align" mode.
+processed-token basis: one step later), `long_prefill_token_threshold`, `enable_mamba_shared_prefix_checkpoint`.
+The state-group rules were read at 0.32.0 and are applied to every release with "align" mode (0.33.0 differs:
+`_cache_partial_tail_block` no longer re-registers a state already keyed at the replay boundary, so it is not
+deferred as cached in this step; not followed).
 """
 
 from __future__ import annotations

@@ -12,8 +12,9 @@ the pool, as `KVCacheManager.allocate_slots` (v1/core/kv_cache_manager.py@0.32.0
   their admission bound) and the first chunk does, then touches the hits (skipped ones are nulls);
 - finishing or preemption frees group by group, each table's last block first;
 - with a recurrent-state group (Mamba "align" mode) the scheduler cuts every prefill chunk where a state must
-  be cached (`mamba_aligned_chunk`, a running request given 0 tokens is passed over for the step), and a
-  waiting request whose hit ends on a state cached in this step waits for the next one.
+  be cached (`mamba_aligned_chunk`, a running request given 0 tokens is passed over for the step; with
+  Mamba-2's checkpoint page a prompt's last chunk is not cut at its replay boundary), and a waiting request
+  whose hit ends on a state cached in this step waits for the next one.
 
 Steady decode stretches are stepped one by one (the plain simulator's many-steps-at-once path assumes one
 group); `replay_one_at_a_time` is the fast path for requests served one at a time.
