@@ -44,6 +44,7 @@ GROUPS = {
     "chunked": (CacheGroup(FULL), CacheGroup(CHUNKED, 48)),
     "mamba": (CacheGroup(MAMBA), CacheGroup(MAMBA), CacheGroup(FULL)),
     "mamba-window": (CacheGroup(FULL), CacheGroup(SLIDING, 40), CacheGroup(MAMBA)),
+    "mamba2": (CacheGroup(MAMBA, checkpoint=True), CacheGroup(FULL), CacheGroup(MAMBA, checkpoint=True)),
 }
 
 
