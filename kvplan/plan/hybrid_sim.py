@@ -323,13 +323,14 @@ class _UnboundedPool:
 
     caching = True
 
-    def __init__(self) -> None:
+    def __init__(self, checkpoints: bool = False) -> None:
         self.first: dict = {}
         self.ref = _RefsOfNone()  # (no block is ever free: nothing to count as evictable)
         self.key_of = _KeysOfNone()  # (a state cached in this step is never hit in it: one request at a time)
         self.taken = 0
         self.num_free = 1 << 62
-        self.cached_as: dict[int, tuple] = {}  # (for `forget`)
+        # Each cached block's hash, for `forget`: kept only beside Mamba-2 checkpoint groups (None: not kept).
+        self.cached_as: dict[int, tuple] | None = {} if checkpoints else None
 
     def take(self, count: int) -> list[int]:
         start, self.taken = self.taken + 1, self.taken + count
@@ -345,11 +346,12 @@ class _UnboundedPool:
         for block, key in zip(blocks, keys):
             if not isinstance(key[1], tuple):  # (group, ("req", n, k)): a generated block
                 self.first.setdefault(key, block)
-                self.cached_as[block] = key
+                if self.cached_as is not None:
+                    self.cached_as[block] = key
 
     def forget(self, block: int) -> None:
         """(A transient checkpoint's hash taken off: `BlockPool.forget`.)"""
-        key = self.cached_as.pop(block, None)
+        key = self.cached_as.pop(block, None) if self.cached_as is not None else None
         if key is not None and self.first.get(key) == block:
             del self.first[key]
 
@@ -388,7 +390,7 @@ def hybrid_working_set(turns: Sequence[SimTurn], groups: HybridGroups, usable_bl
                           f"groups: replaying them ~{probes} times for a hybrid model's working set is above "
                           f"kvplan's bound of {MAX_HYBRID_BLOCK_OPS:,}",
                           "replay a sample of the traffic: fewer sessions or requests")
-    unbounded = _UnboundedPool()
+    unbounded = _UnboundedPool(groups.mamba_checkpoint)
     queried, achievable = replay_one_at_a_time(turns, groups, 0, max_num_batched_tokens, pool=unbounded)
     top = max(1, unbounded.taken)
     memo: dict[int, int | None] = {}
