@@ -152,6 +152,18 @@ class BlockPool(_PrefixMap):
                 if found != block:  # a second block with this hash: both stay cached, lookups find the first
                     self.dups.setdefault(key, [found]).append(block)
 
+    def forget(self, block: int) -> None:
+        """Take a block's hash out of the map, the block kept where it is (`BlockPool._maybe_evict_cached_block`,
+        v1/core/block_pool.py@0.32.0: a Mamba-2 prefill checkpoint whose state is overwritten)."""
+        key = self.key_of[block]
+        if key is None:
+            return
+        self.key_of[block] = None
+        if self.dups and key in self.dups:
+            self._forget_one_of(key, block)
+        else:
+            del self.first[key]
+
     def free_queue(self) -> list[int]:
         """The free queue from head (evicted first) to tail."""
         out, block = [], self.nxt[0]

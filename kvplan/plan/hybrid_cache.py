@@ -40,6 +40,22 @@ ChunkedLocalAttentionManager, MambaManager), `v1/core/kv_cache_manager.py` (`all
   `cache_blocks` whose computed tokens, rounded down to the block, end on the replay boundary:
   `_cache_partial_tail_block`) cannot be hit until the next step: admission fails (`get_num_blocks_to_allocate`
   returns more than the pool).
+- **Mamba-2's prefill checkpoint page** (0.32+: `MambaMixer2.get_kv_cache_spec`,
+  model_executor/layers/mamba/mamba_mixer2.py, ``num_prefill_checkpoint_blocks=1``, alignment 1). A chunk
+  ``start..end`` that reaches the prefill's end (``max(prompt, num_tokens - 1)``), starts on a block, and has
+  the checkpoint position ``(end - 1) // B * B`` (`get_mamba_prefill_checkpoint_position`) at least a block past
+  its start (`is_mamba_prefill_checkpoint_valid`) exports that state from inside itself (the worker's
+  `compute_mamba_prefill_checkpoints`), so the split (:func:`mamba_aligned_chunk`) no longer stops at the replay
+  boundary or the next block boundary (a junction still stops it). The manager (`_needs_internal_checkpoint`,
+  when the request holds no block at ``cdiv(end, B) - 2``) then counts and takes 2 new blocks in that chunk
+  (`get_num_blocks_to_allocate`'s cap 1 + 1, admission's full-sequence check included; `allocate_new_blocks`:
+  nulls up to the checkpoint's index, then the checkpoint's block and the running state's): with a hit, a
+  request holds 3 state blocks until its first decode step retires the hit's and the checkpoint's.
+  `_cache_partial_tail_block` keeps the checkpoint's block cached (the block mask has already hashed it) when
+  it is the prompt's replay boundary, a retention segment's end or the junction, and takes the hash off it
+  otherwise (a resumed request's). With a retention interval other than 0 the coordinator passes
+  ``prefill_end`` 0 (v1/core/kv_cache_coordinator.py), so any chunk may carry one; the split is unchanged.
+  What a hit can end on is unchanged: the replay boundary's state, a junction's, or a retained one.
 - **The hit every group agrees on.** Full attention first (its longest run of cached blocks from the start),
   then each other spec no further than that: a sliding window needs ``cdiv(window - 1, B)`` cached blocks in a
   row ending at the hit (scanned from the right), or every block from the start of a shorter one; a chunked
@@ -51,13 +67,16 @@ ChunkedLocalAttentionManager, MambaManager), `v1/core/kv_cache_manager.py` (`all
   max_in_flight_tokens, max_model_len), B)``: `max_admission_blocks_per_request`), a state group 1.
 
 Not modelled (refused by `HybridGroups.of_layout`): recurrent state outside "align" mode (0.26-0.27's "all"),
-with a prefill checkpoint page (Mamba-2 mixers from 0.32, GDN on Hopper from 0.33: the boundary state is
-exported inside the last chunk, `_needs_internal_checkpoint`, and the split no longer stops there) or with
-speculative decoding's state blocks; groups of different block sizes (hashes finer than a group's block,
+with GDN's prefill checkpoint page (Hopper, 0.33 only: aligned to the prefix-cache grid,
+model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py@0.33.0, under 0.33's manager, which differs from
+0.32.0's: see below), state groups with and without a checkpoint page together, or with speculative decoding's
+state blocks; groups of different block sizes (hashes finer than a group's block,
 `resolve_block_hashes`, and with them the state groups' copy-on-write partial hits); DeepSeek-V4's packed
 groups, EAGLE's dropped block, a KV connector, async scheduling's tokens in flight (blocks are freed on the
-processed-token basis: one step later), `long_prefill_token_threshold`. The state-group rules were read at
-0.32.0 and are applied to every release with "align" mode.
+processed-token basis: one step later), `long_prefill_token_threshold`, `enable_mamba_shared_prefix_checkpoint`.
+The state-group rules were read at 0.32.0 and are applied to every release with "align" mode (0.33.0 differs:
+`_cache_partial_tail_block` no longer re-registers a state already keyed at the replay boundary, so it is not
+deferred as cached in this step; not followed).
 """
 
 from __future__ import annotations
@@ -79,16 +98,21 @@ MANAGER_OF_KIND = {"full_attention": FULL, "mla": FULL, "mla_indexer": FULL, "sl
 @dataclass(frozen=True)
 class CacheGroup:
     """One KV cache group: ``full`` attention, a ``sliding`` window of ``span`` tokens, ``chunked`` local
-    attention in chunks of ``span`` tokens, or ``mamba``: recurrent state in "align" mode (no span)."""
+    attention in chunks of ``span`` tokens, or ``mamba``: recurrent state in "align" mode (no span);
+    ``checkpoint``: its mixer exports the prompt's boundary state inside the last prefill chunk into an extra
+    page (Mamba-2, `MambaSpec.num_prefill_checkpoint_blocks` 1, alignment 1)."""
 
     kind: str
     span: int = 0
+    checkpoint: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in (FULL, SLIDING, CHUNKED, MAMBA):
             raise KvplanError(f"unknown KV cache group kind {self.kind!r}")
         if self.kind not in (FULL, MAMBA) and self.span < 1:
             raise KvplanError(f"a {self.kind} group needs a window / chunk of >= 1 token")
+        if self.checkpoint and self.kind != MAMBA:
+            raise KvplanError("only a recurrent-state group has a prefill checkpoint page")
 
 
 @dataclass(frozen=True)
@@ -123,8 +147,9 @@ class HybridGroups:
         parts = []
         for g in dict.fromkeys(self.groups):
             n = self.groups.count(g)
-            what = ("full attention" if g.kind == FULL else "recurrent state (align)" if g.kind == MAMBA
-                    else f"{g.kind} {g.span:,}")
+            what = ("full attention" if g.kind == FULL
+                    else "recurrent state (align, checkpoint page)" if g.kind == MAMBA and g.checkpoint
+                    else "recurrent state (align)" if g.kind == MAMBA else f"{g.kind} {g.span:,}")
             parts.append(f"{n} x {what}" if n > 1 else what)
         return " + ".join(parts)
 
@@ -132,6 +157,14 @@ class HybridGroups:
     def has_mamba(self) -> bool:
         """A recurrent-state group: the scheduler cuts prefill chunks for it (`mamba_aligned_chunk`)."""
         return any(g.kind == MAMBA for g in self.groups)
+
+    @property
+    def mamba_checkpoint(self) -> bool:
+        """Every recurrent-state group has a prefill checkpoint page: the scheduler's
+        ``mamba_has_prefill_checkpoint_blocks`` (v1/core/sched/scheduler.py@0.32.0), which lets the prompt's
+        last chunk run past its replay boundary."""
+        states = [g for g in self.groups if g.kind == MAMBA]
+        return bool(states) and all(g.checkpoint for g in states)
 
     @classmethod
     def of_capacity(cls, cap) -> HybridGroups:
@@ -163,7 +196,7 @@ class HybridGroups:
                     raise KvplanError(f"the prefix cache of mamba KV groups ({g.spec.variant}) {why} is not modelled; "
                                       "kvplan would otherwise give full attention's hits, which this model does not "
                                       "get")
-                groups.append(CacheGroup(MAMBA))
+                groups.append(CacheGroup(MAMBA, checkpoint=g.spec.variant in checkpoint_variants))
                 continue
             manager = MANAGER_OF_KIND.get(g.spec.kind)
             if manager is None:
@@ -174,6 +207,9 @@ class HybridGroups:
         if missing:
             raise KvplanError(f"the prefix cache of {', '.join(sorted(missing))} KV groups is not modelled; "
                               "kvplan would otherwise give full attention's hits, which this model does not get")
+        if len({g.checkpoint for g in groups if g.kind == MAMBA}) > 1:
+            raise KvplanError("recurrent-state groups with and without a prefill checkpoint page: their prefix cache "
+                              "(the scheduler then splits as without one, the managers reserve it) is not modelled")
         sizes = {g.block_size for g in specs}
         if len(sizes) > 1:
             raise KvplanError(f"KV groups of different block sizes ({', '.join(map(str, sorted(sizes)))}): their "
@@ -181,39 +217,72 @@ class HybridGroups:
         return cls(tuple(groups), sizes.pop(), max_model_len, max_in_flight_tokens, retention_interval)
 
 
+#: Mixers whose prefill checkpoint page kvplan models: Mamba-2's (`MambaMixer2.get_kv_cache_spec`,
+#: model_executor/layers/mamba/mamba_mixer2.py@0.32.0: ``num_prefill_checkpoint_blocks=1,
+#: prefill_checkpoint_alignment=1``).
+MODELLED_CHECKPOINTS = frozenset({"mamba2"})
+
+
+def checkpoint_position(num_tokens: int, block_size: int) -> int:
+    """`get_mamba_prefill_checkpoint_position` (v1/kv_cache_interface.py@0.32.0), no EAGLE, the hash block the
+    block: the last block boundary before the last token (one token is left to recompute on a resend)."""
+    return max((num_tokens - 1) // block_size * block_size, 0)
+
+
+def checkpoint_valid(start: int, end: int, position: int, block_size: int) -> bool:
+    """`is_mamba_prefill_checkpoint_valid` (v1/kv_cache_interface.py@0.32.0) with the hash block and the state
+    block both ``block_size`` and Mamba-2's alignment 1: whether a chunk of tokens ``start..end`` can export
+    the state at ``position`` from inside itself: it starts on a block, the position lies inside it at least a
+    block past its start, and the position's block (``cdiv(end, B) - 2``) is past the initial state's."""
+    B = block_size
+    return (start % B == 0 and cdiv(end, B) - 2 > (start - 1) // B and start + B <= position
+            and start < position < end)
+
+
 def _unmodelled_state(spec, mamba_align: bool, checkpoint_variants: frozenset, speculative_blocks: int) -> str:
     """Why a recurrent-state group's prefix cache is not modelled ('' when it is)."""
     if not mamba_align:
         return "outside mamba_cache_mode 'align' (vLLM's 'all' mode caches a state at every block)"
-    if spec.variant in checkpoint_variants:
-        return ("with a prefill checkpoint page (the mixer exports the prompt's boundary state inside the last "
-                "chunk: `MambaManager._needs_internal_checkpoint`, v1/core/single_type_kv_cache_manager.py@0.32.0)")
+    if spec.variant in checkpoint_variants and spec.variant not in MODELLED_CHECKPOINTS:
+        return ("with a prefill checkpoint page (GDN's FlashInfer prefill on Hopper, vLLM 0.33 only: aligned to the "
+                "prefix-cache grid, `get_mamba_prefill_checkpoint_grid`, under a MambaManager that no longer "
+                "re-registers a state already keyed at the replay boundary; kvplan follows 0.32.0's code, where "
+                "only Mamba-2 has one)")
     if speculative_blocks:
         return "with speculative decoding's extra state blocks"
     return ""
 
 
 def mamba_aligned_chunk(start: int, num_new_tokens: int, prompt: int, num_tokens: int, block_size: int,
-                        max_prefill_tokens: int, junction: int = 0) -> int:
+                        max_prefill_tokens: int, junction: int = 0, checkpoint: bool = False) -> int:
     """`Scheduler._mamba_block_aligned_split` (v1/core/sched/scheduler.py@0.32.0) with the hash block equal to
-    the block, no prefill checkpoint page, no EAGLE, no junction checkpoint: the tokens a prefill chunk from
-    ``start`` may schedule of ``num_new_tokens`` so that it ends where a state must be cached. A chunk that
-    stops before the prefill's end stops on a block boundary (down to 0 tokens when the budget holds no
-    whole block and a block fits ``max_prefill_tokens``); no chunk runs past the next block boundary when
-    it starts mid-block, past the last block-aligned position before the last token (``(num_tokens - 1) //
-    B * B``: the replay boundary's state), or past the block-floored shared-prefix junction."""
+    the block, no EAGLE, no junction checkpoint: the tokens a prefill chunk from ``start`` may schedule of
+    ``num_new_tokens`` so that it ends where a state must be cached. A chunk that stops before the prefill's
+    end stops on a block boundary (down to 0 tokens when the budget holds no whole block and a block fits
+    ``max_prefill_tokens``); no chunk runs past the next block boundary when it starts mid-block, past the last
+    block-aligned position before the last token (``(num_tokens - 1) // B * B``: the replay boundary's
+    state), or past the block-floored shared-prefix junction.
+
+    ``checkpoint`` (every state group has a prefill checkpoint page: Mamba-2): a chunk that reaches the
+    prefill's end and can export the state at ``checkpoint_position(prefill_end)`` from inside itself
+    (`checkpoint_valid`) is not cut at the replay boundary nor at the next block boundary; the junction still
+    cuts it."""
     B = block_size
     prefill_end = max(prompt, num_tokens - 1)
     if start >= prefill_end:
         return num_new_tokens
-    last_cache_position = (num_tokens - 1) // B * B
+    last_cache_position = checkpoint_position(num_tokens, B)
     end = start + num_new_tokens
+    internal = (checkpoint and end >= prefill_end
+                and checkpoint_valid(start, end, checkpoint_position(prefill_end, B), B))
+    if internal:
+        last_cache_position = 0
     if end < prefill_end:
         aligned_end = end // B * B
         if aligned_end > start or max_prefill_tokens >= B:
             end = aligned_end
     stops = (
-        (start // B + 1) * B if start % B else 0,
+        (start // B + 1) * B if start % B and not internal else 0,
         last_cache_position,
         start + (junction - start) // B * B if start < junction < end else 0,
     )
@@ -224,16 +293,18 @@ def mamba_aligned_chunk(start: int, num_new_tokens: int, prompt: int, num_tokens
 class _StateTable(list):
     """A recurrent-state group's block table (a list, 0 the null block) and what `MambaManager` keeps beside
     it in align mode: the index of the state block the last allocation copied from (``last_state``,
-    `last_state_block_idx`), the blocks already retired (`_num_retired_blocks`) and whether it has allocated
-    (`_allocated_block_reqs`)."""
+    `last_state_block_idx`), the blocks already retired (`_num_retired_blocks`), whether it has allocated
+    (`_allocated_block_reqs`) and the prefill checkpoint of its last allocation (`_checkpoints`: the state
+    position and the block it is exported into; None: none)."""
 
-    __slots__ = ("last_state", "retired", "allocated")
+    __slots__ = ("last_state", "retired", "allocated", "checkpoint")
 
     def __init__(self, blocks=()):
         super().__init__(blocks)
         self.last_state: int | None = None
         self.retired = 0
         self.allocated = False
+        self.checkpoint: tuple[int, int] | None = None
 
 
 class HybridCache:
@@ -251,13 +322,15 @@ class HybridCache:
         self.need = [cdiv(g.span - 1, B) if g.kind == SLIDING else 0 for g in hg.groups]
         self.moving = [g for g, group in enumerate(hg.groups) if group.kind != FULL]  # groups that let blocks go
         cap_tokens = hg.max_in_flight_tokens
-        # (A state group's: the running state block and the one it was copied from, the 2 pages of
-        # `MambaSpec.max_memory_usage_bytes` in align mode; admission itself reserves 1, `blocks_to_allocate`.)
+        # (A state group's: the running state block and the one it was copied from, plus the prefill
+        # checkpoint's, the 2 + 1 pages of `MambaSpec.max_memory_usage_bytes` in align mode; admission itself
+        # reserves 1, or 2 with a checkpoint, `blocks_to_allocate`.)
         self.cap: list[int | None] = [
             cdiv(min(g.span - 1 + cap_tokens, hg.max_model_len), B) + 1 if g.kind == SLIDING
             else cdiv(min(g.span + cap_tokens, hg.max_model_len), B) if g.kind == CHUNKED
-            else 2 if g.kind == MAMBA else None
+            else 2 + g.checkpoint if g.kind == MAMBA else None
             for g in hg.groups]
+        self.checkpoints = [g.checkpoint for g in hg.groups]
         # Hashes a state group cached in this step (`MambaManager.cached_blocks_this_step`): a hit ending on one
         # waits for the next step (`new_step`).
         self.cached_this_step: set = set()
@@ -379,20 +452,40 @@ class HybridCache:
         """`KVCacheManager.new_step_starts`: the states cached in the last step may be hit from now on."""
         self.cached_this_step.clear()
 
+    def checkpoint_at(self, table: Sequence[int], start: int, end: int, prefill_end: int) -> int:
+        """`MambaManager._needs_internal_checkpoint` on the position `get_num_blocks_to_allocate` keys it on
+        (v1/core/single_type_kv_cache_manager.py@0.32.0): the state position a chunk of tokens ``start..end``
+        reaching the prefill's end exports from inside itself, into block ``cdiv(end, B) - 2`` when the
+        request holds no block there yet; 0 for none. (Keyed on the chunk's end, where the scheduler's split
+        keys on the prefill's end: they differ only for a resumed request.) Outside the default retention every
+        chunk publishes a state, so any chunk may carry one (`KVCacheCoordinator.get_num_blocks_to_allocate`
+        passes ``prefill_end`` 0, v1/core/kv_cache_coordinator.py@0.32.0), the split still the prefill end's."""
+        B = self.B
+        if self.hg.retention_interval != 0:
+            prefill_end = 0
+        position, index = checkpoint_position(end, B), cdiv(end, B) - 2
+        if end < prefill_end or index < 0 or not checkpoint_valid(start, end, position, B):
+            return 0
+        return position if index >= len(table) or not table[index] else 0
+
     def blocks_to_allocate(self, tables: list[list[int]] | None, num_tokens: int, hits: list[list[int]],
-                           computed: int, capped: bool = False) -> int:
+                           computed: int, capped: bool = False, *, prefill_end: int) -> int:
         """`KVCacheCoordinator.get_num_blocks_to_allocate` summed over the groups: new blocks, plus hits that sit
         in the free queue (touching them takes them out of it). ``tables``: a running request's (no hits then);
-        None for one being admitted. ``capped``: the full-sequence admission check's per-group cap."""
+        None for one being admitted. ``capped``: the full-sequence admission check's per-group cap.
+        ``prefill_end``: the request's ``max(num_prompt_tokens, num_tokens - 1)`` (a checkpoint needs a chunk
+        reaching it)."""
         B, ref, total = self.B, self.pool.ref, 0
         for g in range(len(self.kinds)):
             required = cdiv(num_tokens, B)
-            if self.kinds[g] == MAMBA:  # `MambaManager.get_num_blocks_to_allocate`, align mode: one new block
-                hit = hits[g] if tables is None else ()
+            if self.kinds[g] == MAMBA:  # `MambaManager.get_num_blocks_to_allocate`, align mode: one new block,
+                hit = hits[g] if tables is None else ()  # two with a checkpoint in the chunk
                 if hit and self.cached_this_step and self.pool.key_of[hit[-1]] in self.cached_this_step:
                     return 1 << 62  # a state cached in this step: admitted in the next one
-                new = required - len(hit) - (len(tables[g]) if tables is not None else 0)
-                total += min(new, 1) + sum(1 for b in hit if b and not ref[b])
+                table = tables[g] if tables is not None else ()  # (at admission vLLM's table is still empty)
+                new = required - len(hit) - len(table)
+                cap = 1 + bool(self.checkpoints[g] and self.checkpoint_at(table, computed, num_tokens, prefill_end))
+                total += min(new, cap) + sum(1 for b in hit if b and not ref[b])
                 continue
             if capped and self.cap[g] is not None:
                 required = min(required, self.cap[g])
@@ -460,24 +553,39 @@ class HybridCache:
             return len(freed) + 1
         return len(freed)
 
-    def allocate(self, tables: list[list[int]], num_tokens: int) -> int:
-        """`allocate_new_blocks`, group by group, from the head of the free queue. Returns how many it took.
+    def allocate(self, tables: list[list[int]], num_tokens: int, computed: int, prefill_end: int) -> int:
+        """`allocate_new_blocks`, group by group, from the head of the free queue, for ``num_tokens`` in all of
+        which ``computed`` are done (``prefill_end``: as `blocks_to_allocate`'s). Returns how many it took.
         A state group (align mode) takes one block for the state at the last token, nulls before it, and
-        remembers the block it copies the state from."""
+        remembers the block it copies the state from; with a prefill checkpoint in the chunk (`checkpoint_at`)
+        also the block before it, which the mixer exports the checkpoint's state into."""
         need, count = cdiv(num_tokens, self.B), 0
-        for table in tables:
-            if need <= len(table):
-                if isinstance(table, _StateTable):
-                    table.allocated = True
-                continue
+        for g, table in enumerate(tables):
             if isinstance(table, _StateTable):
-                if table.allocated or table:
-                    table.last_state = len(table) - 1
-                table += [0] * (need - 1 - len(table))
-                table.allocated = True
-            count += need - len(table)
-            table += self.pool.take(need - len(table))
+                count += self._allocate_states(g, table, need, computed, num_tokens, prefill_end)
+                continue
+            if need > len(table):
+                count += need - len(table)
+                table += self.pool.take(need - len(table))
         return count
+
+    def _allocate_states(self, g: int, table: _StateTable, need: int, computed: int, num_tokens: int,
+                         prefill_end: int) -> int:
+        """`MambaManager.allocate_new_blocks`, align mode, no speculative blocks (the checkpoint recorded by its
+        `get_num_blocks_to_allocate` for the same chunk)."""
+        position = self.checkpoint_at(table, computed, num_tokens, prefill_end) if self.checkpoints[g] else 0
+        table.checkpoint = (position, need - 2) if position else None
+        if need <= len(table) and not position:
+            table.allocated = True
+            return 0
+        if table.allocated or table:
+            table.last_state = len(table) - 1
+        if len(table) < need - 1:  # nulls before the new state block (and the checkpoint's)
+            table += [0] * (need - 1 - bool(position) - len(table))
+        table.allocated = True
+        new = max(need - len(table), 0)
+        table += self.pool.take(new)
+        return new
 
     def mask(self, g: int, start: int, end: int, boundaries: Sequence[int]) -> list[bool] | None:
         """`SlidingWindowManager.reachable_block_mask` for blocks ``start..end-1`` (no EAGLE, alignment = the
@@ -530,34 +638,66 @@ class HybridCache:
         pool = self.pool
         for g, table in enumerate(tables):
             start = num_cached[g]
-            if start >= full:
-                continue
-            mask = self.mask(g, start, full, boundaries)
-            ids = keys(start, full)
-            blocks, names = [], []
-            for i in range(start, full):
-                if table[i] and (mask is None or mask[i - start]):
-                    blocks.append(table[i])
-                    names.append((g, ids[i - start]))
-            pool.cache(blocks, names)
-            if self.kinds[g] == MAMBA and pool.caching:
-                self.cached_this_step.update(names)
-            num_cached[g] = full
-        if self.has_state and self.pool.caching:
-            self._recache_replay_state(tables, full * self.B, boundaries[0])
+            blocks: list[int] = []
+            if start < full:
+                mask = self.mask(g, start, full, boundaries)
+                ids = keys(start, full)
+                names = []
+                for i in range(start, full):
+                    if table[i] and (mask is None or mask[i - start]):
+                        blocks.append(table[i])
+                        names.append((g, ids[i - start]))
+                pool.cache(blocks, names)
+                num_cached[g] = full
+            if self.kinds[g] == MAMBA and pool.caching:  # (`MambaManager.cache_blocks`: the tail, then the step's)
+                if table.checkpoint is not None:
+                    self._cache_checkpoint(g, table, keys, boundaries)
+                else:
+                    self._recache_replay_state(g, table, full * self.B, boundaries[0])
+                key_of = pool.key_of
+                self.cached_this_step.update(key_of[b] for b in blocks if key_of[b] is not None)
 
-    def _recache_replay_state(self, tables: list[list[int]], aligned: int, replay: int) -> None:
-        """`MambaManager._cache_partial_tail_block` with the hash block equal to the block: while the computed
-        tokens, rounded down to the block (`HybridKVCacheCoordinator._align_cacheable`), end on the prompt's
-        replay boundary and the request still holds the state there, every `cache_blocks` re-registers it, so
-        it counts as cached in this step again."""
+    def _recache_replay_state(self, g: int, table: list[int], aligned: int, replay: int) -> None:
+        """`MambaManager._cache_partial_tail_block` with the hash block equal to the block and no checkpoint in
+        the chunk: while the computed tokens, rounded down to the block (`HybridKVCacheCoordinator.
+        _align_cacheable`), end on the prompt's replay boundary and the request still holds the state there,
+        every `cache_blocks` re-registers it, so it counts as cached in this step again."""
         if aligned <= 0 or aligned != replay // self.B * self.B:
             return
         index = aligned // self.B - 1
-        for g in self.states:
-            table = tables[g]
-            if index < len(table) and table[index]:
-                self.cached_this_step.add(self.pool.key_of[table[index]])
+        if index < len(table) and table[index]:
+            self.cached_this_step.add(self.pool.key_of[table[index]])
+
+    def _cache_checkpoint(self, g: int, table: _StateTable, keys, boundaries: Sequence[int]) -> None:
+        """`MambaManager._cache_partial_tail_block` with a checkpoint in the chunk (hash block = block): the
+        checkpoint's block keeps (or gets, replacing any other hash) the hash of the state it holds when that
+        state is the prompt's replay boundary's, a retention segment's or the shared-prefix junction's; any
+        other checkpoint is transient: the hash is taken off its block (`_maybe_evict_cached_block`)."""
+        position, index = table.checkpoint
+        block, pool = table[index], self.pool
+        junction = boundaries[1] if len(boundaries) > 1 else 0
+        if (position != checkpoint_position(boundaries[0] + 1, self.B) and not self._retained_state(index)
+                and position != junction):
+            if block:
+                pool.forget(block)
+            return
+        if not block:  # (`cache_partial_block` caches no null block)
+            return
+        key = (g, keys(index, index + 1)[0])
+        if pool.key_of[block] == key:  # already cached at this position (`block_hash_num_tokens`)
+            return
+        pool.forget(block)
+        pool.cache([block], [key])
+        self.cached_this_step.add(key)
+
+    def _retained_state(self, index: int) -> bool:
+        """`MambaManager.reachable_block_mask` for the one block ``index``, no boundaries: whether the retention
+        interval keeps its state (never at the default 0, always when dense)."""
+        r = self.hg.retention_interval
+        if r is None:
+            return True
+        per = r // self.B
+        return bool(r) and (per <= 1 or index % per == per - 1)
 
     def free(self, tables: list[list[int]]) -> None:
         """`KVCacheCoordinator.free`: group by group, each table's last block first."""

@@ -129,7 +129,8 @@ class HybridRule:
         """Free blocks a request of the shown lengths needs to be admitted: its whole prompt in every group, a window
         group at its admission cap (`max_admission_blocks_per_request`, kv_cache_interface.py@0.32.0)."""
         return cache.blocks_to_allocate(None, min(self.prompt_tokens, self.groups.max_model_len),
-                                        [[] for _ in self.groups.groups], 0, capped=True)
+                                        [[] for _ in self.groups.groups], 0, capped=True,
+                                        prefill_end=self.prompt_tokens)
 
     def _last_step_blocks(self, cache: HybridCache) -> int:
         """Blocks a request of the shown lengths holds at its last step (``P + M - 2`` tokens computed, slots for

@@ -12,8 +12,9 @@ the pool, as `KVCacheManager.allocate_slots` (v1/core/kv_cache_manager.py@0.32.0
   their admission bound) and the first chunk does, then touches the hits (skipped ones are nulls);
 - finishing or preemption frees group by group, each table's last block first;
 - with a recurrent-state group (Mamba "align" mode) the scheduler cuts every prefill chunk where a state must
-  be cached (`mamba_aligned_chunk`, a running request given 0 tokens is passed over for the step), and a
-  waiting request whose hit ends on a state cached in this step waits for the next one.
+  be cached (`mamba_aligned_chunk`, a running request given 0 tokens is passed over for the step; with
+  Mamba-2's checkpoint page a prompt's last chunk is not cut at its replay boundary), and a waiting request
+  whose hit ends on a state cached in this step waits for the next one.
 
 Steady decode stretches are stepped one by one (the plain simulator's many-steps-at-once path assumes one
 group); `replay_one_at_a_time` is the fast path for requests served one at a time.
@@ -70,6 +71,7 @@ class _HybridScheduler(_Scheduler):
         self.offered: dict[int, list[int]] = {}
         self.junction: dict[int, int] = {}
         self.mamba = groups.has_mamba
+        self.checkpoint = groups.mamba_checkpoint
 
     # ---------------------------------------------------------------- the pool
 
@@ -98,11 +100,13 @@ class _HybridScheduler(_Scheduler):
         new blocks if they fit (False if not), the full ones cached."""
         tables = self.tables[req.rid]
         changed = self.cache.remove_skipped(tables, req.computed)
-        if self.cache.blocks_to_allocate(tables, num_tokens, [], req.computed) > self.pool.num_free:
+        prefill_end = max(req.prompt, req.num_tokens - 1)
+        if (self.cache.blocks_to_allocate(tables, num_tokens, [], req.computed, prefill_end=prefill_end)
+                > self.pool.num_free):
             if changed:
                 self._held(req)
             return False
-        changed += self.cache.allocate(tables, num_tokens)
+        changed += self.cache.allocate(tables, num_tokens, req.computed, prefill_end)
         self._cache_to(req, num_tokens)
         if changed:
             self._held(req)
@@ -129,7 +133,8 @@ class _HybridScheduler(_Scheduler):
         if not self.mamba:
             return num_new_tokens
         return mamba_aligned_chunk(start, num_new_tokens, req.prompt, req.num_tokens, self.B,
-                                   self.config.max_num_batched_tokens, self.junction.get(req.rid, 0))
+                                   self.config.max_num_batched_tokens, self.junction.get(req.rid, 0),
+                                   self.checkpoint)
 
     def _schedule_running(self, scheduled: list[tuple[_Req, int, int]], budget: int) -> tuple[int, bool]:
         if not self.mamba:
@@ -180,11 +185,14 @@ class _HybridScheduler(_Scheduler):
             if not first_chunk:  # no block-aligned chunk fits the budget left: the step admits no more
                 return False
             fits = True
+            prefill_end = max(req.prompt, req.num_tokens - 1)
             if config.admit_full_prompt:  # full_sequence_must_fit, window groups at their admission cap
                 whole = min(req.num_tokens, self.max_model_len)
-                fits = cache.blocks_to_allocate(None, whole, hits, computed, capped=True) <= pool.num_free
+                fits = (cache.blocks_to_allocate(None, whole, hits, computed, capped=True, prefill_end=prefill_end)
+                        <= pool.num_free)
             if fits:
-                fits = cache.blocks_to_allocate(None, computed + first_chunk, hits, computed) <= pool.num_free
+                fits = (cache.blocks_to_allocate(None, computed + first_chunk, hits, computed, prefill_end=prefill_end)
+                        <= pool.num_free)
             if config.prefix_caching and (fits or not config.prefix_stats_at_admission):
                 if req.tl.preemptions:
                     self.pre_queries, self.pre_hits = self.pre_queries + req.num_tokens, self.pre_hits + computed
@@ -199,7 +207,7 @@ class _HybridScheduler(_Scheduler):
             tables = self.tables[req.rid] = cache.add_hits(hits, computed)
             self.offered[req.rid] = [len(t) for t in tables]
             req.computed = computed
-            cache.allocate(tables, computed + first_chunk)
+            cache.allocate(tables, computed + first_chunk, computed, prefill_end)
             self._cache_to(req, computed + first_chunk)
             self._held(req)
             if self.trace is not None:
@@ -235,7 +243,7 @@ def replay_one_at_a_time(turns: Sequence[SimTurn], groups: HybridGroups, usable_
     G = len(groups.groups)
     sliding = [cache.spans[g] for g in range(G) if cache.kinds[g] == "sliding"]
     chunked = [cache.spans[g] for g in range(G) if cache.kinds[g] == "chunked"]
-    mamba = groups.has_mamba
+    mamba, checkpoint = groups.has_mamba, groups.mamba_checkpoint
     budget = max_num_batched_tokens
     queries = hits_tokens = 0
     for number, turn in enumerate(turns):
@@ -248,7 +256,7 @@ def replay_one_at_a_time(turns: Sequence[SimTurn], groups: HybridGroups, usable_
 
         def chunk_of(start: int, P=P, junction=0, number=number) -> int:
             n = min(P - start, budget)
-            n = mamba_aligned_chunk(start, n, P, P, B, budget, junction) if mamba else n
+            n = mamba_aligned_chunk(start, n, P, P, B, budget, junction, checkpoint) if mamba else n
             if n <= 0:
                 raise KvplanError(f"request {number}: no block-aligned prefill chunk of {B:,} tokens fits the token "
                                   f"budget of {budget:,}")
@@ -261,15 +269,15 @@ def replay_one_at_a_time(turns: Sequence[SimTurn], groups: HybridGroups, usable_
             hits, computed, junction = [[] for _ in range(G)], 0, 0
         chunk = chunk_of(computed, junction=junction)
         free = pool.num_free
-        if (cache.blocks_to_allocate(None, min(P, groups.max_model_len), hits, computed, capped=True) > free
-                or cache.blocks_to_allocate(None, computed + chunk, hits, computed) > free):
+        if (cache.blocks_to_allocate(None, min(P, groups.max_model_len), hits, computed, capped=True, prefill_end=P)
+                > free or cache.blocks_to_allocate(None, computed + chunk, hits, computed, prefill_end=P) > free):
             raise KvplanError(f"request {number} cannot be admitted on a pool of {usable_blocks:,} blocks, even alone")
         queries += P
         hits_tokens += computed
         tables = cache.add_hits(hits, computed)
         offered = [len(t) for t in tables]
         boundaries = (P - 1, junction) if junction else (P - 1,)
-        cache.allocate(tables, computed + chunk)
+        cache.allocate(tables, computed + chunk, computed, P)
         cache.cache(tables, offered, computed + chunk, keys, boundaries)
         computed += chunk
         steps = [computed]  # the prompt's later chunks: each step starts with `computed` tokens done
@@ -289,9 +297,10 @@ def replay_one_at_a_time(turns: Sequence[SimTurn], groups: HybridGroups, usable_
                 decode.update(range(P + (-P) % w, P + M - 1, w))
         for c, upto in [(a, b) for a, b in zip(steps, steps[1:])] + [(c, c + 1) for c in sorted(decode)]:
             cache.remove_skipped(tables, c)
-            if cache.blocks_to_allocate(tables, upto, [], c) > pool.num_free:
+            prefill_end = max(P, upto - 1)  # (vLLM's request holds ``upto`` tokens at this step)
+            if cache.blocks_to_allocate(tables, upto, [], c, prefill_end=prefill_end) > pool.num_free:
                 raise KvplanError(f"request {number} cannot finish on a pool of {usable_blocks:,} blocks, even alone")
-            cache.allocate(tables, upto)
+            cache.allocate(tables, upto, c, prefill_end)
             cache.cache(tables, offered, upto, keys, boundaries)
         cache.free(tables)
     return queries, hits_tokens
@@ -314,12 +323,14 @@ class _UnboundedPool:
 
     caching = True
 
-    def __init__(self) -> None:
+    def __init__(self, checkpoints: bool = False) -> None:
         self.first: dict = {}
         self.ref = _RefsOfNone()  # (no block is ever free: nothing to count as evictable)
         self.key_of = _KeysOfNone()  # (a state cached in this step is never hit in it: one request at a time)
         self.taken = 0
         self.num_free = 1 << 62
+        # Each cached block's hash, for `forget`: kept only beside Mamba-2 checkpoint groups (None: not kept).
+        self.cached_as: dict[int, tuple] | None = {} if checkpoints else None
 
     def take(self, count: int) -> list[int]:
         start, self.taken = self.taken + 1, self.taken + count
@@ -335,6 +346,14 @@ class _UnboundedPool:
         for block, key in zip(blocks, keys):
             if not isinstance(key[1], tuple):  # (group, ("req", n, k)): a generated block
                 self.first.setdefault(key, block)
+                if self.cached_as is not None:
+                    self.cached_as[block] = key
+
+    def forget(self, block: int) -> None:
+        """(A transient checkpoint's hash taken off: `BlockPool.forget`.)"""
+        key = self.cached_as.pop(block, None) if self.cached_as is not None else None
+        if key is not None and self.first.get(key) == block:
+            del self.first[key]
 
 
 @dataclass(frozen=True)
@@ -371,7 +390,7 @@ def hybrid_working_set(turns: Sequence[SimTurn], groups: HybridGroups, usable_bl
                           f"groups: replaying them ~{probes} times for a hybrid model's working set is above "
                           f"kvplan's bound of {MAX_HYBRID_BLOCK_OPS:,}",
                           "replay a sample of the traffic: fewer sessions or requests")
-    unbounded = _UnboundedPool()
+    unbounded = _UnboundedPool(groups.mamba_checkpoint)
     queried, achievable = replay_one_at_a_time(turns, groups, 0, max_num_batched_tokens, pool=unbounded)
     top = max(1, unbounded.taken)
     memo: dict[int, int | None] = {}

@@ -84,3 +84,62 @@ def test_recurrent_state_models_are_refused(tmp_path):
                     f" workload: {trace.name}, workload_options: {{hash_block_tokens: 16}}, min_hit_share: 0.5}}\n")
     result = run("check", str(spec))
     assert result.exit_code == 2 and "not modelled" in result.stderr and "kvplan.yaml:" in result.stderr
+
+
+def test_granite4_mamba2_checkpoint_page_worked_by_hand(tmp_path):
+    """Granite 4.0-H 350M (bundled config.json: 32 layers, layer_types "attention" at 10, 13, 17, 27, the other 28
+    Mamba-2; 4 KV heads x 64, bf16; mamba_n_heads 48 x mamba_d_head 32, mamba_d_state 128, mamba_n_groups 1,
+    mamba_expand 2 x hidden 768 = 1,536, mamba_d_conv 4) on one H100, 4k context.
+
+    Block size: an attention layer's token is 2 x 4 x 64 x 2 B = 1,024 B; a Mamba-2 state page is (conv (4 - 1) x
+    (1,536 + 2 x 1 x 128) + ssm 48 x 32 x 128) x 2 B = (5,376 + 196,608) x 2 = 403,968 B, so the attention block
+    is raised to 16 x cdiv(403,968, 16 x 1,024) = 16 x 25 = 400 tokens. Groups: the 28 Mamba-2 layers in 7 groups
+    of 4 beside the 4 attention layers' group: 7 state groups + 1 full attention. From vLLM 0.32 each state
+    group has a prefill checkpoint page (`MambaMixer2.get_kv_cache_spec`,
+    model_executor/layers/mamba/mamba_mixer2.py@0.32.0: num_prefill_checkpoint_blocks=1, alignment 1).
+
+    Trace (hash_block_tokens=400, one id per 400-token block, 3 output tokens, served one at a time):
+    r0: 1,000 tokens, ids 1, 2, 3; r1: 1,400 tokens, ids 1, 2, 5, 6 (shares r0's 2 full blocks, 800 tokens).
+
+    Hits (either release): r0 caches full attention blocks 0, 1 and, in each state group, the state after its
+    replay boundary (1,000 - 1) // 400 * 400 = 800 (block 1). r1's lookup (1,399 // 400 = 3 blocks: ids 1, 2, 5)
+    finds full attention's blocks 0, 1 and the state at block 1: 800 of 2,400 prompt tokens (1/3).
+
+    The pool those hits need. With the checkpoint page (0.32.0): r0's prefill goes in one chunk 0..1,000 (it starts
+    on a block, 800 >= 0 + 400, `is_mamba_prefill_checkpoint_valid`), each state group taking 2 blocks (block 1,
+    the checkpoint, and block 2) and full attention cdiv(1,000, 400) = 3: admission needs 3 + 7 x 2 = 17 free.
+    r1 from its hit at 800: 1,199 // 400 * 400 = 1,200 >= 800 + 400, so again one chunk to 1,400 with a checkpoint:
+    full attention needs cdiv(1,400, 400) - 2 hits = 2 new + its 2 hit blocks, free in the queue (r0 finished);
+    each state group min(4 - 2, 1 + 1) = 2 new + its hit block: 2 + 2 + 7 x 3 = 25. On 25 usable blocks r1 takes
+    its 16 new blocks from the 8 uncached blocks r0 freed (to the queue's head) and the 8 never used: its hits
+    survive; on 24 it cannot be admitted even alone. Every share's pool: 25.
+    Without it (0.31.0): r0 in chunks 0..800 (2 + 7 = 9 blocks) and 800..1,000 (+1 + 7 = 17 held); r1's
+    admission needs min(4 - 2, 1) = 1 new + 1 hit per state group and 2 + 2 in full attention: 18; its chunk
+    800..1,200 holds 3 + 7 x 2 = 17, the next one frees the hit states (7) and takes 1 + 7: 18. Every share: 18.
+
+    Sessions held at once (a turn's peak cdiv(P + M - 1, 400) full-attention blocks, shared ones once, plus each
+    state group's cap, 2 + 1 pages with the checkpoint, `MambaSpec.max_memory_usage_bytes`): r1 cdiv(1,402, 400) = 4
+    + 7 x 3 = 25; r0 (3 - 2 shared) + 7 x 3 = 22: a pool of 25 holds 1, of 24 none."""
+    rows = [(1000, [1, 2, 3]), (1400, [1, 2, 5, 6])]
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": 1000 * i, "input_length": n, "output_length": 3, "hash_ids": ids})
+                             + "\n" for i, (n, ids) in enumerate(rows)))
+
+    def workload(version: str, *extra: str, exit_code: int = 0) -> dict:
+        result = run("size", "ibm-granite/granite-4.0-h-350m", "--gpu", "H100", "--ctx", "4k", "--vllm-version",
+                     version, "--workload", str(trace), "--workload-option", "hash_block_tokens=400", "--json", *extra)
+        assert result.exit_code == exit_code, result.output
+        return json.loads(result.stdout)["workload"]
+
+    w = workload("0.32.0")
+    assert (w["block_size"], w["queried_tokens"]) == (400, 2400)
+    assert (w["achievable_hit_rate"], w["hit_rate_at_pool"]) == (round(800 / 2400, 6), round(800 / 2400, 6))
+    assert w["pool_for_share"] == {"50%": 25, "90%": 25, "99%": 25}
+    assert any("7 x recurrent state (align, checkpoint page) + full attention" in n for n in w["notes"])
+    assert workload("0.31.0")["pool_for_share"] == {"50%": 18, "90%": 18, "99%": 18}
+    # --num-gpu-blocks-override counts the null block: 26 -> 25 usable (such a pool does not fit a 4k request:
+    # exit 1, the workload still planned).
+    at_25 = workload("0.32.0", "--num-gpu-blocks-override", "26", exit_code=1)
+    at_24 = workload("0.32.0", "--num-gpu-blocks-override", "25", exit_code=1)
+    assert (at_25["pool_blocks"], at_25["hit_rate_at_pool"], at_25["sessions_held_at_once"]) == (25, round(800 / 2400, 6), 1)
+    assert (at_24["pool_blocks"], at_24["hit_rate_at_pool"], at_24["sessions_held_at_once"]) == (24, 0.0, 0)

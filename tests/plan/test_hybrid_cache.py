@@ -44,6 +44,7 @@ GROUPS = {
     "chunked": (CacheGroup(FULL), CacheGroup(CHUNKED, 48)),
     "mamba": (CacheGroup(MAMBA), CacheGroup(MAMBA), CacheGroup(FULL)),
     "mamba-window": (CacheGroup(FULL), CacheGroup(SLIDING, 40), CacheGroup(MAMBA)),
+    "mamba2": (CacheGroup(MAMBA, checkpoint=True), CacheGroup(FULL), CacheGroup(MAMBA, checkpoint=True)),
 }
 
 
@@ -124,11 +125,23 @@ def test_recurrent_state_in_align_mode_is_modelled(model, gpu, layers):
     assert hg.has_mamba and hg.block_size == plan.block_size
 
 
+@pytest.mark.parametrize("vllm_version,checkpoint", [("0.31.0", False), ("0.32.0", True), ("0.33.0", True)])
+def test_mamba2_state_groups_carry_the_checkpoint_page_from_032(vllm_version, checkpoint):
+    """Granite 4.0-H 350M: 32 layers, 4 attention (layer_types), 28 Mamba-2: 7 state groups of 4 beside the
+    attention group. From 0.32 the Mamba-2 mixer exports a prefill checkpoint page
+    (`MambaMixer2.get_kv_cache_spec`, model_executor/layers/mamba/mamba_mixer2.py@0.32.0): modelled."""
+    from kvplan.api import size
+
+    plan = size("ibm-granite/granite-4.0-h-350m", "A100-80GB-SXM", gpus=4, ctx=8192, vllm_version=vllm_version)
+    hg = HybridGroups.of_capacity(plan.capacity)
+    assert hg.groups == (CacheGroup(MAMBA, checkpoint=checkpoint),) * 7 + (CacheGroup(FULL),)
+    assert hg.mamba_checkpoint == checkpoint
+
+
 @pytest.mark.parametrize("model,gpu,vllm_version,engine_args,why", [
-    # GDN's FlashInfer prefill exports a checkpoint page on Hopper from 0.33 (kvplan's newest known release).
-    ("Qwen/Qwen3-Next-80B-A3B-Thinking", "H100", None, {}, "prefill checkpoint page"),
-    # Mamba-2 mixers add the checkpoint page from 0.32 (`mamba_mixer2.py::get_kv_cache_spec`).
-    ("ibm-granite/granite-4.0-h-350m", "A100-80GB-SXM", "0.32.0", {}, "prefill checkpoint page"),
+    # GDN's FlashInfer prefill exports a checkpoint page on Hopper from 0.33 (kvplan's newest known release), at
+    # its kernel's alignment: not modelled.
+    ("Qwen/Qwen3-Next-80B-A3B-Thinking", "H100", None, {}, "prefill checkpoint page .GDN's FlashInfer prefill"),
     # 0.26-0.27: mamba_cache_mode "all" for the families that support it.
     ("Qwen/Qwen3-Next-80B-A3B-Thinking", "A100-80GB-SXM", "0.26.0", {}, "outside mamba_cache_mode 'align'"),
 ])

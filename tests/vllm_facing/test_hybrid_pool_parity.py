@@ -40,6 +40,7 @@ def _repeats() -> Traffic:
 
 
 F, S, M = CacheGroup(FULL), lambda w: CacheGroup(SLIDING, w), CacheGroup(MAMBA)
+M2 = CacheGroup(MAMBA, checkpoint=True)  # Mamba-2 (0.32+): a prefill checkpoint page, alignment 1
 
 CASES = {
     # name: (traffic, groups, block size, usable blocks, max_num_batched_tokens, max_num_seqs, retention)
@@ -60,6 +61,16 @@ CASES = {
     "repeats-mamba-duplicates": (_repeats(), (F, M), 16, 20, 2048, 2, 0),
     "agent-mamba-dense-retention": (agent_traffic(4, 3, 96, 40, 24), (F, M), 16, 40, 2048, 16, None),
     "agent-mamba-periodic-retention": (agent_traffic(4, 3, 96, 40, 24), (F, M), 16, 40, 2048, 16, 64),
+    # Mamba-2 state groups (MambaSpec num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=1, as
+    # `MambaMixer2.get_kv_cache_spec` makes it, model_executor/layers/mamba/mamba_mixer2.py@0.32.0): the
+    # prompt's last chunk runs past its replay boundary and exports that state into a second new block.
+    "agent-mamba2-evicting": (agent_traffic(4, 3, 96, 40, 24), (F, M2), 16, 40, 2048, 16, 0),
+    "agent-mamba2-preempting": (agent_traffic(6, 3, 64, 48, 48), (F, M2), 16, 44, 2048, 16, 0),
+    "hashed-mamba2-chunked-evicting": (hashed_traffic(40, 2), (F, M2), 32, 24, 96, 4, 0),
+    "hashed-mamba2-two-states-shared": (hashed_traffic(40, 3, shared=2), (M2, F, M2), 16, 90, 2048, 8, 0),
+    "repeats-mamba2-duplicates": (_repeats(), (F, M2), 16, 20, 2048, 2, 0),
+    "agent-mamba2-dense-retention": (agent_traffic(4, 3, 96, 40, 24), (F, M2), 16, 40, 2048, 16, None),
+    "agent-mamba2-periodic-retention": (agent_traffic(4, 3, 96, 40, 24), (F, M2), 16, 40, 2048, 16, 64),
 }
 
 
@@ -92,7 +103,9 @@ class VllmHybridSide:
             elif g.kind == SLIDING:
                 specs.append(SlidingWindowSpec(**shape, sliding_window=g.span))
             elif g.kind == MAMBA:
-                specs.append(MambaSpec(block_size=B, shapes=((4,),), dtypes=(torch.float32,), mamba_cache_mode="align"))
+                checkpoint = dict(num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=1) if g.checkpoint else {}
+                specs.append(MambaSpec(block_size=B, shapes=((4,),), dtypes=(torch.float32,), mamba_cache_mode="align",
+                                       **checkpoint))
             else:
                 specs.append(ChunkedLocalAttentionSpec(**shape, attention_chunk_size=g.span))
         cfg = KVCacheConfig(num_blocks=usable + 1, kv_cache_tensors=[],
@@ -191,9 +204,13 @@ def test_the_hybrid_pool_is_vllms_block_for_block(name):
     if "evicting" in name:
         unbounded, _ = _run(name, usable=100_000)
         assert res.prefix_hits < unbounded.prefix_hits  # the small pool evicted blocks later prompts wanted
-    if MAMBA in [g.kind for g in groups]:  # the scheduler cut a prompt's chunk where a state must be cached
-        full = [g.kind for g in groups].index(FULL)
+    full = [g.kind for g in groups].index(FULL) if FULL in [g.kind for g in groups] else None
+    if M in groups:  # the scheduler cut a prompt's chunk where a state must be cached
         assert any(e[0] == "admit" and e[4] < min(e[2] - len(e[3][full]) * B, budget) for e in trace)
+    if M2 in groups:  # some prompt's last chunk exported its checkpoint: two new state blocks in one allocation
+        state = groups.index(M2)
+        assert any(e[0] == "admit" and e[4] == e[2] - len(e[3][full]) * B
+                   and sum(1 for b in e[-1][state][len(e[3][state]):] if b) == 2 for e in trace)
     if "capped" in name:  # a prompt longer than the window's admission cap was admitted on the cap
         cap = -(-(50 - 1 + 96) // B) + 1
         assert any(e[0] == "admit" and -(-e[2] // B) > cap for e in trace)
@@ -293,6 +310,66 @@ def test_kvplans_state_group_hits_where_vllms_does():
     assert [e[4] for e in trace if e[0] == "admit"] == [96, 16, 80]
     assert [r.cached_tokens for r in res.requests] == [0, 96, 0]
     assert [r.cached_tokens for r in simulate(config, session_load(turns)).requests] == [0, 96, 80]
+
+
+def test_the_aligned_split_is_vllms_on_a_grid():
+    """kvplan's `mamba_aligned_chunk` against vLLM's own `Scheduler._mamba_block_aligned_split`
+    (v1/core/sched/scheduler.py@0.32.0), called on a stand-in scheduler holding only the fields it reads (block
+    16, hash block 16, no EAGLE, no partial hits, no long-prefill threshold, no junction checkpoint), with and
+    without a Mamba-2 checkpoint page (alignment 1), fresh and resumed requests, every start / chunk / junction
+    on a grid."""
+    from types import SimpleNamespace
+
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    from kvplan.plan.hybrid_cache import mamba_aligned_chunk
+
+    B, compared, differ = 16, 0, 0
+    for checkpoint in (False, True):
+        for budget in (8, 40, 2048):
+            fake = SimpleNamespace(
+                cache_config=SimpleNamespace(block_size=B), hash_block_size=B, block_size=B,
+                mamba_partial_cache_hit=False, use_eagle_block_drop=False,
+                mamba_has_prefill_checkpoint_blocks=checkpoint,
+                mamba_prefill_checkpoint_alignment=1 if checkpoint else None, max_num_scheduled_tokens=budget,
+                scheduler_config=SimpleNamespace(long_prefill_token_threshold=0), mamba_shared_prefix_checkpoint=False)
+            for prompt in (1, 15, 16, 17, 33, 48, 50, 100):
+                for generated in (0, 1, 20):
+                    tokens = prompt + generated
+                    for start in range(0, tokens, 3):
+                        for junction in (0, 20, 40, 70):
+                            n = min(tokens - start, budget)
+                            req = SimpleNamespace(num_computed_tokens=start, num_prompt_tokens=prompt,
+                                                  num_tokens=tokens, shared_prefix_boundary=junction)
+                            theirs = Scheduler._mamba_block_aligned_split(fake, req, n)
+                            ours = mamba_aligned_chunk(start, n, prompt, tokens, B, budget, junction, checkpoint)
+                            assert ours == theirs, (checkpoint, budget, prompt, tokens, start, junction)
+                            compared += 1
+                            if checkpoint:
+                                differ += ours != mamba_aligned_chunk(start, n, prompt, tokens, B, budget, junction)
+    assert compared == 8256 and differ == 102  # (the checkpoint changes the split on 102 of the grid's points)
+
+
+def test_a_mamba2_prompt_goes_in_one_chunk_by_hand():
+    """Block 16, full attention + one Mamba-2 state group, vLLM's default retention. A: 100 tokens, 1 output. Its
+    replay boundary state is after (100 - 1) // 16 * 16 = 96 tokens; without a checkpoint page the prefill is cut
+    there (96 + 4). With one, the chunk 0..100 can export it inside itself (starts on a block, 96 >= 0 + 16,
+    cdiv(100, 16) - 2 = 5 > -1): one chunk of 100, and the state group takes two blocks at once: block 5 (the
+    state after 96 tokens, the checkpoint, cached under A's block-5 hash) and block 6 (the running state), nulls
+    at 0..4. B: A's 100 + 20 own: hits 96 either way. Full attention takes blocks 1..7, the state group 8, 9."""
+    from kvplan.plan.simulate import SimTurn, session_load
+
+    a = tuple(range(1, 7))
+    turns = [SimTurn(0, 100, 1, a, arrival=0.0), SimTurn(0, 120, 1, a + (7,), arrival=None)]
+    config = SchedulerConfig(num_blocks=200, block_size=16)
+    for groups, chunks in (((F, M), [96, 16]), ((F, M2), [100, 24])):
+        trace: list[tuple] = []
+        res = simulate_groups(config, session_load(turns), HybridGroups(groups, 16, MAX_MODEL_LEN, 2048), trace=trace)
+        admits = [e for e in trace if e[0] == "admit"]
+        assert [e[4] for e in admits] == chunks
+        assert [r.cached_tokens for r in res.requests] == [0, 96]
+        if groups[1] is M2:
+            assert admits[0][-1] == ((1, 2, 3, 4, 5, 6, 7), (0, 0, 0, 0, 0, 8, 9))
 
 
 @pytest.mark.parametrize("start,new,prompt,tokens,budget,junction,expected", [
