@@ -368,18 +368,6 @@ def test_sglang_nsa_reports_judged_by_hand():
     assert as_053.page_math.comparisons[0].predicted == 1_171_712 and not as_053.ok
 
 
-def test_size_engine_trtllm_says_what_it_does_not_size():
-    """Qwen3-32B at TP 2: 64 layers x (8 KV heads / 2) x 128 x 2 x 2 B = 131,072 B a token, the page math kvplan has;
-    the budget is refused with the reason, one line, exit 2."""
-    from helpers.harness import invoke
-
-    r = invoke("size", "Qwen/Qwen3-32B", "--gpu", "2xH100", "--engine", "trtllm")
-    assert r.code == 2 and "profiled peak" in r.one_line_error() and "131,072 B a token" in r.one_line_error()
-    both = json.loads(invoke("size", "Qwen/Qwen3-32B", "--gpu", "2xH100", "--ctx", "32k", "--engine", "all",
-                             "--json").stdout)
-    assert "profiled peak" in both["refused"]["trtllm"]
-
-
 def test_every_new_report_quotes_its_figures():
     """Each report's tokens appear in its own quote, and every SGLang report has a public URL."""
     for engine, tokens in (("sglang", "reported_max_total_num_tokens"), ("trtllm", "reported_max_tokens")):

@@ -183,7 +183,9 @@ def test_engine_all_shows_the_others_when_one_does_not_size_the_model():
     r = invoke("size", "google/gemma-3-27b-it", "--gpu", "H100", "--ctx", "8k", "--engine", "all", "--json")
     assert r.code == 0
     doc = json.loads(r.stdout)
-    assert [p["engine"] for p in doc["engines"]] == ["vllm"]
+    # TensorRT-LLM sizes it: without max_attention_window its sliding-window layers are pooled for the whole sequence
+    assert [p["engine"] for p in doc["engines"]] == ["trtllm", "vllm"]
+    assert any("sliding-window layers are pooled" in n for n in doc["engines"][0]["notes"])
     assert "sliding-window pool" in doc["refused"]["sglang"]
     alone = invoke("size", "google/gemma-3-27b-it", "--gpu", "H100", "--ctx", "8k", "--engine", "sglang")
     assert alone.code == 2 and "sliding-window pool" in alone.one_line_error()

@@ -1,0 +1,95 @@
+"""TensorRT-LLM's budget from the GPU and the settings (kvplan/trtllm/budget.py), priced by hand from a config and
+TensorRT-LLM's own rule (`_torch/pyexecutor/_util.py@b35ac1b` `_cal_max_memory`), and judged against public reports."""
+
+from __future__ import annotations
+
+import json
+
+from kvplan.trtllm.budget import dummy_request_lengths, estimation_pool_tokens
+
+GiB = 1 << 30
+
+
+def test_the_estimation_pool_is_the_dummy_requests_blocks():
+    """tr001 (1.1.0rc3, disable_overlap_scheduler=True) printed its estimation pool '(8224)': one dummy request of
+    max_num_tokens 8192 (max_seq_len 131072 is longer), + 1 generated token = 8193 -> ceil(8193 / 32) = 257 blocks =
+    8224 tokens. With the overlap scheduler (the default) 8194 tokens, still 257 blocks."""
+    assert dummy_request_lengths(8192, 131_072) == [8192]
+    assert estimation_pool_tokens(8192, 131_072, 32, overlap_scheduler=False) == 8224
+    assert estimation_pool_tokens(8192, 131_072, 32) == 8224
+    # max_seq_len 4097: requests of min(8192, 4096) tokens -> two of 4096; each 4098 -> 129 blocks -> 258 x 32 = 8256
+    assert dummy_request_lengths(8192, 4097) == [4096, 4096]
+    assert estimation_pool_tokens(8192, 4097, 32) == 8256
+    # max_seq_len 3001: 3000 + 3000 + 2192; (3002 -> 94) + (3002 -> 94) + (2194 -> 69) = 257 blocks = 8224 tokens
+    assert dummy_request_lengths(8192, 3001) == [3000, 3000, 2192]
+    assert estimation_pool_tokens(8192, 3001, 32) == 8224
+
+
+def test_size_trtllm_qwen3_0_6b_on_h100_by_hand():
+    """Qwen/Qwen3-0.6B (bundled config: 28 layers, hidden 1024, 16 heads / 8 KV heads of 128, intermediate 3072,
+    vocab 151,936, tied embeddings, bf16) on one H100 SXM (CUDA total 79.18 GiB), trtllm-serve defaults.
+
+    weights     = (28 x (1024 x 2048 + 2 x 1024 x 1024 + 2048 x 1024 + 3 x 1024 x 3072 + 2 x 1024)
+                   + 151,936 x 1024 + 1024) params = 596,042,752 x 2 B                     = 1,192,085,504 B
+                  (kvplan's weight estimate leaves out the 28 x 2 x 128 q/k-norm weights, 14,336 B)
+    activation  = 8192 x (3 x 3072 + 3 x 1024) x 2 B                                     =   201,326,592 B
+    context     = round(0.75 GiB)                                                         =   805,306,368 B
+    CUDA graphs = int(0.6 GiB)                                                            =   644,245,094 B
+    CUDA total  = int(79.18 GiB)                                                          = 85,018,877,624 B
+    estimation pool: 8192 + 2 tokens -> 257 blocks -> 8224 x 114,688 B = 943,194,112 B, in the peak and added back
+    budget      = (85,018,877,624 - 1,192,085,504 - 201,326,592 - 805,306,368 - 644,245,094) x 0.9
+                = 82,175,914,066 x 0.9                                                    = 73,958,322,659 B
+    cell        = 28 x (8 x 128) x 2 x 2 B = 114,688 B (estimator and manager alike at TP 1)
+    max_tokens  = 73,958,322,659 // 114,688 = 644,865; pass 2: 0.9 x (85,018,877,624 - 1,192,085,504 - 805,306,368)
+                  / 114,688 = 651,500 is larger, so 644,865 -> ceil(/ 32) = 20,153 blocks = 644,896 tokens
+    pool        = 644,896 x 114,688 B = 68.88 GiB (report tr010 printed 68.69 GiB, 643,136 tokens on this deployment)
+    """
+    from helpers.harness import invoke
+
+    r = invoke("size", "Qwen/Qwen3-0.6B", "--gpu", "H100", "--engine", "trtllm", "--json")
+    assert r.code == 0, r.stderr
+    pool = json.loads(r.stdout)["engines"][0]
+    terms = {t["name"]: t for t in pool["memory_terms"]}
+    assert terms["CUDA total"]["bytes"] == 85_018_877_624
+    assert terms["weights"]["bytes"] == 1_192_085_504
+    assert terms["dummy prefill activation"]["bytes"] == 201_326_592
+    assert terms["CUDA context and communicators"]["bytes"] == 805_306_368
+    assert terms["CUDA graphs"]["bytes"] == 644_245_094
+    assert terms["estimation pool (in the peak, added back)"]["bytes"] == 943_194_112
+    assert terms["x free_gpu_memory_fraction 0.9"]["bytes"] == 73_958_322_659
+    assert (pool["kv_bytes_per_token_per_gpu"], pool["page_tokens"], pool["pool_tokens"]) == (114_688, 32, 644_896)
+    assert pool["kv_memory_bytes_per_gpu"] == 644_896 * 114_688
+    assert "Allocated 68.88 GiB for max tokens in paged KV cache (644896)." in pool["startup_lines"][-1]
+    assert "tmp kv_mem 0.88 GiB" in pool["startup_lines"][0]
+    # Half the fraction: 82,175,914,066 x 0.5 = 41,087,957,033 B
+    # -> // 114,688 = 358,258 -> 11,196 blocks (11,195.56 up) = 358,272 tokens
+    half = json.loads(invoke("size", "Qwen/Qwen3-0.6B", "--gpu", "H100", "--engine", "trtllm",
+                             "--free-gpu-memory-fraction", "0.5", "--json").stdout)["engines"][0]
+    assert half["pool_tokens"] == 358_272
+    assert "--kv_cache_free_gpu_memory_fraction 0.5" in half["launch_command"]
+
+
+def test_size_trtllm_refuses_what_it_does_not_price():
+    """An MoE model's dummy prefill (TensorRT-LLM's fused MoE) is an input; another engine's flag, a release before
+    1.0, a fraction outside (0, 1]: one line, exit 2."""
+    from helpers.harness import invoke
+
+    moe = invoke("size", "openai/gpt-oss-120b", "--gpu", "H100", "--engine", "trtllm")
+    assert moe.code == 2 and "--dummy-activation-gib" in moe.one_line_error()
+    # gpt-oss-120b with the activation given (tr001's log: 0.85 GiB): the term is used as given
+    given = invoke("size", "openai/gpt-oss-120b", "--gpu", "H100", "--engine", "trtllm", "--dummy-activation-gib",
+                   "0.85", "--json")
+    terms = {t["name"]: t for t in json.loads(given.stdout)["engines"][0]["memory_terms"]}
+    assert terms["dummy prefill activation"]["bytes"] == round(0.85 * GiB) and terms["dummy prefill activation"][
+        "how"] == "given"
+    for args, words in ((("--mem-fraction-static", "0.8"), "not a TensorRT-LLM flag"),
+                        (("--engine-version", "0.19.0"), "no TensorRT-LLM budget rules for 0.19.0"),
+                        (("--free-gpu-memory-fraction", "1.5"), "invalid free_gpu_memory_fraction")):
+        r = invoke("size", "Qwen/Qwen3-0.6B", "--gpu", "H100", "--engine", "trtllm", *args)
+        assert r.code == 2 and words in r.one_line_error(), (args, r.stderr)
+    sg = invoke("size", "Qwen/Qwen3-0.6B", "--gpu", "H100", "--engine", "sglang", "--max-num-tokens", "4096")
+    assert sg.code == 2 and "not an SGLang flag" in sg.one_line_error()
+    # --engine all hands each engine its own flags
+    both = json.loads(invoke("size", "Qwen/Qwen3-0.6B", "--gpu", "H100", "--engine", "all",
+                             "--free-gpu-memory-fraction", "0.5", "--json").stdout)
+    assert {p["engine"] for p in both["engines"]} == {"vllm", "sglang", "trtllm"} and not both["refused"]
