@@ -185,7 +185,7 @@ def test_engine_all_shows_the_others_when_one_does_not_size_the_model():
     doc = json.loads(r.stdout)
     # TensorRT-LLM sizes it: without max_attention_window its sliding-window layers are pooled for the whole sequence
     assert [p["engine"] for p in doc["engines"]] == ["trtllm", "vllm"]
-    assert any("sliding-window layers are pooled" in n for n in doc["engines"][0]["notes"])
+    assert any("pools sliding-window layers for the whole sequence" in n for n in doc["engines"][0]["notes"])
     assert "sliding-window pool" in doc["refused"]["sglang"]
     alone = invoke("size", "google/gemma-3-27b-it", "--gpu", "H100", "--ctx", "8k", "--engine", "sglang")
     assert alone.code == 2 and "sliding-window pool" in alone.one_line_error()
