@@ -102,7 +102,9 @@ class Trtllm:
                    f"division ({cell.dtype}: {cell.dtype_how})",
                    "TensorRT-LLM pools sliding-window layers for the whole sequence unless max_attention_window is "
                    "set (its VSWA split is not modelled)" if cell.sliding_as_full else
-                   "rules: docs/engines-trtllm-rules.md sections 1 and 8"])
+                   "rules: docs/engines-trtllm-rules.md sections 1 and 8"]
+            + (["unified memory: what the host holds of it (the OS, page cache, other processes) counts as used in "
+                "TensorRT-LLM's profile and is not in this budget"] if gpus.device.unified_memory else []))
 
     def server_command(self, model: str, host: str, port: int, served_model_name: str | None, args: Any,
                        prefix: Sequence[str] | None = None) -> list[str]:

@@ -276,7 +276,7 @@ def test_validate_sglang_and_trtllm_reports():
     tr = json.loads(invoke("validate", "--engine", "trtllm", "--json").stdout)
     tr001 = next(c for c in tr["cases"] if c["case_id"] == "tr001")
     assert (tr001["page"]["predicted"], tr001["page"]["reported"]) == (86_656, 86_720)  # one GPU: TP 1
-    assert tr["goals"][1]["met"] is None and "not measured" in tr["goals"][1]["achieved"]
+    assert tr["goals"][1]["met"] is not None  # measured on the reports that state enough (test_trtllm_budget.py)
     table = invoke("validate", "--engine", "all")
     assert table.code == 0
     for line in ("SGLang page math", "TensorRT-LLM page math", "page math: KV tokens"):

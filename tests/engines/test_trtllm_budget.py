@@ -93,3 +93,66 @@ def test_size_trtllm_refuses_what_it_does_not_price():
     both = json.loads(invoke("size", "Qwen/Qwen3-0.6B", "--gpu", "H100", "--engine", "all",
                              "--free-gpu-memory-fraction", "0.5", "--json").stdout)
     assert {p["engine"] for p in both["engines"]} == {"vllm", "sglang", "trtllm"} and not both["refused"]
+
+
+def _tr010_row() -> dict:
+    from kvplan.validate.engine_reports import REPORT_FILES
+
+    rows = [json.loads(line) for line in REPORT_FILES["trtllm"].read_text().splitlines() if line.strip()]
+    return next(r for r in rows if r["case_id"] == "tr010")
+
+
+def test_validate_judges_the_trtllm_full_budget_of_reports_that_state_enough():
+    """tr010 (Qwen3-Reranker-0.6B = Qwen3-0.6B's shape, one H100 80GB HBM3, TensorRT-LLM 1.2.1, PyTorch backend,
+    defaults) is the deployment priced by hand in test_size_trtllm_qwen3_0_6b_on_h100_by_hand: 644,896 x 114,688 B =
+    68.88 GiB against the printed 68.69 GiB, (68.88 - 68.69) / 79.18 = +0.24% of the GPU. tr001 is an MoE model
+    (gpt-oss-120b): its dummy prefill is not priced, so it is not judged, with the reason."""
+    from helpers.harness import invoke
+
+    tr = json.loads(invoke("validate", "--engine", "trtllm", "--json").stdout)
+    cases = {c["case_id"]: c for c in tr["cases"]}
+    assert cases["tr010"]["full"] == {"reported_gib": 68.69, "predicted_gib": 68.88, "gpu_gib": 79.18,
+                                      "error_of_gpu_pct": 0.24}
+    assert "mixture-of-experts" in cases["tr001"]["full_reason"]
+    assert "TensorRT engine" in cases["tr005"]["full_reason"]  # its C++ 'Memory usage when calculating' line
+    goal = tr["goals"][1]
+    assert goal["met"] is True and goal["achieved"].startswith("1/1 of ")
+    assert "tr010 +0.24% of the GPU" in goal["achieved"] and "agrees on 1/1" in goal["achieved"]
+
+
+def test_validate_trtllm_full_budget_can_miss_and_says_why_it_does_not_judge(tmp_path):
+    """tr010's row under other stated settings. free_gpu_memory_fraction 0.5: 358,272 tokens (by hand in
+    test_size_trtllm_qwen3_0_6b_on_h100_by_hand) x 114,688 B = 38.27 GiB against the printed 68.69: (38.27 - 68.69) /
+    79.18 = -38.419% of the GPU, a miss, so the goal is not met. On a DGX Spark (unified memory), or at release
+    0.19.0 (before the budget rules read), it is not judged, each with its reason."""
+    from helpers.harness import invoke
+
+    base = _tr010_row()
+    rows = [base | {"case_id": "x1", "free_gpu_memory_fraction": 0.5},
+            base | {"case_id": "x2", "gpu": "NVIDIA DGX Spark"},
+            base | {"case_id": "x3", "trtllm_version": "0.19.0"}]
+    path = tmp_path / "trtllm-rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = invoke("validate", str(path), "--engine", "trtllm", "--json")
+    assert r.code == 0, r.stderr
+    out = json.loads(r.stdout)
+    cases = {c["case_id"]: c for c in out["cases"]}
+    assert cases["x1"]["full"] == {"reported_gib": 68.69, "predicted_gib": 38.27, "gpu_gib": 79.18,
+                                   "error_of_gpu_pct": -38.419}
+    assert cases["x2"]["full"] is None and "unified-memory GPU (GB10)" in cases["x2"]["full_reason"]
+    assert cases["x3"]["full"] is None and "no TensorRT-LLM budget rules for 0.19.0" in cases["x3"]["full_reason"]
+    goal = out["goals"][1]
+    assert goal["met"] is False and "0/1 of 3 reports; missed: x1 (-38.4%)" in goal["achieved"]
+
+
+def test_check_log_trtllm_with_a_gpu_says_why_there_is_no_full_budget():
+    """The 1.1.0rc3 gpt-oss-120b log (tr001) on a DGX Spark: an MoE model, so no full budget, one note; the page math
+    still judges it (exit 0)."""
+    from helpers.harness import invoke
+
+    r = invoke("check-log", "tests/engines/data/trtllm-1.1.0rc3-gpt-oss-120b-dgx-spark.log", "--model",
+               "openai/gpt-oss-120b", "--tp", "1", "--gpu", "DGX Spark", "--json")
+    assert r.code == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["full_budget"] is None
+    assert any(n.startswith("no full-budget comparison: ") and "mixture-of-experts" in n for n in out["notes"])
