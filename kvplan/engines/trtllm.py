@@ -59,8 +59,8 @@ class Trtllm:
         cell = cell_of(model.arch, tp, None if settings.kv_cache_dtype == "auto" else settings.kv_cache_dtype)
         fraction = (options.free_gpu_memory_fraction if options.free_gpu_memory_fraction is not None
                     else DEFAULT_FREE_GPU_MEMORY_FRACTION)
-        tpb = options.tokens_per_block or DEFAULT_TOKENS_PER_BLOCK
-        max_num_tokens = options.max_num_tokens or DEFAULT_MAX_NUM_TOKENS
+        tpb = options.tokens_per_block if options.tokens_per_block is not None else DEFAULT_TOKENS_PER_BLOCK
+        max_num_tokens = options.max_num_tokens if options.max_num_tokens is not None else DEFAULT_MAX_NUM_TOKENS
         # max_seq_len: the given one, else inferred from the config (the log's "using inferred value")
         max_seq_len = settings.max_model_len or model.arch.max_position_embeddings or max_num_tokens + 1
         budget = profiled_budget(model.arch, cell, gpus.device.cuda_total_bytes, plan.weights_bytes, tp,

@@ -29,7 +29,8 @@ The terms:
   ``hidden_states = hidden_states[last_tokens]`` unless context logits are asked for) and the dummy requests ask for
   one token each (``max_tokens=1``), so there is no sampler term. A mixture-of-experts model's MLP is TensorRT-LLM's
   fused MoE, whose workspace was not read, and a multimodal model's dummy request carries its encoder's input
-  (`_util.py@b35ac1b` ``_create_dummy_mm_context_request``): for both the activation is an input the user gives.
+  (``_create_dummy_mm_context_request``, a 2025 `_util.py`, index id 843526953): for both the activation is an input
+  the user gives.
 - **CUDA context and communicators**: the memory a process holds before it loads anything; the same assumed range
   kvplan's SGLang pool uses (kvplan/sglang/pool.py ``STARTUP_BYTES``: 0.75 GiB, 0.4-1.5, from sglang PR #4826's log).
 - **CUDA graphs**: captured in the first pass's warm-up, before the profile, so in its non-torch memory; kvplan's
@@ -57,6 +58,8 @@ from kvplan.units import cdiv
 #: ``max_num_tokens`` when not given: ``BuildConfig.max_num_tokens: int = 8192`` (`tensorrt_llm/builder.py@008b2b8`),
 #: the LLM API's and ``trtllm-serve``'s default; the dummy prefill's size.
 DEFAULT_MAX_NUM_TOKENS = 8192
+#: The largest max_num_tokens kvplan takes (a bound on hostile input, far above any GPU's one forward pass).
+MAX_NUM_TOKENS_LIMIT = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,9 @@ def estimation_pool_tokens(max_num_tokens: int, max_seq_len: int, tokens_per_blo
     """The first pass's pool (`_util.py@b35ac1b` ``_get_token_num_for_estimation``, no speculation, beam 1): each
     dummy request's tokens + 1 generated (+ 1 more with the overlap scheduler, on by default), in whole blocks."""
     extra = 2 if overlap_scheduler else 1
-    blocks = sum(cdiv(n + extra, tokens_per_block) for n in dummy_request_lengths(max_num_tokens, max_seq_len))
+    each = min(max_num_tokens, max(1, max_seq_len - 1))
+    full, rest = divmod(max_num_tokens, each)  # dummy_request_lengths, counted without listing them
+    blocks = full * cdiv(each + extra, tokens_per_block) + (cdiv(rest + extra, tokens_per_block) if rest else 0)
     return blocks * tokens_per_block
 
 
@@ -141,8 +146,9 @@ def profiled_budget(arch: Architecture, cell: TrtllmCell, cuda_total: int, weigh
     gives it (required for a mixture-of-experts model)."""
     if not 0 < fraction <= 1:
         raise KvplanError(f"invalid free_gpu_memory_fraction {fraction!r}", "give a fraction in (0, 1]")
-    if max_num_tokens < 1:
-        raise KvplanError(f"invalid max_num_tokens {max_num_tokens!r}", "give TensorRT-LLM's max_num_tokens, >= 1")
+    if not 1 <= max_num_tokens <= MAX_NUM_TOKENS_LIMIT:
+        raise KvplanError(f"invalid max_num_tokens {max_num_tokens!r}",
+                          f"give TensorRT-LLM's max_num_tokens, 1 to {MAX_NUM_TOKENS_LIMIT:,}")
     if activation_bytes is not None:
         activation, how = Estimate.exact(activation_bytes), "given"
     elif arch.num_experts:
@@ -153,7 +159,7 @@ def profiled_budget(arch: Architecture, cell: TrtllmCell, cuda_total: int, weigh
     elif arch.params.towers:
         raise KvplanError(
             "kvplan does not price TensorRT-LLM's dummy prefill for a multimodal model (its profiling request carries "
-            "the encoder's input: `_util.py@b35ac1b` `_create_dummy_mm_context_request`)",
+            "the encoder's input: `_create_dummy_mm_context_request` in `_torch/pyexecutor/_util.py`)",
             "give the activation with --dummy-activation-gib (a start-up log prints it: 'Memory dynamically allocated "
             "during inference (inside torch)')")
     else:

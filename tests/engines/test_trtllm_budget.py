@@ -84,7 +84,10 @@ def test_size_trtllm_refuses_what_it_does_not_price():
         "how"] == "given"
     for args, words in ((("--mem-fraction-static", "0.8"), "not a TensorRT-LLM flag"),
                         (("--engine-version", "0.19.0"), "no TensorRT-LLM budget rules for 0.19.0"),
-                        (("--free-gpu-memory-fraction", "1.5"), "invalid free_gpu_memory_fraction")):
+                        (("--free-gpu-memory-fraction", "1.5"), "invalid free_gpu_memory_fraction"),
+                        (("--max-num-tokens", "0"), "invalid max_num_tokens 0"),
+                        (("--max-num-tokens", "999999999999"), "invalid max_num_tokens"),
+                        (("--tokens-per-block", "0"), "invalid --tokens-per-block 0")):
         r = invoke("size", "Qwen/Qwen3-0.6B", "--gpu", "H100", "--engine", "trtllm", *args)
         assert r.code == 2 and words in r.one_line_error(), (args, r.stderr)
     sg = invoke("size", "Qwen/Qwen3-0.6B", "--gpu", "H100", "--engine", "sglang", "--max-num-tokens", "4096")
