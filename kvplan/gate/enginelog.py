@@ -498,10 +498,14 @@ def _trtllm_full_rows(r: trtllm_lines.TrtllmStartup, resolved: ResolvedModel, gp
 
 def judge_trtllm(text: str, log_name: str, tolerance: float, gate: str, model: str | None, version: str | None,
                  tp: int | None, kv_cache_dtype: str | None, fraction: float | None,
-                 resolved: ResolvedModel | None = None, gpu: str | None = None) -> EngineLogResult:
+                 resolved: ResolvedModel | None = None, gpu: str | None = None,
+                 given: dict[str, Any] | None = None) -> EngineLogResult:
     """``resolved``: the model already read (`kvplan validate` reads configs offline), instead of the log's; ``gpu``:
-    the GPU the log came from (adds the full budget of a PyTorch-backend log)."""
+    the GPU the log came from (adds the full budget of a PyTorch-backend log); ``given``: fields of the parsed log a
+    report states outside its quote (``backend``, ``max_num_tokens``), used where the log does not print them."""
     r = trtllm_lines.parse_trtllm_log(text)
+    if given:
+        r = r.model_copy(update={k: v for k, v in given.items() if v is not None and getattr(r, k) is None})
     if not r.pools:
         raise KvplanError(f"{log_name}: no TensorRT-LLM pool line found",
                           "expected 'Allocated X GiB for max tokens in paged KV cache (N)' (a 2023 log's 'Using N "

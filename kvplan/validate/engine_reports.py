@@ -156,7 +156,8 @@ def _judge(engine: str, report: EngineReport, resolved: ResolvedModel) -> Engine
                             tp, report.kv_cache_dtype, resolved=resolved, given_args=args)
     gpu = report.gpu if report.gpu is None or not report.gpu_count else f"{report.gpu_count}x {report.gpu}"
     return judge_trtllm(text, report.case_id, 0.02, "all", None, version, tp,
-                        report.kv_cache_dtype, report.field("free_gpu_memory_fraction"), resolved=resolved, gpu=gpu)
+                        report.kv_cache_dtype, report.field("free_gpu_memory_fraction"), resolved=resolved, gpu=gpu,
+                        given={"backend": report.field("backend"), "max_num_tokens": report.field("max_num_tokens")})
 
 
 def _page(result: EngineLogResult) -> PageResult | None:

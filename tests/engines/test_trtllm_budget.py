@@ -127,13 +127,20 @@ def test_validate_trtllm_full_budget_can_miss_and_says_why_it_does_not_judge(tmp
     """tr010's row under other stated settings. free_gpu_memory_fraction 0.5: 358,272 tokens (by hand in
     test_size_trtllm_qwen3_0_6b_on_h100_by_hand) x 114,688 B = 38.27 GiB against the printed 68.69: (38.27 - 68.69) /
     79.18 = -38.419% of the GPU, a miss, so the goal is not met. On a DGX Spark (unified memory), or at release
-    0.19.0 (before the budget rules read), it is not judged, each with its reason."""
+    0.19.0 (before the budget rules read), or with neither a PyTorch-backend line nor a release nor a stated backend,
+    it is not judged, each with its reason."""
     from helpers.harness import invoke
 
     base = _tr010_row()
+    # without the PyTorch-backend line and the release, the row's own "backend" field says which backend it was
+    bare = base | {"quote": base["quote"].split(" / ", 2)[-1], "trtllm_version": None, "free_gpu_memory_fraction": 0.9,
+                   "kv_cache_dtype": "auto"}
     rows = [base | {"case_id": "x1", "free_gpu_memory_fraction": 0.5},
             base | {"case_id": "x2", "gpu": "NVIDIA DGX Spark"},
-            base | {"case_id": "x3", "trtllm_version": "0.19.0"}]
+            base | {"case_id": "x3", "trtllm_version": "0.19.0"},
+            bare | {"case_id": "x4"},
+            bare | {"case_id": "x5", "backend": "pytorch"},
+            base | {"case_id": "x6", "max_num_tokens": 4096}]
     path = tmp_path / "trtllm-rows.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     r = invoke("validate", str(path), "--engine", "trtllm", "--json")
@@ -144,8 +151,15 @@ def test_validate_trtllm_full_budget_can_miss_and_says_why_it_does_not_judge(tmp
                                    "error_of_gpu_pct": -38.419}
     assert cases["x2"]["full"] is None and "unified-memory GPU (GB10)" in cases["x2"]["full_reason"]
     assert cases["x3"]["full"] is None and "no TensorRT-LLM budget rules for 0.19.0" in cases["x3"]["full_reason"]
+    assert cases["x4"]["full"] is None and "neither the PyTorch backend's lines" in cases["x4"]["full_reason"]
+    assert cases["x5"]["full"]["predicted_gib"] == 68.88  # the same deployment as tr010
+    # max_num_tokens 4096: activation 4096 x 12,288 x 2 = 100,663,296 B, half of 8192's, so the budget is
+    # 0.9 x (82,175,914,066 + 100,663,296) = 74,048,919,625 B -> 645,655 tokens -> 20,177 blocks = 645,664 tokens
+    # = 68.96 GiB: (68.96 - 68.69) / 79.18 = +0.341% of the GPU
+    assert cases["x6"]["full"] == {"reported_gib": 68.69, "predicted_gib": 68.96, "gpu_gib": 79.18,
+                                   "error_of_gpu_pct": 0.341}
     goal = out["goals"][1]
-    assert goal["met"] is False and "0/1 of 3 reports; missed: x1 (-38.4%)" in goal["achieved"]
+    assert goal["met"] is False and "2/3 of 6 reports; missed: x1 (-38.4%)" in goal["achieved"]
 
 
 def test_check_log_trtllm_with_a_gpu_says_why_there_is_no_full_budget():
