@@ -33,7 +33,9 @@ The terms:
   the user gives.
 - **CUDA context and communicators**: the memory a process holds before it loads anything; the same assumed range
   kvplan's SGLang pool uses (kvplan/sglang/pool.py ``STARTUP_BYTES``: 0.75 GiB, 0.4-1.5, from sglang PR #4826's log).
-- **CUDA graphs**: captured in the first pass's warm-up, before the profile, so in its non-torch memory; kvplan's
+- **CUDA graphs**: on by default (``cuda_graph_config: Optional[CudaGraphConfig] = Field(default_factory=
+  CudaGraphConfig)``, `llmapi/llm_args.py`, the mid-2025 text, index id 1090804222) and captured in the first pass's
+  warm-up, before the profile, so in its non-torch memory; kvplan's
   prior for CUDA-graph memory (profiles/overhead.json ``cudagraph_gib``: 0.6 GiB, 0.25-1.5; a prior, not a TensorRT-LLM
   measurement). It also stands for the torch buffers the warm-up leaves allocated beyond the weights (0.20 GiB in
   report tr001: 63.52 GiB in torch against 63.32 GiB of weights).
