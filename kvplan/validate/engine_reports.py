@@ -180,8 +180,8 @@ def _full(report: EngineReport, result: EngineLogResult, arch: Architecture) -> 
         return None, said[0] if said else "needs the model, the GPU, the TP and mem_fraction_static (or the release)"
     device = find_device(report.gpu)  # the full budget ran: the GPU is in the catalog
     if device.unified_memory:
-        return None, (f"a unified-memory GPU ({device.name}): the host's own use of the memory counts against "
-                      "TensorRT-LLM's budget, and the report states no figure for it apart from its log")
+        return None, (f"a unified-memory GPU ({device.name}): the host's own use of the memory counts as used GPU "
+                      "memory, and the report states no figure for it apart from its log")
     c = next((c for c in result.full_budget.comparisons if c.quantity == "KV budget GiB per GPU"), None)
     if c is None or c.reported is None or c.predicted is None:
         return None, "the report prints no pool memory"
