@@ -64,6 +64,9 @@ class GpuRow(BaseModel):
     host_link_source: str = Field(min_length=1)
     notes: str
     ambiguous_aliases: list[str] = []
+    # CPU and GPU share one memory (GB10): the host's own use counts as used GPU memory (kvplan validate says why it
+    # does not judge a TensorRT-LLM or SGLang report's full budget on it).
+    unified_memory: bool = False
 
 
 class GpuCatalog(BaseModel):

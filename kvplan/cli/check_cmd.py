@@ -166,7 +166,7 @@ def check_log(
             result = enginelog.judge_sglang(text, log, tolerance, gate, model, gpu, engine_version, tp, kv_cache_dtype)
         else:
             result = enginelog.judge_trtllm(text, log, tolerance, gate, model, engine_version, tp, kv_cache_dtype,
-                                            free_gpu_memory_fraction)
+                                            free_gpu_memory_fraction, gpu=gpu)
         if as_json:
             print_json(result)
         else:

@@ -52,8 +52,7 @@ _ROWS = (
     ("KV bytes / token / GPU", lambda p: f"{p.kv_bytes_per_token_per_gpu:,}"),
     ("KV memory / GPU (GiB)", lambda p: f"{p.kv_memory_bytes_per_gpu / GiB:,.2f}"),
     ("pool (tokens)", lambda p: f"{p.pool_tokens:,}"),
-    ("pools (SGLang's hybrids)", lambda p: "; ".join(f"{k} {v:,}" for k, v in p.pool_split.items())
-     if len(p.pool_split) > 1 else "-"),
+    ("pools", lambda p: "; ".join(f"{k} {v:,}" for k, v in p.pool_split.items()) if len(p.pool_split) > 1 else "-"),
     ("requests at context", lambda p: f"{p.requests_at_context:,.2f}"),
     ("max running requests", lambda p: f"{p.max_running_requests:,}"),
     ("fits", lambda p: "yes" if p.fits else "no"),
@@ -75,6 +74,8 @@ def render_side_by_side(pools: list[EnginePool], refused: dict[str, str] | None 
         table.add_column(escape(p.engine_label), justify="right", overflow="fold")
     for label, figure in _ROWS:
         cells = [figure(p) for p in pools]
+        if label == "pools" and set(cells) == {"-"}:
+            continue  # no engine splits this model's pool (SGLang's hybrids do)
         mark = " *" if len(set(cells)) > 1 else ""
         table.add_row(label + mark, *cells)
     console.print(table)

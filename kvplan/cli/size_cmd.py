@@ -11,7 +11,7 @@ from kvplan.cli.common import parse_overrides, print_json, user_errors
 from kvplan.errors import ExitCode
 from kvplan.hardware.host import local_host_memory_bytes
 from kvplan.plan.schema import Settings, SizePlan
-from kvplan.units import format_bytes, format_range, format_tokens, parse_bytes, parse_fraction, parse_tokens
+from kvplan.units import GiB, format_bytes, format_range, format_tokens, parse_bytes, parse_fraction, parse_tokens
 from kvplan.vllm.rules import first_release
 
 EXAMPLES = """
@@ -100,13 +100,17 @@ def size(
     draft_layers: int = typer.Option(0, "--draft-layers", help="Speculative decoding: the draft's KV layers, where --speculative-config cannot tell them (a draft model) or without it.", metavar="N", rich_help_panel="KV cache"),
     usage: Usage = typer.Option(Usage.serve, "--usage", help="serve (vllm serve) or llm (offline LLM class): picks vLLM's defaults.", rich_help_panel="vLLM scheduler"),
     vllm_version: Optional[str] = typer.Option(None, "--vllm-version", help="Accounting rules of this vLLM release (default: newest known).", metavar="VERSION", rich_help_panel="vLLM release and layout"),
-    engine: EngineChoice = typer.Option(EngineChoice.vllm, "--engine", help="Size for this engine: vllm, sglang, trtllm (page math only: its budget is refused with the reason), or all side by side.", rich_help_panel="vLLM release and layout"),
+    engine: EngineChoice = typer.Option(EngineChoice.vllm, "--engine", help="Size for this engine: vllm, sglang, trtllm (PyTorch backend), or all side by side.", rich_help_panel="vLLM release and layout"),
     engine_version: Optional[str] = typer.Option(None, "--engine-version", help="Release of a non-vLLM --engine (default: the newest kvplan has read; SGLang 0.4.6-0.5.23).", metavar="VERSION", rich_help_panel="vLLM release and layout"),
     mem_fraction_static: Optional[float] = typer.Option(None, "--mem-fraction-static", help="SGLang's --mem-fraction-static (default: SGLang's own heuristic of the GPU).", metavar="FRACTION", rich_help_panel="vLLM release and layout"),
     page_size: Optional[int] = typer.Option(None, "--page-size", help="SGLang's --page-size in tokens (default 1).", metavar="TOKENS", rich_help_panel="vLLM release and layout"),
     swa_full_tokens_ratio: Optional[float] = typer.Option(None, "--swa-full-tokens-ratio", help="SGLang's --swa-full-tokens-ratio: the sliding-window pool's tokens per full pool token (default 0.8).", metavar="RATIO", rich_help_panel="vLLM release and layout"),
     mamba_full_memory_ratio: Optional[float] = typer.Option(None, "--mamba-full-memory-ratio", help="SGLang's --mamba-full-memory-ratio: the Mamba state pool's memory per KV pool memory (default 0.9).", metavar="RATIO", rich_help_panel="vLLM release and layout"),
     enable_dp_attention: bool = typer.Option(False, "--enable-dp-attention", help="SGLang's --enable-dp-attention with --dp-size the TP size: attention data-parallel over the TP group (DeepSeek NSA: on by itself).", rich_help_panel="vLLM release and layout"),
+    free_gpu_memory_fraction: Optional[float] = typer.Option(None, "--free-gpu-memory-fraction", help="TensorRT-LLM's kv_cache_config.free_gpu_memory_fraction (default 0.9).", metavar="F", rich_help_panel="vLLM release and layout"),
+    tokens_per_block: Optional[int] = typer.Option(None, "--tokens-per-block", help="TensorRT-LLM's kv_cache_config.tokens_per_block (default 32).", metavar="TOKENS", rich_help_panel="vLLM release and layout"),
+    max_num_tokens: Optional[int] = typer.Option(None, "--max-num-tokens", help="TensorRT-LLM's max_num_tokens, the size of its profiling prefill (default 8192).", metavar="TOKENS", rich_help_panel="vLLM release and layout"),
+    dummy_activation_gib: Optional[float] = typer.Option(None, "--dummy-activation-gib", help="TensorRT-LLM: the profiling prefill's activation in GiB, as a log prints it ('Memory dynamically allocated during inference (inside torch)'); needed for MoE models.", metavar="GIB", rich_help_panel="vLLM release and layout"),
     revision: Optional[str] = typer.Option(None, "--revision", help="Hub revision of the config.", metavar="REV", rich_help_panel="Model and GPUs"),
     source: Source = typer.Option(Source.auto, "--source", help="auto (local, Hub, bundled), local, hub or bundled.", rich_help_panel="Model and GPUs"),
     offline: bool = typer.Option(False, "--offline", help="Do not contact the Hub (HF_HUB_OFFLINE=1 does the same).", rich_help_panel="Model and GPUs"),
@@ -215,7 +219,8 @@ def size(
     engine_name = EngineChoice(engine).value
     sglang_flags = (mem_fraction_static, page_size, swa_full_tokens_ratio, mamba_full_memory_ratio,
                     enable_dp_attention or None)
-    if engine_name != "vllm" or engine_version or any(flag is not None for flag in sglang_flags):
+    trtllm_flags = (free_gpu_memory_fraction, tokens_per_block, max_num_tokens, dummy_activation_gib)
+    if engine_name != "vllm" or engine_version or any(flag is not None for flag in sglang_flags + trtllm_flags):
         from kvplan.cli.engine_view import render_pool, render_side_by_side
         from kvplan.engines import ENGINES, EngineOptions, EnginePools, engine_named
 
@@ -227,15 +232,22 @@ def size(
         if engine_name == "all" and engine_version:
             raise KvplanError("--engine-version names a release of one --engine", "give --vllm-version for vLLM, "
                               "and --engine-version with --engine sglang")
+        if dummy_activation_gib is not None and not 0 <= dummy_activation_gib < 1e6:
+            raise KvplanError(f"invalid --dummy-activation-gib {dummy_activation_gib!r}", "give GiB, 0 or more")
         options = EngineOptions(mem_fraction_static=mem_fraction_static, page_size=page_size,
                                 swa_full_tokens_ratio=swa_full_tokens_ratio,
                                 mamba_full_memory_ratio=mamba_full_memory_ratio,
-                                enable_dp_attention=enable_dp_attention or None)
+                                enable_dp_attention=enable_dp_attention or None,
+                                free_gpu_memory_fraction=free_gpu_memory_fraction, tokens_per_block=tokens_per_block,
+                                max_num_tokens=max_num_tokens,
+                                dummy_activation_bytes=None if dummy_activation_gib is None
+                                else round(dummy_activation_gib * GiB))
         names = list(ENGINES) if engine_name == "all" else [engine_name]
         pools, refused = [], {}
         for name in names:
             version = vllm_version if name == "vllm" else engine_version
-            chosen = options if name != "vllm" or engine_name == "vllm" else EngineOptions()
+            # --engine all: each engine gets its own flags; one engine named gets them all (and refuses others')
+            chosen = options if len(names) == 1 else options.keep(*engine_named(name).own_options)
             try:
                 pools.append(engine_named(name).size(resolved, selection, settings, version, chosen))
             except KvplanError as exc:

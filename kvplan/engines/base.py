@@ -81,9 +81,23 @@ class EngineOptions:
     swa_full_tokens_ratio: float | None = None  # SGLang's --swa-full-tokens-ratio
     enable_dp_attention: bool | None = None  # SGLang's --enable-dp-attention, with --dp-size the TP size
     mamba_full_memory_ratio: float | None = None  # SGLang's --mamba-full-memory-ratio
+    free_gpu_memory_fraction: float | None = None  # TensorRT-LLM's kv_cache_config.free_gpu_memory_fraction
+    tokens_per_block: int | None = None  # TensorRT-LLM's kv_cache_config.tokens_per_block
+    max_num_tokens: int | None = None  # TensorRT-LLM's max_num_tokens (the dummy prefill's size)
+    dummy_activation_bytes: int | None = None  # TensorRT-LLM: the dummy prefill's activation, where given
 
-    def given(self) -> list[str]:
-        return [f"--{name.replace('_', '-')}" for name, value in vars(self).items() if value is not None]
+    def given(self, *own: str) -> list[str]:
+        """The flags given that are not among ``own`` (field names): another engine's."""
+        return [_FLAGS.get(name, f"--{name.replace('_', '-')}") for name, value in vars(self).items()
+                if value is not None and name not in own]
+
+
+    def keep(self, *own: str) -> EngineOptions:
+        """Only the fields ``own``: what `--engine all` hands each engine."""
+        return EngineOptions(**{name: value for name, value in vars(self).items() if name in own})
+
+
+_FLAGS = {"dummy_activation_bytes": "--dummy-activation-gib"}
 
 
 @dataclass(frozen=True)
@@ -121,6 +135,7 @@ class Engine(Protocol):
     label: str  # "vLLM", "SGLang"
     known_versions: tuple[str, ...]  # the releases whose source was read, oldest first
     newest_known: str
+    own_options: tuple[str, ...]  # the EngineOptions fields that are this engine's flags
 
     def size(self, model: ResolvedModel, gpus: GpuSelection, settings: Settings, version: str | None,
              options: EngineOptions = EngineOptions()) -> EnginePool:

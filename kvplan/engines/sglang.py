@@ -28,9 +28,14 @@ class Sglang:
     label = "SGLang"
     known_versions = KNOWN_VERSIONS
     newest_known = NEWEST_KNOWN
+    own_options = ("mem_fraction_static", "page_size", "swa_full_tokens_ratio", "enable_dp_attention",
+                   "mamba_full_memory_ratio")
 
     def size(self, model: ResolvedModel, gpus: GpuSelection, settings: Settings, version: str | None,
              options: EngineOptions = EngineOptions()) -> EnginePool:
+        if options.given(*self.own_options):
+            raise KvplanError(f"{', '.join(options.given(*self.own_options))} is not an SGLang flag",
+                              "SGLang's are --mem-fraction-static and --page-size")
         rules = rules_for(version)
         if options.page_size is not None and not 1 <= options.page_size <= 4096:
             raise KvplanError(f"invalid --page-size {options.page_size!r}", "give SGLang's page size, 1 to 4096 tokens")

@@ -52,6 +52,7 @@ class Vllm:
     label = "vLLM"
     known_versions = KNOWN_VERSIONS
     newest_known = NEWEST_KNOWN
+    own_options: tuple[str, ...] = ()
 
     def size(self, model: ResolvedModel, gpus: GpuSelection, settings: Settings, version: str | None,
              options: EngineOptions = EngineOptions()) -> EnginePool:

@@ -9,8 +9,9 @@ The comparisons, as for vLLM:
 - **budget rule** (gated with ``--gate all``): the engine's budget from the free memory it printed. SGLang:
   ``rest = A - P x (1 - mem_fraction_static)`` with P the "Load weight begin" and A the "Load weight end" free
   memory; TensorRT-LLM: ``(device total - peak + estimation pool) x fraction``.
-- **full budget** (SGLang, gated with ``--gate all``): from the GPU and the settings alone (kvplan's SGLang pool,
-  `kvplan size --engine sglang`): weights estimated from the config, the memory held before loading assumed.
+- **full budget** (gated with ``--gate all``): from the GPU and the settings alone (`kvplan size --engine sglang|trtllm`):
+  weights estimated from the config, the memory held before loading assumed; TensorRT-LLM's (PyTorch backend) also
+  prices the dummy prefill's activation and assumes the CUDA graphs (kvplan/trtllm/budget.py).
 
 A log whose engine cannot be told, or with nothing comparable, is refused (exit 2), never judged.
 """
@@ -544,11 +545,45 @@ def _trtllm_budget_rows(r: trtllm_lines.TrtllmStartup, tolerance: float, gated: 
                     note=f"({r.device_total_gib} - {r.peak_gib} + {tmp}) x {f:.4g}")]
 
 
+def _trtllm_full_rows(r: trtllm_lines.TrtllmStartup, resolved: ResolvedModel, gpu: str, version: str | None, tp: int,
+                      dtype: str | None, fraction: float | None, tpb: int, tolerance: float,
+                      gated: bool) -> tuple[list[LogComparison], str, list[str]]:
+    """TensorRT-LLM's pool from the GPU and the settings alone (`kvplan size --engine trtllm`) against the printed one;
+    the log's weights and peak, where printed, shown beside kvplan's terms (not gated)."""
+    selection = select_gpus(gpu, None if re.match(r"^\s*\d+\s*[x×*]", gpu) else tp)
+    options = EngineOptions(free_gpu_memory_fraction=fraction, tokens_per_block=tpb, max_num_tokens=r.max_num_tokens)
+    settings = Settings(tensor_parallel_size=tp, kv_cache_dtype=dtype or "auto")
+    pool = engine_named("trtllm").size(resolved, selection, settings, version, options)
+    printed = r.pool
+    rows = [compare("KV budget GiB per GPU", printed.gib, round(pool.kv_memory_bytes_per_gpu / GiB, 2), tolerance,
+                    gated=gated, slack=2 * _HALF),
+            compare("pool tokens", printed.tokens, pool.pool_tokens, tolerance, gated=gated)]
+    terms = {t.name: t.bytes for t in pool.memory_terms}
+    if r.weights_gib is not None:
+        rows.append(compare("weights GiB per GPU ('Use X GB for model weights')", r.weights_gib,
+                            round(terms["weights"] / GiB, 2), tolerance, gated=False,
+                            note="kvplan's estimate from the config"))
+    if r.peak_gib is not None:
+        peak = (terms["weights"] + terms["dummy prefill activation"] + terms["CUDA context and communicators"]
+                + terms["CUDA graphs"] + terms["estimation pool (in the peak, added back)"])
+        rows.append(compare("profiled peak GiB (torch + non-torch)", r.peak_gib, round(peak / GiB, 2), tolerance,
+                            gated=False, note="kvplan's terms: weights, activation, context, CUDA graphs, estimation pool"))
+    notes = [n for n in pool.notes if n.startswith(("the pool is", "unified memory"))]
+    if r.max_num_tokens is None:
+        notes.append("max_num_tokens not printed: the dummy prefill is TensorRT-LLM's default 8192 tokens")
+    return rows, f"{selection.count}x {selection.device.name}", notes
+
+
 def judge_trtllm(text: str, log_name: str, tolerance: float, gate: str, model: str | None, version: str | None,
                  tp: int | None, kv_cache_dtype: str | None, fraction: float | None,
-                 resolved: ResolvedModel | None = None) -> EngineLogResult:
-    """``resolved``: the model already read (`kvplan validate` reads configs offline), instead of the log's."""
+                 resolved: ResolvedModel | None = None, gpu: str | None = None,
+                 given: dict[str, Any] | None = None) -> EngineLogResult:
+    """``resolved``: the model already read (`kvplan validate` reads configs offline), instead of the log's; ``gpu``:
+    the GPU the log came from (adds the full budget of a PyTorch-backend log); ``given``: fields of the parsed log a
+    report states outside its quote (``backend``, ``max_num_tokens``), used where the log does not print them."""
     r = trtllm_lines.parse_trtllm_log(text)
+    if given:
+        r = r.model_copy(update={k: v for k, v in given.items() if v is not None and getattr(r, k) is None})
     if not r.pools:
         raise KvplanError(f"{log_name}: no TensorRT-LLM pool line found",
                           "expected 'Allocated X GiB for max tokens in paged KV cache (N)' (a 2023 log's 'Using N "
@@ -596,18 +631,41 @@ def judge_trtllm(text: str, log_name: str, tolerance: float, gate: str, model: s
     if not budget_rows:
         notes.append("no budget-rule comparison: the log needs the PyTorch backend's profiling line (peak, device "
                      "total, fraction)")
-    notes.append("no full-budget comparison: kvplan does not model TensorRT-LLM's profiled peak (weights, the dummy "
-                 "prefill's activations, CUDA graphs)")
+    full = None
+    if gpu is None:
+        notes.append("no full-budget comparison: no GPU given (pass --gpu H100)")
+    elif resolved is None:
+        notes.append("no full-budget comparison: the model is not named (pass --model)")
+    elif r.backend == "tensorrt":
+        notes.append("no full-budget comparison: kvplan sizes the PyTorch backend's budget; a TensorRT engine's "
+                     "activation memory is fixed when the engine is built")
+    elif r.backend is None and not (version and trtllm_version(version) >= (1, 0, 0)):
+        notes.append("no full-budget comparison: the log shows neither the PyTorch backend's lines nor a release "
+                     "from 1.0 (whose LLM API and trtllm-serve default to it)")
+    elif version is None and used_fraction is None:
+        notes.append("no full-budget comparison: neither the release nor free_gpu_memory_fraction is known (pass "
+                     "--engine-version or --free-gpu-memory-fraction)")
+    else:
+        try:
+            rows, where, full_notes = _trtllm_full_rows(r, resolved, gpu, version, tp, kv_cache_dtype or r.kv_cache_dtype,
+                                                        used_fraction, tpb, tolerance, gate == "all")
+            full = Section(mode="full budget (from the GPU and the settings)", gpu=where, comparisons=rows)
+            notes += full_notes
+            if r.backend is None:
+                notes.append(f"backend not in the log: TensorRT-LLM {version}'s default, the PyTorch backend, assumed "
+                             "(`tensorrt_llm/commands/serve.py@00209af`: backend 'pytorch')")
+        except KvplanError as exc:
+            notes.append(f"no full-budget comparison: {exc.message}")
     if len(r.pools) > 1:
         notes.append(f"{len(r.pools)} pool lines: the last is the pool (the PyTorch backend's first is its estimation "
                      "pool, freed)")
     settings = {"tensor_parallel_size": tp, "tokens_per_block": tpb, "kv_cache_dtype": cell.dtype,
                 "free_gpu_memory_fraction": used_fraction, "backend": r.backend}
-    return _result(log_name, "trtllm", r.trtllm_version, label, tolerance, gate, resolved, None,
+    return _result(log_name, "trtllm", r.trtllm_version, label, tolerance, gate, resolved, gpu,
                    {k: v for k, v in settings.items() if v is not None},
                    Section(mode="page math (the printed memory given)", gpu="any", comparisons=page_rows),
                    Section(mode="budget rule (the printed peak given)", gpu="any", comparisons=budget_rows)
-                   if budget_rows else None, None, r, notes)
+                   if budget_rows else None, full, r, notes)
 
 
 def _result(log_name, engine, version, label, tolerance, gate, resolved, gpu, settings, page, budget, full, parsed,

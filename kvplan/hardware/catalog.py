@@ -40,6 +40,8 @@ class Device:
     source: str = ""
     # datacenter | workstation | desktop (profiles/gpus.json "class"): what "another GPU" may be.
     gpu_class: str = "datacenter"
+    # CPU and GPU share one memory (DGX Spark's GB10): the host's own use counts as used GPU memory.
+    unified_memory: bool = False
     # The attention backends' block-size rules (kvplan.plan.layout.Platform); None: by vendor.
     platform_rules: object | None = None
     # Set by find_device when the name asked matches several catalog variants ("A100"): which
@@ -125,6 +127,7 @@ def load_catalog(path: str | None = None) -> tuple[dict[str, Device], dict[str, 
             vendor=row.get("vendor", "nvidia"),
             source=row.get("memory_source", ""),
             gpu_class=row.get("class", "datacenter"),
+            unified_memory=bool(row.get("unified_memory", False)),
         )
         devices[device.name] = device
         for alias in [row["name"], *row.get("aliases", [])]:

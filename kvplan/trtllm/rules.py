@@ -18,6 +18,9 @@ DEFAULT_FREE_GPU_MEMORY_FRACTION = 0.9
 #: ``kv_cache_config.tokens_per_block`` of the PyTorch backend (`llm_args.py`: ``Field(default=32)``). A TensorRT
 #: engine's block size is fixed when the engine is built; its log prints it ("Number of tokens per block: N.").
 DEFAULT_TOKENS_PER_BLOCK = 32
+#: ``max_batch_size`` when not given: ``BuildConfig.max_batch_size: int = 2048`` (`tensorrt_llm/builder.py@008b2b8`;
+#: ``trtllm-serve`` passes that default, `tensorrt_llm/commands/serve.py@00209af`).
+DEFAULT_MAX_BATCH_SIZE = 2048
 #: Releases whose sizing source was read (1.2.0rc2 as source; 1.1.0rc3 through a complete public log that
 #: reproduces it: report tr001). Later commits of 2026 were read too, but carry no tag.
 READ_RELEASES = ("1.1.0rc3", "1.2.0rc2")

@@ -303,7 +303,7 @@ def test_validate_sglang_and_trtllm_reports():
     tr = json.loads(invoke("validate", "--engine", "trtllm", "--json").stdout)
     tr001 = next(c for c in tr["cases"] if c["case_id"] == "tr001")
     assert (tr001["page"]["predicted"], tr001["page"]["reported"]) == (86_656, 86_720)  # one GPU: TP 1
-    assert tr["goals"][1]["met"] is None and "not measured" in tr["goals"][1]["achieved"]
+    assert tr["goals"][1]["met"] is not None  # measured on the reports that state enough (test_trtllm_budget.py)
     table = invoke("validate", "--engine", "all")
     assert table.code == 0
     for line in ("SGLang page math", "TensorRT-LLM page math", "page math: KV tokens"):
@@ -432,18 +432,6 @@ def test_sglang_nsa_reports_judged_by_hand():
     # in pages: 1,171,712 tokens, 20% off: the release's rule decides, nothing is fitted to the report.
     as_053 = judge_sglang(log, "sg008", 0.005, "all", None, "B200", "0.5.3", 8, None, resolved=model)
     assert as_053.page_math.comparisons[0].predicted == 1_171_712 and not as_053.ok
-
-
-def test_size_engine_trtllm_says_what_it_does_not_size():
-    """Qwen3-32B at TP 2: 64 layers x (8 KV heads / 2) x 128 x 2 x 2 B = 131,072 B a token, the page math kvplan has;
-    the budget is refused with the reason, one line, exit 2."""
-    from helpers.harness import invoke
-
-    r = invoke("size", "Qwen/Qwen3-32B", "--gpu", "2xH100", "--engine", "trtllm")
-    assert r.code == 2 and "profiled peak" in r.one_line_error() and "131,072 B a token" in r.one_line_error()
-    both = json.loads(invoke("size", "Qwen/Qwen3-32B", "--gpu", "2xH100", "--ctx", "32k", "--engine", "all",
-                             "--json").stdout)
-    assert "profiled peak" in both["refused"]["trtllm"]
 
 
 def test_every_new_report_quotes_its_figures():

@@ -185,6 +185,14 @@ def test_gemma_3_window_layers_take_full_pages_in_sglang():
     pool = _sglang("google/gemma-3-27b-it", "H100", language_model_only=True)
     assert pool.kv_bytes_per_token_per_gpu == 507_904 and pool.page_tokens == 1
     assert any("window layers take full pages" in n for n in pool.notes)
+    from helpers.harness import invoke
+
+    # side by side: TensorRT-LLM, without max_attention_window, pools its sliding-window layers for the whole sequence
+    doc = json.loads(invoke("size", "google/gemma-3-27b-it", "--gpu", "H100", "--ctx", "8k", "--engine", "all",
+                            "--language-model-only", "--json").stdout)
+    engines = {p["engine"]: p for p in doc["engines"]}
+    assert engines["sglang"]["kv_bytes_per_token_per_gpu"] == 507_904
+    assert any("pools sliding-window layers for the whole sequence" in n for n in engines["trtllm"]["notes"])
 
 
 def test_engine_all_shows_the_others_when_one_does_not_size_the_model():
