@@ -1,8 +1,9 @@
 """What SGLang holds beside the checkpoint's own tensors once the weights load (part of its "Load weight end ... mem
 usage"), for the deployments kvplan has read it for.
 
-MLA's absorbed copies: `DeepseekV2ForCausalLM.post_load_weights` (models/deepseek_v2.py@0.5.3, @0.5.3.post1; the
-entry classes DeepseekV2/V3/V32ForCausalLM) splits each loaded layer's kv_b_proj (kv_lora_rank -> heads x
+MLA's absorbed copies: `DeepseekV2ForCausalLM.post_load_weights` (models/deepseek_v2.py@0.5.3, @0.5.3.post1, the
+entry classes DeepseekV2/V3/V32ForCausalLM; the same on CUDA in models/deepseek_common/deepseek_weight_loader.py
+`post_load_weights`@0.5.23) splits each loaded layer's kv_b_proj (kv_lora_rank -> heads x
 (qk_nope_head_dim + v_head_dim)) into ``w_kc`` and ``w_vc``, new tensors (``.contiguous()`` of a transposed split)
 beside kv_b_proj, which stays (the prefill MHA path uses it). On CUDA an FP8 kv_b_proj in 128 x 128 blocks is first
 dequantized to bf16 (``block_quant_dequant(..., torch.bfloat16)``), so the copies are 2 bytes a parameter; FP8
