@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from kvplan.deploy import ResolvedModel, plan_deployment
@@ -19,6 +20,7 @@ from kvplan.plan.schema import Settings
 from kvplan.sglang.pool import SglangPool, pool_kind, size_pool
 from kvplan.sglang.rules import KNOWN_VERSIONS, NEWEST_KNOWN, rules_for
 from kvplan.sglang.startup_log import parse_sglang_log
+from kvplan.sglang.weights import absorbed_kv_b_bytes
 from kvplan.units import cdiv, format_share
 
 
@@ -53,15 +55,20 @@ class Sglang:
         if options.mamba_full_memory_ratio is not None and pool_kind(model.arch) != "mamba":
             raise KvplanError("--mamba-full-memory-ratio is for a Mamba / linear-attention hybrid (SGLang's state "
                               "pool)", "drop it")
-        if options.enable_dp_attention or nsa:
+        dp_attention = options.enable_dp_attention or nsa
+        if dp_attention:
             # Attention data-parallel over the TP group (--dp-size = TP; SGLang sets it itself for DeepSeek NSA,
-            # server_args.py@0.5.3 .. @0.5.4.post3): each GPU holds the attention weights and the input embedding
-            # whole (`VocabParallelEmbedding(enable_tp=not is_dp_attention_enabled())`, models/deepseek_v2.py
-            # @0.5.3.post1); the experts, dense MLPs and lm_head stay split over the TP group.
+            # server_args.py@0.5.3 .. @0.5.4.post3): each GPU holds the attention weights (the NSA indexer's
+            # included) and the input embedding whole (`VocabParallelEmbedding(enable_tp=not
+            # is_dp_attention_enabled())`, models/deepseek_v2.py@0.5.3.post1), and the norms and MoE routers, which
+            # no TP splits (RMSNorm, MoEGate's own Parameter); the experts, dense MLPs and lm_head stay split.
             arch = model.arch
             whole = (attention_bytes(arch.params, arch.model_dtype_bytes, arch.quantization)
-                     + arch.params.embedding * arch.model_dtype_bytes)
+                     + (arch.params.embedding + arch.params.other) * arch.model_dtype_bytes)
             weights += whole - whole // (tp * plan.pipeline_parallel_size)
+        # MLA's w_kc / w_vc, made after loading beside kv_b_proj (kvplan/sglang/weights.py)
+        absorbed = absorbed_kv_b_bytes(model.config.config, 1 if dp_attention else tp)
+        weights += absorbed
         config = model.config.config
         ranks = (config.get("kv_lora_rank"), config.get("qk_rope_head_dim"))
         pool = size_pool(model.arch, gpus.device, deployed, rules, weights,
@@ -70,6 +77,7 @@ class Sglang:
                          dp_attention_size=tp if options.enable_dp_attention else 0,
                          mla_ranks=ranks if all(isinstance(x, int) and x > 0 for x in ranks) else None,
                          mamba_full_memory_ratio=options.mamba_full_memory_ratio)
+        pool = replace(pool, absorbed_kv_b_bytes=absorbed)
         per_request = cdiv(plan.request_tokens, pool.page_size) * pool.page_size
         needed = per_request * plan.concurrency
         fits = pool.tokens >= max(needed, 1) and plan.concurrency <= pool.max_running_requests

@@ -419,6 +419,8 @@ def _count_params(
         q = hidden * q_lora + q_lora * num_heads * (nope + rope) if q_lora else hidden * num_heads * (nope + rope)
         per_attn = q + hidden * (kv_lora + rope) + kv_lora * num_heads * (nope + v_head) + num_heads * v_head * hidden
         attn = per_attn * sum(1 for k in kinds if k in ("full", "sliding", "chunked", "mla", "attention+mamba"))
+        if q_lora and f.get("index_head_dim") and f.get("index_n_heads"):
+            attn, other = _add_mla_indexer_params(f, kinds, hidden, q_lora, attn, other)
     else:
         # q and o of num_heads x head, k and v of the layer's KV heads. Gemma 4's global layers have
         # their own shape and keep the V slot even with attention_k_eq_v; a layer reusing another's KV
@@ -520,6 +522,20 @@ def _count_params(
     other += (2 * n + 1) * hidden  # norms
     return ParamCounts(embedding=embedding, lm_head=lm_head, attention=attn, mlp=mlp, experts=experts,
                        recurrent=recurrent, other=other, shared_experts=shared_experts)
+
+
+def _add_mla_indexer_params(f: _Fields, kinds: list[str], hidden: int, q_lora: int, attn: int,
+                            other: int) -> tuple[int, int]:
+    """(attention, other) with DeepSeek-V3.2's sparse-attention indexer in every MLA layer that keeps one: wq_b
+    (q_lora_rank -> index_n_heads x index_head_dim) and wk (hidden -> index_head_dim), quantized like the
+    attention; weights_proj (hidden -> index_n_heads, "not quantized") and k_norm (a LayerNorm's weight and bias)
+    in the model dtype (`Indexer.__init__`, layers/attention/nsa/nsa_indexer.py@sglang 0.5.3). vLLM's `Indexer`
+    (models/deepseek_v2.py@0.32.0) holds the same four but fuses wk into weights_proj in bf16: wk's one extra
+    byte a parameter (56 MB over DeepSeek-V3.2's 61 layers) is not priced."""
+    index_dim, index_heads = int(f.get("index_head_dim")), int(f.get("index_n_heads"))
+    indexed = sum(1 for i, k in enumerate(kinds) if k == "mla" and _has_indexer(f, i))
+    return (attn + indexed * (q_lora * index_heads * index_dim + hidden * index_dim),
+            other + indexed * (hidden * index_heads + 2 * index_dim))
 
 
 def _dsv4_attention_params(f: _Fields, kinds: list[str], hidden: int, heads: int) -> tuple[int, int]:

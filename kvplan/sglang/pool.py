@@ -75,6 +75,7 @@ class SglangPool:
     # ``cell_bytes`` the budget is divided by
     buffer_bytes_per_token: int | None = None
     dp_attention: bool = False  # attention data-parallel over the TP group: the attention weights on every rank
+    absorbed_kv_b_bytes: int = 0  # of weights_bytes, MLA's w_kc / w_vc made after loading (kvplan/sglang/weights.py)
     # "mamba": the state pool's slots (max_mamba_cache_size), one request's state on one GPU (conv, SSM), the ratio
     mamba_slots: int | None = None
     mamba_state_bytes: tuple[int, int] | None = None
@@ -143,16 +144,21 @@ class SglangPool:
     def memory_terms(self) -> list[MemoryTerm]:
         p_low, p, p_high = self.free_before_load
         keep = 1 - self.mem_fraction_static
+        absorbed = self.absorbed_kv_b_bytes
+        checkpoint = self.weights_bytes - absorbed
         return [
             MemoryTerm("free before the weights load (P)", p, p_low, p_high, +1,
                        "CUDA total less the context and communicators (assumed 0.75 GiB, 0.4-1.5)"),
             MemoryTerm(f"kept back: P x (1 - {self.mem_fraction_static:g})", round(p * keep), round(p_low * keep),
                        round(p_high * keep), -1, f"mem_fraction_static {self.mem_fraction_static:g}: {self.fraction_how}"),
             *self._state_terms(),
-            MemoryTerm("weights", self.weights_bytes, self.weights_bytes, self.weights_bytes, -1,
+            MemoryTerm("weights", checkpoint, checkpoint, checkpoint, -1,
                        "per GPU, kvplan's estimate of the checkpoint as loaded"
-                       + ("; DP attention: the attention and embedding weights whole on every GPU"
+                       + ("; DP attention: the attention, embedding, norms and routers whole on every GPU"
                           if self.dp_attention else "")),
+            *([MemoryTerm("MLA's w_kc / w_vc", absorbed, absorbed, absorbed, -1,
+                          "copies of kv_b_proj made after loading (post_load_weights, models/deepseek_v2.py@0.5.3)")]
+              if absorbed else []),
         ]
 
 

@@ -420,6 +420,10 @@ def test_sglang_nsa_reports_judged_by_hand():
     # the full budget is judged: B200, TP 8 and the release stated (tests/engines/test_sglang_hybrid_pools.py works it)
     assert cases["sg008"]["full"] is not None and cases["sg008"]["full_reason"] is None
     assert cases["sg009"]["full"] is not None and cases["sg009"]["full"]["reported_gib"] == 54.52
+    # With the indexer's weights, the norms and routers whole under DP attention and MLA's bf16 w_kc / w_vc
+    # (test_nsa_weights_on_each_gpu_by_hand), both within the goal's 3% of the GPU; both still over-predict: the
+    # printed free memory puts SGLang's weights near 94 GiB a GPU against kvplan's 92.1 (docs/engines.md)
+    assert all(0 < cases[c]["full"]["error_of_gpu_pct"] < 3 for c in ("sg008", "sg009"))
     assert "mla_indexer" not in sg["goals"][0]["achieved"]
     # The release decides what the printed size holds: with none, refused with the reason, one line, exit 2.
     log = ("[2025-10-07 23:17:19 DP0 TP0] KV Cache is allocated. #tokens: 975424, KV size: 43.67 GB\n")

@@ -128,8 +128,9 @@ def test_the_nsa_pool_from_the_gpu():
 
 def test_dp_attention_keeps_the_attention_weights_whole():
     """Llama-3.1-8B at TP 2 with --enable-dp-attention (attention TP 1): its attention, 32 x (4,096 x 4,096 x 2 + 4,096
-    x 1,024 x 2) = 1,342,177,280 params, and its embedding, 128,256 x 4,096 = 525,336,576, at 2 B, are whole on each
-    GPU: 3,735,027,712 B, of which TP 2 already counts half, so 1,867,513,856 B more a GPU; the KV heads are not split:
+    x 1,024 x 2) = 1,342,177,280 params, its embedding, 128,256 x 4,096 = 525,336,576, and its norms, (2 x 32 + 1) x
+    4,096 = 266,240 (RMSNorm: no TP splits them), at 2 B, are whole on each GPU: 3,735,560,192 B, of which TP 2 already
+    counts half, so 1,867,780,096 B more a GPU; the KV heads are not split:
     8 x 128 x 2 x 32 x 2 B = 131,072 B a token. SGLang's default fraction on an H100 (81,559 MiB) at TP 2 (0.5.23):
     1 - (512 + 8,192 x 1.5 + 256 x 2 + 256 + 58 x 8) MiB / 81,559 = 0.828; with DP attention, + 256 x 2 x 3 = 0.809."""
     model = load_model("meta-llama/Llama-3.1-8B", source="bundled")
@@ -140,11 +141,49 @@ def test_dp_attention_keeps_the_attention_weights_whole():
 
     plain, dp = size(), size(enable_dp_attention=True)
     weights = {p: next(t.bytes for t in p.memory_terms if t.name == "weights") for p in (plain, dp)}
-    assert weights[dp] - weights[plain] == 1_867_513_856
+    assert weights[dp] - weights[plain] == 1_867_780_096
     assert (plain.kv_bytes_per_token_per_gpu, dp.kv_bytes_per_token_per_gpu) == (65_536, 131_072)
     assert (plain.engine_flags["--mem-fraction-static"], dp.engine_flags["--mem-fraction-static"]) == ("0.828", "0.809")
     assert dp.launch_command.endswith("--enable-dp-attention --dp-size 2")
     assert default_fraction(rules_for("0.5.23"), 81_559, 2, False, True, 2)[0] == 0.809
+
+
+def test_nsa_weights_on_each_gpu_by_hand():
+    """DeepSeek-V3.2-Exp on 8 x B200 (sg008 / sg009's deployment; NSA forces DP attention: attention TP 1), FP8 in
+    128 x 128 blocks (1 + 4 / 16,384 B a parameter). Whole on each GPU: MLA, 61 x (7,168 x 1,536 + 1,536 x 128 x 192 +
+    7,168 x 576 + 512 x 128 x 256 + 128 x 128 x 7,168) = 61 x 187,105,280, and the indexer's wq_b and wk, 61 x (1,536 x
+    64 x 128 + 7,168 x 128) = 61 x 13,500,416: 12,236,947,456 FP8 params; the embedding 129,280 x 7,168 = 926,679,040
+    and the bf16 rest: norms 61 x 2 x 7,168 + 7,168, routers 58 x 256 x 7,168, the indexer's weights_proj and k_norm
+    61 x (7,168 x 64 + 256), i.e. 135,451,392 (kvplan leaves out the q_a / kv_a norms and the routers' biases,
+    139,776 params). Split 8 ways: routed experts 58 x 256 x 3 x 7,168 x 2,048 = 653,908,770,816, shared 58 x 3 x 7,168
+    x 2,048 = 2,554,331,136, dense 3 x 3 x 7,168 x 18,432 = 1,189,085,184 (FP8) and lm_head 926,679,040 (bf16).
+    (657,652,187,136 x (1 + 2^-12) + 926,679,040 x 2) / 8 + 12,236,947,456 x (1 + 2^-12) + (926,679,040 + 135,451,392)
+    x 2 = 96,822,458,960 B. Then w_kc / w_vc in bf16 (post_load_weights, models/deepseek_v2.py@0.5.3): 61 x 128 heads
+    x (128 + 128) x 512 x 2 B = 2,046,820,352 B."""
+    model = load_model("deepseek-ai/DeepSeek-V3.2-Exp", source="bundled")
+    pool = engine_named("sglang").size(model, select_gpus("8xB200"), Settings(tensor_parallel_size=8), "0.5.3",
+                                       EngineOptions())
+    terms = {t.name: t.bytes for t in pool.memory_terms}
+    assert abs(terms["weights"] - 96_822_458_960) <= 139_776 * 2  # the norms and biases kvplan leaves out
+    assert terms["MLA's w_kc / w_vc"] == 2_046_820_352
+    # 0.5.3: 0.8 of P = the B200's CUDA total less 0.75 GiB; the budget divided by 61 x 576 = 35,136 B, pages of 64
+    p = select_gpus("B200").device.cuda_total_bytes - 0.75 * GiB
+    rest = p * 0.8 - terms["weights"] - 2_046_820_352
+    assert pool.pool_tokens == int(rest) // 35_136 // 64 * 64
+
+
+def test_absorbed_kv_b_copies_by_quantization():
+    """w_kc / w_vc: kv_b_proj's heads x (qk_nope + v) x kv_lora_rank a layer, for the heads of the attention rank.
+    DeepSeek-V3 at TP 8 without DP attention: 61 x 128 / 8 x 256 x 512 x 2 B (bf16 from 128 x 128 FP8 blocks) =
+    255,852,544 B; FP8 in other blocks is requantized per tensor, 1 B: 127,926,272; another architecture: none."""
+    from kvplan.sglang.weights import absorbed_kv_b_bytes
+
+    v3 = dict(load_model("deepseek-ai/DeepSeek-V3", source="bundled").config.config)
+    assert absorbed_kv_b_bytes(v3, 8) == 255_852_544
+    assert absorbed_kv_b_bytes(v3 | {"quantization_config": {"quant_method": "fp8"}}, 8) == 127_926_272
+    assert absorbed_kv_b_bytes(v3 | {"quantization_config": None}, 1) == 2_046_820_352
+    assert absorbed_kv_b_bytes(v3 | {"architectures": ["MiniCPM3ForCausalLM"]}, 1) == 0
+    assert absorbed_kv_b_bytes({"architectures": ["DeepseekV3ForCausalLM"], "kv_lora_rank": None}, 1) == 0
 
 
 def test_size_engine_sglang_prints_each_pool():

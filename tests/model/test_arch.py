@@ -62,6 +62,17 @@ def test_deepseek_v32_adds_an_indexer_cache_per_layer():
     assert kv_bytes(arch) == 61 * 576 * 2 + 61 * 132
 
 
+def test_deepseek_v32_counts_its_indexer_weights():
+    """The indexer in each of the 61 layers (layers/attention/nsa/nsa_indexer.py@sglang 0.5.3): wq_b 1,536 x 64 x 128
+    = 12,582,912 and wk 7,168 x 128 = 917,504 beside MLA's 187,105,280 (7,168 x 1,536 + 1,536 x 128 x 192 + 7,168 x
+    576 + 512 x 128 x 256 + 128 x 128 x 7,168); weights_proj 7,168 x 64 = 458,752 and k_norm 2 x 128, unquantized, in
+    "other" beside DeepSeek-V3's norms and routers."""
+    v32, v3 = arch_of("deepseek-ai/DeepSeek-V3.2").params, arch_of("deepseek-ai/DeepSeek-V3").params
+    assert v3.attention == 61 * 187_105_280
+    assert v32.attention == 61 * (187_105_280 + 13_500_416) == 12_236_947_456
+    assert v32.other - v3.other == 61 * 459_008
+
+
 def test_gpt_oss_even_layers_slide():
     arch = arch_of("openai/gpt-oss-120b")
     kinds = [type(s) for s in arch.layers]
