@@ -686,17 +686,21 @@ class _Scheduler:
         frees its blocks and sends its successor (its session's next turn, or its stream's next request)."""
         done: list[_Req] = []
         for req, n, _ in scheduled:
-            req.computed += n
-            if req.computed >= req.num_tokens:
+            computed = req.computed = req.computed + n
+            if computed >= req.prompt + req.generated:  # (its num_tokens)
                 req.generated += 1
-                if req.tl.first_token_step is None:
-                    req.tl.first_token_step = self.step
-                req.tl.token_times.append(end)
+                tl = req.tl
+                if tl.first_token_step is None:
+                    tl.first_token_step = self.step
+                tl.token_times.append(end)
                 if req.generated >= req.output:
                     done.append(req)
         self._finish(done, end)
-        for req in self.running:
-            req.tl.peak_blocks = max(req.tl.peak_blocks, len(req.blocks))
+        # Peak blocks: only a scheduled request's blocks change in a step (a request preempted in it was not
+        # scheduled, and left `running`), and a finished one's peak was taken by `_finish`.
+        for req, _, _ in scheduled:
+            if len(req.blocks) > req.tl.peak_blocks:
+                req.tl.peak_blocks = len(req.blocks)
 
     def _finish(self, done: list[_Req], end: float) -> None:
         """The requests that sampled their last token in this step (which ends at ``end``), in schedule
