@@ -635,11 +635,12 @@ class _Scheduler:
             req = waiting[0]
             hits = _prefix_hits(pool, req, B) if config.prefix_caching else []
             computed = len(hits) * B
-            # Hits on blocks nobody holds are taken off the free queue: they cost a block.
-            evictable = pool.free_among(hits)
             first_chunk = min(req.num_tokens - computed, budget)
             check = req.num_tokens if config.admit_full_prompt else computed + first_chunk
-            admitted = cdiv(check, B) - len(hits) + evictable <= pool.num_free
+            # Hits on blocks nobody holds are taken off the free queue: they cost a block. (At most every hit
+            # does: when the blocks fit even then, they are not counted.)
+            admitted = (cdiv(check, B) <= pool.num_free
+                        or cdiv(check, B) - len(hits) + pool.free_among(hits) <= pool.num_free)
             if config.prefix_caching and (admitted or not config.prefix_stats_at_admission):
                 if req.tl.preemptions:
                     self.pre_queries, self.pre_hits = self.pre_queries + req.num_tokens, self.pre_hits + computed
