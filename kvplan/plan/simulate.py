@@ -579,6 +579,7 @@ class _Scheduler:
         """Running requests first, in order; out of blocks, the last running one is preempted (until the
         request itself is). Returns the budget left and whether anything was preempted."""
         config, running = self.config, self.running
+        needs_room, scheduled_hook = self._needs_room, self._scheduled  # (bound once: called per request)
         preempted_now = False
         i = 0
         while i < len(running) and budget > 0:
@@ -590,12 +591,12 @@ class _Scheduler:
             if n <= 0:
                 i += 1
                 continue
-            if self._needs_room(req, computed + n):
+            if needs_room(req, computed + n):
                 ok, preempted = self._room_for(req, computed + n, n)
                 preempted_now |= preempted
                 if not ok:
                     break
-            self._scheduled(req, computed + n, n)
+            scheduled_hook(req, computed + n, n)
             scheduled.append((req, n, computed))
             budget -= n
             i += 1
