@@ -6,12 +6,17 @@ blocks, a few hundred shared system prompts of 1-6 blocks, a third of the reques
 earlier one, the rest a fresh tail; 600-8,000 prompt tokens, 20-400 output tokens; timestamps
 100 ms apart on average. Prints the figures; asserts nothing (speed goals live here, not in tests).
 
-    python benchmarks/bench_working_set.py [--requests 100000] [--block-size 16] [--simulate]
+    python benchmarks/bench_working_set.py [--requests 100000] [--block-size 16] [--simulate [--digest]]
+
+``--digest`` prints a SHA-256 of every field of the simulation's result (floats as hex): a speed-up must leave it
+unchanged, bit for bit (run it on both commits).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import hashlib
 import random
 import time
 
@@ -42,12 +47,32 @@ def trace(n: int, seed: int = 0) -> Traffic:
     return Traffic(tuple(turns), "synthetic Mooncake-shaped trace")
 
 
+def result_digest(res) -> str:
+    """SHA-256 over every field of a SimResult, in order, floats by their bits (``float.hex``)."""
+    h = hashlib.sha256()
+
+    def text(value) -> str:
+        if isinstance(value, float):
+            return value.hex()
+        if isinstance(value, (list, tuple)):
+            return "[" + ",".join(map(text, value)) + "]"
+        if dataclasses.is_dataclass(value):
+            return type(value).__name__ + text([getattr(value, f.name) for f in dataclasses.fields(value)])
+        return repr(value)
+
+    for f in dataclasses.fields(res):
+        for item in (getattr(res, f.name) if f.name in ("requests", "kv_fill", "step_batches") else [getattr(res, f.name)]):
+            h.update(text(item).encode())
+    return h.hexdigest()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=100_000)
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--pool", type=int, default=200_000, help="usable blocks for the simulation")
     ap.add_argument("--simulate", action="store_true", help="also time the full simulation (slow)")
+    ap.add_argument("--digest", action="store_true", help="with --simulate: a SHA-256 of the whole result")
     args = ap.parse_args()
     t0 = time.perf_counter()
     traffic = trace(args.requests)
@@ -70,6 +95,8 @@ def main() -> None:
                        step_time=lambda b: 0.005 + 2e-6 * b.prefill_tokens)
         print(f"simulation: {time.perf_counter() - t0:.1f} s ({built:.1f} s hashing the prompts), {res.steps:,} steps, "
               f"hit rate {res.prefix_hit_rate:.1%}, {res.preemptions} preemptions")
+        if args.digest:
+            print(f"result digest: {result_digest(res)}")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,11 @@ release-dependent part is `uncached_first`, docs/vllm-accounting.md section 9):
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
+from functools import partial
+from itertools import takewhile
+from operator import is_not
+
+_is_a_block = partial(is_not, None)  # a lookup found a block (not None)
 
 
 class _PrefixMap:
@@ -27,15 +32,9 @@ class _PrefixMap:
     first: dict
 
     def longest_hit(self, keys: Iterable[Hashable]) -> list:
-        """Cached blocks from the start, stopping at the first miss."""
-        hits: list = []
-        get = self.first.get
-        for key in keys:
-            block = get(key)
-            if block is None:
-                break
-            hits.append(block)
-        return hits
+        """Cached blocks from the start, stopping at the first miss (lookups and the stop in C: no Python
+        step per block)."""
+        return list(takewhile(_is_a_block, map(self.first.get, keys)))
 
 
 class BlockPool(_PrefixMap):
@@ -239,6 +238,48 @@ class LinkedBlockPool(_PrefixMap):
                     del first[key]
             block.ref = 1
         head = block.next  # the queue now starts after the last one taken
+        null.next, head.prev = head, null
+        self.num_free -= count
+        return out
+
+    def take_cached(self, count: int, keys: Sequence[Hashable]) -> list[Block]:
+        """`take` of ``count`` blocks, then `cache` of the first ``len(keys)`` of them under ``keys``, in one pass
+        over the blocks (an admitted prompt's new blocks, its full ones registered at once: each block read once,
+        not twice). The same pool as the two calls: each block's old hash leaves the map before its new one enters,
+        and a hash that one block of this take gains while a later one loses it ends with the same blocks, in the
+        same order (`_forget_one_of` drops the evicted one from the list the new one joined)."""
+        if not self.caching or not keys:
+            return self.take(count)
+        first, dups = self.first, self.dups
+        setdefault = first.setdefault
+        out: list[Block] = []
+        block = null = self.null
+        for key in keys:
+            block = block.next
+            out.append(block)
+            old = block.key
+            if old is not None:  # evicted
+                if dups and old in dups:
+                    self._forget_one_of(old, block)
+                else:
+                    del first[old]
+            block.key = key
+            block.ref = 1
+            found = setdefault(key, block)
+            if found is not block:  # a second block with this hash (see `cache`)
+                dups.setdefault(key, [found]).append(block)
+        for _ in range(count - len(keys)):  # the rest as `take`
+            block = block.next
+            out.append(block)
+            old = block.key
+            if old is not None:
+                block.key = None
+                if dups and old in dups:
+                    self._forget_one_of(old, block)
+                else:
+                    del first[old]
+            block.ref = 1
+        head = block.next
         null.next, head.prev = head, null
         self.num_free -= count
         return out

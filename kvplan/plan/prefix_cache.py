@@ -86,7 +86,7 @@ class BlockHasher:
 
     def prompt_keys(self, segments: Sequence[Segment]) -> tuple[int, ...]:
         """The ids of the prompt's full blocks, in order (the last partial block has none)."""
-        B = self.block_size
+        B, runs = self.block_size, self._runs
         out: list[int] = []
         parent = 0
         spans: list[tuple[str, int, int]] = []  # the block being filled: (segment key, start, end) runs
@@ -104,8 +104,15 @@ class BlockHasher:
                 out.append(parent)
                 spans, filled = [], 0
             count = (tokens - at) // B
-            if count:  # then its whole blocks: one run
-                run = self._run(parent, key, at, count)
+            if count:  # then its whole blocks: one run (`_run`, inline: a call per segment less)
+                name = (parent, key, at)
+                run = runs.get(name)
+                if run is None:  # never seen: the next ids, in prompt order
+                    start = self._count + 1
+                    self._count += count
+                    run = runs[name] = list(range(start, self._count + 1))
+                elif len(run) < count:
+                    run = self._run(parent, key, at, count)
                 out.extend(run if len(run) == count else run[:count])
                 parent = run[count - 1]
                 at += count * B

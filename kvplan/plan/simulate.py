@@ -579,6 +579,7 @@ class _Scheduler:
         """Running requests first, in order; out of blocks, the last running one is preempted (until the
         request itself is). Returns the budget left and whether anything was preempted."""
         config, running = self.config, self.running
+        needs_room, scheduled_hook = self._needs_room, self._scheduled  # (bound once: called per request)
         preempted_now = False
         i = 0
         while i < len(running) and budget > 0:
@@ -590,12 +591,12 @@ class _Scheduler:
             if n <= 0:
                 i += 1
                 continue
-            if self._needs_room(req, computed + n):
+            if needs_room(req, computed + n):
                 ok, preempted = self._room_for(req, computed + n, n)
                 preempted_now |= preempted
                 if not ok:
                     break
-            self._scheduled(req, computed + n, n)
+            scheduled_hook(req, computed + n, n)
             scheduled.append((req, n, computed))
             budget -= n
             i += 1
@@ -635,11 +636,12 @@ class _Scheduler:
             req = waiting[0]
             hits = _prefix_hits(pool, req, B) if config.prefix_caching else []
             computed = len(hits) * B
-            # Hits on blocks nobody holds are taken off the free queue: they cost a block.
-            evictable = pool.free_among(hits)
             first_chunk = min(req.num_tokens - computed, budget)
             check = req.num_tokens if config.admit_full_prompt else computed + first_chunk
-            admitted = cdiv(check, B) - len(hits) + evictable <= pool.num_free
+            # Hits on blocks nobody holds are taken off the free queue: they cost a block. (At most every hit
+            # does: when the blocks fit even then, they are not counted.)
+            admitted = (cdiv(check, B) <= pool.num_free
+                        or cdiv(check, B) - len(hits) + pool.free_among(hits) <= pool.num_free)
             if config.prefix_caching and (admitted or not config.prefix_stats_at_admission):
                 if req.tl.preemptions:
                     self.pre_queries, self.pre_hits = self.pre_queries + req.num_tokens, self.pre_hits + computed
@@ -651,10 +653,15 @@ class _Scheduler:
                 req.tl.cached_tokens = computed
             pool.touch(hits)
             req.blocks = list(hits)
-            req.num_cached = len(hits)
             req.computed = computed
-            self._allocate(req, computed + first_chunk)
-            self._cache_full(req, computed + first_chunk)
+            # Its first chunk's new blocks (`admitted` counted them: they fit), the full ones cached as they are
+            # taken (`_allocate` then `_cache_full`, in one pass over the blocks: `take_cached`).
+            upto = computed + first_chunk
+            full = upto // B
+            need = cdiv(upto, B) - len(hits)
+            if need > 0:
+                req.blocks += pool.take_cached(need, _keys(req, len(hits), full, B) if full > len(hits) else ())
+            req.num_cached = max(len(hits), full)
             if self.trace is not None:
                 self.trace.append(("admit", req.tl.index, req.num_tokens, pool.ids(hits), first_chunk, pool.ids(req.blocks)))
             waiting.popleft()
@@ -681,17 +688,21 @@ class _Scheduler:
         frees its blocks and sends its successor (its session's next turn, or its stream's next request)."""
         done: list[_Req] = []
         for req, n, _ in scheduled:
-            req.computed += n
-            if req.computed >= req.num_tokens:
+            computed = req.computed = req.computed + n
+            if computed >= req.prompt + req.generated:  # (its num_tokens)
                 req.generated += 1
-                if req.tl.first_token_step is None:
-                    req.tl.first_token_step = self.step
-                req.tl.token_times.append(end)
+                tl = req.tl
+                if tl.first_token_step is None:
+                    tl.first_token_step = self.step
+                tl.token_times.append(end)
                 if req.generated >= req.output:
                     done.append(req)
         self._finish(done, end)
-        for req in self.running:
-            req.tl.peak_blocks = max(req.tl.peak_blocks, len(req.blocks))
+        # Peak blocks: only a scheduled request's blocks change in a step (a request preempted in it was not
+        # scheduled, and left `running`), and a finished one's peak was taken by `_finish`.
+        for req, _, _ in scheduled:
+            if len(req.blocks) > req.tl.peak_blocks:
+                req.tl.peak_blocks = len(req.blocks)
 
     def _finish(self, done: list[_Req], end: float) -> None:
         """The requests that sampled their last token in this step (which ends at ``end``), in schedule
@@ -750,8 +761,8 @@ class _Scheduler:
         may_admit = budget_left > 0 and num < config.max_num_seqs
         if may_admit and waiting and cdiv(waiting[0].num_tokens, B) <= self.pool.num_free - num:
             return 0  # the head fits whatever this step takes: it is admitted (the usual arrival), `_step` does it
-        # The requests crossing into a new block in step j are those whose computed % B == -j % B.
-        groups: dict[int, list[_Req]] = {}
+        # The requests crossing into a new block in step j are those whose computed % B == -j % B: crossing_at[j % B].
+        crossing_at: list[list[_Req]] = [[] for _ in range(B)]
         kv = num  # kv_tokens_read of the first step: sum of (computed + 1)
         horizon = max_steps - self.step  # steps to run at most: until the first request ends
         for req in running:
@@ -762,12 +773,14 @@ class _Scheduler:
             if (not req.generated or c != req.prompt + req.generated - 1 or len(req.blocks) != -(-c // B)
                     or req.num_cached != c // B):
                 return 0
-            horizon = min(horizon, req.output - req.generated)
+            left = req.output - req.generated
+            if left < horizon:
+                horizon = left
             kv += c
-            groups.setdefault(c % B, []).append(req)
+            crossing_at[-c % B].append(req)
         blocked = False
         if waiting and may_admit:
-            if not self._blocked_head(budget_left, len(groups.get(0, ()))):
+            if not self._blocked_head(budget_left, len(crossing_at[0])):
                 return 0
             blocked = True
 
@@ -782,7 +795,8 @@ class _Scheduler:
         fill = used / usable
         peak_waiting = max(self.peak_waiting, len(waiting))
         next_arrival = pending[0][0] if pending else math.inf
-        crossing_at = [groups.get(-j % B) for j in range(B)]  # step j's: crossing_at[j % B]
+        new_batch, set_prefill, set_decode, set_kv, set_seqs, set_pairs = (
+            _new, _set_prefill, _set_decode, _set_kv, _set_seqs, _set_pairs)
         for j in range(horizon):
             if next_arrival <= now:  # arrivals seen at this step's start (not the first: `run` took them)
                 if may_admit and not blocked:
@@ -801,7 +815,12 @@ class _Scheduler:
                 crossers += crossing
                 used = usable - free
                 fill = used / usable
-            batch = _decode_batch(num, kv)
+            batch = new_batch(StepBatch)  # `_decode_batch(num, kv)` inline (a call less per step)
+            set_prefill(batch, 0)
+            set_decode(batch, num)
+            set_kv(batch, kv)
+            set_seqs(batch, num)
+            set_pairs(batch, kv)
             batches.append(batch)
             end = now + (step_time(batch) if step_time else 1.0)
             kv_fill.append((step, end, fill))
@@ -813,7 +832,10 @@ class _Scheduler:
         if not steps:
             return 0
         for req, block in zip(crossers, pool.take(len(crossers))):
-            req.blocks.append(block)
+            blocks = req.blocks
+            blocks.append(block)
+            if len(blocks) > req.tl.peak_blocks:  # (only these requests' blocks changed in the run)
+                req.tl.peak_blocks = len(blocks)
         if blocked:
             for req in waiting:
                 req.tl.waited_for_kv = True
@@ -823,18 +845,24 @@ class _Scheduler:
         self.peak_running = max(self.peak_running, num)
         # The steps' results: every request sampled a token per step.
         done: list[_Req] = []
+        caching = config.prefix_caching
         for req in running:
-            req.computed += steps
+            c = req.computed = req.computed + steps
             req.generated += steps
             req.tl.token_times.extend(ends)
-            if req.computed // B > req.num_cached:  # blocks filled: cached (as each step would have)
-                self._cache_full(req, req.computed)
+            full = c // B
+            if full > req.num_cached:  # blocks filled: cached (as each step would have: `_cache_full`)
+                k = req.num_cached
+                if caching:
+                    if full == k + 1 and k >= len(req.keys):  # one generated block (the usual): its key inline
+                        pool.cache((req.blocks[k],), (("shared", k) if k < req.shared // B else ("req", req.rid, k),))
+                    else:
+                        pool.cache(req.blocks[k:full], _keys(req, k, full, B))
+                req.num_cached = full
             if req.generated >= req.output:
                 done.append(req)
         self.step = step - 1  # the last step's results
         self._finish(done, now)
-        for req in running:
-            req.tl.peak_blocks = max(req.tl.peak_blocks, len(req.blocks))
         self.step, self.now = step, now
         return steps
 

@@ -77,6 +77,54 @@ def test_the_fast_pools_are_block_pool_block_for_block(seed, caching, uncached_f
     assert flat.num_free == usable
 
 
+@pytest.mark.parametrize("caching,uncached_first", [(True, True), (True, False), (False, True)])
+@pytest.mark.parametrize("seed", range(8))
+def test_take_cached_is_take_then_cache(seed, caching, uncached_first):
+    """`LinkedBlockPool.take_cached` (admission's new blocks, the full ones registered as they are taken) against
+    the reference pool's takes then registrations: after every operation the same free queue, references and
+    lookups. Keys come from a handful, so a take often registers a hash that a block later in the same take still
+    holds (it loses it when taken), or that a held block holds (a second block for the hash)."""
+    rng = random.Random(f"take_cached:{seed}")
+    usable = rng.choice([6, 16, 40])
+    keys = range(rng.choice([3, 6, 20]))
+    ref, pool = ReferenceBlockPool(usable, caching, uncached_first), LinkedBlockPool(usable, caching, uncached_first)
+    flat = _ById(pool)
+    held: list[list[int]] = []
+    for _ in range(400):
+        op = rng.random()
+        if op < 0.4 and ref.num_free:
+            n = rng.randint(1, ref.num_free)
+            names = [rng.choice(keys) for _ in range(rng.randint(0, n))]
+            taken = [ref.take() for _ in range(n)]
+            for b, k in zip(taken, names):
+                ref.cache(b, k)
+            assert [b.id for b in pool.take_cached(n, names)] == taken
+            held.append(taken)
+        elif op < 0.55 and held:
+            blocks = rng.choice(held)
+            picked = rng.sample(blocks, rng.randint(1, len(blocks)))
+            names = [rng.choice(keys) for _ in picked]
+            for b, k in zip(picked, names):
+                ref.cache(b, k)
+            flat.cache(picked, names)
+        elif op < 0.75:
+            hits = list(dict.fromkeys(ref.longest_hit(rng.sample(keys, rng.randint(1, len(keys))))))
+            for b in hits:
+                ref.touch(b)
+            flat.touch(hits)
+            if hits:
+                held.append(hits)
+        elif held:
+            blocks = held.pop(rng.randrange(len(held)))
+            ref.release(blocks)
+            flat.release(blocks)
+        _pools_agree(ref, flat, keys)
+        assert pool.key_of == [None, *(ref.key_of.get(b) for b in range(1, usable + 1))]
+        # a hash several blocks hold: its blocks, first registered first
+        assert {k: [b.id for b in v] for k, v in pool.dups.items()} == {
+            k: list(v) for k, v in ref.blocks_of.items() if len(v) > 1}
+
+
 class _ById:
     """A LinkedBlockPool operated by block ids (its Block objects looked up by id, ids returned)."""
 
@@ -250,11 +298,16 @@ def _fast_and_one_by_one(seed: int, monkeypatch) -> tuple[bool, bool, bool]:
         return fast_steps[-1]
 
     evicted: list[int] = []
-    take = LinkedBlockPool.take
+    take, take_cached = LinkedBlockPool.take, LinkedBlockPool.take_cached
 
     def counting_take(self, count=1):
         evicted.append(sum(self.key_of[b] is not None for b in self.free_queue()[:count]))
         return take(self, count)
+
+    def counting_take_cached(self, count, keys):
+        if keys and self.caching:  # (else it calls `take`, counted there)
+            evicted.append(sum(self.key_of[b] is not None for b in self.free_queue()[:count]))
+        return take_cached(self, count, keys)
 
     pools: list[tuple] = []  # each run's pool at its end (before `simulate` unlinks it), block for block
     unlink = LinkedBlockPool.unlink
@@ -271,6 +324,7 @@ def _fast_and_one_by_one(seed: int, monkeypatch) -> tuple[bool, bool, bool]:
     plain_time, plain_calls = _step_time(kind)
     with monkeypatch.context() as m:
         m.setattr(LinkedBlockPool, "take", counting_take)
+        m.setattr(LinkedBlockPool, "take_cached", counting_take_cached)
         plain = sim.simulate(config, build(), plain_time, trace=[])
     assert fast_calls == plain_calls
     a, b = pools
