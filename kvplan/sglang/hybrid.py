@@ -142,8 +142,8 @@ def mamba_split(budget_bytes: float, per_request_bytes: int, ratio: float) -> Ma
     """`handle_max_mamba_cache` (model_runner.py@0.5.3.post3 .. @0.5.6.post2), radix cache on, no speculative
     decoding: ``raw = rest x ratio / (1 + ratio)`` GiB; ``max_mamba_cache_size = int(raw x 2^30 //
     mamba_cache_per_req)``; the KV pool gets ``rest - max_mamba_cache_size x mamba_cache_per_req / 2^30``."""
-    if not ratio > 0:
-        raise KvplanError(f"invalid --mamba-full-memory-ratio {ratio!r}", "give a ratio above 0")
+    if not 0 < ratio < 1e6:  # finite: SGLang's ratio / (1 + ratio) of an infinite one is NaN
+        raise KvplanError(f"invalid --mamba-full-memory-ratio {ratio!r}", "give a ratio above 0 (SGLang's default 0.9)")
     rest_gib = budget_bytes / (1 << 30)
     slots = max(0, int((rest_gib * ratio / (1 + ratio) * (1 << 30)) // per_request_bytes))
     state_gib = slots * per_request_bytes / (1 << 30)

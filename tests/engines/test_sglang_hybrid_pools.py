@@ -213,6 +213,10 @@ def test_size_engine_sglang_prints_each_pool():
     ("deepseek-ai/DeepSeek-V3.2", ("--engine", "sglang"), "0.5.3 to 0.5.4 only"),
     ("Qwen/Qwen3-Next-80B-A3B-Thinking", ("--engine", "sglang"), "max_mamba_cache_size"),
     ("nvidia/Nemotron-H-56B-Base-8K", ("--engine", "sglang"), "mamba_full_memory_ratio"),
+    ("Qwen/Qwen3-Next-80B-A3B-Thinking", ("--engine", "sglang", "--engine-version", "0.5.6",
+                                          "--mamba-full-memory-ratio", "inf"), "invalid --mamba-full-memory-ratio"),
+    ("Qwen/Qwen3-Next-80B-A3B-Thinking", ("--engine", "sglang", "--engine-version", "0.5.6",
+                                          "--mamba-full-memory-ratio", "nan"), "invalid --mamba-full-memory-ratio"),
 ])
 def test_bad_input_is_one_line(model, argv, what):
     from helpers.harness import invoke
