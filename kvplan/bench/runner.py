@@ -60,6 +60,7 @@ from kvplan.bench.sweep import (
 from kvplan.bench.view import NullView
 from kvplan.deploy import load_model, plan_deployment, select_gpus
 from kvplan.engines import EngineCapacity, engine_named
+from kvplan.engines.vllm import version_from_endpoint
 from kvplan.errors import KvplanError
 from kvplan.plan.blocks import BlockRule
 from kvplan.plan.hybrid_cache import MANAGER_OF_KIND
@@ -229,6 +230,11 @@ class BenchRun:
             except (OSError, KvplanError):
                 log_cap = EngineCapacity()
             cap = cap.merged(log_cap) if cap.source else log_cap.merged(cap)
+        if cap.vllm_version is None and (self.launcher is None or self.launcher.cfg.engine == "vllm"):
+            # A server kvplan did not start: its release (which decides, say, a Mamba-2 mixer's checkpoint page in
+            # the replay's prediction) from its /version; a server without one leaves it unknown.
+            status, body = self.client.get(self.base_url + "/version", timeout_s=5)
+            cap = dataclasses.replace(cap, vllm_version=version_from_endpoint(body) if status == 200 else None)
         self.capacity = cap
 
     def _data_parallel(self, snap: Snapshot | None) -> None:
@@ -268,7 +274,8 @@ class BenchRun:
         ecfg = self.cfg.engine_config()
         served = self.served_groups = served_groups(
             ecfg.model if ecfg else self.model, ecfg, config.block_size,
-            config.max_num_batched_tokens if config.max_num_batched_tokens < 1 << 30 else None)
+            config.max_num_batched_tokens if config.max_num_batched_tokens < 1 << 30 else None,
+            self.capacity.vllm_version, self.cfg.planner_gpu)
         if served.one_full_attention_group is not False:
             return
         self.rule = None
@@ -551,7 +558,7 @@ class BenchRun:
             ecfg = self.cfg.engine_config()
             self.served_groups = served_groups(ecfg.model if ecfg else self.model, ecfg, config.block_size,
                                                config.max_num_batched_tokens if config.max_num_batched_tokens < 1 << 30
-                                               else None)
+                                               else None, cap.vllm_version, self.cfg.planner_gpu)
         figures = replay_figures(replayed, records, point.server, config, self.cfg.traffic.time_scale, model,
                                  self.served_groups)
         notes = list(point.notes)
