@@ -23,9 +23,10 @@ engine's reported pool with vLLM's block pool and counters (kvplan.plan.block_po
   requests do overlap then gets no prediction rather than a wrong one (`predicted_by` says which).
 
 All of it on the served model's KV cache groups (`served_groups`: its config read offline): a hybrid model's
-sliding-window / chunked-local groups through kvplan.plan.hybrid_sim; a recurrent-state model gets no prediction
-(its prefix cache is not modelled); a model kvplan cannot read is predicted as one full-attention group, and
-`predicted_by` says so.
+sliding-window / chunked-local groups and recurrent-state groups in "align" mode through kvplan.plan.hybrid_sim,
+under the rules of the release the engine reported (its log, or its /version); a recurrent-state model gets no
+prediction when that release is unknown, or when the GPU decides its mixers' checkpoint page and is not given
+(GDN from 0.33); a model kvplan cannot read is predicted as one full-attention group, and `predicted_by` says so.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from kvplan.bench.results import LatencyStats, ReplayFigures, ServerFigures
 from kvplan.bench.workload import RequestSpec
 from kvplan.deploy import load_model, plan_deployment, select_gpus
 from kvplan.errors import KvplanError
-from kvplan.plan.hybrid_cache import FULL, MANAGER_OF_KIND, HybridGroups
+from kvplan.plan.hybrid_cache import FULL, MAMBA, MANAGER_OF_KIND, HybridGroups
 from kvplan.plan.hybrid_sim import replay_one_at_a_time, simulate_groups
 from kvplan.plan.prefix_cache import hybrid_sim_turns, traffic_load, traffic_working_set
 from kvplan.plan.schema import Settings, settings_from_engine_args
@@ -223,9 +224,11 @@ class ServedGroups:
         return len(self.kinds) == 1 and MANAGER_OF_KIND.get(self.kinds[0]) == FULL
 
 
-def served_groups(model: str | None, ecfg, block_size: int, max_num_batched_tokens: int | None) -> ServedGroups:
+def served_groups(model: str | None, ecfg, block_size: int, max_num_batched_tokens: int | None,
+                  vllm_version: str | None = None, gpu: str | None = None) -> ServedGroups:
     """The KV cache groups kvplan plans for the served model (its config read offline; the engine's flags when
-    kvplan launched it), at the engine's block size."""
+    kvplan launched it), at the engine's block size, under the rules of the release the engine reported
+    (``vllm_version``) on ``gpu`` (the bench's --gpu) when given."""
     if not model:
         return ServedGroups(None, unknown="the model is unknown")
     try:
@@ -236,7 +239,7 @@ def served_groups(model: str | None, ecfg, block_size: int, max_num_batched_toke
         extra = {} if max_num_batched_tokens is None or ecfg is not None else {
             "max_num_batched_tokens": max_num_batched_tokens}
         settings = settings_from_engine_args(ecfg, **extra) if ecfg is not None else Settings(**extra)
-        plan = plan_deployment(resolved, select_gpus(None, None, "1TiB"), settings)
+        plan = plan_deployment(resolved, select_gpus(gpu, None, "1TiB"), settings, vllm_version=vllm_version)
     except KvplanError as exc:
         return ServedGroups(None, refused=exc.message)
     except Exception as exc:  # noqa: BLE001 - a model kvplan cannot plan leaves the groups unknown
@@ -249,11 +252,27 @@ def served_groups(model: str | None, ecfg, block_size: int, max_num_batched_toke
         return ServedGroups(None, refused=exc.message, kinds=kinds)
     if groups.full_attention_only:
         return ServedGroups(None, kinds=kinds)
-    if groups.has_mamba:  # (planned here without the served GPU, which decides a GDN checkpoint page from 0.33)
-        return ServedGroups(None, refused="the prefix cache of mamba KV groups is not modelled for a served engine: "
-                                          "whether its mixers add a prefill checkpoint page depends on the GPU, which "
-                                          "kvplan does not know here", kinds=kinds)
+    why = _state_groups_undecided(plan.capacity, vllm_version, gpu) if groups.has_mamba else ""
+    if why:
+        return ServedGroups(None, refused=f"the prefix cache of mamba KV groups is not modelled for this served "
+                                          f"engine: {why}", kinds=kinds)
     return ServedGroups(dataclasses.replace(groups, block_size=block_size), kinds=kinds)
+
+
+def _state_groups_undecided(cap, vllm_version: str | None, gpu: str | None) -> str:
+    """Why the served engine's recurrent-state groups cannot be planned here ('' when they can). Whether a
+    mixer adds a prefill checkpoint page (which lets the scheduler run the prompt's last chunk past its replay
+    boundary) is the release's choice for Mamba-2 (0.32+, `MambaMixer2.get_kv_cache_spec`,
+    model_executor/layers/mamba/mamba_mixer2.py@0.32.0) and for every other mixer, but the GPU's for GDN from
+    0.33 (FlashInfer's GDN prefill, the auto choice on Hopper: kvplan.plan.capacity `request_context`)."""
+    if vllm_version is None:
+        return ("the engine did not report its vLLM release, which decides whether its mixers add a prefill "
+                "checkpoint page (Mamba-2's from 0.32)")
+    gdn = any(g.spec.kind == MAMBA and g.spec.variant == "gated_delta_net" for g in cap.layout.groups)
+    if gdn and cap.rules.gdn_checkpoint_page_on_hopper and gpu is None:
+        return (f"in vLLM {vllm_version} whether its GDN mixers add a prefill checkpoint page depends on the GPU "
+                "(Hopper's FlashInfer prefill), which kvplan does not know here (pass --gpu)")
+    return ""
 
 
 def _prediction(traffic: Traffic, records: list[RequestRecord], config: SchedulerConfig | None, time_scale: float,

@@ -5,6 +5,7 @@ docs/vllm-accounting.md section 5)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
@@ -16,7 +17,7 @@ from kvplan.errors import KvplanError
 from kvplan.hardware.catalog import GpuSelection
 from kvplan.plan.schema import Settings, SizePlan
 from kvplan.vllm.args import EngineArgs
-from kvplan.vllm.rules import KNOWN_VERSIONS, NEWEST_KNOWN
+from kvplan.vllm.rules import KNOWN_VERSIONS, NEWEST_KNOWN, parse_version
 from kvplan.vllm.startup_log import parse_startup_log
 
 #: Module entry points of vLLM's OpenAI server, newest first. The ``vllm`` console script
@@ -110,6 +111,16 @@ def capacity_from_log(text: str) -> EngineCapacity:
     found = any(v is not None for v in (num_blocks, tokens, r.max_concurrency))
     return EngineCapacity(num_blocks, r.block_size, tokens, r.max_concurrency, r.max_concurrency_tokens,
                           "log" if found else "", r.vllm_version)
+
+
+def version_from_endpoint(body: str) -> str | None:
+    """The release a vLLM server's ``/version`` answers (``{"version": VLLM_VERSION}``,
+    entrypoints/serve/instrumentator/basic.py@0.32.0) as ``major.minor.patch``; None for any other answer."""
+    try:
+        release = json.loads(body).get("version") if len(body) < 4096 else None
+        return ".".join(map(str, parse_version(release))) if isinstance(release, str) and len(release) < 100 else None
+    except (ValueError, AttributeError, KvplanError):
+        return None
 
 
 def capacity_from_cache_info(labels: Mapping[str, str]) -> EngineCapacity:

@@ -65,7 +65,7 @@ def test_a_recurrent_state_model_gets_no_onsets_and_the_reason(tmp_path, monkeyp
     assert run.rule is None and run.prediction is None
     assert run.prediction_note == ("onsets not predicted: the model's KV cache is 4 group(s) (mamba, mamba, mamba, "
                                    "full_attention) taking blocks from one pool, and kvplan's simulator does not model "
-                                   "the blocks of mamba groups")
+                                   "the onsets of mamba groups")
     summary = run.summary("complete", None)
     assert summary.prediction is None and summary.prediction_note == run.prediction_note
     assert run.prediction_note in markdown(summary)

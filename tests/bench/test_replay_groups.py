@@ -23,7 +23,7 @@ def test_the_served_models_groups():
     llama = served_groups("meta-llama/Llama-3.1-8B", None, 16, None)
     assert llama == ServedGroups(None, kinds=("full_attention",)) and llama.one_full_attention_group
     qwen3_next = served_groups("Qwen/Qwen3-Next-80B-A3B-Thinking", None, 16, None)
-    assert "mamba KV groups is not modelled" in qwen3_next.refused and qwen3_next.one_full_attention_group is False
+    assert "did not report its vLLM release" in qwen3_next.refused and qwen3_next.one_full_attention_group is False
     unknown = served_groups("/nonexistent/model-dir", None, 16, None)
     assert unknown.groups is None and "cannot read" in unknown.unknown and unknown.one_full_attention_group is None
 
@@ -59,3 +59,54 @@ def test_refused_and_unknown_groups_are_said():
     unknown = replay_figures(traffic, records, ServerFigures(), config, groups=ServedGroups(None, unknown="x unread"))
     assert unknown.predicted_by.endswith("(one full-attention KV group assumed: x unread)")
     assert unknown.predicted_hits == replay_figures(traffic, records, ServerFigures(), config).predicted_hits
+
+
+def test_a_state_groups_checkpoint_page_is_the_releases_or_the_gpus():
+    """A mixer's prefill checkpoint page is the release's choice (Mamba-2's from 0.32: `MambaMixer2.
+    get_kv_cache_spec`, mamba_mixer2.py@0.32.0), the GPU's only for GDN from 0.33 (Hopper's FlashInfer prefill):
+    the served release alone decides the groups, except a GDN model on 0.33 with no --gpu."""
+    from kvplan.plan.hybrid_cache import MAMBA
+
+    qwen3_next = "Qwen/Qwen3-Next-80B-A3B-Thinking"  # 36 GDN layers, 12 full-attention ones
+    for release, gpu in (("0.32.0", None), ("0.33.0", "A100")):
+        served = served_groups(qwen3_next, None, 16, None, release, gpu)
+        assert served.groups is not None and not served.refused, (release, served)
+        assert served.groups.groups == (CacheGroup(MAMBA),) * 3 + (CacheGroup(FULL),)
+    no_gpu = served_groups(qwen3_next, None, 16, None, "0.33.0")
+    assert no_gpu.groups is None and "depends on the GPU" in no_gpu.refused and "pass --gpu" in no_gpu.refused
+    hopper = served_groups(qwen3_next, None, 16, None, "0.33.0", "H100")
+    assert hopper.groups is None and "with a prefill checkpoint page" in hopper.refused
+
+
+def test_a_mamba2_models_groups_need_only_the_release(tmp_path):
+    """A Granite-4.0-H layout (a Mamba-2 layer, a full-attention one) at toy size: its checkpoint page from 0.32
+    on, whatever the GPU; none before; no prediction when the engine did not say its release."""
+    import json
+
+    from kvplan.plan.hybrid_cache import MAMBA
+
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": ["GraniteMoeHybridForCausalLM"], "model_type": "granitemoehybrid", "vocab_size": 1024,
+        "hidden_size": 128, "intermediate_size": 256, "shared_intermediate_size": 256, "num_local_experts": 0,
+        "num_hidden_layers": 2, "layer_types": ["linear_attention", "full_attention"], "num_attention_heads": 4,
+        "num_key_value_heads": 2, "max_position_embeddings": 2048, "mamba_n_heads": 4, "mamba_n_groups": 2,
+        "mamba_d_state": 8, "mamba_d_head": 32, "mamba_d_conv": 4, "mamba_expand": 1, "dtype": "bfloat16"}))
+    model = str(tmp_path)
+    for release, gpu, checkpoint in (("0.31.0", None, False), ("0.32.0", None, True), ("0.33.0", None, True),
+                                     ("0.33.0", "H100", True)):
+        served = served_groups(model, None, 32, None, release, gpu)
+        assert served.groups is not None, (release, gpu, served)
+        assert served.groups.groups == (CacheGroup(MAMBA, checkpoint=checkpoint), CacheGroup(FULL)), (release, gpu)
+    unknown = served_groups(model, None, 32, None)
+    assert unknown.groups is None and "did not report its vLLM release" in unknown.refused
+
+
+def test_the_release_a_vllm_server_reports():
+    """`/version` (entrypoints/serve/instrumentator/basic.py@0.32.0): ``{"version": VLLM_VERSION}``."""
+    from kvplan.engines.vllm import version_from_endpoint
+
+    assert version_from_endpoint('{"version": "0.32.0"}') == "0.32.0"
+    assert version_from_endpoint('{"version": "0.9.1.dev705+g01220ce89"}') == "0.9.1"
+    for body in ("", "not json", "[]", '{"version": 32}', "{}", '{"version": "x"}',
+                 '{"version": "%s"}' % ("9" * 5000), '{"version": "0.32.0", "pad": "%s"}' % ("x" * 5000)):
+        assert version_from_endpoint(body) is None, body[:40]
