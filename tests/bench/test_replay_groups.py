@@ -108,5 +108,6 @@ def test_the_release_a_vllm_server_reports():
     assert version_from_endpoint('{"version": "0.32.0"}') == "0.32.0"
     assert version_from_endpoint('{"version": "0.9.1.dev705+g01220ce89"}') == "0.9.1"
     for body in ("", "not json", "[]", '{"version": 32}', "{}", '{"version": "x"}',
-                 '{"version": "%s"}' % ("9" * 5000), '{"version": "0.32.0", "pad": "%s"}' % ("x" * 5000)):
+                 '{"version": "%s"}' % ("9" * 5000), '{"version": "0.32.0", "pad": "%s"}' % ("x" * 5000),
+                 "[" * 4000):  # nested deeper than Python's recursion limit, under the 4 KB cap
         assert version_from_endpoint(body) is None, body[:40]
