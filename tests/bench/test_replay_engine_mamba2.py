@@ -13,11 +13,10 @@ release's groups (the engine's /version: 0.32.0), against the engine's own prefi
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 
 import pytest
-from helpers.bench import BLOCK_SIZE, TINY_MODEL, bench_env, engine_required, kvplan_cmd
+from helpers.bench import BLOCK_SIZE, bench_env, engine_required, kvplan_cmd, tiny_granite_h_model
 
 pytestmark = [pytest.mark.engine, engine_required]
 
@@ -25,26 +24,9 @@ pytestmark = [pytest.mark.engine, engine_required]
 #: or more keeps all 960 it can (kvplan's simulator); the engine's own count says whether it evicted (by hand below).
 POOL_BLOCKS = 25
 
-#: Granite-4.0-H's layout at toy size: mamba_expand x hidden = heads x head dim (128).
-TINY_GRANITE_H = {
-    "architectures": ["GraniteMoeHybridForCausalLM"], "model_type": "granitemoehybrid", "vocab_size": 1024,
-    "hidden_size": 128, "intermediate_size": 256, "shared_intermediate_size": 256, "num_local_experts": 0,
-    "num_experts_per_tok": 0, "num_hidden_layers": 2, "layer_types": ["linear_attention", "full_attention"],
-    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 2048,
-    "position_embedding_type": "rope", "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
-    "mamba_n_heads": 4, "mamba_n_groups": 2, "mamba_d_state": 8, "mamba_d_head": 32, "mamba_d_conv": 4,
-    "mamba_expand": 1, "mamba_chunk_size": 32, "hidden_act": "silu", "rms_norm_eps": 1e-06, "bos_token_id": 0,
-    "eos_token_id": 1, "pad_token_id": 2, "tie_word_embeddings": True, "dtype": "bfloat16"}
-
-
 @pytest.fixture()
 def tiny_granite_h(tmp_path):
-    model = tmp_path / "tiny-granite-h"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps(TINY_GRANITE_H, indent=2))
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
-        shutil.copy(TINY_MODEL / name, model / name)
-    return model
+    return tiny_granite_h_model(tmp_path / "tiny-granite-h")
 
 
 def test_mamba2_hybrid_replays_as_predicted(tiny_granite_h, tmp_path):
