@@ -62,3 +62,27 @@ def test_mamba2_hybrid_replays_as_predicted(tiny_granite_h, tmp_path):
     assert abs(r["hit_rate"] - r["predicted_hit_rate"]) <= 0.02, r
     assert r["predicted_hit_rate_low"] - 0.02 <= r["hit_rate"] <= r["predicted_hit_rate_high"] + 0.02, r
     assert r["predicted_preemption"] == (point["server"]["preemptions"] > 0), (r, point["server"])
+
+
+def test_a_one_block_budget_serves_one_request_at_a_time_and_the_gauge_counts_the_other_waiting(tiny_granite_h, tmp_path):
+    """Why the bench gives no onsets on state groups (kvplan/bench/runner.py): with the 32-token budget a waiting
+    request's first chunk rounds down to no block while another decodes (`Scheduler._mamba_block_aligned_split`,
+    v1/core/sched/scheduler.py@0.32.0), so 2 streams of 64 + 64 run one request at a time, never holding more
+    than one request's 6 of the 24 usable blocks (4 attention blocks, cdiv(127, 32), and 2 state blocks at the
+    step a block is crossed: tests/vllm_facing/test_hybrid_scheduler_budget.py), yet the other request is
+    counted waiting for "capacity", which the bench's gauge rule reads as a wait for KV."""
+    flags = ["--block-size", str(BLOCK_SIZE), "--num-gpu-blocks-override", str(POOL_BLOCKS), "--kv-memory",
+             str(64 * 2**20), "--ctx", "512", "--enforce-eager", "--max-num-batched-tokens", str(BLOCK_SIZE),
+             "--engine-arg=--load-format=dummy"]
+    proc = subprocess.run(kvplan_cmd(str(tiny_granite_h), *flags, "--no-warmup", "--json", "--out",
+                                     str(tmp_path / "runs"), "--prompt", "64", "--output", "64", "--max-concurrency",
+                                     "2", "--requests-per-stream", "8"),
+                          capture_output=True, text=True, env=bench_env(), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert out["prediction"] is None and "block-aligned prefill split" in out["prediction_note"], out["prediction_note"]
+    two = next(p for p in out["points"] if p["concurrency"] == 2)
+    s = two["server"]
+    assert s["peak_running"] == 1 and s["preemptions"] == 0, s
+    assert s["peak_kv_usage"] <= 6 / (POOL_BLOCKS - 1), s
+    assert s["peak_waiting_capacity"] == 1 and two["waited_for_kv"], (two["wait_evidence"], s)
