@@ -14,8 +14,10 @@ count as waiting for "capacity" (`Scheduler.make_stats`: waiting less deferred, 
 
 By hand, one request of 64 + 64 peaks at 6 blocks: 4 full-attention blocks (cdiv(127, 32)) and 2 state blocks (at
 the decode step that crosses a block the new state's block is allocated before the previous one is released, at
-the next step's `remove_skipped_blocks`). So with an unlimited budget 24 usable / 6 = 4 streams in lockstep fit,
-and the 5th waits for KV; with a budget of 32 the peak stays 6 at any number of streams.
+the next step's `remove_skipped_blocks`). Admission reserves 4: 2 attention blocks for the 64-token prompt and 2
+state blocks (the running state's and the prefill checkpoint page's). So with an unlimited budget 24 usable / 6 = 4
+streams in lockstep fit; 5 are admitted (5 x 4 = 20) and outgrow the pool; with a budget of 32 the peak stays 6 at
+any number of streams.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ GROUPS = HybridGroups((CacheGroup(MAMBA, checkpoint=True), CacheGroup(FULL)), BL
 
 def _vllm_closed_loop(model_dir, streams: int, budget: int, requests_per_stream: int = 2) -> dict:
     """``streams`` closed-loop streams of 64 + 64 (distinct prompts) on vLLM's own Scheduler: its steps, the most
-    requests its stats counted waiting, the step they first did, and the most pool blocks in use."""
+    requests its stats counted waiting, the step they first did, the most pool blocks in use, and the preemptions."""
     import torch
     from vllm.config import CacheConfig, ModelConfig, VllmConfig
     from vllm.config import SchedulerConfig as VllmSchedulerConfig
@@ -70,13 +72,14 @@ def _vllm_closed_loop(model_dir, streams: int, budget: int, requests_per_stream:
     hasher = get_request_block_hasher(BLOCK_SIZE, hash_fn)
     sched = Scheduler(config, kv_config, StructuredOutputManager(config), block_size=BLOCK_SIZE, log_stats=True)
     pool = sched.kv_cache_manager.block_pool
-    stream_of, sent = {}, {}
+    stream_of, sent, requests = {}, {}, []
 
     def send(stream: int) -> None:
         number = len(stream_of)
         prompt = [3 + (number * PROMPT + i) % 1000 for i in range(PROMPT)]  # no two prompts share a block
-        sched.add_request(Request(str(number), prompt, SamplingParams(max_tokens=OUTPUT, ignore_eos=True), None, 0,
-                                  block_hasher=hasher))
+        requests.append(Request(str(number), prompt, SamplingParams(max_tokens=OUTPUT, ignore_eos=True), None, 0,
+                                block_hasher=hasher))
+        sched.add_request(requests[-1])
         stream_of[str(number)] = stream
         sent[stream] = sent.get(stream, 0) + 1
 
@@ -102,7 +105,8 @@ def _vllm_closed_loop(model_dir, streams: int, budget: int, requests_per_stream:
                     send(stream_of[o.request_id])
         steps += 1
     assert len(stream_of) == streams * requests_per_stream
-    return dict(steps=steps, peak_waiting=peak_waiting, first_wait_step=first_wait_step, peak_used_blocks=peak_used)
+    return dict(steps=steps, peak_waiting=peak_waiting, first_wait_step=first_wait_step, peak_used_blocks=peak_used,
+                preemptions=sum(r.num_preemptions for r in requests))
 
 
 def _kvplan(streams: int, budget: int):
@@ -122,7 +126,7 @@ def test_a_one_block_budget_runs_one_request_at_a_time_and_the_rest_wait_outside
     # One request at a time: the streams take ``streams`` times the 128 steps one stream's 2 requests take alone
     # (vLLM's own count at 1 stream), and never hold more than one request's 6 blocks.
     assert vllm_side["steps"] == 128 * streams, vllm_side
-    assert vllm_side["peak_used_blocks"] == 6, vllm_side
+    assert (vllm_side["peak_used_blocks"], vllm_side["preemptions"]) == (6, 0), vllm_side
     # ... and every other stream's request counted waiting from the first step, the pool three quarters free.
     assert vllm_side["peak_waiting"] == streams - 1, vllm_side
     assert vllm_side["first_wait_step"] == (0 if streams > 1 else None), vllm_side
@@ -131,13 +135,14 @@ def test_a_one_block_budget_runs_one_request_at_a_time_and_the_rest_wait_outside
     assert ours.peak_used_blocks == 6
 
 
-def test_an_unlimited_budget_waits_for_kv_at_five_streams_in_vllm_and_in_kvplan(model_dir):
+def test_an_unlimited_budget_waits_and_preempts_at_five_streams_in_vllm_and_in_kvplan(model_dir):
     budget = 4096
     fits, waits = _vllm_closed_loop(model_dir, 4, budget), _vllm_closed_loop(model_dir, 5, budget)
-    assert (fits["peak_waiting"], fits["peak_used_blocks"]) == (0, 24), fits  # 4 x 6 = the 24 usable blocks
-    assert waits["peak_waiting"] >= 1 and waits["peak_used_blocks"] == 24, waits
+    assert (fits["peak_waiting"], fits["peak_used_blocks"], fits["preemptions"]) == (0, 24, 0), fits  # 4 x 6 = 24
+    # 5 are admitted at 4 blocks each (20) and grow past the 24 usable blocks: some wait, some are preempted.
+    assert waits["peak_waiting"] >= 1 and waits["peak_used_blocks"] == 24 and waits["preemptions"] > 0, waits
     config = SchedulerConfig(num_blocks=POOL_BLOCKS, block_size=BLOCK_SIZE, max_num_batched_tokens=budget,
                              max_model_len=MAX_MODEL_LEN)
     rule = HybridRule(config, GROUPS, lambda _: (PROMPT, OUTPUT), PROMPT, OUTPUT, lambda _: 2)
-    assert rule.first_kv_wait == 5
-    assert rule.peak_blocks == 6
+    assert (rule.first_kv_wait, rule.first_preemption) == (5, 5)
+    assert (rule.admit_blocks, rule.peak_blocks) == (4, 6)
