@@ -72,6 +72,8 @@ class _HybridScheduler(_Scheduler):
         self.junction: dict[int, int] = {}
         self.mamba = groups.has_mamba
         self.checkpoint = groups.mamba_checkpoint
+        if self.mamba:
+            self._cut_chunk = self._chunk
 
     # ---------------------------------------------------------------- the pool
 
@@ -137,34 +139,11 @@ class _HybridScheduler(_Scheduler):
                                    self.checkpoint)
 
     def _schedule_running(self, scheduled: list[tuple[_Req, int, int]], budget: int) -> tuple[int, bool]:
-        if not self.mamba:
-            return super()._schedule_running(scheduled, budget)
-        # (the plain simulator's loop, with the aligned split; a step starts: `new_step_starts`)
-        self.cache.new_step()
-        if self.trace is not None:
-            self.trace.append(("step",))
-        config, running = self.config, self.running
-        preempted_now = False
-        i = 0
-        while i < len(running) and budget > 0:
-            req = running[i]
-            computed = req.computed
-            n = min(req.prompt + req.generated - computed, budget)
-            if config.max_model_len:
-                n = min(n, config.max_model_len - 1 - computed)
-            n = self._chunk(req, computed, n) if n > 0 else n
-            if n <= 0:
-                i += 1
-                continue
-            ok, preempted = self._room_for(req, computed + n, n)
-            preempted_now |= preempted
-            if not ok:
-                break
-            self._scheduled(req, computed + n, n)
-            scheduled.append((req, n, computed))
-            budget -= n
-            i += 1
-        return budget, preempted_now
+        if self.mamba:  # a step starts (`new_step_starts`); the plain loop then cuts chunks with `_cut_chunk`
+            self.cache.new_step()
+            if self.trace is not None:
+                self.trace.append(("step",))
+        return super()._schedule_running(scheduled, budget)
 
     def _scheduled(self, req: _Req, num_tokens: int, new_tokens: int) -> None:
         if self.trace is not None:  # (the full blocks were cached by _allocate_slots)

@@ -463,6 +463,9 @@ class _Scheduler:
     what a subclass names in ``pool_class`` (the hybrid scheduler: `BlockPool`, ids)."""
 
     pool_class: type = LinkedBlockPool
+    #: How a running request's chunk of ``n`` tokens from ``computed`` is cut, ``(req, computed, n) -> n``; None: not
+    #: cut (the hybrid scheduler with a recurrent-state group: Mamba's block-aligned split).
+    _cut_chunk: Callable[[_Req, int, int], int] | None = None
 
     def __init__(self, config: SchedulerConfig, load: Load, step_time: Callable[[StepBatch], float] | None,
                  trace: list[tuple] | None):
@@ -580,6 +583,7 @@ class _Scheduler:
         request itself is). Returns the budget left and whether anything was preempted."""
         config, running = self.config, self.running
         needs_room, scheduled_hook = self._needs_room, self._scheduled  # (bound once: called per request)
+        cut = self._cut_chunk
         preempted_now = False
         i = 0
         while i < len(running) and budget > 0:
@@ -588,6 +592,8 @@ class _Scheduler:
             n = min(req.prompt + req.generated - computed, budget)
             if config.max_model_len:
                 n = min(n, config.max_model_len - 1 - computed)
+            if cut is not None and n > 0:
+                n = cut(req, computed, n)
             if n <= 0:
                 i += 1
                 continue
