@@ -30,6 +30,15 @@ class _PrefixMap:
     block id, or a `Block`)."""
 
     first: dict
+    dups: dict  # a hash several blocks hold -> those blocks, first registered first
+
+    def _forget_one_of(self, key: Hashable, block) -> None:
+        """Evict one of the blocks of a hash that several hold: a lookup then finds the next one."""
+        blocks = self.dups[key]
+        blocks.remove(block)
+        self.first[key] = blocks[0]
+        if len(blocks) == 1:
+            del self.dups[key]
 
     def longest_hit(self, keys: Iterable[Hashable]) -> list:
         """Cached blocks from the start, stopping at the first miss (lookups and the stop in C: no Python
@@ -84,14 +93,6 @@ class BlockPool(_PrefixMap):
         self.prv[head] = 0
         self.num_free -= count
         return out
-
-    def _forget_one_of(self, key: Hashable, block: int) -> None:
-        """Evict one of the blocks of a hash that several hold: a lookup then finds the next one."""
-        blocks = self.dups[key]
-        blocks.remove(block)
-        self.first[key] = blocks[0]
-        if len(blocks) == 1:
-            del self.dups[key]
 
     def touch(self, blocks: Iterable[int]) -> None:
         """Hits: each block leaves the queue (if it is in it) and gains a reference."""
@@ -283,13 +284,6 @@ class LinkedBlockPool(_PrefixMap):
         null.next, head.prev = head, null
         self.num_free -= count
         return out
-
-    def _forget_one_of(self, key: Hashable, block: Block) -> None:
-        blocks = self.dups[key]
-        blocks.remove(block)
-        self.first[key] = blocks[0]
-        if len(blocks) == 1:
-            del self.dups[key]
 
     def touch(self, blocks: Iterable[Block]) -> None:
         """Hits: each block leaves the queue (if it is in it) and gains a reference."""
