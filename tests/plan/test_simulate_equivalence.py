@@ -50,25 +50,8 @@ def test_the_fast_pools_are_block_pool_block_for_block(seed, caching, uncached_f
             taken = [ref.take() for _ in range(n)]
             assert flat.take(n) == taken
             held.append(taken)
-        elif op < 0.6 and held:
-            blocks = rng.choice(held)
-            picked = rng.sample(blocks, rng.randint(1, len(blocks)))
-            names = [rng.choice(keys) for _ in picked]
-            for b, k in zip(picked, names):
-                ref.cache(b, k)
-            flat.cache(picked, names)
-        elif op < 0.8:
-            hits = ref.longest_hit(rng.sample(keys, rng.randint(1, len(keys))))
-            hits = list(dict.fromkeys(hits))  # (a block is touched once per request)
-            for b in hits:
-                ref.touch(b)
-            flat.touch(hits)
-            if hits:
-                held.append(hits)
-        elif held:
-            blocks = held.pop(rng.randrange(len(held)))
-            ref.release(blocks)
-            flat.release(blocks)
+        else:
+            _cache_hit_or_release(rng, op, ref, flat, held, keys, cache_below=0.6, hit_below=0.8)
         _pools_agree(ref, flat, keys)
     for blocks in held:
         ref.release(blocks)
@@ -100,29 +83,36 @@ def test_take_cached_is_take_then_cache(seed, caching, uncached_first):
                 ref.cache(b, k)
             assert [b.id for b in pool.take_cached(n, names)] == taken
             held.append(taken)
-        elif op < 0.55 and held:
-            blocks = rng.choice(held)
-            picked = rng.sample(blocks, rng.randint(1, len(blocks)))
-            names = [rng.choice(keys) for _ in picked]
-            for b, k in zip(picked, names):
-                ref.cache(b, k)
-            flat.cache(picked, names)
-        elif op < 0.75:
-            hits = list(dict.fromkeys(ref.longest_hit(rng.sample(keys, rng.randint(1, len(keys))))))
-            for b in hits:
-                ref.touch(b)
-            flat.touch(hits)
-            if hits:
-                held.append(hits)
-        elif held:
-            blocks = held.pop(rng.randrange(len(held)))
-            ref.release(blocks)
-            flat.release(blocks)
+        else:
+            _cache_hit_or_release(rng, op, ref, flat, held, keys, cache_below=0.55, hit_below=0.75)
         _pools_agree(ref, flat, keys)
         assert pool.key_of == [None, *(ref.key_of.get(b) for b in range(1, usable + 1))]
         # a hash several blocks hold: its blocks, first registered first
         assert {k: [b.id for b in v] for k, v in pool.dups.items()} == {
             k: list(v) for k, v in ref.blocks_of.items() if len(v) > 1}
+
+
+def _cache_hit_or_release(rng, op, ref, flat, held, keys, *, cache_below: float, hit_below: float) -> None:
+    """The random walks' other operations, on both pools: register some held blocks under a few shared hashes, hit
+    cached ones (held or free), or release a request's blocks."""
+    if op < cache_below and held:
+        blocks = rng.choice(held)
+        picked = rng.sample(blocks, rng.randint(1, len(blocks)))
+        names = [rng.choice(keys) for _ in picked]
+        for b, k in zip(picked, names):
+            ref.cache(b, k)
+        flat.cache(picked, names)
+    elif op < hit_below:
+        hits = list(dict.fromkeys(ref.longest_hit(rng.sample(keys, rng.randint(1, len(keys))))))  # (touched once)
+        for b in hits:
+            ref.touch(b)
+        flat.touch(hits)
+        if hits:
+            held.append(hits)
+    elif held:
+        blocks = held.pop(rng.randrange(len(held)))
+        ref.release(blocks)
+        flat.release(blocks)
 
 
 class _ById:
