@@ -63,10 +63,9 @@ def hybrid_swa_arch(arch: Architecture, version: str) -> str:
         if first is not None and v >= _v(first):
             return name
     names = ", ".join(arch.architectures) or "no architecture"
-    raise KvplanError(f"kvplan does not size SGLang {version}'s pool for {names} with sliding-window layers: it sizes "
-                      f"the hybrid sliding-window pool of {', '.join(sorted(HYBRID_SWA_ARCHS))} only (others are "
-                      "either not hybrid in SGLang, their window layers then taking full-size pages, or of shapes "
-                      "kvplan has not checked)", "size it for vLLM (--engine vllm)")
+    raise KvplanError(f"kvplan does not size SGLang {version}'s hybrid sliding-window pool for {names}: it has read "
+                      f"its split for {', '.join(sorted(HYBRID_SWA_ARCHS))} only (SGLang lists more architectures for "
+                      "it, whose shapes kvplan has not checked)", "size it for vLLM (--engine vllm)")
 
 
 def swa_split(budget_bytes: int, full_layer_bytes: int, full_layers: int, swa_layer_bytes: int, swa_layers: int,

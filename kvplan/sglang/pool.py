@@ -243,15 +243,27 @@ MAMBA_NOT_SIZED = ("kvplan does not size SGLang's state pool for this Mamba / li
                    "mem_cache/kv_cache_configurator.py@0.5.23, with extra-buffer slots, not read for sizing)")
 
 
-#: Sliding-window models SGLang pools as full attention: one pool, every layer a full-size page. Its hybrid pool
-#: takes Llama 4 only in 0.4.9-0.5.7 (`is_hybrid_model`, configs/model_config.py@0.4.9.post6) and a list of
-#: architectures from 0.5.8 (`is_hybrid_swa_model`, @0.5.8.post1 .. @0.5.23) that never names Gemma 2 or 3; 0.4.4
-#: priced every layer (`profile_max_num_token`, model_executor/model_runner.py@0.4.4.post3).
-FULL_PAGE_SWA_ARCHS = frozenset({"Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"})
+#: Every architecture SGLang has listed for its hybrid sliding-window pool: Llama 4 alone in 0.4.9-0.5.7
+#: (`is_hybrid_model`, configs/model_config.py@0.4.9.post6), then `is_hybrid_swa_model`'s list (@0.5.8.post1 ..
+#: @0.5.23, with its SWA_SINK_ARCHS and MIMO_V2_MODEL_ARCHS). A sliding-window model of any other architecture is
+#: pooled as full attention, one pool of full-size pages (0.4.4 priced every layer so: `profile_max_num_token`,
+#: model_executor/model_runner.py@0.4.4.post3); one listed is the hybrid pool (sized where kvplan/sglang/hybrid.py
+#: has read it, else refused). The config's own ``is_hybrid_swa`` opt-in (0.5.23) is for custom code, which kvplan
+#: never runs.
+SGLANG_HYBRID_SWA_LISTED = frozenset({
+    "Llama4ForConditionalGeneration", "BeamForCausalLM", "DeepseekV4ForCausalLM", "DeepseekV4ForCausalLMNextN",
+    "DeepseekV4ForCausalLMDSpark", "GptOssForCausalLM", "GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM",
+    "IQuestQ1ForCausalLM", "IQuestQ1MTP", "MiMoV2ForCausalLM", "MiMoV2FlashForCausalLM", "MiMoV2MTP",
+    "Step3p5ForCausalLM", "Step3p5MTP", "Step3p7ForConditionalGeneration", "Gemma4ForCausalLM",
+    "Gemma4ForConditionalGeneration", "EmbeddingGemma2Model", "Gemma4UnifiedForConditionalGeneration",
+    "DiffusionGemmaForBlockDiffusion", "LagunaForCausalLM", "MellumForCausalLM", "MuseGlimmerForCausalLM",
+    "MuseGlimmerForConditionalGeneration", "InklingForConditionalGeneration", "InklingForConditionalGenerationMTP",
+    "UnlimitedOCRForCausalLM"})
 
 
 def _window_as_full(arch: Architecture) -> bool:
-    return bool(FULL_PAGE_SWA_ARCHS.intersection(arch.architectures))
+    """SGLang gives this sliding-window model no hybrid pool in any release: its window layers take full pages."""
+    return not SGLANG_HYBRID_SWA_LISTED.intersection(arch.architectures)
 
 
 def pool_kind(arch: Architecture) -> str:
@@ -499,7 +511,7 @@ def size_pool(arch: Architecture, device: Device, settings: Settings, rules: Sgl
             notes_how += f"; its buffers hold {buffer:,} B a token"
         if kind == "kv" and any(isinstance(s, SlidingWindow) for s in arch.layers):
             notes_how += ("; SGLang gives this model no hybrid sliding-window pool: its window layers take full "
-                          "pages in the one pool (FULL_PAGE_SWA_ARCHS)")
+                          "pages in the one pool (SGLANG_HYBRID_SWA_LISTED)")
     tokens = counts[1]
     running = max_running_requests(tokens, context, rules)
     if kind == "mamba":  # min(max_num_reqs, max_mamba_cache_size // 3), model_runner.py@0.5.3.post3 .. @0.5.6.post2

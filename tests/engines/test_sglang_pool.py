@@ -185,6 +185,9 @@ def test_gemma_3_window_layers_take_full_pages_in_sglang():
     pool = _sglang("google/gemma-3-27b-it", "H100", language_model_only=True)
     assert pool.kv_bytes_per_token_per_gpu == 507_904 and pool.page_tokens == 1
     assert any("window layers take full pages" in n for n in pool.notes)
+    # Gemma 4 is on SGLang's hybrid list (is_hybrid_swa_model@0.5.23), whose split kvplan has not read: refused
+    with pytest.raises(KvplanError, match="hybrid sliding-window pool for Gemma4ForConditionalGeneration"):
+        _sglang("google/gemma-4-31B-it", "H100", language_model_only=True)
     from helpers.harness import invoke
 
     # side by side: TensorRT-LLM, without max_attention_window, pools its sliding-window layers for the whole sequence
