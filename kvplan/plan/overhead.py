@@ -45,6 +45,12 @@ from kvplan.errors import KvplanError
 from kvplan.paths import PROFILES_DIR
 from kvplan.units import GiB
 
+#: Memory an engine's process holds before its weights load (CUDA context, NCCL), which SGLang's free memory P and
+#: TensorRT-LLM's profiled peak leave out or count apart. One public log (sglang PR #4826, "Load weight end ...
+#: avail mem=131.08 GB, mem usage=8.13 GB" on a ~140 GiB card, so 139.21 GiB free before loading against an H200's
+#: ~139.96 GiB total) shows ~0.75 GiB; the range is an assumption.
+STARTUP_BYTES = (round(0.4 * GiB), round(0.75 * GiB), round(1.5 * GiB))  # low, estimate, high
+
 OVERHEAD_FILE = PROFILES_DIR / "overhead.json"
 
 

@@ -29,15 +29,11 @@ from kvplan.hardware.catalog import Device
 from kvplan.model.arch import Architecture
 from kvplan.model.dtypes import KVDtype, kv_dtype
 from kvplan.model.layers import MLA, FullAttention, MambaState, MLAIndexer, SlidingWindow
+from kvplan.plan.overhead import STARTUP_BYTES
 from kvplan.plan.schema import MemoryTerm, Settings
 from kvplan.sglang.hybrid import MAMBA_ARCHS, MambaSplit, hybrid_swa_arch, mamba_split, nsa_profile_cell, swa_split
 from kvplan.sglang.rules import SglangRules
 from kvplan.units import GiB, MiB
-
-#: Memory a rank holds before the weights load (CUDA context, NCCL): not in SGLang's P. One public log
-#: (sglang PR #4826, "Load weight end ... avail mem=131.08 GB, mem usage=8.13 GB" on a ~140 GiB card, so 139.21 GiB
-#: free before loading against an H200's ~139.96 GiB total) shows ~0.75 GiB; the range is an assumption.
-STARTUP_BYTES = (round(0.4 * GiB), round(0.75 * GiB), round(1.5 * GiB))  # low, estimate, high
 
 #: SGLang's --kv-cache-dtype names for kvplan's (server_args.py: auto, fp8_e5m2, fp8_e4m3, bfloat16 / float16).
 _KV_FLAGS = {"auto": "auto", "bfloat16": "bfloat16", "float16": "float16", "fp8": "fp8_e4m3",

@@ -32,7 +32,7 @@ The terms:
   (``_create_dummy_mm_context_request``, a 2025 `_util.py`, index id 843526953): for both the activation is an input
   the user gives.
 - **CUDA context and communicators**: the memory a process holds before it loads anything; the same assumed range
-  kvplan's SGLang pool uses (kvplan/sglang/pool.py ``STARTUP_BYTES``: 0.75 GiB, 0.4-1.5, from sglang PR #4826's log).
+  kvplan's SGLang pool uses (kvplan/plan/overhead.py ``STARTUP_BYTES``: 0.75 GiB, 0.4-1.5, from sglang PR #4826's log).
 - **CUDA graphs**: on by default (``cuda_graph_config: Optional[CudaGraphConfig] = Field(default_factory=
   CudaGraphConfig)``, `llmapi/llm_args.py`, the mid-2025 text, index id 1090804222) and captured in the first pass's
   warm-up, before the profile, so in its non-torch memory; kvplan's
@@ -51,9 +51,8 @@ from dataclasses import dataclass
 
 from kvplan.errors import KvplanError
 from kvplan.model.arch import Architecture
-from kvplan.plan.overhead import Estimate, load_overhead
+from kvplan.plan.overhead import STARTUP_BYTES, Estimate, load_overhead
 from kvplan.plan.schema import MemoryTerm
-from kvplan.sglang.pool import STARTUP_BYTES
 from kvplan.trtllm.pool import TrtllmCell, blocks_for
 from kvplan.units import cdiv
 
