@@ -65,7 +65,8 @@ class Trtllm:
         max_seq_len = settings.max_model_len or model.arch.max_position_embeddings or max_num_tokens + 1
         budget = profiled_budget(model.arch, cell, gpus.device.cuda_total_bytes, plan.weights_bytes, tp,
                                  fraction=fraction, tokens_per_block=tpb, max_num_tokens=max_num_tokens,
-                                 max_seq_len=max_seq_len, activation_bytes=options.dummy_activation_bytes)
+                                 max_seq_len=max_seq_len, activation_bytes=options.dummy_activation_bytes,
+                                 config=model.config.config)
         point, low, high = budget.budget_bytes()
         tokens = pool_tokens_of(budget, point, cell, tpb)
         per_request = cdiv(plan.request_tokens, tpb) * tpb

@@ -27,10 +27,12 @@ The terms:
   shapes kvplan's vLLM forward term is read off (kvplan/plan/overhead.py: ``T x (3 x mlp_width + 3 x hidden) x dtype``),
   so that term is used. The LM head sees only each request's last token (`_torch/modules/logits_processor.py@89fd9b7`:
   ``hidden_states = hidden_states[last_tokens]`` unless context logits are asked for) and the dummy requests ask for
-  one token each (``max_tokens=1``), so there is no sampler term. A mixture-of-experts model's MLP is TensorRT-LLM's
-  fused MoE, whose workspace was not read, and a multimodal model's dummy request carries its encoder's input
-  (``_create_dummy_mm_context_request``, a 2025 `_util.py`, index id 843526953): for both the activation is an input
-  the user gives.
+  one token each (``max_tokens=1``), so there is no sampler term. A mixture-of-experts model's MoE layer is
+  TensorRT-LLM's fused MoE (CUTLASS, the default backend): its workspace, output, the layer's hidden states, router
+  and shared expert, read term by term in kvplan/trtllm/moe.py; the larger of that and a dense layer's term (where
+  the model has dense layers too). A multimodal model's dummy request carries its encoder's input
+  (``_create_dummy_mm_context_request``, a 2025 `_util.py`, index id 843526953), not read: its activation is an
+  input the user gives. ``--dummy-activation-gib`` overrides either.
 - **CUDA context and communicators**: the memory a process holds before it loads anything; the same assumed range
   kvplan's SGLang pool uses (kvplan/plan/overhead.py ``STARTUP_BYTES``: 0.75 GiB, 0.4-1.5, from sglang PR #4826's log).
 - **CUDA graphs**: on by default (``cuda_graph_config: Optional[CudaGraphConfig] = Field(default_factory=
@@ -47,12 +49,15 @@ only in 1.2.0rc2: `_util.py@b35ac1b` computes ``max_tokens`` before applying it)
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from kvplan.errors import KvplanError
 from kvplan.model.arch import Architecture
 from kvplan.plan.overhead import STARTUP_BYTES, Estimate, load_overhead
 from kvplan.plan.schema import MemoryTerm
+from kvplan.trtllm.moe import dense_layer_bytes, moe_layer_bytes, moe_shape
 from kvplan.trtllm.pool import TrtllmCell, blocks_for
 from kvplan.units import cdiv
 
@@ -140,11 +145,28 @@ def dense_activation(arch: Architecture, tp: int, max_num_tokens: int) -> Estima
                                       samples=False, mlp_width=arch.mlp_activation_width // tp)
 
 
+def moe_activation(arch: Architecture, config: Mapping[str, Any], tp: int, max_num_tokens: int) -> tuple[Estimate, str]:
+    """The dummy prefill's torch peak for a mixture-of-experts model (kvplan/trtllm/moe.py): the larger of an MoE
+    layer's and, where the model has them, a dense layer's; and how it was priced."""
+    shape = moe_shape(arch, config)
+    dtype = arch.model_dtype_bytes
+    moe = moe_layer_bytes(shape, max_num_tokens, tp, dtype)
+    dense = dense_layer_bytes(shape, max_num_tokens, tp, dtype)
+    how = (f"one forward of {max_num_tokens:,} tokens: the MoE layer's peak (fused MoE CUTLASS workspace for "
+           f"{shape.top_k} of {shape.experts} experts, expert width {shape.expert_intermediate // tp:,} a rank, "
+           f"hidden {shape.hidden:,}; {shape.scheme}"
+           + (f"; shared experts {shape.shared_intermediate:,} wide" if shape.shared_intermediate else "") + ")"
+           + (f", above a dense layer's {dense:,} B" if dense and moe >= dense else
+              f"; a dense layer's (MLP width {shape.dense_intermediate // tp:,}) is larger" if dense else ""))
+    return Estimate.exact(max(moe, dense)), how
+
+
 def profiled_budget(arch: Architecture, cell: TrtllmCell, cuda_total: int, weights: int, tp: int, *,
                     fraction: float, tokens_per_block: int, max_num_tokens: int, max_seq_len: int,
-                    activation_bytes: int | None = None) -> TrtllmBudget:
+                    activation_bytes: int | None = None, config: Mapping[str, Any] | None = None) -> TrtllmBudget:
     """TensorRT-LLM's profiled budget on one GPU. ``activation_bytes``: the dummy prefill's activation as the user
-    gives it (required for a mixture-of-experts model)."""
+    gives it (required for a multimodal model; it overrides kvplan's for any). ``config``: the model's config.json,
+    which a mixture-of-experts model's routing is read from."""
     if not 0 < fraction <= 1:
         raise KvplanError(f"invalid free_gpu_memory_fraction {fraction!r}", "give a fraction in (0, 1]")
     if not 1 <= max_num_tokens <= MAX_NUM_TOKENS_LIMIT:
@@ -152,17 +174,17 @@ def profiled_budget(arch: Architecture, cell: TrtllmCell, cuda_total: int, weigh
                           f"give TensorRT-LLM's max_num_tokens, 1 to {MAX_NUM_TOKENS_LIMIT:,}")
     if activation_bytes is not None:
         activation, how = Estimate.exact(activation_bytes), "given"
-    elif arch.num_experts:
-        raise KvplanError(
-            "kvplan does not price TensorRT-LLM's dummy prefill for a mixture-of-experts model (its fused MoE's "
-            "workspace was not read)", "give the activation with --dummy-activation-gib (a start-up log prints it: "
-            "'Memory dynamically allocated during inference (inside torch)')")
     elif arch.params.towers:
         raise KvplanError(
             "kvplan does not price TensorRT-LLM's dummy prefill for a multimodal model (its profiling request carries "
             "the encoder's input: `_create_dummy_mm_context_request` in `_torch/pyexecutor/_util.py`)",
             "give the activation with --dummy-activation-gib (a start-up log prints it: 'Memory dynamically allocated "
             "during inference (inside torch)')")
+    elif arch.num_experts:
+        if config is None:
+            raise KvplanError("kvplan prices TensorRT-LLM's MoE dummy prefill from the model's config, and none was given",
+                              "give the activation with --dummy-activation-gib")
+        activation, how = moe_activation(arch, config, tp, max_num_tokens)
     else:
         activation = dense_activation(arch, tp, max_num_tokens)
         how = (f"one forward of {max_num_tokens:,} tokens: T x (3 x MLP width {arch.mlp_activation_width // tp:,} + 3 x "
@@ -184,4 +206,4 @@ def pool_tokens_of(budget: TrtllmBudget, budget_bytes: int, cell: TrtllmCell, to
 
 
 __all__ = ["DEFAULT_MAX_NUM_TOKENS", "TrtllmBudget", "dense_activation", "dummy_request_lengths",
-           "estimation_pool_tokens", "pool_tokens_of", "profiled_budget"]
+           "estimation_pool_tokens", "moe_activation", "pool_tokens_of", "profiled_budget"]

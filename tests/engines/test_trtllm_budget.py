@@ -70,18 +70,12 @@ def test_size_trtllm_qwen3_0_6b_on_h100_by_hand():
 
 
 def test_size_trtllm_refuses_what_it_does_not_price():
-    """An MoE model's dummy prefill (TensorRT-LLM's fused MoE) is an input; another engine's flag, a release before
-    1.0, a fraction outside (0, 1]: one line, exit 2."""
+    """A multimodal model's dummy prefill (its encoder's input, not read) is an input; another engine's flag, a release
+    before 1.0, a fraction outside (0, 1]: one line, exit 2. (An MoE model's is priced: tests/engines/test_trtllm_moe.py.)"""
     from helpers.harness import invoke
 
-    moe = invoke("size", "openai/gpt-oss-120b", "--gpu", "H100", "--engine", "trtllm")
-    assert moe.code == 2 and "--dummy-activation-gib" in moe.one_line_error()
-    # gpt-oss-120b with the activation given (tr001's log: 0.85 GiB): the term is used as given
-    given = invoke("size", "openai/gpt-oss-120b", "--gpu", "H100", "--engine", "trtllm", "--dummy-activation-gib",
-                   "0.85", "--json")
-    terms = {t["name"]: t for t in json.loads(given.stdout)["engines"][0]["memory_terms"]}
-    assert terms["dummy prefill activation"]["bytes"] == round(0.85 * GiB) and terms["dummy prefill activation"][
-        "how"] == "given"
+    mm = invoke("size", "moonshotai/Kimi-K2.5", "--gpu", "8xH200", "--engine", "trtllm")
+    assert mm.code == 2 and "--dummy-activation-gib" in mm.one_line_error()
     for args, words in ((("--mem-fraction-static", "0.8"), "not a TensorRT-LLM flag"),
                         (("--engine-version", "0.19.0"), "no TensorRT-LLM budget rules for 0.19.0"),
                         (("--free-gpu-memory-fraction", "1.5"), "invalid free_gpu_memory_fraction"),
@@ -108,19 +102,24 @@ def _tr010_row() -> dict:
 def test_validate_judges_the_trtllm_full_budget_of_reports_that_state_enough():
     """tr010 (Qwen3-Reranker-0.6B = Qwen3-0.6B's shape, one H100 80GB HBM3, TensorRT-LLM 1.2.1, PyTorch backend,
     defaults) is the deployment priced by hand in test_size_trtllm_qwen3_0_6b_on_h100_by_hand: 644,896 x 114,688 B =
-    68.88 GiB against the printed 68.69 GiB, (68.88 - 68.69) / 79.18 = +0.24% of the GPU. tr001 is an MoE model
-    (gpt-oss-120b): its dummy prefill is not priced, so it is not judged, with the reason."""
+    68.88 GiB against the printed 68.69 GiB, (68.88 - 68.69) / 79.18 = +0.24% of the GPU. tr001 (gpt-oss-120b, an MoE
+    model whose dummy prefill is now priced) ran on a DGX Spark: unified memory, so it is not judged, with the reason."""
     from helpers.harness import invoke
 
     tr = json.loads(invoke("validate", "--engine", "trtllm", "--json").stdout)
     cases = {c["case_id"]: c for c in tr["cases"]}
     assert cases["tr010"]["full"] == {"reported_gib": 68.69, "predicted_gib": 68.88, "gpu_gib": 79.18,
                                       "error_of_gpu_pct": 0.24}
-    assert "mixture-of-experts" in cases["tr001"]["full_reason"]
+    assert "unified-memory GPU (GB10)" in cases["tr001"]["full_reason"]
     assert "TensorRT engine" in cases["tr005"]["full_reason"]  # its C++ 'Memory usage when calculating' line
+    # tr016 (SmolLM2-135M on an RTX 4070 Super: 12,282 MiB in nvidia-smi, a CUDA total of 11.55 GiB with the catalog's
+    # median reserve) is judged since the catalog has that GPU: 8.87 GiB against the printed 9.06, (8.87 - 9.06) /
+    # 11.55 = -1.645% of the GPU
+    assert cases["tr016"]["full"] == {"reported_gib": 9.06, "predicted_gib": 8.87, "gpu_gib": 11.55,
+                                      "error_of_gpu_pct": -1.645}
     goal = tr["goals"][1]
-    assert goal["met"] is True and goal["achieved"].startswith("1/1 of ")
-    assert "tr010 +0.24% of the GPU" in goal["achieved"] and "agrees on 1/1" in goal["achieved"]
+    assert goal["met"] is True and goal["achieved"].startswith("2/2 of ")
+    assert "tr010 +0.24%, tr016 -1.65% of the GPU" in goal["achieved"] and "agrees on 1/1" in goal["achieved"]
 
 
 def test_validate_trtllm_full_budget_can_miss_and_says_why_it_does_not_judge(tmp_path):
@@ -162,14 +161,17 @@ def test_validate_trtllm_full_budget_can_miss_and_says_why_it_does_not_judge(tmp
     assert goal["met"] is False and "2/3 of 6 reports; missed: x1 (-38.4%)" in goal["achieved"]
 
 
-def test_check_log_trtllm_with_a_gpu_says_why_there_is_no_full_budget():
-    """The 1.1.0rc3 gpt-oss-120b log (tr001) on a DGX Spark: an MoE model, so no full budget, one note; the page math
-    still judges it (exit 0)."""
+def test_check_log_trtllm_prices_the_moe_full_budget_and_says_unified_memory_is_not_in_it():
+    """The 1.1.0rc3 gpt-oss-120b log (tr001) on a DGX Spark: the MoE model's full budget is now built (its dummy prefill
+    priced, tests/engines/test_trtllm_moe.py) but not gated, and the unified-memory note says why it misses: the log's
+    peak (113.65 GiB) holds 49.28 GiB 'outside torch' that is the host's share. The page math still judges it (exit 0)."""
     from helpers.harness import invoke
 
     r = invoke("check-log", "tests/engines/data/trtllm-1.1.0rc3-gpt-oss-120b-dgx-spark.log", "--model",
                "openai/gpt-oss-120b", "--tp", "1", "--gpu", "DGX Spark", "--json")
     assert r.code == 0, r.stderr
     out = json.loads(r.stdout)
-    assert out["full_budget"] is None
-    assert any(n.startswith("no full-budget comparison: ") and "mixture-of-experts" in n for n in out["notes"])
+    rows = {c["quantity"]: c for c in out["full_budget"]["comparisons"]}
+    assert not any(c["gated"] for c in rows.values())
+    assert rows["profiled peak GiB (torch + non-torch)"]["reported"] == 113.65
+    assert any(n.startswith("unified memory:") for n in out["notes"])
