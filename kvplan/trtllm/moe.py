@@ -40,7 +40,8 @@ Around the op the layer holds the hidden states it was given, the residual and t
 kvplan's dense forward term's "3 x hidden"), the router's logits ([rows, experts], priced at 4 B: DeepSeek-V3's gate
 is float32; a bf16 router is half) and the routing's top-k ids and scales ([rows, k] x 4 B each). A shared expert is a
 ``GatedMLP`` on the same rows (`_torch/models/modeling_deepseekv3.py`: run beside the routed experts on an auxiliary
-stream): ``rows x (3 x shared width / TP + hidden) x dtype`` alive with them.
+stream): ``rows x (3 x shared width / TP + hidden) x dtype`` alive with them. A shared expert no config field sizes
+(Llama 4's, ``intermediate_size`` wide) is not priced.
 
 Other MoE backends (TRTLLM-gen, DeepGEMM, Triton, WIDEEP's all-to-all buffers) allocate otherwise and are not
 priced: this is the CUTLASS default's.
