@@ -342,21 +342,16 @@ def _quantization(top: dict[str, Any], f: _Fields, family: Family) -> tuple[Quan
         return Quantization("mxfp4", MXFP4_BYTES, unquantized_roles=keep, note="mxfp4 experts"), kv_dtype
     if method == "compressed-tensors":
         groups = qc.get("config_groups") or {}
-        bits, group_size, kind = 8, 0, "int"
-        for group in groups.values():
-            weights = (group or {}).get("weights") or {}
-            bits = weights.get("num_bits", bits)
-            group_size = weights.get("group_size") or 0
-            kind = str(weights.get("type", "int"))
-            break
-        bpp = _group_bytes(bits, group_size, kind)
-        note = "nvfp4 weights" if bpp == NVFP4_BYTES else f"{bits}-bit weights"
+        first = next(iter(groups.values()), None) or {}
+        weights = first.get("weights") or {}
+        bpp = _weights_group_bytes(weights, "int")
+        note = "nvfp4 weights" if bpp == NVFP4_BYTES else f"{weights.get('num_bits', 8)}-bit weights"
         return Quantization(method, bpp, note=note), kv_dtype
     if method.startswith("modelopt"):
         algo = str(qc.get("quant_algo", "FP8")).upper()
         bpp = NVFP4_BYTES if "FP4" in algo else 1.0
         if algo == "MIXED_PRECISION":  # per-module groups; the 4-bit one prices the default
-            sizes = [_group_bytes(w.get("num_bits", 8), w.get("group_size") or 0, str(w.get("type", "float")))
+            sizes = [_weights_group_bytes(w, "float")
                      for w in ((g or {}).get("weights") or {} for g in (qc.get("config_groups") or {}).values())]
             bpp = min(sizes, default=1.0)
         return Quantization(method, bpp, note=algo), kv_dtype
@@ -947,16 +942,22 @@ def _checked_quant(bits: Any, group_size: Any) -> tuple[int, int]:
     return bits, group_size
 
 
-def _group_bytes(bits: int, group_size: int, kind: str) -> float:
+def _group_bytes(bits: int, group_size: int, kind: str, symmetric: bool = False) -> float:
     """Bytes a parameter of one quantization group: NVFP4 (4-bit float, group 16: packed values
     + one fp8 scale per 16), fp8 (8-bit float; per-channel or per-tensor scales are negligible),
-    or group-quantized integers."""
+    or group-quantized integers (a symmetric group keeps no zero point)."""
     bits, group_size = _checked_quant(bits, group_size)
     if kind == "float" and bits == 4:
         return NVFP4_BYTES
     if bits == 8:
         return 1.0
-    return int_group_bytes(bits, group_size)
+    return int_group_bytes(bits, group_size, zero_points=not symmetric)
+
+
+def _weights_group_bytes(weights: dict[str, Any], default_kind: str) -> float:
+    """``_group_bytes`` of one ``config_groups[*].weights`` entry (compressed-tensors / ModelOpt)."""
+    return _group_bytes(weights.get("num_bits", 8), weights.get("group_size") or 0,
+                        str(weights.get("type", default_kind)), symmetric=weights.get("symmetric") is True)
 
 
 def _expert_shape(f: _Fields, family: Family, kinds: list[str]) -> ExpertShape:
@@ -985,9 +986,15 @@ def _module_role(name: str) -> str | None:
         return "recurrent"
     if "self_attn" in n or ".attn." in n or n.endswith(".attn") or ".attention." in n:
         return "attention"
+    # DeepSeek's ``mlp.shared_experts``, Qwen's ``mlp.shared_expert``: a checkpoint can keep them in the model dtype
+    # while quantizing the routed ones (moonshotai/Kimi-K2.5 ignores ``re:.*shared_experts.*``).
+    if "shared_expert" in n:
+        return "shared_experts"
     if "expert" in n:
         return "experts"
-    if ".mlp" in n or "feed_forward" in n:
+    # ``.mlp`` in a module name; ``*mlp\.`` or ``/mlp`` in an ignore list's regex (``re:.*mlp\.(gate|up|down)_proj.*``
+    # names the dense MLPs only: the experts' prefixes are ``mlp.experts.N.gate_proj``).
+    if re.search(r"(^|[.*:/])mlp", n) or "feed_forward" in n:
         return "mlp"
     return None
 
@@ -1012,6 +1019,7 @@ def _layer_schemes(quant: Quantization, qc: Any, f: _Fields, family: Family, kin
                                                              "attention+mamba")],
         "recurrent": [i for i, k in enumerate(kinds) if "mamba" in k],
         "experts": [i for i in range(n) if moe[i]],
+        "shared_experts": [i for i in range(n) if moe[i]],
         "mlp": [i for i in range(n) if not moe[i]],
     }
     # (role, layer or None for every layer) -> bytes a parameter
@@ -1020,8 +1028,7 @@ def _layer_schemes(quant: Quantization, qc: Any, f: _Fields, family: Family, kin
     explicit = False
     lm_head: float | None = None
     for group in (qc.get("config_groups") or {}).values():
-        w = (group or {}).get("weights") or {}
-        size = _group_bytes(w.get("num_bits", 8), w.get("group_size") or 0, str(w.get("type", "float")))
+        size = _weights_group_bytes((group or {}).get("weights") or {}, "float")
         for target in (group or {}).get("targets") or []:
             role = _module_role(str(target))
             if role == "lm_head":

@@ -86,11 +86,14 @@ NVFP4_BYTES = 0.5 + 1 / 16
 MXFP4_BYTES = 0.5 + 1 / 32
 
 
-def int_group_bytes(bits: int, group_size: int) -> float:
-    """Bytes per weight for group-quantized integers (GPTQ/AWQ): value + fp16 scale + zero."""
+def int_group_bytes(bits: int, group_size: int, zero_points: bool = True) -> float:
+    """Bytes per weight for group-quantized integers: value + fp16 scale, + a zero point per group where the
+    checkpoint keeps one (GPTQ / AWQ always; compressed-tensors only when asymmetric: ``weight_zero_point`` is
+    registered ``if not self.symmetric``, schemes/compressed_tensors_wNa16.py and
+    compressed_tensors_moe/compressed_tensors_moe_wna16.py@0.32.0, CUDA backends)."""
     if group_size <= 0:  # per-channel: scales are negligible per weight
         return bits / 8
-    return bits / 8 + 2 / group_size + (bits / 8) / group_size
+    return bits / 8 + 2 / group_size + ((bits / 8) / group_size if zero_points else 0.0)
 
 
 def _round_up(x: int, m: int) -> int:
@@ -169,7 +172,7 @@ def weight_bytes(params: ParamCounts, model_dtype_bytes: int, quant: Quantizatio
     if quant.method == "none":
         return params.total * model_dtype_bytes
     total = routed_expert_bytes(params, model_dtype_bytes, quant, mxfp4_kernel=mxfp4_kernel, tp=tp)
-    for role, n in (("attention", params.attention), ("mlp", params.mlp), ("experts", params.shared_experts),
+    for role, n in (("attention", params.attention), ("mlp", params.mlp), ("shared_experts", params.shared_experts),
                     ("recurrent", params.recurrent)):
         total += _role_bytes(role, n, model_dtype_bytes, quant)
     lm_head_bytes = params.lm_head * (quant.bytes_per_param if quant.quantize_lm_head else model_dtype_bytes)
@@ -198,6 +201,8 @@ def attention_bytes(params: ParamCounts, model_dtype_bytes: int, quant: Quantiza
 def _role_bytes(role: str, n: int, model_dtype_bytes: int, quant: Quantization) -> float:
     """``n`` parameters of ``role`` as the checkpoint stores them: the quantized share at its bytes,
     the rest in the model dtype."""
+    if role == "shared_experts" and role not in dict(quant.role_bytes):
+        role = "experts"  # priced as the routed experts unless the checkpoint names them apart
     q = dict(quant.quantized_share).get(role, 0.0 if role in quant.unquantized_roles else 1.0)
     per_param = dict(quant.role_bytes).get(role, quant.bytes_per_param)
     return n * q * per_param + n * (1 - q) * model_dtype_bytes

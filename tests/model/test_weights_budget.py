@@ -192,3 +192,35 @@ def test_qwen_next_attention_output_gate_doubles_q_proj():
     config = load_bundled("Qwen/Qwen3.5-9B").config
     assert parse_architecture(config).params.attention == 469_762_048
     assert parse_architecture(config, overrides={"attn_output_gate": False}).params.attention == 335_544_320
+
+
+def test_kimi_k25_keeps_shared_experts_dense_mlp_and_attention_in_bf16():
+    # moonshotai/Kimi-K2.5: int4 groups of 32, symmetric ("symmetric": true), targets "Linear"; the ignore list names
+    # self_attn, shared_experts and ``mlp.(gate|up|gate_up|down)_proj`` (the dense first layer), so only the routed
+    # experts are 4-bit. Symmetric compressed-tensors groups keep no zero point (vLLM registers ``weight_zero_point``
+    # only ``if not self.symmetric``): 0.5 B of value + a bf16 scale per 32 = 0.5625 B a weight.
+    arch = arch_of("moonshotai/Kimi-K2.5")
+    prices = dict(arch.quantization.role_bytes)
+    assert prices == {"attention": 2.0, "experts": 0.5625, "shared_experts": 2.0, "mlp": 2.0}
+    # 60 MoE layers (61 less first_k_dense_replace 1) x 384 experts x (gate + up + down) 3 x 7,168 x 2,048.
+    routed = 60 * 384 * 3 * 7168 * 2048
+    assert arch.params.experts == routed
+    shared = 60 * 1 * 3 * 7168 * 2048  # n_shared_experts 1, of moe_intermediate_size
+    assert arch.params.shared_experts == shared
+    total = weight_bytes(arch.params, arch.model_dtype_bytes, arch.quantization)
+    others = arch.params.total - routed  # everything else, in bf16 (lm_head is ignored too)
+    assert total == int(routed * 0.5625 + others * 2)
+    # The routed experts alone: 1,014,686,023,680 x 0.5625 = 570,760,888,320 B; pricing them at 2 B (the ignore
+    # list's shared_experts read as every expert) had made the whole checkpoint 1.87 TiB.
+    assert routed * 0.5625 == 570_760_888_320 and total < 1.2 * 570_760_888_320
+
+
+def test_asymmetric_compressed_tensors_int4_keeps_zero_points():
+    cfg = dict(load_bundled("meta-llama/Llama-3.1-8B").config)
+    group = {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "group_size": 128, "symmetric": False}}
+    cfg["quantization_config"] = {"quant_method": "compressed-tensors", "config_groups": {"group_0": group},
+                                  "ignore": ["lm_head"]}
+    # 0.5 B value + bf16 scale 2/128 + a packed 4-bit zero point per 128 (0.5/128).
+    assert parse_architecture(cfg).quantization.bytes_per_param == 0.5 + 2 / 128 + 0.5 / 128
+    group["weights"]["symmetric"] = True
+    assert parse_architecture(cfg).quantization.bytes_per_param == 0.5 + 2 / 128
