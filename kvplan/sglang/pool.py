@@ -419,13 +419,17 @@ def _refuse_what_is_not_modelled(arch: Architecture, settings: Settings, version
 
 
 #: The releases whose NSA pool kvplan has read (memory_pool.py, server_args.py @0.5.3, 0.5.3.post1, 0.5.3.post3,
-#: 0.5.4.post3, 0.5.5.post3: the same rules in 0.5.5). 0.5.6-0.5.7 are refused with the reason (`NSA_NOT_SIZED`);
-#: 0.5.8 on are not read.
-NSA_READ = ((0, 5, 3), (0, 5, 5))
-NSA_NOT_SIZED = ("0.5.6 and 0.5.7 set DeepSeek NSA's page 64, DP attention and KV dtype only for architectures[0] "
-                 "DeepseekV3ForCausalLM / MistralLarge3 / Pixtral (server_args.py@0.5.6.post2, @0.5.7: DeepSeek-V3.2's "
-                 "DeepseekV32ForCausalLM gets none of them) and no longer set dp_size to the TP size; the page and "
-                 "backend it then runs with were not read")
+#: 0.5.4.post3, 0.5.5.post3, 0.5.6.post2, 0.5.7, 0.5.8.post1; model_runner.py / model_runner_kv_cache_mixin.py
+#: `profile_max_num_token` / `get_cell_size_per_token`: the same NSA term, buffers and page 64 on CUDA in each). 0.5.9
+#: on pass the buffer's dim from the model runner (``kv_cache_dim``, memory_pool.py@0.5.9): not read.
+NSA_READ = ((0, 5, 3), (0, 5, 8))
+#: From 0.5.6 SGLang no longer sets dp_size to the TP size for DeepSeek NSA ("NSA with TP mode", server_args.py
+#: @0.5.6.post2, @0.5.7; 0.5.8.post1 no longer turns DP attention on either): its attention weights are then sharded
+#: over TP, while kvplan prices NSA's weights with the attention whole on every GPU (kvplan/engines/sglang.py). Its
+#: branch still runs for DeepSeek-V3.2: under the transformers==4.57.1 those wheels pin, which has no ``deepseek_v32``
+#: model type, `_load_deepseek_v32_model` rewrites the config's architectures to DeepseekV3ForCausalLM
+#: (utils/hf_transformers_utils.py@0.5.6.post2 .. @0.5.8.post1), the architecture the branch is keyed by.
+NSA_DP_GIVEN_FROM = (0, 5, 6)
 
 
 def nsa_kv_dtype(settings: Settings, rules: SglangRules, blackwell: bool) -> tuple[KVDtype, str]:
@@ -468,13 +472,20 @@ def size_pool(arch: Architecture, device: Device, settings: Settings, rules: Sgl
     notes_how = ""
     if kind == "nsa":
         if not NSA_READ[0] <= _version(rules) <= NSA_READ[1]:
-            why = f": {NSA_NOT_SIZED}" if (0, 5, 6) <= _version(rules) <= (0, 5, 7) else ""
-            raise KvplanError(f"kvplan has read SGLang's NSA pool in 0.5.3 to 0.5.5 only, not {rules.version}{why}",
-                              "give --engine-version 0.5.3 .. 0.5.5.post3")
+            raise KvplanError(f"kvplan has read SGLang's NSA pool in 0.5.3 to 0.5.8 only, not {rules.version}",
+                              "give --engine-version 0.5.3 .. 0.5.8.post1")
+        if _version(rules) >= NSA_DP_GIVEN_FROM and not dp_attention_size:
+            raise KvplanError(f"SGLang {rules.version} no longer sets --dp-size to the TP size for DeepSeek NSA "
+                              "(server_args.py@0.5.6.post2 .. @0.5.8.post1): its attention weights are then split over "
+                              "TP, which kvplan's NSA weights (the attention whole on every GPU) do not price",
+                              "give --enable-dp-attention (--dp-size = the TP size), or --engine-version 0.5.5")
+        if device.vendor != "nvidia":
+            raise KvplanError("kvplan sizes SGLang's NSA pool on NVIDIA GPUs only (page 64; 0.5.8 sets page 1 on ROCm, "
+                              "server_args.py@0.5.8.post1)")
         if mla_ranks is None:
             raise KvplanError("the config gives no kv_lora_rank and qk_rope_head_dim, which SGLang's NSA pool is "
                               "shaped by")
-        page_size = 64  # "Setting page size to 64 for DeepSeek NSA" (server_args.py@0.5.3 .. @0.5.5.post3)
+        page_size = 64  # "Setting page size to 64 for DeepSeek NSA" (server_args.py@0.5.3 .. @0.5.8.post1, CUDA)
     if kind == "nsa" and rules.nsa_forced_fraction is not None:
         fraction = high_fraction = rules.nsa_forced_fraction
         how = "0.5.3 sets 0.8 for DeepSeek NSA" + (f", over the {mem_fraction_static:g} given"

@@ -122,7 +122,7 @@ def test_the_nsa_pool_from_the_gpu():
     assert _v32("0.5.3.post1", dp_attention_size=8).mem_fraction_static == 0.751
     # 0.5.4 on an H200 (not Blackwell): "auto" is bf16, (512 + 64) x 61 x 2 + 61 x 132 = 78,324 B
     assert _v32("0.5.4", gpu="H200", weights=80 * GiB).cell_bytes == 78_324
-    with pytest.raises(KvplanError, match="0.5.3 to 0.5.5 only"):
+    with pytest.raises(KvplanError, match="0.5.3 to 0.5.8 only"):
         _v32("0.5.10")
 
 
@@ -209,11 +209,11 @@ def test_size_engine_sglang_prints_each_pool():
     ("XiaomiMiMo/MiMo-V2-Flash", ("--engine", "sglang", "--engine-version", "0.5.7", "--page-size", "64"),
      "page size 1 only"),
     ("XiaomiMiMo/MiMo-V2-Flash", ("--engine", "sglang", "--engine-version", "0.4.5"), "0.4.5"),
-    ("deepseek-ai/DeepSeek-V3.2", ("--engine", "sglang", "--engine-version", "0.5.6"), "DeepseekV32ForCausalLM gets"),
+    ("deepseek-ai/DeepSeek-V3.2", ("--engine", "sglang", "--engine-version", "0.5.6"), "no longer sets --dp-size"),
     ("XiaomiMiMo/MiMo-V2-Flash", ("--engine", "sglang", "--engine-version", "0.9.1"), "0.9.1"),
     ("XiaomiMiMo/MiMo-V2-Flash", ("--engine", "sglang", "--swa-full-tokens-ratio", "1.5"), "swa-full-tokens-ratio"),
     ("meta-llama/Llama-3.1-8B", ("--engine", "sglang", "--swa-full-tokens-ratio", "0.5"), "sliding-window layers"),
-    ("deepseek-ai/DeepSeek-V3.2", ("--engine", "sglang"), "0.5.3 to 0.5.5 only"),
+    ("deepseek-ai/DeepSeek-V3.2", ("--engine", "sglang"), "0.5.3 to 0.5.8 only"),
     ("Qwen/Qwen3-Next-80B-A3B-Thinking", ("--engine", "sglang"), "max_mamba_cache_size"),
     ("nvidia/Nemotron-H-56B-Base-8K", ("--engine", "sglang"), "mamba_full_memory_ratio"),
     ("Qwen/Qwen3-Next-80B-A3B-Thinking", ("--engine", "sglang", "--engine-version", "0.5.6",
@@ -371,21 +371,37 @@ def test_mimo_in_0_5_7_and_gpt_oss_before_0_5_8():
     assert gpt.swa is not None and gpt.cell_bytes == 49_152  # 0.5.8: both pools, 24,576 B each a token
 
 
-def test_nsa_pool_in_0_5_5_and_the_releases_after():
+def test_nsa_pool_in_0_5_5_to_0_5_8():
     """0.5.5.post3 keeps 0.5.4's NSA rules (model_runner.py `profile_max_num_token`, mem_cache/memory_pool.py
     ``NSATokenToKVPool``, server_args.py's NSA branch): on an H200 "auto" is bf16, (512 + 64) x 61 x 2 + 61 x 132 =
-    78,324 B a token; on a B200 FP8, (512 + 64) x 61 x 1 + 61 x 132 = 43,188 B, buffers 61 x (656 + 132) = 48,068 B."""
+    78,324 B a token; on a B200 FP8, (512 + 64) x 61 x 1 + 61 x 132 = 43,188 B, buffers 61 x (656 + 132) = 48,068 B.
+    0.5.6-0.5.8 keep the cell, the buffers and page 64 but leave --dp-size as given: sized where DP attention over the
+    TP group is given, refused otherwise."""
     p = select_gpus("H200").device.cuda_total_bytes - 0.75 * GiB
     pool = _v32("0.5.5.post3", gpu="H200", weights=80 * GiB, mem_fraction_static=0.85)
     assert (pool.cell_bytes, pool.page_size, pool.kind) == (78_324, 64, "nsa")
     assert pool.tokens == int(p * 0.85 - 80 * GiB) // 78_324 // 64 * 64
     b200 = _v32("0.5.5", mem_fraction_static=0.85)
     assert (b200.cell_bytes, b200.buffer_bytes_per_token) == (43_188, 48_068)
-    # 0.5.6 / 0.5.7: the NSA branch skips DeepseekV32ForCausalLM (refused with the reason); 0.5.8 on: not read
-    for version, why in (("0.5.6", "DeepseekV32ForCausalLM gets none"), ("0.5.7", "no longer set dp_size"),
-                         ("0.5.8", r"0.5.3 to 0.5.5 only, not 0.5.8 \(give")):
+    # 0.5.8.post1 with --enable-dp-attention --dp-size 8 on a B200: the fraction given, the same 43,188 B and 64
+    p_b200 = select_gpus("B200").device.cuda_total_bytes - 0.75 * GiB
+    last = _v32("0.5.8.post1", mem_fraction_static=0.85, dp_attention_size=8)
+    assert (last.cell_bytes, last.buffer_bytes_per_token, last.page_size) == (43_188, 48_068, 64)
+    assert last.tokens == int(p_b200 * 0.85 - 90 * GiB) // 43_188 // 64 * 64
+    for version, why in (("0.5.6", "no longer sets --dp-size"), ("0.5.8", "no longer sets --dp-size"),
+                         ("0.5.9", r"0.5.3 to 0.5.8 only, not 0.5.9 \(give")):
         with pytest.raises(KvplanError, match=why):
             _v32(version)
+    with pytest.raises(KvplanError, match="NVIDIA GPUs only"):
+        _v32("0.5.8", gpu="MI300X", dp_attention_size=8)
+    from helpers.harness import invoke
+
+    # on the command line (0.5.7, 8 x H200, bf16): the same 78,324 B a token in pages of 64 with DP attention given
+    r = invoke("size", "deepseek-ai/DeepSeek-V3.2", "--gpu", "8xH200", "--engine", "sglang", "--engine-version", "0.5.7",
+               "--enable-dp-attention", "--json")
+    sized = json.loads(r.stdout)["engines"][0]
+    assert r.code == 0 and (sized["kv_bytes_per_token_per_gpu"], sized["page_tokens"]) == (78_324, 64)
+    assert sized["launch_command"].endswith("--enable-dp-attention --dp-size 8")
 
 
 def test_the_mamba_state_pool_in_0_5_7_and_0_5_8():
