@@ -79,6 +79,10 @@ class SwaSplit:
     swa_tokens: int  # swa_layer_tokens
     cell_bytes: float  # the bytes a token the budget is divided by
     how: str
+    # The count before the split, which the running-request estimate is taken from where a release does so
+    # (`init_memory_pool` computes max_num_reqs before `set_num_token(s)_hybrid(_swa)`, model_runner.py@0.4.9.post6 ..
+    # model_runner_kv_cache_mixin.py@0.5.9); None where that was not read (0.5.10 on).
+    profiled_tokens: int | None = None
 
 
 def hybrid_swa_in(arch: Architecture, version: str) -> bool | None:
@@ -131,14 +135,14 @@ def swa_split(budget_bytes: int, full_layer_bytes: int, full_layers: int, swa_la
         swa = int(full * ratio)
         return SwaSplit(align(full), align(swa), cell, f"{sizing}: {budget:,} B // {cell:,} B = {m:,} tokens "
                         f"{'of every layer' if sizing != '0.5.7' else 'a token'}, split by layers: x "
-                        f"{full_layers + swa_layers} / ({ratio:g} x {swa_layers} + {full_layers})")
+                        f"{full_layers + swa_layers} / ({ratio:g} x {swa_layers} + {full_layers})", m)
     if sizing in ("0.5.9", "0.5.10"):
         cell = f_all + s_all
         m = align(capped(budget // cell))
         full = int(m * cell / (f_all + ratio * s_all))
         swa = int((align(full) if sizing == "0.5.10" else full) * ratio)
         return SwaSplit(align(full), align(swa), cell, f"{sizing}: {budget:,} B // {cell:,} B = {m:,} tokens, split "
-                        f"by bytes: x {cell:,} / ({f_all:,} + {ratio:g} x {s_all:,})")
+                        f"by bytes: x {cell:,} / ({f_all:,} + {ratio:g} x {s_all:,})", m if sizing == "0.5.9" else None)
     if sizing == "0.5.11":
         cell = f_all + ratio * s_all
         full = align(capped(int(budget // cell)))

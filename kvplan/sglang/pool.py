@@ -519,7 +519,8 @@ def size_pool(arch: Architecture, device: Device, settings: Settings, rules: Sgl
         counts = [sp.full_tokens for sp in splits]
         cell, k_half = pools.full_cell + pools.swa_cell, pools.full_k + pools.swa_k  # a token in both pools
         notes_how = splits[1].how
-        extra |= {"swa_tokens": splits[1].swa_tokens, "swa": pools, "swa_full_tokens_ratio": ratio}
+        extra |= {"swa_tokens": splits[1].swa_tokens, "swa": pools, "swa_full_tokens_ratio": ratio,
+                  "profiled_tokens": splits[1].profiled_tokens}
     elif kind == "mamba":
         cell, k_half, mamba = _mamba_pool(arch, rules, tp, dp_attention_size, dtype, mamba_full_memory_ratio, rests)
         counts = [tokens_from_budget(sp.kv_budget_bytes, cell, page_size, max_total_tokens) for sp in mamba[0]]
@@ -539,7 +540,7 @@ def size_pool(arch: Architecture, device: Device, settings: Settings, rules: Sgl
             notes_how += (f"; SGLang {rules.version} gives this model no hybrid sliding-window pool: its window "
                           "layers take full pages in the one pool (SGLANG_HYBRID_SWA_LISTED, HYBRID_SWA_ARCHS)")
     tokens = counts[1]
-    running = max_running_requests(tokens, context, rules)
+    running = max_running_requests(tokens, context, rules, extra.pop("profiled_tokens", None))
     if kind == "mamba":  # min(max_num_reqs, max_mamba_cache_size // ratio), SglangRules.mamba_slots_per_request
         running = min(running, extra["mamba_slots"] // rules.mamba_slots_per_request)
     return SglangPool(
@@ -593,12 +594,13 @@ def mamba_split_slots(split: MambaSplit, per_request: int, dp: int) -> MambaSpli
     return MambaSplit(slots, slots * per_request, total - slots * per_request)
 
 
-def max_running_requests(tokens: int, context_len: int, rules: SglangRules) -> int:
+def max_running_requests(tokens: int, context_len: int, rules: SglangRules, profiled_tokens: int | None = None) -> int:
     """The default cap on running requests: ``min(clamp(tokens / context x 512, 2048, 4096), tokens // 2)``
-    (tp_worker.py@0.4.7.post1 .. kv_cache_configurator.py@0.5.23; 0.4.6 allows one request more)."""
+    (tp_worker.py@0.4.7.post1 .. kv_cache_configurator.py@0.5.23; 0.4.6 allows one request more). A hybrid
+    sliding-window pool's estimate is of ``profiled_tokens``, the count before its split (`SwaSplit`)."""
     if tokens <= 0 or context_len <= 0:
         return 0
-    estimated = min(max(int(tokens / context_len * 512), 2048), 4096)
+    estimated = min(max(int((profiled_tokens or tokens) / context_len * 512), 2048), 4096)
     if rules.fraction_rule == "table":
         estimated += 1  # ReqToTokenPool(size=max_num_reqs + 1), 0.4.6
     return min(estimated, tokens // 2)

@@ -364,6 +364,14 @@ def test_mimo_in_0_5_7_and_gpt_oss_before_0_5_8():
     full = int(m * 48 / 40.2)
     assert (pool.kind, pool.tokens, pool.swa_tokens) == ("swa", full, int(full * 0.8))
     assert pool.startup_lines()[0].startswith("Use sliding window memory pool.")
+    # the running-request estimate is of M, taken before the split (`init_memory_pool`,
+    # model_runner_kv_cache_mixin.py@0.5.7), then capped by full // 2 (model_runner.py `max_running_requests`): at a
+    # 131,072-token context int(M / 131,072 x 512), within [2,048, 4,096]
+    short = size_pool(load_model("XiaomiMiMo/MiMo-V2-Flash", source="bundled").arch, select_gpus("H200").device,
+                      Settings(tensor_parallel_size=4, max_model_len=131_072), rules_for("0.5.7"), 70 * GiB,
+                      mem_fraction_static=0.7)
+    assert 2048 < int(m / 131_072 * 512) < int(full / 131_072 * 512) < 4096
+    assert short.max_running_requests == min(int(m / 131_072 * 512), full // 2)
     for version, kind in (("0.5.7", "kv"), ("0.5.8", "swa")):
         gpt = size_pool(load_model("openai/gpt-oss-20b", source="bundled").arch, select_gpus("H100").device,
                         Settings(), rules_for(version), 13 * GiB, mem_fraction_static=0.8)
