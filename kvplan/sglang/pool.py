@@ -268,14 +268,16 @@ SGLANG_HYBRID_SWA_LISTED = frozenset({
     "UnlimitedOCRForCausalLM"})
 
 
-def _window_as_full(arch: Architecture, version: str | None = None) -> bool:
+def _window_as_full(arch: Architecture, version: str | None = None, swa_off: bool = False) -> bool:
     """SGLang ``version`` (None: any release) gives this sliding-window model no hybrid pool: its window layers take
-    full pages."""
+    full pages. ``swa_off``: its server args turn the pool off for this deployment (`swa_memory_disabled`)."""
+    if swa_off:
+        return True
     read = hybrid_swa_in(arch, version) if version is not None else None
     return not read if read is not None else not SGLANG_HYBRID_SWA_LISTED.intersection(arch.architectures)
 
 
-def pool_kind(arch: Architecture, version: str | None = None) -> str:
+def pool_kind(arch: Architecture, version: str | None = None, swa_off: bool = False) -> str:
     """Which of SGLang's pools a model's layers take in ``version`` (None: by the newest releases' lists): "swa"
     (full-attention and sliding-window layers: the hybrid sliding-window pool), "nsa" (MLA layers with DeepSeek-V3.2's
     indexer), else "kv" (one pool; refused by ``refuse_layers`` where kvplan does not size it)."""
@@ -283,16 +285,17 @@ def pool_kind(arch: Architecture, version: str | None = None) -> str:
     if kinds == {FullAttention, MambaState}:
         return "mamba"
     if kinds == {FullAttention, SlidingWindow}:
-        return "kv" if _window_as_full(arch, version) else "swa"
+        return "kv" if _window_as_full(arch, version, swa_off) else "swa"
     return "nsa" if kinds == {MLA, MLAIndexer} else "kv"
 
 
-def refuse_layers(arch: Architecture, version: str | None = None) -> None:
+def refuse_layers(arch: Architecture, version: str | None = None, swa_off: bool = False) -> None:
     """Refuse, with the reason, the layer kinds SGLang's single pool (``kv_cell``) does not price."""
     kinds = {type(s) for s in arch.layers}
-    priced_whole = (FullAttention, MLA, SlidingWindow) if _window_as_full(arch, version) else (FullAttention, MLA)
+    whole = _window_as_full(arch, version, swa_off)
+    priced_whole = (FullAttention, MLA, SlidingWindow) if whole else (FullAttention, MLA)
     other = sorted({s.kind for s in arch.layers if type(s) not in priced_whole})
-    if pool_kind(arch, version) == "swa":
+    if pool_kind(arch, version, swa_off) == "swa":
         raise KvplanError("a model of sliding-window layers takes SGLang's hybrid sliding-window pool (two pools), "
                           "not one: it is sized by swa_pools / kvplan/sglang/hybrid.py")
     if pool_kind(arch) == "nsa":
@@ -311,11 +314,12 @@ def refuse_layers(arch: Architecture, version: str | None = None) -> None:
         raise KvplanError("a model of both full attention and MLA layers is not sized for SGLang")
 
 
-def kv_cell(arch: Architecture, tp: int, dtype: KVDtype, version: str | None = None) -> tuple[int, int, bool]:
+def kv_cell(arch: Architecture, tp: int, dtype: KVDtype, version: str | None = None,
+            swa_off: bool = False) -> tuple[int, int, bool]:
     """(cell, K half, MLA): the bytes one token takes on one GPU, and of them the K buffer's (MLA: the latent, all
     of it). `profile_max_num_token`@0.4.6.post5: KV heads of this rank x head_dim x layers x 2 x dtype; MLA:
     (kv_lora_rank + qk_rope_head_dim) x layers x dtype on every rank."""
-    refuse_layers(arch, version)
+    refuse_layers(arch, version, swa_off)
     mla = any(isinstance(s, MLA) for s in arch.layers)
     per_rank = [s.per_rank(tp) for s in arch.layers]
     cell = round(sum(s.bytes_per_token(dtype) for s in per_rank))
@@ -401,9 +405,21 @@ def nsa_cell(arch: Architecture, dtype: KVDtype, kv_lora_rank: int, rope_dim: in
     return len(mla) * (latent + index)
 
 
-def _refuse_what_is_not_modelled(arch: Architecture, settings: Settings, version: str) -> None:
-    if pool_kind(arch, version) == "kv":
-        refuse_layers(arch, version)
+def swa_memory_disabled(arch: Architecture, rules: SglangRules, device: Device) -> str | None:
+    """Why SGLang's server args turn the hybrid sliding-window pool off for this deployment of a model it otherwise
+    gives one (None: they do not): gpt-oss on an SM100 GPU (B200, B300, GB200) in 0.5.8-0.5.9 gets the trtllm_mha
+    backend, "Disable hybrid SWA memory for GPT-OSS model with trtllm_mha attention backend" (server_args.py
+    @0.5.8.post1, @0.5.9; gone @0.5.10.post1)."""
+    sm100 = device.is_blackwell and not device.name.upper().startswith("RTX")  # is_sm100_supported: capability 10.x
+    gpt_oss = "GptOssForCausalLM" in arch.architectures
+    if gpt_oss and sm100 and (0, 5, 8) <= _version(rules) <= (0, 5, 9):
+        return f"{rules.version} runs gpt-oss on {device.name} with trtllm_mha, which turns it off"
+    return None
+
+
+def _refuse_what_is_not_modelled(arch: Architecture, settings: Settings, version: str, swa_off: bool) -> None:
+    if pool_kind(arch, version, swa_off) == "kv":
+        refuse_layers(arch, version, swa_off)
     if arch.params.towers and not settings.language_model_only:
         raise KvplanError("kvplan does not size SGLang's pool for a multimodal model (SGLang lowers its memory "
                           "fraction by the vision tower's size, adjust_mem_fraction_for_vlm, not modelled)",
@@ -454,8 +470,9 @@ def size_pool(arch: Architecture, device: Device, settings: Settings, rules: Sgl
     GPU under DP attention). ``dp_attention_size``: --enable-dp-attention's --dp-size given (0: not given; SGLang
     turns DP attention on for DeepSeek NSA itself, after its memory fraction is set). ``mla_ranks``: the config's
     (kv_lora_rank, qk_rope_head_dim), which shape the NSA pool's FP8 buffer."""
-    _refuse_what_is_not_modelled(arch, settings, rules.version)
-    kind = pool_kind(arch, rules.version)
+    swa_off = swa_memory_disabled(arch, rules, device)
+    _refuse_what_is_not_modelled(arch, settings, rules.version, bool(swa_off))
+    kind = pool_kind(arch, rules.version, bool(swa_off))
     tp = settings.tensor_parallel_size
     gpu_mem = round(device.memory_bytes / MiB)
     mla = any(isinstance(s, MLA) for s in arch.layers)
@@ -529,7 +546,7 @@ def size_pool(arch: Architecture, device: Device, settings: Settings, rules: Sgl
     else:
         if kind == "kv":
             cell, k_half, _ = kv_cell(arch, tp if not dp_attention_size else max(1, tp // dp_attention_size), dtype,
-                                      rules.version)
+                                      rules.version, bool(swa_off))
         counts = [tokens_from_budget(r, cell, page_size, max_total_tokens) for r in rests]
         notes_how = f"{int(rests[1]):,} B // {cell:,} B a token, in pages of {page_size}"
         if kind == "nsa":
@@ -537,8 +554,9 @@ def size_pool(arch: Architecture, device: Device, settings: Settings, rules: Sgl
             extra["buffer_bytes_per_token"] = buffer
             notes_how += f"; its buffers hold {buffer:,} B a token"
         if kind == "kv" and any(isinstance(s, SlidingWindow) for s in arch.layers):
-            notes_how += (f"; SGLang {rules.version} gives this model no hybrid sliding-window pool: its window "
-                          "layers take full pages in the one pool (SGLANG_HYBRID_SWA_LISTED, HYBRID_SWA_ARCHS)")
+            notes_how += (f"; SGLang {rules.version} gives this model no hybrid sliding-window pool"
+                          + (f" ({swa_off})" if swa_off else "") + ": its window layers take full pages in the one "
+                          "pool (SGLANG_HYBRID_SWA_LISTED, HYBRID_SWA_ARCHS)")
     tokens = counts[1]
     running = max_running_requests(tokens, context, rules, extra.pop("profiled_tokens", None))
     if kind == "mamba":  # min(max_num_reqs, max_mamba_cache_size // ratio), SglangRules.mamba_slots_per_request

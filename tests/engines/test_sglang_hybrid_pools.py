@@ -377,6 +377,13 @@ def test_mimo_in_0_5_7_and_gpt_oss_before_0_5_8():
                         Settings(), rules_for(version), 13 * GiB, mem_fraction_static=0.8)
         assert gpt.kind == kind
     assert gpt.swa is not None and gpt.cell_bytes == 49_152  # 0.5.8: both pools, 24,576 B each a token
+    # ... but not on an SM100 GPU in 0.5.8-0.5.9: gpt-oss gets trtllm_mha there, which sets
+    # --disable-hybrid-swa-memory (server_args.py@0.5.8.post1, @0.5.9; gone @0.5.10.post1): one pool of full pages
+    for version, kind in (("0.5.8", "kv"), ("0.5.9", "kv"), ("0.5.10", "swa")):
+        b200 = size_pool(load_model("openai/gpt-oss-20b", source="bundled").arch, select_gpus("B200").device,
+                         Settings(), rules_for(version), 13 * GiB, mem_fraction_static=0.8)
+        assert (b200.kind, b200.cell_bytes) == (kind, 49_152), version
+        assert ("with trtllm_mha, which turns it off" in b200.how) == (kind == "kv")
 
 
 def test_nsa_pool_in_0_5_5_to_0_5_8():
