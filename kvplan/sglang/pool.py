@@ -168,7 +168,11 @@ class SglangPool:
 
 
 def _version(rules: SglangRules) -> tuple[int, ...]:
-    return tuple(int(x) for x in rules.version.split("."))
+    return _v(rules.version)
+
+
+def _v(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in version.split("."))
 
 
 def _torch_name(dtype: KVDtype) -> str:
@@ -418,6 +422,10 @@ def swa_memory_disabled(arch: Architecture, rules: SglangRules, device: Device) 
 
 
 def _refuse_what_is_not_modelled(arch: Architecture, settings: Settings, version: str, swa_off: bool) -> None:
+    if any(a.startswith("Gemma3n") for a in arch.architectures) and (0, 4, 9) <= _v(version) <= (0, 4, 10):
+        raise KvplanError(f"SGLang {version} gives Gemma 3n a hybrid sliding-window pool by its model class "
+                          "(models/gemma3n_causal.py@0.4.9.post6), whose shared-KV layers kvplan does not size",
+                          "size it for vLLM (--engine vllm)")
     if pool_kind(arch, version, swa_off) == "kv":
         refuse_layers(arch, version, swa_off)
     if arch.params.towers and not settings.language_model_only:

@@ -4,6 +4,7 @@ kvplan/sglang/hybrid.py and docs/engines-sglang-rules.md), and the bad input ref
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -350,6 +351,12 @@ def test_gemma_s_sliding_window_pool_in_0_4_9_and_0_4_10():
     assert (_gemma("google/gemma-2-2b-it", "0.4.10").kind, _gemma("google/gemma-2-2b-it", "0.4.10").tokens) == ("kv", m2)
     with pytest.raises(KvplanError, match="page size 1 only"):
         _gemma("google/gemma-3-1b-it", "0.4.9", page_size=16)
+    # Gemma 3n's class has the hook too (models/gemma3n_causal.py@0.4.9.post6), but its shared-KV layers are not
+    # sized: refused in 0.4.9-0.4.10 (a Gemma 3n-named copy of gemma-3-1b's layers; no Gemma 3n config is bundled)
+    three_n = dataclasses.replace(load_model("google/gemma-3-1b-it", source="bundled").arch,
+                                  architectures=("Gemma3nForCausalLM",))
+    with pytest.raises(KvplanError, match="Gemma 3n a hybrid sliding-window pool"):
+        size_pool(three_n, select_gpus("H100").device, Settings(), rules_for("0.4.10"), 2 * GiB, mem_fraction_static=0.8)
 
 
 def test_mimo_in_0_5_7_and_gpt_oss_before_0_5_8():
