@@ -9,6 +9,14 @@ Sliding window (``SWAKVPool``: a full-attention pool of ``full_layer_tokens`` an
 full / sliding-window layer for one token on one GPU, ``nf``/``ns`` their layer counts, ``r`` the ratio, ``page``
 SGLang's page size and ``align(x) = x // page x page``:
 
+- 0.4.9 to 0.5.6 (`profile_max_num_token` and `set_num_token_hybrid`, model_runner.py@0.4.9.post6 .. @0.5.6.post2,
+  the same text in each): ``cell = F x (nf + ns)`` (``model_config.head_dim`` x ``get_num_kv_heads`` x every layer:
+  the full layers' shape); ``M = budget // cell``; ``full = int(M x (nf + ns) / (r x ns + nf))``, ``swa = int(full x
+  r)``; ``M`` aligned to the page, ``full`` and ``swa`` not (moot: the hybrid pool takes page 1 only, its
+  ``SWATokenToKVPoolAllocator`` being built only when ``page_size == 1``).
+- 0.5.7 (model_runner_kv_cache_mixin.py@0.5.7 `get_cell_size_per_token`, `profile_max_num_token`,
+  `set_num_tokens_hybrid_swa`): the cell over the full layers' ids plus MiMo-V2-Flash's SWA term, ``cell = F nf + S
+  ns``; then 0.4.9's split by layers, both aligned; page 1 only, as before.
 - 0.5.8 (model_runner_kv_cache_mixin.py@0.5.8.post1 `get_cell_size_per_token`, `set_num_tokens_hybrid_swa`):
   ``cell = F x (nf + ns)`` (every layer at the full layers' shape), plus ``S x ns`` for MiMo-V2-Flash (its
   over-count, fixed by sglang PR #18039); ``M = align(budget // cell)``; ``full = int(M x (nf + ns) / (r x ns + nf))``,
@@ -19,12 +27,17 @@ SGLang's page size and ``align(x) = x // page x page``:
 - 0.5.11 on (model_executor/pool_configurator.py@0.5.11 .. @0.5.23 `HybridSWAPoolConfigurator`): the ratio is in the
   cell, ``cell = F nf + r S ns``; ``full = align(int(budget // cell))``, ``swa = align(int(full x r))``.
 
-``--max-total-tokens`` caps ``M`` (0.5.8-0.5.10) or ``full`` (0.5.11 on, `calculate_pool_sizes_from_max_tokens`).
+``--max-total-tokens`` caps ``M`` (0.4.9-0.5.10) or ``full`` (0.5.11 on, `calculate_pool_sizes_from_max_tokens`).
 
-NSA (``NSATokenToKVPool``, DeepSeek-V3.2): page 64, the budget divided by ``(kv_lora_rank + qk_rope_head_dim) x
-layers x the cache dtype's bytes`` (1 for FP8, although the FP8 buffer holds 656 bytes a layer: 512 + 4 scales x 4 +
-64 x 2), plus, from 0.5.3.post1, the indexer's keys, ``(index_head_dim + index_head_dim // 128 x 4) x layers``
-(model_runner.py@0.5.3.post1 `profile_max_num_token`; @0.5.3 has no indexer term).
+Which architectures get the hybrid pool changed by release (`HYBRID_SWA_ARCHS`).
+
+NSA (``NSATokenToKVPool``, DeepSeek-V3.2; read 0.5.3 to 0.5.8): page 64, the budget divided by ``(kv_lora_rank +
+qk_rope_head_dim) x layers x the cache dtype's bytes`` (1 for FP8, although the FP8 buffer holds 656 bytes a layer:
+512 + 4 scales x 4 + 64 x 2), plus, from 0.5.3.post1, the indexer's keys, ``(index_head_dim + index_head_dim //
+128 x 4) x layers`` (model_runner.py@0.5.3.post1 .. @0.5.6.post2 `profile_max_num_token`, model_runner_kv_cache_mixin.py@0.5.7 ..
+@0.5.8.post1 `get_cell_size_per_token`; @0.5.3 has no indexer term). The buffers (memory_pool.py) and the dtype
+rule ("auto": FP8 on Blackwell, else bf16; server_args.py) are 0.5.4's through 0.5.8.post1; from 0.5.6 DP attention's
+size is the one given (kvplan/sglang/pool.py `NSA_DP_GIVEN_FROM`).
 """
 
 from __future__ import annotations
@@ -36,11 +49,25 @@ from kvplan.model.arch import Architecture
 from kvplan.model.dtypes import KVDtype
 from kvplan.model.layers import MLA, MLAIndexer
 
-#: Architectures whose hybrid sliding-window pool kvplan sizes, and the first release read that gives them one
-#: (``is_hybrid_swa_model``, configs/model_config.py@0.5.8.post1 .. @0.5.23). SGLang lists more (Llama 4's chunked
-#: attention, Step-3.5, Gemma 4, ...): their SWA layers' shapes (``swa_head_dim``, ``attention_other_setting``) are
-#: not checked against kvplan's, so they are refused.
-HYBRID_SWA_ARCHS = {"GptOssForCausalLM": "0.5.8", "MiMoV2FlashForCausalLM": "0.5.8", "MiMoV2ForCausalLM": "0.5.11"}
+#: Architectures whose hybrid sliding-window pool kvplan sizes: the first and last release read that gives them one
+#: (None: still so in the newest read). A release outside its range pools the model's window layers as full pages.
+#: - 0.4.9-0.5.6: `ModelRunner.__init__` turns the pool on for any model whose class has
+#:   ``get_attention_sliding_window_size`` (models/gemma2.py, gemma3_causal.py, gemma3_mm.py@0.4.9.post6; gpt_oss.py
+#:   from 0.5.x), unless --disable-hybrid-swa-memory; `model_specific_adjustments` sets that flag for Gemma2 in 0.4.10
+#:   (server_args.py@0.4.10.post2), and for every Gemma 2 / 3 / 3n and GPT-OSS from 0.5.1 (@0.5.1.post3 ..
+#:   @0.5.6.post2). Gemma 3n's shared-KV layers are not sized.
+#: - 0.5.7: only ``is_hybrid_model``'s list (MiMo-V2-Flash; Llama 4 with --hybrid-kvcache-ratio), model_config.py@0.5.7.
+#: - 0.5.8 on: ``is_hybrid_swa_model`` (configs/model_config.py@0.5.8.post1 .. @0.5.23).
+#: SGLang lists more (Llama 4's chunked attention, Step-3.5, Gemma 4, ...): their SWA layers' shapes
+#: (``swa_head_dim``, ``attention_other_setting``) are not checked against kvplan's, so they are refused.
+HYBRID_SWA_ARCHS: dict[str, tuple[str, str | None]] = {
+    "Gemma2ForCausalLM": ("0.4.9", "0.4.9"),
+    "Gemma3ForCausalLM": ("0.4.9", "0.4.10"),
+    "Gemma3ForConditionalGeneration": ("0.4.9", "0.4.10"),
+    "GptOssForCausalLM": ("0.5.8", None),
+    "MiMoV2FlashForCausalLM": ("0.5.7", None),
+    "MiMoV2ForCausalLM": ("0.5.11", None),
+}
 _MIMO_OVERCOUNT = "MiMoV2FlashForCausalLM"  # get_cell_size_per_token@0.5.8.post1 names this one
 
 
@@ -52,15 +79,28 @@ class SwaSplit:
     swa_tokens: int  # swa_layer_tokens
     cell_bytes: float  # the bytes a token the budget is divided by
     how: str
+    # The count before the split, which the running-request estimate is taken from where a release does so
+    # (`init_memory_pool` computes max_num_reqs before `set_num_token(s)_hybrid(_swa)`, model_runner.py@0.4.9.post6 ..
+    # model_runner_kv_cache_mixin.py@0.5.9); None where that was not read (0.5.10 on).
+    profiled_tokens: int | None = None
+
+
+def hybrid_swa_in(arch: Architecture, version: str) -> bool | None:
+    """Whether SGLang ``version`` gives ``arch`` its hybrid sliding-window pool, for the architectures kvplan has read
+    it for (`HYBRID_SWA_ARCHS`); None for another architecture."""
+    v = _v(version)
+    ranges = [HYBRID_SWA_ARCHS[name] for name in arch.architectures if name in HYBRID_SWA_ARCHS]
+    if not ranges:
+        return None
+    return any(_v(first) <= v and (last is None or v <= _v(last)) for first, last in ranges)
 
 
 def hybrid_swa_arch(arch: Architecture, version: str) -> str:
     """The architecture that gives ``arch`` SGLang's hybrid sliding-window pool in ``version``; refused with the reason
     where SGLang gives it none or kvplan does not size it."""
-    v = _v(version)
     for name in arch.architectures:
-        first = HYBRID_SWA_ARCHS.get(name)
-        if first is not None and v >= _v(first):
+        first, last = HYBRID_SWA_ARCHS.get(name, ("99.0", None))
+        if _v(first) <= _v(version) and (last is None or _v(version) <= _v(last)):
             return name
     names = ", ".join(arch.architectures) or "no architecture"
     raise KvplanError(f"kvplan does not size SGLang {version}'s hybrid sliding-window pool for {names}: it has read "
@@ -83,28 +123,33 @@ def swa_split(budget_bytes: int, full_layer_bytes: int, full_layers: int, swa_la
     def capped(tokens: int) -> int:
         return min(tokens, max_total_tokens) if max_total_tokens else tokens
 
-    if sizing == "0.5.8":
-        cell = full_layer_bytes * (full_layers + swa_layers) + (s_all if architecture == _MIMO_OVERCOUNT else 0)
+    if sizing in ("0.4.9", "0.5.7", "0.5.8"):  # split by layer counts
+        if sizing != "0.5.8" and page != 1:
+            raise KvplanError(f"SGLang {sizing}'s hybrid sliding-window pool takes page size 1 only (its allocator is "
+                              "built for page 1, model_runner.py@0.4.9.post6 .. model_runner_kv_cache_mixin.py@0.5.7)",
+                              "drop --page-size, or give --engine-version 0.5.8 or later")
+        cell = (f_all + s_all if sizing == "0.5.7" else full_layer_bytes * (full_layers + swa_layers)
+                + (s_all if sizing == "0.5.8" and architecture == _MIMO_OVERCOUNT else 0))
         m = align(capped(budget // cell))
         full = int(m * (full_layers + swa_layers) / (ratio * swa_layers + full_layers))
         swa = int(full * ratio)
-        return SwaSplit(align(full), align(swa), cell, f"0.5.8: {budget:,} B // {cell:,} B = {m:,} tokens of every "
-                        f"layer, split by layers: x {full_layers + swa_layers} / ({ratio:g} x {swa_layers} + "
-                        f"{full_layers})")
+        return SwaSplit(align(full), align(swa), cell, f"{sizing}: {budget:,} B // {cell:,} B = {m:,} tokens "
+                        f"{'of every layer' if sizing != '0.5.7' else 'a token'}, split by layers: x "
+                        f"{full_layers + swa_layers} / ({ratio:g} x {swa_layers} + {full_layers})", m)
     if sizing in ("0.5.9", "0.5.10"):
         cell = f_all + s_all
         m = align(capped(budget // cell))
         full = int(m * cell / (f_all + ratio * s_all))
         swa = int((align(full) if sizing == "0.5.10" else full) * ratio)
         return SwaSplit(align(full), align(swa), cell, f"{sizing}: {budget:,} B // {cell:,} B = {m:,} tokens, split "
-                        f"by bytes: x {cell:,} / ({f_all:,} + {ratio:g} x {s_all:,})")
+                        f"by bytes: x {cell:,} / ({f_all:,} + {ratio:g} x {s_all:,})", m if sizing == "0.5.9" else None)
     if sizing == "0.5.11":
         cell = f_all + ratio * s_all
         full = align(capped(int(budget // cell)))
         return SwaSplit(full, align(int(full * ratio)), cell,
                         f"0.5.11 on: {budget:,} B // ({f_all:,} + {ratio:g} x {s_all:,} B)")
-    raise KvplanError(f"kvplan has read SGLang's hybrid sliding-window sizing from 0.5.8 on (not {sizing})",
-                      "give --engine-version 0.5.8 or later")
+    raise KvplanError(f"kvplan has read SGLang's hybrid sliding-window sizing from 0.4.9 on (not {sizing})",
+                      "give --engine-version 0.4.9 or later")
 
 
 def nsa_profile_cell(arch: Architecture, dtype: KVDtype, kv_lora_rank: int, rope_dim: int, with_indexer: bool) -> int:
@@ -120,11 +165,12 @@ def nsa_profile_cell(arch: Architecture, dtype: KVDtype, kv_lora_rank: int, rope
     return int(cell)
 
 
-#: Architectures whose state SGLang 0.5.3.post3-0.5.6 keeps in its Mamba pool with ``Mamba2CacheParams``
+#: Architectures whose state SGLang 0.5.3.post3-0.5.8 keeps in its Mamba pool with ``Mamba2CacheParams``
 #: (``mambaish_config``: ``hybrid_gdn_config`` / ``mamba2_config``, model_runner.py@0.5.6.post2) and whose state
 #: shapes kvplan has checked against ``Mamba2StateShape.create`` (configs/qwen3_next.py, configs/nemotron_h.py
-#: @0.5.6.post2): conv ``(conv_dim / tp, conv_kernel - 1)`` in bf16 (``CONV_DTYPE``), temporal ``(heads / tp,
-#: head_dim, state_size)`` in ``--mamba-ssm-dtype`` (float32 by default), the same numbers as vLLM's shapes.
+#: @0.5.6.post2; the same state shapes and dtypes @0.5.7 and @0.5.8.post1): conv ``(conv_dim / tp, conv_kernel - 1)``
+#: in bf16 (``CONV_DTYPE``), temporal ``(heads / tp, head_dim, state_size)`` in ``--mamba-ssm-dtype`` (float32 by
+#: default), the same numbers as vLLM's shapes.
 MAMBA_ARCHS = {"Qwen3NextForCausalLM": "gated_delta_net", "NemotronHForCausalLM": "mamba2"}
 
 
@@ -138,7 +184,8 @@ class MambaSplit:
 
 
 def mamba_split(budget_bytes: float, per_request_bytes: int, ratio: float) -> MambaSplit:
-    """`handle_max_mamba_cache` (model_runner.py@0.5.3.post3 .. @0.5.6.post2), radix cache on, no speculative
+    """`handle_max_mamba_cache` (model_runner.py@0.5.3.post3 .. @0.5.6.post2, model_runner_kv_cache_mixin.py@0.5.7 ..
+    @0.5.8.post1: the ratio branch unchanged), radix cache on, no speculative
     decoding: ``raw = rest x ratio / (1 + ratio)`` GiB; ``max_mamba_cache_size = int(raw x 2^30 //
     mamba_cache_per_req)``; the KV pool gets ``rest - max_mamba_cache_size x mamba_cache_per_req / 2^30``."""
     if not 0 < ratio < 1e6:  # finite: SGLang's ratio / (1 + ratio) of an infinite one is NaN
@@ -153,5 +200,5 @@ def _v(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split("."))
 
 
-__all__ = ["HYBRID_SWA_ARCHS", "MAMBA_ARCHS", "MambaSplit", "SwaSplit", "hybrid_swa_arch", "mamba_split",
-           "nsa_profile_cell", "swa_split"]
+__all__ = ["HYBRID_SWA_ARCHS", "MAMBA_ARCHS", "MambaSplit", "SwaSplit", "hybrid_swa_arch", "hybrid_swa_in",
+           "mamba_split", "nsa_profile_cell", "swa_split"]

@@ -14,9 +14,9 @@ is a heuristic of the GPU's size, the chunked-prefill size and the CUDA graphs (
 
 What kvplan cannot see is the memory a process holds before the weights load (its CUDA context and communicators),
 which ``P`` excludes: an assumption with a range (`STARTUP_BYTES`), carried into the pool's range. Only full
-attention (MHA / GQA / MQA), MLA, the hybrid sliding-window pool (two pools, 0.5.8 on, of the architectures
-kvplan/sglang/hybrid.py lists), DeepSeek-V3.2's NSA pool (0.5.3-0.5.4) and the Mamba / GDN state pool (Qwen3-Next,
-Nemotron-H; 0.5.3.post3-0.5.6) are sized; other Mamba / linear-attention hybrids and releases, vision models
+attention (MHA / GQA / MQA), MLA, the hybrid sliding-window pool (two pools, in the releases and of the architectures
+kvplan/sglang/hybrid.py lists), DeepSeek-V3.2's NSA pool (0.5.3-0.5.5) and the Mamba / GDN state pool (Qwen3-Next,
+Nemotron-H; 0.5.3.post3-0.5.8) are sized; other Mamba / linear-attention hybrids and releases, vision models
 (`adjust_mem_fraction_for_vlm`), pipeline parallelism and speculative decoding are refused with the reason.
 """
 
@@ -31,7 +31,15 @@ from kvplan.model.dtypes import KVDtype, kv_dtype
 from kvplan.model.layers import MLA, FullAttention, MambaState, MLAIndexer, SlidingWindow
 from kvplan.plan.overhead import STARTUP_BYTES
 from kvplan.plan.schema import MemoryTerm, Settings
-from kvplan.sglang.hybrid import MAMBA_ARCHS, MambaSplit, hybrid_swa_arch, mamba_split, nsa_profile_cell, swa_split
+from kvplan.sglang.hybrid import (
+    MAMBA_ARCHS,
+    MambaSplit,
+    hybrid_swa_arch,
+    hybrid_swa_in,
+    mamba_split,
+    nsa_profile_cell,
+    swa_split,
+)
 from kvplan.sglang.rules import SglangRules
 from kvplan.units import GiB, MiB
 
@@ -120,7 +128,8 @@ class SglangPool:
                     f"V size: {rows * (cell - k_half) / GiB:.2f} GB")
 
         if self.kind == "swa" and self.swa is not None and self.swa_tokens is not None:
-            lines = [f"Use sliding window memory pool. full_layer_tokens={self.tokens}, "
+            use = "Sliding" if self.rules.swa_sizing == "0.4.9" else "sliding"  # model_runner.py@0.4.9.post6 .. 0.5.6
+            lines = [f"Use {use} window memory pool. full_layer_tokens={self.tokens}, "
                      f"swa_layer_tokens={self.swa_tokens}",
                      line(self.swa_tokens, self.swa.swa_cell, self.swa.swa_k, False),  # SWAKVPool builds it first
                      line(self.tokens, self.swa.full_cell, self.swa.full_k, False)]
@@ -159,7 +168,11 @@ class SglangPool:
 
 
 def _version(rules: SglangRules) -> tuple[int, ...]:
-    return tuple(int(x) for x in rules.version.split("."))
+    return _v(rules.version)
+
+
+def _v(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in version.split("."))
 
 
 def _torch_name(dtype: KVDtype) -> str:
@@ -235,17 +248,19 @@ def resolve_kv_dtype(arch: Architecture, settings: Settings, rules: SglangRules)
 MAMBA_NOT_SIZED = ("kvplan does not size SGLang's state pool for this Mamba / linear-attention hybrid (its slots, "
                    "max_mamba_cache_size, take mamba_full_memory_ratio of the budget: `handle_max_mamba_cache`; kvplan "
                    "sizes it for Qwen3-Next and Nemotron-H of full-attention and state layers, in SGLang "
-                   "0.5.3.post3-0.5.6 (model_runner.py); 0.5.7 on moved it to model_runner_kv_cache_mixin.py and "
-                   "mem_cache/kv_cache_configurator.py@0.5.23, with extra-buffer slots, not read for sizing)")
+                   "0.5.3.post3-0.5.8; 0.5.9 on take the SSM state's dtype from the config's mamba_ssm_dtype, "
+                   "configs/mamba_utils.py@0.5.9, and 0.5.11 on size it in model_executor/pool_configurator.py: not "
+                   "read for sizing)")
 
 
-#: Every architecture SGLang has listed for its hybrid sliding-window pool: Llama 4 alone in 0.4.9-0.5.7
-#: (`is_hybrid_model`, configs/model_config.py@0.4.9.post6), then `is_hybrid_swa_model`'s list (@0.5.8.post1 ..
-#: @0.5.23, with its SWA_SINK_ARCHS and MIMO_V2_MODEL_ARCHS). A sliding-window model of any other architecture is
-#: pooled as full attention, one pool of full-size pages (0.4.4 priced every layer so: `profile_max_num_token`,
-#: model_executor/model_runner.py@0.4.4.post3); one listed is the hybrid pool (sized where kvplan/sglang/hybrid.py
-#: has read it, else refused). The config's own ``is_hybrid_swa`` opt-in (0.5.23) is for custom code, which kvplan
-#: never runs.
+#: Every architecture SGLang has listed for its hybrid sliding-window pool in `is_hybrid_swa_model` (configs/
+#: model_config.py@0.5.8.post1 .. @0.5.23, with its SWA_SINK_ARCHS and MIMO_V2_MODEL_ARCHS; Llama 4 and MiMo-V2-Flash
+#: in `is_hybrid_model`@0.5.7). A sliding-window model of any other architecture is pooled as full attention, one pool
+#: of full-size pages (0.4.4 priced every layer so: `profile_max_num_token`, model_executor/model_runner.py@0.4.4.post3);
+#: one listed is the hybrid pool (sized where kvplan/sglang/hybrid.py has read it, else refused). Where the release
+#: is known, kvplan/sglang/hybrid.py `HYBRID_SWA_ARCHS` decides for the architectures it lists (0.4.9-0.5.6 gave the
+#: pool to Gemma 2 / 3 by the model class, and not to GPT-OSS). The config's own ``is_hybrid_swa`` opt-in (0.5.23) is
+#: for custom code, which kvplan never runs.
 SGLANG_HYBRID_SWA_LISTED = frozenset({
     "Llama4ForConditionalGeneration", "BeamForCausalLM", "DeepseekV4ForCausalLM", "DeepseekV4ForCausalLMNextN",
     "DeepseekV4ForCausalLMDSpark", "GptOssForCausalLM", "GraniteSWAForCausalLM", "GraniteMoeSWAForCausalLM",
@@ -257,29 +272,34 @@ SGLANG_HYBRID_SWA_LISTED = frozenset({
     "UnlimitedOCRForCausalLM"})
 
 
-def _window_as_full(arch: Architecture) -> bool:
-    """SGLang gives this sliding-window model no hybrid pool in any release: its window layers take full pages."""
-    return not SGLANG_HYBRID_SWA_LISTED.intersection(arch.architectures)
+def _window_as_full(arch: Architecture, version: str | None = None, swa_off: bool = False) -> bool:
+    """SGLang ``version`` (None: any release) gives this sliding-window model no hybrid pool: its window layers take
+    full pages. ``swa_off``: its server args turn the pool off for this deployment (`swa_memory_disabled`)."""
+    if swa_off:
+        return True
+    read = hybrid_swa_in(arch, version) if version is not None else None
+    return not read if read is not None else not SGLANG_HYBRID_SWA_LISTED.intersection(arch.architectures)
 
 
-def pool_kind(arch: Architecture) -> str:
-    """Which of SGLang's pools a model's layers take: "swa" (full-attention and sliding-window layers: the hybrid
-    sliding-window pool), "nsa" (MLA layers with DeepSeek-V3.2's indexer), else "kv" (one pool; refused by
-    ``refuse_layers`` where kvplan does not size it)."""
+def pool_kind(arch: Architecture, version: str | None = None, swa_off: bool = False) -> str:
+    """Which of SGLang's pools a model's layers take in ``version`` (None: by the newest releases' lists): "swa"
+    (full-attention and sliding-window layers: the hybrid sliding-window pool), "nsa" (MLA layers with DeepSeek-V3.2's
+    indexer), else "kv" (one pool; refused by ``refuse_layers`` where kvplan does not size it)."""
     kinds = {type(s) for s in arch.layers}
     if kinds == {FullAttention, MambaState}:
         return "mamba"
     if kinds == {FullAttention, SlidingWindow}:
-        return "kv" if _window_as_full(arch) else "swa"
+        return "kv" if _window_as_full(arch, version, swa_off) else "swa"
     return "nsa" if kinds == {MLA, MLAIndexer} else "kv"
 
 
-def refuse_layers(arch: Architecture) -> None:
+def refuse_layers(arch: Architecture, version: str | None = None, swa_off: bool = False) -> None:
     """Refuse, with the reason, the layer kinds SGLang's single pool (``kv_cell``) does not price."""
     kinds = {type(s) for s in arch.layers}
-    priced_whole = (FullAttention, MLA, SlidingWindow) if _window_as_full(arch) else (FullAttention, MLA)
+    whole = _window_as_full(arch, version, swa_off)
+    priced_whole = (FullAttention, MLA, SlidingWindow) if whole else (FullAttention, MLA)
     other = sorted({s.kind for s in arch.layers if type(s) not in priced_whole})
-    if pool_kind(arch) == "swa":
+    if pool_kind(arch, version, swa_off) == "swa":
         raise KvplanError("a model of sliding-window layers takes SGLang's hybrid sliding-window pool (two pools), "
                           "not one: it is sized by swa_pools / kvplan/sglang/hybrid.py")
     if pool_kind(arch) == "nsa":
@@ -298,11 +318,12 @@ def refuse_layers(arch: Architecture) -> None:
         raise KvplanError("a model of both full attention and MLA layers is not sized for SGLang")
 
 
-def kv_cell(arch: Architecture, tp: int, dtype: KVDtype) -> tuple[int, int, bool]:
+def kv_cell(arch: Architecture, tp: int, dtype: KVDtype, version: str | None = None,
+            swa_off: bool = False) -> tuple[int, int, bool]:
     """(cell, K half, MLA): the bytes one token takes on one GPU, and of them the K buffer's (MLA: the latent, all
     of it). `profile_max_num_token`@0.4.6.post5: KV heads of this rank x head_dim x layers x 2 x dtype; MLA:
     (kv_lora_rank + qk_rope_head_dim) x layers x dtype on every rank."""
-    refuse_layers(arch)
+    refuse_layers(arch, version, swa_off)
     mla = any(isinstance(s, MLA) for s in arch.layers)
     per_rank = [s.per_rank(tp) for s in arch.layers]
     cell = round(sum(s.bytes_per_token(dtype) for s in per_rank))
@@ -388,9 +409,25 @@ def nsa_cell(arch: Architecture, dtype: KVDtype, kv_lora_rank: int, rope_dim: in
     return len(mla) * (latent + index)
 
 
-def _refuse_what_is_not_modelled(arch: Architecture, settings: Settings) -> None:
-    if pool_kind(arch) == "kv":
-        refuse_layers(arch)
+def swa_memory_disabled(arch: Architecture, rules: SglangRules, device: Device) -> str | None:
+    """Why SGLang's server args turn the hybrid sliding-window pool off for this deployment of a model it otherwise
+    gives one (None: they do not): gpt-oss on an SM100 GPU (B200, B300, GB200) in 0.5.8-0.5.9 gets the trtllm_mha
+    backend, "Disable hybrid SWA memory for GPT-OSS model with trtllm_mha attention backend" (server_args.py
+    @0.5.8.post1, @0.5.9; gone @0.5.10.post1)."""
+    sm100 = device.is_blackwell and not device.name.upper().startswith("RTX")  # is_sm100_supported: capability 10.x
+    gpt_oss = "GptOssForCausalLM" in arch.architectures
+    if gpt_oss and sm100 and (0, 5, 8) <= _version(rules) <= (0, 5, 9):
+        return f"{rules.version} runs gpt-oss on {device.name} with trtllm_mha, which turns it off"
+    return None
+
+
+def _refuse_what_is_not_modelled(arch: Architecture, settings: Settings, version: str, swa_off: bool) -> None:
+    if any(a.startswith("Gemma3n") for a in arch.architectures) and (0, 4, 9) <= _v(version) <= (0, 4, 10):
+        raise KvplanError(f"SGLang {version} gives Gemma 3n a hybrid sliding-window pool by its model class "
+                          "(models/gemma3n_causal.py@0.4.9.post6), whose shared-KV layers kvplan does not size",
+                          "size it for vLLM (--engine vllm)")
+    if pool_kind(arch, version, swa_off) == "kv":
+        refuse_layers(arch, version, swa_off)
     if arch.params.towers and not settings.language_model_only:
         raise KvplanError("kvplan does not size SGLang's pool for a multimodal model (SGLang lowers its memory "
                           "fraction by the vision tower's size, adjust_mem_fraction_for_vlm, not modelled)",
@@ -406,8 +443,17 @@ def _refuse_what_is_not_modelled(arch: Architecture, settings: Settings) -> None
 
 
 #: The releases whose NSA pool kvplan has read (memory_pool.py, server_args.py @0.5.3, 0.5.3.post1, 0.5.3.post3,
-#: 0.5.4.post3); later ones moved its dtype rule (arg_groups/, 0.5.19 on) and are not sized.
-NSA_READ = ((0, 5, 3), (0, 5, 4))
+#: 0.5.4.post3, 0.5.5.post3, 0.5.6.post2, 0.5.7, 0.5.8.post1; model_runner.py / model_runner_kv_cache_mixin.py
+#: `profile_max_num_token` / `get_cell_size_per_token`: the same NSA term, buffers and page 64 on CUDA in each). 0.5.9
+#: on pass the buffer's dim from the model runner (``kv_cache_dim``, memory_pool.py@0.5.9): not read.
+NSA_READ = ((0, 5, 3), (0, 5, 8))
+#: From 0.5.6 SGLang no longer sets dp_size to the TP size for DeepSeek NSA ("NSA with TP mode", server_args.py
+#: @0.5.6.post2, @0.5.7; 0.5.8.post1 no longer turns DP attention on either): its attention weights are then sharded
+#: over TP, while kvplan prices NSA's weights with the attention whole on every GPU (kvplan/engines/sglang.py). Its
+#: branch still runs for DeepSeek-V3.2: under the transformers==4.57.1 those wheels pin, which has no ``deepseek_v32``
+#: model type, `_load_deepseek_v32_model` rewrites the config's architectures to DeepseekV3ForCausalLM
+#: (utils/hf_transformers_utils.py@0.5.6.post2 .. @0.5.8.post1), the architecture the branch is keyed by.
+NSA_DP_GIVEN_FROM = (0, 5, 6)
 
 
 def nsa_kv_dtype(settings: Settings, rules: SglangRules, blackwell: bool) -> tuple[KVDtype, str]:
@@ -432,8 +478,9 @@ def size_pool(arch: Architecture, device: Device, settings: Settings, rules: Sgl
     GPU under DP attention). ``dp_attention_size``: --enable-dp-attention's --dp-size given (0: not given; SGLang
     turns DP attention on for DeepSeek NSA itself, after its memory fraction is set). ``mla_ranks``: the config's
     (kv_lora_rank, qk_rope_head_dim), which shape the NSA pool's FP8 buffer."""
-    _refuse_what_is_not_modelled(arch, settings)
-    kind = pool_kind(arch)
+    swa_off = swa_memory_disabled(arch, rules, device)
+    _refuse_what_is_not_modelled(arch, settings, rules.version, bool(swa_off))
+    kind = pool_kind(arch, rules.version, bool(swa_off))
     tp = settings.tensor_parallel_size
     gpu_mem = round(device.memory_bytes / MiB)
     mla = any(isinstance(s, MLA) for s in arch.layers)
@@ -450,12 +497,20 @@ def size_pool(arch: Architecture, device: Device, settings: Settings, rules: Sgl
     notes_how = ""
     if kind == "nsa":
         if not NSA_READ[0] <= _version(rules) <= NSA_READ[1]:
-            raise KvplanError(f"kvplan has read SGLang's NSA pool in 0.5.3 to 0.5.4 only, not {rules.version}",
-                              "give --engine-version 0.5.3 .. 0.5.4.post3")
+            raise KvplanError(f"kvplan has read SGLang's NSA pool in 0.5.3 to 0.5.8 only, not {rules.version}",
+                              "give --engine-version 0.5.3 .. 0.5.8.post1")
+        if _version(rules) >= NSA_DP_GIVEN_FROM and not dp_attention_size:
+            raise KvplanError(f"SGLang {rules.version} no longer sets --dp-size to the TP size for DeepSeek NSA "
+                              "(server_args.py@0.5.6.post2 .. @0.5.8.post1): its attention weights are then split over "
+                              "TP, which kvplan's NSA weights (the attention whole on every GPU) do not price",
+                              "give --enable-dp-attention (--dp-size = the TP size), or --engine-version 0.5.5")
+        if device.vendor != "nvidia":
+            raise KvplanError("kvplan sizes SGLang's NSA pool on NVIDIA GPUs only (page 64; 0.5.8 sets page 1 on ROCm, "
+                              "server_args.py@0.5.8.post1)")
         if mla_ranks is None:
             raise KvplanError("the config gives no kv_lora_rank and qk_rope_head_dim, which SGLang's NSA pool is "
                               "shaped by")
-        page_size = 64  # "Setting page size to 64 for DeepSeek NSA" (server_args.py@0.5.3 .. @0.5.4.post3)
+        page_size = 64  # "Setting page size to 64 for DeepSeek NSA" (server_args.py@0.5.3 .. @0.5.8.post1, CUDA)
     if kind == "nsa" and rules.nsa_forced_fraction is not None:
         fraction = high_fraction = rules.nsa_forced_fraction
         how = "0.5.3 sets 0.8 for DeepSeek NSA" + (f", over the {mem_fraction_static:g} given"
@@ -477,10 +532,9 @@ def size_pool(arch: Architecture, device: Device, settings: Settings, rules: Sgl
     context = settings.max_model_len or arch.max_model_len_limit or arch.max_position_embeddings or 0
     extra: dict = {"kind": kind}
     if kind == "swa":
-        if rules.swa_sizing is None:
-            raise KvplanError(f"kvplan has read SGLang's hybrid sliding-window sizing from 0.5.8 on, not "
-                              f"{rules.version} (0.4.9-0.5.7 divide the budget by other layer counts)",
-                              "give --engine-version 0.5.8 or later")
+        if rules.swa_sizing is None:  # no swa_full_tokens_ratio in server_args.py@0.4.8.post1
+            raise KvplanError(f"SGLang {rules.version} has no hybrid sliding-window pool (it came in 0.4.9)",
+                              "give --engine-version 0.4.9 or later")
         architecture = hybrid_swa_arch(arch, rules.version)
         pools = swa_pools(arch, tp if not dp_attention_size else max(1, tp // dp_attention_size), dtype)
         ratio = SWA_FULL_TOKENS_RATIO if swa_full_tokens_ratio is None else swa_full_tokens_ratio
@@ -490,7 +544,8 @@ def size_pool(arch: Architecture, device: Device, settings: Settings, rules: Sgl
         counts = [sp.full_tokens for sp in splits]
         cell, k_half = pools.full_cell + pools.swa_cell, pools.full_k + pools.swa_k  # a token in both pools
         notes_how = splits[1].how
-        extra |= {"swa_tokens": splits[1].swa_tokens, "swa": pools, "swa_full_tokens_ratio": ratio}
+        extra |= {"swa_tokens": splits[1].swa_tokens, "swa": pools, "swa_full_tokens_ratio": ratio,
+                  "profiled_tokens": splits[1].profiled_tokens}
     elif kind == "mamba":
         cell, k_half, mamba = _mamba_pool(arch, rules, tp, dp_attention_size, dtype, mamba_full_memory_ratio, rests)
         counts = [tokens_from_budget(sp.kv_budget_bytes, cell, page_size, max_total_tokens) for sp in mamba[0]]
@@ -498,7 +553,8 @@ def size_pool(arch: Architecture, device: Device, settings: Settings, rules: Sgl
         extra |= mamba[2]
     else:
         if kind == "kv":
-            cell, k_half, _ = kv_cell(arch, tp if not dp_attention_size else max(1, tp // dp_attention_size), dtype)
+            cell, k_half, _ = kv_cell(arch, tp if not dp_attention_size else max(1, tp // dp_attention_size), dtype,
+                                      rules.version, bool(swa_off))
         counts = [tokens_from_budget(r, cell, page_size, max_total_tokens) for r in rests]
         notes_how = f"{int(rests[1]):,} B // {cell:,} B a token, in pages of {page_size}"
         if kind == "nsa":
@@ -506,12 +562,13 @@ def size_pool(arch: Architecture, device: Device, settings: Settings, rules: Sgl
             extra["buffer_bytes_per_token"] = buffer
             notes_how += f"; its buffers hold {buffer:,} B a token"
         if kind == "kv" and any(isinstance(s, SlidingWindow) for s in arch.layers):
-            notes_how += ("; SGLang gives this model no hybrid sliding-window pool: its window layers take full "
-                          "pages in the one pool (SGLANG_HYBRID_SWA_LISTED)")
+            notes_how += (f"; SGLang {rules.version} gives this model no hybrid sliding-window pool"
+                          + (f" ({swa_off})" if swa_off else "") + ": its window layers take full pages in the one "
+                          "pool (SGLANG_HYBRID_SWA_LISTED, HYBRID_SWA_ARCHS)")
     tokens = counts[1]
-    running = max_running_requests(tokens, context, rules)
-    if kind == "mamba":  # min(max_num_reqs, max_mamba_cache_size // 3), model_runner.py@0.5.3.post3 .. @0.5.6.post2
-        running = min(running, extra["mamba_slots"] // 3)
+    running = max_running_requests(tokens, context, rules, extra.pop("profiled_tokens", None))
+    if kind == "mamba":  # min(max_num_reqs, max_mamba_cache_size // ratio), SglangRules.mamba_slots_per_request
+        running = min(running, extra["mamba_slots"] // rules.mamba_slots_per_request)
     return SglangPool(
         rules=rules, gpu_mem_mib=gpu_mem, mem_fraction_static=fraction, fraction_how=how,
         chunked_prefill_size=chunk, free_before_load=(low_p, est_p, high_p), weights_bytes=weights_bytes,
@@ -538,7 +595,7 @@ def _mamba_pool(arch: Architecture, rules: SglangRules, tp: int, dp_attention_si
     states = [s for s in arch.layers if type(s) is MambaState]
     if not rules.mamba_ratio_split or name is None or any(s.variant != MAMBA_ARCHS[name] for s in states):
         raise KvplanError(MAMBA_NOT_SIZED + f"; this is {', '.join(arch.architectures)} in SGLang {rules.version}",
-                          "give --engine-version 0.5.4 .. 0.5.6 for Qwen3-Next or Nemotron-H, or size it for vLLM")
+                          "give --engine-version 0.5.4 .. 0.5.8 for Qwen3-Next or Nemotron-H, or size it for vLLM")
     attention_tp = max(1, tp // dp_attention_size) if dp_attention_size else tp  # get_attention_tp_size()
     shaped = [replace(s.per_rank(attention_tp), conv_bytes=2, ssm_bytes=4, spec_tokens=0) for s in states]
     conv = sum(replace(s, ssm_bytes=0).state_bytes() for s in shaped)  # CONV_DTYPE = torch.bfloat16
@@ -546,7 +603,7 @@ def _mamba_pool(arch: Architecture, rules: SglangRules, tp: int, dp_attention_si
     cell, k_half = full_attention_cell(arch, attention_tp, dtype)
     ratio = 0.9 if ratio is None else ratio  # --mamba-full-memory-ratio's default (server_args.py@0.5.6.post2)
     splits = [mamba_split(r, conv + ssm, ratio) for r in rests]
-    if dp_attention_size and MAMBA_ARCHS[name] == "gated_delta_net":  # hybrid_gdn_config: slots // dp_size
+    if dp_attention_size and MAMBA_ARCHS[name] == "gated_delta_net" and rules.mamba_gdn_slots_per_dp:
         splits = [mamba_split_slots(sp, conv + ssm, dp_attention_size) for sp in splits]
     mid = splits[1]
     how = (f"the state pool: {mid.max_mamba_cache_size:,} slots of {conv + ssm:,} B (ratio {ratio:g}), "
@@ -556,18 +613,20 @@ def _mamba_pool(arch: Architecture, rules: SglangRules, tp: int, dp_attention_si
 
 
 def mamba_split_slots(split: MambaSplit, per_request: int, dp: int) -> MambaSplit:
-    """GDN under DP attention: the slots divided by the DP size, the KV pool given what they no longer take."""
+    """GDN under DP attention: the slots divided by the DP size, the KV pool given what they no longer take
+    (``hybrid_gdn_config``, model_runner.py@0.5.3.post3 .. @0.5.6.post2; `SglangRules.mamba_gdn_slots_per_dp`)."""
     slots = split.max_mamba_cache_size // dp
     total = split.kv_budget_bytes + split.state_bytes
     return MambaSplit(slots, slots * per_request, total - slots * per_request)
 
 
-def max_running_requests(tokens: int, context_len: int, rules: SglangRules) -> int:
+def max_running_requests(tokens: int, context_len: int, rules: SglangRules, profiled_tokens: int | None = None) -> int:
     """The default cap on running requests: ``min(clamp(tokens / context x 512, 2048, 4096), tokens // 2)``
-    (tp_worker.py@0.4.7.post1 .. kv_cache_configurator.py@0.5.23; 0.4.6 allows one request more)."""
+    (tp_worker.py@0.4.7.post1 .. kv_cache_configurator.py@0.5.23; 0.4.6 allows one request more). A hybrid
+    sliding-window pool's estimate is of ``profiled_tokens``, the count before its split (`SwaSplit`)."""
     if tokens <= 0 or context_len <= 0:
         return 0
-    estimated = min(max(int(tokens / context_len * 512), 2048), 4096)
+    estimated = min(max(int((profiled_tokens or tokens) / context_len * 512), 2048), 4096)
     if rules.fraction_rule == "table":
         estimated += 1  # ReqToTokenPool(size=max_num_reqs + 1), 0.4.6
     return min(estimated, tokens // 2)

@@ -52,15 +52,27 @@ class SglangRules:
     # DeepSeek NSA's mem_fraction_static: 0.5.3 sets it to 0.8 over any value given ("Setting mem fraction static to
     # 0.8 for DeepSeek NSA", server_args.py@0.5.3); 0.5.3.post1 on dropped the line (server_args.py@0.5.3.post1).
     nsa_forced_fraction: float | None
-    # How the hybrid sliding-window pool is sized from the budget (``SwaSizing`` in kvplan/sglang/hybrid.py names
-    # each): "0.5.8" (model_runner_kv_cache_mixin.py@0.5.8.post1), "0.5.9" (@0.5.9), "0.5.10" (@0.5.10.post1),
-    # "0.5.11" (model_executor/pool_configurator.py@0.5.11 .. @0.5.23). None: before 0.5.8, not read for sizing.
+    # How the hybrid sliding-window pool is sized from the budget (kvplan/sglang/hybrid.py `swa_split` names each):
+    # "0.4.9" (`set_num_token_hybrid`, model_runner.py@0.4.9.post6 .. @0.5.6.post2, the same text in each), "0.5.7"
+    # (model_runner_kv_cache_mixin.py@0.5.7), "0.5.8" (@0.5.8.post1), "0.5.9" (@0.5.9), "0.5.10" (@0.5.10.post1),
+    # "0.5.11" (model_executor/pool_configurator.py@0.5.11 .. @0.5.23). None: before 0.4.9, which has no such pool
+    # (no ``swa_full_tokens_ratio`` in server_args.py@0.4.8.post1).
     swa_sizing: str | None
     # Mamba / GDN hybrids' state pool split from the budget by ``mamba_full_memory_ratio`` (`handle_max_mamba_cache`,
-    # model_runner.py@0.5.3.post3 .. @0.5.6.post2, the same in each): read for those releases only. 0.5.3 sizes it
-    # from --max-mamba-cache-size or 512 (model_runner.py@0.5.3); 0.5.7 on moved it (model_runner_kv_cache_mixin.py)
-    # and added extra-buffer slots.
+    # model_runner.py@0.5.3.post3 .. @0.5.6.post2, model_runner_kv_cache_mixin.py@0.5.7 .. @0.5.8.post1: the same
+    # ratio branch in each). 0.5.3 sizes it from --max-mamba-cache-size or 512 (model_runner.py@0.5.3); 0.5.9 on
+    # takes the SSM state's dtype from the config's ``mamba_ssm_dtype`` (configs/mamba_utils.py@0.5.9
+    # `mamba2_state_dtype`), which kvplan does not read for these architectures: not sized.
     mamba_ratio_split: bool
+    # The running-request cap's divisor of the state pool's slots, radix cache on, no speculative decoding
+    # (``max_num_reqs = min(max_num_reqs, max_mamba_cache_size // ratio)``): 3 (model_runner.py@0.5.3.post3 ..
+    # @0.5.6.post2; model_runner_kv_cache_mixin.py@0.5.8.post1, the extra-buffer term only with
+    # --mamba-scheduler-strategy extra_buffer); 5 in 0.5.7, whose `init_memory_pool` adds
+    # MAMBA_CACHE_V2_ADDITIONAL_RATIO_OVERLAP (2) unless extra_buffer *and* speculative decoding are both on.
+    mamba_slots_per_request: int
+    # GDN's slots divided by the DP size under DP attention, after the ratio split (model_runner.py@0.5.3.post3 ..
+    # @0.5.6.post2); 0.5.7 on divide only an explicit --max-mamba-cache-size (model_runner_kv_cache_mixin.py@0.5.7).
+    mamba_gdn_slots_per_dp: bool
 
     @property
     def label(self) -> str:
@@ -94,7 +106,9 @@ def rules_for(version: str | None = None) -> SglangRules:
         unknown_gpu_fraction=0.95 if v >= (0, 5, 23) else 0.88,
         nsa_indexer_in_pool=None if v < (0, 5, 3) else v > (0, 5, 3) or bool(post and int(post.group(1)) >= 1),
         nsa_forced_fraction=0.8 if v == (0, 5, 3) and not (post and int(post.group(1)) >= 1) else None,
-        mamba_ratio_split=(0, 5, 4) <= v <= (0, 5, 6) or (v == (0, 5, 3) and bool(post and int(post.group(1)) >= 3)),
-        swa_sizing=None if v < (0, 5, 8) else "0.5.8" if v < (0, 5, 9) else "0.5.9" if v < (0, 5, 10)
-        else "0.5.10" if v < (0, 5, 11) else "0.5.11",
+        mamba_ratio_split=(0, 5, 4) <= v <= (0, 5, 8) or (v == (0, 5, 3) and bool(post and int(post.group(1)) >= 3)),
+        mamba_slots_per_request=5 if v == (0, 5, 7) else 3,
+        mamba_gdn_slots_per_dp=v <= (0, 5, 6),
+        swa_sizing=None if v < (0, 4, 9) else "0.4.9" if v < (0, 5, 7) else "0.5.7" if v < (0, 5, 8)
+        else "0.5.8" if v < (0, 5, 9) else "0.5.9" if v < (0, 5, 10) else "0.5.10" if v < (0, 5, 11) else "0.5.11",
     )

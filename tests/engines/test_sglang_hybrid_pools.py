@@ -4,6 +4,7 @@ kvplan/sglang/hybrid.py and docs/engines-sglang-rules.md), and the bad input ref
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -122,7 +123,7 @@ def test_the_nsa_pool_from_the_gpu():
     assert _v32("0.5.3.post1", dp_attention_size=8).mem_fraction_static == 0.751
     # 0.5.4 on an H200 (not Blackwell): "auto" is bf16, (512 + 64) x 61 x 2 + 61 x 132 = 78,324 B
     assert _v32("0.5.4", gpu="H200", weights=80 * GiB).cell_bytes == 78_324
-    with pytest.raises(KvplanError, match="0.5.3 to 0.5.4 only"):
+    with pytest.raises(KvplanError, match="0.5.3 to 0.5.8 only"):
         _v32("0.5.10")
 
 
@@ -206,11 +207,14 @@ def test_size_engine_sglang_prints_each_pool():
 @pytest.mark.parametrize("model, argv, what", [
     ("XiaomiMiMo/MiMo-V2-Flash", ("--engine", "vllm", "--swa-full-tokens-ratio", "0.5"), "not a vLLM flag"),
     ("XiaomiMiMo/MiMo-V2-Flash", ("--engine", "trtllm", "--enable-dp-attention"), "not a TensorRT-LLM flag"),
-    ("XiaomiMiMo/MiMo-V2-Flash", ("--engine", "sglang", "--engine-version", "0.5.7"), "from 0.5.8 on"),
+    ("XiaomiMiMo/MiMo-V2-Flash", ("--engine", "sglang", "--engine-version", "0.5.7", "--page-size", "64"),
+     "page size 1 only"),
+    ("XiaomiMiMo/MiMo-V2-Flash", ("--engine", "sglang", "--engine-version", "0.4.5"), "0.4.5"),
+    ("deepseek-ai/DeepSeek-V3.2", ("--engine", "sglang", "--engine-version", "0.5.6"), "no longer sets --dp-size"),
     ("XiaomiMiMo/MiMo-V2-Flash", ("--engine", "sglang", "--engine-version", "0.9.1"), "0.9.1"),
     ("XiaomiMiMo/MiMo-V2-Flash", ("--engine", "sglang", "--swa-full-tokens-ratio", "1.5"), "swa-full-tokens-ratio"),
     ("meta-llama/Llama-3.1-8B", ("--engine", "sglang", "--swa-full-tokens-ratio", "0.5"), "sliding-window layers"),
-    ("deepseek-ai/DeepSeek-V3.2", ("--engine", "sglang"), "0.5.3 to 0.5.4 only"),
+    ("deepseek-ai/DeepSeek-V3.2", ("--engine", "sglang"), "0.5.3 to 0.5.8 only"),
     ("Qwen/Qwen3-Next-80B-A3B-Thinking", ("--engine", "sglang"), "max_mamba_cache_size"),
     ("nvidia/Nemotron-H-56B-Base-8K", ("--engine", "sglang"), "mamba_full_memory_ratio"),
     ("Qwen/Qwen3-Next-80B-A3B-Thinking", ("--engine", "sglang", "--engine-version", "0.5.6",
@@ -252,8 +256,8 @@ def test_the_mamba_state_pool_from_the_gpu():
     assert _qwen3_next("0.5.6", mamba_full_memory_ratio=0.5).mamba_slots == int(
         (rest_gib * 0.5 / 1.5 * 2**30) // 19_316_736)
     assert _qwen3_next("0.5.3.post3").mamba_slots == slots  # the same rule from 0.5.3.post3
-    for version in ("0.5.3", "0.5.7", "0.5.23"):  # 0.5.3: --max-mamba-cache-size or 512; 0.5.7 on: not read
-        with pytest.raises(KvplanError, match="0.5.3.post3-0.5.6"):
+    for version in ("0.5.3", "0.5.9", "0.5.23"):  # 0.5.3: --max-mamba-cache-size or 512; 0.5.9 on: not read
+        with pytest.raises(KvplanError, match="0.5.3.post3-0.5.8"):
             _qwen3_next(version)
 
 
@@ -294,3 +298,149 @@ def test_check_log_judges_a_hybrid_full_budget_where_it_can():
                                                                            "release")
     unread = judge_sglang(quote, "sg010", 0.02, "all", None, "4xH200", "0.6.0", None, None, resolved=model)
     assert unread.full_budget_reason == "not judged because kvplan has not read SGLang 0.6.0's pool code"
+
+
+@pytest.mark.parametrize("sizing, expected", [
+    # 0.4.9-0.5.6 (`set_num_token_hybrid`, model_runner.py@0.4.9.post6 .. @0.5.6.post2): every layer at the full shape,
+    # 640 x 48 = 30,720 B; M = 25,350,635,520 // 30,720 = 825,216; full = int(825,216 x 48 / (0.8 x 39 + 9 = 40.2))
+    # = int(985,332.54) = 985,332; swa = int(985,332 x 0.8) = int(788,265.6) = 788,265 (page 1: no rounding)
+    ("0.4.9", (985_332, 788_265)),
+    # 0.5.7 (model_runner_kv_cache_mixin.py@0.5.7): the cell over the full layers plus MiMo's SWA term, 640 x 9 +
+    # 1,280 x 39 = 55,680 B; M = 25,350,635,520 // 55,680 = 455,291 (remainder 32,640); full = int(455,291 x 48 /
+    # 40.2) = int(543,631.04) = 543,631; swa = int(543,631 x 0.8) = int(434,904.8) = 434,904
+    ("0.5.7", (543_631, 434_904)),
+])
+def test_the_split_before_0_5_8_by_layers_at_page_1(sizing, expected):
+    split = swa_split(SG010_BUDGET, F, NF, S, NS, 0.8, 1, sizing, "MiMoV2FlashForCausalLM")
+    assert (split.full_tokens, split.swa_tokens) == expected
+    # their allocator is SWATokenToKVPoolAllocator only at page 1 (model_runner.py@0.4.9.post6 `init_memory_pool`)
+    with pytest.raises(KvplanError, match="page size 1 only"):
+        swa_split(SG010_BUDGET, F, NF, S, NS, 0.8, 64, sizing, "MiMoV2FlashForCausalLM")
+
+
+def _gemma(name: str, version: str, **kw):
+    model = load_model(name, source="bundled")
+    return size_pool(model.arch, select_gpus("H100").device, Settings(), rules_for(version), 2 * GiB,
+                     mem_fraction_static=0.8, **kw)
+
+
+def test_gemma_s_sliding_window_pool_in_0_4_9_and_0_4_10():
+    """gemma-3-1b-it (profiles/models: Gemma3ForCausalLM, 26 layers, every 6th full attention -> 4 full and 22
+    sliding-window, 1 KV head of 256): 0.4.9's `ModelRunner` turns the hybrid pool on for a model class with
+    ``get_attention_sliding_window_size`` (models/gemma3_causal.py@0.4.9.post6) and 0.4.10 still does; 0.5.1 sets
+    --disable-hybrid-swa-memory for every Gemma 3 (server_args.py@0.5.1.post3). The cell is 1 x 256 x 2 (K, V) x 26
+    x 2 B = 26,624 B; M = budget // 26,624; full = int(M x 26 / (0.8 x 22 + 4 = 21.6)); swa = int(full x 0.8)."""
+    p = select_gpus("H100").device.cuda_total_bytes - 0.75 * GiB
+    budget = int(p * 0.8 - 2 * GiB)
+    m = budget // 26_624
+    full = int(m * 26 / 21.6)
+    for version in ("0.4.9", "0.4.10.post2"):
+        pool = _gemma("google/gemma-3-1b-it", version)
+        assert (pool.kind, pool.tokens, pool.swa_tokens) == ("swa", full, int(full * 0.8))
+        # "Use Sliding window memory pool." with a capital S (model_runner.py@0.4.9.post6 .. @0.5.6.post2)
+        assert pool.startup_lines()[0] == (f"Use Sliding window memory pool. full_layer_tokens={full}, "
+                                           f"swa_layer_tokens={int(full * 0.8)}")
+    # the releases either side: no hybrid pool, every layer a full page, the budget over 26,624 B
+    for version in ("0.4.8", "0.5.1"):
+        pool = _gemma("google/gemma-3-1b-it", version)
+        assert (pool.kind, pool.tokens, pool.cell_bytes) == ("kv", m, 26_624)
+    # Gemma 2 only in 0.4.9: 0.4.10 disables it (server_args.py@0.4.10.post2). gemma-2-2b-it: 26 layers alternating,
+    # 4 KV heads x 256 x 2 x 26 x 2 B = 106,496 B; full = int(M x 26 / (0.8 x 13 + 13 = 23.4))
+    m2 = budget // 106_496
+    assert _gemma("google/gemma-2-2b-it", "0.4.9").tokens == int(m2 * 26 / 23.4)
+    assert (_gemma("google/gemma-2-2b-it", "0.4.10").kind, _gemma("google/gemma-2-2b-it", "0.4.10").tokens) == ("kv", m2)
+    with pytest.raises(KvplanError, match="page size 1 only"):
+        _gemma("google/gemma-3-1b-it", "0.4.9", page_size=16)
+    # Gemma 3n's class has the hook too (models/gemma3n_causal.py@0.4.9.post6), but its shared-KV layers are not
+    # sized: refused in 0.4.9-0.4.10 (a Gemma 3n-named copy of gemma-3-1b's layers; no Gemma 3n config is bundled)
+    three_n = dataclasses.replace(load_model("google/gemma-3-1b-it", source="bundled").arch,
+                                  architectures=("Gemma3nForCausalLM",))
+    with pytest.raises(KvplanError, match="Gemma 3n a hybrid sliding-window pool"):
+        size_pool(three_n, select_gpus("H100").device, Settings(), rules_for("0.4.10"), 2 * GiB, mem_fraction_static=0.8)
+
+
+def test_mimo_in_0_5_7_and_gpt_oss_before_0_5_8():
+    """0.5.7 gives MiMo-V2-Flash the hybrid pool (`is_hybrid_model`, configs/model_config.py@0.5.7) at page 1, the
+    budget over 55,680 B (see test_the_split_before_0_5_8_by_layers_at_page_1); gpt-oss gets none before 0.5.8
+    (server_args.py@0.5.1.post3 .. @0.5.7 set --disable-hybrid-swa-memory for it): 24 full pages of 8 x 64 x 2 x 2 B."""
+    pool = size_pool(
+        load_model("XiaomiMiMo/MiMo-V2-Flash", source="bundled").arch, select_gpus("H200").device,
+        Settings(tensor_parallel_size=4), rules_for("0.5.7"), 70 * GiB, mem_fraction_static=0.7)
+    p = select_gpus("H200").device.cuda_total_bytes - 0.75 * GiB
+    m = int(p * 0.7 - 70 * GiB) // 55_680
+    full = int(m * 48 / 40.2)
+    assert (pool.kind, pool.tokens, pool.swa_tokens) == ("swa", full, int(full * 0.8))
+    assert pool.startup_lines()[0].startswith("Use sliding window memory pool.")
+    # the running-request estimate is of M, taken before the split (`init_memory_pool`,
+    # model_runner_kv_cache_mixin.py@0.5.7), then capped by full // 2 (model_runner.py `max_running_requests`): at a
+    # 131,072-token context int(M / 131,072 x 512), within [2,048, 4,096]
+    short = size_pool(load_model("XiaomiMiMo/MiMo-V2-Flash", source="bundled").arch, select_gpus("H200").device,
+                      Settings(tensor_parallel_size=4, max_model_len=131_072), rules_for("0.5.7"), 70 * GiB,
+                      mem_fraction_static=0.7)
+    assert 2048 < int(m / 131_072 * 512) < int(full / 131_072 * 512) < 4096
+    assert short.max_running_requests == min(int(m / 131_072 * 512), full // 2)
+    for version, kind in (("0.5.7", "kv"), ("0.5.8", "swa")):
+        gpt = size_pool(load_model("openai/gpt-oss-20b", source="bundled").arch, select_gpus("H100").device,
+                        Settings(), rules_for(version), 13 * GiB, mem_fraction_static=0.8)
+        assert gpt.kind == kind
+    assert gpt.swa is not None and gpt.cell_bytes == 49_152  # 0.5.8: both pools, 24,576 B each a token
+    # ... but not on an SM100 GPU in 0.5.8-0.5.9: gpt-oss gets trtllm_mha there, which sets
+    # --disable-hybrid-swa-memory (server_args.py@0.5.8.post1, @0.5.9; gone @0.5.10.post1): one pool of full pages
+    for version, kind in (("0.5.8", "kv"), ("0.5.9", "kv"), ("0.5.10", "swa")):
+        b200 = size_pool(load_model("openai/gpt-oss-20b", source="bundled").arch, select_gpus("B200").device,
+                         Settings(), rules_for(version), 13 * GiB, mem_fraction_static=0.8)
+        assert (b200.kind, b200.cell_bytes) == (kind, 49_152), version
+        assert ("with trtllm_mha, which turns it off" in b200.how) == (kind == "kv")
+
+
+def test_nsa_pool_in_0_5_5_to_0_5_8():
+    """0.5.5.post3 keeps 0.5.4's NSA rules (model_runner.py `profile_max_num_token`, mem_cache/memory_pool.py
+    ``NSATokenToKVPool``, server_args.py's NSA branch): on an H200 "auto" is bf16, (512 + 64) x 61 x 2 + 61 x 132 =
+    78,324 B a token; on a B200 FP8, (512 + 64) x 61 x 1 + 61 x 132 = 43,188 B, buffers 61 x (656 + 132) = 48,068 B.
+    0.5.6-0.5.8 keep the cell, the buffers and page 64 but leave --dp-size as given: sized where DP attention over the
+    TP group is given, refused otherwise."""
+    p = select_gpus("H200").device.cuda_total_bytes - 0.75 * GiB
+    pool = _v32("0.5.5.post3", gpu="H200", weights=80 * GiB, mem_fraction_static=0.85)
+    assert (pool.cell_bytes, pool.page_size, pool.kind) == (78_324, 64, "nsa")
+    assert pool.tokens == int(p * 0.85 - 80 * GiB) // 78_324 // 64 * 64
+    b200 = _v32("0.5.5", mem_fraction_static=0.85)
+    assert (b200.cell_bytes, b200.buffer_bytes_per_token) == (43_188, 48_068)
+    # 0.5.8.post1 with --enable-dp-attention --dp-size 8 on a B200: the fraction given, the same 43,188 B and 64
+    p_b200 = select_gpus("B200").device.cuda_total_bytes - 0.75 * GiB
+    last = _v32("0.5.8.post1", mem_fraction_static=0.85, dp_attention_size=8)
+    assert (last.cell_bytes, last.buffer_bytes_per_token, last.page_size) == (43_188, 48_068, 64)
+    assert last.tokens == int(p_b200 * 0.85 - 90 * GiB) // 43_188 // 64 * 64
+    for version, why in (("0.5.6", "no longer sets --dp-size"), ("0.5.8", "no longer sets --dp-size"),
+                         ("0.5.9", r"0.5.3 to 0.5.8 only, not 0.5.9 \(give")):
+        with pytest.raises(KvplanError, match=why):
+            _v32(version)
+    with pytest.raises(KvplanError, match="NVIDIA GPUs only"):
+        _v32("0.5.8", gpu="MI300X", dp_attention_size=8)
+    from helpers.harness import invoke
+
+    # on the command line (0.5.7, 8 x H200, bf16): the same 78,324 B a token in pages of 64 with DP attention given
+    r = invoke("size", "deepseek-ai/DeepSeek-V3.2", "--gpu", "8xH200", "--engine", "sglang", "--engine-version", "0.5.7",
+               "--enable-dp-attention", "--json")
+    sized = json.loads(r.stdout)["engines"][0]
+    assert r.code == 0 and (sized["kv_bytes_per_token_per_gpu"], sized["page_tokens"]) == (78_324, 64)
+    assert sized["launch_command"].endswith("--enable-dp-attention --dp-size 8")
+
+
+def test_the_mamba_state_pool_in_0_5_7_and_0_5_8():
+    """`handle_max_mamba_cache`'s ratio branch is unchanged in model_runner_kv_cache_mixin.py@0.5.7 and @0.5.8.post1
+    (and the state shapes in configs/qwen3_next.py): the slots and the KV pool of test_the_mamba_state_pool_from_the_gpu.
+    The running cap divides the slots by 3 + 2 in 0.5.7 (MAMBA_CACHE_V2_ADDITIONAL_RATIO_OVERLAP added unless
+    extra_buffer and speculative decoding are both on) and by 3 in 0.5.8. Under DP attention (attention TP 1) one
+    request's state is whole, (8,192 x 3 x 2 + 32 x 128 x 128 x 4) x 36 = 77,266,944 B; 0.5.6 then divides GDN's slots
+    by the DP size, 0.5.7 on do not."""
+    p = select_gpus("H100").device.cuda_total_bytes - 0.75 * GiB
+    rest_gib = (p * 0.85 - 37 * GiB) / 2**30
+    slots = int((rest_gib * 0.9 / 1.9 * 2**30) // 19_316_736)
+    kv_tokens = int((rest_gib - slots * 19_316_736 / 2**30) * 2**30) // 12_288
+    for version, per_request in (("0.5.7", 5), ("0.5.8.post1", 3)):
+        pool = _qwen3_next(version)
+        assert (pool.mamba_slots, pool.tokens) == (slots, kv_tokens)
+        assert pool.max_running_requests == min(4096, kv_tokens // 2, slots // per_request) == slots // per_request
+    whole = int((rest_gib * 0.9 / 1.9 * 2**30) // 77_266_944)
+    assert _qwen3_next("0.5.6", dp_attention_size=4).mamba_slots == whole // 4
+    assert _qwen3_next("0.5.8", dp_attention_size=4).mamba_slots == whole

@@ -132,9 +132,10 @@ def _sglang(model: str, gpu: str, version: str | None = None, **settings):
 
 
 def test_what_is_not_modelled_is_refused():
-    # gpt-oss takes SGLang's hybrid sliding-window pool, whose split kvplan has read from 0.5.8 on only
-    with pytest.raises(KvplanError, match="from 0.5.8 on, not 0.5.6"):
-        _sglang("openai/gpt-oss-20b", "H100", "0.5.6")
+    # gpt-oss's hybrid sliding-window pool takes page 1 only before 0.5.8... and 0.5.6 gives gpt-oss none at all
+    # (server_args.py@0.5.6.post2 sets --disable-hybrid-swa-memory for it): every one of its 24 layers a full page,
+    # 8 KV heads x 64 x 2 (K, V) x 24 x 2 B = 49,152 B a token
+    assert _sglang("openai/gpt-oss-20b", "H100", "0.5.6").kv_bytes_per_token_per_gpu == 49_152
     with pytest.raises(KvplanError, match="--block-size"):
         _sglang("meta-llama/Llama-3.1-8B", "H100", block_size=32)
     with pytest.raises(KvplanError, match="pipeline"):
@@ -201,7 +202,7 @@ def test_gemma_3_window_layers_take_full_pages_in_sglang():
 def test_engine_all_shows_the_others_when_one_does_not_size_the_model():
     from helpers.harness import invoke
 
-    # Jamba: Mamba layers beside attention, whose state pool kvplan sizes for SGLang 0.5.3.post3-0.5.6 only (Qwen3-Next,
+    # Jamba: Mamba layers beside attention, whose state pool kvplan sizes for SGLang 0.5.3.post3-0.5.8 only (Qwen3-Next,
     # Nemotron-H) and for TensorRT-LLM not at all
     r = invoke("size", "ai21labs/Jamba-v0.1", "--gpu", "2xH100", "--ctx", "8k", "--engine", "all", "--json")
     assert r.code == 0
