@@ -17,7 +17,7 @@ from kvplan.errors import KvplanError
 from kvplan.hardware.catalog import GpuSelection
 from kvplan.model.weights import attention_bytes
 from kvplan.plan.schema import Settings
-from kvplan.sglang.pool import SglangPool, pool_kind, size_pool
+from kvplan.sglang.pool import SglangPool, pool_kind, size_pool, swa_memory_disabled
 from kvplan.sglang.rules import KNOWN_VERSIONS, NEWEST_KNOWN, rules_for
 from kvplan.sglang.startup_log import parse_sglang_log
 from kvplan.sglang.weights import absorbed_kv_b_bytes
@@ -48,11 +48,13 @@ class Sglang:
             one = GpuSelection(gpus.device, plan.tensor_parallel_size * plan.pipeline_parallel_size)
             weights = plan_deployment(model, one, deployed.replace(data_parallel_size=1), None, suggest=False).weights_bytes
         tp = plan.tensor_parallel_size
-        nsa = pool_kind(model.arch) == "nsa"
-        if options.swa_full_tokens_ratio is not None and pool_kind(model.arch) != "swa":
+        # The release (and, for gpt-oss on SM100, the GPU) decides whether a sliding-window model gets the hybrid pool.
+        kind = pool_kind(model.arch, rules.version, bool(swa_memory_disabled(model.arch, rules, gpus.device)))
+        nsa = kind == "nsa"
+        if options.swa_full_tokens_ratio is not None and kind != "swa":
             raise KvplanError("--swa-full-tokens-ratio is for a model of sliding-window layers (SGLang's hybrid pool)",
                               "drop it")
-        if options.mamba_full_memory_ratio is not None and pool_kind(model.arch) != "mamba":
+        if options.mamba_full_memory_ratio is not None and kind != "mamba":
             raise KvplanError("--mamba-full-memory-ratio is for a Mamba / linear-attention hybrid (SGLang's state "
                               "pool)", "drop it")
         dp_attention = options.enable_dp_attention or nsa

@@ -239,8 +239,9 @@ def _sglang_nsa_rows(r, resolved, gpu: str | None, rules, given_dtype: str | Non
                           "PR #11309): the release decides what its KV size is", "pass --engine-version")
     version = tuple(int(x) for x in rules.version.split("."))
     if not NSA_READ[0] <= version <= NSA_READ[1]:
-        raise KvplanError(f"kvplan has read SGLang's NSA pool in 0.5.3 to 0.5.4 only, not {rules.version}",
-                          "pass --engine-version 0.5.3 .. 0.5.4 if the log is of one")
+        first, last = (".".join(map(str, v)) for v in NSA_READ)
+        raise KvplanError(f"kvplan has read SGLang's NSA pool in {first} to {last} only, not {rules.version}",
+                          f"pass --engine-version {first} .. {last} if the log is of one")
     gpu = gpu or r.gpu
     blackwell = bool(gpu) and select_gpus(gpu, None if re.match(r"^\s*\d+\s*[x×*]", gpu) else 1).device.is_blackwell
     if given_dtype:

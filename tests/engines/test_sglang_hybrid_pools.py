@@ -214,6 +214,9 @@ def test_size_engine_sglang_prints_each_pool():
     ("XiaomiMiMo/MiMo-V2-Flash", ("--engine", "sglang", "--engine-version", "0.9.1"), "0.9.1"),
     ("XiaomiMiMo/MiMo-V2-Flash", ("--engine", "sglang", "--swa-full-tokens-ratio", "1.5"), "swa-full-tokens-ratio"),
     ("meta-llama/Llama-3.1-8B", ("--engine", "sglang", "--swa-full-tokens-ratio", "0.5"), "sliding-window layers"),
+    # Gemma 3 takes full pages from 0.5.1 (no hybrid pool): its ratio has nothing to split there.
+    ("google/gemma-3-4b-it", ("--engine", "sglang", "--engine-version", "0.5.2", "--swa-full-tokens-ratio", "0.5"),
+     "sliding-window layers"),
     ("deepseek-ai/DeepSeek-V3.2", ("--engine", "sglang"), "0.5.3 to 0.5.8 only"),
     ("Qwen/Qwen3-Next-80B-A3B-Thinking", ("--engine", "sglang"), "max_mamba_cache_size"),
     ("nvidia/Nemotron-H-56B-Base-8K", ("--engine", "sglang"), "mamba_full_memory_ratio"),
@@ -444,3 +447,15 @@ def test_the_mamba_state_pool_in_0_5_7_and_0_5_8():
     whole = int((rest_gib * 0.9 / 1.9 * 2**30) // 77_266_944)
     assert _qwen3_next("0.5.6", dp_attention_size=4).mamba_slots == whole // 4
     assert _qwen3_next("0.5.8", dp_attention_size=4).mamba_slots == whole
+
+
+def test_swa_ratio_is_taken_where_the_release_gives_gemma_3_the_hybrid_pool():
+    # 0.4.9 gives Gemma 3 the hybrid pool by model class (model_runner.py@0.4.9.post6), so its ratio is SGLang's flag
+    # there; the ratio splits the full-layer count: swa_layer_tokens = int(full x 0.5).
+    from helpers.harness import invoke
+
+    r = invoke("size", "google/gemma-3-4b-it", "--gpu", "H100", "--engine", "sglang", "--engine-version", "0.4.9.post6",
+               "--swa-full-tokens-ratio", "0.5", "--json")
+    assert r.code == 0, r.stderr
+    split = json.loads(r.stdout)["engines"][0]["pool_split"]
+    assert split["swa_layer_tokens"] == int(split["full_layer_tokens"] * 0.5)
