@@ -994,9 +994,15 @@ def _module_role(name: str) -> str | None:
         return "experts"
     # ``.mlp`` in a module name; ``*mlp\.`` or ``/mlp`` in an ignore list's regex (``re:.*mlp\.(gate|up|down)_proj.*``
     # names the dense MLPs only: the experts' prefixes are ``mlp.experts.N.gate_proj``).
+    if _ROUTER.search(n):
+        return None  # the MoE router (``mlp.gate``, ``re:.*mlp.gate$``): a few weights, not the dense MLPs
     if re.search(r"(^|[.*:/])mlp", n) or "feed_forward" in n:
         return "mlp"
     return None
+
+
+#: An MoE layer's router as module names and ignore regexes spell it: ``mlp.gate`` not followed by ``_proj`` / ``_up``.
+_ROUTER = re.compile(r"mlp\\?\.gate(?![_a-z])")
 
 
 def _layer_schemes(quant: Quantization, qc: Any, f: _Fields, family: Family, kinds: list[str],

@@ -224,3 +224,16 @@ def test_asymmetric_compressed_tensors_int4_keeps_zero_points():
     assert parse_architecture(cfg).quantization.bytes_per_param == 0.5 + 2 / 128 + 0.5 / 128
     group["weights"]["symmetric"] = True
     assert parse_architecture(cfg).quantization.bytes_per_param == 0.5 + 2 / 128
+
+
+def test_an_ignored_router_is_not_the_dense_mlp():
+    # llm-compressor MoE checkpoints ignore the router, ``re:.*mlp.gate$`` (a few weights a layer). It must not take
+    # the dense MLPs of DeepSeek-style first layers out of the quantized set, as an ignored ``mlp.(gate|up|down)_proj``
+    # does (moonshotai/Kimi-K2.5).
+    cfg = dict(load_bundled("moonshotai/Kimi-K2.5").config["text_config"])
+    qc = dict(cfg["quantization_config"])
+    qc["ignore"] = ["lm_head", "re:.*self_attn.*", "re:.*mlp.gate$"]
+    cfg["quantization_config"] = qc
+    prices = dict(parse_architecture(cfg).quantization.role_bytes)
+    assert prices["mlp"] == prices["experts"] == prices["shared_experts"] == 0.5625
+    assert prices["attention"] == 2.0
