@@ -14,10 +14,13 @@ vLLM's own KVCacheManager in tests/vllm_facing/test_hybrid_pool_parity.py), run 
 workload's lengths by request number (drawn ones included), in engine steps.
 
 `HybridRule` answers what the bench asks of a BlockRule (the onsets, and per level: waits, preempts, fill,
-label). Like the block rule it takes the events to be monotone in the level: it searches the first level with
-each event from a guess (the pool over one request's peak), galloping and bisecting, and every level's answer is
-read off the onsets. A search stops at ``searched_up_to`` (twice the KV-wait onset, at least 8:
-the top of the bench's own sweep, kvplan.bench.sweep.default_max_concurrency): None there means none up to it.
+label). Beside them it finds the first level at which a request waits for the token budget
+(``max_num_batched_tokens``) rather than for blocks (`SimResult.first_budget_wait_step`): vLLM's waiting gauge
+counts those too, so the bench tells a budget-limited point from a KV wait by it (kvplan.bench.point). Like the
+block rule it takes the events to be monotone in the level: it searches the first level with each event from a
+guess (the pool over one request's peak), galloping and bisecting, and every level's answer is read off the
+onsets. A search stops at ``searched_up_to`` (twice the KV-wait onset, at least 8: the top of the bench's own
+sweep, kvplan.bench.sweep.default_max_concurrency): None there means none up to it.
 """
 
 from __future__ import annotations
@@ -81,6 +84,8 @@ class HybridRule:
         self.searched_up_to = self._top(self.first_kv_wait or guess)
         self.first_preemption = self._first_level(lambda r: r.preempted, self.first_kv_wait or guess,
                                                   self.searched_up_to)
+        # Waits for the budget come with a second stream (one alone never waits: it runs once admitted).
+        self.first_budget_wait = self._first_level(lambda r: r.waited_for_budget, 2, self.searched_up_to)
 
     # ---------------------------------------------------------------- what the bench reads (as of a BlockRule)
 
@@ -110,6 +115,10 @@ class HybridRule:
     def preempts(self, concurrency: int) -> bool:
         return self.first_preemption is not None and min(concurrency, self.max_num_seqs) >= self.first_preemption
 
+    def waits_for_budget(self, concurrency: int) -> bool:
+        """Some request waits for the token budget at ``concurrency`` streams (it may wait for blocks too)."""
+        return self.first_budget_wait is not None and min(concurrency, self.max_num_seqs) >= self.first_budget_wait
+
     def kv_fill(self, concurrency: int) -> float:
         """Predicted peak share of usable blocks in use: the simulated level's, else every stream at one request's peak."""
         if concurrency in self.results:
@@ -117,8 +126,9 @@ class HybridRule:
         return min(1.0, min(concurrency, self.max_num_seqs) * self.peak_blocks / self.usable_blocks)
 
     def label(self, concurrency: int) -> str:
-        """KV-limited, admission-limited (max_num_seqs) or neither (kvplan.plan.blocks.load_label)."""
-        return load_label(self.waits_for_kv(concurrency), concurrency, self.max_num_seqs)
+        """KV-limited, budget-limited, admission-limited (max_num_seqs) or neither (kvplan.plan.blocks.load_label)."""
+        return load_label(self.waits_for_kv(concurrency), concurrency, self.max_num_seqs,
+                          self.waits_for_budget(concurrency))
 
     # ---------------------------------------------------------------- the search
 
