@@ -13,7 +13,7 @@ count as waiting for "capacity" (`Scheduler.make_stats`: waiting less deferred, 
 (kvplan.plan.hybrid_sim `_admit_waiting`), correctly finds no wait for KV blocks, and records the wait for the
 budget apart (`SimResult.first_budget_wait_step`), which the bench uses to label such a point budget-limited. Step
 by step, the request vLLM's scheduler leaves waiting, and why (the budget spent or a chunk of 0: the budget;
-``allocate_slots`` returning None: KV), is kvplan's on five sequences.
+``allocate_slots`` returning None: KV), is kvplan's on five sequences, one of them preempting.
 
 By hand, one request of 64 + 64 peaks at 6 blocks: 4 full-attention blocks (cdiv(127, 32)) and 2 state blocks (at
 the decode step that crosses a block the new state's block is allocated before the previous one is released, at
@@ -71,8 +71,13 @@ def _vllm_closed_loop(model_dir, streams: int, budget: int, requests_per_stream:
     specs = [MambaSpec(block_size=BLOCK_SIZE, shapes=((3, 160), (4, 32, 8)), dtypes=(torch.bfloat16, torch.float32),
                        mamba_cache_mode="align", num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=1),
              FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=2, head_size=32, dtype=torch.bfloat16)]
+    # The retention interval as the engine passes it on (`get_kv_cache_configs`, v1/core/kv_cache_utils.py@0.32.0:
+    # CacheConfig's 0, states kept at the replay boundary and junctions only; KVCacheConfig's own default, None,
+    # would keep every state).
     kv_config = KVCacheConfig(num_blocks=POOL_BLOCKS, kv_cache_tensors=[], kv_cache_groups=[
-        KVCacheGroupSpec(layer_names=[f"layer{i}"], kv_cache_spec=s) for i, s in enumerate(specs)])
+        KVCacheGroupSpec(layer_names=[f"layer{i}"], kv_cache_spec=s) for i, s in enumerate(specs)],
+        prefix_cache_retention_interval=config.cache_config.prefix_cache_retention_interval)
+    assert kv_config.prefix_cache_retention_interval == 0
     hash_fn = get_hash_fn_by_name("sha256")
     init_none_hash(hash_fn)
     hasher = get_request_block_hasher(BLOCK_SIZE, hash_fn)
@@ -114,7 +119,8 @@ def _vllm_closed_loop(model_dir, streams: int, budget: int, requests_per_stream:
         steps += 1
     assert len(stream_of) == streams * requests_per_stream
     return dict(steps=steps, peak_waiting=peak_waiting, first_wait_step=first_wait_step, peak_used_blocks=peak_used,
-                preemptions=sum(r.num_preemptions for r in requests), reasons=reasons.steps)
+                preemptions=sum(r.num_preemptions for r in requests), reasons=reasons.steps,
+                first_preemption_step=reasons.first_preemption_step)
 
 
 class _reasons:
@@ -128,7 +134,7 @@ class _reasons:
     def __init__(self, sched) -> None:
         from vllm.v1.request import RequestStatus
 
-        self.sched, self.steps, self.now = sched, [], None
+        self.sched, self.steps, self.now, self.first_preemption_step = sched, [], None, None
         waiting = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
         allocate, split = sched.kv_cache_manager.allocate_slots, sched._mamba_block_aligned_split
 
@@ -154,6 +160,8 @@ class _reasons:
         if self.now is None and head is not None and not out.preempted_req_ids and \
                 out.total_num_scheduled_tokens >= self.sched.max_num_scheduled_tokens:
             self.now = ("budget", int(head.request_id))
+        if out.preempted_req_ids and self.first_preemption_step is None:
+            self.first_preemption_step = len(self.steps)
         self.steps.append(self.now)
         return out
 
@@ -221,18 +229,12 @@ REASON_CASES = {
     "unlimited budget, 5 streams": ((5, 4096, 100, 8), {"kv"}),
     "three-block budget, unaligned prompts": ((6, 3 * BLOCK_SIZE, 100, 8), {"budget", "kv"}),
     "five-block budget, 8 streams": ((8, 5 * BLOCK_SIZE, 100, 8), {"budget", "kv"}),
+    # 5 streams admitted at 4 blocks outgrow the pool: preemptions, and preempted requests re-admitted on their hits
+    "unlimited budget, 5 streams of 64 + 64 (preempting)": ((5, 4096, PROMPT, OUTPUT), {"kv"}),
 }
 
 
-#: Not yet as vLLM: a request preempted after its prefill. vLLM 0.32.0's Scheduler re-admits it (64 + 64, unlimited
-#: budget, 5 streams: request 4 at step 2) with a 64-token hit, kvplan's simulator with 32, so kvplan runs it a step
-#: longer and the steps part from there (found by this test; the reasons agree up to that step).
-PREEMPTING = pytest.param("unlimited budget, 5 streams of 64 + 64 (preempting)", marks=pytest.mark.xfail(
-    strict=True, reason="kvplan's hit of a re-admitted preempted request is 32 tokens, vLLM's Scheduler's 64"))
-REASON_CASES["unlimited budget, 5 streams of 64 + 64 (preempting)"] = ((5, 4096, PROMPT, OUTPUT), {"kv"})
-
-
-@pytest.mark.parametrize("name", [*(n for n in REASON_CASES if "preempting" not in n), PREEMPTING])
+@pytest.mark.parametrize("name", list(REASON_CASES))
 def test_each_step_waits_for_the_budget_or_for_kv_as_in_vllms_scheduler(model_dir, name):
     """Step by step, vLLM's Scheduler and kvplan's leave the same request waiting for the same reason: the token
     budget (spent, or a block-aligned chunk of 0) or the pool (``allocate_slots`` returned None); and kvplan's first
@@ -246,4 +248,8 @@ def test_each_step_waits_for_the_budget_or_for_kv_as_in_vllms_scheduler(model_di
     assert _kvplan_reasons(trace) == theirs
     assert (ours.steps, ours.preemptions) == (vllm_side["steps"], vllm_side["preemptions"])
     first = {kind: next((i for i, r in enumerate(theirs) if r and r[0] == kind), None) for kind in ("kv", "budget")}
-    assert (ours.first_budget_wait_step, ours.first_kv_wait_step) == (first["budget"], first["kv"])
+    # kvplan's first KV wait is also its first preemption's step (the victim waits for KV again)
+    first_kv = min((s for s in (first["kv"], vllm_side["first_preemption_step"]) if s is not None), default=None)
+    assert (ours.first_budget_wait_step, ours.first_kv_wait_step) == (first["budget"], first_kv)
+    if "preempting" in name:
+        assert ours.preemptions > 0 and first_kv == vllm_side["first_preemption_step"] < first["kv"]
