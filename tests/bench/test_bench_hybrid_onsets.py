@@ -8,6 +8,8 @@ model there gets no onset and the reason."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from pathlib import Path
 
@@ -15,7 +17,7 @@ from kvplan.bench import store as st
 from kvplan.bench.config import BenchConfig
 from kvplan.bench.outputs.markdown import markdown
 from kvplan.bench.point import budget_wait
-from kvplan.bench.results import PredictedPoint, ServerFigures
+from kvplan.bench.results import OnsetPrediction, PredictedPoint, ServerFigures
 from kvplan.bench.runner import BenchRun
 from kvplan.bench.sweep import PointOutcome, measured_label
 from kvplan.engines.base import EngineCapacity
@@ -182,3 +184,33 @@ def test_a_fleet_of_a_hybrid_model_is_not_predicted_by_the_one_group_rule(tmp_pa
     (tmp_path / "Qwen_Qwen3-0.6B").mkdir(parents=True)
     plain = fleet_run("Qwen/Qwen3-0.6B")
     assert plain.rule is not None and plain.fleet.rule.rules[0].first_kv_wait == 999 // 24 + 1
+
+
+def test_the_outputs_show_the_budget_waits_beside_the_onsets(capsys):
+    """A run whose prediction has a first budget wait at 2 and whose 4-stream point was put down to the budget: the
+    terminal, report.md, report.html and points.csv say so where they show the onsets and the points."""
+    from kvplan.bench.outputs.csv import points_csv
+    from kvplan.bench.outputs.html import html_report
+    from kvplan.bench.render import load_summary
+    from kvplan.cli.bench_cmd import render
+
+    old = load_summary(DATA / "old-run-conc")
+    pred = OnsetPrediction(num_blocks=25, block_size=32, prompt_tokens=64, output_tokens=64, usable_blocks=24,
+                           admit_blocks=4, peak_blocks=6, first_kv_wait=None, first_preemption=None,
+                           kv_groups="recurrent state (align, checkpoint page) + full attention", searched_up_to=10,
+                           first_budget_wait=2)
+    points = [p.model_copy(update={"label": "budget-limited", "waited_for_budget": True, "waited_for_kv": False})
+              if p.concurrency == 4 else p for p in old.points]
+    summary = old.model_copy(update={"prediction": pred, "points": points})
+    text = "first concurrency that waits for the token budget (not KV): predicted 2; points measured budget-limited: 4"
+    assert f"{text[0].upper()}{text[1:]}." in markdown(summary)
+    assert f"<p>{text[0].upper()}{text[1:]}.</p>" in html_report([summary])
+    rows = list(csv.DictReader(io.StringIO(points_csv(summary.points))))
+    assert [(r["concurrency"], r["label"], r["waited_for_budget"]) for r in rows] == [
+        ("1", old.points[0].label, ""), ("4", "budget-limited", "True")]
+    render(summary)
+    out = capsys.readouterr().out
+    assert text in " ".join(out.split()) and "budget = the token budget" in " ".join(out.split())
+    # an older run's points are written back without the new keys (_NewFieldsOptional)
+    assert old.points[0].predicted is not None and "waits_for_budget" not in old.points[0].predicted.model_dump()
+    assert "waited_for_budget" not in old.points[0].model_dump()
