@@ -194,7 +194,8 @@ class OnsetPrediction(_NewFieldsOptional):
     searched_up_to: int | None = None
     # The hybrid simulator's first streams at which a request waits for the token budget (max_num_batched_tokens, or
     # a chunk Mamba's block-aligned split rounds down to no block) rather than for KV blocks: vLLM's waiting gauge
-    # counts it too (kvplan.plan.hybrid_rule). Null: none up to ``searched_up_to``, or the block rule (not predicted).
+    # counts it too (kvplan.plan.hybrid_rule). Searched below ``first_kv_wait`` (up to ``searched_up_to`` without
+    # one); null: none there, or the block rule (not predicted).
     first_budget_wait: int | None = None
 
     @classmethod
@@ -250,7 +251,9 @@ class PredictedPoint(_NewFieldsOptional):
     preempts: bool
     kv_fill: float  # share of the pool the point's requests pin at their peak
     label: str  # KV-limited | budget-limited | admission-limited | neither
-    waits_for_budget: bool | None = None  # the hybrid simulator's: a request waits for the token budget (null: the block rule)
+    # the hybrid simulator's: a request waits for the token budget (null: the block rule, or a load at or above the
+    # first KV wait with no budget wait below it: not searched)
+    waits_for_budget: bool | None = None
 
     @classmethod
     def from_rule(cls, rule: Any, concurrency: int) -> PredictedPoint:
