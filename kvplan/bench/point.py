@@ -4,6 +4,7 @@ rule's prediction for the same load. Pure: the runner (kvplan.bench.runner) meas
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from kvplan.bench.config import BenchConfig
@@ -56,13 +57,17 @@ def point_result(cfg: BenchConfig, rule: BlockRule | None, concurrency: int, seq
     if engines is not None:
         evidence = [f"{e} (engine {p.index})" for p in engines for e in p.wait_evidence]
         did_preempt = any(p.preempted for p in engines)
+    notes = []
+    by_budget = budget_wait(rule, concurrency, evidence, server) if rate is None and engines is None else None
+    if by_budget is not None:
+        notes.append(by_budget)
+        evidence = []
     waited = bool(evidence)
     outcome = PointOutcome(concurrency, waited, did_preempt, status != "ok")
     output_tokens = sum(r.output_tokens for r in ok)
     predicted = None
     if rule is not None and rate is None:
         predicted = PredictedPoint.from_rule(rule, concurrency)
-    notes = []
     seen = server.peak_in_engine
     if rate is None and status == "ok" and seen is not None and seen < min(concurrency, cfg.max_num_seqs or concurrency):
         notes.append(f"the engine was seen holding at most {seen:.0f} of the {concurrency} requests at once "
@@ -125,7 +130,8 @@ def point_result(cfg: BenchConfig, rule: BlockRule | None, concurrency: int, seq
         waited_for_kv=waited,
         wait_evidence=evidence,
         preempted=did_preempt,
-        label=measured_label(outcome, cfg.max_num_seqs),
+        label=measured_label(outcome, cfg.max_num_seqs, by_budget is not None),
+        waited_for_budget=True if by_budget is not None else None,
         predicted=predicted,
         notes=notes,
         server_scraped=scraped,
@@ -231,6 +237,28 @@ def peak_in_flight(records: list[RequestRecord]) -> int:
         now += step
         peak = max(peak, now)
     return peak
+
+
+def budget_wait(rule: Any, concurrency: int, evidence: list[str], server: ServerFigures) -> str | None:
+    """Why the point's only evidence of a KV wait, the waiting gauge, is a wait for the token budget (a note for
+    the point), or None. vLLM's waiting gauge counts a request the step never tried for want of budget as it
+    counts one refused KV blocks (`Scheduler.make_stats`, v1/core/sched/scheduler.py@0.32.0); on a Mamba hybrid with
+    a small budget the block-aligned split leaves a waiting request no chunk while another decodes
+    (`_mamba_block_aligned_split`, then ``if num_new_tokens == 0: break``). So: when the hybrid simulator
+    (kvplan.plan.hybrid_rule) predicts waits for the budget and none for KV at this load, and the pool as measured
+    never filled past the point where a waiting request's admission blocks would not fit (peak KV usage x usable
+    blocks + admission blocks <= usable blocks), the gauge's waits were not for KV. A preemption always counts."""
+    waits_for_budget = getattr(rule, "waits_for_budget", None)
+    if (waits_for_budget is None or evidence != ["waiting gauge"] or not waits_for_budget(concurrency)
+            or rule.waits_for_kv(concurrency) or server.peak_kv_usage is None):
+        return None
+    usable, admit = rule.usable_blocks, rule.admit_blocks
+    used = math.ceil(server.peak_kv_usage * usable - 1e-9)  # (the gauge is a share of the usable blocks)
+    if used + admit > usable:
+        return None
+    return (f"budget-limited, not KV-limited: requests waited (the waiting gauge) for the token budget; the simulator "
+            f"predicts waits for the budget and none for KV at {concurrency} streams, and KV usage peaked at {used} of "
+            f"{usable} blocks, leaving room for a request's {admit} at admission")
 
 
 def wait_evidence(concurrency: int, max_num_seqs: int | None, peak_waiting: float | None,

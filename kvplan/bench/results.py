@@ -174,7 +174,7 @@ class OnsetPrediction(_NewFieldsOptional):
     whose KV cache is several groups, the hybrid simulator's onsets (kvplan.plan.hybrid_rule.HybridRule), with
     ``kv_groups`` saying which."""
 
-    ADDED: ClassVar[tuple[str, ...]] = ("kv_groups", "searched_up_to")
+    ADDED: ClassVar[tuple[str, ...]] = ("kv_groups", "searched_up_to", "first_budget_wait")
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     num_blocks: int
@@ -192,10 +192,16 @@ class OnsetPrediction(_NewFieldsOptional):
     # (none of them up to ``searched_up_to`` streams when null); null: the block rule on one group.
     kv_groups: str | None = None
     searched_up_to: int | None = None
+    # The hybrid simulator's first streams at which a request waits for the token budget (max_num_batched_tokens, or
+    # a chunk Mamba's block-aligned split rounds down to no block) rather than for KV blocks: vLLM's waiting gauge
+    # counts it too (kvplan.plan.hybrid_rule). Searched below ``first_kv_wait`` (up to ``searched_up_to`` without
+    # one); null: none there, or the block rule (not predicted).
+    first_budget_wait: int | None = None
 
     @classmethod
     def from_rule(cls, rule: Any, exact: bool) -> OnsetPrediction:
-        hybrid = {"kv_groups": rule.kv_groups, "searched_up_to": rule.searched_up_to} if hasattr(rule, "kv_groups") else {}
+        hybrid = ({"kv_groups": rule.kv_groups, "searched_up_to": rule.searched_up_to,
+                   "first_budget_wait": rule.first_budget_wait} if hasattr(rule, "kv_groups") else {})
         return cls(num_blocks=rule.num_blocks, block_size=rule.block_size, prompt_tokens=rule.prompt_tokens,
                    output_tokens=rule.output_tokens,
                    max_num_seqs=None if rule.max_num_seqs >= (1 << 30) else rule.max_num_seqs,
@@ -235,20 +241,25 @@ class MeasuredOnsets(_Figures):
         return self.first_kv_wait if name == "first_kv_wait" else self.first_preemption
 
 
-class PredictedPoint(BaseModel):
-    """What the block rule says of one concurrency."""
+class PredictedPoint(_NewFieldsOptional):
+    """What the block rule (or the hybrid simulator) says of one concurrency."""
 
+    ADDED: ClassVar[tuple[str, ...]] = ("waits_for_budget",)
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     waits_for_kv: bool
     preempts: bool
     kv_fill: float  # share of the pool the point's requests pin at their peak
-    label: str  # KV-limited | admission-limited | neither
+    label: str  # KV-limited | budget-limited | admission-limited | neither
+    # the hybrid simulator's: a request waits for the token budget (null: the block rule, or a load at or above the
+    # first KV wait with no budget wait below it: not searched)
+    waits_for_budget: bool | None = None
 
     @classmethod
     def from_rule(cls, rule: Any, concurrency: int) -> PredictedPoint:
+        budget = rule.waits_for_budget(concurrency) if hasattr(rule, "waits_for_budget") else None
         return cls(waits_for_kv=rule.waits_for_kv(concurrency), preempts=rule.preempts(concurrency),
-                   kv_fill=round(rule.kv_fill(concurrency), 4), label=rule.label(concurrency))
+                   kv_fill=round(rule.kv_fill(concurrency), 4), label=rule.label(concurrency), waits_for_budget=budget)
 
 
 class PredictedLatency(_Figures):
@@ -398,7 +409,7 @@ class PointResult(_NewFieldsOptional):
     """One line of points.jsonl."""
 
     ADDED: ClassVar[tuple[str, ...]] = ("predicted_latency", "retries", "replay", "gpu", "server_scraped", "replicas",
-                                        "engines")
+                                        "engines", "waited_for_budget")
 
     seq: int
     concurrency: int
@@ -421,6 +432,9 @@ class PointResult(_NewFieldsOptional):
     wait_evidence: list[str] = Field(default_factory=list)
     preempted: bool
     label: str
+    # True: the waiting gauge showed requests waiting, but for the token budget, not KV (label "budget-limited",
+    # kvplan.bench.point.budget_wait); null: not so judged
+    waited_for_budget: bool | None = None
     predicted: PredictedPoint | None = None
     predicted_latency: PredictedLatency | None = None  # null: not predicted (older runs, no step-time model)
     notes: list[str] = Field(default_factory=list)

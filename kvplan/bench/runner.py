@@ -266,8 +266,10 @@ class BenchRun:
         self.rule_exact = w.identical
         # The block rule counts one full-attention group. A model whose KV cache has several (sliding-window or
         # chunked-local layers beside full ones) takes blocks in every group from the one pool, so the rule would
-        # promise more requests than fit: the hybrid simulator predicts its onsets (kvplan.plan.hybrid_rule); a
-        # group kvplan does not model (recurrent state) gets no onset prediction, and the reason said.
+        # promise more requests than fit: the hybrid simulator predicts its onsets (kvplan.plan.hybrid_rule), recurrent
+        # state groups included, with its waits for the token budget, which vLLM's waiting gauge counts as it counts
+        # waits for KV (kvplan.bench.point.budget_wait tells them apart); a group kvplan does not model gets no onset
+        # prediction, and the reason said.
         if self.rule is None:
             return
         config = self._scheduler_config()
@@ -281,18 +283,7 @@ class BenchRun:
         self.rule = None
         what = (f"the model's KV cache is {len(served.kinds)} group(s) ({', '.join(served.kinds)}) taking blocks "
                 "from one pool")
-        if served.groups is not None and served.groups.has_mamba:
-            # The simulator models a state group's blocks and its block-aligned prefill split (checked against vLLM's
-            # own Scheduler, tests/vllm_facing/test_hybrid_scheduler_budget.py), but the bench could not check its
-            # onsets: in "align" mode a waiting request whose chunk rounds down to no block is left in the queue
-            # (`Scheduler._mamba_block_aligned_split`, then ``if num_new_tokens == 0: break``, v1/core/sched/
-            # scheduler.py@0.32.0), and the stats count it waiting for "capacity" as they count a wait for KV
-            # (`Scheduler.make_stats`). On a tiny Mamba-2 hybrid with a 32-token budget, vLLM's Scheduler runs
-            # 64 + 64 requests one at a time, 6 of 24 blocks in use: the CPU engine's gauge "waited" from 2 streams.
-            self.prediction_note = (f"onsets not predicted: {what}, and vLLM's waiting gauge also counts the requests "
-                                    "its Mamba block-aligned prefill split holds back for the token budget, which the "
-                                    "bench cannot tell from waits for KV")
-        elif served.groups is None:  # a group kvplan does not model, or an engine it cannot read
+        if served.groups is None:  # a group kvplan does not model, or an engine it cannot read
             unmodelled = sorted({k for k in served.kinds if k not in MANAGER_OF_KIND})
             why = (f"kvplan's simulator does not model the onsets of {', '.join(unmodelled)} groups" if unmodelled
                    else served.refused or served.unknown)

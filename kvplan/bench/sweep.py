@@ -45,7 +45,9 @@ def waited_for_kv(concurrency: int, max_num_seqs: int | None, peak_waiting: floa
       vLLM's gauge counts a request as waiting only when the scheduler did not admit it in the
       step that just ran (stats are made after scheduling), so a short-lived new arrival does
       not count. Requests can also wait for the token budget (``max_num_batched_tokens``) when
-      ``c x prompt`` exceeds it; keep that in mind for large prompts x concurrency.
+      ``c x prompt`` exceeds it, or when Mamba's block-aligned split rounds a waiting request's chunk down to
+      no block; the gauge counts them alike. Where the hybrid simulator predicts such waits and no KV wait,
+      kvplan.bench.point.budget_wait tells them apart.
     """
     if preemptions:
         return True
@@ -55,11 +57,15 @@ def waited_for_kv(concurrency: int, max_num_seqs: int | None, peak_waiting: floa
     return peak_waiting > admission_waits
 
 
-def measured_label(outcome: PointOutcome, max_num_seqs: int | None) -> str:
+def measured_label(outcome: PointOutcome, max_num_seqs: int | None, waited_for_budget: bool = False) -> str:
+    """What held the point back: KV-limited, budget-limited (its waits were for the token budget:
+    kvplan.bench.point.budget_wait), admission-limited (max_num_seqs), neither, or failed."""
     if outcome.failed:
         return "failed"
     if outcome.waited_for_kv:
         return "KV-limited"
+    if waited_for_budget:
+        return "budget-limited"
     if max_num_seqs is not None and outcome.concurrency > max_num_seqs:
         return "admission-limited"
     return "neither"

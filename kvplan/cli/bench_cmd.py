@@ -649,7 +649,8 @@ def points_table(heads: tuple[str, ...], rows: list[list[str]]):
 
 def _point_cells(p, rate_mode: bool) -> list[str]:
     """load, limit (plan), preemptions, peak waiting, KV peak (plan), TTFT p50/p99 (n), ITL p50/p99, E2E p99, tok/s."""
-    short = {"KV-limited": "KV", "admission-limited": "admission", "neither": "-", "failed": "failed"}
+    short = {"KV-limited": "KV", "budget-limited": "budget", "admission-limited": "admission", "neither": "-",
+             "failed": "failed"}
     srv, pr = p.server, p.predicted
     label = esc(short.get(p.label, p.label))
     if pr is not None and p.status == "ok":
@@ -689,7 +690,7 @@ def replay_lines(points) -> list[str]:
 def render(summary) -> None:
     """The summary at the end (human output): readable at 80 columns and in CI logs, where a cell that
     does not fit wraps onto a second line and no figure is cut short."""
-    from kvplan.bench.outputs.text import latency_lines, onset_text
+    from kvplan.bench.outputs.text import budget_wait_text, latency_lines, onset_text
     from kvplan.bench.results import ONSETS, PlannerCapacity
 
     console = make_console()
@@ -714,6 +715,9 @@ def render(summary) -> None:
                           f"[{'green' if ok else 'red'}]{'agrees' if ok else 'differs'}[/]")
         else:
             console.print(f"  {name}: measured {measured}")
+    budget = budget_wait_text(summary)
+    if budget:
+        console.print(f"  {esc(budget)}")
     rate_mode = summary.rate_mode
     client = [f"headers {', '.join(summary.headers)}"] if summary.headers else []
     client += [f"through the proxy {summary.proxy}"] if summary.proxy else []
@@ -726,7 +730,7 @@ def render(summary) -> None:
     for table in points_tables(summary.points, rate_mode, console):
         console.print(table)
     console.print("[dim]limit: what held requests back, measured (predicted by the block rule): KV = KV blocks, "
-                  "admission = max_num_seqs, - = neither[/]")
+                  "budget = the token budget (max_num_batched_tokens), admission = max_num_seqs, - = neither[/]")
     if any(p.warnings for p in summary.points):
         console.print("[yellow](n!) = a p99 from fewer than 100 samples: close to the largest sample; raise --requests "
                       "or --duration[/]")

@@ -91,11 +91,15 @@ class BlockRule:
         return load_label(self.waits_for_kv(concurrency), concurrency, self.max_num_seqs)
 
 
-def load_label(waits_for_kv: bool, concurrency: int, max_num_seqs: int) -> str:
-    """What holds a closed-loop load back: "KV-limited" (it waits for blocks), "admission-limited" (more streams
-    than max_num_seqs) or "neither"; one rule for the one-group block rule and the hybrid simulator's."""
+def load_label(waits_for_kv: bool, concurrency: int, max_num_seqs: int, waits_for_budget: bool = False) -> str:
+    """What holds a closed-loop load back: "KV-limited" (it waits for blocks), "budget-limited" (a request waits for
+    the token budget, max_num_batched_tokens, and none for blocks: the hybrid simulator's, kvplan.plan.hybrid_rule),
+    "admission-limited" (more streams than max_num_seqs) or "neither"; one rule for the one-group block rule and
+    the hybrid simulator's."""
     if waits_for_kv:
         return "KV-limited"
+    if waits_for_budget:
+        return "budget-limited"
     if concurrency > max_num_seqs:
         return "admission-limited"
     return "neither"

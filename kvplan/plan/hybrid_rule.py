@@ -14,10 +14,13 @@ vLLM's own KVCacheManager in tests/vllm_facing/test_hybrid_pool_parity.py), run 
 workload's lengths by request number (drawn ones included), in engine steps.
 
 `HybridRule` answers what the bench asks of a BlockRule (the onsets, and per level: waits, preempts, fill,
-label). Like the block rule it takes the events to be monotone in the level: it searches the first level with
-each event from a guess (the pool over one request's peak), galloping and bisecting, and every level's answer is
-read off the onsets. A search stops at ``searched_up_to`` (twice the KV-wait onset, at least 8:
-the top of the bench's own sweep, kvplan.bench.sweep.default_max_concurrency): None there means none up to it.
+label). Beside them it finds the first level below the first KV wait at which a request waits for the token
+budget (``max_num_batched_tokens``) rather than for blocks (`SimResult.first_budget_wait_step`): vLLM's waiting gauge
+counts those too, so the bench tells a budget-limited point from a KV wait by it (kvplan.bench.point). Like the
+block rule it takes the events to be monotone in the level: it searches the first level with each event from a
+guess (the pool over one request's peak), galloping and bisecting, and every level's answer is read off the
+onsets. A search stops at ``searched_up_to`` (twice the KV-wait onset, at least 8: the top of the bench's own
+sweep, kvplan.bench.sweep.default_max_concurrency): None there means none up to it.
 """
 
 from __future__ import annotations
@@ -81,6 +84,17 @@ class HybridRule:
         self.searched_up_to = self._top(self.first_kv_wait or guess)
         self.first_preemption = self._first_level(lambda r: r.preempted, self.first_kv_wait or guess,
                                                   self.searched_up_to)
+        # Waits for the budget, below the first KV wait only (from it on a load waits for KV whatever else it waits
+        # for): searched from the levels the onsets simulated (the least with one, else the most below the top), so
+        # a budget that never binds costs few new runs.
+        self.budget_searched_up_to = (self.first_kv_wait - 1) if self.first_kv_wait else self.searched_up_to
+        self.first_budget_wait = None
+        if self.budget_searched_up_to >= 1:
+            top = self.budget_searched_up_to
+            budget_waits = [level for level, r in self.results.items() if r.waited_for_budget and level <= top]
+            self.first_budget_wait = self._first_level(
+                lambda r: r.waited_for_budget,
+                min(budget_waits) if budget_waits else max(level for level in self.results if level <= top), top)
 
     # ---------------------------------------------------------------- what the bench reads (as of a BlockRule)
 
@@ -110,6 +124,14 @@ class HybridRule:
     def preempts(self, concurrency: int) -> bool:
         return self.first_preemption is not None and min(concurrency, self.max_num_seqs) >= self.first_preemption
 
+    def waits_for_budget(self, concurrency: int) -> bool | None:
+        """Some request waits for the token budget at ``concurrency`` streams; None above the levels searched for it
+        (from the first KV wait on) when none below had one."""
+        level = min(concurrency, self.max_num_seqs)
+        if self.first_budget_wait is not None:
+            return level >= self.first_budget_wait
+        return False if level <= self.budget_searched_up_to else None
+
     def kv_fill(self, concurrency: int) -> float:
         """Predicted peak share of usable blocks in use: the simulated level's, else every stream at one request's peak."""
         if concurrency in self.results:
@@ -117,8 +139,9 @@ class HybridRule:
         return min(1.0, min(concurrency, self.max_num_seqs) * self.peak_blocks / self.usable_blocks)
 
     def label(self, concurrency: int) -> str:
-        """KV-limited, admission-limited (max_num_seqs) or neither (kvplan.plan.blocks.load_label)."""
-        return load_label(self.waits_for_kv(concurrency), concurrency, self.max_num_seqs)
+        """KV-limited, budget-limited, admission-limited (max_num_seqs) or neither (kvplan.plan.blocks.load_label)."""
+        return load_label(self.waits_for_kv(concurrency), concurrency, self.max_num_seqs,
+                          bool(self.waits_for_budget(concurrency)))
 
     # ---------------------------------------------------------------- the search
 

@@ -49,7 +49,9 @@ def simulate_groups(config: SchedulerConfig, load: Load, groups: HybridGroups | 
     """`simulate` on a model's KV cache groups: the plain simulator for one full-attention group (or
     ``groups`` None), else the hybrid pool. ``trace`` receives, beside the plain simulator's events (their
     hits and tables per group), ``("wait", request, num_tokens)`` when admission is refused and ``("stall",
-    request, num_tokens, new_tokens)`` when a running request's allocation fails (before it preempts)."""
+    request, num_tokens, new_tokens)`` when a running request's allocation fails (before it preempts); like the
+    plain simulator's, ``("budget", request)`` when a step leaves ``request`` waiting for the token budget (here
+    also for a first chunk that Mamba's block-aligned split rounds down to no block)."""
     if groups is None or groups.full_attention_only:
         return simulate(config, load, step_time, max_steps, trace)
     with paused_gc():

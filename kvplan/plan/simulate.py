@@ -328,6 +328,10 @@ class SimResult:
     prefix_hits: int = 0
     preempted_queries: int = 0
     preempted_hits: int = 0
+    # The first step that left a request waiting for the token budget, not for KV blocks (`_step`): vLLM's
+    # waiting gauge counts it all the same (`Scheduler.make_stats`, v1/core/sched/scheduler.py@0.32.0).
+    first_budget_wait_step: int | None = None
+    first_budget_wait_time: float | None = None
 
     @property
     def prefix_hit_rate(self) -> float | None:
@@ -340,6 +344,10 @@ class SimResult:
     @property
     def preempted(self) -> bool:
         return self.preemptions > 0
+
+    @property
+    def waited_for_budget(self) -> bool:
+        return self.first_budget_wait_step is not None
 
     @property
     def peak_kv_fill(self) -> float:
@@ -421,7 +429,8 @@ def simulate(config: SchedulerConfig, load: Load, step_time: Callable[[StepBatch
     ``trace``, when given, receives every block-pool operation in order, for replaying them on vLLM's
     own KVCacheManager (tests/vllm_facing/test_block_pool_parity.py): ``("admit", request, num_tokens,
     hit_blocks, new_tokens, block_table)``, ``("alloc", request, num_tokens, new_tokens, block_table)``,
-    ``("preempt", request)``, ``("finish", request)``."""
+    ``("preempt", request)``, ``("finish", request)``; and ``("budget", request)`` when a step leaves ``request``,
+    the head of the queue, waiting for the token budget (no pool operation: `_budget_stopped`)."""
     with paused_gc():
         scheduler = _Scheduler(config, load, step_time, trace)
         try:
@@ -484,6 +493,7 @@ class _Scheduler:
         self.step = 0
         self.preemptions = 0
         self.first_wait_step = self.first_wait_time = self.first_pre_step = self.first_pre_time = None
+        self.first_budget_step = self.first_budget_time = None
         self.peak_waiting = self.peak_running = self.peak_used = 0
         self.kv_fill: list[tuple[int, float, float]] = []
         self.batches: list[StepBatch] = []
@@ -575,6 +585,10 @@ class _Scheduler:
     def _waited(self) -> None:
         if self.first_wait_step is None:
             self.first_wait_step, self.first_wait_time = self.step, self.now
+
+    def _waited_for_budget(self, step: int, now: float) -> None:
+        if self.first_budget_step is None:
+            self.first_budget_step, self.first_budget_time = step, now
 
     # ---------------------------------------------------------------- one step
 
@@ -800,6 +814,9 @@ class _Scheduler:
         used = usable - free  # (changes only when blocks are taken)
         fill = used / usable
         peak_waiting = max(self.peak_waiting, len(waiting))
+        # No budget left to try a waiting request (vLLM's ``while token_budget > 0``): it waits for the budget.
+        budget_spent = budget_left == 0 and self.first_budget_step is None
+        budget_wait = (step, now) if budget_spent and waiting else None
         next_arrival = pending[0][0] if pending else math.inf
         new_batch, set_prefill, set_decode, set_kv, set_seqs, set_pairs = (
             _new, _set_prefill, _set_decode, _set_kv, _set_seqs, _set_pairs)
@@ -813,6 +830,8 @@ class _Scheduler:
                     waiting.append(req)
                 next_arrival = pending[0][0] if pending else math.inf
                 peak_waiting = max(peak_waiting, len(waiting))
+                if budget_spent and budget_wait is None and waiting:
+                    budget_wait = (step, now)
             crossing = crossing_at[j % B]
             if crossing:
                 if len(crossing) > free:  # one of them preempts: a step of its own
@@ -846,6 +865,8 @@ class _Scheduler:
             for req in waiting:
                 req.tl.waited_for_kv = True
             self._waited()
+        if budget_wait is not None and budget_wait[0] < step:  # (its step was run here, not left to `_step`)
+            self._waited_for_budget(*budget_wait)
         self.peak_used = max(self.peak_used, used)  # (blocks are only taken in these steps: the last count is the most)
         self.peak_waiting = peak_waiting
         self.peak_running = max(self.peak_running, num)
@@ -906,6 +927,10 @@ class _Scheduler:
             for req in waiting:
                 req.tl.waited_for_kv = True
             self._waited()
+        elif waiting and not preempted_now and self._budget_stopped(scheduled):
+            self._waited_for_budget(self.step, self.now)
+            if self.trace is not None:
+                self.trace.append(("budget", waiting[0].tl.index))
         if not scheduled and not self.running and waiting:
             head = waiting[0]
             raise KvplanError(f"request {head.tl.index} can never be admitted: it needs "
@@ -921,6 +946,15 @@ class _Scheduler:
         self.kv_fill.append((self.step, end, used / self.usable))
         self.now = end
         self.step += 1
+
+    def _budget_stopped(self, scheduled: list[tuple[_Req, int, int]]) -> bool:
+        """Whether admission, not refused for KV blocks, stopped with a request still waiting because of the token
+        budget. vLLM's waiting loop stops at ``while token_budget > 0`` (the budget spent, tried first), at
+        ``num_running >= max_num_active_reqs`` (max_num_seqs: not the budget), at ``allocate_slots`` returning None
+        (KV: `_admit_waiting` said so), or at a chunk of 0 tokens (``if num_new_tokens == 0: break``, Mamba's
+        `_mamba_block_aligned_split` rounding the budget left down to no block), v1/core/sched/scheduler.py@0.32.0."""
+        return (len(self.running) < self.config.max_num_seqs
+                or sum(n for _, n, _ in scheduled) >= self.config.max_num_batched_tokens)
 
     def run(self, max_steps: int) -> SimResult:
         total = self.load.num_requests
@@ -945,6 +979,7 @@ class _Scheduler:
             peak_running=self.peak_running, peak_used_blocks=self.peak_used, kv_fill=self.kv_fill,
             step_batches=self.batches, prefix_queries=self.queries, prefix_hits=self.hits_tokens,
             preempted_queries=self.pre_queries, preempted_hits=self.pre_hits,
+            first_budget_wait_step=self.first_budget_step, first_budget_wait_time=self.first_budget_time,
         )
 
 

@@ -1,20 +1,30 @@
 """The bench's onset prediction on a model whose KV cache is several groups. The block rule counts one
 full-attention group; vLLM's hybrid manager takes blocks in every group from the one pool (gpt-oss: a 128-token
 sliding window beside full attention, kvplan/plan/hybrid_cache.py), so the rule would promise requests that do not
-fit. The runner predicts such a model's onsets with the hybrid simulator (kvplan.plan.hybrid_rule) and says so;
-a model with groups kvplan does not model (Mamba's recurrent state) gets no onset and the reason."""
+fit. The runner predicts such a model's onsets with the hybrid simulator (kvplan.plan.hybrid_rule) and says so,
+recurrent-state groups included where kvplan knows the release, with the waits for the token budget that vLLM's
+waiting gauge counts as it counts waits for KV (kvplan.bench.point.budget_wait); a model whose groups kvplan does not
+model there gets no onset and the reason."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from pathlib import Path
 
 from kvplan.bench import store as st
 from kvplan.bench.config import BenchConfig
 from kvplan.bench.outputs.markdown import markdown
+from kvplan.bench.point import budget_wait
+from kvplan.bench.results import OnsetPrediction, PredictedPoint, ServerFigures
 from kvplan.bench.runner import BenchRun
+from kvplan.bench.sweep import PointOutcome, measured_label
 from kvplan.engines.base import EngineCapacity
 from kvplan.plan.blocks import BlockRule
+from kvplan.plan.hybrid_cache import FULL, MAMBA, CacheGroup, HybridGroups
+from kvplan.plan.hybrid_rule import HybridRule
+from kvplan.plan.simulate import SchedulerConfig
 
 DATA = Path(__file__).parent / "data"
 
@@ -71,19 +81,59 @@ def test_a_recurrent_state_model_gets_no_onsets_and_the_reason(tmp_path, monkeyp
     assert run.prediction_note in markdown(summary)
 
 
-def test_a_recurrent_state_model_on_a_known_release_gets_no_onsets_and_the_gauges_reason(tmp_path, monkeypatch):
-    """On 0.32.0 kvplan knows Qwen3-Next's state groups (the replay's prefix cache is predicted there), yet no onset:
-    vLLM's waiting gauge counts the requests the block-aligned split holds back for the token budget
-    (tests/vllm_facing/test_hybrid_scheduler_budget.py), so the bench could not check one."""
+def test_a_recurrent_state_model_on_a_known_release_gets_its_onsets_from_the_hybrid_simulator(tmp_path, monkeypatch):
+    """On 0.32.0 kvplan knows Qwen3-Next's state groups (three gated-delta-net groups, no checkpoint page off Hopper),
+    so the hybrid simulator predicts its onsets. 8 + 6 tokens on 999 usable blocks of 16: one attention block
+    (cdiv(13, 16)) and one state block in each of the three state groups, at admission and at the peak: 999 // 4 =
+    249 run, the 250th waits, none outgrows its admission (no preemption up to 2 x 250); with no token budget set,
+    no request waits for one."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     run = _run(tmp_path, "Qwen/Qwen3-Next-80B-A3B-Thinking", vllm_version="0.32.0")
     assert run.served_groups.groups is not None and run.served_groups.groups.has_mamba
-    assert run.rule is None and run.prediction is None
-    assert run.prediction_note == ("onsets not predicted: the model's KV cache is 4 group(s) (mamba, mamba, mamba, "
-                                   "full_attention) taking blocks from one pool, and vLLM's waiting gauge also counts "
-                                   "the requests its Mamba block-aligned prefill split holds back for the token budget, "
-                                   "which the bench cannot tell from waits for KV")
-    assert run.prediction_note in markdown(run.summary("complete", None))
+    assert run.prediction_note is None
+    pred = run.prediction
+    assert (pred.kv_groups, pred.admit_blocks, pred.peak_blocks) == ("3 x recurrent state (align) + full attention", 4, 4)
+    assert (pred.first_kv_wait, pred.first_preemption, pred.searched_up_to) == (250, None, 500)
+    assert pred.first_budget_wait is None and "first_budget_wait" not in pred.model_dump()
+    assert "| onset | predicted (hybrid simulator) | measured |" in markdown(run.summary("complete", None))
+
+
+def _granite_h_rule(budget: int) -> HybridRule:
+    """The tiny Granite-4.0-H the engine tests serve (tests/bench/test_replay_engine_mamba2.py): a Mamba-2 group with
+    its checkpoint page and a full-attention group, 25 blocks of 32; 64 + 64 tokens, 8 requests a stream."""
+    config = SchedulerConfig(num_blocks=25, block_size=32, max_num_batched_tokens=budget, max_model_len=512)
+    groups = HybridGroups((CacheGroup(MAMBA, checkpoint=True), CacheGroup(FULL)), 32, 512, budget)
+    return HybridRule(config, groups, lambda _: (64, 64), 64, 64, lambda _: 8)
+
+
+def test_a_gauge_wait_the_budget_explains_is_budget_limited_not_a_kv_wait():
+    """A 32-token budget: from 2 streams a waiting request's first chunk rounds down to no block while another decodes
+    (tests/vllm_facing/test_hybrid_scheduler_budget.py), so the simulator predicts waits for the budget from 2 and
+    none for KV up to 10. A point at 2 streams whose only evidence is the waiting gauge, with KV usage at 6 of 24
+    blocks (one request's peak, by hand: 4 attention + 2 state), had room for a waiting request's 4 admission blocks:
+    budget-limited. With the pool seen at 21 of 24 (no room for 4), or with a preemption, it stays a KV wait."""
+    rule = _granite_h_rule(32)
+    assert (rule.first_budget_wait, rule.first_kv_wait, rule.first_preemption, rule.searched_up_to) == (2, None, None, 10)
+    assert (rule.admit_blocks, rule.peak_blocks, rule.usable_blocks) == (4, 6, 24)
+    assert [rule.label(c) for c in (1, 2, 10)] == ["neither", "budget-limited", "budget-limited"]
+    note = budget_wait(rule, 2, ["waiting gauge"], ServerFigures(peak_waiting_capacity=1, peak_kv_usage=6 / 24))
+    assert note is not None and "KV usage peaked at 6 of 24 blocks, leaving room for a request's 4" in note
+    assert budget_wait(rule, 2, ["waiting gauge"], ServerFigures(peak_kv_usage=21 / 24)) is None
+    assert budget_wait(rule, 2, ["preemptions", "waiting gauge"], ServerFigures(peak_kv_usage=6 / 24)) is None
+    assert budget_wait(rule, 2, ["waiting gauge"], ServerFigures()) is None  # no KV usage read: no judgement
+    assert budget_wait(rule, 1, ["waiting gauge"], ServerFigures(peak_kv_usage=6 / 24)) is None  # none predicted at 1
+    assert measured_label(PointOutcome(2, False, False), None, True) == "budget-limited"
+    point = PredictedPoint.from_rule(rule, 2)
+    assert (point.waits_for_budget, point.waits_for_kv, point.label) == (True, False, "budget-limited")
+
+
+def test_an_unlimited_budget_predicts_no_budget_wait_and_keeps_kv_waits():
+    """With no budget to speak of the same model waits for KV and preempts at 5 streams (4 admission blocks, a 6-block
+    peak: 4 x 6 = 24 fit; 5 x 4 = 20 are admitted and outgrow the pool), and no request waits for the budget."""
+    rule = _granite_h_rule(4096)
+    assert (rule.first_budget_wait, rule.first_kv_wait, rule.first_preemption) == (None, 5, 5)
+    assert budget_wait(rule, 5, ["waiting gauge"], ServerFigures(peak_kv_usage=6 / 24)) is None
+    assert BlockRule(25, 32, 64, 64, 1 << 30).label(2) == "neither"  # the block rule has no budget waits
 
 
 def test_one_full_attention_group_keeps_the_block_rule(tmp_path, monkeypatch):
@@ -134,3 +184,33 @@ def test_a_fleet_of_a_hybrid_model_is_not_predicted_by_the_one_group_rule(tmp_pa
     (tmp_path / "Qwen_Qwen3-0.6B").mkdir(parents=True)
     plain = fleet_run("Qwen/Qwen3-0.6B")
     assert plain.rule is not None and plain.fleet.rule.rules[0].first_kv_wait == 999 // 24 + 1
+
+
+def test_the_outputs_show_the_budget_waits_beside_the_onsets(capsys):
+    """A run whose prediction has a first budget wait at 2 and whose 4-stream point was put down to the budget: the
+    terminal, report.md, report.html and points.csv say so where they show the onsets and the points."""
+    from kvplan.bench.outputs.csv import points_csv
+    from kvplan.bench.outputs.html import html_report
+    from kvplan.bench.render import load_summary
+    from kvplan.cli.bench_cmd import render
+
+    old = load_summary(DATA / "old-run-conc")
+    pred = OnsetPrediction(num_blocks=25, block_size=32, prompt_tokens=64, output_tokens=64, usable_blocks=24,
+                           admit_blocks=4, peak_blocks=6, first_kv_wait=None, first_preemption=None,
+                           kv_groups="recurrent state (align, checkpoint page) + full attention", searched_up_to=10,
+                           first_budget_wait=2)
+    points = [p.model_copy(update={"label": "budget-limited", "waited_for_budget": True, "waited_for_kv": False})
+              if p.concurrency == 4 else p for p in old.points]
+    summary = old.model_copy(update={"prediction": pred, "points": points})
+    text = "first concurrency that waits for the token budget (not KV): predicted 2; points measured budget-limited: 4"
+    assert f"{text[0].upper()}{text[1:]}." in markdown(summary)
+    assert f"<p>{text[0].upper()}{text[1:]}.</p>" in html_report([summary])
+    rows = list(csv.DictReader(io.StringIO(points_csv(summary.points))))
+    assert [(r["concurrency"], r["label"], r["waited_for_budget"]) for r in rows] == [
+        ("1", old.points[0].label, ""), ("4", "budget-limited", "True")]
+    render(summary)
+    out = capsys.readouterr().out
+    assert text in " ".join(out.split()) and "budget = the token budget" in " ".join(out.split())
+    # an older run's points are written back without the new keys (_NewFieldsOptional)
+    assert old.points[0].predicted is not None and "waits_for_budget" not in old.points[0].predicted.model_dump()
+    assert "waited_for_budget" not in old.points[0].model_dump()

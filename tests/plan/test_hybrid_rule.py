@@ -90,3 +90,23 @@ def test_a_request_that_does_not_fit_alone_and_a_search_over_the_bound_are_refus
     monkeypatch.setattr(hybrid_rule, "MAX_REQUEST_STEPS", 500)
     with pytest.raises(KvplanError, match="more than 500 request-steps"):
         _rule(64, 64)
+
+
+def test_the_first_budget_wait_is_the_first_level_whose_prompts_overflow_one_step():
+    """A 128-token window beside full attention on 999 usable blocks of 16, 256 + 128 tokens (both onsets at 31), and
+    a 2,048-token budget: the streams' prompts arrive together, and 8 x 256 = 2,048 fill one step, so from 9 streams
+    one waits for the budget at step 0 (never at 8: the next 8 prompts again arrive together into a step of 8
+    decodes ending). With no budget to speak of none waits for it below the first KV wait, and from there it is not
+    searched."""
+    groups = HybridGroups((CacheGroup(SLIDING, span=128), CacheGroup(FULL)), 16, 4096, 2048)
+
+    def rule(budget: int) -> HybridRule:
+        config = SchedulerConfig(num_blocks=1000, block_size=16, max_num_batched_tokens=budget, max_model_len=4096)
+        return HybridRule(config, groups, lambda _: (256, 128), 256, 128, lambda _: 8)
+
+    tight, roomy = rule(2048), rule(1 << 20)
+    assert (tight.first_kv_wait, tight.first_preemption, tight.first_budget_wait) == (31, 31, 9)
+    assert tight.results[9].first_budget_wait_step == 0 and [tight.label(c) for c in (8, 9, 31)] == [
+        "neither", "budget-limited", "KV-limited"]
+    assert (roomy.first_kv_wait, roomy.first_budget_wait) == (31, None)
+    assert [roomy.waits_for_budget(c) for c in (8, 30, 31)] == [False, False, None]

@@ -234,6 +234,33 @@ def test_steady_steps_at_once_are_the_steps_one_by_one(name, monkeypatch):
     assert [(s, t.hex(), u.hex()) for s, t, u in fast.kv_fill] == [(s, t.hex(), u.hex()) for s, t, u in plain.kv_fill]
 
 
+def test_a_request_arriving_while_decodes_spend_the_budget_waits_for_it_in_both_paths(monkeypatch):
+    """30 one-token prompts at 0 and a 31st at 10.5, a budget of 30 tokens and steps of 1: step 0 admits the 30
+    (30 tokens), which then decode one token each, the whole budget, for 80 steps; the 31st is seen at the start of
+    step 11 (time 11) and cannot be tried (vLLM's ``while token_budget > 0``, scheduler.py@0.32.0): its first wait
+    for the budget, with no wait for KV (31 x 6 blocks of 16 fit the 400). The steady steps run at once record it
+    as the steps one by one do."""
+    config = SchedulerConfig(num_blocks=400, block_size=16, max_num_batched_tokens=30)
+    build = lambda: open_loop([0.0] * 30 + [10.5], Lengths(1, 80))  # noqa: E731
+    fast_steps: list[int] = []
+    original = sim._Scheduler._decode_steps
+
+    def counted(self, max_steps):
+        fast_steps.append(original(self, max_steps))
+        return fast_steps[-1]
+
+    with monkeypatch.context() as m:
+        m.setattr(sim._Scheduler, "_decode_steps", counted)
+        fast = sim.simulate(config, build())
+    trace: list[tuple] = []
+    plain = sim.simulate(config, build(), trace=trace)
+    assert fast_steps[1] > 0  # the steps from 1 ran at once (the arrival at step 11 among them)
+    for res in (fast, plain):
+        assert (res.first_budget_wait_step, res.first_budget_wait_time) == (11, 11.0)
+        assert not res.waited_for_kv and not res.preempted
+    assert ("budget", 30) in trace  # the 31st request (number 30) waited at the head of the queue
+
+
 def _random_case(seed: int):
     """A small pool (evicting, often preempting), random limits and rules, and one of three random loads:
     sessions of shared prefixes arriving in bursts, an open loop of drawn lengths, or a closed loop."""

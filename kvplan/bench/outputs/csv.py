@@ -45,6 +45,7 @@ def points_csv(points: list[PointResult]) -> str:
     head += ["predicted_output_tok_s"]
     head += [f"replay_{k}" for k in REPLAY_CSV_KEYS]  # --traffic points (kvplan.bench.replay); empty otherwise
     head += list(TIER_CSV_KEYS)  # the KV tier's counters where the server declares them
+    head += ["waited_for_budget", "predicted_waits_for_budget"]  # waits for the token budget, not KV (kvplan.bench.point)
     buf = io.StringIO()
     w = csv_writer(buf)
     w.writerow(head)
@@ -69,6 +70,7 @@ def points_csv(points: list[PointResult]) -> str:
         row.append(None if lat is None else lat.output_tokens_per_s)
         row += [None if p.replay is None else getattr(p.replay, k) for k in REPLAY_CSV_KEYS]
         row += [getattr(srv, k) for k in TIER_CSV_KEYS]
+        row += [p.waited_for_budget, None if pred is None else pred.waits_for_budget]
         w.writerow(["" if v is None else v for v in row])
     return buf.getvalue()
 

@@ -100,7 +100,8 @@ def fleet_rows(points: list[PointResult], pools_of: Callable[[PointResult], list
                lambda p: p.replicas, engines: bool = False) -> list[tuple[str, ...]]:
     """One row per point and replica (FLEET_HEAD), or per point and engine (``pools_of`` the points' engines,
     ``engines``: ENGINES_HEAD, without the client's counts, which do not say which engine served a request)."""
-    short = {"KV-limited": "KV", "admission-limited": "admission", "neither": "-", "failed": "failed"}
+    short = {"KV-limited": "KV", "budget-limited": "budget", "admission-limited": "admission", "neither": "-",
+             "failed": "failed"}
     rows = []
     for p in points:
         for r in pools_of(p) or []:

@@ -15,6 +15,7 @@ from kvplan.bench.outputs.text import (
     GPU_HEAD,
     PREDICTED_FIGURES,
     TIER_HEAD,
+    budget_wait_text,
     gpu_rows,
     latency_model_text,
     onset_text,
@@ -260,6 +261,11 @@ def html_report(summaries: list[BenchSummary], title: str | None = None,
             f"<td>{escape(s.status)}</td><td>{onset('first_kv_wait')}</td><td>{onset('first_preemption')}</td>"
             f"<td>{escape(describe_slo(slo)) if slo else '-'}</td><td>{'-' if best is None else _fmt(best)}</td></tr>")
     body.append("</table>")
+    for i, s in enumerate(runs):  # waits for the token budget, which the waiting gauge counts as it counts KV waits
+        budget = budget_wait_text(s)
+        if budget:
+            body.append(f"<p>{escape(_run_name(s, i) + ': ' if many else '')}{escape(budget[0].upper() + budget[1:])}."
+                        "</p>")
 
     vlines = []  # the onsets of a concurrency sweep, predicted (dashed) and measured (dotted)
     if not many and modes == {"concurrency"}:

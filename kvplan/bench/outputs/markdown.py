@@ -10,6 +10,7 @@ from kvplan.bench.outputs.text import (
     GPU_HEAD,
     PREDICTED_FIGURES,
     TIER_HEAD,
+    budget_wait_text,
     gpu_rows,
     int_or_none,
     latency_model_text,
@@ -68,6 +69,9 @@ def markdown(summary: BenchSummary) -> str:
         p = pred.onset(key) if pred else None
         p_text = (pred.none_text if p is None else str(p)) if pred else "-"
         lines.append(f"| {name} | {p_text} | {onset_cell(s.measured.onset(key), p, pred is not None)} |")
+    budget = budget_wait_text(s)
+    if budget:
+        lines += ["", budget[0].upper() + budget[1:] + "."]
     if pred and pred.kv_groups:
         lines += ["", (
             f"Hybrid simulator (kvplan.plan.hybrid_sim) on the engine's pool: {pred.num_blocks} blocks of "

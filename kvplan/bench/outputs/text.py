@@ -34,6 +34,21 @@ def onset_cell(measured: Onset | None, predicted: int | None, has_prediction: bo
     return text
 
 
+def budget_wait_text(s: BenchSummary) -> str | None:
+    """The waits for the token budget, beside the onsets: the hybrid simulator's first concurrency with one
+    (OnsetPrediction.first_budget_wait) and the points whose waiting gauge was put down to the budget
+    (PointResult.waited_for_budget); None when the run has neither."""
+    pred = s.prediction
+    first = None if pred is None else pred.first_budget_wait
+    seen = [p.concurrency for p in s.points if p.waited_for_budget]
+    if first is None and not seen:
+        return None
+    predicted = "-" if pred is None or pred.kv_groups is None else pred.none_text if first is None else str(first)
+    measured = ", ".join(map(str, seen)) if seen else "none"
+    return (f"first concurrency that waits for the token budget (not KV): predicted {predicted}; points measured "
+            f"budget-limited: {measured}")
+
+
 TIER_HEAD = ("load", "tokens asked of the tier", "found there", "loaded (tier -> GPU)", "stored (GPU -> tier)")
 
 
