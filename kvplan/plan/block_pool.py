@@ -17,10 +17,11 @@ release-dependent part is `uncached_first`, docs/vllm-accounting.md section 9):
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Hashable, Iterable, Sequence
 from functools import partial
 from itertools import takewhile
-from operator import is_not
+from operator import is_, is_not
 
 _is_a_block = partial(is_not, None)  # a lookup found a block (not None)
 
@@ -196,6 +197,13 @@ class Block:
         self.prev = self.next = self
 
 
+class _Private:
+    """`LinkedBlockPool.PRIVATE`'s type (one instance)."""
+
+    def __repr__(self) -> str:
+        return "PRIVATE"
+
+
 class LinkedBlockPool(_PrefixMap):
     """`BlockPool`'s rules (the module's docstring) with each block one `Block` object, linked as vLLM's
     ``FreeKVCacheBlockQueue`` links its ``KVCacheBlock`` s; the plain simulator hands the objects around
@@ -204,7 +212,15 @@ class LinkedBlockPool(_PrefixMap):
     (benchmarks/bench_working_set.py). The hybrid scheduler keeps `BlockPool` (its tables are ids, 0 the
     null block). tests/plan/test_simulate_equivalence.py drives both against the reference pool.
 
-    The null block (id 0) is the free queue's head-and-tail sentinel: ``null.next`` is evicted first."""
+    The null block (id 0) is the free queue's head-and-tail sentinel: ``null.next`` is evicted first.
+
+    A full block whose hash no other request asks for (a request's own tail: the simulator knows from the whole
+    load, `SimTurn.shared_keys`) holds ``PRIVATE`` instead of its hash: cached as far as the queue goes (it goes to
+    the tail when freed, as any cached block), but not in the map, which saves a map insert and delete per such
+    block. No lookup can tell: only its own request could ask, after a preemption, and `promote` puts its hashes
+    into the map before its blocks are freed."""
+
+    PRIVATE = _Private()
 
     def __init__(self, usable: int, caching: bool = True, uncached_first: bool = True):
         self.blocks = [Block(i) for i in range(usable + 1)]
@@ -227,13 +243,16 @@ class LinkedBlockPool(_PrefixMap):
         first, dups = self.first, self.dups
         out: list[Block] = []
         block = null = self.null
+        private = self.PRIVATE
         for _ in range(count):
             block = block.next
             out.append(block)
             key = block.key
             if key is not None:  # evicted
                 block.key = None
-                if dups and key in dups:
+                if key is private:
+                    pass
+                elif dups and key in dups:
                     self._forget_one_of(key, block)
                 else:
                     del first[key]
@@ -246,12 +265,17 @@ class LinkedBlockPool(_PrefixMap):
     def take_cached(self, count: int, keys: Sequence[Hashable]) -> list[Block]:
         """`take` of ``count`` blocks, then `cache` of the first ``len(keys)`` of them under ``keys``, in one pass
         over the blocks (an admitted prompt's new blocks, its full ones registered at once: each block read once,
-        not twice). The same pool as the two calls: each block's old hash leaves the map before its new one enters,
-        and a hash that one block of this take gains while a later one loses it ends with the same blocks, in the
-        same order (`_forget_one_of` drops the evicted one from the list the new one joined)."""
+        not twice); ``keys`` may end in ``PRIVATE`` s (`cache_private` of those blocks). The same pool as the two
+        calls: each block's old hash leaves the map before its new one enters, and a hash that one block of this
+        take gains while a later one loses it ends with the same blocks, in the same order (`_forget_one_of` drops
+        the evicted one from the list the new one joined)."""
         if not self.caching or not keys:
             return self.take(count)
-        first, dups = self.first, self.dups
+        first, dups, is_private = self.first, self.dups, self.PRIVATE
+        private = 0
+        if keys[-1] is is_private:  # where the PRIVATE s start (a few steps of bisection, not a scan)
+            hashed = bisect_left(keys, True, key=partial(is_, is_private))
+            keys, private = keys[:hashed], len(keys) - hashed
         setdefault = first.setdefault
         out: list[Block] = []
         block = null = self.null
@@ -259,7 +283,7 @@ class LinkedBlockPool(_PrefixMap):
             block = block.next
             out.append(block)
             old = block.key
-            if old is not None:  # evicted
+            if old is not None and old is not is_private:  # evicted (a private hash is in no map)
                 if dups and old in dups:
                     self._forget_one_of(old, block)
                 else:
@@ -269,17 +293,18 @@ class LinkedBlockPool(_PrefixMap):
             found = setdefault(key, block)
             if found is not block:  # a second block with this hash (see `cache`)
                 dups.setdefault(key, [found]).append(block)
-        for _ in range(count - len(keys)):  # the rest as `take`
-            block = block.next
-            out.append(block)
-            old = block.key
-            if old is not None:
-                block.key = None
-                if dups and old in dups:
-                    self._forget_one_of(old, block)
-                else:
-                    del first[old]
-            block.ref = 1
+        for new_key, n in ((is_private, private), (None, count - len(keys) - private)):  # then the rest as `take`
+            for _ in range(n):
+                block = block.next
+                out.append(block)
+                old = block.key
+                if old is not None and old is not is_private:
+                    if dups and old in dups:
+                        self._forget_one_of(old, block)
+                    else:
+                        del first[old]
+                block.key = new_key
+                block.ref = 1
         head = block.next
         null.next, head.prev = head, null
         self.num_free -= count
@@ -333,6 +358,26 @@ class LinkedBlockPool(_PrefixMap):
                 block.key = key
                 found = first.setdefault(key, block)
                 if found is not block:  # a second block with this hash: both stay cached, lookups find the first
+                    self.dups.setdefault(key, [found]).append(block)
+
+    def cache_private(self, blocks: Iterable[Block]) -> None:
+        """`cache` of blocks under hashes no other request asks for: ``PRIVATE``, the map untouched."""
+        if not self.caching:
+            return
+        private = self.PRIVATE
+        for block in blocks:
+            if block.key is None:
+                block.key = private
+
+    def promote(self, blocks: Sequence[Block], keys: Sequence[Hashable]) -> None:
+        """The ``PRIVATE`` ones of ``blocks`` registered under their hashes (``keys``, in the same order), as
+        `cache` would have when they filled: their request is preempted and may look them up when readmitted."""
+        private, first = self.PRIVATE, self.first
+        for block, key in zip(blocks, keys):
+            if block.key is private:
+                block.key = key
+                found = first.setdefault(key, block)
+                if found is not block:
                     self.dups.setdefault(key, [found]).append(block)
 
     def free_queue(self) -> list[int]:

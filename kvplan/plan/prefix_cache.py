@@ -63,6 +63,7 @@ class BlockHasher:
         self._straddling: dict[tuple, int] = {}  # (parent, spans) -> id
         self._runs: dict[tuple, list[int]] = {}  # (parent, segment key, offset) -> ids of the run's blocks
         self._count = 0  # ids given so far
+        self._reused = bytearray(1)  # by id: 1 once a second prompt got it (index 0 unused)
 
     def _straddling_id(self, parent: int, spans: tuple) -> int:
         key = (parent, spans)
@@ -70,7 +71,25 @@ class BlockHasher:
         if found is None:
             self._count += 1
             found = self._straddling[key] = self._count
+            self._reused.append(0)
+        else:
+            self._reused[found] = 1
         return found
+
+    def _mark_reused(self, ids: list[int]) -> None:
+        """A second prompt got ``ids`` (a run's first blocks: consecutive ids unless the run was extended)."""
+        first, last = ids[0], ids[-1]
+        if last - first == len(ids) - 1:
+            self._reused[first:last + 1] = b"\x01" * len(ids)
+        else:
+            for i in ids:
+                self._reused[i] = 1
+
+    def shared_count(self, keys: Sequence[int]) -> int:
+        """How many of a prompt's leading ids (`prompt_keys`) another prompt hashed so far also got. Those
+        are a prefix: an id names its whole chain, so a prompt with a prompt's k-th id has its first k too."""
+        reused = self._reused
+        return bisect_left(keys, True, key=lambda k: not reused[k])
 
     def _run(self, parent: int, key: str, offset: int, count: int) -> list[int]:
         """The ids of the run's first ``count`` blocks (or more: the caller takes ``count``)."""
@@ -81,6 +100,7 @@ class BlockHasher:
         if len(run) < count:  # blocks never seen: the next ids, in prompt order
             start = self._count + 1
             self._count += count - len(run)
+            self._reused.extend(bytes(count - len(run)))
             run.extend(range(start, self._count + 1))
         return run
 
@@ -111,8 +131,11 @@ class BlockHasher:
                     start = self._count + 1
                     self._count += count
                     run = runs[name] = list(range(start, self._count + 1))
-                elif len(run) < count:
-                    run = self._run(parent, key, at, count)
+                    self._reused.extend(bytes(count))
+                else:
+                    self._mark_reused(run[:count])
+                    if len(run) < count:
+                        run = self._run(parent, key, at, count)
                 out.extend(run if len(run) == count else run[:count])
                 parent = run[count - 1]
                 at += count * B
@@ -391,13 +414,13 @@ def traffic_load(traffic: Traffic, block_size: int, time_scale: float = 1.0, cli
         raise KvplanError(f"invalid time scale {time_scale}", "use a factor > 0 (0.5 replays twice as fast)")
     hasher = BlockHasher(block_size)
     numbers: dict[str, int] = {}
-    turns = []
     with paused_gc():  # millions of ids, no garbage (kvplan.plan.simulate.paused_gc)
-        for t in traffic.turns:
-            session = numbers.setdefault(t.session, len(numbers))
-            turns.append(SimTurn(session, t.prompt_tokens, t.output_tokens, hasher.prompt_keys(t.segments),
-                                 arrival=None if t.arrival_s is None else t.arrival_s * time_scale,
-                                 think=t.think_s * time_scale))
+        keys = [hasher.prompt_keys(t.segments) for t in traffic.turns]
+        # Once every prompt is hashed, each turn also says how many of its ids another turn has too.
+        turns = [SimTurn(numbers.setdefault(t.session, len(numbers)), t.prompt_tokens, t.output_tokens, k,
+                         arrival=None if t.arrival_s is None else t.arrival_s * time_scale,
+                         think=t.think_s * time_scale, shared_keys=hasher.shared_count(k))
+                 for t, k in zip(traffic.turns, keys)]
     return session_load(turns, client_delay)
 
 
