@@ -250,12 +250,11 @@ class LinkedBlockPool(_PrefixMap):
             key = block.key
             if key is not None:  # evicted
                 block.key = None
-                if key is private:
-                    pass
-                elif dups and key in dups:
-                    self._forget_one_of(key, block)
-                else:
-                    del first[key]
+                if key is not private:  # (a private hash is in no map)
+                    if dups and key in dups:
+                        self._forget_one_of(key, block)
+                    else:
+                        del first[key]
             block.ref = 1
         head = block.next  # the queue now starts after the last one taken
         null.next, head.prev = head, null

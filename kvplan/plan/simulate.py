@@ -123,8 +123,9 @@ class SimTurn:
     keys: tuple[int, ...] = ()
     arrival: float | None = None
     think: float = 0.0
-    # How many of ``keys`` (a prefix) another turn of the load also has; the rest only this turn asks for, so the
-    # simulator keeps them out of the prefix-cache map (`LinkedBlockPool.PRIVATE`). None: any may be shared.
+    # How many of ``keys`` (a prefix) another turn of the load it was made for also has (`traffic_load`); the rest
+    # only this turn asks for, so the simulator keeps them out of the prefix-cache map (`LinkedBlockPool.PRIVATE`).
+    # None: any may be shared.
     shared_keys: int | None = None
 
 
@@ -526,7 +527,7 @@ class _Scheduler:
         if shared_ids is None:
             shared_ids = len(keys)
         shared_blocks = shared_tokens // self.B
-        return shared_ids if shared_blocks <= len(keys) else max(len(keys), shared_blocks)
+        return shared_ids if shared_blocks <= len(keys) else shared_blocks  # (shared-prefix blocks past the ids)
 
     def _first_arrivals(self) -> list[tuple[float, int, _Req]]:
         """The requests known before the first step, by (time, stream): sessions' turns with an arrival, each
