@@ -381,7 +381,7 @@ class SimResult:
 
 class _Req:
     __slots__ = ("tl", "prompt", "output", "shared", "generated", "computed", "blocks", "stream", "k", "rid",
-                 "num_cached", "keys", "private_from")
+                 "num_cached", "keys", "private_from", "own_from")
 
     def __init__(self, tl: RequestTimeline, rid: int, stream: int, k: int, keys: tuple[int, ...] = (),
                  private_from: float = math.inf):
@@ -393,6 +393,7 @@ class _Req:
         self.num_cached = 0  # leading blocks already offered to the prefix cache (vLLM: num_cached_block)
         # Its blocks from this one on have hashes no other request has (`LinkedBlockPool.PRIVATE`; inf: none known).
         self.private_from = private_from
+        self.own_from = math.inf  # its first PRIVATE block in ``blocks`` (past the hits of its last admission)
 
     @property
     def num_tokens(self) -> int:
@@ -521,7 +522,7 @@ class _Scheduler:
         """The first of request ``number``'s blocks whose hash no other request has: past the hash ids other turns
         share (`SimTurn.shared_keys`; all when not known) and the shared prefix's blocks (`_key`: the rest are
         ``("req", rid, k)``, its own). inf where the pool keeps every hash in its map (`BlockPool`)."""
-        if not isinstance(self.pool, LinkedBlockPool):
+        if not isinstance(self.pool, LinkedBlockPool) or not self.config.prefix_caching:
             return math.inf
         shared_ids = self.load.turns[number].shared_keys if self.load.turns else None
         if shared_ids is None:
@@ -582,8 +583,10 @@ class _Scheduler:
             self.pool.cache_private(req.blocks[mid:stop])
 
     def _free(self, req: _Req) -> None:
-        """Its blocks back to the pool, its last block first (a hybrid pool frees group by group)."""
-        self.pool.release(req.blocks)
+        """Its blocks back to the pool, its last block first (a hybrid pool frees group by group); its PRIVATE ones
+        as one run."""
+        own = (int(req.own_from), req.num_cached) if req.num_cached > req.own_from else None
+        self.pool.release(req.blocks, own)
         req.blocks = []
 
     def _preempt(self, req: _Req) -> None:
@@ -592,6 +595,7 @@ class _Scheduler:
         if req.num_cached > req.private_from:  # its own hashes into the map: it looks them up when readmitted
             start = int(req.private_from)
             self.pool.promote(req.blocks[start:req.num_cached], _keys(req, start, req.num_cached, self.B))
+            req.own_from = math.inf  # (none left)
         self._free(req)
         req.computed = 0
         req.num_cached = 0
@@ -703,6 +707,7 @@ class _Scheduler:
                     keys = [*keys, *[LinkedBlockPool.PRIVATE] * (full - mid)]
                 req.blocks += pool.take_cached(need, keys)
             req.num_cached = max(len(hits), full)
+            req.own_from = max(len(hits), req.private_from)
             if self.trace is not None:
                 self.trace.append(("admit", req.tl.index, req.num_tokens, pool.ids(hits), first_chunk, pool.ids(req.blocks)))
             waiting.popleft()
