@@ -228,7 +228,8 @@ class LinkedBlockPool(_PrefixMap):
     load, `SimTurn.shared_keys`) holds ``PRIVATE`` instead of its hash: cached as far as the queue goes (it goes to
     the tail when freed, as any cached block), but not in the map, which saves a map insert and delete per such
     block. No lookup can tell: only its own request could ask, after a preemption, and `promote` puts its hashes
-    into the map before its blocks are freed."""
+    into the map before its blocks are freed. Freed together, a request's PRIVATE blocks enter the queue as one
+    entry (`_Run`: no hit can take one out of its middle), and a take copies them out as a slice."""
 
     PRIVATE = _Private()
 
