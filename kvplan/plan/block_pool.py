@@ -17,10 +17,11 @@ release-dependent part is `uncached_first`, docs/vllm-accounting.md section 9):
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Hashable, Iterable, Sequence
 from functools import partial
 from itertools import takewhile
-from operator import is_not
+from operator import is_, is_not
 
 _is_a_block = partial(is_not, None)  # a lookup found a block (not None)
 
@@ -196,6 +197,23 @@ class Block:
         self.prev = self.next = self
 
 
+class _Private:
+    """`LinkedBlockPool.PRIVATE`'s type (one instance)."""
+
+    def __repr__(self) -> str:
+        return "PRIVATE"
+
+
+class _Run:
+    """Consecutive entries of `LinkedBlockPool`'s free queue as one: a freed request's ``PRIVATE`` blocks (free,
+    cached, in no map), in queue order, the first ``start`` of them already taken again."""
+
+    __slots__ = ("prev", "next", "blocks", "start")
+
+    def __init__(self, blocks: list[Block]):
+        self.blocks, self.start = blocks, 0
+
+
 class LinkedBlockPool(_PrefixMap):
     """`BlockPool`'s rules (the module's docstring) with each block one `Block` object, linked as vLLM's
     ``FreeKVCacheBlockQueue`` links its ``KVCacheBlock`` s; the plain simulator hands the objects around
@@ -204,7 +222,16 @@ class LinkedBlockPool(_PrefixMap):
     (benchmarks/bench_working_set.py). The hybrid scheduler keeps `BlockPool` (its tables are ids, 0 the
     null block). tests/plan/test_simulate_equivalence.py drives both against the reference pool.
 
-    The null block (id 0) is the free queue's head-and-tail sentinel: ``null.next`` is evicted first."""
+    The null block (id 0) is the free queue's head-and-tail sentinel: ``null.next`` is evicted first.
+
+    A full block whose hash no other request asks for (a request's own tail: the simulator knows from the whole
+    load, `SimTurn.shared_keys`) holds ``PRIVATE`` instead of its hash: cached as far as the queue goes (it goes to
+    the tail when freed, as any cached block), but not in the map, which saves a map insert and delete per such
+    block. No lookup can tell: only its own request could ask, after a preemption, and `promote` puts its hashes
+    into the map before its blocks are freed. Freed together, a request's PRIVATE blocks enter the queue as one
+    entry (`_Run`: no hit can take one out of its middle), and a take copies them out as a slice."""
+
+    PRIVATE = _Private()
 
     def __init__(self, usable: int, caching: bool = True, uncached_first: bool = True):
         self.blocks = [Block(i) for i in range(usable + 1)]
@@ -222,67 +249,71 @@ class LinkedBlockPool(_PrefixMap):
         block = self.first.get(key)
         return None if block is None else block.id
 
-    def take(self, count: int = 1) -> list[Block]:
-        """``count`` new blocks from the head of the queue (each evicting its cache entry)."""
-        first, dups = self.first, self.dups
+    def _pop(self, count: int) -> list[Block]:
+        """The first ``count`` blocks of the free queue, out of it; the hashes of those that held one in the map
+        evicted (the caller gives each block its new hash, or None). A run gives its blocks as one slice."""
+        first, dups, private = self.first, self.dups, self.PRIVATE
         out: list[Block] = []
-        block = null = self.null
-        for _ in range(count):
-            block = block.next
-            out.append(block)
-            key = block.key
-            if key is not None:  # evicted
-                block.key = None
-                if dups and key in dups:
-                    self._forget_one_of(key, block)
-                else:
-                    del first[key]
-            block.ref = 1
-        head = block.next  # the queue now starts after the last one taken
-        null.next, head.prev = head, null
+        null = self.null
+        node = null.next
+        need = count
+        while need:
+            if node.__class__ is _Run:
+                blocks, start = node.blocks, node.start
+                end = start + need
+                if end < len(blocks):  # the run's first ``need`` blocks: the rest stays at the head
+                    out += blocks[start:end]
+                    node.start = end
+                    break
+                out += blocks[start:] if start else blocks
+                need -= len(blocks) - start
+                spent, node = node, node.next
+                spent.prev = spent.next = None  # (no links left behind: see `unlink`)
+            else:
+                out.append(node)
+                key = node.key
+                if key is not None and key is not private:  # evicted (a private hash is in no map)
+                    node.key = None
+                    if dups and key in dups:
+                        self._forget_one_of(key, node)
+                    else:
+                        del first[key]
+                node = node.next
+                need -= 1
+        null.next, node.prev = node, null  # the queue now starts after the last one taken
         self.num_free -= count
         return out
 
+    def take(self, count: int = 1) -> list[Block]:
+        """``count`` new blocks from the head of the queue (each evicting its cache entry)."""
+        out = self._pop(count)
+        for block in out:
+            block.key = None
+            block.ref = 1
+        return out
+
     def take_cached(self, count: int, keys: Sequence[Hashable]) -> list[Block]:
-        """`take` of ``count`` blocks, then `cache` of the first ``len(keys)`` of them under ``keys``, in one pass
-        over the blocks (an admitted prompt's new blocks, its full ones registered at once: each block read once,
-        not twice). The same pool as the two calls: each block's old hash leaves the map before its new one enters,
-        and a hash that one block of this take gains while a later one loses it ends with the same blocks, in the
-        same order (`_forget_one_of` drops the evicted one from the list the new one joined)."""
+        """`take` of ``count`` blocks, then `cache` of the first ``len(keys)`` of them under ``keys`` (an admitted
+        prompt's new blocks, its full ones registered at once); ``keys`` may end in ``PRIVATE`` s (`cache_private`
+        of those blocks)."""
         if not self.caching or not keys:
             return self.take(count)
-        first, dups = self.first, self.dups
+        out = self._pop(count)
+        first, dups, private = self.first, self.dups, self.PRIVATE
+        hashed = len(keys)
+        if keys[-1] is private:  # where the PRIVATE s start (a few steps of bisection, not a scan)
+            hashed = bisect_left(keys, True, key=partial(is_, private))
         setdefault = first.setdefault
-        out: list[Block] = []
-        block = null = self.null
-        for key in keys:
-            block = block.next
-            out.append(block)
-            old = block.key
-            if old is not None:  # evicted
-                if dups and old in dups:
-                    self._forget_one_of(old, block)
-                else:
-                    del first[old]
+        for block, key in zip(out, keys[:hashed] if hashed < len(keys) else keys):
             block.key = key
             block.ref = 1
             found = setdefault(key, block)
             if found is not block:  # a second block with this hash (see `cache`)
                 dups.setdefault(key, [found]).append(block)
-        for _ in range(count - len(keys)):  # the rest as `take`
-            block = block.next
-            out.append(block)
-            old = block.key
-            if old is not None:
-                block.key = None
-                if dups and old in dups:
-                    self._forget_one_of(old, block)
-                else:
-                    del first[old]
-            block.ref = 1
-        head = block.next
-        null.next, head.prev = head, null
-        self.num_free -= count
+        for new_key, blocks in ((private, out[hashed:len(keys)]), (None, out[len(keys):])):
+            for block in blocks:
+                block.key = new_key
+                block.ref = 1
         return out
 
     def touch(self, blocks: Iterable[Block]) -> None:
@@ -296,24 +327,39 @@ class LinkedBlockPool(_PrefixMap):
             block.ref += 1
         self.num_free -= unlinked
 
-    def release(self, blocks: Sequence[Block]) -> None:
+    def release(self, blocks: Sequence[Block], private: tuple[int, int] | None = None) -> None:
         """`BlockPool.release`: the blocks in table order, freed last first; cached ones to the tail, uncached
-        ones (``uncached_first``) to the head in the order they are freed."""
+        ones (``uncached_first``) to the head in the order they are freed. ``private``: ``(start, stop)``, where
+        ``blocks[start:stop]`` are ``PRIVATE`` and held by this request alone: they go to the tail as one run (the
+        same order, one queue entry instead of one per block)."""
         uncached_first, null = self.uncached_first, self.null
         to_head: list[Block] = []
         tail = null.prev
         held = 0
-        for block in reversed(blocks):
-            if block.ref != 1:  # another request still holds it
-                block.ref -= 1
-                held += 1
+        if private is None:
+            parts: tuple[Sequence[Block], ...] = (blocks,)
+        else:
+            start, stop = private
+            parts = (blocks[stop:], blocks[start:stop], blocks[:start])
+        for i, part in enumerate(parts):
+            if i == 1:  # the private run
+                run = _Run(part[::-1])
+                for block in part:
+                    block.ref = 0
+                tail.next, run.prev = run, tail
+                tail = run
                 continue
-            block.ref = 0
-            if block.key is None and uncached_first:
-                to_head.append(block)
-            else:
-                tail.next, block.prev = block, tail
-                tail = block
+            for block in reversed(part):
+                if block.ref != 1:  # another request still holds it
+                    block.ref -= 1
+                    held += 1
+                    continue
+                block.ref = 0
+                if block.key is None and uncached_first:
+                    to_head.append(block)
+                else:
+                    tail.next, block.prev = block, tail
+                    tail = block
         tail.next, null.prev = null, tail
         if to_head:
             before, after = null, null.next
@@ -335,12 +381,35 @@ class LinkedBlockPool(_PrefixMap):
                 if found is not block:  # a second block with this hash: both stay cached, lookups find the first
                     self.dups.setdefault(key, [found]).append(block)
 
+    def cache_private(self, blocks: Iterable[Block]) -> None:
+        """`cache` of blocks under hashes no other request asks for: ``PRIVATE``, the map untouched."""
+        if not self.caching:
+            return
+        private = self.PRIVATE
+        for block in blocks:
+            if block.key is None:
+                block.key = private
+
+    def promote(self, blocks: Sequence[Block], keys: Sequence[Hashable]) -> None:
+        """The ``PRIVATE`` ones of ``blocks`` registered under their hashes (``keys``, in the same order), as
+        `cache` would have when they filled: their request is preempted and may look them up when readmitted."""
+        private, first = self.PRIVATE, self.first
+        for block, key in zip(blocks, keys):
+            if block.key is private:
+                block.key = key
+                found = first.setdefault(key, block)
+                if found is not block:
+                    self.dups.setdefault(key, [found]).append(block)
+
     def free_queue(self) -> list[int]:
         """The free queue's ids from head (evicted first) to tail."""
-        out, block = [], self.null.next
-        while block is not self.null:
-            out.append(block.id)
-            block = block.next
+        out, node = [], self.null.next
+        while node is not self.null:
+            if node.__class__ is _Run:
+                out += [b.id for b in node.blocks[node.start:]]
+            else:
+                out.append(node.id)
+            node = node.next
         return out
 
     def free_among(self, blocks: Iterable[Block]) -> int:
@@ -352,6 +421,9 @@ class LinkedBlockPool(_PrefixMap):
     def unlink(self) -> None:
         """Break the queue's links, once the pool is done with: its blocks form a ring of reference cycles
         that only a full collection would free (megabytes for a large pool, per simulation)."""
+        node = self.null.next
+        while node is not self.null:  # the queue's runs (spent ones hold no links), and its blocks
+            node.prev, node = None, node.next
         for block in self.blocks:
             block.prev = block.next = None  # type: ignore[assignment]
 

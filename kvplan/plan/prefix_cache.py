@@ -63,6 +63,7 @@ class BlockHasher:
         self._straddling: dict[tuple, int] = {}  # (parent, spans) -> id
         self._runs: dict[tuple, list[int]] = {}  # (parent, segment key, offset) -> ids of the run's blocks
         self._count = 0  # ids given so far
+        self._alone = bytearray(1)  # by id: 1 while only the prompt that made it has it (index 0 unused)
 
     def _straddling_id(self, parent: int, spans: tuple) -> int:
         key = (parent, spans)
@@ -70,7 +71,24 @@ class BlockHasher:
         if found is None:
             self._count += 1
             found = self._straddling[key] = self._count
+            self._alone.append(1)
+        else:
+            self._alone[found] = 0
         return found
+
+    def _reused(self, run: list[int], count: int) -> None:
+        """A second prompt got the run's first ``count`` ids (consecutive, unless the run was extended)."""
+        first, last = run[0], run[min(count, len(run)) - 1]
+        if last - first == count - 1:
+            self._alone[first:last + 1] = bytes(count)
+        else:
+            for i in run[:count]:
+                self._alone[i] = 0
+
+    def shared_count(self, keys: Sequence[int]) -> int:
+        """How many of a prompt's leading ids (`prompt_keys`) another prompt hashed so far also got. Those
+        are a prefix: an id names its whole chain, so a prompt with a prompt's k-th id has its first k too."""
+        return bisect_left(keys, 1, key=self._alone.__getitem__)
 
     def _run(self, parent: int, key: str, offset: int, count: int) -> list[int]:
         """The ids of the run's first ``count`` blocks (or more: the caller takes ``count``)."""
@@ -81,12 +99,13 @@ class BlockHasher:
         if len(run) < count:  # blocks never seen: the next ids, in prompt order
             start = self._count + 1
             self._count += count - len(run)
+            self._alone.extend(b"\x01" * (count - len(run)))
             run.extend(range(start, self._count + 1))
         return run
 
     def prompt_keys(self, segments: Sequence[Segment]) -> tuple[int, ...]:
         """The ids of the prompt's full blocks, in order (the last partial block has none)."""
-        B, runs = self.block_size, self._runs
+        B, runs, alone = self.block_size, self._runs, self._alone
         out: list[int] = []
         parent = 0
         spans: list[tuple[str, int, int]] = []  # the block being filled: (segment key, start, end) runs
@@ -111,8 +130,15 @@ class BlockHasher:
                     start = self._count + 1
                     self._count += count
                     run = runs[name] = list(range(start, self._count + 1))
-                elif len(run) < count:
-                    run = self._run(parent, key, at, count)
+                    alone.extend(b"\x01" * count)
+                else:  # a second prompt has its first ``count`` ids (`_reused`, inline for consecutive ones)
+                    first = run[0]
+                    if count <= len(run) and run[count - 1] - first == count - 1:
+                        alone[first:first + count] = bytes(count)
+                    else:
+                        self._reused(run, count)
+                    if len(run) < count:
+                        run = self._run(parent, key, at, count)
                 out.extend(run if len(run) == count else run[:count])
                 parent = run[count - 1]
                 at += count * B
@@ -391,13 +417,13 @@ def traffic_load(traffic: Traffic, block_size: int, time_scale: float = 1.0, cli
         raise KvplanError(f"invalid time scale {time_scale}", "use a factor > 0 (0.5 replays twice as fast)")
     hasher = BlockHasher(block_size)
     numbers: dict[str, int] = {}
-    turns = []
     with paused_gc():  # millions of ids, no garbage (kvplan.plan.simulate.paused_gc)
-        for t in traffic.turns:
-            session = numbers.setdefault(t.session, len(numbers))
-            turns.append(SimTurn(session, t.prompt_tokens, t.output_tokens, hasher.prompt_keys(t.segments),
-                                 arrival=None if t.arrival_s is None else t.arrival_s * time_scale,
-                                 think=t.think_s * time_scale))
+        keys = [hasher.prompt_keys(t.segments) for t in traffic.turns]
+        # Once every prompt is hashed, each turn also says how many of its ids another turn has too.
+        turns = [SimTurn(numbers.setdefault(t.session, len(numbers)), t.prompt_tokens, t.output_tokens, k,
+                         arrival=None if t.arrival_s is None else t.arrival_s * time_scale,
+                         think=t.think_s * time_scale, shared_keys=hasher.shared_count(k))
+                 for t, k in zip(traffic.turns, keys)]
     return session_load(turns, client_delay)
 
 

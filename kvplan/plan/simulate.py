@@ -123,6 +123,10 @@ class SimTurn:
     keys: tuple[int, ...] = ()
     arrival: float | None = None
     think: float = 0.0
+    # How many of ``keys`` (a prefix) another turn of the load it was made for also has (`traffic_load`); the rest
+    # only this turn asks for, so the simulator keeps them out of the prefix-cache map (`LinkedBlockPool.PRIVATE`).
+    # None: any may be shared.
+    shared_keys: int | None = None
 
 
 @dataclass(frozen=True)
@@ -385,15 +389,19 @@ class SimResult:
 
 class _Req:
     __slots__ = ("tl", "prompt", "output", "shared", "generated", "computed", "blocks", "stream", "k", "rid",
-                 "num_cached", "keys")
+                 "num_cached", "keys", "private_from", "own_from")
 
-    def __init__(self, tl: RequestTimeline, rid: int, stream: int, k: int, keys: tuple[int, ...] = ()):
+    def __init__(self, tl: RequestTimeline, rid: int, stream: int, k: int, keys: tuple[int, ...] = (),
+                 private_from: float = math.inf):
         self.tl, self.rid, self.stream, self.k, self.keys = tl, rid, stream, k, keys
         self.prompt, self.output, self.shared = tl.prompt_tokens, tl.output_tokens, tl.shared_tokens
         self.generated = 0
         self.computed = 0
         self.blocks: list = []  # its blocks (the pool's Block objects, or ids)
         self.num_cached = 0  # leading blocks already offered to the prefix cache (vLLM: num_cached_block)
+        # Its blocks from this one on have hashes no other request has (`LinkedBlockPool.PRIVATE`; inf: none known).
+        self.private_from = private_from
+        self.own_from = math.inf  # its first PRIVATE block in ``blocks`` (past the hits of its last admission)
 
     @property
     def num_tokens(self) -> int:
@@ -518,7 +526,19 @@ class _Scheduler:
                              session=load.turns[number].session if load.turns else -1)
         self.timelines.append(tl)
         self.counter += 1
-        return _Req(tl, self.counter, stream, k, keys)
+        return _Req(tl, self.counter, stream, k, keys, self._private_from(number, keys, tl.shared_tokens))
+
+    def _private_from(self, number: int, keys: tuple[int, ...], shared_tokens: int) -> float:
+        """The first of request ``number``'s blocks whose hash no other request has: past the hash ids other turns
+        share (`SimTurn.shared_keys`; all when not known) and the shared prefix's blocks (`_key`: the rest are
+        ``("req", rid, k)``, its own). inf where the pool keeps every hash in its map (`BlockPool`)."""
+        if not isinstance(self.pool, LinkedBlockPool) or not self.config.prefix_caching:
+            return math.inf
+        shared_ids = self.load.turns[number].shared_keys if self.load.turns else None
+        if shared_ids is None:
+            shared_ids = len(keys)
+        shared_blocks = shared_tokens // self.B
+        return shared_ids if shared_blocks <= len(keys) else shared_blocks  # (shared-prefix blocks past the ids)
 
     def _first_arrivals(self) -> list[tuple[float, int, _Req]]:
         """The requests known before the first step, by (time, stream): sessions' turns with an arrival, each
@@ -560,17 +580,32 @@ class _Scheduler:
         when it is allocated for tokens that fill it, never again)."""
         full = min(upto, req.num_tokens) // self.B
         if full > req.num_cached:
-            self.pool.cache(req.blocks[req.num_cached:full], _keys(req, req.num_cached, full, self.B))
+            self._cache(req, req.num_cached, full)
             req.num_cached = full
 
+    def _cache(self, req: _Req, start: int, stop: int) -> None:
+        """Blocks ``start`` to ``stop - 1`` of the request cached: under their hashes, or as ``PRIVATE`` from its
+        ``private_from`` on."""
+        mid = min(max(start, req.private_from), stop)
+        if mid > start:
+            self.pool.cache(req.blocks[start:mid], _keys(req, start, mid, self.B))
+        if stop > mid:
+            self.pool.cache_private(req.blocks[mid:stop])
+
     def _free(self, req: _Req) -> None:
-        """Its blocks back to the pool, its last block first (a hybrid pool frees group by group)."""
-        self.pool.release(req.blocks)
+        """Its blocks back to the pool, its last block first (a hybrid pool frees group by group); its PRIVATE ones
+        as one run."""
+        own = (int(req.own_from), req.num_cached) if req.num_cached > req.own_from else None
+        self.pool.release(req.blocks, own)
         req.blocks = []
 
     def _preempt(self, req: _Req) -> None:
         if self.trace is not None:
             self.trace.append(("preempt", req.tl.index))
+        if req.num_cached > req.private_from:  # its own hashes into the map: it looks them up when readmitted
+            start = int(req.private_from)
+            self.pool.promote(req.blocks[start:req.num_cached], _keys(req, start, req.num_cached, self.B))
+            req.own_from = math.inf  # (none left)
         self._free(req)
         req.computed = 0
         req.num_cached = 0
@@ -680,8 +715,13 @@ class _Scheduler:
             full = upto // B
             need = cdiv(upto, B) - len(hits)
             if need > 0:
-                req.blocks += pool.take_cached(need, _keys(req, len(hits), full, B) if full > len(hits) else ())
+                mid = min(max(len(hits), req.private_from), full)  # (`_cache`'s split: hashes, then PRIVATE)
+                keys = _keys(req, len(hits), mid, B) if mid > len(hits) else ()
+                if full > mid:
+                    keys = [*keys, *[LinkedBlockPool.PRIVATE] * (full - mid)]
+                req.blocks += pool.take_cached(need, keys)
             req.num_cached = max(len(hits), full)
+            req.own_from = max(len(hits), req.private_from)
             if self.trace is not None:
                 self.trace.append(("admit", req.tl.index, req.num_tokens, pool.ids(hits), first_chunk, pool.ids(req.blocks)))
             waiting.popleft()
@@ -873,6 +913,7 @@ class _Scheduler:
         # The steps' results: every request sampled a token per step.
         done: list[_Req] = []
         caching = config.prefix_caching
+        own: list = []  # newly full blocks under hashes no other request has (`_cache`'s PRIVATE ones)
         for req in running:
             c = req.computed = req.computed + steps
             req.generated += steps
@@ -881,13 +922,15 @@ class _Scheduler:
             if full > req.num_cached:  # blocks filled: cached (as each step would have: `_cache_full`)
                 k = req.num_cached
                 if caching:
-                    if full == k + 1 and k >= len(req.keys):  # one generated block (the usual): its key inline
-                        pool.cache((req.blocks[k],), (("shared", k) if k < req.shared // B else ("req", req.rid, k),))
+                    if full == k + 1 and k >= req.private_from:  # one block of its own (the usual): below, at once
+                        own.append(req.blocks[k])
                     else:
-                        pool.cache(req.blocks[k:full], _keys(req, k, full, B))
+                        self._cache(req, k, full)
                 req.num_cached = full
             if req.generated >= req.output:
                 done.append(req)
+        if own:
+            pool.cache_private(own)
         self.step = step - 1  # the last step's results
         self._finish(done, now)
         self.step, self.now = step, now

@@ -459,3 +459,60 @@ def test_keys_of_a_range_are_each_blocks_key(seed):
         start = rng.randint(0, 12)
         stop = rng.randint(start, 16)
         assert list(sim._keys(req, start, stop, B)) == [sim._key(req, k, B) for k in range(start, stop)]
+
+
+# --------------------------------------------------------------------------- blocks no other request asks for
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_shared_count_is_the_ids_another_prompt_has(seed):
+    """`BlockHasher.shared_count`: a prompt's leading ids that some other prompt also got, counted by brute force
+    over every prompt; every id after them is the prompt's alone."""
+    rng = random.Random(f"shared:{seed}")
+    B = rng.choice([1, 2, 4, 16])
+    names = [f"k{i}" for i in range(rng.randint(1, 8))]
+    hasher = BlockHasher(B)
+    prompts = [hasher.prompt_keys([Segment(rng.choice(names), rng.randint(1, 5 * B)) for _ in range(rng.randint(1, 6))])
+               for _ in range(50)]
+    holders: dict[int, int] = {}  # id -> how many prompts have it
+    for keys in prompts:
+        for k in set(keys):
+            holders[k] = holders.get(k, 0) + 1
+    for keys in prompts:
+        alone = [holders[k] == 1 for k in keys]
+        n = hasher.shared_count(keys)
+        assert not any(alone[:n]) and all(alone[n:]), (keys, n)
+
+
+def _readmitted_hits_own_blocks(load, trace) -> int:
+    """Admissions of a preempted request that hit blocks of its own (past its turn's shared ids)."""
+    preempted, count = set(), 0
+    for op in trace:
+        if op[0] == "preempt":
+            preempted.add(op[1])
+        elif op[0] == "admit" and op[1] in preempted and len(op[3]) > load.turns[op[1]].shared_keys:
+            count += 1
+    return count
+
+
+def test_private_blocks_change_nothing():
+    """Blocks under hashes no other request has stay out of the prefix-cache map (`LinkedBlockPool.PRIVATE`):
+    every result, and every block of every table and hit (the trace), is what the same loads give with every
+    hash in the map (``shared_keys`` None). Random session loads on small pools: many preempt, and requests
+    readmitted after a preemption hit their own blocks (promoted into the map when preempted)."""
+    own_hits = cases = 0
+    for seed in range(200):
+        config, build, _ = _random_case(seed)
+        load = build()
+        if not load.turns:
+            continue
+        cases += 1
+        everything = session_load([dataclasses.replace(t, shared_keys=None) for t in load.turns])
+        assert any(t.shared_keys < len(t.keys) for t in load.turns)
+        trace_private: list[tuple] = []
+        trace_all: list[tuple] = []
+        assert sim.simulate(config, load) == sim.simulate(config, everything)
+        assert sim.simulate(config, load, trace=trace_private) == sim.simulate(config, everything, trace=trace_all)
+        assert trace_private == trace_all
+        own_hits += _readmitted_hits_own_blocks(load, trace_private)
+    assert cases >= 40 and own_hits >= 50, (cases, own_hits)
