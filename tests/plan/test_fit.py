@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 import typer
@@ -61,12 +60,12 @@ def test_prices_rank_by_cost(llama70b):
     assert costs == sorted(costs) and res.fitting[0].device.name == "H100 SXM"
 
 
-def test_search_speed():
+def test_search_covers_the_catalog():
+    # Its speed is a benchmark's figure (benchmarks/bench_fit.py), not a timed test: CI's load decides wall time.
     model = load_model("meta-llama/Llama-3.1-8B", None, "bundled", True, {})
     devices = list(load_catalog()[0].values())
-    t0 = time.perf_counter()
     res = _search(model, devices, FitRequest(ctx=32768, concurrency=64, prompt=2048, output=512))
-    assert res.evaluated >= 2000 and time.perf_counter() - t0 < 5
+    assert res.evaluated >= 2000
 
 
 def test_fit_cli_json():

@@ -200,14 +200,12 @@ def test_lengths_are_drawn_as_bench_draws_them():
     assert bench_levels_first_index([1, 2, 4], 3) == {1: 0, 2: 3, 4: 9}
 
 
-def test_percentile_and_speed():
+def test_percentile_and_a_large_closed_loop():
+    # The simulator's speed is benchmarks/bench_working_set.py's figure, not a timed test.
     assert percentile([1, 2, 3, 4], 50) == 2.5 and percentile([], 50) is None
-    import time
-
     cfg = SchedulerConfig(num_blocks=2001, block_size=16, max_num_seqs=256, max_num_batched_tokens=8192)
-    t0 = time.perf_counter()
     res = simulate(cfg, closed_loop(64, Lengths(512, 128, "lognormal", 0.5), 4, shared_prefix=0.25))
-    assert time.perf_counter() - t0 < 5 and len(res.requests) == 256
+    assert len(res.requests) == 256
 
 
 POOL = SchedulerConfig(num_blocks=17, block_size=32, max_num_seqs=128, max_num_batched_tokens=2048, max_model_len=512)
