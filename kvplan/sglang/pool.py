@@ -15,9 +15,9 @@ is a heuristic of the GPU's size, the chunked-prefill size and the CUDA graphs (
 What kvplan cannot see is the memory a process holds before the weights load (its CUDA context and communicators),
 which ``P`` excludes: an assumption with a range (`STARTUP_BYTES`), carried into the pool's range. Only full
 attention (MHA / GQA / MQA), MLA, the hybrid sliding-window pool (two pools, in the releases and of the architectures
-kvplan/sglang/hybrid.py lists), DeepSeek-V3.2's NSA pool (0.5.3-0.5.5) and the Mamba / GDN state pool (Qwen3-Next,
-Nemotron-H; 0.5.3.post3-0.5.8) are sized; other Mamba / linear-attention hybrids and releases, vision models
-(`adjust_mem_fraction_for_vlm`), pipeline parallelism and speculative decoding are refused with the reason.
+kvplan/sglang/hybrid.py lists), DeepSeek-V3.2's NSA pool (0.5.3-0.5.8) and the Mamba / GDN state pool (Qwen3-Next and
+Nemotron-H 0.5.3.post3-0.5.13, Qwen3.5 0.5.9-0.5.13) are sized; other Mamba / linear-attention hybrids and releases,
+vision models (`adjust_mem_fraction_for_vlm`), pipeline parallelism and speculative decoding are refused with the reason.
 """
 
 from __future__ import annotations
@@ -32,11 +32,12 @@ from kvplan.model.layers import MLA, FullAttention, MambaState, MLAIndexer, Slid
 from kvplan.plan.overhead import STARTUP_BYTES
 from kvplan.plan.schema import MemoryTerm, Settings
 from kvplan.sglang.hybrid import (
-    MAMBA_ARCHS,
     MambaSplit,
     hybrid_swa_arch,
     hybrid_swa_in,
+    mamba_archs_in,
     mamba_split,
+    mamba_ssm_dtype_bytes,
     nsa_profile_cell,
     swa_split,
 )
@@ -247,10 +248,10 @@ def resolve_kv_dtype(arch: Architecture, settings: Settings, rules: SglangRules)
 
 MAMBA_NOT_SIZED = ("kvplan does not size SGLang's state pool for this Mamba / linear-attention hybrid (its slots, "
                    "max_mamba_cache_size, take mamba_full_memory_ratio of the budget: `handle_max_mamba_cache`; kvplan "
-                   "sizes it for Qwen3-Next and Nemotron-H of full-attention and state layers, in SGLang "
-                   "0.5.3.post3-0.5.8; 0.5.9 on take the SSM state's dtype from the config's mamba_ssm_dtype, "
-                   "configs/mamba_utils.py@0.5.9, and 0.5.11 on size it in model_executor/pool_configurator.py: not "
-                   "read for sizing)")
+                   "sizes it for Qwen3-Next and Nemotron-H of full-attention and state layers in SGLang "
+                   "0.5.3.post3-0.5.13, and Qwen3.5 in 0.5.9-0.5.13; 0.5.14 on make extra_buffer the default "
+                   "--mamba-radix-cache-strategy for these models, server_args.py@0.5.14, and 0.5.16 on size the pool "
+                   "in mem_cache/kv_cache_configurator.py: not read)")
 
 
 #: Every architecture SGLang has listed for its hybrid sliding-window pool in `is_hybrid_swa_model` (configs/
@@ -591,22 +592,25 @@ def _mamba_pool(arch: Architecture, rules: SglangRules, tp: int, dp_attention_si
                 ratio: float | None, rests: tuple[float, ...]) -> tuple[int, int, tuple]:
     """(KV cell over the full-attention layers, its K half, (the splits of each budget, how, the pool's fields)) of
     a Mamba / GDN hybrid (kvplan/sglang/hybrid.py `mamba_split`)."""
-    name = next((a for a in arch.architectures if a in MAMBA_ARCHS), None)
+    archs = mamba_archs_in(rules.version)
+    name = next((a for a in arch.architectures if a in archs), None)
     states = [s for s in arch.layers if type(s) is MambaState]
-    if not rules.mamba_ratio_split or name is None or any(s.variant != MAMBA_ARCHS[name] for s in states):
+    if not rules.mamba_ratio_split or name is None or any(s.variant != archs[name] for s in states):
         raise KvplanError(MAMBA_NOT_SIZED + f"; this is {', '.join(arch.architectures)} in SGLang {rules.version}",
-                          "give --engine-version 0.5.4 .. 0.5.8 for Qwen3-Next or Nemotron-H, or size it for vLLM")
+                          "give --engine-version 0.5.4 .. 0.5.13 for Qwen3-Next or Nemotron-H (0.5.9 .. 0.5.13 for "
+                          "Qwen3.5), or size it for vLLM")
     attention_tp = max(1, tp // dp_attention_size) if dp_attention_size else tp  # get_attention_tp_size()
-    shaped = [replace(s.per_rank(attention_tp), conv_bytes=2, ssm_bytes=4, spec_tokens=0) for s in states]
+    ssm_bytes, ssm_how = mamba_ssm_dtype_bytes(states[0].config_mamba_ssm_dtype, rules.mamba_ssm_from_config)
+    shaped = [replace(s.per_rank(attention_tp), conv_bytes=2, ssm_bytes=ssm_bytes, spec_tokens=0) for s in states]
     conv = sum(replace(s, ssm_bytes=0).state_bytes() for s in shaped)  # CONV_DTYPE = torch.bfloat16
-    ssm = sum(replace(s, conv_bytes=0).state_bytes() for s in shaped)  # --mamba-ssm-dtype float32
+    ssm = sum(replace(s, conv_bytes=0).state_bytes() for s in shaped)  # the SSM dtype (`mamba_ssm_dtype_bytes`)
     cell, k_half = full_attention_cell(arch, attention_tp, dtype)
     ratio = 0.9 if ratio is None else ratio  # --mamba-full-memory-ratio's default (server_args.py@0.5.6.post2)
     splits = [mamba_split(r, conv + ssm, ratio) for r in rests]
-    if dp_attention_size and MAMBA_ARCHS[name] == "gated_delta_net" and rules.mamba_gdn_slots_per_dp:
+    if dp_attention_size and archs[name] == "gated_delta_net" and rules.mamba_gdn_slots_per_dp:
         splits = [mamba_split_slots(sp, conv + ssm, dp_attention_size) for sp in splits]
     mid = splits[1]
-    how = (f"the state pool: {mid.max_mamba_cache_size:,} slots of {conv + ssm:,} B (ratio {ratio:g}), "
+    how = (f"the state pool: {mid.max_mamba_cache_size:,} slots of {conv + ssm:,} B (ratio {ratio:g}; SSM {ssm_how}), "
            f"{mid.state_bytes / GiB:,.2f} GiB; the KV pool: {int(mid.kv_budget_bytes):,} B // {cell:,} B a token")
     return cell, k_half, (splits, how, {"mamba_slots": mid.max_mamba_cache_size, "mamba_state_bytes": (conv, ssm),
                                         "mamba_full_memory_ratio": ratio})
