@@ -219,6 +219,12 @@ def test_size_engine_sglang_prints_each_pool():
      "sliding-window layers"),
     ("deepseek-ai/DeepSeek-V3.2", ("--engine", "sglang"), "0.5.3 to 0.5.8 only"),
     ("Qwen/Qwen3-Next-80B-A3B-Thinking", ("--engine", "sglang"), "max_mamba_cache_size"),
+    # the last release read and the first not: 0.5.14 makes extra_buffer the default strategy (server_args.py@0.5.14)
+    ("Qwen/Qwen3-Next-80B-A3B-Thinking", ("--engine", "sglang", "--engine-version", "0.5.14"), "extra_buffer"),
+    ("Qwen/Qwen3.5-9B", ("--engine", "sglang", "--engine-version", "0.5.14", "--language-model-only"), "0.5.9-0.5.13"),
+    # Qwen3.5 is not in hybrid_gdn_config before 0.5.9 (model_runner.py@0.5.8.post1)
+    ("Qwen/Qwen3.5-9B", ("--engine", "sglang", "--engine-version", "0.5.8", "--language-model-only"),
+     "Qwen3_5ForConditionalGeneration in SGLang 0.5.8"),
     ("nvidia/Nemotron-H-56B-Base-8K", ("--engine", "sglang"), "mamba_full_memory_ratio"),
     ("Qwen/Qwen3-Next-80B-A3B-Thinking", ("--engine", "sglang", "--engine-version", "0.5.6",
                                           "--mamba-full-memory-ratio", "inf"), "invalid --mamba-full-memory-ratio"),
@@ -259,8 +265,9 @@ def test_the_mamba_state_pool_from_the_gpu():
     assert _qwen3_next("0.5.6", mamba_full_memory_ratio=0.5).mamba_slots == int(
         (rest_gib * 0.5 / 1.5 * 2**30) // 19_316_736)
     assert _qwen3_next("0.5.3.post3").mamba_slots == slots  # the same rule from 0.5.3.post3
-    for version in ("0.5.3", "0.5.9", "0.5.23"):  # 0.5.3: --max-mamba-cache-size or 512; 0.5.9 on: not read
-        with pytest.raises(KvplanError, match="0.5.3.post3-0.5.8"):
+    # 0.5.3: --max-mamba-cache-size or 512; 0.5.14 on: extra_buffer by default, not read
+    for version in ("0.5.3", "0.5.14", "0.5.23"):
+        with pytest.raises(KvplanError, match="0.5.3.post3-0.5.13"):
             _qwen3_next(version)
 
 
@@ -459,3 +466,59 @@ def test_swa_ratio_is_taken_where_the_release_gives_gemma_3_the_hybrid_pool():
     assert r.code == 0, r.stderr
     split = json.loads(r.stdout)["engines"][0]["pool_split"]
     assert split["swa_layer_tokens"] == int(split["full_layer_tokens"] * 0.5)
+
+
+def test_the_mamba_state_pool_through_0_5_13():
+    """`handle_max_mamba_cache`'s ratio branch (no speculative decoding) is the same text in
+    model_runner_kv_cache_mixin.py@0.5.9 .. @0.5.12.post1 and the same arithmetic in @0.5.13.post1 (``mamba_budget``),
+    "auto" still "no_buffer" (server_args.py@0.5.13.post1), so the running cap divides by 3; the state shapes are
+    0.5.8's (configs/qwen3_next.py@0.5.13.post1). Qwen3-Next's config has no mamba_ssm_dtype, so 0.5.9 on keep
+    float32 (configs/mamba_utils.py@0.5.9 `mamba2_state_dtype`): the numbers of test_the_mamba_state_pool_from_the_gpu,
+    19,316,736 B a slot."""
+    p = select_gpus("H100").device.cuda_total_bytes - 0.75 * GiB
+    rest_gib = (p * 0.85 - 37 * GiB) / 2**30
+    slots = int((rest_gib * 0.9 / 1.9 * 2**30) // 19_316_736)
+    kv_tokens = int((rest_gib - slots * 19_316_736 / 2**30) * 2**30) // 12_288
+    for version in ("0.5.9", "0.5.10.post1", "0.5.11", "0.5.12.post1", "0.5.13.post1"):
+        pool = _qwen3_next(version)
+        assert (pool.mamba_slots, sum(pool.mamba_state_bytes), pool.tokens) == (slots, 19_316_736, kv_tokens), version
+        assert pool.max_running_requests == slots // 3
+    with pytest.raises(KvplanError, match="extra_buffer"):
+        _qwen3_next("0.5.14")
+
+
+def test_the_ssm_dtype_is_the_configs_from_0_5_9():
+    """0.5.9 on take the SSM state's dtype from the config's mamba_ssm_dtype (configs/mamba_utils.py@0.5.9); 0.5.8 from
+    --mamba-ssm-dtype, float32. Qwen3-Next at TP 4 with mamba_ssm_dtype bfloat16: temporal 8 x 128 x 128 x 2 B =
+    262,144 B, conv 12,288 B, x 36 layers = 9,879,552 B a slot (float32: 19,316,736). A value SGLang does not map
+    keeps float32 (it warns)."""
+    model = load_model("Qwen/Qwen3-Next-80B-A3B-Thinking", source="bundled")
+
+    def with_ssm(dtype):
+        layers = tuple(dataclasses.replace(s, config_mamba_ssm_dtype=dtype) if s.kind == "mamba" else s
+                       for s in model.arch.layers)
+        arch = dataclasses.replace(model.arch, layers=layers)
+        return lambda v: size_pool(arch, select_gpus("H100").device, Settings(tensor_parallel_size=4), rules_for(v),
+                                   37 * GiB, mem_fraction_static=0.85)
+
+    assert sum(with_ssm("bfloat16")("0.5.9").mamba_state_bytes) == 9_879_552
+    assert sum(with_ssm("bfloat16")("0.5.8").mamba_state_bytes) == 19_316_736
+    assert sum(with_ssm("float64")("0.5.9").mamba_state_bytes) == 19_316_736
+
+
+def test_sg017_qwen3_5_state_pool_line():
+    """sg017 (profiles/reports, SGLang 0.5.9, Qwen3.5-397B-A17B at TP 2) printed "Mamba Cache is allocated.
+    max_mamba_cache_size: 82, conv_state size: 0.13GB, ssm_state size: 7.29GB". One slot on one GPU
+    (Qwen3_5TextConfig(Qwen3NextConfig).mamba2_cache_params, configs/qwen3_next.py@0.5.9; the config: 45 GDN layers,
+    16 key heads and 64 value heads of 128, conv kernel 4, mamba_ssm_dtype float32): conv (64 x 128 + 2 x 16 x 128 =
+    12,288) / 2 x 3 x 2 B x 45 = 1,658,880 B; temporal 64 / 2 x 128 x 128 x 4 B x 45 = 94,371,840 B. The pool holds
+    82 + 1 slots (MambaPool): 83 x 1,658,880 / 2^30 = 0.128 -> "0.13GB", 83 x 94,371,840 / 2^30 = 7.295 -> "7.29"
+    (SGLang's :.2f of 7.2949...)."""
+    model = load_model("Qwen/Qwen3.5-397B-A17B", source="bundled")
+    pool = size_pool(model.arch, select_gpus("2xH100").device,
+                     Settings(tensor_parallel_size=2, language_model_only=True), rules_for("0.5.9"), 60 * GiB,
+                     mem_fraction_static=0.85)
+    assert pool.mamba_state_bytes == (1_658_880, 94_371_840)
+    conv_gib, ssm_gib = (83 * b / GiB for b in pool.mamba_state_bytes)
+    assert (f"{conv_gib:.2f}", f"{ssm_gib:.2f}") == ("0.13", "7.29")
+    assert pool.cell_bytes == 15 * 1 * 256 * 2 * 2  # 15 full-attention layers, 2 KV heads / TP 2, bf16: 15,360
