@@ -41,6 +41,7 @@ from kvplan.sglang.pool import (
     kv_cell,
     max_running_requests,
     nsa_cell,
+    nsa_fp8_scaled,
     pool_kind,
     resolve_kv_dtype,
     swa_pools,
@@ -261,7 +262,7 @@ def _sglang_nsa_rows(r, resolved, gpu: str | None, rules, given_dtype: str | Non
         raise KvplanError(f"the config of {resolved.config.name} gives no whole kv_lora_rank and qk_rope_head_dim, "
                           "which SGLang's NSA pool is shaped by")
     indexer = bool(rules.nsa_indexer_in_pool)
-    cell = nsa_cell(resolved.arch, dtype, ranks[0], ranks[1], indexer)
+    cell = nsa_cell(resolved.arch, dtype, ranks[0], ranks[1], indexer, nsa_fp8_scaled(rules, blackwell))
     notes = [f"NSA pool (page 64, server_args.py@0.5.3): {cell:,} B a token on every rank ({dtype.name}: {how}; "
              + ("the latent and the indexer's keys" if indexer else "the latent alone: 0.5.3 prints no indexer keys")
              + ")", "budget rule (the printed free memory given) not judged for an NSA pool"]

@@ -31,13 +31,14 @@ SGLang's page size and ``align(x) = x // page x page``:
 
 Which architectures get the hybrid pool changed by release (`HYBRID_SWA_ARCHS`).
 
-NSA (``NSATokenToKVPool``, DeepSeek-V3.2; read 0.5.3 to 0.5.8): page 64, the budget divided by ``(kv_lora_rank +
+NSA (``NSATokenToKVPool``, DeepSeek-V3.2; read 0.5.3 to 0.5.10): page 64, the budget divided by ``(kv_lora_rank +
 qk_rope_head_dim) x layers x the cache dtype's bytes`` (1 for FP8, although the FP8 buffer holds 656 bytes a layer:
 512 + 4 scales x 4 + 64 x 2), plus, from 0.5.3.post1, the indexer's keys, ``(index_head_dim + index_head_dim //
 128 x 4) x layers`` (model_runner.py@0.5.3.post1 .. @0.5.6.post2 `profile_max_num_token`, model_runner_kv_cache_mixin.py@0.5.7 ..
 @0.5.8.post1 `get_cell_size_per_token`; @0.5.3 has no indexer term). The buffers (memory_pool.py) and the dtype
-rule ("auto": FP8 on Blackwell, else bf16; server_args.py) are 0.5.4's through 0.5.8.post1; from 0.5.6 DP attention's
-size is the one given (kvplan/sglang/pool.py `NSA_DP_GIVEN_FROM`).
+rule ("auto": FP8 on Blackwell, else bf16; server_args.py) are 0.5.4's through 0.5.10.post1 (the FP8 buffer without
+its scales on Blackwell in 0.5.10, kvplan/sglang/pool.py `nsa_fp8_scaled`); from 0.5.6 DP attention's size is the one
+given (kvplan/sglang/pool.py `NSA_DP_GIVEN_FROM`). The cell is `get_cell_size_per_token`@0.5.9 .. @0.5.10.post1.
 """
 
 from __future__ import annotations

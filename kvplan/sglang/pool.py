@@ -15,7 +15,7 @@ is a heuristic of the GPU's size, the chunked-prefill size and the CUDA graphs (
 What kvplan cannot see is the memory a process holds before the weights load (its CUDA context and communicators),
 which ``P`` excludes: an assumption with a range (`STARTUP_BYTES`), carried into the pool's range. Only full
 attention (MHA / GQA / MQA), MLA, the hybrid sliding-window pool (two pools, in the releases and of the architectures
-kvplan/sglang/hybrid.py lists), DeepSeek-V3.2's NSA pool (0.5.3-0.5.8) and the Mamba / GDN state pool (Qwen3-Next and
+kvplan/sglang/hybrid.py lists), DeepSeek-V3.2's NSA pool (0.5.3-0.5.10) and the Mamba / GDN state pool (Qwen3-Next and
 Nemotron-H 0.5.3.post3-0.5.13, Qwen3.5 0.5.9-0.5.13) are sized; other Mamba / linear-attention hybrids and releases,
 vision models (`adjust_mem_fraction_for_vlm`), pipeline parallelism and speculative decoding are refused with the reason.
 """
@@ -386,13 +386,16 @@ def swa_tokens_of_full(full_tokens: int, ratio: float, page_size: int, aligned_f
     return low, low if aligned_first else align((full_tokens + page_size - 1) * ratio)
 
 
-def nsa_cell(arch: Architecture, dtype: KVDtype, kv_lora_rank: int, rope_dim: int, with_indexer: bool) -> int:
+def nsa_cell(arch: Architecture, dtype: KVDtype, kv_lora_rank: int, rope_dim: int, with_indexer: bool,
+             fp8_scaled: bool = True) -> int:
     """The bytes one token takes in DeepSeek-V3.2's NSA pool (``NSATokenToKVPool``), on every rank. A layer's latent:
     FP8 ``kv_lora_rank`` bytes + one fp32 scale per 128 + the rope part in bf16 (656 for DeepSeek-V3.2:
     mem_cache/memory_pool.py@0.5.3 hard-codes it, ``override_kv_cache_dim`` @0.5.4.post3 computes it), else
     ``(kv_lora_rank + rope) x dtype``; the indexer's keys: ``index_head_dim + index_head_dim // 128 x 4`` uint8
     bytes a layer (``index_k_with_scale_buffer``, memory_pool.py@0.5.3). Both buffers hold ``#tokens + one page``
-    rows when ``#tokens`` is whole pages (the indexer's ``(size + page_size + 1) // page_size`` pages)."""
+    rows when ``#tokens`` is whole pages (the indexer's ``(size + page_size + 1) // page_size`` pages).
+    ``fp8_scaled`` False: the FP8 latent without its scales, ``kv_lora_rank + rope`` bytes, as the trtllm NSA backends
+    keep it (`nsa_fp8_scaled`)."""
     mla = [s for s in arch.layers if type(s) is MLA]
     indexers = [s for s in arch.layers if type(s) is MLAIndexer]
     other = sorted({s.kind for s in arch.layers if type(s) not in (MLA, MLAIndexer)})
@@ -400,7 +403,9 @@ def nsa_cell(arch: Architecture, dtype: KVDtype, kv_lora_rank: int, rope_dim: in
         raise KvplanError("kvplan prices SGLang's NSA pool only for a model of MLA layers each with an indexer "
                           f"(this one: {len(mla)} MLA, {len(indexers)} indexer" + (f", {', '.join(other)}" if other
                                                                                      else "") + ")")
-    if dtype.name in ("fp8", "fp8_e4m3"):
+    if dtype.name in ("fp8", "fp8_e4m3") and not fp8_scaled:
+        latent = kv_lora_rank + rope_dim
+    elif dtype.name in ("fp8", "fp8_e4m3"):
         latent = kv_lora_rank + kv_lora_rank // 128 * 4 + rope_dim * 2
     elif dtype.name in ("bfloat16", "float16"):
         latent = round(mla[0].bytes_per_token(dtype))
@@ -444,17 +449,31 @@ def _refuse_what_is_not_modelled(arch: Architecture, settings: Settings, version
 
 
 #: The releases whose NSA pool kvplan has read (memory_pool.py, server_args.py @0.5.3, 0.5.3.post1, 0.5.3.post3,
-#: 0.5.4.post3, 0.5.5.post3, 0.5.6.post2, 0.5.7, 0.5.8.post1; model_runner.py / model_runner_kv_cache_mixin.py
-#: `profile_max_num_token` / `get_cell_size_per_token`: the same NSA term, buffers and page 64 on CUDA in each). 0.5.9
-#: on pass the buffer's dim from the model runner (``kv_cache_dim``, memory_pool.py@0.5.9): not read.
-NSA_READ = ((0, 5, 3), (0, 5, 8))
+#: 0.5.4.post3, 0.5.5.post3, 0.5.6.post2, 0.5.7, 0.5.8.post1, 0.5.9, 0.5.10.post1; model_runner.py /
+#: model_runner_kv_cache_mixin.py `profile_max_num_token` / `get_cell_size_per_token`: the same NSA term, page 64 on
+#: CUDA and "auto" dtype rule in each). 0.5.9 passes the buffer's dim from the model runner (``kv_cache_dim``,
+#: `calculate_mla_kv_cache_dim`, model_runner_kv_cache_mixin.py@0.5.9): 0.5.8's dim for the default backends, which
+#: 0.5.10 changes on Blackwell (`nsa_fp8_scaled`). 0.5.11 on size pools in model_executor/pool_configurator.py and
+#: pick NSA backends anew (server_args.py@0.5.11, @0.5.12.post1; arg_groups from 0.5.13): not read.
+NSA_READ = ((0, 5, 3), (0, 5, 10))
 #: From 0.5.6 SGLang no longer sets dp_size to the TP size for DeepSeek NSA ("NSA with TP mode", server_args.py
 #: @0.5.6.post2, @0.5.7; 0.5.8.post1 no longer turns DP attention on either): its attention weights are then sharded
 #: over TP, while kvplan prices NSA's weights with the attention whole on every GPU (kvplan/engines/sglang.py). Its
 #: branch still runs for DeepSeek-V3.2: under the transformers==4.57.1 those wheels pin, which has no ``deepseek_v32``
 #: model type, `_load_deepseek_v32_model` rewrites the config's architectures to DeepseekV3ForCausalLM
-#: (utils/hf_transformers_utils.py@0.5.6.post2 .. @0.5.8.post1), the architecture the branch is keyed by.
+#: (utils/hf_transformers_utils.py@0.5.6.post2 .. @0.5.9), the architecture the branch is keyed by; 0.5.10.post1 pins
+#: transformers==5.3.0, and its NSA branch lists DeepseekV32ForCausalLM too (`is_deepseek_nsa`,
+#: configs/model_config.py@0.5.9, @0.5.10.post1), with the same "DSA with TP mode" text (server_args.py@0.5.10.post1).
 NSA_DP_GIVEN_FROM = (0, 5, 6)
+
+
+def nsa_fp8_scaled(rules: SglangRules, blackwell: bool) -> bool:
+    """Whether an FP8 NSA buffer holds the latent's scales and a bf16 rope (656 B a layer for DeepSeek-V3.2) rather
+    than ``kv_lora_rank + rope`` bytes. 0.5.10 gives FP8 on compute capability >= 10 the trtllm prefill and decode
+    backends (`_set_default_nsa_backends`, server_args.py@0.5.10.post1), for which `calculate_mla_kv_cache_dim`
+    keeps ``kv_lora_rank + qk_rope_head_dim`` (model_runner_kv_cache_mixin.py@0.5.10.post1); 0.5.9 gives FP8
+    flashmla_auto / flashmla_kv everywhere (server_args.py@0.5.9), so the scaled layout (as 0.5.3-0.5.8 always)."""
+    return not (blackwell and _version(rules) >= (0, 5, 10))
 
 
 def nsa_kv_dtype(settings: Settings, rules: SglangRules, blackwell: bool) -> tuple[KVDtype, str]:
@@ -498,11 +517,12 @@ def size_pool(arch: Architecture, device: Device, settings: Settings, rules: Sgl
     notes_how = ""
     if kind == "nsa":
         if not NSA_READ[0] <= _version(rules) <= NSA_READ[1]:
-            raise KvplanError(f"kvplan has read SGLang's NSA pool in 0.5.3 to 0.5.8 only, not {rules.version}",
-                              "give --engine-version 0.5.3 .. 0.5.8.post1")
+            raise KvplanError(f"kvplan has read SGLang's NSA pool in 0.5.3 to 0.5.10 only, not {rules.version} (0.5.11 "
+                              "on size pools in model_executor/pool_configurator.py and pick NSA backends anew)",
+                              "give --engine-version 0.5.3 .. 0.5.10.post1")
         if _version(rules) >= NSA_DP_GIVEN_FROM and not dp_attention_size:
             raise KvplanError(f"SGLang {rules.version} no longer sets --dp-size to the TP size for DeepSeek NSA "
-                              "(server_args.py@0.5.6.post2 .. @0.5.8.post1): its attention weights are then split over "
+                              "(server_args.py@0.5.6.post2 .. @0.5.10.post1): its attention weights are then split over "
                               "TP, which kvplan's NSA weights (the attention whole on every GPU) do not price",
                               "give --enable-dp-attention (--dp-size = the TP size), or --engine-version 0.5.5")
         if device.vendor != "nvidia":
@@ -511,7 +531,7 @@ def size_pool(arch: Architecture, device: Device, settings: Settings, rules: Sgl
         if mla_ranks is None:
             raise KvplanError("the config gives no kv_lora_rank and qk_rope_head_dim, which SGLang's NSA pool is "
                               "shaped by")
-        page_size = 64  # "Setting page size to 64 for DeepSeek NSA" (server_args.py@0.5.3 .. @0.5.8.post1, CUDA)
+        page_size = 64  # "Setting page size to 64 for DeepSeek NSA" (server_args.py@0.5.3 .. @0.5.10.post1, CUDA)
     if kind == "nsa" and rules.nsa_forced_fraction is not None:
         fraction = high_fraction = rules.nsa_forced_fraction
         how = "0.5.3 sets 0.8 for DeepSeek NSA" + (f", over the {mem_fraction_static:g} given"
@@ -559,7 +579,8 @@ def size_pool(arch: Architecture, device: Device, settings: Settings, rules: Sgl
         counts = [tokens_from_budget(r, cell, page_size, max_total_tokens) for r in rests]
         notes_how = f"{int(rests[1]):,} B // {cell:,} B a token, in pages of {page_size}"
         if kind == "nsa":
-            buffer = nsa_cell(arch, dtype, *mla_ranks, bool(rules.nsa_indexer_in_pool))
+            buffer = nsa_cell(arch, dtype, *mla_ranks, bool(rules.nsa_indexer_in_pool),
+                              nsa_fp8_scaled(rules, device.is_blackwell))
             extra["buffer_bytes_per_token"] = buffer
             notes_how += f"; its buffers hold {buffer:,} B a token"
         if kind == "kv" and any(isinstance(s, SlidingWindow) for s in arch.layers):

@@ -123,8 +123,8 @@ def test_the_nsa_pool_from_the_gpu():
     assert _v32("0.5.3.post1", dp_attention_size=8).mem_fraction_static == 0.751
     # 0.5.4 on an H200 (not Blackwell): "auto" is bf16, (512 + 64) x 61 x 2 + 61 x 132 = 78,324 B
     assert _v32("0.5.4", gpu="H200", weights=80 * GiB).cell_bytes == 78_324
-    with pytest.raises(KvplanError, match="0.5.3 to 0.5.8 only"):
-        _v32("0.5.10")
+    with pytest.raises(KvplanError, match="0.5.3 to 0.5.10 only"):
+        _v32("0.5.11", dp_attention_size=8)
 
 
 def test_dp_attention_keeps_the_attention_weights_whole():
@@ -217,7 +217,10 @@ def test_size_engine_sglang_prints_each_pool():
     # Gemma 3 takes full pages from 0.5.1 (no hybrid pool): its ratio has nothing to split there.
     ("google/gemma-3-4b-it", ("--engine", "sglang", "--engine-version", "0.5.2", "--swa-full-tokens-ratio", "0.5"),
      "sliding-window layers"),
-    ("deepseek-ai/DeepSeek-V3.2", ("--engine", "sglang"), "0.5.3 to 0.5.8 only"),
+    ("deepseek-ai/DeepSeek-V3.2", ("--engine", "sglang"), "0.5.3 to 0.5.10 only"),
+    ("deepseek-ai/DeepSeek-V3.2", ("--engine", "sglang", "--engine-version", "0.5.11", "--enable-dp-attention"),
+     "0.5.3 to 0.5.10 only, not 0.5.11"),
+    ("deepseek-ai/DeepSeek-V3.2", ("--engine", "sglang", "--engine-version", "0.5.10"), "no longer sets --dp-size"),
     ("Qwen/Qwen3-Next-80B-A3B-Thinking", ("--engine", "sglang"), "max_mamba_cache_size"),
     # the last release read and the first not: 0.5.14 makes extra_buffer the default strategy (server_args.py@0.5.14)
     ("Qwen/Qwen3-Next-80B-A3B-Thinking", ("--engine", "sglang", "--engine-version", "0.5.14"), "extra_buffer"),
@@ -421,7 +424,7 @@ def test_nsa_pool_in_0_5_5_to_0_5_8():
     assert (last.cell_bytes, last.buffer_bytes_per_token, last.page_size) == (43_188, 48_068, 64)
     assert last.tokens == int(p_b200 * 0.85 - 90 * GiB) // 43_188 // 64 * 64
     for version, why in (("0.5.6", "no longer sets --dp-size"), ("0.5.8", "no longer sets --dp-size"),
-                         ("0.5.9", r"0.5.3 to 0.5.8 only, not 0.5.9 \(give")):
+                         ("0.5.9", "no longer sets --dp-size"), ("0.5.11", r"0.5.3 to 0.5.10 only, not 0.5.11")):
         with pytest.raises(KvplanError, match=why):
             _v32(version)
     with pytest.raises(KvplanError, match="NVIDIA GPUs only"):
@@ -522,3 +525,24 @@ def test_sg017_qwen3_5_state_pool_line():
     conv_gib, ssm_gib = (83 * b / GiB for b in pool.mamba_state_bytes)
     assert (f"{conv_gib:.2f}", f"{ssm_gib:.2f}") == ("0.13", "7.29")
     assert pool.cell_bytes == 15 * 1 * 256 * 2 * 2  # 15 full-attention layers, 2 KV heads / TP 2, bf16: 15,360
+
+
+def test_nsa_pool_in_0_5_9_and_0_5_10():
+    """0.5.9 passes the buffer's dim from the model runner (`calculate_mla_kv_cache_dim`,
+    model_runner_kv_cache_mixin.py@0.5.9): FP8 with the default flashmla backends keeps 0.5.8's 656 B a layer, and the
+    cell (`get_cell_size_per_token`), page 64 and "auto" dtype rule are 0.5.8's: on a B200 (FP8) the cell is
+    (512 + 64) x 61 x 1 + 61 x (128 + 4) = 43,188 B, the buffers 61 x (656 + 132) = 48,068 B. 0.5.10 gives FP8 on
+    compute capability >= 10 the trtllm backends (server_args.py@0.5.10.post1 `_set_default_nsa_backends`), which keep
+    kv_lora_rank + rope: buffers 61 x (576 + 132) = 43,188 B; FP8 on an H200 (given: flashmla) keeps 48,068 B; bf16
+    on an H200: 61 x (576 x 2 + 132) = 78,324 B both."""
+    p = select_gpus("B200").device.cuda_total_bytes - 0.75 * GiB
+    for version, buffers in (("0.5.9", 48_068), ("0.5.10.post1", 43_188)):
+        pool = _v32(version, mem_fraction_static=0.85, dp_attention_size=8)
+        assert (pool.cell_bytes, pool.buffer_bytes_per_token, pool.page_size) == (43_188, buffers, 64), version
+        assert pool.tokens == int(p * 0.85 - 90 * GiB) // 43_188 // 64 * 64
+    h200 = _v32("0.5.10", gpu="H200", weights=80 * GiB, mem_fraction_static=0.85, dp_attention_size=8)
+    assert (h200.cell_bytes, h200.buffer_bytes_per_token) == (78_324, 78_324)
+    model = load_model("deepseek-ai/DeepSeek-V3.2", source="bundled")
+    fp8 = size_pool(model.arch, select_gpus("H200").device, Settings(tensor_parallel_size=8, kv_cache_dtype="fp8_e4m3"),
+                    rules_for("0.5.10"), 80 * GiB, mla_ranks=(512, 64), mem_fraction_static=0.85, dp_attention_size=8)
+    assert (fp8.cell_bytes, fp8.buffer_bytes_per_token) == (43_188, 48_068)
