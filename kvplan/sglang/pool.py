@@ -621,10 +621,7 @@ def _mamba_pool(arch: Architecture, rules: SglangRules, tp: int, dp_attention_si
                           "give --engine-version 0.5.4 .. 0.5.13 for Qwen3-Next or Nemotron-H (0.5.9 .. 0.5.13 for "
                           "Qwen3.5), or size it for vLLM")
     attention_tp = max(1, tp // dp_attention_size) if dp_attention_size else tp  # get_attention_tp_size()
-    ssm_bytes, ssm_how = mamba_ssm_dtype_bytes(states[0].config_mamba_ssm_dtype, rules.mamba_ssm_from_config)
-    shaped = [replace(s.per_rank(attention_tp), conv_bytes=2, ssm_bytes=ssm_bytes, spec_tokens=0) for s in states]
-    conv = sum(replace(s, ssm_bytes=0).state_bytes() for s in shaped)  # CONV_DTYPE = torch.bfloat16
-    ssm = sum(replace(s, conv_bytes=0).state_bytes() for s in shaped)  # the SSM dtype (`mamba_ssm_dtype_bytes`)
+    conv, ssm, ssm_how = mamba_slot_bytes(states, attention_tp, rules)
     cell, k_half = full_attention_cell(arch, attention_tp, dtype)
     ratio = 0.9 if ratio is None else ratio  # --mamba-full-memory-ratio's default (server_args.py@0.5.6.post2)
     splits = [mamba_split(r, conv + ssm, ratio) for r in rests]
@@ -635,6 +632,16 @@ def _mamba_pool(arch: Architecture, rules: SglangRules, tp: int, dp_attention_si
            f"{mid.state_bytes / GiB:,.2f} GiB; the KV pool: {int(mid.kv_budget_bytes):,} B // {cell:,} B a token")
     return cell, k_half, (splits, how, {"mamba_slots": mid.max_mamba_cache_size, "mamba_state_bytes": (conv, ssm),
                                         "mamba_full_memory_ratio": ratio})
+
+
+def mamba_slot_bytes(states: list[MambaState], attention_tp: int, rules: SglangRules) -> tuple[int, int, str]:
+    """(conv, SSM, how the SSM dtype was chosen): one request's state on one GPU, ``mamba_cache_per_req``
+    (configs/mamba_utils.py@0.5.6.post2 .. @0.5.13.post1) split as the Mamba pool's line prints it."""
+    ssm_bytes, ssm_how = mamba_ssm_dtype_bytes(states[0].config_mamba_ssm_dtype, rules.mamba_ssm_from_config)
+    shaped = [replace(s.per_rank(attention_tp), conv_bytes=2, ssm_bytes=ssm_bytes, spec_tokens=0) for s in states]
+    conv = sum(replace(s, ssm_bytes=0).state_bytes() for s in shaped)  # CONV_DTYPE = torch.bfloat16
+    ssm = sum(replace(s, conv_bytes=0).state_bytes() for s in shaped)  # the SSM dtype (`mamba_ssm_dtype_bytes`)
+    return conv, ssm, ssm_how
 
 
 def mamba_split_slots(split: MambaSplit, per_request: int, dp: int) -> MambaSplit:

@@ -546,3 +546,25 @@ def test_nsa_pool_in_0_5_9_and_0_5_10():
     fp8 = size_pool(model.arch, select_gpus("H200").device, Settings(tensor_parallel_size=8, kv_cache_dtype="fp8_e4m3"),
                     rules_for("0.5.10"), 80 * GiB, mla_ranks=(512, 64), mem_fraction_static=0.85, dp_attention_size=8)
     assert (fp8.cell_bytes, fp8.buffer_bytes_per_token) == (43_188, 48_068)
+
+
+def test_check_log_judges_sg017s_state_line_at_its_printed_slots():
+    """sg017 (SGLang 0.5.9, Qwen3.5-397B at TP 2): the Mamba pool line's sizes at its printed 82 slots, (82 + 1) x
+    1,658,880 B = 0.13 GB conv and (82 + 1) x 94,371,840 B = 7.29 GB SSM (test_sg017_qwen3_5_state_pool_line), not
+    gated. Were the config's mamba_ssm_dtype bfloat16, 0.5.9 would keep the SSM state in 2 B: 3.65 GB, a miss."""
+    from kvplan.gate.enginelog import judge_sglang
+
+    rows = [json.loads(line) for line in
+            (REPORTS_DIR / "sglang-startup-reports.jsonl").read_text().splitlines() if line.strip()]
+    quote = next(r for r in rows if r["case_id"] == "sg017")["quote"].replace(" / ", "\n")
+    model = load_model("Qwen/Qwen3.5-397B-A17B", source="bundled")
+    judged = judge_sglang(quote, "sg017", 0.005, "all", None, "2xRTX4090", "0.5.9", 2, None, resolved=model)
+    state = {c.quantity: c for c in judged.page_math.comparisons if c.quantity.startswith("Mamba")}
+    assert [(c.reported, c.predicted, c.within, c.gated) for c in state.values()] == [
+        (0.13, 0.13, True, False), (7.29, 7.29, True, False)]
+    layers = tuple(dataclasses.replace(s, config_mamba_ssm_dtype="bfloat16") if s.kind == "mamba" else s
+                   for s in model.arch.layers)
+    bf16 = dataclasses.replace(model, arch=dataclasses.replace(model.arch, layers=layers))
+    judged = judge_sglang(quote, "sg017", 0.005, "all", None, "2xRTX4090", "0.5.9", 2, None, resolved=bf16)
+    ssm = next(c for c in judged.page_math.comparisons if c.quantity == "Mamba ssm_state GB")
+    assert (ssm.predicted, ssm.within) == (3.65, False)  # 83 x 47,185,920 B = 3.647 GiB
