@@ -176,8 +176,8 @@ def _notes(pool: SglangPool, weights_source: str) -> list[str]:
                 "pool"]
     elif pool.kind == "mamba" and pool.mamba_state_bytes is not None:
         kind = [f"Mamba / GDN hybrid: {pool.how} (the full-attention layers only); a request holds one state slot, "
-                f"{sum(pool.mamba_state_bytes):,} B on each GPU (conv bf16, SSM float32); running requests at most "
-                "max_mamba_cache_size // 3"]
+                f"{sum(pool.mamba_state_bytes):,} B on each GPU (conv bf16); running requests at most "
+                f"max_mamba_cache_size // {pool.rules.mamba_slots_per_request}"]
     elif pool.kind == "kv" and "window layers" in pool.how:
         kind = [f"one pool: {pool.how}"]
     elif pool.kind == "nsa":

@@ -29,7 +29,7 @@ from kvplan.engines import EngineOptions, engine_named
 from kvplan.errors import KvplanError
 from kvplan.gate.checklog import LogComparison, Section, compare, comparison_table
 from kvplan.model.dtypes import KVDtype, kv_dtype
-from kvplan.model.layers import FullAttention, MLAIndexer
+from kvplan.model.layers import FullAttention, MambaState, MLAIndexer
 from kvplan.paths import iter_user_lines
 from kvplan.plan.schema import Settings
 from kvplan.sglang import startup_log as sglang_lines
@@ -39,8 +39,10 @@ from kvplan.sglang.pool import (
     SwaPools,
     full_attention_cell,
     kv_cell,
+    mamba_slot_bytes,
     max_running_requests,
     nsa_cell,
+    nsa_fp8_scaled,
     pool_kind,
     resolve_kv_dtype,
     swa_pools,
@@ -261,11 +263,31 @@ def _sglang_nsa_rows(r, resolved, gpu: str | None, rules, given_dtype: str | Non
         raise KvplanError(f"the config of {resolved.config.name} gives no whole kv_lora_rank and qk_rope_head_dim, "
                           "which SGLang's NSA pool is shaped by")
     indexer = bool(rules.nsa_indexer_in_pool)
-    cell = nsa_cell(resolved.arch, dtype, ranks[0], ranks[1], indexer)
+    cell = nsa_cell(resolved.arch, dtype, ranks[0], ranks[1], indexer, nsa_fp8_scaled(rules, blackwell))
     notes = [f"NSA pool (page 64, server_args.py@0.5.3): {cell:,} B a token on every rank ({dtype.name}: {how}; "
              + ("the latent and the indexer's keys" if indexer else "the latent alone: 0.5.3 prints no indexer keys")
              + ")", "budget rule (the printed free memory given) not judged for an NSA pool"]
     return _sglang_page_rows(r, cell, cell, True, 64, rules, tolerance), notes
+
+
+def _sglang_mamba_state_rows(r, resolved, attention_tp: int, rules, tolerance: float
+                             ) -> tuple[list[LogComparison], list[str]]:
+    """The Mamba pool line's conv / SSM sizes at its printed slots: ``(max_mamba_cache_size + 1) x`` one slot's bytes
+    (MambaPool holds one slot more, mem_cache/memory_pool.py@0.5.6.post2 .. @0.5.13.post1), the slot as the release
+    sizes it (kvplan/sglang/pool.py `mamba_slot_bytes`: the SSM dtype by release). Not gated: the printed slots come
+    from the budget, which is not judged."""
+    if r.mamba_slots is None:
+        return [], []
+    states = [s for s in resolved.arch.layers if isinstance(s, MambaState)]
+    if rules is None or not rules.mamba_ratio_split:
+        return [], ["the Mamba pool line is not judged: " + ("no release known (its SSM dtype rule changed in 0.5.9)"
+                                                               if rules is None else f"SGLang {rules.version}'s state "
+                                                               "pool is not read")]
+    conv, ssm, ssm_how = mamba_slot_bytes(states, attention_tp, rules)
+    rows = (r.mamba_slots + 1) * conv / GiB, (r.mamba_slots + 1) * ssm / GiB
+    return ([compare("Mamba conv_state GB", r.mamba_conv_gib, round(rows[0], 2), tolerance, gated=False, slack=_HALF),
+             compare("Mamba ssm_state GB", r.mamba_ssm_gib, round(rows[1], 2), tolerance, gated=False, slack=_HALF)],
+            [f"Mamba pool: {r.mamba_slots} + 1 slots of {conv:,} B conv (bf16) + {ssm:,} B SSM ({ssm_how}) a GPU"])
 
 
 def _sglang_budget_rows(r, cell: int, page: int, tolerance: float, gated: bool) -> tuple[list[LogComparison], list[str]]:
@@ -446,9 +468,12 @@ def judge_sglang(text: str, log_name: str, tolerance: float, gate: str, model: s
         (cell, k_half), mla = full_attention_cell(resolved.arch, attention_tp, dtype), False
         full_layers = sum(type(s) is FullAttention for s in resolved.arch.layers)
         notes.append(f"Mamba / GDN hybrid: the KV pool holds its {full_layers} full-attention layers alone; its "
-                     "state pool (max_mamba_cache_size) and the budget are not judged")
+                     "state pool's slots (max_mamba_cache_size) and the budget are not judged")
         page_rows = _sglang_page_rows(r, cell, k_half, mla, page, rules, tolerance)
         notes.append(f"bytes a token on one GPU: {cell:,} ({dtype.name}: {dtype_how}); page size {page}")
+        state_rows, state_notes = _sglang_mamba_state_rows(r, resolved, attention_tp, rules, tolerance)
+        page_rows += state_rows
+        notes += state_notes
         settings = {"tensor_parallel_size": tp, "page_size": page, "kv_cache_dtype": dtype.name}
         return _result(log_name, "sglang", r.sglang_version, label, tolerance, gate, resolved, gpu_name, settings,
                        Section(mode="page math (the printed pool memory given)", gpu=gpu_name or "any",

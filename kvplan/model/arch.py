@@ -689,6 +689,8 @@ def _parse_architecture(config: dict[str, Any], overrides: dict[str, Any] | None
     if ssm_hint is not None:
         ssm_hint = str(ssm_hint)
         _state_dtype_bytes(ssm_hint)  # refuse an unknown dtype now, naming it
+    raw_ssm = f.get("mamba_ssm_dtype")  # kept as spelled for SGLang (MambaState.config_mamba_ssm_dtype)
+    config_ssm = raw_ssm if isinstance(raw_ssm, str) else None
     # As the newest release resolves it; capacity re-resolves it for the release asked.
     newest = {"nemotron_h": ssm_hint or "float32", "qwen3_5": ssm_hint, "float32": "float32"}.get(family.ssm_policy)
     ssm_bytes = _state_dtype_bytes(newest) if newest else conv_bytes
@@ -701,7 +703,8 @@ def _parse_architecture(config: dict[str, Any], overrides: dict[str, Any] | None
             raise KvplanError(f"model_type {model_type!r} lists recurrent layers, but kvplan has no state rule for it",
                               "try --layout engine")
         spec = family.state(f, hidden, num_heads, conv_bytes, ssm_bytes)
-        return replace(spec, ssm_policy=family.ssm_policy, ssm_hint=ssm_hint, all_mode_capable=family.mamba_all_mode)
+        return replace(spec, ssm_policy=family.ssm_policy, ssm_hint=ssm_hint, all_mode_capable=family.mamba_all_mode,
+                       config_mamba_ssm_dtype=config_ssm)
 
     # The family's own shape per attention kind, where its kinds differ in shape (MiMo-V2-Flash).
     shapes = {k: family.attention_shape(f, k) for k in sorted(set(kinds))} if family.attention_shape else {}

@@ -435,6 +435,10 @@ class MambaState(LayerSpec):
     ssm_policy: str = "conv"
     ssm_hint: str | None = None
     all_mode_capable: bool = False  # the family gets Mamba cache mode "all" in 0.26-0.27
+    # The config's ``mamba_ssm_dtype`` as spelled (text_config's first), whatever the family: a fact of the checkpoint
+    # that SGLang 0.5.9+ reads for every Mamba2-style state (configs/mamba_utils.py@0.5.9 `mamba2_state_dtype`);
+    # vLLM's planning does not use it (it reads ``ssm_hint`` by family). None: the config has none.
+    config_mamba_ssm_dtype: str | None = None
     # Speculative decoding's K: the conv state keeps K more columns where the mixer verifies drafted tokens
     # (``conv_kernel - 1 + num_spec``, mamba_utils.py; which variants, by release: VllmRules).
     spec_tokens: int = 0

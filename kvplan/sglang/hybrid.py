@@ -31,13 +31,14 @@ SGLang's page size and ``align(x) = x // page x page``:
 
 Which architectures get the hybrid pool changed by release (`HYBRID_SWA_ARCHS`).
 
-NSA (``NSATokenToKVPool``, DeepSeek-V3.2; read 0.5.3 to 0.5.8): page 64, the budget divided by ``(kv_lora_rank +
+NSA (``NSATokenToKVPool``, DeepSeek-V3.2; read 0.5.3 to 0.5.10): page 64, the budget divided by ``(kv_lora_rank +
 qk_rope_head_dim) x layers x the cache dtype's bytes`` (1 for FP8, although the FP8 buffer holds 656 bytes a layer:
 512 + 4 scales x 4 + 64 x 2), plus, from 0.5.3.post1, the indexer's keys, ``(index_head_dim + index_head_dim //
 128 x 4) x layers`` (model_runner.py@0.5.3.post1 .. @0.5.6.post2 `profile_max_num_token`, model_runner_kv_cache_mixin.py@0.5.7 ..
 @0.5.8.post1 `get_cell_size_per_token`; @0.5.3 has no indexer term). The buffers (memory_pool.py) and the dtype
-rule ("auto": FP8 on Blackwell, else bf16; server_args.py) are 0.5.4's through 0.5.8.post1; from 0.5.6 DP attention's
-size is the one given (kvplan/sglang/pool.py `NSA_DP_GIVEN_FROM`).
+rule ("auto": FP8 on Blackwell, else bf16; server_args.py) are 0.5.4's through 0.5.10.post1 (the FP8 buffer without
+its scales on Blackwell in 0.5.10, kvplan/sglang/pool.py `nsa_fp8_scaled`); from 0.5.6 DP attention's size is the one
+given (kvplan/sglang/pool.py `NSA_DP_GIVEN_FROM`). The cell is `get_cell_size_per_token`@0.5.9 .. @0.5.10.post1.
 """
 
 from __future__ import annotations
@@ -165,13 +166,43 @@ def nsa_profile_cell(arch: Architecture, dtype: KVDtype, kv_lora_rank: int, rope
     return int(cell)
 
 
-#: Architectures whose state SGLang 0.5.3.post3-0.5.8 keeps in its Mamba pool with ``Mamba2CacheParams``
-#: (``mambaish_config``: ``hybrid_gdn_config`` / ``mamba2_config``, model_runner.py@0.5.6.post2) and whose state
-#: shapes kvplan has checked against ``Mamba2StateShape.create`` (configs/qwen3_next.py, configs/nemotron_h.py
-#: @0.5.6.post2; the same state shapes and dtypes @0.5.7 and @0.5.8.post1): conv ``(conv_dim / tp, conv_kernel - 1)``
-#: in bf16 (``CONV_DTYPE``), temporal ``(heads / tp, head_dim, state_size)`` in ``--mamba-ssm-dtype`` (float32 by
-#: default), the same numbers as vLLM's shapes.
-MAMBA_ARCHS = {"Qwen3NextForCausalLM": "gated_delta_net", "NemotronHForCausalLM": "mamba2"}
+#: Architectures whose state SGLang keeps in its Mamba pool with ``Mamba2CacheParams`` (``mambaish_config``:
+#: ``hybrid_gdn_config`` / ``mamba2_config``, model_runner.py@0.5.6.post2 .. @0.5.13.post1) and whose state shapes kvplan
+#: has checked against ``Mamba2StateShape.create`` (configs/qwen3_next.py, configs/nemotron_h.py @0.5.6.post2; the same
+#: shapes @0.5.7 .. @0.5.13.post1): conv ``(conv_dim / tp, conv_kernel - 1)`` in bf16 (``CONV_DTYPE``; from 0.5.9
+#: ``SGLANG_MAMBA_CONV_DTYPE``, bf16 unset), temporal ``(heads / tp, head_dim, state_size)`` in the SSM dtype
+#: (`mamba_ssm_dtype_bytes`), the same numbers as vLLM's shapes. Each maps to (its variant, the first release whose
+#: ``mambaish_config`` takes it): Qwen3.5's configs (``Qwen3_5TextConfig(Qwen3NextConfig)``, configs/qwen3_5.py@0.5.9)
+#: join ``hybrid_gdn_config`` in 0.5.9 (model_runner.py@0.5.9; not @0.5.8.post1).
+MAMBA_ARCHS: dict[str, tuple[str, str]] = {
+    "Qwen3NextForCausalLM": ("gated_delta_net", "0.5.3"),
+    "NemotronHForCausalLM": ("mamba2", "0.5.3"),
+    "Qwen3_5ForConditionalGeneration": ("gated_delta_net", "0.5.9"),
+    "Qwen3_5MoeForConditionalGeneration": ("gated_delta_net", "0.5.9"),
+}
+
+#: ``mamba2_state_dtype``'s map (configs/mamba_utils.py@0.5.9 .. @0.5.23): bytes of the SSM state's element.
+_SSM_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def mamba_archs_in(version: str) -> dict[str, str]:
+    """The architectures of `MAMBA_ARCHS` SGLang ``version`` keeps in its Mamba pool, each with its variant."""
+    return {name: variant for name, (variant, first) in MAMBA_ARCHS.items() if _v(version) >= _v(first)}
+
+
+def mamba_ssm_dtype_bytes(config_dtype: str | None, reads_config: bool) -> tuple[int, str]:
+    """(bytes, how) of the SSM (temporal) state's element. To 0.5.8: ``--mamba-ssm-dtype``, float32 by default
+    (server_args.py@0.5.6.post2). 0.5.9 on (`mamba2_state_dtype`, configs/mamba_utils.py@0.5.9 .. @0.5.23): the
+    config's ``mamba_ssm_dtype`` (text_config's first), float32 where it has none or one outside float32 / bfloat16 /
+    float16 (SGLang warns and keeps float32); ``--mamba-ssm-dtype`` (SGLANG_MAMBA_SSM_DTYPE) would override it, which
+    kvplan does not take."""
+    if not reads_config:
+        return 4, "float32, --mamba-ssm-dtype's default"
+    if config_dtype in _SSM_DTYPE_BYTES:
+        return _SSM_DTYPE_BYTES[config_dtype], f"{config_dtype}, the config's mamba_ssm_dtype"
+    if config_dtype is None:
+        return 4, "float32: the config gives no mamba_ssm_dtype"
+    return 4, f"float32: SGLang ignores the config's mamba_ssm_dtype {config_dtype!r}"
 
 
 @dataclass(frozen=True)
@@ -185,7 +216,7 @@ class MambaSplit:
 
 def mamba_split(budget_bytes: float, per_request_bytes: int, ratio: float) -> MambaSplit:
     """`handle_max_mamba_cache` (model_runner.py@0.5.3.post3 .. @0.5.6.post2, model_runner_kv_cache_mixin.py@0.5.7 ..
-    @0.5.8.post1: the ratio branch unchanged), radix cache on, no speculative
+    @0.5.13.post1: the ratio branch unchanged; @0.5.13.post1 names it ``mamba_budget``), radix cache on, no speculative
     decoding: ``raw = rest x ratio / (1 + ratio)`` GiB; ``max_mamba_cache_size = int(raw x 2^30 //
     mamba_cache_per_req)``; the KV pool gets ``rest - max_mamba_cache_size x mamba_cache_per_req / 2^30``."""
     if not 0 < ratio < 1e6:  # finite: SGLang's ratio / (1 + ratio) of an infinite one is NaN
@@ -201,4 +232,4 @@ def _v(text: str) -> tuple[int, ...]:
 
 
 __all__ = ["HYBRID_SWA_ARCHS", "MAMBA_ARCHS", "MambaSplit", "SwaSplit", "hybrid_swa_arch", "hybrid_swa_in",
-           "mamba_split", "nsa_profile_cell", "swa_split"]
+           "mamba_archs_in", "mamba_split", "mamba_ssm_dtype_bytes", "nsa_profile_cell", "swa_split"]

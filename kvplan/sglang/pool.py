@@ -15,9 +15,9 @@ is a heuristic of the GPU's size, the chunked-prefill size and the CUDA graphs (
 What kvplan cannot see is the memory a process holds before the weights load (its CUDA context and communicators),
 which ``P`` excludes: an assumption with a range (`STARTUP_BYTES`), carried into the pool's range. Only full
 attention (MHA / GQA / MQA), MLA, the hybrid sliding-window pool (two pools, in the releases and of the architectures
-kvplan/sglang/hybrid.py lists), DeepSeek-V3.2's NSA pool (0.5.3-0.5.5) and the Mamba / GDN state pool (Qwen3-Next,
-Nemotron-H; 0.5.3.post3-0.5.8) are sized; other Mamba / linear-attention hybrids and releases, vision models
-(`adjust_mem_fraction_for_vlm`), pipeline parallelism and speculative decoding are refused with the reason.
+kvplan/sglang/hybrid.py lists), DeepSeek-V3.2's NSA pool (0.5.3-0.5.10) and the Mamba / GDN state pool (Qwen3-Next and
+Nemotron-H 0.5.3.post3-0.5.13, Qwen3.5 0.5.9-0.5.13) are sized; other Mamba / linear-attention hybrids and releases,
+vision models (`adjust_mem_fraction_for_vlm`), pipeline parallelism and speculative decoding are refused with the reason.
 """
 
 from __future__ import annotations
@@ -32,11 +32,12 @@ from kvplan.model.layers import MLA, FullAttention, MambaState, MLAIndexer, Slid
 from kvplan.plan.overhead import STARTUP_BYTES
 from kvplan.plan.schema import MemoryTerm, Settings
 from kvplan.sglang.hybrid import (
-    MAMBA_ARCHS,
     MambaSplit,
     hybrid_swa_arch,
     hybrid_swa_in,
+    mamba_archs_in,
     mamba_split,
+    mamba_ssm_dtype_bytes,
     nsa_profile_cell,
     swa_split,
 )
@@ -247,10 +248,10 @@ def resolve_kv_dtype(arch: Architecture, settings: Settings, rules: SglangRules)
 
 MAMBA_NOT_SIZED = ("kvplan does not size SGLang's state pool for this Mamba / linear-attention hybrid (its slots, "
                    "max_mamba_cache_size, take mamba_full_memory_ratio of the budget: `handle_max_mamba_cache`; kvplan "
-                   "sizes it for Qwen3-Next and Nemotron-H of full-attention and state layers, in SGLang "
-                   "0.5.3.post3-0.5.8; 0.5.9 on take the SSM state's dtype from the config's mamba_ssm_dtype, "
-                   "configs/mamba_utils.py@0.5.9, and 0.5.11 on size it in model_executor/pool_configurator.py: not "
-                   "read for sizing)")
+                   "sizes it for Qwen3-Next and Nemotron-H of full-attention and state layers in SGLang "
+                   "0.5.3.post3-0.5.13, and Qwen3.5 in 0.5.9-0.5.13; 0.5.14 on make extra_buffer the default "
+                   "--mamba-radix-cache-strategy for these models, server_args.py@0.5.14, and 0.5.16 on size the pool "
+                   "in mem_cache/kv_cache_configurator.py: not read)")
 
 
 #: Every architecture SGLang has listed for its hybrid sliding-window pool in `is_hybrid_swa_model` (configs/
@@ -385,13 +386,16 @@ def swa_tokens_of_full(full_tokens: int, ratio: float, page_size: int, aligned_f
     return low, low if aligned_first else align((full_tokens + page_size - 1) * ratio)
 
 
-def nsa_cell(arch: Architecture, dtype: KVDtype, kv_lora_rank: int, rope_dim: int, with_indexer: bool) -> int:
+def nsa_cell(arch: Architecture, dtype: KVDtype, kv_lora_rank: int, rope_dim: int, with_indexer: bool,
+             fp8_scaled: bool = True) -> int:
     """The bytes one token takes in DeepSeek-V3.2's NSA pool (``NSATokenToKVPool``), on every rank. A layer's latent:
     FP8 ``kv_lora_rank`` bytes + one fp32 scale per 128 + the rope part in bf16 (656 for DeepSeek-V3.2:
     mem_cache/memory_pool.py@0.5.3 hard-codes it, ``override_kv_cache_dim`` @0.5.4.post3 computes it), else
     ``(kv_lora_rank + rope) x dtype``; the indexer's keys: ``index_head_dim + index_head_dim // 128 x 4`` uint8
     bytes a layer (``index_k_with_scale_buffer``, memory_pool.py@0.5.3). Both buffers hold ``#tokens + one page``
-    rows when ``#tokens`` is whole pages (the indexer's ``(size + page_size + 1) // page_size`` pages)."""
+    rows when ``#tokens`` is whole pages (the indexer's ``(size + page_size + 1) // page_size`` pages).
+    ``fp8_scaled`` False: the FP8 latent without its scales, ``kv_lora_rank + rope`` bytes, as the trtllm NSA backends
+    keep it (`nsa_fp8_scaled`)."""
     mla = [s for s in arch.layers if type(s) is MLA]
     indexers = [s for s in arch.layers if type(s) is MLAIndexer]
     other = sorted({s.kind for s in arch.layers if type(s) not in (MLA, MLAIndexer)})
@@ -399,7 +403,9 @@ def nsa_cell(arch: Architecture, dtype: KVDtype, kv_lora_rank: int, rope_dim: in
         raise KvplanError("kvplan prices SGLang's NSA pool only for a model of MLA layers each with an indexer "
                           f"(this one: {len(mla)} MLA, {len(indexers)} indexer" + (f", {', '.join(other)}" if other
                                                                                      else "") + ")")
-    if dtype.name in ("fp8", "fp8_e4m3"):
+    if dtype.name in ("fp8", "fp8_e4m3") and not fp8_scaled:
+        latent = kv_lora_rank + rope_dim
+    elif dtype.name in ("fp8", "fp8_e4m3"):
         latent = kv_lora_rank + kv_lora_rank // 128 * 4 + rope_dim * 2
     elif dtype.name in ("bfloat16", "float16"):
         latent = round(mla[0].bytes_per_token(dtype))
@@ -443,17 +449,31 @@ def _refuse_what_is_not_modelled(arch: Architecture, settings: Settings, version
 
 
 #: The releases whose NSA pool kvplan has read (memory_pool.py, server_args.py @0.5.3, 0.5.3.post1, 0.5.3.post3,
-#: 0.5.4.post3, 0.5.5.post3, 0.5.6.post2, 0.5.7, 0.5.8.post1; model_runner.py / model_runner_kv_cache_mixin.py
-#: `profile_max_num_token` / `get_cell_size_per_token`: the same NSA term, buffers and page 64 on CUDA in each). 0.5.9
-#: on pass the buffer's dim from the model runner (``kv_cache_dim``, memory_pool.py@0.5.9): not read.
-NSA_READ = ((0, 5, 3), (0, 5, 8))
+#: 0.5.4.post3, 0.5.5.post3, 0.5.6.post2, 0.5.7, 0.5.8.post1, 0.5.9, 0.5.10.post1; model_runner.py /
+#: model_runner_kv_cache_mixin.py `profile_max_num_token` / `get_cell_size_per_token`: the same NSA term, page 64 on
+#: CUDA and "auto" dtype rule in each). 0.5.9 passes the buffer's dim from the model runner (``kv_cache_dim``,
+#: `calculate_mla_kv_cache_dim`, model_runner_kv_cache_mixin.py@0.5.9): 0.5.8's dim for the default backends, which
+#: 0.5.10 changes on Blackwell (`nsa_fp8_scaled`). 0.5.11 on size pools in model_executor/pool_configurator.py and
+#: pick NSA backends anew (server_args.py@0.5.11, @0.5.12.post1; arg_groups from 0.5.13): not read.
+NSA_READ = ((0, 5, 3), (0, 5, 10))
 #: From 0.5.6 SGLang no longer sets dp_size to the TP size for DeepSeek NSA ("NSA with TP mode", server_args.py
 #: @0.5.6.post2, @0.5.7; 0.5.8.post1 no longer turns DP attention on either): its attention weights are then sharded
 #: over TP, while kvplan prices NSA's weights with the attention whole on every GPU (kvplan/engines/sglang.py). Its
 #: branch still runs for DeepSeek-V3.2: under the transformers==4.57.1 those wheels pin, which has no ``deepseek_v32``
 #: model type, `_load_deepseek_v32_model` rewrites the config's architectures to DeepseekV3ForCausalLM
-#: (utils/hf_transformers_utils.py@0.5.6.post2 .. @0.5.8.post1), the architecture the branch is keyed by.
+#: (utils/hf_transformers_utils.py@0.5.6.post2 .. @0.5.9), the architecture the branch is keyed by; 0.5.10.post1 pins
+#: transformers==5.3.0, and its NSA branch lists DeepseekV32ForCausalLM too (`is_deepseek_nsa`,
+#: configs/model_config.py@0.5.9, @0.5.10.post1), with the same "DSA with TP mode" text (server_args.py@0.5.10.post1).
 NSA_DP_GIVEN_FROM = (0, 5, 6)
+
+
+def nsa_fp8_scaled(rules: SglangRules, blackwell: bool) -> bool:
+    """Whether an FP8 NSA buffer holds the latent's scales and a bf16 rope (656 B a layer for DeepSeek-V3.2) rather
+    than ``kv_lora_rank + rope`` bytes. 0.5.10 gives FP8 on compute capability >= 10 the trtllm prefill and decode
+    backends (`_set_default_nsa_backends`, server_args.py@0.5.10.post1), for which `calculate_mla_kv_cache_dim`
+    keeps ``kv_lora_rank + qk_rope_head_dim`` (model_runner_kv_cache_mixin.py@0.5.10.post1); 0.5.9 gives FP8
+    flashmla_auto / flashmla_kv everywhere (server_args.py@0.5.9), so the scaled layout (as 0.5.3-0.5.8 always)."""
+    return not (blackwell and _version(rules) >= (0, 5, 10))
 
 
 def nsa_kv_dtype(settings: Settings, rules: SglangRules, blackwell: bool) -> tuple[KVDtype, str]:
@@ -497,11 +517,12 @@ def size_pool(arch: Architecture, device: Device, settings: Settings, rules: Sgl
     notes_how = ""
     if kind == "nsa":
         if not NSA_READ[0] <= _version(rules) <= NSA_READ[1]:
-            raise KvplanError(f"kvplan has read SGLang's NSA pool in 0.5.3 to 0.5.8 only, not {rules.version}",
-                              "give --engine-version 0.5.3 .. 0.5.8.post1")
+            raise KvplanError(f"kvplan has read SGLang's NSA pool in 0.5.3 to 0.5.10 only, not {rules.version} (0.5.11 "
+                              "on size pools in model_executor/pool_configurator.py and pick NSA backends anew)",
+                              "give --engine-version 0.5.3 .. 0.5.10.post1")
         if _version(rules) >= NSA_DP_GIVEN_FROM and not dp_attention_size:
             raise KvplanError(f"SGLang {rules.version} no longer sets --dp-size to the TP size for DeepSeek NSA "
-                              "(server_args.py@0.5.6.post2 .. @0.5.8.post1): its attention weights are then split over "
+                              "(server_args.py@0.5.6.post2 .. @0.5.10.post1): its attention weights are then split over "
                               "TP, which kvplan's NSA weights (the attention whole on every GPU) do not price",
                               "give --enable-dp-attention (--dp-size = the TP size), or --engine-version 0.5.5")
         if device.vendor != "nvidia":
@@ -510,7 +531,7 @@ def size_pool(arch: Architecture, device: Device, settings: Settings, rules: Sgl
         if mla_ranks is None:
             raise KvplanError("the config gives no kv_lora_rank and qk_rope_head_dim, which SGLang's NSA pool is "
                               "shaped by")
-        page_size = 64  # "Setting page size to 64 for DeepSeek NSA" (server_args.py@0.5.3 .. @0.5.8.post1, CUDA)
+        page_size = 64  # "Setting page size to 64 for DeepSeek NSA" (server_args.py@0.5.3 .. @0.5.10.post1, CUDA)
     if kind == "nsa" and rules.nsa_forced_fraction is not None:
         fraction = high_fraction = rules.nsa_forced_fraction
         how = "0.5.3 sets 0.8 for DeepSeek NSA" + (f", over the {mem_fraction_static:g} given"
@@ -558,7 +579,8 @@ def size_pool(arch: Architecture, device: Device, settings: Settings, rules: Sgl
         counts = [tokens_from_budget(r, cell, page_size, max_total_tokens) for r in rests]
         notes_how = f"{int(rests[1]):,} B // {cell:,} B a token, in pages of {page_size}"
         if kind == "nsa":
-            buffer = nsa_cell(arch, dtype, *mla_ranks, bool(rules.nsa_indexer_in_pool))
+            buffer = nsa_cell(arch, dtype, *mla_ranks, bool(rules.nsa_indexer_in_pool),
+                              nsa_fp8_scaled(rules, device.is_blackwell))
             extra["buffer_bytes_per_token"] = buffer
             notes_how += f"; its buffers hold {buffer:,} B a token"
         if kind == "kv" and any(isinstance(s, SlidingWindow) for s in arch.layers):
@@ -591,25 +613,35 @@ def _mamba_pool(arch: Architecture, rules: SglangRules, tp: int, dp_attention_si
                 ratio: float | None, rests: tuple[float, ...]) -> tuple[int, int, tuple]:
     """(KV cell over the full-attention layers, its K half, (the splits of each budget, how, the pool's fields)) of
     a Mamba / GDN hybrid (kvplan/sglang/hybrid.py `mamba_split`)."""
-    name = next((a for a in arch.architectures if a in MAMBA_ARCHS), None)
+    archs = mamba_archs_in(rules.version)
+    name = next((a for a in arch.architectures if a in archs), None)
     states = [s for s in arch.layers if type(s) is MambaState]
-    if not rules.mamba_ratio_split or name is None or any(s.variant != MAMBA_ARCHS[name] for s in states):
+    if not rules.mamba_ratio_split or name is None or any(s.variant != archs[name] for s in states):
         raise KvplanError(MAMBA_NOT_SIZED + f"; this is {', '.join(arch.architectures)} in SGLang {rules.version}",
-                          "give --engine-version 0.5.4 .. 0.5.8 for Qwen3-Next or Nemotron-H, or size it for vLLM")
+                          "give --engine-version 0.5.4 .. 0.5.13 for Qwen3-Next or Nemotron-H (0.5.9 .. 0.5.13 for "
+                          "Qwen3.5), or size it for vLLM")
     attention_tp = max(1, tp // dp_attention_size) if dp_attention_size else tp  # get_attention_tp_size()
-    shaped = [replace(s.per_rank(attention_tp), conv_bytes=2, ssm_bytes=4, spec_tokens=0) for s in states]
-    conv = sum(replace(s, ssm_bytes=0).state_bytes() for s in shaped)  # CONV_DTYPE = torch.bfloat16
-    ssm = sum(replace(s, conv_bytes=0).state_bytes() for s in shaped)  # --mamba-ssm-dtype float32
+    conv, ssm, ssm_how = mamba_slot_bytes(states, attention_tp, rules)
     cell, k_half = full_attention_cell(arch, attention_tp, dtype)
     ratio = 0.9 if ratio is None else ratio  # --mamba-full-memory-ratio's default (server_args.py@0.5.6.post2)
     splits = [mamba_split(r, conv + ssm, ratio) for r in rests]
-    if dp_attention_size and MAMBA_ARCHS[name] == "gated_delta_net" and rules.mamba_gdn_slots_per_dp:
+    if dp_attention_size and archs[name] == "gated_delta_net" and rules.mamba_gdn_slots_per_dp:
         splits = [mamba_split_slots(sp, conv + ssm, dp_attention_size) for sp in splits]
     mid = splits[1]
-    how = (f"the state pool: {mid.max_mamba_cache_size:,} slots of {conv + ssm:,} B (ratio {ratio:g}), "
+    how = (f"the state pool: {mid.max_mamba_cache_size:,} slots of {conv + ssm:,} B (ratio {ratio:g}; SSM {ssm_how}), "
            f"{mid.state_bytes / GiB:,.2f} GiB; the KV pool: {int(mid.kv_budget_bytes):,} B // {cell:,} B a token")
     return cell, k_half, (splits, how, {"mamba_slots": mid.max_mamba_cache_size, "mamba_state_bytes": (conv, ssm),
                                         "mamba_full_memory_ratio": ratio})
+
+
+def mamba_slot_bytes(states: list[MambaState], attention_tp: int, rules: SglangRules) -> tuple[int, int, str]:
+    """(conv, SSM, how the SSM dtype was chosen): one request's state on one GPU, ``mamba_cache_per_req``
+    (configs/mamba_utils.py@0.5.6.post2 .. @0.5.13.post1) split as the Mamba pool's line prints it."""
+    ssm_bytes, ssm_how = mamba_ssm_dtype_bytes(states[0].config_mamba_ssm_dtype, rules.mamba_ssm_from_config)
+    shaped = [replace(s.per_rank(attention_tp), conv_bytes=2, ssm_bytes=ssm_bytes, spec_tokens=0) for s in states]
+    conv = sum(replace(s, ssm_bytes=0).state_bytes() for s in shaped)  # CONV_DTYPE = torch.bfloat16
+    ssm = sum(replace(s, conv_bytes=0).state_bytes() for s in shaped)  # the SSM dtype (`mamba_ssm_dtype_bytes`)
+    return conv, ssm, ssm_how
 
 
 def mamba_split_slots(split: MambaSplit, per_request: int, dp: int) -> MambaSplit:

@@ -44,7 +44,8 @@ _KV_LINE = re.compile(r"(?:([\w\- ]{1,60}) )?KV Cache (?:is allocated|VA upper b
                       r"(?:#tokens: " + _N + r", )?(?:K size: " + _F + r" GB, V size: " + _F + r" GB|KV size: " + _F + " GB)")
 _KV_DTYPE = re.compile(r"Using KV cache dtype: torch\.(\w{1,20})")
 _SWA = re.compile(r"Use [Ss]liding window memory pool\. full_layer_tokens=" + _N + r", swa_layer_tokens=" + _N)
-_MAMBA = re.compile(r"Mamba Cache is allocated\.")
+_MAMBA = re.compile(r"Mamba Cache is allocated\.(?: max_mamba_cache_size: " + _N + r", conv_state size: " + _F
+                    + r" ?GB, ssm_state size: " + _F + " ?GB)?")  # mem_cache/memory_pool.py@0.5.6.post2 .. @0.5.13
 # ``chunked_prefill_size`` is absent from `managers/scheduler.py@0.4.1.post7`'s line (sglang docs' own January 2025 log).
 _SCHEDULER = re.compile(r"max_total_num_tokens=" + _N + r"(?:, chunked_prefill_size=(-?\d{1,9}))?, max_prefill_tokens=" + _N
                         + r", max_running_requests=" + _N + r", context_len=" + _N
@@ -108,6 +109,9 @@ class SglangStartup(BaseModel):
     swa_full_tokens: int | None = None
     swa_tokens: int | None = None
     mamba: bool = False
+    mamba_slots: int | None = Field(None, description="max_mamba_cache_size of the Mamba pool line")
+    mamba_conv_gib: float | None = None
+    mamba_ssm_gib: float | None = None
     max_total_num_tokens: int | None = None
     max_running_requests: int | None = None
     context_len: int | None = None
@@ -237,8 +241,12 @@ def parse_sglang_log(text: str) -> SglangStartup:
         if (m := _SWA.search(line)) is not None:
             put("swa_full_tokens", int(m.group(1)), line, first=True)
             put("swa_tokens", int(m.group(2)), line, first=True)
-        if _MAMBA.search(line):
+        if (m := _MAMBA.search(line)) is not None:
             put("mamba", True, line, first=True)
+            if m.group(1):
+                put("mamba_slots", int(m.group(1)), line, first=True)
+                put("mamba_conv_gib", float(m.group(2)), line, first=True)
+                put("mamba_ssm_gib", float(m.group(3)), line, first=True)
         if (m := _SCHEDULER.search(line)) is not None:
             put("max_total_num_tokens", int(m.group(1)), line, first=True)
             put("chunked_prefill_size", int(m.group(2)) if m.group(2) else None, line, first=True)

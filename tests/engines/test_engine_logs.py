@@ -430,8 +430,8 @@ def test_sglang_nsa_reports_judged_by_hand():
     model = load_model("deepseek-ai/DeepSeek-V3.2-Exp", source="bundled")
     with pytest.raises(KvplanError, match="0.5.3.post1 and not in 0.5.3"):
         judge_sglang(log, "sg008", 0.005, "all", None, "B200", None, 8, None, resolved=model)
-    with pytest.raises(KvplanError, match="0.5.3 to 0.5.8 only"):
-        judge_sglang(log, "sg008", 0.005, "all", None, "B200", "0.5.10", 8, None, resolved=model)
+    with pytest.raises(KvplanError, match="0.5.3 to 0.5.10 only"):
+        judge_sglang(log, "sg008", 0.005, "all", None, "B200", "0.5.11", 8, None, resolved=model)
     # Read as 0.5.3 (the latent alone), the same line would be 46,890,305,454 // 40,016 = 1,171,788, less a page,
     # in pages: 1,171,712 tokens, 20% off: the release's rule decides, nothing is fitted to the report.
     as_053 = judge_sglang(log, "sg008", 0.005, "all", None, "B200", "0.5.3", 8, None, resolved=model)

@@ -123,8 +123,8 @@ def test_the_nsa_pool_from_the_gpu():
     assert _v32("0.5.3.post1", dp_attention_size=8).mem_fraction_static == 0.751
     # 0.5.4 on an H200 (not Blackwell): "auto" is bf16, (512 + 64) x 61 x 2 + 61 x 132 = 78,324 B
     assert _v32("0.5.4", gpu="H200", weights=80 * GiB).cell_bytes == 78_324
-    with pytest.raises(KvplanError, match="0.5.3 to 0.5.8 only"):
-        _v32("0.5.10")
+    with pytest.raises(KvplanError, match="0.5.3 to 0.5.10 only"):
+        _v32("0.5.11", dp_attention_size=8)
 
 
 def test_dp_attention_keeps_the_attention_weights_whole():
@@ -217,8 +217,17 @@ def test_size_engine_sglang_prints_each_pool():
     # Gemma 3 takes full pages from 0.5.1 (no hybrid pool): its ratio has nothing to split there.
     ("google/gemma-3-4b-it", ("--engine", "sglang", "--engine-version", "0.5.2", "--swa-full-tokens-ratio", "0.5"),
      "sliding-window layers"),
-    ("deepseek-ai/DeepSeek-V3.2", ("--engine", "sglang"), "0.5.3 to 0.5.8 only"),
+    ("deepseek-ai/DeepSeek-V3.2", ("--engine", "sglang"), "0.5.3 to 0.5.10 only"),
+    ("deepseek-ai/DeepSeek-V3.2", ("--engine", "sglang", "--engine-version", "0.5.11", "--enable-dp-attention"),
+     "0.5.3 to 0.5.10 only, not 0.5.11"),
+    ("deepseek-ai/DeepSeek-V3.2", ("--engine", "sglang", "--engine-version", "0.5.10"), "no longer sets --dp-size"),
     ("Qwen/Qwen3-Next-80B-A3B-Thinking", ("--engine", "sglang"), "max_mamba_cache_size"),
+    # the last release read and the first not: 0.5.14 makes extra_buffer the default strategy (server_args.py@0.5.14)
+    ("Qwen/Qwen3-Next-80B-A3B-Thinking", ("--engine", "sglang", "--engine-version", "0.5.14"), "extra_buffer"),
+    ("Qwen/Qwen3.5-9B", ("--engine", "sglang", "--engine-version", "0.5.14", "--language-model-only"), "0.5.9-0.5.13"),
+    # Qwen3.5 is not in hybrid_gdn_config before 0.5.9 (model_runner.py@0.5.8.post1)
+    ("Qwen/Qwen3.5-9B", ("--engine", "sglang", "--engine-version", "0.5.8", "--language-model-only"),
+     "Qwen3_5ForConditionalGeneration in SGLang 0.5.8"),
     ("nvidia/Nemotron-H-56B-Base-8K", ("--engine", "sglang"), "mamba_full_memory_ratio"),
     ("Qwen/Qwen3-Next-80B-A3B-Thinking", ("--engine", "sglang", "--engine-version", "0.5.6",
                                           "--mamba-full-memory-ratio", "inf"), "invalid --mamba-full-memory-ratio"),
@@ -259,8 +268,9 @@ def test_the_mamba_state_pool_from_the_gpu():
     assert _qwen3_next("0.5.6", mamba_full_memory_ratio=0.5).mamba_slots == int(
         (rest_gib * 0.5 / 1.5 * 2**30) // 19_316_736)
     assert _qwen3_next("0.5.3.post3").mamba_slots == slots  # the same rule from 0.5.3.post3
-    for version in ("0.5.3", "0.5.9", "0.5.23"):  # 0.5.3: --max-mamba-cache-size or 512; 0.5.9 on: not read
-        with pytest.raises(KvplanError, match="0.5.3.post3-0.5.8"):
+    # 0.5.3: --max-mamba-cache-size or 512; 0.5.14 on: extra_buffer by default, not read
+    for version in ("0.5.3", "0.5.14", "0.5.23"):
+        with pytest.raises(KvplanError, match="0.5.3.post3-0.5.13"):
             _qwen3_next(version)
 
 
@@ -414,7 +424,7 @@ def test_nsa_pool_in_0_5_5_to_0_5_8():
     assert (last.cell_bytes, last.buffer_bytes_per_token, last.page_size) == (43_188, 48_068, 64)
     assert last.tokens == int(p_b200 * 0.85 - 90 * GiB) // 43_188 // 64 * 64
     for version, why in (("0.5.6", "no longer sets --dp-size"), ("0.5.8", "no longer sets --dp-size"),
-                         ("0.5.9", r"0.5.3 to 0.5.8 only, not 0.5.9 \(give")):
+                         ("0.5.9", "no longer sets --dp-size"), ("0.5.11", r"0.5.3 to 0.5.10 only, not 0.5.11")):
         with pytest.raises(KvplanError, match=why):
             _v32(version)
     with pytest.raises(KvplanError, match="NVIDIA GPUs only"):
@@ -459,3 +469,102 @@ def test_swa_ratio_is_taken_where_the_release_gives_gemma_3_the_hybrid_pool():
     assert r.code == 0, r.stderr
     split = json.loads(r.stdout)["engines"][0]["pool_split"]
     assert split["swa_layer_tokens"] == int(split["full_layer_tokens"] * 0.5)
+
+
+def test_the_mamba_state_pool_through_0_5_13():
+    """`handle_max_mamba_cache`'s ratio branch (no speculative decoding) is the same text in
+    model_runner_kv_cache_mixin.py@0.5.9 .. @0.5.12.post1 and the same arithmetic in @0.5.13.post1 (``mamba_budget``),
+    "auto" still "no_buffer" (server_args.py@0.5.13.post1), so the running cap divides by 3; the state shapes are
+    0.5.8's (configs/qwen3_next.py@0.5.13.post1). Qwen3-Next's config has no mamba_ssm_dtype, so 0.5.9 on keep
+    float32 (configs/mamba_utils.py@0.5.9 `mamba2_state_dtype`): the numbers of test_the_mamba_state_pool_from_the_gpu,
+    19,316,736 B a slot."""
+    p = select_gpus("H100").device.cuda_total_bytes - 0.75 * GiB
+    rest_gib = (p * 0.85 - 37 * GiB) / 2**30
+    slots = int((rest_gib * 0.9 / 1.9 * 2**30) // 19_316_736)
+    kv_tokens = int((rest_gib - slots * 19_316_736 / 2**30) * 2**30) // 12_288
+    for version in ("0.5.9", "0.5.10.post1", "0.5.11", "0.5.12.post1", "0.5.13.post1"):
+        pool = _qwen3_next(version)
+        assert (pool.mamba_slots, sum(pool.mamba_state_bytes), pool.tokens) == (slots, 19_316_736, kv_tokens), version
+        assert pool.max_running_requests == slots // 3
+    with pytest.raises(KvplanError, match="extra_buffer"):
+        _qwen3_next("0.5.14")
+
+
+def test_the_ssm_dtype_is_the_configs_from_0_5_9():
+    """0.5.9 on take the SSM state's dtype from the config's mamba_ssm_dtype (configs/mamba_utils.py@0.5.9); 0.5.8 from
+    --mamba-ssm-dtype, float32. Qwen3-Next at TP 4 with mamba_ssm_dtype bfloat16: temporal 8 x 128 x 128 x 2 B =
+    262,144 B, conv 12,288 B, x 36 layers = 9,879,552 B a slot (float32: 19,316,736). A value SGLang does not map
+    keeps float32 (it warns)."""
+    model = load_model("Qwen/Qwen3-Next-80B-A3B-Thinking", source="bundled")
+
+    def with_ssm(dtype):
+        layers = tuple(dataclasses.replace(s, config_mamba_ssm_dtype=dtype) if s.kind == "mamba" else s
+                       for s in model.arch.layers)
+        arch = dataclasses.replace(model.arch, layers=layers)
+        return lambda v: size_pool(arch, select_gpus("H100").device, Settings(tensor_parallel_size=4), rules_for(v),
+                                   37 * GiB, mem_fraction_static=0.85)
+
+    assert sum(with_ssm("bfloat16")("0.5.9").mamba_state_bytes) == 9_879_552
+    assert sum(with_ssm("bfloat16")("0.5.8").mamba_state_bytes) == 19_316_736
+    assert sum(with_ssm("float64")("0.5.9").mamba_state_bytes) == 19_316_736
+
+
+def test_sg017_qwen3_5_state_pool_line():
+    """sg017 (profiles/reports, SGLang 0.5.9, Qwen3.5-397B-A17B at TP 2) printed "Mamba Cache is allocated.
+    max_mamba_cache_size: 82, conv_state size: 0.13GB, ssm_state size: 7.29GB". One slot on one GPU
+    (Qwen3_5TextConfig(Qwen3NextConfig).mamba2_cache_params, configs/qwen3_next.py@0.5.9; the config: 45 GDN layers,
+    16 key heads and 64 value heads of 128, conv kernel 4, mamba_ssm_dtype float32): conv (64 x 128 + 2 x 16 x 128 =
+    12,288) / 2 x 3 x 2 B x 45 = 1,658,880 B; temporal 64 / 2 x 128 x 128 x 4 B x 45 = 94,371,840 B. The pool holds
+    82 + 1 slots (MambaPool): 83 x 1,658,880 / 2^30 = 0.128 -> "0.13GB", 83 x 94,371,840 / 2^30 = 7.295 -> "7.29"
+    (SGLang's :.2f of 7.2949...)."""
+    model = load_model("Qwen/Qwen3.5-397B-A17B", source="bundled")
+    pool = size_pool(model.arch, select_gpus("2xH100").device,
+                     Settings(tensor_parallel_size=2, language_model_only=True), rules_for("0.5.9"), 60 * GiB,
+                     mem_fraction_static=0.85)
+    assert pool.mamba_state_bytes == (1_658_880, 94_371_840)
+    conv_gib, ssm_gib = (83 * b / GiB for b in pool.mamba_state_bytes)
+    assert (f"{conv_gib:.2f}", f"{ssm_gib:.2f}") == ("0.13", "7.29")
+    assert pool.cell_bytes == 15 * 1 * 256 * 2 * 2  # 15 full-attention layers, 2 KV heads / TP 2, bf16: 15,360
+
+
+def test_nsa_pool_in_0_5_9_and_0_5_10():
+    """0.5.9 passes the buffer's dim from the model runner (`calculate_mla_kv_cache_dim`,
+    model_runner_kv_cache_mixin.py@0.5.9): FP8 with the default flashmla backends keeps 0.5.8's 656 B a layer, and the
+    cell (`get_cell_size_per_token`), page 64 and "auto" dtype rule are 0.5.8's: on a B200 (FP8) the cell is
+    (512 + 64) x 61 x 1 + 61 x (128 + 4) = 43,188 B, the buffers 61 x (656 + 132) = 48,068 B. 0.5.10 gives FP8 on
+    compute capability >= 10 the trtllm backends (server_args.py@0.5.10.post1 `_set_default_nsa_backends`), which keep
+    kv_lora_rank + rope: buffers 61 x (576 + 132) = 43,188 B; FP8 on an H200 (given: flashmla) keeps 48,068 B; bf16
+    on an H200: 61 x (576 x 2 + 132) = 78,324 B both."""
+    p = select_gpus("B200").device.cuda_total_bytes - 0.75 * GiB
+    for version, buffers in (("0.5.9", 48_068), ("0.5.10.post1", 43_188)):
+        pool = _v32(version, mem_fraction_static=0.85, dp_attention_size=8)
+        assert (pool.cell_bytes, pool.buffer_bytes_per_token, pool.page_size) == (43_188, buffers, 64), version
+        assert pool.tokens == int(p * 0.85 - 90 * GiB) // 43_188 // 64 * 64
+    h200 = _v32("0.5.10", gpu="H200", weights=80 * GiB, mem_fraction_static=0.85, dp_attention_size=8)
+    assert (h200.cell_bytes, h200.buffer_bytes_per_token) == (78_324, 78_324)
+    model = load_model("deepseek-ai/DeepSeek-V3.2", source="bundled")
+    fp8 = size_pool(model.arch, select_gpus("H200").device, Settings(tensor_parallel_size=8, kv_cache_dtype="fp8_e4m3"),
+                    rules_for("0.5.10"), 80 * GiB, mla_ranks=(512, 64), mem_fraction_static=0.85, dp_attention_size=8)
+    assert (fp8.cell_bytes, fp8.buffer_bytes_per_token) == (43_188, 48_068)
+
+
+def test_check_log_judges_sg017s_state_line_at_its_printed_slots():
+    """sg017 (SGLang 0.5.9, Qwen3.5-397B at TP 2): the Mamba pool line's sizes at its printed 82 slots, (82 + 1) x
+    1,658,880 B = 0.13 GB conv and (82 + 1) x 94,371,840 B = 7.29 GB SSM (test_sg017_qwen3_5_state_pool_line), not
+    gated. Were the config's mamba_ssm_dtype bfloat16, 0.5.9 would keep the SSM state in 2 B: 3.65 GB, a miss."""
+    from kvplan.gate.enginelog import judge_sglang
+
+    rows = [json.loads(line) for line in
+            (REPORTS_DIR / "sglang-startup-reports.jsonl").read_text().splitlines() if line.strip()]
+    quote = next(r for r in rows if r["case_id"] == "sg017")["quote"].replace(" / ", "\n")
+    model = load_model("Qwen/Qwen3.5-397B-A17B", source="bundled")
+    judged = judge_sglang(quote, "sg017", 0.005, "all", None, "2xRTX4090", "0.5.9", 2, None, resolved=model)
+    state = {c.quantity: c for c in judged.page_math.comparisons if c.quantity.startswith("Mamba")}
+    assert [(c.reported, c.predicted, c.within, c.gated) for c in state.values()] == [
+        (0.13, 0.13, True, False), (7.29, 7.29, True, False)]
+    layers = tuple(dataclasses.replace(s, config_mamba_ssm_dtype="bfloat16") if s.kind == "mamba" else s
+                   for s in model.arch.layers)
+    bf16 = dataclasses.replace(model, arch=dataclasses.replace(model.arch, layers=layers))
+    judged = judge_sglang(quote, "sg017", 0.005, "all", None, "2xRTX4090", "0.5.9", 2, None, resolved=bf16)
+    ssm = next(c for c in judged.page_math.comparisons if c.quantity == "Mamba ssm_state GB")
+    assert (ssm.predicted, ssm.within) == (3.65, False)  # 83 x 47,185,920 B = 3.647 GiB

@@ -280,3 +280,19 @@ def test_qwen35_ssm_state_follows_mamba_ssm_dtype():
     assert state.ssm_bytes == 4  # the config says mamba_ssm_dtype: float32
     patched = arch_of("Qwen/Qwen3.5-27B", mamba_ssm_dtype="bfloat16")
     assert next(s for s in patched.layers if isinstance(s, MambaState)).ssm_bytes == 2
+
+
+def test_the_configs_mamba_ssm_dtype_is_kept_as_spelled_for_every_family():
+    # SGLang 0.5.9+ reads the config's mamba_ssm_dtype for any Mamba2-style state (configs/mamba_utils.py@0.5.9):
+    # kvplan keeps it as written, text_config's first, without changing vLLM's ssm_bytes (its family rules decide).
+    def config_dtypes(arch):
+        return {s.config_mamba_ssm_dtype for s in arch.layers if isinstance(s, MambaState)}
+
+    assert config_dtypes(arch_of("Qwen/Qwen3.5-27B")) == {"float32"}  # its text_config says float32
+    assert config_dtypes(arch_of("Qwen/Qwen3-Next-80B-A3B-Thinking")) == {None}  # no such field
+    # Nemotron-3-Nano names vLLM's mamba_ssm_cache_dtype only, which SGLang does not read
+    assert config_dtypes(arch_of("nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16")) == {None}
+    nemotron = arch_of("nvidia/Nemotron-H-56B-Base-8K", mamba_ssm_dtype="bfloat16")
+    assert config_dtypes(nemotron) == {"bfloat16"}
+    assert {s.ssm_bytes for s in nemotron.layers if isinstance(s, MambaState)} == {
+        s.ssm_bytes for s in arch_of("nvidia/Nemotron-H-56B-Base-8K").layers if isinstance(s, MambaState)}
