@@ -5,6 +5,14 @@ step-time model (kvplan.plan.steptime): calibrated (``--steptime RUN``), or the 
 ``--gpu`` names. A CPU engine (or an unnamed GPU) has no prior: the run says so and predicts
 nothing rather than invent one.
 
+The points run one after another on one engine, whose prefix cache outlives each (vLLM's `BlockPool` is the
+engine's, v1/core/block_pool.py@0.32.0): so each point is simulated on the pool the warm-up (`runner._warm_up`:
+requests 0 .. first point's first - 1, one a stream, all at once) and the earlier points' simulations left
+(`simulate`'s ``start``), in the order the points are predicted. A point's first requests then hit the shared
+prefix the warm-up cached, as on the engine. Against a ``--url`` server that served other traffic before, the
+carried pool knows only kvplan's own requests: the predicted hits are a lower bound (when nothing else runs during
+the bench).
+
 Simulating costs ~3.5-10 us per output token on one core, so a point is simulated on at most
 `MAX_SIMULATED_TOKENS` output tokens (fewer requests per stream, or the first arrivals of a
 rate); a point whose first wave alone is far above that is not simulated (it says why).
@@ -13,7 +21,8 @@ rate); a point whose first wave alone is far above that is not simulated (it say
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from contextlib import suppress
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +32,7 @@ from kvplan.bench.render import load_summary
 from kvplan.bench.results import BenchSummary, LatencyModelInfo, LatencyStats, PointResult, PredictedLatency
 from kvplan.bench.steptime_io import calibration_scheduler, deployment_inputs, load_steptime, workload_lengths
 from kvplan.errors import KvplanError
-from kvplan.plan.simulate import Lengths, Load, SchedulerConfig, closed_loop, open_loop
+from kvplan.plan.simulate import EMPTY_POOL, CarriedPool, Lengths, Load, SchedulerConfig, closed_loop, open_loop, simulate
 from kvplan.plan.steptime import StepTimeModel, model_for, predict_latency, prior_for
 from kvplan.vllm.args import EngineArgs
 
@@ -32,6 +41,10 @@ MAX_SIMULATED_TOKENS = 200_000
 #: A closed loop's first wave (one request a stream) is simulated whole up to twice that; beyond, not at all.
 MAX_FIRST_WAVE = 2 * MAX_SIMULATED_TOKENS
 PERCENTILES = (50, 99)
+#: `LatencyModelInfo.pool`: how each point's prediction starts (and, attached to a server, why hits may be more).
+CARRIED_POOL = "Each point starts on the prefix cache the warm-up and the earlier points left, as the engine's pool does"
+CARRIED_POOL_URL = ("; the server may have served other traffic before, which kvplan cannot see: "
+                    "the predicted prefix hits are a lower bound")
 
 
 @dataclass(frozen=True)
@@ -46,12 +59,29 @@ class PointPredictor:
     requests_per_stream: int | None = None
     burstiness: float = 1.0
     seed: int = 0
+    #: The pool the points predicted so far left ("pool": a `CarriedPool`; none yet: the warm-up's comes first).
+    carried: dict = field(default_factory=dict, compare=False, repr=False)
 
     def predict(self, point: PointResult) -> PredictedLatency | None:
         if self.model is None or self.scheduler is None or self.lengths is None or point.status != "ok":
             return None
-        return predict_point(self.scheduler, self.model, self.lengths, point, self.shared_prefix,
-                             self.requests_per_stream, self.burstiness, self.seed)
+        start = self._start(point) if self.scheduler.prefix_caching else None
+        predicted, after = _predict(self.scheduler, self.model, self.lengths, point, self.shared_prefix,
+                                    self.requests_per_stream, self.burstiness, self.seed, start)
+        if after is not None:
+            self.carried["pool"] = after
+        return predicted
+
+    def _start(self, point: PointResult) -> CarriedPool:
+        """The pool ``point`` starts from: the earlier points', else the warm-up's (the requests numbered before
+        the first point, one a stream at once), else an empty one (no warm-up; or it cannot be simulated)."""
+        if "pool" not in self.carried:
+            self.carried["pool"] = EMPTY_POOL
+            if point.first_index > 0 and self.lengths is not None and self.scheduler is not None:
+                warm_up = closed_loop(point.first_index, self.lengths, 1, 0, shared_prefix=self.shared_prefix)
+                with suppress(KvplanError):  # (its pool does not depend on step times: one wave, nothing arrives later)
+                    self.carried["pool"] = simulate(self.scheduler, warm_up, start=EMPTY_POOL).pool_after
+        return self.carried["pool"]
 
 
 def no_prediction(reason: str) -> PointPredictor:
@@ -95,6 +125,8 @@ def predictor_for(cfg: dict[str, Any], capacity: dict[str, Any], model_name: str
             return no_prediction(str(exc).splitlines()[0])
         info = LatencyModelInfo(source="prior", basis=f"{d.device.name}: catalog bandwidth and dense TFLOP/s, "
                                 f"efficiencies {prior_for(d.device).basis}{attached}")
+    if scheduler.prefix_caching:
+        info = info.model_copy(update={"pool": CARRIED_POOL + ("" if cfg.get("engine") else CARRIED_POOL_URL)})
     return PointPredictor(info, scheduler, model, workload_lengths(wl), float(wl.get("shared_prefix") or 0.0),
                           cfg.get("requests_per_stream"), float(cfg.get("burstiness") or 1.0), int(wl.get("seed") or 0))
 
@@ -144,19 +176,28 @@ def _mean_output(lengths: Lengths) -> int:
 def predict_point(scheduler: SchedulerConfig, model: StepTimeModel, lengths: Lengths, point: PointResult,
                   shared_prefix: float = 0.0, requests_per_stream: int | None = None, burstiness: float = 1.0,
                   seed: int = 0) -> PredictedLatency:
-    """TTFT / ITL / TPOT / E2E p50 and p99 and output tokens/s the simulator predicts for ``point``."""
+    """TTFT / ITL / TPOT / E2E p50 and p99 and output tokens/s the simulator predicts for ``point`` on an empty pool."""
+    return _predict(scheduler, model, lengths, point, shared_prefix, requests_per_stream, burstiness, seed)[0]
+
+
+def _predict(scheduler: SchedulerConfig, model: StepTimeModel, lengths: Lengths, point: PointResult,
+             shared_prefix: float = 0.0, requests_per_stream: int | None = None, burstiness: float = 1.0,
+             seed: int = 0, start: CarriedPool | None = None) -> tuple[PredictedLatency, CarriedPool | None]:
+    """`predict_point` from the pool ``start`` (None: empty), and the pool the point left (None: not kept)."""
     try:
         load, n = point_load(point, lengths, shared_prefix, requests_per_stream, burstiness, seed)
-        pred = predict_latency(scheduler, load, model, PERCENTILES)
+        pred = predict_latency(scheduler, load, model, PERCENTILES, start=start)
     except KvplanError as exc:
-        return PredictedLatency(source=model.source, error=str(exc).splitlines()[0])
+        return PredictedLatency(source=model.source, error=str(exc).splitlines()[0]), None
 
     def stats(d: dict[str, float | None]) -> LatencyStats:
         return LatencyStats(p50=_round(d.get("p50")), p99=_round(d.get("p99")))
 
     return PredictedLatency(source=model.source, ttft=stats(pred.ttft), itl=stats(pred.itl), tpot=stats(pred.tpot),
                             e2e=stats(pred.e2e), output_tokens_per_s=round(pred.output_tokens_per_s, 2),
-                            simulated_requests=n)
+                            simulated_requests=n, carried_pool=start is not None or None,
+                            prefix_hit_rate=_round(pred.prefix_hits / pred.prefix_queries)
+                            if pred.prefix_queries else None), pred.pool_after
 
 
 def _round(v: float | None) -> float | None:

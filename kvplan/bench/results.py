@@ -273,6 +273,10 @@ class PredictedLatency(_Figures):
     e2e: LatencyStats | None = None
     output_tokens_per_s: float | None = None
     simulated_requests: int | None = None  # fewer than the point's when the simulation was bounded
+    # vLLM's prefix-cache hit rate the simulation counts (hits / queries, tokens; None: nothing looked up).
+    prefix_hit_rate: float | None = None
+    # The point began on the pool the warm-up and the earlier points left (`LatencyModelInfo.pool`), not an empty one.
+    carried_pool: bool | None = None
     error: str | None = None
 
     def stat(self, metric: str, key: str) -> float | None:
@@ -288,6 +292,7 @@ class LatencyModelInfo(BaseModel):
 
     source: Literal["prior", "calibrated", "none"]
     basis: str
+    pool: str | None = None  # what pool each point's prediction starts from, when not an empty one
 
 
 class SloResult(BaseModel):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from itertools import takewhile
 from operator import is_, is_not
@@ -184,6 +185,18 @@ class BlockPool(_PrefixMap):
 
     def unlink(self) -> None:
         """(Nothing to break: see `LinkedBlockPool.unlink`.)"""
+
+
+@dataclass(frozen=True)
+class PoolState:
+    """The prefix cache a load leaves on the engine for the next one (vLLM keeps it: `BlockPool` is the engine's for
+    its whole life, v1/core/block_pool.py@0.32.0): every block free, ``free`` their ids in the free queue's order
+    (head, evicted first, to tail), ``keys`` each one's hash (None: none; `LinkedBlockPool.PRIVATE`: its own
+    request's), ``dups`` the hashes several blocks hold, first registered first. ``EMPTY_POOL``: a fresh pool."""
+
+    free: tuple[int, ...] = ()
+    keys: tuple[Hashable | None, ...] = ()
+    dups: tuple[tuple[Hashable, tuple[int, ...]], ...] = ()
 
 
 class Block:
@@ -426,6 +439,33 @@ class LinkedBlockPool(_PrefixMap):
             node.prev, node = None, node.next
         for block in self.blocks:
             block.prev = block.next = None  # type: ignore[assignment]
+
+    def state(self) -> PoolState:
+        """What the pool holds between loads (every block free): its free queue, head first, each block's hash."""
+        if self.num_free != len(self.blocks) - 1:
+            raise ValueError("a pool's state is taken with every block free (between loads)")
+        ids = self.free_queue()
+        blocks = self.blocks
+        return PoolState(tuple(ids), tuple(blocks[i].key for i in ids),
+                         tuple((key, tuple(b.id for b in held)) for key, held in self.dups.items()))
+
+    def restore(self, state: PoolState) -> None:
+        """This new pool as ``state`` left it: the same free queue and hashes (the same lookups and evictions)."""
+        if len(state.free) != len(self.blocks) - 1:
+            raise ValueError(f"a state of {len(state.free)} blocks given to a pool of {len(self.blocks) - 1}")
+        blocks, null, private = self.blocks, self.null, self.PRIVATE
+        before = null
+        for i, key in zip(state.free, state.keys):
+            block = blocks[i]
+            block.key = key if self.caching else None
+            before.next, block.prev = block, before
+            before = block
+            if block.key is not None and block.key is not private:
+                self.first.setdefault(block.key, block)
+        before.next, null.prev = null, before
+        for key, held in state.dups:  # a hash several blocks hold: the first registered is the one lookups find
+            self.dups[key] = [blocks[i] for i in held]
+            self.first[key] = blocks[held[0]]
 
     @property
     def ref(self) -> list[int]:

@@ -49,9 +49,10 @@ from collections import deque
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from kvplan.errors import KvplanError
-from kvplan.plan.block_pool import BlockPool, LinkedBlockPool
+from kvplan.plan.block_pool import BlockPool, LinkedBlockPool, PoolState
 from kvplan.stats import percentile
 from kvplan.units import cdiv
 
@@ -336,6 +337,9 @@ class SimResult:
     # waiting gauge counts it all the same (`Scheduler.make_stats`, v1/core/sched/scheduler.py@0.32.0).
     first_budget_wait_step: int | None = None
     first_budget_wait_time: float | None = None
+    # The pool this load left for the next one on the same engine: set only when the simulation was given a ``start``
+    # (an attribute, not a field: a cold start's result stays field for field what it was; bench_working_set --digest).
+    pool_after: ClassVar[CarriedPool | None] = None
 
     @property
     def prefix_hit_rate(self) -> float | None:
@@ -430,19 +434,39 @@ def _keys(req: _Req, start: int, stop: int, block_size: int) -> Sequence[Hashabl
     return out
 
 
+@dataclass(frozen=True)
+class CarriedPool:
+    """The prefix cache that loads run one after another on one engine pass on (a bench's warm-up, then its points):
+    the pool's blocks and hashes (`PoolState`), and how many requests the earlier loads numbered, so a later load's
+    own blocks (`_key`: ``("req", rid, k)``) never take an earlier one's hash. ``EMPTY_POOL``: a fresh engine."""
+
+    state: PoolState = PoolState()
+    requests: int = 0
+
+
+EMPTY_POOL = CarriedPool()
+
+
 def simulate(config: SchedulerConfig, load: Load, step_time: Callable[[StepBatch], float] | None = None,
-             max_steps: int = 5_000_000, trace: list[tuple] | None = None) -> SimResult:
+             max_steps: int = 5_000_000, trace: list[tuple] | None = None,
+             start: CarriedPool | None = None) -> SimResult:
     """Run ``load`` through vLLM V1's scheduler on ``config``'s pool until every request ends.
 
     ``trace``, when given, receives every block-pool operation in order, for replaying them on vLLM's
     own KVCacheManager (tests/vllm_facing/test_block_pool_parity.py): ``("admit", request, num_tokens,
     hit_blocks, new_tokens, block_table)``, ``("alloc", request, num_tokens, new_tokens, block_table)``,
     ``("preempt", request)``, ``("finish", request)``; and ``("budget", request)`` when a step leaves ``request``,
-    the head of the queue, waiting for the token budget (no pool operation: `_budget_stopped`)."""
+    the head of the queue, waiting for the token budget (no pool operation: `_budget_stopped`).
+
+    ``start``: the load begins on the pool an earlier one left (its ``pool_after``), as vLLM's pool carries over
+    from one load to the next on a running engine; None: on an empty pool, and ``pool_after`` is not kept."""
     with paused_gc():
-        scheduler = _Scheduler(config, load, step_time, trace)
+        scheduler = _Scheduler(config, load, step_time, trace, start)
         try:
-            return scheduler.run(max_steps)
+            result = scheduler.run(max_steps)
+            if start is not None:
+                result.pool_after = CarriedPool(scheduler.pool.state(), scheduler.counter)
+            return result
         finally:
             scheduler.pool.unlink()
 
@@ -485,13 +509,19 @@ class _Scheduler:
     _cut_chunk: Callable[[_Req, int, int], int] | None = None
 
     def __init__(self, config: SchedulerConfig, load: Load, step_time: Callable[[StepBatch], float] | None,
-                 trace: list[tuple] | None):
+                 trace: list[tuple] | None, start: CarriedPool | None = None):
         self.config, self.load, self.step_time, self.trace = config, load, step_time, trace
         self.B = config.block_size
         self.usable = config.usable_blocks
         self.pool = self.pool_class(self.usable, config.prefix_caching, config.uncached_blocks_first)
         self.timelines: list[RequestTimeline] = []
         self.counter = 0
+        if start is not None:  # the pool an earlier load left, requests numbered on from its count
+            if not isinstance(self.pool, LinkedBlockPool):
+                raise KvplanError("a carried-over pool is modelled for full-attention pools only")
+            if start.state.free:
+                self.pool.restore(start.state)
+            self.counter = start.requests
         self.delay = load.client_delay or (lambda number: 0.0)
         self.next_turn: dict[int, int] = {}  # request number -> its session's next turn, sent on its end
         self.pending_q: deque[tuple[float, int, _Req]] = deque(self._first_arrivals())

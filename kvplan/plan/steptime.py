@@ -42,7 +42,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from kvplan.errors import KvplanError
-from kvplan.plan.simulate import Load, SchedulerConfig, SimResult, StepBatch, closed_loop, simulate
+from kvplan.plan.simulate import CarriedPool, Load, SchedulerConfig, SimResult, StepBatch, closed_loop, simulate
 
 
 @dataclass(frozen=True)
@@ -241,6 +241,11 @@ class LatencyPrediction:
     source: str
     waited_for_kv: bool = False  # a request waited for KV blocks (the pool, not the batch, held it back)
     peak_running: int = 0  # requests running at once, at most
+    # Prompt tokens looked up in and found in the prefix cache (vLLM's counters), and the pool the load left
+    # (only when it began on a carried-over one: `predict_latency`'s ``start``).
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+    pool_after: CarriedPool | None = None
 
     def to_json(self) -> dict:
         def ms(d):
@@ -252,13 +257,15 @@ class LatencyPrediction:
 
 
 def predict_latency(config: SchedulerConfig, load: Load, model: StepTimeModel,
-                    qs: Sequence[float] = (50, 90, 99), mean: bool = False) -> LatencyPrediction:
+                    qs: Sequence[float] = (50, 90, 99), mean: bool = False,
+                    start: CarriedPool | None = None) -> LatencyPrediction:
     """Simulate ``load`` with ``model``'s step times: TTFT / ITL / TPOT / E2E percentiles, throughput.
     Percentiles ``qs`` (keys ``p50``...), and ``mean`` too when asked.
     The model's request overhead (at the simulated request rate) is added to TTFT and E2E, and
     (closed loop) delays each stream's next request: the client sees its last token and the engine
-    its next prompt that much later than the steps alone say."""
-    extra, res = _simulate_with_overhead(config, load, model)
+    its next prompt that much later than the steps alone say. ``start``: the pool an earlier load left
+    (`simulate`'s), else an empty one."""
+    extra, res = _simulate_with_overhead(config, load, model, start=start)
 
     def shifted(d):
         return {k: (None if v is None else v + extra) for k, v in d.items()}
@@ -274,16 +281,18 @@ def predict_latency(config: SchedulerConfig, load: Load, model: StepTimeModel,
         e2e=shifted(stats("e2e")), queueing=stats("queueing_delay"),
         output_tokens_per_s=res.throughput, preemptions=res.preemptions, peak_kv_fill=res.peak_kv_fill,
         source=model.source, waited_for_kv=res.waited_for_kv, peak_running=res.peak_running,
+        prefix_queries=res.prefix_queries, prefix_hits=res.prefix_hits, pool_after=res.pool_after,
     )
 
 
 def _simulate_with_overhead(config: SchedulerConfig, load: Load, model: StepTimeModel,
-                            rounds: int = 4) -> tuple[float, SimResult]:
+                            rounds: int = 4, start: CarriedPool | None = None) -> tuple[float, SimResult]:
     """(request overhead, simulation) where the overhead is the model's at the simulation's own request
     rate: a closed loop's rate falls as the overhead delays each stream, so iterate to a fixed point
     (a few rounds: the rate moves less each time); an open loop's rate is its arrivals'."""
     def run(extra: float) -> SimResult:
-        return simulate(config, replace(load, think_time=load.think_time + extra) if load.streams else load, model)
+        return simulate(config, replace(load, think_time=load.think_time + extra) if load.streams else load, model,
+                        start=start)  # (every round from the same carried pool: `CarriedPool` is immutable)
 
     extra = model.request_overhead_s
     res = run(extra)
