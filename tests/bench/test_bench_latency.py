@@ -284,3 +284,32 @@ def test_kvplan_report_predicts_a_finished_run_again(tmp_path):
     assert shown["latency_model"]["source"] == "calibrated"
     assert [p["predicted_latency"]["output_tokens_per_s"] for p in shown["points"]] == pytest.approx([100.0, 400.0])
     assert "| 4 | 10 / " in (run / "report.md").read_text()
+
+
+def test_points_are_predicted_on_the_pool_the_warm_up_and_earlier_points_left(tmp_path):
+    """vLLM's prefix cache outlives a point (v1/core/block_pool.py@0.32.0), so each prediction starts on the pool the
+    warm-up and the earlier points left. 17 blocks of 32; 256 + 32 tokens with 75% shared: 6 full shared blocks, 192
+    tokens a request. The first point starts at request 1: bench's warm-up sent request 0 alone, which cached them.
+    1 stream of 3: 3 x 192 hit of 3 x 256 (75%; 50% on an empty pool, where request 1 misses); then 2 streams of
+    4 (numbers 4-7): 4 x 192 of 4 x 256."""
+    from kvplan.bench.latency import CARRIED_POOL, CARRIED_POOL_URL, PointPredictor
+
+    predictor = PointPredictor(LatencyModelInfo(source="calibrated", basis="by hand"), SchedulerConfig(17, 32), TEN_MS,
+                               Lengths(256, 32), shared_prefix=0.75)
+    base = old_summary("old-run-conc").points[0]
+    one = base.model_copy(update={"concurrency": 1, "requests": 3, "first_index": 1})
+    two = base.model_copy(update={"concurrency": 2, "requests": 4, "first_index": 4})
+    first, second = predictor.predict(one), predictor.predict(two)
+    assert (first.prefix_hit_rate, first.carried_pool) == (0.75, True)
+    assert second.prefix_hit_rate == 0.75
+    cold = predict_point(SchedulerConfig(17, 32), TEN_MS, Lengths(256, 32), one, shared_prefix=0.75)
+    assert (cold.prefix_hit_rate, cold.carried_pool) == (0.5, None)
+    # The run says so: attached to a server (no engine of kvplan's), the hits are a lower bound.
+    (tmp_path / "steptime.json").write_text(json.dumps({"schema": 1, "steptime": asdict(TEN_MS)}))
+    attached = predictor_for(run_config("old-run-conc"), POOL, str(TINY_MODEL), tmp_path / "steptime.json")
+    assert attached.info.pool == CARRIED_POOL + CARRIED_POOL_URL and "lower bound" in attached.info.pool
+    engine = predictor_for(run_config("old-run-conc", engine={"model": str(TINY_MODEL)}), POOL, str(TINY_MODEL),
+                           tmp_path / "steptime.json")
+    assert engine.info.pool == CARRIED_POOL
+    summary = old_summary("old-run-conc").model_copy(update={"latency_model": attached.info})
+    assert "lower bound" in " ".join(latency_lines(summary))

