@@ -99,6 +99,7 @@ def bench(url: str, out: Path, flags: list[str], sweep: str, per_stream: int) ->
 def measured_vs_predicted(run: Path, model, per_stream: int) -> dict[int, dict]:
     """Per load of ``run``: (predicted, measured) TTFT p50 / p99 and tokens/s, and whether the engine or the
     simulation waited for KV blocks or preempted (``saturated``: measured, ``predicted_saturated``)."""
+    from kvplan.bench.latency import warm_up_pool
     from kvplan.bench.steptime_io import run_inputs
     from kvplan.plan.simulate import closed_loop
     from kvplan.plan.steptime import predict_latency
@@ -106,11 +107,14 @@ def measured_vs_predicted(run: Path, model, per_stream: int) -> dict[int, dict]:
     cfg, points, lengths, sched, _, _, _ = run_inputs(run)
     shared = float((cfg.get("workload") or {}).get("shared_prefix") or 0.0)
     rows = {}
+    # Each point on the pool bench's warm-up and the earlier points left, as the engine's (kvplan.bench.latency).
+    pool = warm_up_pool(sched, lengths, points[0]["first_index"], shared) if points and sched.prefix_caching else None
     for p in points:
         if p["status"] != "ok":
             continue
         pred = predict_latency(sched, closed_loop(p["concurrency"], lengths, per_stream, p["first_index"],
-                                                  shared_prefix=shared), model)
+                                                  shared_prefix=shared), model, start=pool)
+        pool = pred.pool_after if pool is not None else None
         rows[p["concurrency"]] = {"ttft_p50": (pred.ttft["p50"], p["ttft"]["p50"]),
                                   "ttft_p99": (pred.ttft["p99"], p["ttft"]["p99"]),
                                   "tok_s": (pred.output_tokens_per_s, p["throughput_tok_s"]),

@@ -75,13 +75,23 @@ class PointPredictor:
     def _start(self, point: PointResult) -> CarriedPool:
         """The pool ``point`` starts from: the earlier points', else the warm-up's (the requests numbered before
         the first point, one a stream at once), else an empty one (no warm-up; or it cannot be simulated)."""
-        if "pool" not in self.carried:
-            self.carried["pool"] = EMPTY_POOL
-            if point.first_index > 0 and self.lengths is not None and self.scheduler is not None:
-                warm_up = closed_loop(point.first_index, self.lengths, 1, 0, shared_prefix=self.shared_prefix)
-                with suppress(KvplanError):  # (its pool does not depend on step times: one wave, nothing arrives later)
-                    self.carried["pool"] = simulate(self.scheduler, warm_up, start=EMPTY_POOL).pool_after
+        if "pool" not in self.carried and self.lengths is not None and self.scheduler is not None:
+            self.carried["pool"] = warm_up_pool(self.scheduler, self.lengths, point.first_index, self.shared_prefix)
         return self.carried["pool"]
+
+
+def warm_up_pool(scheduler: SchedulerConfig, lengths: Lengths, first_index: int, shared_prefix: float = 0.0) -> CarriedPool:
+    """The pool bench's warm-up leaves (`runner._warm_up`): requests 0 .. ``first_index`` - 1 (the first point's
+    first request number), one a stream, all at once. Its pool does not depend on step times (one wave, nothing
+    arrives later). An empty pool when there was no warm-up (``first_index`` 0) or it cannot be simulated."""
+    if first_index <= 0:
+        return EMPTY_POOL
+    with suppress(KvplanError):
+        pool = simulate(scheduler, closed_loop(first_index, lengths, 1, 0, shared_prefix=shared_prefix),
+                        start=EMPTY_POOL).pool_after
+        if pool is not None:
+            return pool
+    return EMPTY_POOL
 
 
 def no_prediction(reason: str) -> PointPredictor:
