@@ -59,7 +59,8 @@ class PointPredictor:
     requests_per_stream: int | None = None
     burstiness: float = 1.0
     seed: int = 0
-    #: The pool the points predicted so far left ("pool": a `CarriedPool`; none yet: the warm-up's comes first).
+    #: The pool the points predicted so far left ("pool": a `CarriedPool`; none yet: the warm-up's comes first), and
+    #: the request number after the last point's ("next").
     carried: dict = field(default_factory=dict, compare=False, repr=False)
 
     def predict(self, point: PointResult) -> PredictedLatency | None:
@@ -75,6 +76,11 @@ class PointPredictor:
     def _start(self, point: PointResult) -> CarriedPool:
         """The pool ``point`` starts from: the earlier points', else the warm-up's (the requests numbered before
         the first point, one a stream at once), else an empty one (no warm-up; or it cannot be simulated)."""
+        # Numbered before the requests predicted last: a new bench session (--resume numbers from 0 again, after a
+        # warm-up of its own), whose prompts share no block with the earlier one's (another nonce).
+        if point.first_index < self.carried.get("next", 0):
+            self.carried.clear()
+        self.carried["next"] = point.first_index + point.requests
         if "pool" not in self.carried and self.lengths is not None and self.scheduler is not None:
             self.carried["pool"] = warm_up_pool(self.scheduler, self.lengths, point.first_index, self.shared_prefix)
         return self.carried["pool"]

@@ -302,6 +302,9 @@ def test_points_are_predicted_on_the_pool_the_warm_up_and_earlier_points_left(tm
     first, second = predictor.predict(one), predictor.predict(two)
     assert (first.prefix_hit_rate, first.carried_pool) == (0.75, True)
     assert second.prefix_hit_rate == 0.75
+    # A point numbered from 1 again (a --resume session, after its own warm-up): from the warm-up's pool again (its
+    # request 0, then 1-3: 4 requests numbered on that pool; 1 + 3 + 4 + 3 = 11 had the sweep's carried on).
+    assert predictor.predict(one).prefix_hit_rate == 0.75 and predictor.carried["pool"].requests == 4
     cold = predict_point(SchedulerConfig(17, 32), TEN_MS, Lengths(256, 32), one, shared_prefix=0.75)
     assert (cold.prefix_hit_rate, cold.carried_pool) == (0.5, None)
     # The run says so: attached to a server (no engine of kvplan's), the hits are a lower bound.
