@@ -233,14 +233,15 @@ def test_one_stream_takes_one_step_per_output_token(model_dir):
 
 
 def test_the_engines_prefix_counters_are_vllms_with_the_pool_carried_from_the_warm_up(model_dir):
-    """Where the replay of a point and the engine part: the engine's pool is not empty when a point starts. On the
-    CPU engine (benchmarks/bench_latency_prediction.py --compute-bound, three invocations, two runs each of 256 + 32 with
+    """Where the replay of a point and the engine part: the engine's pool is not empty when a point starts. On the CPU
+    engine (benchmarks/bench_latency_prediction.py --compute-bound, three invocations, two runs each of 256 + 32 with
     75% shared, 2026-12-05) vLLM's own counters read 3200 hit tokens of 4979 looked up at 1 stream and 6688 of 10262 at
     2 streams in all six runs. vLLM's Scheduler gives exactly these when its pool carries over from bench's warm-up
-    (request 0, alone) and the 1-stream point, as the engine's does; on an empty pool (kvplan's
-    predictions before they carried it over: the tests below) the point's first request misses the shared blocks the
-    warm-up left: at 1 stream request 1 (305 tokens, round(0.75 x 305) = 229 shared: 7 full blocks of 32) finds the 7 blocks request 0 cached (337 tokens, 253 shared),
-    224 tokens, 64.3% against 59.8%. (No request waits or is preempted differently: only the counters move.)"""
+    (request 0, alone) and the 1-stream point, as the engine's does; on an empty pool (kvplan's predictions before they
+    carried it over: the tests below) the point's first request misses the shared blocks the warm-up left: at 1 stream
+    request 1 (305 tokens, round(0.75 x 305) = 229 shared: 7 full blocks of 32) finds the 7 blocks request 0 cached (337
+    tokens, 253 shared), 224 tokens, 64.3% against 59.8%. (No request waits or is preempted differently: only the
+    counters move.)"""
     carried = VllmClosedLoop(model_dir)
     carried.run(REUSE, 1, 0, per_stream=1)  # bench's warm-up: one request below the first KV wait (runner._warm_up)
     one, two = carried.run(REUSE, 1, 1), carried.run(REUSE, 2, 21)
