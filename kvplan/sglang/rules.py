@@ -75,8 +75,8 @@ class SglangRules:
     # 0.5.10), the extra-buffer term only with --mamba-scheduler-strategy extra_buffer, which "auto" is not:
     # "auto" -> "no_buffer", server_args.py@0.5.8.post1 .. @0.5.13.post1); 5 in 0.5.7, whose `init_memory_pool` adds
     # MAMBA_CACHE_V2_ADDITIONAL_RATIO_OVERLAP (2) unless extra_buffer *and* speculative decoding are both on; 5 in
-    # 0.5.14-0.5.15 (`mamba_extra_buffer_default`; 0.5.16 on not read, 3 kept), where `_calculate_mamba_ratio` (model_runner_kv_cache_mixin.py@0.5.14,
-    # the same @0.5.15.post1) adds the overlap term (2) to 3.
+    # 0.5.14-0.5.15 (`mamba_extra_buffer_default`; 0.5.16 on not read, 3 kept), where `_calculate_mamba_ratio`
+    # (model_runner_kv_cache_mixin.py@0.5.14, the same @0.5.15.post1) adds the overlap term (2) to 3.
     mamba_slots_per_request: int
     # "auto" becomes extra_buffer for Qwen3-Next, Qwen3.5 and Nemotron-H (the overlap schedule on and
     # --linear-attn-backend triton, both defaults): `_handle_mamba_radix_cache` (server_args.py@0.5.14), moved to
