@@ -27,6 +27,7 @@ from kvplan.bench.metrics import Snapshot, scrape_during, scrape_once
 from kvplan.bench.outputs import write_reports
 from kvplan.bench.point import engine_list, peak_in_flight, point_result
 from kvplan.bench.profiles import profile_for
+from kvplan.bench.prometheus import Prometheus
 from kvplan.bench.prompt_sweep import (
     PROMPT_SWEEP_FILE,
     parse_prompt_sweep,
@@ -35,7 +36,6 @@ from kvplan.bench.prompt_sweep import (
     sweep_specs,
     write_prompt_sweep,
 )
-from kvplan.bench.prometheus import Prometheus
 from kvplan.bench.replay import (
     ServedGroups,
     first_sessions,
@@ -685,7 +685,7 @@ class BenchRun:
             "capacity": dataclasses.asdict(self.capacity),
             "planner": None if self.planner is None else self.planner.model_dump(mode="json"),
             "prediction": None if self.prediction is None else self.prediction.model_dump(mode="json"),
-            "latency_model": None if self.latency is None else self.latency.info.model_dump(mode="json"),
+            "latency_model": None if self.latency is None else self.latency.info_for(self.points).model_dump(mode="json"),
         }
         self.run_info.setdefault("created", data["created"])
         self.store.write_run(data)
@@ -737,7 +737,7 @@ class BenchRun:
             headers=masked_headers(self.client.headers),
             proxy=shown_proxy(self.client.proxy(self.base_url)) if self.base_url else None,
             tls=self._tls_said(),
-            latency_model=None if self.latency is None else self.latency.info,
+            latency_model=None if self.latency is None else self.latency.info_for(self.points),
             prometheus=self._prometheus_info(),
             fleet=fleet,
             prediction_note=self.prediction_note,

@@ -493,6 +493,7 @@ class FleetFitOutput:
     fleets: list[FitFleet]
     search_seconds: float
     steptime_run: str | None = None  # --steptime RUN: the measured engine sized (no GPU search); None: the search
+    steptime_note: str | None = None  # --steptime RUN: the prompt lies outside the lengths its calibration saw
 
 
 @output_record

@@ -368,8 +368,11 @@ def calibrate_bench(points: Sequence[dict], lengths, config: SchedulerConfig, ba
     256-token one's by 24-41%); the two halves' medians show what a prompt token costs.
 
     ``single_requests`` ((prompt tokens, measured TTFT s) of requests sent alone to an idle engine: `kvplan bench
-    --prompt-sweep`) give one TTFT row each: their prefill steps (`single_request_row`) and the request overhead.
-    A sweep over the engine's context prices a prompt token where a workload's own spread of lengths cannot."""
+    --prompt-sweep`) are one more 1-stream point: a row for its shorter and one for its longer half, as a point's
+    (`single_request_groups`), each its prefill steps (`single_request_row`) and the request overhead. A sweep over
+    the engine's context prices a prompt token where a workload's own spread of lengths cannot. (One row a request
+    was tried: 20 rows of one stream's requests outweighed the points' rows; on a saved CPU-engine run, a 32 + 96
+    workload's TTFT p50 at 2-4 streams was over-predicted by +13% to +50% with them, -15% to +9% with the halves.)"""
 
     usable = [p for p in points if p.get("status", "ok") == "ok" and p.get("mode", "concurrency") == "concurrency"
               and p.get("concurrency") and not p.get("waited_for_kv") and not p.get("preempted")]
@@ -381,8 +384,8 @@ def calibrate_bench(points: Sequence[dict], lengths, config: SchedulerConfig, ba
                              shared_prefix=shared_prefix)) for p in usable]
     groups = {id(p): ttft_groups(request_ttfts.get(p.get("seq"), ()), lengths) if request_ttfts else None
               for p, _ in loads}
-    singles = [(single_request_row(fitted, n, config.max_num_batched_tokens), t) for n, t in single_requests
-               if n >= 1 and t > 0]
+    singles = [(single_request_row(fitted, n, config.max_num_batched_tokens), t)
+               for n, t in single_request_groups(single_requests)]
     fitted = _fit_steps_and_ttft(fitted, decode, loads, config, groups, singles)
     # The median inter-token gap is the typical decode step; throughput follows the mean one (the
     # steps that also prefill, the hiccups). Scale every step term by how much slower the run's
@@ -455,6 +458,20 @@ def _fit_steps_and_ttft(model: StepTimeModel, decode: Sequence[tuple[StepBatch, 
             return new
         model = new
     return model
+
+
+def single_request_groups(requests: Sequence[tuple[int, float]]) -> list[tuple[int, float]]:
+    """Requests sent alone ((prompt tokens, TTFT s)) as (prompt tokens, TTFT s) of their shorter and longer half:
+    each half's middle prompt (by length) and median TTFT, as `ttft_groups` splits a point; with fewer than four
+    requests or one length, the middle request's length and the median TTFT."""
+    done = sorted((n, t) for n, t in requests if n >= 1 and t > 0 and math.isfinite(t))
+    if not done:
+        return []
+    if len(done) < 4 or done[0][0] == done[-1][0]:
+        parts = [done]
+    else:
+        parts = [done[:len(done) // 2], done[len(done) // 2:]]
+    return [(part[len(part) // 2][0], statistics.median(t for _, t in part)) for part in parts]
 
 
 def single_request_row(model: StepTimeModel, prompt_tokens: int, chunk_tokens: int) -> list[float]:
