@@ -141,3 +141,24 @@ def test_bench_refuses_a_bad_sweep_before_anything_starts(tmp_path):
     assert r.code == 2 and "--prompt-sweep" in r.one_line_error()
     assert not (tmp_path / "runs").exists()
     assert SweepRequest(prompt_tokens=1, ttft_s=0.5).ttft_s == 0.5
+
+
+def test_bench_records_the_sweep_against_a_server(tmp_path):
+    """`kvplan bench --prompt-sweep 4:64` against a local stand-in server (the engine's timing is not what is tested
+    here): four lengths of 16-64 tokens, each sent twice with prompts of its length, one output token; the second
+    of each recorded in RUN/prompt_sweep.json, before the point's requests."""
+    from helpers.fake_server import FakeBehaviour, FakeServer
+
+    with FakeServer(FakeBehaviour(tokens=1, first_token_delay_s=0.002)) as srv:
+        r = invoke("bench", "--url", srv.url, "--sweep", "1", "--requests", "2", "--prompt", "8", "--output", "2",
+                   "--no-warmup", "--prompt-sweep", "4:64", "--out", str(tmp_path / "out"), "--json")
+        bodies = list(srv.behaviour.bodies)
+    assert r.code == 0, r.stderr[-2000:]
+    run = Path(json.loads(r.stdout)["run_dir"])
+    sweep = read_prompt_sweep(run)
+    assert [q.prompt_tokens for q in sweep.requests] == [16, 32, 48, 64] and sweep.lengths == [16, 32, 48, 64]
+    assert all(q.ttft_s >= 0.002 for q in sweep.requests)
+    sent = [(len(b["prompt"]), b["max_tokens"]) for b in bodies if isinstance(b, dict) and "prompt" in b]
+    assert sent[:8] == [(16, 1), (16, 1), (32, 1), (32, 1), (48, 1), (48, 1), (64, 1), (64, 1)]
+    assert sent[8:] == [(8, 2), (8, 2)]
+    assert json.loads((run / "run.json").read_text())["config"]["prompt_sweep"] == "4:64"
