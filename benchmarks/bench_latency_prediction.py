@@ -18,7 +18,7 @@ whose figures the README quotes:
 
     python benchmarks/bench_latency_prediction.py [--url URL] [--calibrate 64x64[/lognormal]:1,2,3,4]
         [--predict 128x32[/lognormal][+SHARED]:1,2,3 ...] [--repeats 2] [--per-stream 20] [--model DIR]
-        [--load-format dummy] [--compute-bound] [--from DIR] [--probe WORKLOAD]
+        [--load-format dummy] [--compute-bound] [--from DIR] [--probe WORKLOAD] [--prompt-sweep COUNT:MAX|off]
 
     python benchmarks/bench_latency_prediction.py --compute-bound --calibrate 64x64/lognormal:1,2,3,4 \
         --predict 32x96/lognormal:1,2,3,4 --predict 256x16/lognormal:1,2,3 \
@@ -32,13 +32,17 @@ them). ``--from DIR`` re-evaluates the runs of an earlier invocation (its printe
 measurements, calibrated and predicted again with the current model.
 
 Before the tables it prints the engine's own price of a prompt token (at one stream TTFT is a line in the prompt
-length; Theil-Sen over the 1-stream requests of every workload without a shared prefix) next to what the calibration's
-requests alone show and what the calibrated model charges: a 64 + 64 calibration's prompts span too little to price a
-token (three calibrations on the CPU engine: 0.046, 0.055 and 0.202 ms a token against the engine's 0.108-0.136; their
-own 1-stream requests alone gave -0.133 to +0.284), and that price, not the schedule, made the decode-heavy and the
-reuse misses (tests/vllm_facing/test_scheduler_parity.py: vLLM's Scheduler gives the simulator's schedule step for
-step). ``--probe WORKLOAD`` adds the 1-stream point of that predicted workload's first run to the calibration (prompts
-of other lengths); the other workloads stay held out.
+length; Theil-Sen with Sen's 95% interval over the 1-stream requests of every workload without a shared prefix, and
+the prompt sweep) next to what the calibration's requests alone show and what the calibrated model charges: a 64 + 64
+calibration's prompts span too little to price a token (three calibrations on the CPU engine: 0.046, 0.055 and 0.202
+ms a token against the engine's 0.108-0.136; their own 1-stream requests alone gave -0.133 to +0.284, 95% ranges of
+0.03-0.65, -0.52-0.34 and -0.91-0.19), and that price, not the schedule, made the decode-heavy and the reuse misses
+(tests/vllm_facing/test_scheduler_parity.py: vLLM's Scheduler gives the simulator's schedule step for step). So the
+calibration run is benched with ``--prompt-sweep`` (default 16:511: one stream, 16 prompt lengths up to the context,
+recorded in the run folder and fitted by `kvplan calibrate`; ``--prompt-sweep off`` for none). A predicted workload
+whose prompts leave the lengths the calibration saw gets one note line. ``--probe WORKLOAD`` adds the 1-stream
+requests of that predicted workload's first run to the calibration the way a sweep's are (offline, for runs made
+without a sweep); the other workloads stay held out.
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ The pure fit is kvplan.plan.steptime.calibrate_bench; this module reads the run 
 (run.json: workload, engine flags, pool; points.jsonl: the measured points), builds the base
 model (the served model's architecture on the GPU named by ``--gpu`` or the run's
 ``planner_gpu``; without one, e.g. a CPU engine, on a NOMINAL device whose factors are only
-relative to it), and writes the calibrated model to ``RUN/steptime.json``. A prediction reads
+relative to it), and writes the calibrated model to ``RUN/steptime.json``, with the prompt lengths the fit saw and
+the data's price of a prompt token (`kvplan.plan.steptime.prompt_token_price`). A run benched with
+``--prompt-sweep`` (RUN/prompt_sweep.json, kvplan.bench.prompt_sweep) adds its 1-stream requests to the fit. A prediction reads
 it back with `load_steptime` (and says "calibrated").
 """
 

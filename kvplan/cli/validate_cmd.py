@@ -412,8 +412,9 @@ def prompt_price_line(cal) -> str:
         return (f"a prompt token: {seen}{sweep}; too few 1-stream requests of distinct lengths to price one from the "
                 "data (kvplan bench --prompt-sweep COUNT records them)")
     width = price.relative_range
-    how = "" if width is None else f", the range {width:.0%} of it"
+    how = "" if width is None else f", a range {width:.0%} of it"
     verdict = "inside" if price.model_in_range else "OUTSIDE"
+    hint = "" if cal.prompt_sweep_requests else "; a bench run with --prompt-sweep COUNT pins it over the context"
     return (f"a prompt token: {seen}{sweep}; {price.requests} 1-stream requests of {price.prompt_min}-{price.prompt_max} "
-            f"tokens price it at {price.data_ms:.4g} ms (95% {price.data_low_ms:.4g}-{price.data_high_ms:.4g}{how}; "
-            f"Theil-Sen, Sen's interval); the model charges {price.model_ms:.4g} ms, {verdict} that range")
+            f"tokens price it at {price.data_ms:.3g} ms (95%: {price.data_low_ms:.3g} to {price.data_high_ms:.3g}{how}; "
+            f"Theil-Sen, Sen's interval); the model charges {price.model_ms:.3g} ms, {verdict} that range{hint}")
