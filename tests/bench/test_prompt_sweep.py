@@ -14,6 +14,7 @@ from helpers.harness import invoke
 
 from kvplan.bench.latency import predict_run
 from kvplan.bench.loadgen import RequestRecord
+from kvplan.bench.outputs.text import latency_model_text
 from kvplan.bench.prompt_sweep import (
     PROMPT_SWEEP_FILE,
     PromptSweep,
@@ -119,8 +120,10 @@ def test_a_prediction_outside_the_calibrated_prompts_gets_one_note(tmp_path):
     shutil.copytree(run, longer)
     doc["config"]["workload"]["prompt_tokens"] = 1000
     (longer / "run.json").write_text(json.dumps(dict(doc, model=MODEL)))
-    note = predict_run(longer, steptime=run).latency_model.note
+    summary = predict_run(longer, steptime=run)
+    note = summary.latency_model.note
     assert note is not None and "1000 tokens" in note and "8-512" in note and "\n" not in note
+    assert f"Note: {note}." in latency_model_text(summary)  # the terminal, Markdown and HTML say it too
 
 
 @pytest.mark.parametrize("content", ['{"max_tokens": 1, "lengths": [32], "requests": [{"prompt_tokens": 32, '
