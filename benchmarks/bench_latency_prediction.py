@@ -38,7 +38,7 @@ calibration's prompts span too little to price a token (three calibrations on th
 ms a token against the engine's 0.108-0.136; their own 1-stream requests alone gave -0.133 to +0.284, 95% ranges of
 0.03-0.65, -0.52-0.34 and -0.91-0.19), and that price, not the schedule, made the decode-heavy and the reuse misses
 (tests/vllm_facing/test_scheduler_parity.py: vLLM's Scheduler gives the simulator's schedule step for step). So the
-calibration run is benched with ``--prompt-sweep`` (default 16:511: one stream, 16 prompt lengths up to the context,
+calibration run is benched with ``--prompt-sweep`` (default 16:510: one stream, 16 prompt lengths up to the context,
 recorded in the run folder and fitted by `kvplan calibrate`; ``--prompt-sweep off`` for none). A predicted workload
 whose prompts leave the lengths the calibration saw gets one note line. ``--probe WORKLOAD`` adds the 1-stream
 requests of that predicted workload's first run to the calibration the way a sweep's are (offline, for runs made
@@ -234,7 +234,7 @@ def main() -> None:
                     help="also calibrate on the 1-stream point of this --predict workload's first run (one without a "
                          "shared prefix): prompts of other lengths price a prompt token; its own table is then no "
                          "held-out prediction")
-    ap.add_argument("--prompt-sweep", default="16:511", metavar="COUNT:MAX_TOKENS",
+    ap.add_argument("--prompt-sweep", default="16:510", metavar="COUNT:MAX_TOKENS",
                     help="kvplan bench --prompt-sweep of the calibration run (1-stream TTFTs of COUNT prompt lengths up "
                          "to MAX_TOKENS, fitted by kvplan calibrate); 'off': none")
     ap.add_argument("--from", dest="from_dir", type=Path,

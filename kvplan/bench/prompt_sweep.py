@@ -1,5 +1,5 @@
 """`kvplan bench --prompt-sweep COUNT[:MAX_TOKENS]`: one stream sends prompts of COUNT lengths spread over the
-engine's context, one output token each, and records each request's TTFT in RUN/prompt_sweep.json, which
+engine's context, two output tokens each (`SWEEP_OUTPUT_TOKENS`), and records each request's TTFT in RUN/prompt_sweep.json, which
 `kvplan calibrate --bench RUN` fits beside the run's points.
 
 Why: at one stream the engine is idle when a request comes, so TTFT is the time outside the steps plus the
@@ -26,6 +26,10 @@ from kvplan.paths import load_user_json
 from kvplan.traffic.tokens import token_ids
 
 PROMPT_SWEEP_FILE = "prompt_sweep.json"
+#: Output tokens a sweep request asks for: its TTFT is the first; with one, the only chunk also carries the finish
+#: reason, and a token that detokenizes to no text (a byte of a UTF-8 character: the CPU engine's dummy-weight model
+#: on 2026-12-05) left the client no token to time. The second costs one decode step after the TTFT.
+SWEEP_OUTPUT_TOKENS = 2
 #: Lengths a sweep may ask for at most (each is two requests at one stream).
 MAX_SWEEP_LENGTHS = 256
 #: Requests a stored sweep may hold (a crafted file is refused, not read whole into a fit).
@@ -59,11 +63,11 @@ class PromptSweep(BaseModel):
 
 def parse_prompt_sweep(text: str, max_model_len: int | None) -> tuple[int, int]:
     """'16' or '16:480' -> (COUNT lengths, MAX_TOKENS the longest); MAX_TOKENS defaults to the engine's
-    max_model_len less the one output token (a request may not exceed it)."""
+    max_model_len less the output tokens (a request may not exceed it)."""
     count_text, _, max_text = text.partition(":")
     try:
         count = int(count_text)
-        longest = int(max_text) if max_text else (max_model_len - 1 if max_model_len else 0)
+        longest = int(max_text) if max_text else (max_model_len - SWEEP_OUTPUT_TOKENS if max_model_len else 0)
     except ValueError:
         raise KvplanError(f"invalid --prompt-sweep {text!r}", "use COUNT or COUNT:MAX_TOKENS, e.g. 16 or 16:4000") from None
     if not 2 <= count <= MAX_SWEEP_LENGTHS:
@@ -73,9 +77,10 @@ def parse_prompt_sweep(text: str, max_model_len: int | None) -> tuple[int, int]:
                           "give the longest prompt: --prompt-sweep COUNT:MAX_TOKENS")
     if longest < count:
         raise KvplanError(f"invalid --prompt-sweep {text!r}: MAX_TOKENS must be at least COUNT")
-    if max_model_len and longest >= max_model_len:
-        raise KvplanError(f"--prompt-sweep {text!r}: a {longest}-token prompt and its output token exceed the "
-                          f"engine's max_model_len {max_model_len}", f"use MAX_TOKENS <= {max_model_len - 1}")
+    if max_model_len and longest + SWEEP_OUTPUT_TOKENS > max_model_len:
+        raise KvplanError(f"--prompt-sweep {text!r}: a {longest}-token prompt and its {SWEEP_OUTPUT_TOKENS} output tokens "
+                          f"exceed the engine's max_model_len {max_model_len}",
+                          f"use MAX_TOKENS <= {max_model_len - SWEEP_OUTPUT_TOKENS}")
     return count, longest
 
 
@@ -85,12 +90,13 @@ def sweep_lengths(count: int, longest: int) -> list[int]:
 
 
 def sweep_specs(lengths: list[int], nonce: str, id_range: tuple[int, int], first_index: int) -> list[RequestSpec]:
-    """The sweep's requests in order: each length twice (request numbers from ``first_index``), one output token."""
+    """The sweep's requests in order: each length twice (request numbers from ``first_index``), SWEEP_OUTPUT_TOKENS
+    output tokens."""
     lo, hi = id_range
     specs = []
     for k, n in enumerate(x for x in lengths for _ in range(2)):
         index = first_index + k
-        specs.append(RequestSpec(index, n, 1, prompt_token_ids=tuple(token_ids(f"sweep:{nonce}:{index}", n, lo, hi))))
+        specs.append(RequestSpec(index, n, SWEEP_OUTPUT_TOKENS, prompt_token_ids=tuple(token_ids(f"sweep:{nonce}:{index}", n, lo, hi))))
     return specs
 
 
@@ -100,7 +106,7 @@ def sweep_from_records(lengths: list[int], specs: list[RequestSpec], records) ->
     second = {s.index: s.prompt_tokens for k, s in enumerate(specs) if k % 2 == 1}
     kept = sorted((r for r in records if r.index in second and r.ok and r.ttft_s is not None and r.ttft_s > 0),
                   key=lambda r: r.index)
-    return PromptSweep(max_tokens=1, lengths=lengths,
+    return PromptSweep(max_tokens=SWEEP_OUTPUT_TOKENS, lengths=lengths,
                        requests=[SweepRequest(prompt_tokens=second[r.index], ttft_s=r.ttft_s) for r in kept])
 
 

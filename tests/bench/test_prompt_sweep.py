@@ -34,18 +34,18 @@ MODEL = "meta-llama/Llama-3.1-8B-Instruct"  # read offline from the bundled prof
 
 
 def test_the_sweep_spec_and_its_lengths():
-    assert parse_prompt_sweep("16", 512) == (16, 511)  # the longest prompt leaves room for the one output token
+    assert parse_prompt_sweep("16", 512) == (16, 510)  # the longest prompt leaves room for the two output tokens
     assert parse_prompt_sweep("4:100", None) == (4, 100)
     assert sweep_lengths(16, 512) == list(range(32, 513, 32))
     assert sweep_lengths(3, 10) == [3, 7, 10]
-    for text, max_model_len in (("1", 512), ("x", 512), ("16", None), ("16:512", 512), ("16:8", 512), ("300:4000", None)):
+    for text, max_model_len in (("1", 512), ("x", 512), ("16", None), ("16:511", 512), ("16:8", 512), ("300:4000", None)):
         with pytest.raises(KvplanError):
             parse_prompt_sweep(text, max_model_len)
 
 
 def test_each_length_goes_twice_with_prompts_of_its_own():
     specs = sweep_specs([3, 7], "nonce", (10, 1000), first_index=40)
-    assert [(s.index, s.prompt_tokens, s.max_tokens) for s in specs] == [(40, 3, 1), (41, 3, 1), (42, 7, 1), (43, 7, 1)]
+    assert [(s.index, s.prompt_tokens, s.max_tokens) for s in specs] == [(40, 3, 2), (41, 3, 2), (42, 7, 2), (43, 7, 2)]
     assert all(len(s.prompt_token_ids) == s.prompt_tokens for s in specs)
     assert len({s.prompt_token_ids for s in specs}) == 4  # no prefix-cache hit between them
 
@@ -57,7 +57,7 @@ def _records(specs, ttft_ms) -> list[RequestRecord]:
     for k, s in enumerate(specs):
         ttft = (ttft_ms(s.prompt_tokens) + (5.0 if k % 2 == 0 else 0.0)) / 1000
         out.append(RequestRecord(index=s.index, stream=0, scheduled_s=float(k), first_token_s=k + ttft,
-                                 end_s=k + ttft, prompt_tokens=s.prompt_tokens, output_tokens=1, max_tokens=1, ok=True))
+                                 end_s=k + ttft, prompt_tokens=s.prompt_tokens, output_tokens=2, max_tokens=2, ok=True))
     return out
 
 
@@ -148,7 +148,7 @@ def test_bench_refuses_a_bad_sweep_before_anything_starts(tmp_path):
 
 def test_bench_records_the_sweep_against_a_server(tmp_path):
     """`kvplan bench --prompt-sweep 4:64` against a local stand-in server (the engine's timing is not what is tested
-    here): four lengths of 16-64 tokens, each sent twice with prompts of its length, one output token; the second
+    here): four lengths of 16-64 tokens, each sent twice with prompts of its length, two output tokens; the second
     of each recorded in RUN/prompt_sweep.json, before the point's requests."""
     from helpers.fake_server import FakeBehaviour, FakeServer
 
@@ -162,6 +162,6 @@ def test_bench_records_the_sweep_against_a_server(tmp_path):
     assert [q.prompt_tokens for q in sweep.requests] == [16, 32, 48, 64] and sweep.lengths == [16, 32, 48, 64]
     assert all(q.ttft_s >= 0.002 for q in sweep.requests)
     sent = [(len(b["prompt"]), b["max_tokens"]) for b in bodies if isinstance(b, dict) and "prompt" in b]
-    assert sent[:8] == [(16, 1), (16, 1), (32, 1), (32, 1), (48, 1), (48, 1), (64, 1), (64, 1)]
+    assert sent[:8] == [(16, 2), (16, 2), (32, 2), (32, 2), (48, 2), (48, 2), (64, 2), (64, 2)]
     assert sent[8:] == [(8, 2), (8, 2)]
     assert json.loads((run / "run.json").read_text())["config"]["prompt_sweep"] == "4:64"
