@@ -96,7 +96,8 @@ def sweep_specs(lengths: list[int], nonce: str, id_range: tuple[int, int], first
     specs = []
     for k, n in enumerate(x for x in lengths for _ in range(2)):
         index = first_index + k
-        specs.append(RequestSpec(index, n, SWEEP_OUTPUT_TOKENS, prompt_token_ids=tuple(token_ids(f"sweep:{nonce}:{index}", n, lo, hi))))
+        ids = tuple(token_ids(f"sweep:{nonce}:{index}", n, lo, hi))
+        specs.append(RequestSpec(index, n, SWEEP_OUTPUT_TOKENS, prompt_token_ids=ids))
     return specs
 
 
