@@ -288,6 +288,7 @@ class LatencyModelInfo(BaseModel):
 
     source: Literal["prior", "calibrated", "none"]
     basis: str
+    note: str | None = None  # calibrated: the run's prompts leave the lengths the calibration saw (one line)
 
 
 class SloResult(BaseModel):
