@@ -18,7 +18,7 @@ whose figures the README quotes:
 
     python benchmarks/bench_latency_prediction.py [--url URL] [--calibrate 64x64[/lognormal]:1,2,3,4]
         [--predict 128x32[/lognormal][+SHARED]:1,2,3 ...] [--repeats 2] [--per-stream 20] [--model DIR]
-        [--load-format dummy] [--compute-bound] [--from DIR] [--probe WORKLOAD]
+        [--load-format dummy] [--compute-bound] [--from DIR] [--probe WORKLOAD] [--prompt-sweep COUNT:MAX|off]
 
     python benchmarks/bench_latency_prediction.py --compute-bound --calibrate 64x64/lognormal:1,2,3,4 \
         --predict 32x96/lognormal:1,2,3,4 --predict 256x16/lognormal:1,2,3 \
@@ -32,20 +32,23 @@ them). ``--from DIR`` re-evaluates the runs of an earlier invocation (its printe
 measurements, calibrated and predicted again with the current model.
 
 Before the tables it prints the engine's own price of a prompt token (at one stream TTFT is a line in the prompt
-length; Theil-Sen over the 1-stream requests of every workload without a shared prefix) next to what the calibration's
-requests alone show and what the calibrated model charges: a 64 + 64 calibration's prompts span too little to price a
-token (three calibrations on the CPU engine: 0.046, 0.055 and 0.202 ms a token against the engine's 0.108-0.136; their
-own 1-stream requests alone gave -0.133 to +0.284), and that price, not the schedule, made the decode-heavy and the
-reuse misses (tests/vllm_facing/test_scheduler_parity.py: vLLM's Scheduler gives the simulator's schedule step for
-step). ``--probe WORKLOAD`` adds the 1-stream point of that predicted workload's first run to the calibration (prompts
-of other lengths); the other workloads stay held out.
+length; Theil-Sen with Sen's 95% interval over the 1-stream requests of every workload without a shared prefix, and
+the prompt sweep) next to what the calibration's requests alone show and what the calibrated model charges: a 64 + 64
+calibration's prompts span too little to price a token (three calibrations on the CPU engine: 0.046, 0.055 and 0.202
+ms a token against the engine's 0.108-0.136; their own 1-stream requests alone gave -0.133 to +0.284, 95% ranges of
+0.03-0.65, -0.52-0.34 and -0.91-0.19), and that price, not the schedule, made the decode-heavy and the reuse misses
+(tests/vllm_facing/test_scheduler_parity.py: vLLM's Scheduler gives the simulator's schedule step for step). So the
+calibration run is benched with ``--prompt-sweep`` (default 16:510: one stream, 16 prompt lengths up to the context,
+recorded in the run folder and fitted by `kvplan calibrate`; ``--prompt-sweep off`` for none). A predicted workload
+whose prompts leave the lengths the calibration saw gets one note line. ``--probe WORKLOAD`` adds the 1-stream
+requests of that predicted workload's first run to the calibration the way a sweep's are (offline, for runs made
+without a sweep); the other workloads stay held out.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -123,75 +126,72 @@ def measured_vs_predicted(run: Path, model, per_stream: int) -> dict[int, dict]:
     return rows
 
 
-#: The probe point's request numbers are moved past the calibration's (both runs number their requests from 0).
-PROBE_OFFSET = 1 << 30
+def one_stream_requests(run: Path) -> list[tuple[int, float]]:
+    """(prompt tokens, TTFT s) of the requests of ``run``'s 1-stream points: each met an idle engine."""
+    from kvplan.bench.store import RunStore
 
-
-class _ProbeLengths:
-    """The calibration's lengths, and the probe run's for request numbers past ``PROBE_OFFSET`` (``prompt`` and
-    ``output``, which price the decode steps, stay the calibration's: the probe adds TTFT rows, not decode steps)."""
-
-    def __init__(self, calibration, probe):
-        self.calibration, self.probe = calibration, probe
-        self.prompt, self.output = calibration.prompt, calibration.output
-
-    def __call__(self, number: int) -> tuple[int, int]:
-        if number >= PROBE_OFFSET:
-            return self.probe(number - PROBE_OFFSET)
-        return self.calibration(number)
+    store = RunStore.open_existing(run)
+    seqs = {p["seq"] for p in store.read_points() if p["concurrency"] == 1 and p["status"] == "ok"}
+    return [(r["prompt_tokens"], r["first_token_s"] - r["scheduled_s"]) for r in store.read_requests()
+            if r.get("ok") and r.get("seq") in seqs and r.get("first_token_s") is not None]
 
 
 def calibrate_with_probe(calib_run: Path, probe_run: Path, per_stream: int):
-    """`calibrate_bench` on the calibration run's points plus the 1-stream point of ``probe_run`` (a workload of other
-    prompt lengths): its requests' TTFTs are what prices a prompt token, which a calibration's own narrow spread of
-    lengths leaves uncertain by a factor of two or more. (Its ITL is left out: the decode rows assume the calibration's
-    context.)"""
+    """(model, single requests): `calibrate_bench` on the calibration run (its own --prompt-sweep too, when it has
+    one) plus the 1-stream requests of ``probe_run`` (a workload of other prompt lengths) as single requests, the
+    rows a prompt sweep gives: they price a prompt token, which a calibration's own narrow spread of lengths leaves
+    uncertain by a factor of two or more."""
+    from kvplan.bench.prompt_sweep import read_prompt_sweep
     from kvplan.bench.steptime_io import request_ttfts, run_inputs
     from kvplan.plan.steptime import calibrate_bench
 
     _, points, lengths, sched, base, _, _ = run_inputs(calib_run)
-    _, probe_points, probe_lengths, _, _, _, _ = run_inputs(probe_run)
-    probe = next(p for p in probe_points if p["concurrency"] == 1 and p["status"] == "ok")
-    ttfts = request_ttfts(calib_run)
-    seq = max([p["seq"] for p in points] + [0]) + 1
-    ttfts[seq] = [(number + PROBE_OFFSET, t) for number, t in request_ttfts(probe_run).get(probe["seq"], ())]
-    probe = {**probe, "seq": seq, "first_index": probe["first_index"] + PROBE_OFFSET, "itl": None, "tpot": None}
-    return calibrate_bench(points + [probe], _ProbeLengths(lengths, probe_lengths), sched, base, per_stream, 0.0, ttfts)
+    sweep = read_prompt_sweep(calib_run)
+    singles = (sweep.points() if sweep is not None else []) + one_stream_requests(probe_run)
+    return calibrate_bench(points, lengths, sched, base, per_stream, 0.0, request_ttfts(calib_run), singles), singles
 
 
-def theil_sen(points: list[tuple[float, float]]) -> tuple[float, float]:
-    """(intercept, slope) of the median pairwise slope: robust to the few requests a client stall delays."""
-    slopes = [(y2 - y1) / (x2 - x1) for i, (x1, y1) in enumerate(points) for x2, y2 in points[i + 1:] if x2 != x1]
-    slope = statistics.median(slopes)
-    return statistics.median(y - slope * x for x, y in points), slope
-
-
-def prompt_token_price(runs: list[Path], model) -> str:
+def prompt_token_price(runs: list[Path], model, chunk_tokens: int) -> str:
     """The engine's own price of a prompt token next to the calibration's: at one stream the engine is idle when a
     request comes, so its TTFT is its time outside the steps plus one prefill step of its prompt, a line in the prompt
-    length. Fitted over the 1-stream requests of the given runs (every workload without a shared prefix: their whole
-    prompt is computed), and of the calibration's alone (its prompts span little: the price it fits is uncertain)."""
-    from kvplan.bench.store import RunStore
-    from kvplan.plan.steptime import chunk_step_time
+    length. Fitted (kvplan.plan.steptime.prompt_token_price: Theil-Sen, Sen's 95% interval) over the 1-stream
+    requests of the given runs (every workload without a shared prefix: their whole prompt is computed) and their
+    prompt sweeps, and of the calibration's alone."""
+    from kvplan.bench.prompt_sweep import read_prompt_sweep
+    from kvplan.plan.steptime import prompt_token_price as price_of
 
-    def one_stream(run: Path) -> list[tuple[float, float]]:
-        store = RunStore.open_existing(run)
-        seqs = {p["seq"] for p in store.read_points() if p["concurrency"] == 1}
-        return [(r["prompt_tokens"], (r["first_token_s"] - r["scheduled_s"]) * 1000) for r in store.read_requests()
-                if r.get("ok") and r.get("seq") in seqs and r.get("first_token_s") is not None]
+    def requests(run: Path) -> list[tuple[int, float]]:
+        sweep = read_prompt_sweep(run)
+        return one_stream_requests(run) + (sweep.points() if sweep is not None else [])
 
-    every = [pt for run in runs for pt in one_stream(run)]
-    calib = one_stream(runs[0])
-    if len({x for x, _ in every}) < 2 or len({x for x, _ in calib}) < 2:
+    every = price_of([pt for run in runs for pt in requests(run)], model, chunk_tokens)
+    calib = price_of(requests(runs[0]), model, chunk_tokens)
+    if every is None or calib is None:
         return "one stream: too few prompt lengths to price a prompt token"
-    (a, k), (ac, kc) = theil_sen(every), theil_sen(calib)
-    lo, hi = min(x for x, _ in every), max(x for x, _ in every)
-    at = [(model.request_overhead_s + chunk_step_time(model, n, 0)) * 1000 for n in (lo, hi)]  # (its rate term left out)
-    km = (at[1] - at[0]) / (hi - lo)
-    return (f"one stream, TTFT against prompt tokens (Theil-Sen): the engine {a:.1f} ms + {k:.3f} ms a token over "
-            f"{len(every)} requests of {lo}-{hi} tokens; the calibration's own requests alone {ac:.1f} + {kc:.3f} "
-            f"({min(x for x, _ in calib)}-{max(x for x, _ in calib)} tokens); the calibrated model {at[0] - km * lo:.1f} "
-            f"+ {km:.3f}")
+
+    def shown(p) -> str:
+        return (f"{p.intercept_ms:.1f} ms + {p.data_ms:.3f} ms a token (95% {p.data_low_ms:.3f}-{p.data_high_ms:.3f}) "
+                f"over {p.requests} requests of {p.prompt_min}-{p.prompt_max} tokens")
+
+    return (f"one stream, TTFT against prompt tokens (Theil-Sen, Sen's interval): the engine {shown(every)}; the "
+            f"calibration's own requests alone {shown(calib)}; the calibrated model {every.model_ms:.3f} ms a token "
+            f"over {every.prompt_min}-{every.prompt_max}")
+
+
+def prompt_note(name: str, runs: list[Path], seen: tuple[int, int] | None) -> str | None:
+    """The calibration's note when ``runs`` (one predicted workload) sent prompts outside the lengths it saw."""
+    from kvplan.bench.steptime_io import run_inputs, workload_prompt_range
+    from kvplan.plan.steptime import prompt_range_note
+
+    ranges = []
+    for run in runs:
+        _, points, lengths, _, _, _, _ = run_inputs(run)
+        ranges += [workload_prompt_range(lengths, p["first_index"], p["requests"]) for p in points
+                   if p["status"] == "ok" and p["requests"]]
+    if not ranges:
+        return None
+    note = prompt_range_note(seen, (min(lo for lo, _ in ranges), max(hi for _, hi in ranges)))
+    return None if note is None else f"note ({name}): {note}"
 
 
 def report(name: str, repeats: list[dict[int, dict]], per_stream: int, where: Path) -> bool:
@@ -238,6 +238,9 @@ def main() -> None:
                     help="also calibrate on the 1-stream point of this --predict workload's first run (one without a "
                          "shared prefix): prompts of other lengths price a prompt token; its own table is then no "
                          "held-out prediction")
+    ap.add_argument("--prompt-sweep", default="16:510", metavar="COUNT:MAX_TOKENS",
+                    help="kvplan bench --prompt-sweep of the calibration run (1-stream TTFTs of COUNT prompt lengths up "
+                         "to MAX_TOKENS, fitted by kvplan calibrate); 'off': none")
     ap.add_argument("--from", dest="from_dir", type=Path,
                     help="re-evaluate an earlier invocation's runs (its folder) offline, with the current model")
     args = ap.parse_args()
@@ -255,20 +258,27 @@ def main() -> None:
     else:
         out = Path(tempfile.mkdtemp(prefix="kvplan-latency-"))
         calibration, runs = measure(args, out)
-    model = calibration.model
+    model, seen = calibration.model, calibration.prompt_range
+    print(f"calibration: {calibration.prompt_sweep_requests} prompt-sweep requests; prompts of "
+          f"{'-'.join(map(str, seen)) if seen else '?'} tokens")
     if args.probe:
         if args.probe not in runs or "+" in args.probe:
             sys.exit(f"--probe {args.probe}: not a --predict workload without a shared prefix of this invocation")
-        model = calibrate_with_probe(Path(calibration.run_dir), runs[args.probe][0], args.per_stream)
-        print(f"probe: the 1-stream point of {runs[args.probe][0]} added to the calibration")
+        model, singles = calibrate_with_probe(Path(calibration.run_dir), runs[args.probe][0], args.per_stream)
+        if seen and singles:
+            seen = (min(seen[0], *(n for n, _ in singles)), max(seen[1], *(n for n, _ in singles)))
+        print(f"probe: the 1-stream requests of {runs[args.probe][0]} added to the calibration as single requests")
     print(f"calibrated on {args.calibrate}: {model.overhead_s * 1000:.2f} ms a step + the roofline terms "
           f"(efficiencies: memory {model.mem_efficiency:.4g}, compute {model.compute_efficiency:.4g}); "
           f"request overhead {model.request_overhead_s * 1000:.1f} ms + "
           f"{model.request_overhead_per_rps_s2 * 1000:.2f} ms per request/s")
     unshared = [Path(r) for name in args.predict if "+" not in name for r in runs[name]]
-    print(prompt_token_price([Path(calibration.run_dir), *unshared], model))
+    print(prompt_token_price([Path(calibration.run_dir), *unshared], model, calibration.scheduler["max_num_batched_tokens"]))
     met = True
     for name in args.predict:
+        note = prompt_note(name, runs[name], seen)
+        if note:
+            print(note)
         repeats = [measured_vs_predicted(run, model, args.per_stream) for run in runs[name]]
         met &= report(name, repeats, args.per_stream, out)
     print(f"\nevery workload: goal {'met' if met else 'NOT met'}")
@@ -302,7 +312,10 @@ def measure(args, out: Path):
             url = cfg.base_url
         if not args.no_warm_up:
             warm_up(url)
-        calib_run = bench(url, out / "calibrate", *workload(args.calibrate), args.per_stream)
+        flags, sweep = workload(args.calibrate)
+        if args.prompt_sweep != "off":
+            flags += ["--prompt-sweep", args.prompt_sweep]
+        calib_run = bench(url, out / "calibrate", flags, sweep, args.per_stream)
         calibration = calibrate_run(calib_run)
         for w, name in enumerate(args.predict):
             runs[name] = [bench(url, out / f"predict{w}-{i}", *workload(name), args.per_stream)

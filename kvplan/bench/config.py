@@ -93,6 +93,7 @@ class BenchConfig(BaseModel):
     rate_max_concurrency: int | None = None  # open loop: at most this many requests in flight
     slo: dict[str, float] = Field(default_factory=dict)  # SLO key -> seconds (kvplan.bench.slo)
     warmup: bool = True  # one unrecorded round before the first point
+    prompt_sweep: str | None = None  # --prompt-sweep COUNT[:MAX_TOKENS]: 1-stream TTFTs of other prompt lengths
     scrape_interval_s: float = 0.5
     request_timeout_s: float = 300.0
     startup_timeout_s: float = 900.0

@@ -30,10 +30,17 @@ from kvplan.bench import store as st
 from kvplan.bench.loadgen import arrival_times
 from kvplan.bench.render import load_summary
 from kvplan.bench.results import BenchSummary, LatencyModelInfo, LatencyStats, PointResult, PredictedLatency
-from kvplan.bench.steptime_io import calibration_scheduler, deployment_inputs, load_steptime, workload_lengths
+from kvplan.bench.steptime_io import (
+    calibrated_prompt_range,
+    calibration_scheduler,
+    deployment_inputs,
+    load_steptime,
+    workload_lengths,
+    workload_prompt_range,
+)
 from kvplan.errors import KvplanError
 from kvplan.plan.simulate import EMPTY_POOL, CarriedPool, Lengths, Load, SchedulerConfig, closed_loop, open_loop, simulate
-from kvplan.plan.steptime import StepTimeModel, model_for, predict_latency, prior_for
+from kvplan.plan.steptime import StepTimeModel, model_for, predict_latency, prior_for, prompt_range_note
 from kvplan.vllm.args import EngineArgs
 
 #: Output tokens simulated per point at most: 0.7-2 s on one core (3.5-10 us a token, busy or not).
@@ -59,9 +66,20 @@ class PointPredictor:
     requests_per_stream: int | None = None
     burstiness: float = 1.0
     seed: int = 0
+    calibrated_prompts: tuple[int, int] | None = None  # the prompt lengths the calibration saw (None: unknown)
     #: The pool the points predicted so far left ("pool": a `CarriedPool`; none yet: the warm-up's comes first), and
     #: the request number after the last point's ("next").
     carried: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def info_for(self, points: list[PointResult]) -> LatencyModelInfo:
+        """``info``, with a note when the prompts the ``points`` sent (their request numbers' draws) leave the
+        lengths the calibration saw."""
+        sent = [workload_prompt_range(self.lengths, p.first_index, p.requests) for p in points
+                if self.lengths is not None and p.status == "ok" and p.requests]
+        if self.calibrated_prompts is None or not sent:
+            return self.info
+        note = prompt_range_note(self.calibrated_prompts, (min(lo for lo, _ in sent), max(hi for _, hi in sent)))
+        return self.info.model_copy(update={"note": note}) if note else self.info
 
     def predict(self, point: PointResult) -> PredictedLatency | None:
         if self.model is None or self.scheduler is None or self.lengths is None or point.status != "ok":
@@ -144,7 +162,8 @@ def predictor_for(cfg: dict[str, Any], capacity: dict[str, Any], model_name: str
     if scheduler.prefix_caching:
         info = info.model_copy(update={"pool": CARRIED_POOL + ("" if cfg.get("engine") else CARRIED_POOL_URL)})
     return PointPredictor(info, scheduler, model, workload_lengths(wl), float(wl.get("shared_prefix") or 0.0),
-                          cfg.get("requests_per_stream"), float(cfg.get("burstiness") or 1.0), int(wl.get("seed") or 0))
+                          cfg.get("requests_per_stream"), float(cfg.get("burstiness") or 1.0), int(wl.get("seed") or 0),
+                          calibrated_prompt_range(steptime) if steptime is not None else None)
 
 
 def _scheduler_from(cfg: dict[str, Any], capacity: dict[str, Any], limits: dict[str, Any]) -> SchedulerConfig:
@@ -231,4 +250,4 @@ def predict_run(path: Path, steptime: Path | None = None, gpu: str | None = None
         cfg["planner_gpu"] = gpu
     predictor = predictor_for(cfg, run.get("capacity") or {}, run.get("model") or summary.model or None, steptime)
     points = [p.model_copy(update={"predicted_latency": predictor.predict(p)}) for p in summary.points]
-    return summary.model_copy(update={"points": points, "latency_model": predictor.info})
+    return summary.model_copy(update={"points": points, "latency_model": predictor.info_for(summary.points)})

@@ -293,6 +293,7 @@ class LatencyModelInfo(BaseModel):
     source: Literal["prior", "calibrated", "none"]
     basis: str
     pool: str | None = None  # what pool each point's prediction starts from, when not an empty one
+    note: str | None = None  # calibrated: the run's prompts leave the lengths the calibration saw (one line)
 
 
 class SloResult(BaseModel):

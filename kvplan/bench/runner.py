@@ -28,6 +28,14 @@ from kvplan.bench.outputs import write_reports
 from kvplan.bench.point import engine_list, peak_in_flight, point_result
 from kvplan.bench.profiles import profile_for
 from kvplan.bench.prometheus import Prometheus
+from kvplan.bench.prompt_sweep import (
+    PROMPT_SWEEP_FILE,
+    parse_prompt_sweep,
+    sweep_from_records,
+    sweep_lengths,
+    sweep_specs,
+    write_prompt_sweep,
+)
 from kvplan.bench.replay import (
     ServedGroups,
     first_sessions,
@@ -611,6 +619,8 @@ class BenchRun:
     def _sweep(self) -> None:
         if self.cfg.warmup:
             self._warm_up()
+        if self.cfg.prompt_sweep and not (self.run_dir / PROMPT_SWEEP_FILE).exists():  # --resume: measured once
+            self._prompt_sweep()
         result = self.profile.run(self)
         self.onsets = dict(result.onsets)
         self.rate_search = result.rate_search
@@ -633,6 +643,26 @@ class BenchRun:
         if bad:
             raise BenchFailed(f"the warm-up failed: {bad[0].error}")
 
+    def _prompt_sweep(self) -> None:
+        """--prompt-sweep: one stream, prompts of the sweep's lengths (kvplan.bench.prompt_sweep), each TTFT recorded
+        in RUN/prompt_sweep.json; its request numbers come before the points', so no prompt repeats."""
+        engine = self.cfg.engine or {}
+        count, longest = parse_prompt_sweep(self.cfg.prompt_sweep, engine.get("max_model_len"))
+        lengths = sweep_lengths(count, longest)
+        specs = sweep_specs(lengths, self.nonce, self.workload.token_id_range, self._next_index)
+        by_index = {s.index: s for s in specs}
+        self.view.message(f"prompt sweep: {len(lengths)} lengths of {lengths[0]}-{lengths[-1]} tokens, one stream")
+        load = run_stoppable(run_closed_loop(
+            self.base_url, self.model, "completions", 1, len(specs), by_index.__getitem__, self._next_index,
+            self.cfg.request_timeout_s, client=self.client, keep_alive=self.cfg.keep_alive))
+        self._next_index += len(specs)
+        if load.aborted:
+            raise BenchFailed(f"the prompt sweep failed: {load.aborted}")
+        bad = [r for r in load.records if not r.ok]
+        if bad:
+            raise BenchFailed(f"the prompt sweep failed: {bad[0].error}")
+        write_prompt_sweep(self.store, sweep_from_records(lengths, specs, load.records))
+
     # ---------------------------------------------------------------- results
 
     def _write_run(self) -> None:
@@ -646,7 +676,7 @@ class BenchRun:
             "capacity": dataclasses.asdict(self.capacity),
             "planner": None if self.planner is None else self.planner.model_dump(mode="json"),
             "prediction": None if self.prediction is None else self.prediction.model_dump(mode="json"),
-            "latency_model": None if self.latency is None else self.latency.info.model_dump(mode="json"),
+            "latency_model": None if self.latency is None else self.latency.info_for(self.points).model_dump(mode="json"),
         }
         self.run_info.setdefault("created", data["created"])
         self.store.write_run(data)
@@ -698,7 +728,7 @@ class BenchRun:
             headers=masked_headers(self.client.headers),
             proxy=shown_proxy(self.client.proxy(self.base_url)) if self.base_url else None,
             tls=self._tls_said(),
-            latency_model=None if self.latency is None else self.latency.info,
+            latency_model=None if self.latency is None else self.latency.info_for(self.points),
             prometheus=self._prometheus_info(),
             fleet=fleet,
             prediction_note=self.prediction_note,

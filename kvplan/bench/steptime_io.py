@@ -4,7 +4,9 @@ The pure fit is kvplan.plan.steptime.calibrate_bench; this module reads the run 
 (run.json: workload, engine flags, pool; points.jsonl: the measured points), builds the base
 model (the served model's architecture on the GPU named by ``--gpu`` or the run's
 ``planner_gpu``; without one, e.g. a CPU engine, on a NOMINAL device whose factors are only
-relative to it), and writes the calibrated model to ``RUN/steptime.json``. A prediction reads
+relative to it), and writes the calibrated model to ``RUN/steptime.json``, with the prompt lengths the fit saw and
+the data's price of a prompt token (`kvplan.plan.steptime.prompt_token_price`). A run benched with
+``--prompt-sweep`` (RUN/prompt_sweep.json, kvplan.bench.prompt_sweep) adds its 1-stream requests to the fit. A prediction reads
 it back with `load_steptime` (and says "calibrated").
 """
 
@@ -17,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from kvplan.bench.prompt_sweep import read_prompt_sweep
 from kvplan.bench.store import RunStore
 from kvplan.deploy import load_model, select_gpus
 from kvplan.errors import KvplanError
@@ -25,7 +28,14 @@ from kvplan.plan.capacity import compute_capacity
 from kvplan.plan.overhead import load_overhead
 from kvplan.plan.schema import Settings
 from kvplan.plan.simulate import Lengths, SchedulerConfig
-from kvplan.plan.steptime import StepTimeModel, calibrate_bench, decode_measurements, model_for
+from kvplan.plan.steptime import (
+    PromptTokenPrice,
+    StepTimeModel,
+    calibrate_bench,
+    decode_measurements,
+    model_for,
+    prompt_token_price,
+)
 from kvplan.vllm.args import EngineArgs
 from kvplan.vllm.rules import rules_for
 
@@ -47,11 +57,27 @@ class StepCalibration:
     scheduler: dict[str, Any]
     points_used: list[float]  # concurrencies
     recorded_at: str
+    prompt_range: tuple[int, int] | None = None  # the shortest and longest prompt the fit saw, tokens
+    prompt_sweep_requests: int = 0  # requests of RUN/prompt_sweep.json fitted too
+    prompt_price: PromptTokenPrice | None = None  # the data's price of a prompt token (None: too few lengths)
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "run_dir": self.run_dir, "model": self.model_name, "device": self.device,
                 "workload": self.workload, "scheduler": self.scheduler, "points_used": self.points_used,
-                "recorded_at": self.recorded_at, "steptime": asdict(self.model)}
+                "recorded_at": self.recorded_at, "steptime": asdict(self.model),
+                "prompt_tokens_seen": None if self.prompt_range is None else list(self.prompt_range),
+                "prompt_sweep_requests": self.prompt_sweep_requests,
+                "prompt_token_price": None if self.prompt_price is None else price_json(self.prompt_price)}
+
+
+def price_json(price: PromptTokenPrice) -> dict[str, Any]:
+    """The price as stored and printed by --json (ms a token, rounded to what the data can say)."""
+    return {"requests": price.requests, "prompt_min": price.prompt_min, "prompt_max": price.prompt_max,
+            "distinct_lengths": price.distinct_lengths, "data_ms_per_token": round(price.data_ms, 5),
+            "data_low_ms_per_token": round(price.data_low_ms, 5), "data_high_ms_per_token": round(price.data_high_ms, 5),
+            "confidence": 0.95, "method": "Theil-Sen slope of 1-stream TTFT against prompt tokens, Sen's interval",
+            "intercept_ms": round(price.intercept_ms, 3), "model_ms_per_token": round(price.model_ms, 5),
+            "model_in_range": price.model_in_range}
 
 
 def run_inputs(run_dir: Path, gpu: str | None = None, model: str | None = None):
@@ -132,8 +158,12 @@ def calibrate_run(run_dir: Path, gpu: str | None = None, model: str | None = Non
     nominal = label.startswith("nominal (")
     if not nominal:
         _refuse_steps_faster_than_the_device(points, lengths, base, label)
+    shared = float(wl.get("shared_prefix") or 0.0)
+    ttfts = request_ttfts(run_dir)
+    sweep = read_prompt_sweep(run_dir)
+    singles = sweep.points() if sweep is not None else []
     fitted = calibrate_bench(points, lengths, sched, base, int(cfg.get("requests_per_stream") or 3),
-                             float(wl.get("shared_prefix") or 0.0), request_ttfts(run_dir))
+                             shared, ttfts, singles)
     if not nominal:  # a stored fit never makes the device faster than its datasheet (efficiency 1)
         over = [f"{what} (efficiency {eff:.4g})" for what, eff in
                 (("memory faster than its bandwidth", fitted.mem_efficiency),
@@ -143,14 +173,24 @@ def calibrate_run(run_dir: Path, gpu: str | None = None, model: str | None = Non
                               "the run's points cannot separate the step terms on this GPU: calibrate without "
                               "--gpu (factors relative to a nominal device, for predictions on the run's own device), "
                               "or on a run with more concurrency levels")
-    used = [p["concurrency"] for p in points if p.get("status", "ok") == "ok" and not p.get("waited_for_kv")
-            and not p.get("preempted") and p.get("mode", "concurrency") == "concurrency"]
+    usable = [p for p in points if p.get("status", "ok") == "ok" and not p.get("waited_for_kv")
+              and not p.get("preempted") and p.get("mode", "concurrency") == "concurrency"]
+    used = [p["concurrency"] for p in usable]
+    seen = [lengths(i)[0] for p in usable for i in range(int(p.get("first_index") or 0),
+                                                         int(p.get("first_index") or 0) + int(p.get("requests") or 0))]
+    seen += [n for n, _ in singles]
+    # The data's price: requests that met an idle engine (1-stream points; a shared prefix computes less of its
+    # prompt, so its requests are left out) and the sweep's.
+    idle = [] if shared else [(lengths(i)[0], t) for p in usable if p.get("concurrency") == 1
+                              for i, t in ttfts.get(p.get("seq"), ())]
+    price = prompt_token_price(idle + singles, fitted, sched.max_num_batched_tokens)
     result = StepCalibration(
         model=fitted, run_dir=str(run_dir), model_name=name, device=label,
         workload={"prompt_tokens": lengths.prompt, "output_tokens": lengths.output,
                   "distribution": lengths.distribution},
         scheduler=asdict(sched), points_used=used,
         recorded_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        prompt_range=(min(seen), max(seen)) if seen else None, prompt_sweep_requests=len(singles), prompt_price=price,
     )
     if write:
         write_file_safely(run_dir / STEPTIME_FILE, json.dumps(result.to_json(), indent=2) + "\n")
@@ -203,6 +243,26 @@ def load_steptime(path: Path) -> StepTimeModel:
         return StepTimeModel(**{k: v for k, v in data["steptime"].items() if k in names})
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise KvplanError(f"cannot read the step-time calibration {file}: {type(exc).__name__}: {exc}") from None
+
+
+def calibrated_prompt_range(path: Path) -> tuple[int, int] | None:
+    """The shortest and longest prompt a calibration saw (``prompt_tokens_seen`` of RUN/steptime.json), tokens;
+    None when it does not say (a calibration written before it was recorded)."""
+    file = path / STEPTIME_FILE if path.is_dir() else path
+    try:
+        seen = load_user_json(file, "step-time calibration").get("prompt_tokens_seen")
+    except (KvplanError, AttributeError):
+        return None
+    if (isinstance(seen, list) and len(seen) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in seen)
+            and 1 <= seen[0] <= seen[1]):
+        return seen[0], seen[1]
+    return None
+
+
+def workload_prompt_range(lengths: Lengths, first: int, count: int) -> tuple[int, int]:
+    """The shortest and longest prompt of requests ``first`` .. ``first + count - 1`` of a workload (its draws)."""
+    prompts = [lengths(i)[0] for i in range(first, first + max(1, count))]
+    return min(prompts), max(prompts)
 
 
 def calibration_scheduler(path: Path) -> dict[str, Any]:

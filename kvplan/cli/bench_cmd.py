@@ -149,6 +149,7 @@ def bench(
     burstiness: float = typer.Option(1.0, "--burstiness", help="Open loop: gamma shape of the arrival gaps (1 = Poisson, < 1 burstier)."),
     slo: Optional[str] = typer.Option(None, "--slo", help="SLOs: ttft_p99=500ms,itl_p99=50ms,e2e_p99=10s (metrics ttft, itl, tpot, e2e; p50/p90/p95/p99/mean; a bare number is ms)."),
     warmup: bool = typer.Option(True, "--warmup/--no-warmup", help="One unrecorded round of requests before the first point."),
+    prompt_sweep: Optional[str] = typer.Option(None, "--prompt-sweep", metavar="COUNT[:MAX_TOKENS]", help="Before the points, one stream sends prompts of COUNT lengths up to MAX_TOKENS (default: max_model_len - 2), two output tokens each, and records their TTFTs in RUN/prompt_sweep.json: kvplan calibrate --bench prices a prompt token from them."),
     scrape_interval: float = typer.Option(0.5, "--scrape-interval", help="Seconds between /metrics scrapes during a point (default 0.5 = 2 Hz). Every scrape takes server CPU (6-15 ms on the tiny CPU engine: 1-3% of a core at 2 Hz, no TTFT change beyond noise; benchmarks/bench_vs_vllm_bench.py): faster scrapes raise the TTFT being measured."),
     keep_alive: bool = typer.Option(True, "--keep-alive/--no-keep-alive", help="Reuse connections (idle ones dropped after 2 s, under vLLM's 5 s; a request a stale one drops is resent once, its scheduled time kept), or one connection per request."),
     ca_bundle: Optional[Path] = typer.Option(None, "--ca-bundle", help="CA certificates (PEM) to verify an https server with, beside the system's (a gateway with a private CA)."),
@@ -305,6 +306,7 @@ def bench(
         rate_max_concurrency=max_concurrency if open_loop else None,
         slo=slo_targets,
         warmup=warmup,
+        prompt_sweep=prompt_sweep,
         scrape_interval_s=scrape_interval,
         request_timeout_s=request_timeout,
         startup_timeout_s=startup_timeout,
@@ -321,6 +323,12 @@ def bench(
         prometheus=prom,
     )
     fleet = fleet_config(urls, metrics_urls, route)  # several replicas (kvplan.bench.fleet); None: one server
+    if prompt_sweep is not None:  # refused before anything starts
+        from kvplan.bench.prompt_sweep import parse_prompt_sweep
+
+        if fleet is not None or replay is not None:
+            raise KvplanError("--prompt-sweep times one server's prefill at one stream", "drop it with several --url or --traffic")
+        parse_prompt_sweep(prompt_sweep, None if url else _tokens(ctx, "context length"))
     if prom is not None:  # Prometheus answers, before a run folder exists
         from kvplan.bench.prometheus import prometheus_for
 

@@ -385,8 +385,9 @@ FLEET_NOTE = ("Replicas: the fewest whose replica, simulated at its share of the
 
 def _fleet_note(p: dict) -> str:
     run = p.get("steptime_run")
-    return FLEET_NOTE.format(model="prior step-time model, uncalibrated" if run is None
+    note = FLEET_NOTE.format(model="prior step-time model, uncalibrated" if run is None
                              else f"its pool, limits and step-time model calibrated on {run}")
+    return note + (f" Note: {p['steptime_note']}." if p.get("steptime_note") else "")
 
 
 def _rate(text: str, slo_targets: dict, concurrency: int, max_replicas: int) -> float:
@@ -552,10 +553,11 @@ def _measured_fleet_payload(resolved, rules, req, run: Path, slo_targets: dict, 
     """--steptime RUN: the fewest replicas of the engine a bench run measured (RUN/steptime.json: its pool, its
     limits, the step-time model fitted to its points), the one shape of the answer; no GPU search."""
     from kvplan.bench.slo import describe_slo
-    from kvplan.bench.steptime_io import calibrated_engine
+    from kvplan.bench.steptime_io import calibrated_engine, calibrated_prompt_range
     from kvplan.errors import KvplanError
     from kvplan.plan.fit import latency_floor, workload_lengths
     from kvplan.plan.fleet import replicas_for_rate
+    from kvplan.plan.steptime import prompt_range_note
 
     engine = calibrated_engine(run)
     if engine.model_name and not _same_model(engine.model_name, resolved.config.name):
@@ -584,6 +586,7 @@ def _measured_fleet_payload(resolved, rules, req, run: Path, slo_targets: dict, 
         "shapes_sized": 1, "fleet_unmet": {} if count.replicas is not None else {count.reason: 1},
         "fleet_simulations": count.simulations, "fleet_search_stopped": False, "max_replicas": max_replicas,
         "pd": False, "pd_link_gb_per_s": None, "steptime_run": str(run), "fleets": fleets,
+        "steptime_note": prompt_range_note(calibrated_prompt_range(run), (prompt_tokens, prompt_tokens)),
     }
 
 

@@ -398,4 +398,23 @@ def _calibrate_steptime(run_dir: Path, gpu: str | None, model: str | None, as_js
     typer.echo(f"  per step {m.overhead_s * 1000:.3f} ms + memory / {m.mem_efficiency:.4g} + compute / "
                f"{m.compute_efficiency:.4g}; per request {m.request_overhead_s * 1000:.2f} ms outside the steps "
                f"+ {m.request_overhead_per_rps_s2 * 1000:.2f} ms per request/s of load")
+    typer.echo(f"  {prompt_price_line(cal)}")
     typer.echo(f"  saved to {run_dir / STEPTIME_FILE}")
+
+
+def prompt_price_line(cal) -> str:
+    """How well the run pins the price of a prompt token: the prompt lengths seen, the data's price with its range,
+    the model's."""
+    seen = "no prompt lengths" if cal.prompt_range is None else f"prompts of {cal.prompt_range[0]}-{cal.prompt_range[1]} tokens"
+    sweep = f" ({cal.prompt_sweep_requests} from the prompt sweep)" if cal.prompt_sweep_requests else ""
+    price = cal.prompt_price
+    if price is None:
+        return (f"a prompt token: {seen}{sweep}; too few 1-stream requests of distinct lengths to price one from the "
+                "data (kvplan bench --prompt-sweep COUNT records them)")
+    width = price.relative_range
+    how = "" if width is None else f", a range {width:.0%} of it"
+    verdict = "inside" if price.model_in_range else "OUTSIDE"
+    hint = "" if cal.prompt_sweep_requests else "; a bench run with --prompt-sweep COUNT pins it over the context"
+    return (f"a prompt token: {seen}{sweep}; {price.requests} 1-stream requests of {price.prompt_min}-{price.prompt_max} "
+            f"tokens price it at {price.data_ms:.3g} ms (95%: {price.data_low_ms:.3g} to {price.data_high_ms:.3g}{how}; "
+            f"Theil-Sen, Sen's interval); the model charges {price.model_ms:.3g} ms, {verdict} that range{hint}")

@@ -493,6 +493,7 @@ class FleetFitOutput:
     fleets: list[FitFleet]
     search_seconds: float
     steptime_run: str | None = None  # --steptime RUN: the measured engine sized (no GPU search); None: the search
+    steptime_note: str | None = None  # --steptime RUN: the prompt lies outside the lengths its calibration saw
 
 
 @output_record
@@ -542,6 +543,12 @@ class StepTimeCalibrationOutput:
     recorded_at: str  # ISO time
     steptime: StepTimeModel  # seconds a step: overhead + memory / (bandwidth x efficiency) + compute / ...
     written: str  # the steptime.json written
+    # [shortest, longest] prompt the fit saw, tokens (points and --prompt-sweep); a prediction outside says so
+    prompt_tokens_seen: list[int] | None = None
+    prompt_sweep_requests: int = 0  # requests of RUN/prompt_sweep.json (kvplan bench --prompt-sweep) fitted too
+    # the data's price of a prompt token: 1-stream TTFT vs prompt tokens, Theil-Sen slope with Sen's 95% interval
+    # (data_ms_per_token, data_low/high_ms_per_token), next to the model's (model_ms_per_token); null: too few lengths
+    prompt_token_price: dict[str, Any] | None = None
 
 
 #: `kvplan schema calibrate`: either record, by the command's mode.

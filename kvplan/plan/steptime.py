@@ -43,6 +43,7 @@ from dataclasses import dataclass, replace
 
 from kvplan.errors import KvplanError
 from kvplan.plan.simulate import CarriedPool, Load, SchedulerConfig, SimResult, StepBatch, closed_loop, simulate
+from kvplan.stats import theil_sen, theil_sen_interval
 
 
 @dataclass(frozen=True)
@@ -359,7 +360,8 @@ STEP_SCALE_ROUNDS = 4
 
 def calibrate_bench(points: Sequence[dict], lengths, config: SchedulerConfig, base: StepTimeModel,
                     requests_per_stream: int = 1, shared_prefix: float = 0.0,
-                    request_ttfts: Mapping[int, Sequence[tuple[int, float]]] | None = None) -> StepTimeModel:
+                    request_ttfts: Mapping[int, Sequence[tuple[int, float]]] | None = None,
+                    single_requests: Sequence[tuple[int, float]] = ()) -> StepTimeModel:
     """A step-time model calibrated on one bench run's points (closed loop, below the first KV
     wait): a first guess of the step factors from the decode steps (`decode_measurements`,
     `calibrate_steptime`), then the step factors and a constant request overhead fitted together to
@@ -372,7 +374,14 @@ def calibrate_bench(points: Sequence[dict], lengths, config: SchedulerConfig, ba
     (`ttft_groups`): the p50 row of a point is its median prompt's, so every point of one workload shows one
     prompt length and the request overhead absorbs the prompt's compute (a 64 + 64 calibration on the CPU engine
     priced a prompt token at nothing, then over-predicted a 32-token prompt's TTFT by 40% and under-predicted a
-    256-token one's by 24-41%); the two halves' medians show what a prompt token costs."""
+    256-token one's by 24-41%); the two halves' medians show what a prompt token costs.
+
+    ``single_requests`` ((prompt tokens, measured TTFT s) of requests sent alone to an idle engine: `kvplan bench
+    --prompt-sweep`) are one more 1-stream point: a row for its shorter and one for its longer half, as a point's
+    (`single_request_groups`), each its prefill steps (`single_request_row`) and the request overhead. A sweep over
+    the engine's context prices a prompt token where a workload's own spread of lengths cannot. (One row a request
+    was tried: 20 rows of one stream's requests outweighed the points' rows; on a saved CPU-engine run, a 32 + 96
+    workload's TTFT p50 at 2-4 streams was over-predicted by +13% to +50% with them, -15% to +9% with the halves.)"""
 
     usable = [p for p in points if p.get("status", "ok") == "ok" and p.get("mode", "concurrency") == "concurrency"
               and p.get("concurrency") and not p.get("waited_for_kv") and not p.get("preempted")]
@@ -384,7 +393,9 @@ def calibrate_bench(points: Sequence[dict], lengths, config: SchedulerConfig, ba
                              shared_prefix=shared_prefix)) for p in usable]
     groups = {id(p): ttft_groups(request_ttfts.get(p.get("seq"), ()), lengths) if request_ttfts else None
               for p, _ in loads}
-    fitted = _fit_steps_and_ttft(fitted, decode, loads, config, groups)
+    singles = [(single_request_row(fitted, n, config.max_num_batched_tokens), t)
+               for n, t in single_request_groups(single_requests)]
+    fitted = _fit_steps_and_ttft(fitted, decode, loads, config, groups, singles)
     # The median inter-token gap is the typical decode step; throughput follows the mean one (the
     # steps that also prefill, the hiccups). Scale every step term by how much slower the run's
     # output was than the simulation's, and refit the request overhead on the new steps.
@@ -418,7 +429,8 @@ def ttft_groups(measured: Sequence[tuple[int, float]], lengths) -> list[tuple[fr
 
 
 def _fit_steps_and_ttft(model: StepTimeModel, decode: Sequence[tuple[StepBatch, float]], loads,
-                        config: SchedulerConfig, groups: Mapping[int, list | None] | None = None) -> StepTimeModel:
+                        config: SchedulerConfig, groups: Mapping[int, list | None] | None = None,
+                        singles: Sequence[tuple[list[float], float]] = ()) -> StepTimeModel:
     """The step terms and a constant request overhead fitted together to the decode steps AND each
     point's TTFT p50: decode steps alone cannot tell the compute term from the KV-read term (both grow
     with the batch), and a prompt's step is mostly compute. The TTFT of the point's median request in
@@ -427,8 +439,10 @@ def _fit_steps_and_ttft(model: StepTimeModel, decode: Sequence[tuple[StepBatch, 
     gives one row (the schedule itself depends on the factors: replay, refit, a few rounds). Rows are
     weighted by 1 / measured seconds (relative errors: a 30 ms step counts as much as a 1 s TTFT).
     A point with ``groups[id(point)]`` (`ttft_groups`: its shorter and longer prompts) gives a row per
-    group instead: the group's median measured TTFT against its median request in the replay."""
+    group instead: the group's median measured TTFT against its median request in the replay. ``singles``:
+    (features, measured TTFT s) of requests sent alone (no wait, no replay needed)."""
     decode_rows = [([1.0, *model.terms(b), 0.0], t, t) for b, t in decode]
+    decode_rows += [(features, t, t) for features, t in singles]
     groups = groups or {}
     for _ in range(JOINT_FIT_ROUNDS):
         rows = list(decode_rows)
@@ -453,6 +467,33 @@ def _fit_steps_and_ttft(model: StepTimeModel, decode: Sequence[tuple[StepBatch, 
             return new
         model = new
     return model
+
+
+def single_request_groups(requests: Sequence[tuple[int, float]]) -> list[tuple[int, float]]:
+    """Requests sent alone ((prompt tokens, TTFT s)) as (prompt tokens, TTFT s) of their shorter and longer half:
+    each half's middle prompt (by length) and median TTFT, as `ttft_groups` splits a point; with fewer than four
+    requests or one length, the middle request's length and the median TTFT."""
+    done = sorted((n, t) for n, t in requests if n >= 1 and t > 0 and math.isfinite(t))
+    if not done:
+        return []
+    if len(done) < 4 or done[0][0] == done[-1][0]:
+        parts = [done]
+    else:
+        parts = [done[:len(done) // 2], done[len(done) // 2:]]
+    return [(part[len(part) // 2][0], statistics.median(t for _, t in part)) for part in parts]
+
+
+def single_request_row(model: StepTimeModel, prompt_tokens: int, chunk_tokens: int) -> list[float]:
+    """[steps, memory s, compute s, 1] of one request alone on an idle engine: its prompt in chunks of
+    ``chunk_tokens`` (max_num_batched_tokens), the last chunk's step sampling its first token (`prefill_time`'s
+    steps), plus the request overhead: its TTFT = steps x step overhead + memory / mem_eff + compute / compute_eff
+    + request overhead."""
+    steps, mem, compute, done = 0, 0.0, 0.0, 0
+    while done < prompt_tokens:
+        n = min(max(1, chunk_tokens), prompt_tokens - done)
+        m, c = model.terms(StepBatch(n, 0, done + n, 1, n * done + n * (n + 1) // 2))
+        steps, mem, compute, done = steps + 1, mem + m, compute + c, done + n
+    return [float(steps), mem, compute, 1.0]
 
 
 def _ttft_row(res: SimResult, model: StepTimeModel,
@@ -511,3 +552,60 @@ def fit_request_overhead(samples: Sequence[tuple[float, float]]) -> tuple[float,
     if slope <= 0 or intercept < 0:
         return median, 0.0
     return intercept, slope
+
+
+@dataclass(frozen=True)
+class PromptTokenPrice:
+    """How well a calibration's data pin the price of a prompt token. At one stream the engine is idle when a
+    request arrives, so its TTFT is a line in the prompt length (time outside the steps + the prefill): the
+    data's slope is the Theil-Sen line through the 1-stream requests (a client stall cannot drag it), its range
+    Sen's 95% interval (`kvplan.stats.theil_sen_interval`, from the data's own scatter against their span of
+    lengths); ``model_ms`` is what the calibrated model charges a token over the same lengths."""
+
+    requests: int  # 1-stream requests (and sweep requests) the line is fitted to
+    prompt_min: int  # their shortest and longest prompt, tokens
+    prompt_max: int
+    distinct_lengths: int
+    data_ms: float  # the data's slope, ms a prompt token
+    data_low_ms: float  # Sen's 95% interval
+    data_high_ms: float
+    intercept_ms: float  # TTFT of no prompt on the line (the time outside the prefill), ms
+    model_ms: float  # the calibrated model's marginal price over prompt_min..prompt_max, ms a token
+
+    @property
+    def model_in_range(self) -> bool:
+        return self.data_low_ms <= self.model_ms <= self.data_high_ms
+
+    @property
+    def relative_range(self) -> float | None:
+        """The interval's width over the slope (None when the slope is not positive): 0.2 = priced within ~+-10%."""
+        return (self.data_high_ms - self.data_low_ms) / self.data_ms if self.data_ms > 0 else None
+
+
+def prompt_token_price(one_stream: Sequence[tuple[int, float]], model: StepTimeModel,
+                       chunk_tokens: int) -> PromptTokenPrice | None:
+    """The data's price of a prompt token ((prompt tokens, TTFT s) of requests that met an idle engine) with its
+    uncertainty, next to ``model``'s; None with fewer than three requests or two distinct lengths."""
+    pts = [(float(n), t * 1000.0) for n, t in one_stream if n >= 1 and t > 0 and math.isfinite(t)]
+    lengths = sorted({int(x) for x, _ in pts})
+    if len(pts) < 3 or len(lengths) < 2:
+        return None
+    intercept, slope = theil_sen(pts)
+    low, high = theil_sen_interval(pts)
+    lo, hi = lengths[0], lengths[-1]
+    at = [prefill_time(model, n, chunk_tokens) for n in (lo, hi)]
+    return PromptTokenPrice(len(pts), lo, hi, len(lengths), slope, low, high, intercept,
+                            (at[1] - at[0]) * 1000.0 / (hi - lo))
+
+
+def prompt_range_note(calibrated: tuple[int, int] | None, asked: tuple[int, int], where: str = "") -> str | None:
+    """One line when ``asked`` (the shortest and longest prompt a prediction uses, tokens) leaves the prompt lengths
+    the calibration saw (``calibrated``, None: it does not say); else None."""
+    if calibrated is None:
+        return None
+    lo, hi = calibrated
+    if lo <= asked[0] and asked[1] <= hi:
+        return None
+    shown = f"{asked[0]}" if asked[0] == asked[1] else f"{asked[0]}-{asked[1]}"
+    return (f"prompts of {shown} tokens are outside the {lo}-{hi} tokens the calibration{where} saw: its price "
+            f"of a prompt token is extrapolated there (kvplan bench --prompt-sweep widens it)")

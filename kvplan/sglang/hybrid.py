@@ -167,9 +167,9 @@ def nsa_profile_cell(arch: Architecture, dtype: KVDtype, kv_lora_rank: int, rope
 
 
 #: Architectures whose state SGLang keeps in its Mamba pool with ``Mamba2CacheParams`` (``mambaish_config``:
-#: ``hybrid_gdn_config`` / ``mamba2_config``, model_runner.py@0.5.6.post2 .. @0.5.13.post1) and whose state shapes kvplan
+#: ``hybrid_gdn_config`` / ``mamba2_config``, model_runner.py@0.5.6.post2 .. @0.5.15.post1) and whose state shapes kvplan
 #: has checked against ``Mamba2StateShape.create`` (configs/qwen3_next.py, configs/nemotron_h.py @0.5.6.post2; the same
-#: shapes @0.5.7 .. @0.5.13.post1): conv ``(conv_dim / tp, conv_kernel - 1)`` in bf16 (``CONV_DTYPE``; from 0.5.9
+#: shapes @0.5.7 .. @0.5.15.post1): conv ``(conv_dim / tp, conv_kernel - 1)`` in bf16 (``CONV_DTYPE``; from 0.5.9
 #: ``SGLANG_MAMBA_CONV_DTYPE``, bf16 unset), temporal ``(heads / tp, head_dim, state_size)`` in the SSM dtype
 #: (`mamba_ssm_dtype_bytes`), the same numbers as vLLM's shapes. Each maps to (its variant, the first release whose
 #: ``mambaish_config`` takes it): Qwen3.5's configs (``Qwen3_5TextConfig(Qwen3NextConfig)``, configs/qwen3_5.py@0.5.9)
@@ -216,7 +216,7 @@ class MambaSplit:
 
 def mamba_split(budget_bytes: float, per_request_bytes: int, ratio: float) -> MambaSplit:
     """`handle_max_mamba_cache` (model_runner.py@0.5.3.post3 .. @0.5.6.post2, model_runner_kv_cache_mixin.py@0.5.7 ..
-    @0.5.13.post1: the ratio branch unchanged; @0.5.13.post1 names it ``mamba_budget``), radix cache on, no speculative
+    @0.5.15.post1: the ratio branch unchanged; @0.5.13.post1 names it ``mamba_budget``), radix cache on, no speculative
     decoding: ``raw = rest x ratio / (1 + ratio)`` GiB; ``max_mamba_cache_size = int(raw x 2^30 //
     mamba_cache_per_req)``; the KV pool gets ``rest - max_mamba_cache_size x mamba_cache_per_req / 2^30``."""
     if not 0 < ratio < 1e6:  # finite: SGLang's ratio / (1 + ratio) of an infinite one is NaN

@@ -16,7 +16,7 @@ What kvplan cannot see is the memory a process holds before the weights load (it
 which ``P`` excludes: an assumption with a range (`STARTUP_BYTES`), carried into the pool's range. Only full
 attention (MHA / GQA / MQA), MLA, the hybrid sliding-window pool (two pools, in the releases and of the architectures
 kvplan/sglang/hybrid.py lists), DeepSeek-V3.2's NSA pool (0.5.3-0.5.10) and the Mamba / GDN state pool (Qwen3-Next and
-Nemotron-H 0.5.3.post3-0.5.13, Qwen3.5 0.5.9-0.5.13) are sized; other Mamba / linear-attention hybrids and releases,
+Nemotron-H 0.5.3.post3-0.5.15, Qwen3.5 0.5.9-0.5.15) are sized; other Mamba / linear-attention hybrids and releases,
 vision models (`adjust_mem_fraction_for_vlm`), pipeline parallelism and speculative decoding are refused with the reason.
 """
 
@@ -249,9 +249,8 @@ def resolve_kv_dtype(arch: Architecture, settings: Settings, rules: SglangRules)
 MAMBA_NOT_SIZED = ("kvplan does not size SGLang's state pool for this Mamba / linear-attention hybrid (its slots, "
                    "max_mamba_cache_size, take mamba_full_memory_ratio of the budget: `handle_max_mamba_cache`; kvplan "
                    "sizes it for Qwen3-Next and Nemotron-H of full-attention and state layers in SGLang "
-                   "0.5.3.post3-0.5.13, and Qwen3.5 in 0.5.9-0.5.13; 0.5.14 on make extra_buffer the default "
-                   "--mamba-radix-cache-strategy for these models, server_args.py@0.5.14, and 0.5.16 on size the pool "
-                   "in mem_cache/kv_cache_configurator.py: not read)")
+                   "0.5.3.post3-0.5.15, and Qwen3.5 in 0.5.9-0.5.15; 0.5.16 on size the pool in "
+                   "mem_cache/kv_cache_configurator.py and unified_memory_pool.py: not read)")
 
 
 #: Every architecture SGLang has listed for its hybrid sliding-window pool in `is_hybrid_swa_model` (configs/
@@ -568,6 +567,17 @@ def size_pool(arch: Architecture, device: Device, settings: Settings, rules: Sgl
         extra |= {"swa_tokens": splits[1].swa_tokens, "swa": pools, "swa_full_tokens_ratio": ratio,
                   "profiled_tokens": splits[1].profiled_tokens}
     elif kind == "mamba":
+        # Page 1 on every NVIDIA GPU in 0.5.14-0.5.15 too: on SM100 Qwen3-Next / Qwen3.5 get triton and page 1, as the
+        # trtllm_mha test reads the strategy while it is still "auto" (server_args.py@0.5.14, before
+        # `_handle_mamba_radix_cache`; `_qwen3_5_hybrid_overrides`, arg_groups/overrides.py@0.5.15.post1, collected before
+        # the strategy is resolved); Nemotron-H gets flashinfer, its page left to `_handle_page_size` (1).
+        if rules.mamba_extra_buffer_default and device.vendor != "nvidia":
+            raise KvplanError(f"SGLang {rules.version} turns --mamba-radix-cache-strategy auto into extra_buffer for "
+                              "this model (the triton linear-attention backend and the overlap schedule, both "
+                              "defaults), then asserts \"extra_buffer needs CUDA/MUSA/NPU (FLA)\" "
+                              "(`_validate_mamba_extra_buffer`, server_args.py@0.5.14, @0.5.15.post1): it does not "
+                              "start so on this GPU, and kvplan does not take --mamba-radix-cache-strategy",
+                              "give --engine-version 0.5.13, or size it for vLLM")
         cell, k_half, mamba = _mamba_pool(arch, rules, tp, dp_attention_size, dtype, mamba_full_memory_ratio, rests)
         counts = [tokens_from_budget(sp.kv_budget_bytes, cell, page_size, max_total_tokens) for sp in mamba[0]]
         notes_how = mamba[1]
@@ -618,7 +628,7 @@ def _mamba_pool(arch: Architecture, rules: SglangRules, tp: int, dp_attention_si
     states = [s for s in arch.layers if type(s) is MambaState]
     if not rules.mamba_ratio_split or name is None or any(s.variant != archs[name] for s in states):
         raise KvplanError(MAMBA_NOT_SIZED + f"; this is {', '.join(arch.architectures)} in SGLang {rules.version}",
-                          "give --engine-version 0.5.4 .. 0.5.13 for Qwen3-Next or Nemotron-H (0.5.9 .. 0.5.13 for "
+                          "give --engine-version 0.5.4 .. 0.5.15 for Qwen3-Next or Nemotron-H (0.5.9 .. 0.5.15 for "
                           "Qwen3.5), or size it for vLLM")
     attention_tp = max(1, tp // dp_attention_size) if dp_attention_size else tp  # get_attention_tp_size()
     conv, ssm, ssm_how = mamba_slot_bytes(states, attention_tp, rules)
@@ -636,7 +646,7 @@ def _mamba_pool(arch: Architecture, rules: SglangRules, tp: int, dp_attention_si
 
 def mamba_slot_bytes(states: list[MambaState], attention_tp: int, rules: SglangRules) -> tuple[int, int, str]:
     """(conv, SSM, how the SSM dtype was chosen): one request's state on one GPU, ``mamba_cache_per_req``
-    (configs/mamba_utils.py@0.5.6.post2 .. @0.5.13.post1) split as the Mamba pool's line prints it."""
+    (configs/mamba_utils.py@0.5.6.post2 .. @0.5.15.post1) split as the Mamba pool's line prints it."""
     ssm_bytes, ssm_how = mamba_ssm_dtype_bytes(states[0].config_mamba_ssm_dtype, rules.mamba_ssm_from_config)
     shaped = [replace(s.per_rank(attention_tp), conv_bytes=2, ssm_bytes=ssm_bytes, spec_tokens=0) for s in states]
     conv = sum(replace(s, ssm_bytes=0).state_bytes() for s in shaped)  # CONV_DTYPE = torch.bfloat16

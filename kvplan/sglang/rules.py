@@ -59,11 +59,11 @@ class SglangRules:
     # (no ``swa_full_tokens_ratio`` in server_args.py@0.4.8.post1).
     swa_sizing: str | None
     # Mamba / GDN hybrids' state pool split from the budget by ``mamba_full_memory_ratio`` (`handle_max_mamba_cache`,
-    # model_runner.py@0.5.3.post3 .. @0.5.6.post2, model_runner_kv_cache_mixin.py@0.5.7 .. @0.5.13.post1: the same
+    # model_runner.py@0.5.3.post3 .. @0.5.6.post2, model_runner_kv_cache_mixin.py@0.5.7 .. @0.5.15.post1: the same
     # ratio branch in each, radix cache on, no speculative decoding). 0.5.3 sizes it from --max-mamba-cache-size or 512
-    # (model_runner.py@0.5.3). 0.5.14 and 0.5.15 turn ``--mamba-radix-cache-strategy auto`` into extra_buffer for
-    # Qwen3-Next, Qwen3.5 and Nemotron-H (overlap schedule on and the triton linear-attention backend, both defaults:
-    # `_handle_mamba_radix_cache`, server_args.py@0.5.14), whose pool kvplan has not read; 0.5.16 on size the pool in
+    # (model_runner.py@0.5.3). 0.5.14 and 0.5.15 keep the ratio branch's text and ``MambaPool``'s size + 1 slots
+    # (extra_buffer's ping-pong slots are indices into the same pool, mem_cache/memory_pool.py@0.5.14, @0.5.15.post1);
+    # only the cap's divisor changes (`mamba_slots_per_request`). 0.5.16 on size the pool in
     # mem_cache/kv_cache_configurator.py and unified_memory_pool.py, not read: not sized.
     mamba_ratio_split: bool
     # The SSM state's dtype from the config's ``mamba_ssm_dtype`` (0.5.9 on, configs/mamba_utils.py@0.5.9
@@ -74,8 +74,16 @@ class SglangRules:
     # @0.5.6.post2; model_runner_kv_cache_mixin.py@0.5.8.post1 .. @0.5.13.post1 (`_calculate_mamba_ratio` from
     # 0.5.10), the extra-buffer term only with --mamba-scheduler-strategy extra_buffer, which "auto" is not:
     # "auto" -> "no_buffer", server_args.py@0.5.8.post1 .. @0.5.13.post1); 5 in 0.5.7, whose `init_memory_pool` adds
-    # MAMBA_CACHE_V2_ADDITIONAL_RATIO_OVERLAP (2) unless extra_buffer *and* speculative decoding are both on.
+    # MAMBA_CACHE_V2_ADDITIONAL_RATIO_OVERLAP (2) unless extra_buffer *and* speculative decoding are both on; 5 in
+    # 0.5.14-0.5.15 (`mamba_extra_buffer_default`; 0.5.16 on not read, 3 kept), where `_calculate_mamba_ratio`
+    # (model_runner_kv_cache_mixin.py@0.5.14, the same @0.5.15.post1) adds the overlap term (2) to 3.
     mamba_slots_per_request: int
+    # "auto" becomes extra_buffer for Qwen3-Next, Qwen3.5 and Nemotron-H (the overlap schedule on and
+    # --linear-attn-backend triton, both defaults): `_handle_mamba_radix_cache` (server_args.py@0.5.14), moved to
+    # `_mamba_radix_cache_resolution` (arg_groups/overrides.py@0.5.15.post1), the same test; its validation asserts
+    # "extra_buffer needs CUDA/MUSA/NPU (FLA)". Before 0.5.14 "auto" is "no_buffer" (server_args.py@0.5.8.post1 ..
+    # @0.5.13.post1); 0.5.16 on not read (their Mamba pool is refused).
+    mamba_extra_buffer_default: bool
     # GDN's slots divided by the DP size under DP attention, after the ratio split (model_runner.py@0.5.3.post3 ..
     # @0.5.6.post2); 0.5.7 on divide only an explicit --max-mamba-cache-size (model_runner_kv_cache_mixin.py@0.5.7).
     mamba_gdn_slots_per_dp: bool
@@ -112,9 +120,10 @@ def rules_for(version: str | None = None) -> SglangRules:
         unknown_gpu_fraction=0.95 if v >= (0, 5, 23) else 0.88,
         nsa_indexer_in_pool=None if v < (0, 5, 3) else v > (0, 5, 3) or bool(post and int(post.group(1)) >= 1),
         nsa_forced_fraction=0.8 if v == (0, 5, 3) and not (post and int(post.group(1)) >= 1) else None,
-        mamba_ratio_split=(0, 5, 4) <= v <= (0, 5, 13) or (v == (0, 5, 3) and bool(post and int(post.group(1)) >= 3)),
+        mamba_ratio_split=(0, 5, 4) <= v <= (0, 5, 15) or (v == (0, 5, 3) and bool(post and int(post.group(1)) >= 3)),
         mamba_ssm_from_config=v >= (0, 5, 9),
-        mamba_slots_per_request=5 if v == (0, 5, 7) else 3,
+        mamba_slots_per_request=5 if v == (0, 5, 7) or (0, 5, 14) <= v <= (0, 5, 15) else 3,
+        mamba_extra_buffer_default=(0, 5, 14) <= v <= (0, 5, 15),
         mamba_gdn_slots_per_dp=v <= (0, 5, 6),
         swa_sizing=None if v < (0, 4, 9) else "0.4.9" if v < (0, 5, 7) else "0.5.7" if v < (0, 5, 8)
         else "0.5.8" if v < (0, 5, 9) else "0.5.9" if v < (0, 5, 10) else "0.5.10" if v < (0, 5, 11) else "0.5.11",

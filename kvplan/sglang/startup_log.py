@@ -45,7 +45,7 @@ _KV_LINE = re.compile(r"(?:([\w\- ]{1,60}) )?KV Cache (?:is allocated|VA upper b
 _KV_DTYPE = re.compile(r"Using KV cache dtype: torch\.(\w{1,20})")
 _SWA = re.compile(r"Use [Ss]liding window memory pool\. full_layer_tokens=" + _N + r", swa_layer_tokens=" + _N)
 _MAMBA = re.compile(r"Mamba Cache is allocated\.(?: max_mamba_cache_size: " + _N + r", conv_state size: " + _F
-                    + r" ?GB, ssm_state size: " + _F + " ?GB)?")  # mem_cache/memory_pool.py@0.5.6.post2 .. @0.5.13
+                    + r" ?GB, ssm_state size: " + _F + " ?GB)?")  # mem_cache/memory_pool.py@0.5.6.post2 .. @0.5.15.post1
 # ``chunked_prefill_size`` is absent from `managers/scheduler.py@0.4.1.post7`'s line (sglang docs' own January 2025 log).
 _SCHEDULER = re.compile(r"max_total_num_tokens=" + _N + r"(?:, chunked_prefill_size=(-?\d{1,9}))?, max_prefill_tokens=" + _N
                         + r", max_running_requests=" + _N + r", context_len=" + _N

@@ -278,3 +278,19 @@ def test_steptime_names_the_release_the_run_engine_reported(tmp_path):
     r = _run_measured(run, "--rate", "10", "--slo", "ttft_p99=1s", "--json")
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["vllm_version"] == "0.32.0"
+
+
+def test_steptime_outside_the_calibrated_prompts_says_so(tmp_path):
+    """A calibration that saw prompts of 8-64 tokens sizing a fleet of 100-token prompts: its price of a prompt token
+    is extrapolated, and the answer says so in one note (JSON and the table's footnote); 8-512 tokens: no note."""
+    sched = {"num_blocks": 10_000, "block_size": 16, "max_num_seqs": 4, "max_num_batched_tokens": 2048}
+    run = _calibration(tmp_path, sched)
+    doc = json.loads((tmp_path / "steptime.json").read_text())
+    (tmp_path / "steptime.json").write_text(json.dumps(dict(doc, prompt_tokens_seen=[8, 64])))
+    out = json.loads(_run_measured(run, "--rate", "20", "--slo", "ttft_p99=1s", "--json").output)
+    assert "prompts of 100 tokens are outside the 8-64 tokens" in out["steptime_note"]
+    table = _run_measured(run, "--rate", "20", "--slo", "ttft_p99=1s")
+    assert "outside the 8-64 tokens" in " ".join(table.output.split())
+    (tmp_path / "steptime.json").write_text(json.dumps(dict(doc, prompt_tokens_seen=[8, 512])))
+    out = json.loads(_run_measured(run, "--rate", "20", "--slo", "ttft_p99=1s", "--json").output)
+    assert out["steptime_note"] is None

@@ -222,9 +222,11 @@ def test_size_engine_sglang_prints_each_pool():
      "0.5.3 to 0.5.10 only, not 0.5.11"),
     ("deepseek-ai/DeepSeek-V3.2", ("--engine", "sglang", "--engine-version", "0.5.10"), "no longer sets --dp-size"),
     ("Qwen/Qwen3-Next-80B-A3B-Thinking", ("--engine", "sglang"), "max_mamba_cache_size"),
-    # the last release read and the first not: 0.5.14 makes extra_buffer the default strategy (server_args.py@0.5.14)
-    ("Qwen/Qwen3-Next-80B-A3B-Thinking", ("--engine", "sglang", "--engine-version", "0.5.14"), "extra_buffer"),
-    ("Qwen/Qwen3.5-9B", ("--engine", "sglang", "--engine-version", "0.5.14", "--language-model-only"), "0.5.9-0.5.13"),
+    # the first release not read: 0.5.16 sizes the pool in mem_cache/kv_cache_configurator.py
+    ("Qwen/Qwen3-Next-80B-A3B-Thinking", ("--engine", "sglang", "--engine-version", "0.5.16"), "kv_cache_configurator"),
+    ("Qwen/Qwen3.5-9B", ("--engine", "sglang", "--engine-version", "0.5.16", "--language-model-only"), "0.5.9-0.5.15"),
+    ("Qwen/Qwen3-Next-80B-A3B-Thinking", ("--engine", "sglang", "--engine-version", "0.5.15", "--gpu", "4xMI300X"),
+     "extra_buffer needs CUDA"),
     # Qwen3.5 is not in hybrid_gdn_config before 0.5.9 (model_runner.py@0.5.8.post1)
     ("Qwen/Qwen3.5-9B", ("--engine", "sglang", "--engine-version", "0.5.8", "--language-model-only"),
      "Qwen3_5ForConditionalGeneration in SGLang 0.5.8"),
@@ -268,9 +270,9 @@ def test_the_mamba_state_pool_from_the_gpu():
     assert _qwen3_next("0.5.6", mamba_full_memory_ratio=0.5).mamba_slots == int(
         (rest_gib * 0.5 / 1.5 * 2**30) // 19_316_736)
     assert _qwen3_next("0.5.3.post3").mamba_slots == slots  # the same rule from 0.5.3.post3
-    # 0.5.3: --max-mamba-cache-size or 512; 0.5.14 on: extra_buffer by default, not read
-    for version in ("0.5.3", "0.5.14", "0.5.23"):
-        with pytest.raises(KvplanError, match="0.5.3.post3-0.5.13"):
+    # 0.5.3: --max-mamba-cache-size or 512; 0.5.16 on: not read
+    for version in ("0.5.3", "0.5.16", "0.5.23"):
+        with pytest.raises(KvplanError, match="0.5.3.post3-0.5.15"):
             _qwen3_next(version)
 
 
@@ -486,8 +488,40 @@ def test_the_mamba_state_pool_through_0_5_13():
         pool = _qwen3_next(version)
         assert (pool.mamba_slots, sum(pool.mamba_state_bytes), pool.tokens) == (slots, 19_316_736, kv_tokens), version
         assert pool.max_running_requests == slots // 3
-    with pytest.raises(KvplanError, match="extra_buffer"):
-        _qwen3_next("0.5.14")
+
+
+def test_the_mamba_state_pool_in_0_5_14_and_0_5_15_extra_buffer():
+    """0.5.14 turns --mamba-radix-cache-strategy "auto" into extra_buffer for Qwen3-Next (overlap schedule on,
+    --linear-attn-backend triton: `_handle_mamba_radix_cache`, server_args.py@0.5.14; the same test in
+    arg_groups/overrides.py@0.5.15.post1 `_mamba_radix_cache_resolution`). The slots are the ratio branch's as before
+    (`handle_max_mamba_cache`, model_runner_kv_cache_mixin.py@0.5.14 and @0.5.15.post1 the same text,
+    ``int(mamba_budget_bytes // per_req)``) and the pool keeps size + 1 slots (mem_cache/memory_pool.py@0.5.14,
+    @0.5.15.post1); the running cap divides by
+    MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO 3 + MAMBA_CACHE_V2_ADDITIONAL_RATIO_OVERLAP 2 = 5
+    (`_calculate_mamba_ratio`, `_resolve_max_num_reqs`). Hand numbers, H100, fraction 0.85, 37 GiB of weights, TP 4:
+    a slot (8,192 / 4 x 3 x 2 + 32 / 4 x 128 x 128 x 4) x 36 = 19,316,736 B, the KV cell 1 x 256 x 2 x 2 x 12 = 12,288 B
+    (test_the_mamba_state_pool_from_the_gpu)."""
+    p = select_gpus("H100").device.cuda_total_bytes - 0.75 * GiB
+    rest_gib = (p * 0.85 - 37 * GiB) / 2**30
+    slots = int((rest_gib * 0.9 / 1.9 * 2**30) // 19_316_736)
+    kv_tokens = int((rest_gib - slots * 19_316_736 / 2**30) * 2**30) // 12_288
+    for version in ("0.5.14", "0.5.15.post1"):
+        pool = _qwen3_next(version)
+        assert (pool.mamba_slots, sum(pool.mamba_state_bytes), pool.tokens) == (slots, 19_316_736, kv_tokens)
+        assert pool.max_running_requests == min(4096, kv_tokens // 2, slots // 5) == slots // 5
+    assert slots // 5 < slots // 3  # the boundary: 0.5.13 divides by 3
+    assert _qwen3_next("0.5.13.post1").max_running_requests == slots // 3
+    with pytest.raises(KvplanError, match="kv_cache_configurator"):
+        _qwen3_next("0.5.16")
+    # on ROCm "auto" still becomes extra_buffer, which `_validate_mamba_extra_buffer` asserts is CUDA/MUSA/NPU only
+    model = load_model("Qwen/Qwen3-Next-80B-A3B-Thinking", source="bundled")
+    for version, refused in (("0.5.13", False), ("0.5.14", True), ("0.5.15", True)):
+        try:
+            size_pool(model.arch, select_gpus("MI300X").device, Settings(tensor_parallel_size=4), rules_for(version),
+                      37 * GiB, mem_fraction_static=0.85)
+            assert not refused, version
+        except KvplanError as error:
+            assert refused and "extra_buffer needs CUDA" in str(error), (version, error)
 
 
 def test_the_ssm_dtype_is_the_configs_from_0_5_9():

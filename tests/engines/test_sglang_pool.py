@@ -202,7 +202,7 @@ def test_gemma_3_window_layers_take_full_pages_in_sglang():
 def test_engine_all_shows_the_others_when_one_does_not_size_the_model():
     from helpers.harness import invoke
 
-    # Jamba: Mamba layers beside attention, whose state pool kvplan sizes for SGLang 0.5.3.post3-0.5.13 only (Qwen3-Next,
+    # Jamba: Mamba layers beside attention, whose state pool kvplan sizes for SGLang 0.5.3.post3-0.5.15 only (Qwen3-Next,
     # Nemotron-H; Qwen3.5 from 0.5.9) and for TensorRT-LLM not at all
     r = invoke("size", "ai21labs/Jamba-v0.1", "--gpu", "2xH100", "--ctx", "8k", "--engine", "all", "--json")
     assert r.code == 0

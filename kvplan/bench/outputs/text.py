@@ -116,7 +116,8 @@ def latency_model_text(summary: BenchSummary) -> str | None:
     if info.source == "none":
         return f"Latency not predicted: {info.basis}."
     return (f"Latency predicted by the scheduler simulator on the engine's pool, each point's own load, "
-            f"step times {info.source} ({info.basis})." + (f" {info.pool}." if info.pool else ""))
+            f"step times {info.source} ({info.basis}).") + (f" {info.pool}." if info.pool else "") \
+        + (f" Note: {info.note}." if info.note else "")
 
 
 def predicted_cells(p: PointResult) -> list[str] | None:
