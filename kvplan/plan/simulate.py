@@ -49,7 +49,6 @@ from collections import deque
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import ClassVar
 
 from kvplan.errors import KvplanError
 from kvplan.plan.block_pool import BlockPool, LinkedBlockPool, PoolState
@@ -337,9 +336,9 @@ class SimResult:
     # waiting gauge counts it all the same (`Scheduler.make_stats`, v1/core/sched/scheduler.py@0.32.0).
     first_budget_wait_step: int | None = None
     first_budget_wait_time: float | None = None
-    # The pool this load left for the next one on the same engine: set only when the simulation was given a ``start``
-    # (an attribute, not a field: a cold start's result stays field for field what it was; bench_working_set --digest).
-    pool_after: ClassVar[CarriedPool | None] = None
+    # The pool this load left for the next one on the same engine: kept only when the simulation was given a
+    # ``start`` (None otherwise). State to carry, not a figure of this load: left out of equality and repr.
+    pool_after: CarriedPool | None = field(default=None, repr=False, compare=False)
 
     @property
     def prefix_hit_rate(self) -> float | None:
