@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import math
 from contextlib import suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from kvplan.bench import store as st
 from kvplan.bench.loadgen import arrival_times
 from kvplan.bench.render import load_summary
+from kvplan.bench.replay import ServedGroups, served_groups
 from kvplan.bench.results import BenchSummary, LatencyModelInfo, LatencyStats, PointResult, PredictedLatency
 from kvplan.bench.steptime_io import (
     calibrated_prompt_range,
@@ -84,7 +85,8 @@ class PointPredictor:
     def predict(self, point: PointResult) -> PredictedLatency | None:
         if self.model is None or self.scheduler is None or self.lengths is None or point.status != "ok":
             return None
-        start = self._start(point) if self.scheduler.prefix_caching else None
+        # (a hybrid pool is not carried over: each point starts on an empty one, `predictor_for`)
+        start = self._start(point) if self.scheduler.prefix_caching and self.scheduler.kv_groups is None else None
         predicted, after = _predict(self.scheduler, self.model, self.lengths, point, self.shared_prefix,
                                     self.requests_per_stream, self.burstiness, self.seed, start)
         if after is not None:
@@ -123,10 +125,15 @@ def no_prediction(reason: str) -> PointPredictor:
 
 
 def predictor_for(cfg: dict[str, Any], capacity: dict[str, Any], model_name: str | None,
-                  steptime: Path | None = None) -> PointPredictor:
+                  steptime: Path | None = None, served: ServedGroups | None = None) -> PointPredictor:
     """The predictor of a run (``cfg``: the BenchConfig as JSON; ``capacity``: the engine's pool):
     the calibrated model in ``steptime`` (a run folder or its steptime.json), else the prior of
-    ``cfg["planner_gpu"]``, else none ("no prior for this device")."""
+    ``cfg["planner_gpu"]``, else none ("no prior for this device").
+
+    On the served model's KV cache groups (``served``: the run's `served_groups`, read here when not given): a
+    model with several (sliding-window, chunked-local or recurrent-state layers beside full attention) holds blocks
+    in each, so its points run the hybrid scheduler (kvplan.plan.hybrid_sim) on an empty pool; a group kvplan does
+    not model gets no prediction, and the reason."""
 
     if not capacity.get("num_blocks") or not capacity.get("block_size"):
         return no_prediction("the engine's KV pool is unknown (no log line, no cache_config_info)")
@@ -147,19 +154,33 @@ def predictor_for(cfg: dict[str, Any], capacity: dict[str, Any], model_name: str
             return no_prediction(f"cannot plan the deployment: {str(exc).splitlines()[0]}")
         # The model's config is not at hand (attached, offline): the limits the calibration ran under.
         d, scheduler = None, _scheduler_from(cfg, capacity, limits)
+    if served is None:
+        args = EngineArgs.from_stored(cfg.get("engine")) if cfg.get("engine") else None
+        served = served_groups(name, args, scheduler.block_size,
+                               scheduler.max_num_batched_tokens if scheduler.max_num_batched_tokens < 1 << 30 else None,
+                               capacity.get("vllm_version"), gpu)
+    groups_note = ""
+    if served.groups is not None:
+        scheduler = replace(scheduler, kv_groups=served.groups)
+        groups_note = f"; KV cache groups {served.groups.describe()} (hybrid scheduler, each point on an empty pool)"
+    elif served.one_full_attention_group is False:
+        return no_prediction(f"latency not simulated: the model's KV cache is {len(served.kinds)} groups "
+                             f"({', '.join(served.kinds)}) taking blocks from one pool, and {served.refused}")
+    elif served.unknown:
+        groups_note = f"; one full-attention KV cache group assumed ({served.unknown})"
     attached = "" if cfg.get("engine") else "; attached: tp and pp taken as 1"
     if steptime is not None:
         model = load_steptime(steptime)
         info = LatencyModelInfo(source="calibrated", basis=f"kvplan calibrate --bench {steptime}"
-                                + ("" if d is not None else "; scheduler limits of the calibration"))
+                                + ("" if d is not None else "; scheduler limits of the calibration") + groups_note)
     else:
         try:
             model = model_for(d.capacity, d.device)
         except KvplanError as exc:
             return no_prediction(str(exc).splitlines()[0])
         info = LatencyModelInfo(source="prior", basis=f"{d.device.name}: catalog bandwidth and dense TFLOP/s, "
-                                f"efficiencies {prior_for(d.device).basis}{attached}")
-    if scheduler.prefix_caching:
+                                f"efficiencies {prior_for(d.device).basis}{attached}{groups_note}")
+    if scheduler.prefix_caching and scheduler.kv_groups is None:
         info = info.model_copy(update={"pool": CARRIED_POOL + ("" if cfg.get("engine") else CARRIED_POOL_URL)})
     return PointPredictor(info, scheduler, model, workload_lengths(wl), float(wl.get("shared_prefix") or 0.0),
                           cfg.get("requests_per_stream"), float(cfg.get("burstiness") or 1.0), int(wl.get("seed") or 0),

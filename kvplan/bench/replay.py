@@ -224,11 +224,13 @@ class ServedGroups:
         return len(self.kinds) == 1 and MANAGER_OF_KIND.get(self.kinds[0]) == FULL
 
 
-def served_groups(model: str | None, ecfg, block_size: int, max_num_batched_tokens: int | None,
+def served_groups(model: str | None, args, block_size: int, max_num_batched_tokens: int | None,
                   vllm_version: str | None = None, gpu: str | None = None) -> ServedGroups:
-    """The KV cache groups kvplan plans for the served model (its config read offline; the engine's flags when
-    kvplan launched it), at the engine's block size, under the rules of the release the engine reported
-    (``vllm_version``) on ``gpu`` (the bench's --gpu) when given."""
+    """The KV cache groups kvplan plans for the served model (its config read offline; ``args``: the engine's flags,
+    a kvplan.vllm.args.EngineArgs, when kvplan launched it), at the engine's block size, under the rules of the
+    release the engine reported (``vllm_version``) on ``gpu`` (the bench's --gpu) when given.
+    ``max_num_batched_tokens``: the engine's token budget where its flags do not set it (a window group's admission
+    cap counts the tokens in flight)."""
     if not model:
         return ServedGroups(None, unknown="the model is unknown")
     try:
@@ -236,9 +238,9 @@ def served_groups(model: str | None, ecfg, block_size: int, max_num_batched_toke
     except Exception as exc:  # noqa: BLE001 - any model kvplan cannot read leaves the groups unknown
         return ServedGroups(None, unknown=f"kvplan cannot read {model}'s config ({type(exc).__name__})")
     try:
-        extra = {} if max_num_batched_tokens is None or ecfg is not None else {
+        extra = {} if max_num_batched_tokens is None or (args is not None and args.max_num_batched_tokens) else {
             "max_num_batched_tokens": max_num_batched_tokens}
-        settings = settings_from_engine_args(ecfg, **extra) if ecfg is not None else Settings(**extra)
+        settings = settings_from_engine_args(args, **extra) if args is not None else Settings(**extra)
         plan = plan_deployment(resolved, select_gpus(gpu, None, "1TiB"), settings, vllm_version=vllm_version)
     except KvplanError as exc:
         return ServedGroups(None, refused=exc.message)

@@ -281,11 +281,7 @@ class BenchRun:
         if self.rule is None:
             return
         config = self._scheduler_config()
-        ecfg = self.cfg.engine_config()
-        served = self.served_groups = served_groups(
-            ecfg.model if ecfg else self.model, ecfg, config.block_size,
-            config.max_num_batched_tokens if config.max_num_batched_tokens < 1 << 30 else None,
-            self.capacity.vllm_version, self.cfg.planner_gpu)
+        served = self._served_groups(config)
         if served.one_full_attention_group is not False:
             return
         self.rule = None
@@ -322,6 +318,16 @@ class BenchRun:
             self.fleet.not_predicted(f"the model's KV cache is {len(served.kinds)} group(s) ({', '.join(served.kinds)}) "
                                      "taking blocks from one pool, which kvplan predicts for one server, not a fleet")
             self.view.message(self.fleet.basis)
+
+    def _served_groups(self, config: SchedulerConfig) -> ServedGroups:
+        """The served model's KV cache groups on the engine's pool (``config``), read once a run."""
+        if self.served_groups is None:
+            ecfg = self.cfg.engine_config()
+            self.served_groups = served_groups(
+                ecfg.model if ecfg else self.model, ecfg.args if ecfg else None, config.block_size,
+                config.max_num_batched_tokens if config.max_num_batched_tokens < 1 << 30 else None,
+                self.capacity.vllm_version, self.cfg.planner_gpu)
+        return self.served_groups
 
     def _stream_requests(self, concurrency: int) -> int:
         """Requests each of ``concurrency`` streams sends (the streams share a point's budget when not set)."""
@@ -363,8 +369,11 @@ class BenchRun:
                                          "for one engine")
             return
         try:
-            self.latency = predictor_for(self.cfg.model_dump(mode="json"), dataclasses.asdict(self.capacity),
-                                         self.model or None, Path(self.cfg.steptime) if self.cfg.steptime else None)
+            cap = self.capacity
+            served = self._served_groups(self._scheduler_config()) if cap.num_blocks and cap.block_size else None
+            self.latency = predictor_for(self.cfg.model_dump(mode="json"), dataclasses.asdict(cap),
+                                         self.model or None, Path(self.cfg.steptime) if self.cfg.steptime else None,
+                                         served)
         except Exception as exc:  # noqa: BLE001 - a prediction must never stop a run
             self.latency = no_prediction(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
 
@@ -564,13 +573,8 @@ class BenchRun:
         cap = self.capacity
         config = self._scheduler_config() if cap.num_blocks and cap.block_size else None
         model = self.latency.model if self.latency is not None else None
-        if config is not None and self.served_groups is None:  # the model's KV cache groups, read once a run
-            ecfg = self.cfg.engine_config()
-            self.served_groups = served_groups(ecfg.model if ecfg else self.model, ecfg, config.block_size,
-                                               config.max_num_batched_tokens if config.max_num_batched_tokens < 1 << 30
-                                               else None, cap.vllm_version, self.cfg.planner_gpu)
         figures = replay_figures(replayed, records, point.server, config, self.cfg.traffic.time_scale, model,
-                                 self.served_groups)
+                                 self._served_groups(config) if config is not None else None)
         notes = list(point.notes)
         notes = [n for n in notes if "may not have reached this concurrency" not in n]  # concurrency = sessions here
         return point.model_copy(update={"replay": figures, "notes": notes})

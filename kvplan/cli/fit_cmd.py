@@ -108,11 +108,11 @@ def fit(
     """
     import time
 
-    from kvplan.bench.slo import describe_slo, parse_slo, point_checks
+    from kvplan.bench.slo import describe_slo, parse_slo
     from kvplan.deploy import load_model
     from kvplan.errors import KvplanError
     from kvplan.hardware.catalog import find_device, load_catalog
-    from kvplan.plan.fit import REQUESTS_PER_STREAM, FitRequest, latency_floor, predict_deployment, replan, search, workload_lengths
+    from kvplan.plan.fit import FitRequest, latency_floor, replan, search, workload_lengths
     from kvplan.plan.overhead import load_overhead
     from kvplan.plan.size import serve_command, verdict_for
     from kvplan.plan.steptime import model_for, quick_latency
@@ -224,16 +224,8 @@ def fit(
                        "output_tokens_per_s": round(est["output_tokens_per_s"] * cand.dp, 1), "source": "prior"}
             if slo_targets:
                 simulated += 1
-                pred = predict_deployment(cap, req, cand.dp, step_model)
-                checks = point_checks({"ttft": pred.ttft, "itl": pred.itl, "tpot": pred.tpot, "e2e": pred.e2e},
-                                      slo_targets)
-                predicted = pred.to_json()
-                predicted["output_tokens_per_s"] = round(pred.output_tokens_per_s * cand.dp, 2)
-                predicted["requests_per_stream"] = REQUESTS_PER_STREAM
-                predicted["load"] = "steady state: streams started one request's duration apart"
-                failed = [k for k, c in checks.items() if c["met"] is False]
-                if failed:
-                    reason = f"{failed[0]} missed (simulated)"
+                predicted, checks, reason = _simulated_slo(cap, req, cand.dp, step_model, slo_targets)
+                if reason:
                     slo_rejected[reason] = slo_rejected.get(reason, 0) + 1
                     continue
         sized.add(same_size)  # (with SLOs: only a TP-only layout that meets them rules out PP of its size)
@@ -467,13 +459,18 @@ def _fleet_payload(resolved, result, req, rules, overhead, base, slo_targets: di
         prompt_tokens, out_tokens = workload_lengths(req, cand.ctx)
         floor = latency_floor(step_model, prompt_tokens, out_tokens, cap.limits.max_num_batched_tokens,
                               cached=req.shared_prefix)
-        count = replicas_for_rate(SchedulerConfig.from_capacity(cap), step_model, rate_per_s, prompt_tokens, out_tokens,
+        try:
+            config = SchedulerConfig.from_capacity(cap)
+        except KvplanError as exc:  # a KV cache group the simulator does not model
+            miss(f"latency not simulated: {exc.message}")
+            continue
+        count = replicas_for_rate(config, step_model, rate_per_s, prompt_tokens, out_tokens,
                                   slo_targets, floor, shared_prefix_tokens=min(req.shared_prefix, prompt_tokens),
                                   max_replicas=max_replicas, max_simulations=MAX_SLO_SIMULATIONS - simulations)
         simulations += count.simulations
         pair = None
         if pd_link_gb_per_s is not None:
-            pair = _pd_pair(cap, cand, step_model, rate_per_s, prompt_tokens, out_tokens, slo_targets, floor,
+            pair = _pd_pair(cap, config, cand, step_model, rate_per_s, prompt_tokens, out_tokens, slo_targets, floor,
                             min(req.shared_prefix, prompt_tokens), pd_link_gb_per_s, max_replicas,
                             MAX_SLO_SIMULATIONS - simulations)
             simulations += pair.pop("simulations")
@@ -603,15 +600,34 @@ def _cost(usd_per_gpu_hour: float | None, gpus: int | None, output_tokens_per_s:
     return round(hourly, 4), round(hourly / (output_tokens_per_s * 3600) * 1e6, 4)
 
 
-def _pd_pair(cap, cand, step_model, rate_per_s: float, prompt: int, output: int, slo: dict, floor: dict, shared: int,
+def _simulated_slo(cap, req, dp: int, step_model, slo_targets: dict) -> tuple[dict | None, dict | None, str]:
+    """One deployment's simulated latency against the SLOs: (its prediction as JSON, the checks, why it is rejected:
+    '' when it meets them)."""
+    from kvplan.bench.slo import point_checks
+    from kvplan.errors import KvplanError
+    from kvplan.plan.fit import REQUESTS_PER_STREAM, predict_deployment
+
+    try:
+        pred = predict_deployment(cap, req, dp, step_model)
+    except KvplanError as exc:  # a KV cache group the simulator does not model: no latency to judge
+        return None, None, f"latency not simulated: {exc.message}"
+    checks = point_checks({"ttft": pred.ttft, "itl": pred.itl, "tpot": pred.tpot, "e2e": pred.e2e}, slo_targets)
+    predicted = pred.to_json()
+    predicted["output_tokens_per_s"] = round(pred.output_tokens_per_s * dp, 2)
+    predicted["requests_per_stream"] = REQUESTS_PER_STREAM
+    predicted["load"] = "steady state: streams started one request's duration apart"
+    failed = [k for k, c in checks.items() if c["met"] is False]
+    return predicted, checks, f"{failed[0]} missed (simulated)" if failed else ""
+
+
+def _pd_pair(cap, config, cand, step_model, rate_per_s: float, prompt: int, output: int, slo: dict, floor: dict, shared: int,
              link_gb_per_s: float, max_replicas: int, max_simulations: int) -> dict:
     """--pd: the shape as prefill and decode replicas of the same engine (kvplan.plan.fleet.pd_replicas_for_rate),
-    its KV moved over one NIC per GPU (kvplan.plan.disagg, decode TP = prefill TP)."""
+    its KV moved over one NIC per GPU (kvplan.plan.disagg, decode TP = prefill TP); ``config``: its scheduler."""
     from kvplan.errors import KvplanError
     from kvplan.plan.disagg import pd_transfer
     from kvplan.plan.fit import latency_floor
     from kvplan.plan.fleet import pd_replicas_for_rate
-    from kvplan.plan.simulate import SchedulerConfig
 
     empty = {"replicas": None, "prefill_replicas": None, "decode_replicas": None, "gpus": None, "transfer_ms": None,
              "decode_concurrency": None, "decode_step_ms": None, "decode_binding": None, "prefill_binding": None,
@@ -621,7 +637,7 @@ def _pd_pair(cap, cand, step_model, rate_per_s: float, prompt: int, output: int,
     except KvplanError as exc:
         return {**empty, "reason": exc.message}
     floor = latency_floor(step_model, prompt, 1, cap.limits.max_num_batched_tokens, cached=shared)
-    pair = pd_replicas_for_rate(SchedulerConfig.from_capacity(cap), step_model, rate_per_s, prompt, output, slo,
+    pair = pd_replicas_for_rate(config, step_model, rate_per_s, prompt, output, slo,
                                 transfer_s, cap.blocks_per_request(prompt + max(output - 1, 0)), floor, shared,
                                 max_replicas, max_simulations)
     d, pre = pair.decode, pair.prefill

@@ -554,12 +554,12 @@ class Planner:
         searched = max(min(MAX_REPLICAS, max(64, 4 * replicas)), replicas)
         try:
             step = model_for(cap)
+            config = SchedulerConfig.from_capacity(cap)  # (a KV cache group the simulator does not model: refused)
         except KvplanError as exc:
             return FleetCheck(rate_per_s=d.rate, replicas=replicas, replicas_needed=None, max_replicas_searched=0,
                               binding="none", passed=False, reason=f"cannot predict its latency ({exc.message})")
         prompt, output = d.prompt, max(1, d.output or 0)
         shared = min(d.shared_prefix, prompt)
-        config = SchedulerConfig.from_capacity(cap)
         floor = latency_floor(step, prompt, output, cap.limits.max_num_batched_tokens, cached=shared)
         count = replicas_for_rate(config, step, d.rate, prompt, output, d.slo, floor, shared_prefix_tokens=shared,
                                   max_replicas=searched)

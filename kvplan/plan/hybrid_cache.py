@@ -321,6 +321,7 @@ class HybridCache:
         # Blocks in a row a window hit needs (`_contiguous_blocks_for_hit`, no EAGLE).
         self.need = [cdiv(g.span - 1, B) if g.kind == SLIDING else 0 for g in hg.groups]
         self.moving = [g for g, group in enumerate(hg.groups) if group.kind != FULL]  # groups that let blocks go
+        self.stateless = MAMBA not in self.kinds  # (a running request's new blocks are then one count a group)
         cap_tokens = hg.max_in_flight_tokens
         # (A state group's: the running state block and the one it was copied from, plus the prefill
         # checkpoint's, the 2 + 1 pages of `MambaSpec.max_memory_usage_bytes` in align mode; admission itself
@@ -476,6 +477,9 @@ class HybridCache:
         ``prefill_end``: the request's ``max(num_prompt_tokens, num_tokens - 1)`` (a checkpoint needs a chunk
         reaching it)."""
         B, ref, total = self.B, self.pool.ref, 0
+        if tables is not None and not capped and self.stateless:  # a running request: the loop below, inline
+            required = cdiv(num_tokens, B)
+            return sum(required - n for n in map(len, tables) if n < required)
         for g in range(len(self.kinds)):
             required = cdiv(num_tokens, B)
             if self.kinds[g] == MAMBA:  # `MambaManager.get_num_blocks_to_allocate`, align mode: one new block,
@@ -511,17 +515,20 @@ class HybridCache:
     def remove_skipped(self, tables: list[list[int]], computed: int) -> int:
         """`remove_skipped_blocks`: each window / chunk group frees the blocks before the next token's window,
         from the last one back to the first null (`_remove_blocks_in_range`). Returns how many it freed."""
-        count = 0
+        count, B, kinds, spans = 0, self.B, self.kinds, self.spans
         for g in self.moving:
             table = tables[g]
-            if self.kinds[g] == MAMBA:
+            kind = kinds[g]
+            if kind == MAMBA:
                 count += self._retire_states(table, computed)
                 continue
-            skipped = self.skipped_tokens(g, computed)
-            if skipped <= 0:
+            # `skipped_tokens` inline (every running request, every group, every step), then its whole blocks
+            skipped = computed - spans[g] + 1 if kind == SLIDING else computed // spans[g] * spans[g]
+            top = min(skipped // B, len(table))
+            if top <= 0 or not table[top - 1]:  # nothing newly out of the window (most steps)
                 continue
             freed = []
-            for i in range(min(skipped // self.B, len(table)) - 1, -1, -1):
+            for i in range(top - 1, -1, -1):
                 if not table[i]:
                     break
                 freed.append(table[i])

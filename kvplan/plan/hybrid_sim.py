@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import chain
 
 from kvplan.errors import KvplanError
 from kvplan.plan.block_pool import BlockPool
@@ -81,7 +82,7 @@ class _HybridScheduler(_Scheduler):
 
     def _held(self, req: _Req) -> None:
         """``req.blocks``: the pool blocks it holds, over every group (its peak is counted from it)."""
-        req.blocks = [b for t in self.tables.get(req.rid, ()) for b in t if b]
+        req.blocks = list(filter(None, chain.from_iterable(self.tables.get(req.rid, ()))))  # (0: the null block)
 
     def _cache_to(self, req: _Req, upto: int) -> None:
         offered = self.offered[req.rid]
@@ -201,6 +202,12 @@ class _HybridScheduler(_Scheduler):
             scheduled.append((req, first_chunk, computed))
             budget -= first_chunk
         return False
+
+    def _admission_blocks(self, req: _Req) -> int:
+        """Over every group, each at its admission cap (the full-sequence check, `_admit_waiting`)."""
+        no_hits = [[] for _ in self.cache.kinds]
+        return self.cache.blocks_to_allocate(None, min(req.num_tokens, self.max_model_len), no_hits, 0, capped=True,
+                                             prefill_end=max(req.prompt, req.num_tokens - 1))
 
     def _decode_steps(self, max_steps: int) -> int:
         return 0  # every step the general way (`_step`): window groups free blocks as decoding goes on

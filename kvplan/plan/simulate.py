@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 
 from kvplan.errors import KvplanError
 from kvplan.plan.block_pool import BlockPool, LinkedBlockPool, PoolState
+from kvplan.plan.hybrid_cache import HybridGroups
 from kvplan.stats import percentile
 from kvplan.units import cdiv
 
@@ -233,6 +234,10 @@ class SchedulerConfig:
     max_model_len: int | None = None
     uncached_blocks_first: bool = True  # freed uncached blocks reused first (rules.free_uncached_first)
     prefix_stats_at_admission: bool = True  # hit counters at admission only (rules.prefix_stats_at_admission)
+    #: The KV cache groups that take blocks from this pool when there are several (sliding-window, chunked-local or
+    #: recurrent-state layers beside full attention: a request holds blocks in each); None: one full-attention group,
+    #: this module's pool. `simulate` refuses a config with groups: kvplan.plan.hybrid_sim.simulate_groups runs it.
+    kv_groups: HybridGroups | None = None
 
     def __post_init__(self) -> None:
         if self.num_blocks < 2 or self.block_size < 1 or self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
@@ -244,12 +249,15 @@ class SchedulerConfig:
 
     @classmethod
     def from_capacity(cls, cap, num_blocks: int | None = None) -> SchedulerConfig:
-        """From a kvplan.plan.capacity.Capacity (one replica)."""
+        """From a kvplan.plan.capacity.Capacity (one replica), its KV cache groups included (`kv_groups`); a
+        KvplanError names a group the hybrid simulator does not model, whose requests' blocks kvplan cannot count."""
+        groups = HybridGroups.of_capacity(cap)
         return cls(num_blocks=num_blocks or cap.num_blocks, block_size=cap.block_size,
                    max_num_seqs=cap.limits.max_num_seqs, max_num_batched_tokens=cap.limits.max_num_batched_tokens,
                    admit_full_prompt=cap.rules.admit_full_prompt, prefix_caching=cap.prefix_caching,
                    max_model_len=cap.max_model_len, uncached_blocks_first=cap.rules.free_uncached_first,
-                   prefix_stats_at_admission=cap.rules.prefix_stats_at_admission)
+                   prefix_stats_at_admission=cap.rules.prefix_stats_at_admission,
+                   kv_groups=None if groups.full_attention_only else groups)
 
 
 @dataclass(frozen=True, slots=True)
@@ -1005,8 +1013,8 @@ class _Scheduler:
                 self.trace.append(("budget", waiting[0].tl.index))
         if not scheduled and not self.running and waiting:
             head = waiting[0]
-            raise KvplanError(f"request {head.tl.index} can never be admitted: it needs "
-                              f"{cdiv(head.num_tokens, self.B)} blocks, the pool has {self.usable} usable")
+            raise KvplanError(f"request {head.tl.index} can never be admitted: it needs {self._admission_blocks(head)} "
+                              f"blocks, the pool has {self.usable} usable")
         self.peak_waiting = max(self.peak_waiting, len(waiting))
         self.peak_running = max(self.peak_running, len(self.running))
         used = self.usable - self.pool.num_free
@@ -1018,6 +1026,10 @@ class _Scheduler:
         self.kv_fill.append((self.step, end, used / self.usable))
         self.now = end
         self.step += 1
+
+    def _admission_blocks(self, req: _Req) -> int:
+        """The blocks admitting ``req`` on an empty pool takes (its whole sequence's)."""
+        return cdiv(req.num_tokens, self.B)
 
     def _budget_stopped(self, scheduled: list[tuple[_Req, int, int]]) -> bool:
         """Whether admission, not refused for KV blocks, stopped with a request still waiting because of the token

@@ -42,6 +42,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from kvplan.errors import KvplanError
+from kvplan.plan.hybrid_sim import simulate_groups
 from kvplan.plan.simulate import CarriedPool, Load, SchedulerConfig, SimResult, StepBatch, closed_loop, simulate
 from kvplan.stats import theil_sen, theil_sen_interval
 
@@ -265,7 +266,8 @@ def predict_latency(config: SchedulerConfig, load: Load, model: StepTimeModel,
     The model's request overhead (at the simulated request rate) is added to TTFT and E2E, and
     (closed loop) delays each stream's next request: the client sees its last token and the engine
     its next prompt that much later than the steps alone say. ``start``: the pool an earlier load left
-    (`simulate`'s), else an empty one."""
+    (`simulate`'s), else an empty one. A ``config`` with several KV cache groups (``kv_groups``) runs the hybrid
+    scheduler (kvplan.plan.hybrid_sim): each request holds blocks in every group, so fewer run at once."""
     extra, res = _simulate_with_overhead(config, load, model, start=start)
 
     def shifted(d):
@@ -291,9 +293,14 @@ def _simulate_with_overhead(config: SchedulerConfig, load: Load, model: StepTime
     """(request overhead, simulation) where the overhead is the model's at the simulation's own request
     rate: a closed loop's rate falls as the overhead delays each stream, so iterate to a fixed point
     (a few rounds: the rate moves less each time); an open loop's rate is its arrivals'."""
+    if config.kv_groups is not None and start is not None:
+        raise KvplanError("a carried-over pool is modelled for one full-attention group only")
+
     def run(extra: float) -> SimResult:
-        return simulate(config, replace(load, think_time=load.think_time + extra) if load.streams else load, model,
-                        start=start)  # (every round from the same carried pool: `CarriedPool` is immutable)
+        delayed = replace(load, think_time=load.think_time + extra) if load.streams else load
+        if config.kv_groups is not None:  # blocks in every group, from one pool
+            return simulate_groups(config, delayed, config.kv_groups, model)
+        return simulate(config, delayed, model, start=start)  # (every round from the same carried pool: immutable)
 
     extra = model.request_overhead_s
     res = run(extra)

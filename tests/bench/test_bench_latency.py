@@ -316,3 +316,52 @@ def test_points_are_predicted_on_the_pool_the_warm_up_and_earlier_points_left(tm
     assert engine.info.pool == CARRIED_POOL
     summary = old_summary("old-run-conc").model_copy(update={"latency_model": attached.info})
     assert "lower bound" in " ".join(latency_lines(summary))
+
+
+def hybrid_model(dest: Path) -> Path:
+    """The tiny Llama with its first layer a 64-token sliding window (config.json's ``layer_types``, as
+    tests/bench/test_replay_engine_hybrid.py serves it on the CPU engine): a window group beside full attention."""
+    shutil.copytree(TINY_MODEL, dest)
+    config = json.loads((dest / "config.json").read_text())
+    config.update(layer_types=["sliding_attention", "full_attention"], sliding_window=64)
+    (dest / "config.json").write_text(json.dumps(config, indent=2))
+    return dest
+
+
+def test_a_hybrid_model_is_predicted_on_its_groups(tmp_path):
+    """Ten streams of 40 + 24 on 40 blocks of 32 (39 usable), every step 10 ms. By hand (vLLM 0.32's managers, as
+    tests/plan/test_hybrid_rule.py works it): a request holds 2 blocks in each group at every step (its 63 tokens:
+    cdiv(63, 32) = 2 in full attention; the window skips nothing before its last step), 4 in all: 39 // 4 = 9 run,
+    the tenth waits until the first nine end. They prefill in step 1 (TTFT 10 ms) and sample their 24th token in
+    step 24; the tenth is admitted in step 25 (TTFT 250 ms) and ends in step 48 (480 ms, 24 x 10 tokens in 480 ms:
+    500 tok/s). The one-group pool would hold all ten (2 blocks each): every TTFT 10 ms, 1,000 tok/s."""
+    model = hybrid_model(tmp_path / "hybrid")
+    (tmp_path / "steptime.json").write_text(json.dumps({"schema": 1, "steptime": asdict(TEN_MS)}))
+    cfg = run_config("old-run-conc", engine={"model": str(model)},
+                     workload={**run_config("old-run-conc")["workload"], "prompt_tokens": 40, "output_tokens": 24})
+    pool = {"num_blocks": 40, "block_size": 32, "vllm_version": "0.32.0"}
+    predictor = predictor_for(cfg, pool, str(model), tmp_path / "steptime.json")
+    assert predictor.scheduler.kv_groups is not None and "sliding 64 + full attention" in predictor.info.basis
+    assert predictor.info.pool is None  # a hybrid pool is not carried over from point to point
+    point = old_summary("old-run-conc").points[0].model_copy(update={"concurrency": 10, "requests": 10})
+    pred = predictor.predict(point)
+    assert pred.error is None and pred.simulated_requests == 10
+    assert pred.ttft.p50 == pytest.approx(0.010) and pred.ttft.p99 == pytest.approx(0.010 + 0.91 * 0.240)
+    assert pred.output_tokens_per_s == pytest.approx(500.0)
+    one_group = predict_point(SchedulerConfig(40, 32), TEN_MS, Lengths(40, 24), point)
+    assert one_group.ttft.p99 == pytest.approx(0.010) and one_group.output_tokens_per_s == pytest.approx(1000.0)
+
+
+def test_a_group_kvplan_does_not_model_gets_no_latency(tmp_path):
+    """A served model whose KV cache groups the hybrid simulator refuses (`served_groups` gives the reason and the
+    groups' kinds) gets no latency prediction, and the reason, rather than a count of one group's blocks."""
+    from kvplan.bench.replay import ServedGroups
+
+    refused = ServedGroups(None, refused="the prefix cache of short_conv KV groups is not modelled",
+                           kinds=("full_attention", "short_conv"))
+    (tmp_path / "steptime.json").write_text(json.dumps({"schema": 1, "steptime": asdict(TEN_MS)}))
+    predictor = predictor_for(run_config("old-run-conc"), POOL, str(TINY_MODEL), tmp_path / "steptime.json", refused)
+    assert predictor.info.source == "none" and predictor.scheduler is None
+    assert predictor.info.basis == ("latency not simulated: the model's KV cache is 2 groups (full_attention, "
+                                    "short_conv) taking blocks from one pool, and the prefix cache of short_conv KV "
+                                    "groups is not modelled")

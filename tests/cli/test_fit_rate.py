@@ -294,3 +294,30 @@ def test_steptime_outside_the_calibrated_prompts_says_so(tmp_path):
     (tmp_path / "steptime.json").write_text(json.dumps(dict(doc, prompt_tokens_seen=[8, 512])))
     out = json.loads(_run_measured(run, "--rate", "20", "--slo", "ttft_p99=1s", "--json").output)
     assert out["steptime_note"] is None
+
+
+def test_a_hybrid_replica_is_simulated_on_its_kv_groups():
+    """gpt-oss-20b's pool is shared by a 128-token window group and a full-attention one (config.json: every other
+    layer sliding): `SchedulerConfig.from_capacity` carries both, so a replica's requests hold blocks in each; a dense
+    Llama's pool stays one full-attention group (None)."""
+    from kvplan.api import size
+
+    hybrid = SchedulerConfig.from_capacity(size("openai/gpt-oss-20b", "H100", ctx=8192, source="bundled").capacity)
+    dense = SchedulerConfig.from_capacity(size("meta-llama/Llama-3.1-8B", "H100", ctx=8192, source="bundled").capacity)
+    assert hybrid.kv_groups is not None and hybrid.kv_groups.describe() == "sliding 128 + full attention"
+    assert dense.kv_groups is None
+
+
+def test_kv_groups_the_simulator_does_not_model_get_no_fleet():
+    """Gemma 4's groups have blocks of 16 and 32 tokens, which the hybrid simulator refuses: every shape is left
+    unsized with that reason (exit 1), where it used to be simulated as one full-attention group."""
+    app = typer.Typer()
+    app.command("fit")(fit_cmd.fit)
+    app.command("noop")(lambda: None)
+    r = CliRunner().invoke(app, ["fit", "google/gemma-4-31B-it", "--ctx", "8k", "--gpus", "H200", "--max-gpus", "1",
+                                 "--rate", "1", "--slo", "ttft_p99=2s", "--source", "bundled", "--json"], env=ENV)
+    assert r.exit_code == 1, r.output
+    out = json.loads(r.output)
+    assert out["fleets"] == [] and out["fleet_simulations"] == 0
+    (reason,) = out["fleet_unmet"]
+    assert reason.startswith("latency not simulated: KV groups of different block sizes (16, 32)")

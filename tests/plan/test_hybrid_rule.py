@@ -110,3 +110,10 @@ def test_the_first_budget_wait_is_the_first_level_whose_prompts_overflow_one_ste
         "neither", "budget-limited", "KV-limited"]
     assert (roomy.first_kv_wait, roomy.first_budget_wait) == (31, None)
     assert [roomy.waits_for_budget(c) for c in (8, 30, 31)] == [False, False, None]
+
+
+def test_a_request_too_big_for_the_pool_names_its_blocks_over_every_group():
+    """400 + 4 on 20 blocks (19 usable): admission takes cdiv(400, 32) = 13 blocks in each group (the window's cap,
+    17, is above 13): 26 > 19, so it can never run; full attention alone (13) would have fit."""
+    with pytest.raises(KvplanError, match=r"request 0 can never be admitted: it needs 26 blocks, the pool has 19 usable"):
+        simulate_groups(SchedulerConfig(num_blocks=20, block_size=32), closed_loop(1, Lengths(400, 4), 1), WINDOW)
