@@ -15,7 +15,7 @@ from kvplan.errors import KvplanError
 from kvplan.hardware.catalog import Device, find_device
 from kvplan.model.arch import Architecture, parse_architecture
 from kvplan.model.source import load_bundled, read_config_file
-from kvplan.plan.capacity import Capacity, compute_capacity
+from kvplan.plan.capacity import Capacity, compute_capacity, gpu_memory_utilization
 from kvplan.plan.overhead import OverheadModel
 from kvplan.plan.schema import Settings, settings_from_engine_args
 from kvplan.units import GiB
@@ -51,7 +51,7 @@ class Case:
         ceil from 0.19.1 moves it by less than one byte)."""
         if self.device is None:
             return None
-        util = self.settings.gpu_memory_utilization or self.rules.default_gpu_memory_utilization
+        util = gpu_memory_utilization(self.settings, self.rules, self.device)
         return self.device.cuda_total_bytes * util
 
 
