@@ -125,7 +125,9 @@ def resolve_case(report: Report, configs_dir: Path | None = None) -> Case:
         assumptions.append(f"vLLM version not given: vLLM {NEWEST_KNOWN} rules assumed (newest known)")
     util = report.gpu_memory_utilization
     if util is None:
-        assumptions.append(f"gpu_memory_utilization not given: the version default {rules.default_gpu_memory_utilization}")
+        default = (f"1.0 with the extensible KV cache on CUDA, else {rules.default_gpu_memory_utilization}"
+                   if rules.extensible_kv_cache else rules.default_gpu_memory_utilization)
+        assumptions.append(f"gpu_memory_utilization not given: the version default {default}")
     usage = cur.usage_context or "serve"
     if cur.usage_context == "llm":
         assumptions.append("offline LLM(): LLM-class scheduler defaults")
