@@ -203,16 +203,15 @@ def _measured_terms(cap: Capacity, util: float) -> list[MemoryTerm]:
     used = st.weights + other.bytes + graphs.bytes
     if st.requested - used <= total - start - used - margin(act.bytes + graphs.bytes):
         terms = [MemoryTerm(name=f"x gpu_memory_utilization {util:g}", bytes=st.requested, low_bytes=st.requested,
-                            high_bytes=st.requested, sign=1, how="vLLM's requested memory (the cap that binds)")]
+                            high_bytes=st.requested, sign=1, how="vLLM's requested memory (binds)")]
     else:
         terms = [
             MemoryTerm(name="free at vLLM's first snapshot", bytes=total - start, low_bytes=total - high_start,
                        high_bytes=total - low_start, sign=1,
-                       how="CUDA total less the CUDA context and NCCL (an assumption); "
-                           f"binds before x gpu_memory_utilization {util:g}"),
+                       how=f"CUDA total less the CUDA context (assumed); binds before x {util:g}"),
             MemoryTerm(name="sizing margin", bytes=margin(act.bytes + graphs.bytes),
                        low_bytes=margin(act.low + graphs.low), high_bytes=margin(act.high + graphs.high), sign=-1,
-                       how="max(1 GiB, 0.75 x the transient peak kept free)"),
+                       how="max(1 GiB, 0.75 x the transient peak)"),
         ]
     return terms + [
         MemoryTerm(name="weights", bytes=st.weights, low_bytes=st.weights, high_bytes=st.weights, sign=-1,
@@ -223,7 +222,7 @@ def _measured_terms(cap: Capacity, util: float) -> list[MemoryTerm]:
                    how="--enforce-eager: none" if cap.settings.enforce_eager else "captured before the pool is sized"),
         MemoryTerm(name="transient peak kept free", bytes=act.bytes + graphs.bytes, low_bytes=act.low + graphs.low,
                    high_bytes=act.high + graphs.high, sign=-1,
-                   how="the profile run's activation peak plus the CUDA graph estimate (reserved_headroom_bytes)"),
+                   how="activation peak + CUDA graph estimate"),
     ]
 
 
