@@ -42,9 +42,10 @@ from kvplan.vllm.rules import VllmRules, parse_version
 
 MLA_BLOCK_SIZE = 64  # FlashMLA (Hopper); vLLM forces it for MLA models
 MLA_BLOCK_SIZE_BLACKWELL = 128  # CUTLASS MLA on Blackwell (vLLM >= 0.11)
-# `measure_kv_cache_bytes` (v1/worker/extensible_kv_cache.py@0.34.0) keeps free a margin of
-# max(KV_CACHE_MARGIN_FLOOR_BYTES, KV_CACHE_MARGIN_FRACTION x the transient peak): 1 GiB and 0.75 on CUDA.
+# `measure_kv_cache_bytes` (v1/worker/extensible_kv_cache.py@0.34.0:64-65) keeps free a margin of
+# max(KV_CACHE_MARGIN_FLOOR_BYTES, KV_CACHE_MARGIN_FRACTION x the transient peak): 1 GiB (3 GiB on ROCm) and 0.75.
 EXTENSIBLE_MARGIN_FLOOR_BYTES = 1 << 30
+EXTENSIBLE_MARGIN_FLOOR_BYTES_ROCM = 3 << 30
 EXTENSIBLE_MARGIN_FRACTION = 0.75
 
 
@@ -156,7 +157,14 @@ def gpu_memory_utilization(settings: Settings, rules: VllmRules, device: Device)
     return 1.0 if extensible_kv_cache(settings, rules, device) else rules.default_gpu_memory_utilization
 
 
-def measured_kv_bytes(requested: int, init_free: int, used: int, transient: int) -> int:
+def extensible_margin(transient: int, device: Device) -> int:
+    """The margin `measure_kv_cache_bytes` keeps free: max(floor, 0.75 x the transient peak)."""
+    floor = EXTENSIBLE_MARGIN_FLOOR_BYTES_ROCM if device.vendor == "amd" else EXTENSIBLE_MARGIN_FLOOR_BYTES
+    return max(floor, int(transient * EXTENSIBLE_MARGIN_FRACTION))
+
+
+def measured_kv_bytes(requested: int, init_free: int, used: int, transient: int,
+                      margin_floor: int = EXTENSIBLE_MARGIN_FLOOR_BYTES) -> int:
     """`measure_kv_cache_bytes` (v1/worker/extensible_kv_cache.py@0.34.0), the extensible KV cache's pool:
     ``non_kv_used`` (``used``) is all the memory taken after warmup but the KV cache (weights, non-torch
     memory, the captured CUDA graphs), and ``transient`` the peak kept free (`reserved_headroom_bytes` =
@@ -165,8 +173,8 @@ def measured_kv_bytes(requested: int, init_free: int, used: int, transient: int)
         available = min(requested - non_kv_used, headroom - margin) - transient
 
     with ``headroom = init_free - non_kv_used`` (free memory plus the committed KV prefix) and ``margin =
-    max(1 GiB, 0.75 x transient)``; never negative."""
-    margin = max(EXTENSIBLE_MARGIN_FLOOR_BYTES, int(transient * EXTENSIBLE_MARGIN_FRACTION))
+    max(margin_floor, 0.75 x transient)`` (the floor: 1 GiB, 3 GiB on ROCm); never negative."""
+    margin = max(margin_floor, int(transient * EXTENSIBLE_MARGIN_FRACTION))
     return max(min(requested - used, init_free - used - margin) - transient, 0)
 
 
@@ -726,7 +734,8 @@ def compute_capacity(
             free_at_start = [device.cuda_total_bytes - b for b in (start, high_start, low_start)]
             terms = zip(free_at_start, (activation.bytes, activation.high, activation.low),
                         (non_torch.bytes, non_torch.high, non_torch.low), (graphs.bytes, graphs.high, graphs.low))
-            available = Estimate(*(measured_kv_bytes(requested, free, weights + other + cg, act + cg)
+            floor = extensible_margin(0, device)
+            available = Estimate(*(measured_kv_bytes(requested, free, weights + other + cg, act + cg, floor)
                                    for free, act, other, cg in terms))
         else:
             taken = Estimate.exact(weights) + activation + non_torch + graphs

@@ -10,12 +10,11 @@ from kvplan.errors import KvplanError
 from kvplan.hardware.catalog import Device, GpuSelection
 from kvplan.model.arch import Architecture
 from kvplan.plan.capacity import (
-    EXTENSIBLE_MARGIN_FLOOR_BYTES,
-    EXTENSIBLE_MARGIN_FRACTION,
     Capacity,
     blocks_needed,
     compute_capacity,
     extensible_kv_cache,
+    extensible_margin,
     gpu_memory_utilization,
     max_concurrency_for,
     max_context_for,
@@ -198,7 +197,7 @@ def _measured_terms(cap: Capacity, util: float) -> list[MemoryTerm]:
     total = cap.device.cuda_total_bytes
 
     def margin(transient: int) -> int:
-        return max(EXTENSIBLE_MARGIN_FLOOR_BYTES, int(transient * EXTENSIBLE_MARGIN_FRACTION))
+        return extensible_margin(transient, cap.device)
 
     used = st.weights + other.bytes + graphs.bytes
     if st.requested - used <= total - start - used - margin(act.bytes + graphs.bytes):
@@ -211,7 +210,7 @@ def _measured_terms(cap: Capacity, util: float) -> list[MemoryTerm]:
                        how=f"CUDA total less the CUDA context (assumed); binds before x {util:g}"),
             MemoryTerm(name="sizing margin", bytes=margin(act.bytes + graphs.bytes),
                        low_bytes=margin(act.low + graphs.low), high_bytes=margin(act.high + graphs.high), sign=-1,
-                       how="max(1 GiB, 0.75 x the transient peak)"),
+                       how="max(1 GiB (ROCm 3), 0.75 x transient peak)"),
         ]
     return terms + [
         MemoryTerm(name="weights", bytes=st.weights, low_bytes=st.weights, high_bytes=st.weights, sign=-1,

@@ -466,6 +466,13 @@ def test_measure_kv_cache_bytes_by_hand():
     assert measured_kv_bytes(40 * GiB, 79 * GiB, 20 * GiB, 4 * GiB) == 16 * GiB
     # Never negative.
     assert measured_kv_bytes(20 * GiB, 79 * GiB, 20 * GiB, 4 * GiB) == 0
+    # ROCm's floor is 3 GiB (KV_CACHE_MARGIN_FLOOR_BYTES = (3 if is_rocm() else 1) << 30, line 64): a 1 GiB
+    # transient keeps 3 GiB: min(60, 79 - 20 - 3) - 1 = 55 GiB. A 2 GiB transient: 3 GiB on AMD, 1.5 GiB on NVIDIA.
+    from kvplan.plan.capacity import extensible_margin
+
+    assert measured_kv_bytes(80 * GiB, 79 * GiB, 20 * GiB, 1 * GiB, 3 * GiB) == 55 * GiB
+    amd = replace(gpu(80 * GiB), vendor="amd")
+    assert (extensible_margin(2 * GiB, amd), extensible_margin(2 * GiB, gpu(80 * GiB))) == (3 * GiB, 3 * GiB // 2)
 
 
 def test_0_34_sizes_the_pool_after_warmup_on_cuda():
