@@ -45,4 +45,5 @@ def test_size_engines_gives_one_pool_per_engine():
     (pool,) = pools
     assert isinstance(pool, EnginePool) and pool.engine == "vllm"
     plan = size("meta-llama/Llama-3.1-8B", gpu="4090", ctx="32k", source="bundled")
-    assert (pool.pool_tokens, pool.pool_pages, pool.page_tokens) == (plan.kv_cache_tokens, plan.num_blocks, 16)
+    # 64-token pages: CacheConfig.DEFAULT_BLOCK_SIZE = 64 in vLLM 0.34.0 (config/cache.py@0.34.0:185; 16 before)
+    assert (pool.pool_tokens, pool.pool_pages, pool.page_tokens) == (plan.kv_cache_tokens, plan.num_blocks, 64)

@@ -15,6 +15,7 @@ from kvplan.deploy import ResolvedModel, plan_deployment
 from kvplan.engines.base import EngineCapacity, EngineOptions, EnginePool, engine
 from kvplan.errors import KvplanError
 from kvplan.hardware.catalog import GpuSelection
+from kvplan.plan.capacity import gpu_memory_utilization
 from kvplan.plan.schema import Settings, SizePlan
 from kvplan.vllm.args import EngineArgs
 from kvplan.vllm.rules import KNOWN_VERSIONS, NEWEST_KNOWN, parse_version
@@ -31,7 +32,7 @@ SERVER_MODULES = ("vllm.entrypoints.openai.api_server",)
 def pool_of(plan: SizePlan) -> EnginePool:
     """A vLLM plan as the engine-neutral record (every figure is the plan's own)."""
     cap = plan.capacity
-    util = cap.settings.gpu_memory_utilization or cap.rules.default_gpu_memory_utilization
+    util = gpu_memory_utilization(cap.settings, cap.rules, cap.device)
     return EnginePool(
         engine="vllm", engine_label=f"vLLM {plan.vllm_version}", model=plan.model, gpu=plan.gpu,
         gpu_count=plan.gpu_count, tensor_parallel_size=plan.tensor_parallel_size, replicas=plan.replicas,

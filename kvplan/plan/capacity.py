@@ -34,7 +34,7 @@ from kvplan.model.layers import (
 )
 from kvplan.model.weights import mxfp4_kernel_for, routed_expert_bytes, weight_bytes
 from kvplan.plan.layout import KVLayout, build_layout, with_tp
-from kvplan.plan.overhead import Estimate, OverheadModel
+from kvplan.plan.overhead import STARTUP_BYTES, Estimate, OverheadModel
 from kvplan.plan.schema import Settings
 from kvplan.plan.speculative import SpeculativeConfig
 from kvplan.units import GiB, cdiv, format_bytes
@@ -42,6 +42,11 @@ from kvplan.vllm.rules import VllmRules, parse_version
 
 MLA_BLOCK_SIZE = 64  # FlashMLA (Hopper); vLLM forces it for MLA models
 MLA_BLOCK_SIZE_BLACKWELL = 128  # CUTLASS MLA on Blackwell (vLLM >= 0.11)
+# `measure_kv_cache_bytes` (v1/worker/extensible_kv_cache.py@0.34.0:64-65) keeps free a margin of
+# max(KV_CACHE_MARGIN_FLOOR_BYTES, KV_CACHE_MARGIN_FRACTION x the transient peak): 1 GiB (3 GiB on ROCm) and 0.75.
+EXTENSIBLE_MARGIN_FLOOR_BYTES = 1 << 30
+EXTENSIBLE_MARGIN_FLOOR_BYTES_ROCM = 3 << 30
+EXTENSIBLE_MARGIN_FRACTION = 0.75
 
 
 @dataclass(frozen=True)
@@ -131,7 +136,46 @@ def default_block_size(arch: Architecture, device: Device, rules: VllmRules) -> 
         if device.is_blackwell and rules.kv_cache_memory_flag:
             return MLA_BLOCK_SIZE_BLACKWELL
         return MLA_BLOCK_SIZE
+    if platform.name == "cuda":  # the backends take CacheConfig.DEFAULT_BLOCK_SIZE (16; 64 from 0.34)
+        return rules.gpu_default_block_size
     return platform.default_block_size
+
+
+def extensible_kv_cache(settings: Settings, rules: VllmRules, device: Device) -> bool:
+    """Whether vLLM sizes the pool after warmup (0.34+ on CUDA): `VllmConfig._resolve_extensible_kv_cache`
+    (config/vllm.py@0.34.0) turns it on unless the platform is not CUDA/ROCm or a KV size or block count is
+    given."""
+    return (rules.extensible_kv_cache and device.platform.name == "cuda"
+            and not settings.kv_cache_memory_bytes and not settings.num_gpu_blocks_override)
+
+
+def gpu_memory_utilization(settings: Settings, rules: VllmRules, device: Device) -> float:
+    """`CacheConfig.resolved_gpu_memory_utilization` (config/cache.py@0.34.0): the asked value, else 1.0
+    with the extensible KV cache, else the release's default."""
+    if settings.gpu_memory_utilization:
+        return settings.gpu_memory_utilization
+    return 1.0 if extensible_kv_cache(settings, rules, device) else rules.default_gpu_memory_utilization
+
+
+def extensible_margin(transient: int, device: Device) -> int:
+    """The margin `measure_kv_cache_bytes` keeps free: max(floor, 0.75 x the transient peak)."""
+    floor = EXTENSIBLE_MARGIN_FLOOR_BYTES_ROCM if device.vendor == "amd" else EXTENSIBLE_MARGIN_FLOOR_BYTES
+    return max(floor, int(transient * EXTENSIBLE_MARGIN_FRACTION))
+
+
+def measured_kv_bytes(requested: int, init_free: int, used: int, transient: int,
+                      margin_floor: int = EXTENSIBLE_MARGIN_FLOOR_BYTES) -> int:
+    """`measure_kv_cache_bytes` (v1/worker/extensible_kv_cache.py@0.34.0), the extensible KV cache's pool:
+    ``non_kv_used`` (``used``) is all the memory taken after warmup but the KV cache (weights, non-torch
+    memory, the captured CUDA graphs), and ``transient`` the peak kept free (`reserved_headroom_bytes` =
+    the profiled `peak_activation_memory`: the activation peak plus the CUDA graph estimate):
+
+        available = min(requested - non_kv_used, headroom - margin) - transient
+
+    with ``headroom = init_free - non_kv_used`` (free memory plus the committed KV prefix) and ``margin =
+    max(margin_floor, 0.75 x transient)`` (the floor: 1 GiB, 3 GiB on ROCm); never negative."""
+    margin = max(margin_floor, int(transient * EXTENSIBLE_MARGIN_FRACTION))
+    return max(min(requested - used, init_free - used - margin) - transient, 0)
 
 
 def mla_block_size(asked: int, arch: Architecture, device: Device, rules: VllmRules) -> int:
@@ -204,23 +248,26 @@ class Capacity:
 
     @property
     def async_scheduling(self) -> bool:
-        """`VllmConfig.__post_init__`: on by default from 0.32, except with pipeline parallel
-        (the V1 model runner does not support it there)."""
+        """`VllmConfig.__post_init__`: on by default from 0.14, except with pipeline parallel up to 0.33
+        (the V1 model runner does not support it there; 0.34 removed that runner)."""
         if not self.device.platform.async_scheduling:
             return False  # platforms/cpu.py turns it off
         if self.settings.async_scheduling is not None:
             return self.settings.async_scheduling
-        return self.rules.async_scheduling_default and self.settings.pipeline_parallel_size == 1
+        return self.rules.async_scheduling_default and (
+            self.settings.pipeline_parallel_size == 1 or self.rules.async_scheduling_with_pp)
 
     @property
     def batches_in_flight(self) -> int:
         """`VllmConfig.max_concurrent_batches` (0.26+ sizes sliding/chunked layers with it):
-        2 with async scheduling at pp 1, else pp. Before 0.26, one batch."""
+        with async scheduling 2 at pp 1 (and pp + 1 from 0.34, config/vllm.py@0.34.0), else pp.
+        Before 0.26, one batch."""
         if not self.rules.inflight_counts_concurrent_batches:
             return 1
-        if self.async_scheduling and self.settings.pipeline_parallel_size == 1:
-            return 2
-        return self.settings.pipeline_parallel_size
+        pp = self.settings.pipeline_parallel_size
+        if self.async_scheduling and (pp == 1 or self.rules.async_scheduling_with_pp):
+            return pp + 1
+        return pp
 
     @property
     def has_state(self) -> bool:
@@ -649,7 +696,8 @@ def compute_capacity(
                      + (f" (the {dp} data-parallel replicas' tp x dp)" if dp > 1 else "")
                      + f": {routed * routed_share / 2**30:.2f} GiB of experts on the fullest GPU")
 
-    util = settings.gpu_memory_utilization or rules.default_gpu_memory_utilization
+    util = gpu_memory_utilization(settings, rules, device)
+    extensible = extensible_kv_cache(settings, rules, device)
     requested = device.cuda_total_bytes * util
     requested = math.ceil(requested) if rules.requested_memory_ceil else int(requested)
     stages: list[StageBudget] = []
@@ -679,6 +727,16 @@ def compute_capacity(
             graphs = overhead.cudagraphs()
         if settings.kv_cache_memory_bytes:
             available = Estimate.exact(settings.kv_cache_memory_bytes)
+        elif extensible:
+            # Free memory at vLLM's first snapshot: the CUDA context and NCCL hold STARTUP_BYTES (an assumption).
+            # The low end takes the high startup, activation, non-torch and graph memory, the high end the low.
+            low_start, start, high_start = STARTUP_BYTES
+            free_at_start = [device.cuda_total_bytes - b for b in (start, high_start, low_start)]
+            terms = zip(free_at_start, (activation.bytes, activation.high, activation.low),
+                        (non_torch.bytes, non_torch.high, non_torch.low), (graphs.bytes, graphs.high, graphs.low))
+            floor = extensible_margin(0, device)
+            available = Estimate(*(measured_kv_bytes(requested, free, weights + other + cg, act + cg, floor)
+                                   for free, act, other, cg in terms))
         else:
             taken = Estimate.exact(weights) + activation + non_torch + graphs
             available = Estimate(requested - taken.bytes, requested - taken.high, requested - taken.low)

@@ -24,7 +24,7 @@ from kvplan.errors import KvplanError
 from kvplan.hardware.catalog import Device
 from kvplan.model.arch import Architecture
 from kvplan.model.weights import weight_bytes
-from kvplan.plan.capacity import Capacity, blocks_needed, compute_capacity, moe_split_error
+from kvplan.plan.capacity import Capacity, blocks_needed, compute_capacity, gpu_memory_utilization, moe_split_error
 from kvplan.plan.overhead import OverheadModel
 from kvplan.plan.schema import Settings
 from kvplan.plan.simulate import Lengths, SchedulerConfig, StepBatch, closed_loop
@@ -151,7 +151,7 @@ def search(arch: Architecture, devices: Sequence[Device], req: FitRequest, rules
         reasons[reason] = reasons.get(reason, 0) + count
 
     for device in devices:
-        util = base.gpu_memory_utilization or rules.default_gpu_memory_utilization
+        util = gpu_memory_utilization(base, rules, device)
         for n in range(1, req.max_gpus + 1):
             for tp, pp, dp in _splits(n, arch.num_attention_heads, arch.num_hidden_layers, req.allow_pp):
                 per_cands = len(req.kv_dtypes) * len(caps)

@@ -67,7 +67,7 @@ ChunkedLocalAttentionManager, MambaManager), `v1/core/kv_cache_manager.py` (`all
   max_in_flight_tokens, max_model_len), B)``: `max_admission_blocks_per_request`), a state group 1.
 
 Not modelled (refused by `HybridGroups.of_layout`): recurrent state outside "align" mode (0.26-0.27's "all"),
-with GDN's prefill checkpoint page (Hopper, 0.33 only: aligned to the prefix-cache grid,
+with GDN's prefill checkpoint page (Hopper, from 0.33, read to 0.34: aligned to the prefix-cache grid,
 model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py@0.33.0, under 0.33's manager, which differs from
 0.32.0's: see below), state groups with and without a checkpoint page together, or with speculative decoding's
 state blocks; groups of different block sizes (hashes finer than a group's block,
@@ -244,7 +244,7 @@ def _unmodelled_state(spec, mamba_align: bool, checkpoint_variants: frozenset, s
     if not mamba_align:
         return "outside mamba_cache_mode 'align' (vLLM's 'all' mode caches a state at every block)"
     if spec.variant in checkpoint_variants and spec.variant not in MODELLED_CHECKPOINTS:
-        return ("with a prefill checkpoint page (GDN's FlashInfer prefill on Hopper, vLLM 0.33 only: aligned to the "
+        return ("with a prefill checkpoint page (GDN's FlashInfer prefill on Hopper, vLLM 0.33 and 0.34: aligned to the "
                 "prefix-cache grid, `get_mamba_prefill_checkpoint_grid`, under a MambaManager that no longer "
                 "re-registers a state already keyed at the replay boundary; kvplan follows 0.32.0's code, where "
                 "only Mamba-2 has one)")

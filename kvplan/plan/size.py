@@ -13,6 +13,9 @@ from kvplan.plan.capacity import (
     Capacity,
     blocks_needed,
     compute_capacity,
+    extensible_kv_cache,
+    extensible_margin,
+    gpu_memory_utilization,
     max_concurrency_for,
     max_context_for,
     request_load,
@@ -20,7 +23,7 @@ from kvplan.plan.capacity import (
 from kvplan.plan.disagg import pd_transfer
 from kvplan.plan.fit import FitRequest, search
 from kvplan.plan.offload import offload_tier_for, tier_reload
-from kvplan.plan.overhead import OverheadModel
+from kvplan.plan.overhead import STARTUP_BYTES, OverheadModel
 from kvplan.plan.schema import (
     ConcurrencyCell,
     KVGroupInfo,
@@ -146,7 +149,7 @@ def _group_info(g) -> KVGroupInfo:
 def _memory_terms(cap: Capacity) -> list[MemoryTerm]:
     st = cap.limiting_stage
     d = cap.device
-    util = cap.settings.gpu_memory_utilization or cap.rules.default_gpu_memory_utilization
+    util = gpu_memory_utilization(cap.settings, cap.rules, d)
     if d.source == "--gpu-mem":
         total_how = "given by --gpu-mem"
     elif d.cuda_total_measured:
@@ -162,6 +165,8 @@ def _memory_terms(cap: Capacity) -> list[MemoryTerm]:
                                 low_bytes=st.available.bytes, high_bytes=st.available.bytes, sign=1,
                                 how="given; the budget model is skipped"))
         return terms
+    if extensible_kv_cache(cap.settings, cap.rules, d):
+        return terms + _measured_terms(cap, util)
     terms += [
         MemoryTerm(name=f"x gpu_memory_utilization {util:g}", bytes=st.requested, low_bytes=st.requested,
                    high_bytes=st.requested, sign=1, how="vLLM's requested memory"),
@@ -180,6 +185,44 @@ def _memory_terms(cap: Capacity) -> list[MemoryTerm]:
         terms.append(MemoryTerm(name="CUDA graphs", bytes=st.cudagraphs.bytes, low_bytes=st.cudagraphs.low,
                                 high_bytes=st.cudagraphs.high, sign=-1, how=how))
     return terms
+
+
+def _measured_terms(cap: Capacity, util: float) -> list[MemoryTerm]:
+    """The extensible KV cache's budget (vLLM 0.34+ on CUDA, `measure_kv_cache_bytes`), term by term: the
+    smaller of the requested memory and the free memory at start-up less the margin, then everything used
+    after warmup and the transient peak kept free (the activation peak and the CUDA graph estimate)."""
+    st = cap.limiting_stage
+    act, graphs, other = st.activation, st.cudagraphs, st.non_torch
+    low_start, start, high_start = STARTUP_BYTES
+    total = cap.device.cuda_total_bytes
+
+    def margin(transient: int) -> int:
+        return extensible_margin(transient, cap.device)
+
+    used = st.weights + other.bytes + graphs.bytes
+    if st.requested - used <= total - start - used - margin(act.bytes + graphs.bytes):
+        terms = [MemoryTerm(name=f"x gpu_memory_utilization {util:g}", bytes=st.requested, low_bytes=st.requested,
+                            high_bytes=st.requested, sign=1, how="vLLM's requested memory (binds)")]
+    else:
+        terms = [
+            MemoryTerm(name="free at vLLM's first snapshot", bytes=total - start, low_bytes=total - high_start,
+                       high_bytes=total - low_start, sign=1,
+                       how=f"CUDA total less the CUDA context (assumed); binds before x {util:g}"),
+            MemoryTerm(name="sizing margin", bytes=margin(act.bytes + graphs.bytes),
+                       low_bytes=margin(act.low + graphs.low), high_bytes=margin(act.high + graphs.high), sign=-1,
+                       how="max(1 GiB (ROCm 3), 0.75 x transient peak)"),
+        ]
+    return terms + [
+        MemoryTerm(name="weights", bytes=st.weights, low_bytes=st.weights, high_bytes=st.weights, sign=-1,
+                   how="per device"),
+        MemoryTerm(name="non-torch memory", bytes=other.bytes, low_bytes=other.low, high_bytes=other.high, sign=-1,
+                   how="NCCL, cuBLAS, CUDA context growth"),
+        MemoryTerm(name="CUDA graphs", bytes=graphs.bytes, low_bytes=graphs.low, high_bytes=graphs.high, sign=-1,
+                   how="--enforce-eager: none" if cap.settings.enforce_eager else "captured before the pool is sized"),
+        MemoryTerm(name="transient peak kept free", bytes=act.bytes + graphs.bytes, low_bytes=act.low + graphs.low,
+                   high_bytes=act.high + graphs.high, sign=-1,
+                   how="activation peak + CUDA graph estimate"),
+    ]
 
 
 def _table(cap: Capacity, replicas: int, request_tokens: int, concurrency: int,

@@ -15,7 +15,7 @@ from kvplan.errors import KvplanError
 from kvplan.hardware.catalog import Device, find_device
 from kvplan.model.arch import Architecture, parse_architecture
 from kvplan.model.source import load_bundled, read_config_file
-from kvplan.plan.capacity import Capacity, compute_capacity
+from kvplan.plan.capacity import Capacity, compute_capacity, gpu_memory_utilization
 from kvplan.plan.overhead import OverheadModel
 from kvplan.plan.schema import Settings, settings_from_engine_args
 from kvplan.units import GiB
@@ -51,7 +51,7 @@ class Case:
         ceil from 0.19.1 moves it by less than one byte)."""
         if self.device is None:
             return None
-        util = self.settings.gpu_memory_utilization or self.rules.default_gpu_memory_utilization
+        util = gpu_memory_utilization(self.settings, self.rules, self.device)
         return self.device.cuda_total_bytes * util
 
 
@@ -125,7 +125,9 @@ def resolve_case(report: Report, configs_dir: Path | None = None) -> Case:
         assumptions.append(f"vLLM version not given: vLLM {NEWEST_KNOWN} rules assumed (newest known)")
     util = report.gpu_memory_utilization
     if util is None:
-        assumptions.append(f"gpu_memory_utilization not given: the version default {rules.default_gpu_memory_utilization}")
+        default = (f"1.0 with the extensible KV cache on CUDA, else {rules.default_gpu_memory_utilization}"
+                   if rules.extensible_kv_cache else rules.default_gpu_memory_utilization)
+        assumptions.append(f"gpu_memory_utilization not given: the version default {default}")
     usage = cur.usage_context or "serve"
     if cur.usage_context == "llm":
         assumptions.append("offline LLM(): LLM-class scheduler defaults")

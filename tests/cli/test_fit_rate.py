@@ -113,7 +113,7 @@ def test_pd_pairs_for_the_same_shapes():
     over one 50 GB/s NIC: 5.369 ms; a decode replica holds whole requests, cdiv(2,048 + 127, 16) = 136 blocks each, so
     at most usable // 136 of the pool `kvplan size` plans; the prefill count meets the TTFT target less the transfer
     and the decode's first step in the simulator, and one fewer misses it."""
-    r = _run("--rate", "40/s", "--slo", SLO, "--pd", "--json")
+    r = _run("--rate", "40/s", "--slo", SLO, "--pd", "--json", "--vllm-version", "0.33.0")  # 16-token blocks
     assert r.exit_code == 0, r.output
     doc = json.loads(r.output)
     assert doc["pd"] is True and doc["pd_link_gb_per_s"] == 50
@@ -121,7 +121,7 @@ def test_pd_pairs_for_the_same_shapes():
     pair = f["pd"]
     assert pair["transfer_ms"] == pytest.approx(268_435_456 / 50e9 * 1000, abs=1e-3)
     size = CliRunner().invoke(_size_app(), ["size", "meta-llama/Llama-3.1-8B", "--ctx", "8k", "--gpu", "H100",
-                                            "--source", "bundled", "--json"], env=ENV)
+                                            "--source", "bundled", "--vllm-version", "0.33.0", "--json"], env=ENV)
     usable = json.loads(size.output)["num_blocks"] - 1
     # bf16 at 2k + 128 fills the pool before the 40 ms TPOT or max_num_seqs bind
     assert (pair["decode_binding"], pair["decode_concurrency"]) == ("kv", usable // 136)

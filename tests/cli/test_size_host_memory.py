@@ -13,7 +13,7 @@ LLAMA = ("size", "meta-llama/Llama-3.1-8B", "--gpu", "H100", "--ctx", "8k")
 
 def test_a_tier_larger_than_the_host_is_refused():
     # 0.33 (one /dev/shm region, exact): a block of all 32 layers is 2 MiB, so 300 GiB is 153,600 chunks, 300 GiB.
-    r = invoke(*LLAMA, "--kv-offloading-size", "300", "--host-memory", "256GiB")
+    r = invoke(*LLAMA, "--kv-offloading-size", "300", "--host-memory", "256GiB", "--vllm-version", "0.33.0")
     assert r.code == 2
     assert "takes 300.00 GiB of host memory on vLLM 0.33.0, more than the host's 256.00 GiB" in r.one_line_error()
     assert invoke(*LLAMA, "--kv-offloading-size", "250", "--host-memory", "256GiB").code == 0

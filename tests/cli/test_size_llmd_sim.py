@@ -17,7 +17,7 @@ from helpers.harness import invoke
 
 FLAGS_FILE = Path(__file__).resolve().parents[1] / "data" / "llm-d-inference-sim" / "flags.tsv"
 LLAMA = ("size", "meta-llama/Llama-3.1-8B", "--gpu", "H100", "--kv-memory", "32GiB", "--ctx", "32k",
-         "--prompt", "1000", "--output", "200")
+         "--prompt", "1000", "--output", "200", "--vllm-version", "0.33.0")
 
 
 def sim_flags() -> dict[str, tuple[str, bool]]:
@@ -211,11 +211,11 @@ def test_kv_groups_share_the_pool_and_replicas_are_data_parallel_ranks():
     # a block of 16 tokens is 12 x 16 x 2 x 8 x 64 x 2 B = 393,216 B; 12 GiB of it = 32,768 blocks, 32,767 usable,
     # a token takes a block in each group: 16,383 blocks each.
     config, text = emitted("size", "openai/gpt-oss-20b", "--gpu", "H100", "--kv-memory", "12GiB", "--ctx", "32k",
-                           "--prompt", "1000")
+                           "--prompt", "1000", "--vllm-version", "0.33.0")
     assert config["kv-cache-size"] == (12 * 2**30 // (12 * 16 * 2 * 8 * 64 * 2) - 1) // 2 == 16_383
     assert "2 KV groups" in text and "MoE" in text
     config, _ = emitted("size", "meta-llama/Llama-3.1-8B", "--gpu", "2xH100", "--tp", "1", "--kv-memory", "32GiB",
-                        "--ctx", "32k", "--prompt", "1000", "--output", "200")
+                        "--ctx", "32k", "--prompt", "1000", "--output", "200", "--vllm-version", "0.33.0")
     assert config["data-parallel-size"] == 2 and config["kv-cache-size"] == 16_383  # a rank is one replica
 
 

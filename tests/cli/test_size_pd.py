@@ -11,7 +11,8 @@ from kvplan.cli.app import app
 
 
 def _size(*args: str):
-    return CliRunner().invoke(app, ["size", *args], env={"HF_HUB_OFFLINE": "1", "COLUMNS": "200"})
+    pinned = () if "--vllm-version" in args else ("--vllm-version", "0.33.0")  # figures worked for 0.33
+    return CliRunner().invoke(app, ["size", *args, *pinned], env={"HF_HUB_OFFLINE": "1", "COLUMNS": "200"})
 
 
 def test_gqa_prefill_tp_above_decode_tp_reads_every_head_slice():

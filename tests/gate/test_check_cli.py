@@ -230,8 +230,10 @@ def test_strict_fails_a_deployment_that_fits_at_the_estimate_only(tmp_path):
     note; --strict fails it with limiting term "range"; an 8k context (1 GiB) passes both."""
     spec = tmp_path / "kvplan.yaml"
     spec.write_text("deployments:\n"
-                    "  - {name: at32k, model: meta-llama/Llama-3.1-8B, gpu: 4090, context: 32k, concurrency: 1}\n"
-                    "  - {name: at8k, model: meta-llama/Llama-3.1-8B, gpu: RTX4090, context: 8k, concurrency: 1}\n")
+                    "  - {name: at32k, model: meta-llama/Llama-3.1-8B, gpu: 4090, context: 32k, concurrency: 1,\n"
+                    "     vllm_version: \"0.33.0\"}\n"
+                    "  - {name: at8k, model: meta-llama/Llama-3.1-8B, gpu: RTX4090, context: 8k, concurrency: 1,\n"
+                    "     vllm_version: \"0.33.0\"}\n")
     plain = run(["check", str(spec), "--json"])
     assert plain.exit_code == 0, plain.output
     rows = {r["name"]: r for r in json.loads(plain.stdout)["results"]}

@@ -24,6 +24,7 @@ def _check(tmp_path, deployments: str):
         "output_tokens": 16}))
     spec = tmp_path / "kvplan.yaml"
     spec.write_text("defaults:\n  model: meta-llama/Llama-3.1-8B\n  gpu: H100\n  context: 32\n  workload: agent.json\n"
+                    "  vllm_version: \"0.33.0\"\n"
                     "deployments:\n" + deployments)
     result = runner.invoke(app, ["check", str(spec), "--json"], env=NO_GITHUB)
     return result, ({r["name"]: r for r in json.loads(result.stdout)["results"]} if result.stdout.strip() else {})

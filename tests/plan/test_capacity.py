@@ -21,7 +21,7 @@ def arch(name, **overrides):
     return parse_architecture(load_bundled(name).config, overrides or None)
 
 
-def capacity(name, device="H100", version=None, **settings):
+def capacity(name, device="H100", version="0.33.0", **settings):  # 0.34 sizes blocks and memory anew
     dev = find_device(device) if isinstance(device, str) else device
     return compute_capacity(arch(name), dev, Settings(**settings), rules_for(version), OVERHEAD)
 

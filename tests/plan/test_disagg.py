@@ -25,7 +25,7 @@ def capacity(name: str, device: str = "H100", **settings):
     arch = parse_architecture(load_bundled(name).config, None)
     return compute_capacity(arch, find_device(device), Settings(kv_cache_memory_bytes=16 * GiB,
                                                                 max_model_len=8192, **settings),
-                            rules_for(None), OVERHEAD)
+                            rules_for("0.33.0"), OVERHEAD)
 
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B"  # 32 layers, 8 KV heads x 128, bf16: 32 x 2 x 8 x 128 x 2 B = 131,072 B a token

@@ -33,7 +33,7 @@ def plan(model, gpu: str, ctx: int, catalog_names: list[str] | None = None, **se
     catalog = (list(load_catalog()[0].values()) if catalog_names is None
                else [find_device(n) for n in catalog_names])
     ref = ModelRef(model.config.name, model.config.source, model.config.detail, model.weights_total)
-    return plan_size(ref, model.arch, select_gpus(gpu), Settings(max_model_len=ctx, **settings), rules_for(None),
+    return plan_size(ref, model.arch, select_gpus(gpu), Settings(max_model_len=ctx, **settings), rules_for("0.33.0"),
                      load_overhead(), catalog)
 
 
@@ -42,7 +42,7 @@ def test_the_facts_the_tests_rest_on(llama70b):
     assert WEIGHTS / GiB == pytest.approx(131.4, abs=0.1)
     assert find_device("H100-SXM").cuda_total_bytes / GiB == pytest.approx(79.18, abs=0.01)
     assert llama70b.arch.num_attention_heads == 64
-    assert rules_for(None).default_gpu_memory_utilization == UTIL
+    assert rules_for("0.33.0").default_gpu_memory_utilization == UTIL
 
 
 def test_a_70b_on_one_h100_is_told_two_h100s_with_tp_2(llama70b):

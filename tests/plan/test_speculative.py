@@ -20,7 +20,8 @@ MTP3 = '{"method": "mtp", "num_speculative_tokens": 3}'
 
 
 def size_json(*args: str) -> dict:
-    result = runner.invoke(app, ["size", *args, "--offline", "--json"])
+    pinned = () if "--vllm-version" in args else ("--vllm-version", "0.33.0")  # figures worked for 0.33
+    result = runner.invoke(app, ["size", *args, *pinned, "--offline", "--json"])
     assert result.exit_code in (0, 1), result.output
     return json.loads(result.stdout)
 
@@ -279,7 +280,7 @@ def test_fit_plans_the_speculative_config_as_size_does():
     blocks per request `size` gives for the same deployment, and its serve line carries the config."""
     mtp = '{"method":"mtp","num_speculative_tokens":3}'
     result = runner.invoke(app, ["fit", "Qwen/Qwen3.5-27B", "--ctx", "128k", "-c", "4", "--gpus", "H100", "--offline",
-                                 "--speculative-config", mtp, "--json"])
+                                 "--speculative-config", mtp, "--vllm-version", "0.33.0", "--json"])
     assert result.exit_code == 0, result.output
     row = next(r for r in json.loads(result.stdout)["deployments"] if r["gpus"] == 2 and r["tensor_parallel_size"] == 2
                and r["kv_cache_dtype"] == "bfloat16")

@@ -75,7 +75,8 @@ def _size(*args: str) -> dict:
 
     from kvplan.cli.app import app
 
-    result = CliRunner().invoke(app, ["size", *args, "--json"], env={"HF_HUB_OFFLINE": "1"})
+    pinned = () if "--vllm-version" in args else ("--vllm-version", "0.33.0")  # figures worked for 0.33
+    result = CliRunner().invoke(app, ["size", *args, *pinned, "--json"], env={"HF_HUB_OFFLINE": "1"})
     assert result.exit_code in (0, 1), result.output
     return json.loads(result.stdout)
 
@@ -120,7 +121,8 @@ def test_the_terminal_prints_each_length_both_ways_and_the_crossover():
 
     args = ("meta-llama/Llama-3.1-8B", "--gpu", "H100", "--ctx", "32k", "--kv-offloading-size", "200")
     r = _size(*args)["offload"]["reload"]
-    text = CliRunner().invoke(app, ["size", *args], env={"HF_HUB_OFFLINE": "1", "COLUMNS": "120"}).stdout
+    text = CliRunner().invoke(app, ["size", *args, "--vllm-version", "0.33.0"],
+                              env={"HF_HUB_OFFLINE": "1", "COLUMNS": "120"}).stdout
     assert "reloaded over PCIe 5.0 x16 (63 GB/s at 80%)" in text
     for row in r["rows"]:
         assert (f"{row['prompt_tokens']:>8,} tokens: reload {row['reload_ttft_s']:.3f} s, recompute "

@@ -322,7 +322,7 @@ def test_every_rule_field_is_covered():
         "free_uncached_first", "prefix_stats_at_admission", "mamba_counts_speculative_blocks",
         "speculative_conv_variants", "max_len_check_reserves_null_block", "dsv4_packed_layout", "dsv4_auto_fp8_ds_mla",
         "draft_kv_cache_dtype", "draft_model_keeps_target_kv_dtype", "offload_memory", "offload_cross_layer_mla",
-        "capacity_logged_per_rank",
+        "capacity_logged_per_rank", "gpu_default_block_size", "extensible_kv_cache", "async_scheduling_with_pp",
     }
     assert set(rules_for(None).__dataclass_fields__) == tested
 
@@ -392,8 +392,113 @@ def test_release_boundaries():
     assert flips("offload_cross_layer_mla") == [("0.24.0", True)]
     # a "GPU KV cache size" line per rank before the minimum (core.py@0.11.0), once after it (0.11.1)
     assert flips("capacity_logged_per_rank") == [("0.8.5", True), ("0.11.1", False)]
+    # 0.34: CacheConfig.DEFAULT_BLOCK_SIZE 64, the extensible KV cache, async scheduling with pp > 1
+    assert flips("gpu_default_block_size") == [("0.34.0", 64)]
+    assert flips("extensible_kv_cache") == [("0.34.0", True)]
+    assert flips("async_scheduling_with_pp") == [("0.34.0", True)]
 
 
 def test_rules_are_a_value_not_shared_state():
     r = rules_for("0.11.0")
     assert replace(r, version="x") != r and rules_for("0.11.0") == r
+
+
+# --- 0.34 --------------------------------------------------------------------------------------
+
+
+def test_0_34_offers_the_backends_64_token_blocks():
+    # config/cache.py@0.34.0:185 DEFAULT_BLOCK_SIZE = 64 (16 in 0.33.0); platforms/interface.py@0.34.0:782
+    # `_preferred_block_size_for_backends(backend_classes, CacheConfig.DEFAULT_BLOCK_SIZE, ...)`, and
+    # FlashAttention takes MultipleOf(16) (v1/attention/backends/flash_attn.py@0.34.0:367), so 64 stays.
+    # Llama-3.1-8B: 32 layers x 2 x 8 heads x 128 x 2 B = 131,072 B a token; a 64-token block is 8 MiB.
+    # 8,000 MiB: 1,000 blocks of 64 (0.33: 4,000 blocks of 16). At L = 8,192 a request holds
+    # cdiv(8192, 64) = 128 blocks: 1,000 / 128 = 7.8125 x 8,192 = 64,000 tokens
+    # (get_max_concurrency_for_kv_cache_config, v1/core/kv_cache_utils.py@0.34.0:1108).
+    kw = {"kv_cache_memory_bytes": 8000 * MiB, "max_model_len": 8192}
+    new = cap("meta-llama/Llama-3.1-8B", "0.34.0", **kw)
+    old = cap("meta-llama/Llama-3.1-8B", "0.33.0", **kw)
+    assert (new.block_size, new.layout.block_bytes, new.num_blocks) == (64, 8 * MiB, 1000)
+    assert (old.block_size, old.num_blocks) == (16, 4000)
+    assert new.blocks_per_request(8192) == 128
+    assert new.kv_cache_tokens_reported == 64_000
+    # An asked size is kept; the CPU platform offers its backends 128 (platforms/cpu.py@0.34.0:562).
+    assert cap("meta-llama/Llama-3.1-8B", "0.34.0", block_size=16, **kw).block_size == 16
+    from kvplan.vllm.platforms import CPU
+
+    cpu = replace(gpu(64 * GiB), vendor="cpu", platform_rules=CPU)
+    assert cap("meta-llama/Llama-3.1-8B", "0.34.0", cpu, **kw).block_size == 128
+
+
+def test_0_34_keeps_async_scheduling_with_pipeline_parallel():
+    # config/vllm.py@0.34.0:1637: async_scheduling = True unless pooling, an executor without it, or ROCm
+    # DeepEP DBO (0.33.0's "V1 model runner ... pipeline parallelism" exception is gone with that runner);
+    # config/vllm.py@0.34.0:565 max_concurrent_batches = pp_size + 1 with async scheduling.
+    # gpt-oss-120b at pp 2 (a stage: 9 sliding + 9 full layers, one group each), L = 40,000, MNBT 8,192:
+    #   0.34: max_in_flight_tokens = 3 x 8,192 = 24,576; sliding cdiv(min(127 + 24,576, 40,000), 64) + 1
+    #         = cdiv(24,703, 64) + 1 = 386 + 1 = 387; full cdiv(40,000, 64) = 625; 1,012 a request.
+    #   0.33: no async at pp 2, max_concurrent_batches = pp = 2: cdiv(127 + 16,384, 16) + 1 = 1,032 + 1 = 1,033;
+    #         full cdiv(40,000, 16) = 2,500; 3,533 a request.
+    kw = {"kv_cache_memory_bytes": 8 * GiB, "max_model_len": 40_000, "pipeline_parallel_size": 2}
+    new = cap("openai/gpt-oss-120b", "0.34.0", **kw)
+    old = cap("openai/gpt-oss-120b", "0.33.0", **kw)
+    assert (new.async_scheduling, new.batches_in_flight) == (True, 3)
+    assert (old.async_scheduling, old.batches_in_flight) == (False, 2)
+    assert new.blocks_per_request(40_000) == 1012
+    assert old.blocks_per_request(40_000) == 3533
+    # --no-async-scheduling: pp batches, as before.
+    off = cap("openai/gpt-oss-120b", "0.34.0", async_scheduling=False, **kw)
+    assert off.batches_in_flight == 2
+
+
+def test_measure_kv_cache_bytes_by_hand():
+    # v1/worker/extensible_kv_cache.py@0.34.0:592-618:
+    #   non_kv_used = init_free - free - committed; headroom = free + committed = init_free - non_kv_used
+    #   margin = max(1 GiB, int(0.75 x transient)); available = min(requested - non_kv_used, headroom - margin)
+    #   available -= transient (the larger of it and torch's reserve growth); max(available, 0)
+    from kvplan.plan.capacity import measured_kv_bytes
+
+    # 80 GiB requested (utilization 1.0), 79 GiB free at start, 20 GiB used, 4 GiB transient: margin 3 GiB;
+    # min(80 - 20, 79 - 20 - 3) = 56; 56 - 4 = 52 GiB.
+    assert measured_kv_bytes(80 * GiB, 79 * GiB, 20 * GiB, 4 * GiB) == 52 * GiB
+    # A transient of 1 GiB: margin max(1, 0.75) = 1 GiB; min(60, 58) - 1 = 57 GiB.
+    assert measured_kv_bytes(80 * GiB, 79 * GiB, 20 * GiB, 1 * GiB) == 57 * GiB
+    # --gpu-memory-utilization 0.5 (40 GiB requested) binds: min(40 - 20, 56) - 4 = 16 GiB.
+    assert measured_kv_bytes(40 * GiB, 79 * GiB, 20 * GiB, 4 * GiB) == 16 * GiB
+    # Never negative.
+    assert measured_kv_bytes(20 * GiB, 79 * GiB, 20 * GiB, 4 * GiB) == 0
+    # ROCm's floor is 3 GiB (KV_CACHE_MARGIN_FLOOR_BYTES = (3 if is_rocm() else 1) << 30, line 64): a 1 GiB
+    # transient keeps 3 GiB: min(60, 79 - 20 - 3) - 1 = 55 GiB. A 2 GiB transient: 3 GiB on AMD, 1.5 GiB on NVIDIA.
+    from kvplan.plan.capacity import extensible_margin
+
+    assert measured_kv_bytes(80 * GiB, 79 * GiB, 20 * GiB, 1 * GiB, 3 * GiB) == 55 * GiB
+    amd = replace(gpu(80 * GiB), vendor="amd")
+    assert (extensible_margin(2 * GiB, amd), extensible_margin(2 * GiB, gpu(80 * GiB))) == (3 * GiB, 3 * GiB // 2)
+
+
+def test_0_34_sizes_the_pool_after_warmup_on_cuda():
+    # config/cache.py@0.34.0:495 resolved_gpu_memory_utilization: the asked value, else 1.0 with the extensible
+    # KV cache, else DEFAULT_GPU_MEMORY_UTILIZATION 0.92; config/vllm.py@0.34.0:3202-3212 turns it off off
+    # CUDA/ROCm and under kv_cache_memory_bytes or num_gpu_blocks_override. v1/worker/utils.py@0.34.0
+    # request_memory: ceil(total x util) -> 80 GiB x 1.0 = 85,899,345,920 B.
+    from kvplan.plan.capacity import gpu_memory_utilization, measured_kv_bytes
+    from kvplan.plan.overhead import STARTUP_BYTES
+
+    kw = {"max_model_len": 8192, "enforce_eager": True}
+    c = cap("meta-llama/Llama-3.1-8B", "0.34.0", gpu(80 * GiB), **kw)
+    st = c.limiting_stage
+    assert gpu_memory_utilization(c.settings, c.rules, c.device) == 1.0
+    assert st.requested == 85_899_345_920
+    # The budget is measure_kv_cache_bytes over the stage's own terms (graphs none under --enforce-eager;
+    # the transient kept free is the profiled peak, gpu_worker.py@0.34.0:946 reserved_headroom_bytes =
+    # peak_activation_memory), with STARTUP_BYTES held before vLLM's first snapshot.
+    assert st.cudagraphs.bytes == 0
+    free_at_start = 80 * GiB - STARTUP_BYTES[1]
+    assert st.available.bytes == measured_kv_bytes(st.requested, free_at_start,
+                                                   st.weights + st.non_torch.bytes, st.activation.bytes)
+    # 0.33 (and 0.34 with --kv-cache-memory-bytes / --num-gpu-blocks-override) keep 0.92 and the profile run.
+    assert cap("meta-llama/Llama-3.1-8B", "0.33.0", gpu(80 * GiB), **kw).limiting_stage.requested == 79_027_398_247
+    given = cap("meta-llama/Llama-3.1-8B", "0.34.0", gpu(80 * GiB), kv_cache_memory_bytes=GiB, **kw)
+    assert gpu_memory_utilization(given.settings, given.rules, given.device) == 0.92
+    assert given.limiting_stage.available.bytes == GiB
+    override = cap("meta-llama/Llama-3.1-8B", "0.34.0", gpu(80 * GiB), num_gpu_blocks_override=100, **kw)
+    assert override.limiting_stage.requested == 79_027_398_247

@@ -164,6 +164,36 @@ def test_one_line_033_format_and_gpu_plus_host_pool():
     assert (r.max_concurrency_tokens, r.max_concurrency) == (32_768, 32.0)
 
 
+def test_0_34_pool_measured_after_warmup():
+    # With the extensible KV cache (0.34, CUDA) each worker prints the reservation before warmup
+    # ("Available KV cache memory: %s GiB", v1/worker/gpu_worker.py@0.34.0:795), then what it measured
+    # (v1/worker/extensible_kv_cache.py@0.34.0:694-705, GiB figures from format_gib: round(b / GiB, 2)):
+    #   "Memory after warmup: %s GiB free, %s GiB committed to the KV cache, %s GiB kept for transient
+    #    activations (%s GiB allocated at peak, %s GiB of torch reservation growth); %d KV cache blocks (%s GiB)
+    #    fit within the requested %s GiB. Torch may reserve up to %s GiB."
+    # and the engine keeps the smallest rank's blocks (_min_across_ranks, gpu_worker.py@0.34.0:1231) before the
+    # capacity line. 6,830 blocks of 8 MiB = 53.359375 GiB -> "53.36"; rank 1's 6,841 = 53.445 GiB -> "53.45".
+    def warmup(rank, blocks, gib):
+        return (f"(Worker_TP{rank} pid=8{rank}) INFO 11-20 10:02:11 [extensible_kv_cache.py:694] Memory after "
+                f"warmup: 61.2 GiB free, 0.02 GiB committed to the KV cache, 5.36 GiB kept for transient "
+                f"activations (5.36 GiB allocated at peak, 0.0 GiB of torch reservation growth); {blocks} KV cache "
+                f"blocks ({gib} GiB) fit within the requested 79.18 GiB. Torch may reserve up to 7.02 GiB.")
+
+    r = parse_startup_log("\n".join([
+        "(Worker_TP0 pid=80) INFO 11-20 10:01:40 [gpu_worker.py:795] Available KV cache memory: 57.11 GiB",
+        "(Worker_TP1 pid=81) INFO 11-20 10:01:40 [gpu_worker.py:795] Available KV cache memory: 57.2 GiB",
+        warmup(0, 6830, 53.36),
+        warmup(1, 6841, 53.45),
+        "(EngineCore pid=7) INFO 11-20 10:02:12 [kv_cache_utils.py:1168] GPU KV cache size: 437,120 tokens, "
+        "Maximum concurrency for 8,192 tokens per request: 53.36x",
+    ]))
+    assert (r.available_kv_gib, r.num_gpu_blocks) == (53.36, 6830)
+    assert "Memory after warmup" in r.sources["available_kv_gib"]
+    assert (r.kv_cache_tokens, r.max_concurrency) == (437_120, 53.36)
+    # Without the extensible cache (--kv-cache-memory-bytes, or 0.33) the reservation is the pool, as before.
+    assert parse_startup_log("Available KV cache memory: 57.11 GiB").available_kv_gib == 57.11
+
+
 def test_max_model_len_failure():
     # A public log (vLLM 0.11, Qwen3-VL on one A100 80G).
     line = (
