@@ -309,13 +309,14 @@ def test_a_hybrid_replica_is_simulated_on_its_kv_groups():
 
 
 def test_kv_groups_the_simulator_does_not_model_get_no_fleet():
-    """Gemma 4's groups have blocks of 16 and 32 tokens, which the hybrid simulator refuses: every shape is left
+    """Gemma 4's groups have blocks of 16 and 32 tokens (vLLM 0.33), which the hybrid simulator refuses: every shape is left
     unsized with that reason (exit 1), where it used to be simulated as one full-attention group."""
     app = typer.Typer()
     app.command("fit")(fit_cmd.fit)
     app.command("noop")(lambda: None)
     r = CliRunner().invoke(app, ["fit", "google/gemma-4-31B-it", "--ctx", "8k", "--gpus", "H200", "--max-gpus", "1",
-                                 "--rate", "1", "--slo", "ttft_p99=2s", "--source", "bundled", "--json"], env=ENV)
+                                 "--rate", "1", "--slo", "ttft_p99=2s", "--source", "bundled", "--vllm-version", "0.33.0",
+                                 "--json"], env=ENV)
     assert r.exit_code == 1, r.output
     out = json.loads(r.output)
     assert out["fleets"] == [] and out["fleet_simulations"] == 0
