@@ -433,9 +433,10 @@ def _fleet_payload(resolved, result, req, rules, overhead, base, slo_targets: di
     from kvplan.plan.simulate import SchedulerConfig
     from kvplan.plan.size import serve_command, verdict_for
     from kvplan.plan.steptime import model_for
+    from kvplan.term import make_console
 
     fleets, unmet, seen = [], {}, set()
-    simulations, stopped = 0, False
+    simulations, stopped, said_slow = 0, False, False
 
     def miss(reason: str) -> None:
         unmet[reason] = unmet.get(reason, 0) + 1
@@ -464,6 +465,11 @@ def _fleet_payload(resolved, result, req, rules, overhead, base, slo_targets: di
         except KvplanError as exc:  # a KV cache group the simulator does not model
             miss(f"latency not simulated: {exc.message}")
             continue
+        if config.kv_groups is not None and not said_slow:  # (stderr: --json's stdout stays one document)
+            said_slow = True
+            make_console(stderr=True).print(
+                f"KV cache groups {config.kv_groups.describe()}: each replica is simulated step by step on every "
+                "group; this search may take minutes")
         count = replicas_for_rate(config, step_model, rate_per_s, prompt_tokens, out_tokens,
                                   slo_targets, floor, shared_prefix_tokens=min(req.shared_prefix, prompt_tokens),
                                   max_replicas=max_replicas, max_simulations=MAX_SLO_SIMULATIONS - simulations)
