@@ -17,12 +17,11 @@ release-dependent part is `uncached_first`, docs/vllm-accounting.md section 9):
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from itertools import takewhile
-from operator import is_, is_not
+from operator import is_not
 
 _is_a_block = partial(is_not, None)  # a lookup found a block (not None)
 
@@ -311,25 +310,22 @@ class LinkedBlockPool(_PrefixMap):
             block.ref = 1
         return out
 
-    def take_cached(self, count: int, keys: Sequence[Hashable]) -> list[Block]:
+    def take_cached(self, count: int, keys: Sequence[Hashable], own: int = 0) -> list[Block]:
         """`take` of ``count`` blocks, then `cache` of the first ``len(keys)`` of them under ``keys`` (an admitted
-        prompt's new blocks, its full ones registered at once); ``keys`` may end in ``PRIVATE`` s: those blocks are
-        its own (their fields not kept: see the class)."""
-        if not self.caching or not keys:
+        prompt's new blocks, its full ones registered at once); the ``own`` after those are ``PRIVATE`` (their fields
+        not kept: see the class)."""
+        if not self.caching or not (keys or own):
             return self.take(count)
         out = self._pop(count)
-        first, dups, private = self.first, self.dups, self.PRIVATE
-        hashed = len(keys)
-        if keys[-1] is private:  # where the PRIVATE s start (a few steps of bisection, not a scan)
-            hashed = bisect_left(keys, True, key=partial(is_, private))
+        first, dups = self.first, self.dups
         setdefault = first.setdefault
-        for block, key in zip(out, keys[:hashed] if hashed < len(keys) else keys):
+        for block, key in zip(out, keys):
             block.key = key
             block.ref = 1
             found = setdefault(key, block)
             if found is not block:  # a second block with this hash (see `cache`)
                 dups.setdefault(key, [found]).append(block)
-        for block in out[len(keys):]:  # (the PRIVATE ones, ``out[hashed:len(keys)]``, are left as they are)
+        for block in out[len(keys) + own:]:  # (the PRIVATE ones before are left as they are)
             block.key = None
             block.ref = 1
         return out

@@ -744,9 +744,7 @@ class _Scheduler:
             if need > 0:
                 mid = min(max(len(hits), req.private_from), full)  # (`_cache`'s split: hashes, then PRIVATE)
                 keys = _keys(req, len(hits), mid, B) if mid > len(hits) else ()
-                if full > mid:
-                    keys = [*keys, *[LinkedBlockPool.PRIVATE] * (full - mid)]
-                req.blocks += pool.take_cached(need, keys)
+                req.blocks += pool.take_cached(need, keys, full - mid)
             req.num_cached = max(len(hits), full)
             req.own_from = max(len(hits), req.private_from)
             if self.trace is not None:

@@ -321,10 +321,10 @@ def _fast_and_one_by_one(seed: int, monkeypatch) -> tuple[bool, bool, bool]:
         evicted.append(sum(self.key_of[b] is not None for b in self.free_queue()[:count]))
         return take(self, count)
 
-    def counting_take_cached(self, count, keys):
-        if keys and self.caching:  # (else it calls `take`, counted there)
+    def counting_take_cached(self, count, keys, own=0):
+        if (keys or own) and self.caching:  # (else it calls `take`, counted there)
             evicted.append(sum(self.key_of[b] is not None for b in self.free_queue()[:count]))
-        return take_cached(self, count, keys)
+        return take_cached(self, count, keys, own)
 
     pools: list[tuple] = []  # each run's pool at its end (before `simulate` unlinks it), block for block
     unlink = LinkedBlockPool.unlink
