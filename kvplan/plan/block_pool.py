@@ -218,13 +218,12 @@ class _Private:
 
 class _Run:
     """Consecutive entries of `LinkedBlockPool`'s free queue as one: a freed request's ``PRIVATE`` blocks (free,
-    cached, in no map) in its table's order, so the queue takes them last first; those taken are cut off its end.
-    The list is the request's own (`LinkedBlockPool.release`): no block in it is copied or touched until taken."""
+    cached, in no map), in queue order, the first ``start`` of them already taken again."""
 
-    __slots__ = ("prev", "next", "blocks")
+    __slots__ = ("prev", "next", "blocks", "start")
 
     def __init__(self, blocks: list[Block]):
-        self.blocks = blocks
+        self.blocks, self.start = blocks, 0
 
 
 class LinkedBlockPool(_PrefixMap):
@@ -278,13 +277,14 @@ class LinkedBlockPool(_PrefixMap):
         need = count
         while need:
             if node.__class__ is _Run:
-                blocks = node.blocks
-                if need < len(blocks):  # the run's last ``need`` blocks, last first: the rest stays at the head
-                    out += blocks[:-need - 1:-1]
-                    del blocks[-need:]
+                blocks, start = node.blocks, node.start
+                end = start + need
+                if end < len(blocks):  # the run's first ``need`` blocks: the rest stays at the head
+                    out += blocks[start:end]
+                    node.start = end
                     break
-                out += blocks[::-1]
-                need -= len(blocks)
+                out += blocks[start:] if start else blocks
+                need -= len(blocks) - start
                 spent, node = node, node.next
                 spent.prev = spent.next = None  # (no links left behind: see `unlink`)
             else:
@@ -345,23 +345,19 @@ class LinkedBlockPool(_PrefixMap):
         """`BlockPool.release`: the blocks in table order, freed last first; cached ones to the tail, uncached
         ones (``uncached_first``) to the head in the order they are freed. ``private``: ``(start, stop)``, where
         ``blocks[start:stop]`` are ``PRIVATE`` and held by this request alone: they go to the tail as one run (the
-        same order, one queue entry instead of one per block; their fields untouched: see the class). The run keeps
-        the list ``blocks`` itself, cut to those (the caller lets go of it): why, the copies and reference counts of
-        these blocks' objects, cold by the time they are freed, cost more than the rest of this method."""
+        same order, one queue entry instead of one per block; their fields untouched: see the class)."""
         uncached_first, null = self.uncached_first, self.null
         to_head: list[Block] = []
         tail = null.prev
         held = 0
-        freed = len(blocks)
         if private is None:
-            parts: tuple[Sequence[Block] | None, ...] = (blocks,)
+            parts: tuple[Sequence[Block], ...] = (blocks,)
         else:
             start, stop = private
-            parts = (blocks[stop:], None, blocks[:start])  # None: the run
-            del blocks[stop:], blocks[:start]  # (now the run's blocks only)
-        for part in parts:
-            if part is None:
-                run = _Run(blocks)
+            parts = (blocks[stop:], blocks[start:stop], blocks[:start])
+        for i, part in enumerate(parts):
+            if i == 1:  # the private run
+                run = _Run(part[::-1])
                 tail.next, run.prev = run, tail
                 tail = run
                 continue
@@ -383,7 +379,7 @@ class LinkedBlockPool(_PrefixMap):
                 before.next, block.prev = block, before
                 before = block
             before.next, after.prev = after, before
-        self.num_free += freed - held
+        self.num_free += len(blocks) - held
 
     def cache(self, blocks: Sequence[Block], keys: Sequence[Hashable]) -> None:
         """Register each block under its key (a block already cached keeps its hash)."""
@@ -414,7 +410,7 @@ class LinkedBlockPool(_PrefixMap):
         out, node = [], self.null.next
         while node is not self.null:
             if node.__class__ is _Run:
-                out += [b.id for b in reversed(node.blocks)]
+                out += [b.id for b in node.blocks[node.start:]]
             else:
                 out.append(node.id)
             node = node.next
@@ -444,8 +440,8 @@ class LinkedBlockPool(_PrefixMap):
         node, private = self.null.next, self.PRIVATE
         while node is not self.null:  # (a run's blocks are PRIVATE: their own ``key`` is not kept)
             if node.__class__ is _Run:
-                ids += [b.id for b in reversed(node.blocks)]
-                keys += [private] * len(node.blocks)
+                ids += [b.id for b in node.blocks[node.start:]]
+                keys += [private] * (len(node.blocks) - node.start)
             else:
                 ids.append(node.id)
                 keys.append(node.key)

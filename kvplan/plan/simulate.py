@@ -621,7 +621,7 @@ class _Scheduler:
 
     def _free(self, req: _Req) -> None:
         """Its blocks back to the pool, its last block first (a hybrid pool frees group by group); its PRIVATE ones
-        as one run, which keeps the list (`LinkedBlockPool.release`): the request takes a new one."""
+        as one run."""
         own = (int(req.own_from), req.num_cached) if req.num_cached > req.own_from else None
         self.pool.release(req.blocks, own)
         req.blocks = []

@@ -95,9 +95,9 @@ def test_take_cached_is_take_then_cache(seed, caching, uncached_first):
 @pytest.mark.parametrize("uncached_first", [True, False])
 @pytest.mark.parametrize("seed", range(8))
 def test_private_runs_are_blocks_under_hashes_no_one_asks_for(seed, uncached_first):
-    """`LinkedBlockPool`'s PRIVATE blocks (`take_cached`'s ``own``, blocks that fill later, freed as one run whose
-    list is the request's own table) against the reference pool with each such block cached under a hash of its own
-    that no lookup asks for. Requests as the simulator makes them: hits, new blocks under shared hashes, its own
+    """`LinkedBlockPool`'s PRIVATE blocks (`take_cached`'s ``own``, blocks that fill later, freed as one run, their
+    own fields not kept) against the reference pool with each such block cached under a hash of its own that no
+    lookup asks for. Requests as the simulator makes them: hits, new blocks under shared hashes, its own
     blocks, an uncached tail that grows and whose first blocks fill and become its own; freed in table order. After
     every operation: the same free queue and lookups, and the same references for every block that is not PRIVATE
     (a PRIVATE block's own fields are not kept)."""
