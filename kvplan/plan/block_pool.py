@@ -470,10 +470,10 @@ class LinkedBlockPool(_PrefixMap):
 
     @property
     def ref(self) -> list[int]:
-        """Every block's references, by id (for tests: a list made on each call)."""
+        """Every block's references, by id (for tests: a list made on each call; a PRIVATE block's are stale)."""
         return [b.ref for b in self.blocks]
 
     @property
     def key_of(self) -> list[Hashable | None]:
-        """Every block's hash, by id (for tests)."""
+        """Every block's hash, by id (for tests; a PRIVATE block's is stale)."""
         return [b.key for b in self.blocks]
