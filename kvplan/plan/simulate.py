@@ -621,13 +621,11 @@ class _Scheduler:
             req.num_cached = full
 
     def _cache(self, req: _Req, start: int, stop: int) -> None:
-        """Blocks ``start`` to ``stop - 1`` of the request cached: under their hashes, or as ``PRIVATE`` from its
-        ``private_from`` on."""
+        """Blocks ``start`` to ``stop - 1`` of the request cached: under their hashes, or, from its ``private_from``
+        on, as ``PRIVATE`` (nothing to tell the pool: they are ``own_from`` to ``num_cached``, `LinkedBlockPool`)."""
         mid = min(max(start, req.private_from), stop)
         if mid > start:
             self.pool.cache(req.blocks[start:mid], _keys(req, start, mid, self.B))
-        if stop > mid:
-            self.pool.cache_private(req.blocks[mid:stop])
 
     def _free(self, req: _Req) -> None:
         """Its blocks back to the pool, its last block first (a hybrid pool frees group by group); its PRIVATE ones
@@ -639,8 +637,8 @@ class _Scheduler:
     def _preempt(self, req: _Req) -> None:
         if self.trace is not None:
             self.trace.append(("preempt", req.tl.index))
-        if req.num_cached > req.private_from:  # its own hashes into the map: it looks them up when readmitted
-            start = int(req.private_from)
+        if req.num_cached > req.own_from:  # its own hashes into the map: it looks them up when readmitted
+            start = int(req.own_from)  # (its PRIVATE blocks: those before are hits, already in the map)
             self.pool.promote(req.blocks[start:req.num_cached], _keys(req, start, req.num_cached, self.B))
             req.own_from = math.inf  # (none left)
         self._free(req)
@@ -754,9 +752,7 @@ class _Scheduler:
             if need > 0:
                 mid = min(max(len(hits), req.private_from), full)  # (`_cache`'s split: hashes, then PRIVATE)
                 keys = _keys(req, len(hits), mid, B) if mid > len(hits) else ()
-                if full > mid:
-                    keys = [*keys, *[LinkedBlockPool.PRIVATE] * (full - mid)]
-                req.blocks += pool.take_cached(need, keys)
+                req.blocks += pool.take_cached(need, keys, full - mid)
             req.num_cached = max(len(hits), full)
             req.own_from = max(len(hits), req.private_from)
             if self.trace is not None:
@@ -950,7 +946,6 @@ class _Scheduler:
         # The steps' results: every request sampled a token per step.
         done: list[_Req] = []
         caching = config.prefix_caching
-        own: list = []  # newly full blocks under hashes no other request has (`_cache`'s PRIVATE ones)
         for req in running:
             c = req.computed = req.computed + steps
             req.generated += steps
@@ -958,16 +953,11 @@ class _Scheduler:
             full = c // B
             if full > req.num_cached:  # blocks filled: cached (as each step would have: `_cache_full`)
                 k = req.num_cached
-                if caching:
-                    if full == k + 1 and k >= req.private_from:  # one block of its own (the usual): below, at once
-                        own.append(req.blocks[k])
-                    else:
-                        self._cache(req, k, full)
+                if caching and k < req.private_from:  # (PRIVATE blocks need nothing: `_cache`)
+                    self._cache(req, k, full)
                 req.num_cached = full
             if req.generated >= req.output:
                 done.append(req)
-        if own:
-            pool.cache_private(own)
         self.step = step - 1  # the last step's results
         self._finish(done, now)
         self.step, self.now = step, now

@@ -92,6 +92,79 @@ def test_take_cached_is_take_then_cache(seed, caching, uncached_first):
             k: list(v) for k, v in ref.blocks_of.items() if len(v) > 1}
 
 
+@pytest.mark.parametrize("uncached_first", [True, False])
+@pytest.mark.parametrize("seed", range(8))
+def test_private_runs_are_blocks_under_hashes_no_one_asks_for(seed, uncached_first):
+    """`LinkedBlockPool`'s PRIVATE blocks (`take_cached`'s ``own``, blocks that fill later, freed as one run, their
+    own fields not kept) against the reference pool with each such block cached under a hash of its own that no
+    lookup asks for. Requests as the simulator makes them: hits, new blocks under shared hashes, its own
+    blocks, an uncached tail that grows and whose first blocks fill and become its own; freed in table order. After
+    every operation: the same free queue and lookups, and the same references for every block that is not PRIVATE
+    (a PRIVATE block's own fields are not kept)."""
+    rng = random.Random(f"private:{seed}")
+    usable = rng.choice([12, 30, 60])
+    shared = range(rng.choice([4, 10]))
+    ref, pool = ReferenceBlockPool(usable, True, uncached_first), LinkedBlockPool(usable, True, uncached_first)
+    held: list[list] = []  # [blocks (Block objects), first own, end of own] per request
+    private_free: set[int] = set()  # ids of free blocks in a PRIVATE run
+    unique = iter(range(10**9))
+
+    def agree() -> None:
+        assert pool.free_queue() == ref.free_queue()
+        assert pool.num_free == ref.num_free
+        assert [pool.cached(k) for k in shared] == [ref.cached(k) for k in shared]
+        own = {b.id for blocks, start, stop in held for b in blocks[start:stop]} | private_free
+        assert [r for b, r in enumerate(pool.ref) if b not in own] == [r for b, r in enumerate(ref.ref) if b not in own]
+
+    for _ in range(300):
+        op = rng.random()
+        if op < 0.4 and ref.num_free:
+            hits = pool.longest_hit(rng.sample(shared, rng.randint(1, len(shared))))
+            if len({b.id for b in hits}) < len(hits):  # (a hash several blocks hold found twice: not a prompt)
+                continue
+            assert [b.id for b in hits] == ref.longest_hit([b.key for b in hits])
+            pool.touch(hits)
+            for b in hits:
+                ref.touch(b.id)
+            if pool.num_free < 1:
+                held.append([hits, len(hits), len(hits)])
+                agree()
+                continue
+            count = rng.randint(1, pool.num_free)
+            names = [rng.choice(shared) for _ in range(rng.randint(0, count))]
+            own = rng.randint(0, count - len(names))
+            new = pool.take_cached(count, names, own)
+            taken = [ref.take() for _ in range(count)]
+            assert [b.id for b in new] == taken
+            for b, k in zip(taken, [*names, *[("own", next(unique)) for _ in range(own)]]):
+                ref.cache(b, k)
+            private_free -= set(taken)
+            start = len(hits) + len(names)
+            held.append([hits + new, start, start + own])
+        elif op < 0.6 and held and ref.num_free:  # a running request's new blocks; some of its first uncached fill
+            req = rng.choice(held)
+            new = pool.take(rng.randint(1, ref.num_free))
+            assert [b.id for b in new] == [ref.take() for _ in new]
+            private_free -= {b.id for b in new}
+            req[0] += new
+            blocks, start, stop = req
+            fill = rng.randint(0, len(blocks) - stop)
+            for b in blocks[stop:stop + fill]:
+                ref.cache(b.id, ("own", next(unique)))
+            req[2] += fill
+        elif held:
+            blocks, start, stop = held.pop(rng.randrange(len(held)))
+            ids = [b.id for b in blocks]
+            own_ids = set(ids[start:stop])
+            pool.release(blocks, (start, stop) if stop > start else None)
+            ref.release(ids)
+            private_free |= own_ids
+        agree()
+    for blocks, start, stop in held:
+        pool.release(blocks, (start, stop) if stop > start else None)
+    assert pool.num_free == usable
+
+
 def _cache_hit_or_release(rng, op, ref, flat, held, keys, *, cache_below: float, hit_below: float) -> None:
     """The random walks' other operations, on both pools: register some held blocks under a few shared hashes, hit
     cached ones (held or free), or release a request's blocks."""
@@ -321,10 +394,10 @@ def _fast_and_one_by_one(seed: int, monkeypatch) -> tuple[bool, bool, bool]:
         evicted.append(sum(self.key_of[b] is not None for b in self.free_queue()[:count]))
         return take(self, count)
 
-    def counting_take_cached(self, count, keys):
-        if keys and self.caching:  # (else it calls `take`, counted there)
+    def counting_take_cached(self, count, keys, own=0):
+        if (keys or own) and self.caching:  # (else it calls `take`, counted there)
             evicted.append(sum(self.key_of[b] is not None for b in self.free_queue()[:count]))
-        return take_cached(self, count, keys)
+        return take_cached(self, count, keys, own)
 
     pools: list[tuple] = []  # each run's pool at its end (before `simulate` unlinks it), block for block
     unlink = LinkedBlockPool.unlink
