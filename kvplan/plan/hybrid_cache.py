@@ -81,6 +81,7 @@ deferred as cached in this step; not followed).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
@@ -537,6 +538,23 @@ class HybridCache:
                 self.pool.release(freed[::-1])  # (release frees its list last block first)
                 count += len(freed)
         return count
+
+    def next_removal(self, tables: list[list[int]], computed: int) -> float:
+        """The fewest computed tokens (at least ``computed``) at which `remove_skipped` may free a block of these
+        tables, as long as they do not change (inf: never). It frees when the top of a window group's skipped blocks
+        (``min(skipped // B, len)``, which only grows with the tokens) reaches a held block: here the first held one
+        above the top now, so a chunk's jump past it makes the answer early, never late. Stateless groups only."""
+        B, out = self.B, math.inf
+        for g in self.moving:
+            table, span = tables[g], self.spans[g]
+            skipped = computed - span + 1 if self.kinds[g] == SLIDING else computed // span * span
+            top = max(skipped // B, 0)
+            held = next((i for i in range(top, len(table)) if table[i]), None)
+            if held is None:
+                continue
+            need = (held + 1) * B  # skipped tokens that put block ``held`` under the top
+            out = min(out, need + span - 1 if self.kinds[g] == SLIDING else cdiv(need, span) * span)
+        return max(out, computed)
 
     def _retire_states(self, table: _StateTable, computed: int) -> int:
         """`MambaManager.remove_skipped_blocks`, align mode: the states before the last computed token's block

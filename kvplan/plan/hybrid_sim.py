@@ -73,6 +73,10 @@ class _HybridScheduler(_Scheduler):
         self.tables: dict[int, list[list[int]]] = {}
         self.offered: dict[int, list[int]] = {}
         self.junction: dict[int, int] = {}
+        # Per request (by rid), without a recurrent-state group: while its computed tokens stay below the first and
+        # its tokens at most the second and below the third, `allocate_slots` frees, takes and caches nothing (a
+        # decode step, 15 of every 16 at block 16): (`next_removal`, its tables' blocks x B, its next full block's end).
+        self.quiet: dict[int, tuple[float, int, int]] = {}
         self.mamba = groups.has_mamba
         self.checkpoint = groups.mamba_checkpoint
         if self.mamba:
@@ -103,11 +107,16 @@ class _HybridScheduler(_Scheduler):
     def _allocate_slots(self, req: _Req, num_tokens: int) -> bool:
         """A running request's `allocate_slots` for ``num_tokens`` in all: out-of-window blocks freed, the
         new blocks if they fit (False if not), the full ones cached."""
+        quiet = self.quiet.get(req.rid)
+        if quiet is not None and req.computed < quiet[0] and num_tokens <= quiet[1] and \
+                min(num_tokens, req.num_tokens) < quiet[2]:
+            return True  # nothing slid out of a window, no new block, none newly full: every call below a no-op
         tables = self.tables[req.rid]
         changed = self.cache.remove_skipped(tables, req.computed)
         prefill_end = max(req.prompt, req.num_tokens - 1)
         if (self.cache.blocks_to_allocate(tables, num_tokens, [], req.computed, prefill_end=prefill_end)
                 > self.pool.num_free):
+            self.quiet.pop(req.rid, None)
             if changed:
                 self._held(req)
             return False
@@ -115,9 +124,14 @@ class _HybridScheduler(_Scheduler):
         self._cache_to(req, num_tokens)
         if changed:
             self._held(req)
+        if not self.mamba:  # (a state group's every call counts: `_cache_to`)
+            B = self.B
+            self.quiet[req.rid] = (self.cache.next_removal(tables, req.computed), min(map(len, tables)) * B,
+                                   (min(self.offered[req.rid]) + 1) * B)
         return True
 
     def _free(self, req: _Req) -> None:
+        self.quiet.pop(req.rid, None)
         tables = self.tables.pop(req.rid, None)
         if tables is not None:
             self.cache.free(tables)
