@@ -40,7 +40,8 @@ from kvplan.bench.steptime_io import (
     workload_prompt_range,
 )
 from kvplan.errors import KvplanError
-from kvplan.plan.simulate import EMPTY_POOL, CarriedPool, Lengths, Load, SchedulerConfig, closed_loop, open_loop, simulate
+from kvplan.plan.hybrid_sim import simulate_groups
+from kvplan.plan.simulate import EMPTY_POOL, CarriedPool, Lengths, Load, SchedulerConfig, closed_loop, open_loop
 from kvplan.plan.steptime import StepTimeModel, model_for, predict_latency, prior_for, prompt_range_note
 from kvplan.vllm.args import EngineArgs
 
@@ -85,8 +86,7 @@ class PointPredictor:
     def predict(self, point: PointResult) -> PredictedLatency | None:
         if self.model is None or self.scheduler is None or self.lengths is None or point.status != "ok":
             return None
-        # (a hybrid pool is not carried over: each point starts on an empty one, `predictor_for`)
-        start = self._start(point) if self.scheduler.prefix_caching and self.scheduler.kv_groups is None else None
+        start = self._start(point) if self.scheduler.prefix_caching else None
         predicted, after = _predict(self.scheduler, self.model, self.lengths, point, self.shared_prefix,
                                     self.requests_per_stream, self.burstiness, self.seed, start)
         if after is not None:
@@ -113,8 +113,8 @@ def warm_up_pool(scheduler: SchedulerConfig, lengths: Lengths, first_index: int,
     if first_index <= 0:
         return EMPTY_POOL
     with suppress(KvplanError):
-        pool = simulate(scheduler, closed_loop(first_index, lengths, 1, 0, shared_prefix=shared_prefix),
-                        start=EMPTY_POOL).pool_after
+        pool = simulate_groups(scheduler, closed_loop(first_index, lengths, 1, 0, shared_prefix=shared_prefix),
+                               scheduler.kv_groups, start=EMPTY_POOL).pool_after
         if pool is not None:
             return pool
     return EMPTY_POOL
@@ -162,7 +162,7 @@ def predictor_for(cfg: dict[str, Any], capacity: dict[str, Any], model_name: str
     groups_note = ""
     if served.groups is not None:
         scheduler = replace(scheduler, kv_groups=served.groups)
-        groups_note = f"; KV cache groups {served.groups.describe()} (hybrid scheduler, each point on an empty pool)"
+        groups_note = f"; KV cache groups {served.groups.describe()} (hybrid scheduler)"
     elif served.one_full_attention_group is False:
         return no_prediction(f"latency not simulated: the model's KV cache is {len(served.kinds)} groups "
                              f"({', '.join(served.kinds)}) taking blocks from one pool, and {served.refused}")
@@ -180,7 +180,7 @@ def predictor_for(cfg: dict[str, Any], capacity: dict[str, Any], model_name: str
             return no_prediction(str(exc).splitlines()[0])
         info = LatencyModelInfo(source="prior", basis=f"{d.device.name}: catalog bandwidth and dense TFLOP/s, "
                                 f"efficiencies {prior_for(d.device).basis}{attached}{groups_note}")
-    if scheduler.prefix_caching and scheduler.kv_groups is None:
+    if scheduler.prefix_caching:
         info = info.model_copy(update={"pool": CARRIED_POOL + ("" if cfg.get("engine") else CARRIED_POOL_URL)})
     return PointPredictor(info, scheduler, model, workload_lengths(wl), float(wl.get("shared_prefix") or 0.0),
                           cfg.get("requests_per_stream"), float(cfg.get("burstiness") or 1.0), int(wl.get("seed") or 0),

@@ -182,6 +182,33 @@ class BlockPool(_PrefixMap):
         """The blocks' ids (a block table as the trace records it)."""
         return tuple(blocks)
 
+    def state(self) -> PoolState:
+        """What the pool holds between loads (every block free): `LinkedBlockPool.state`'s."""
+        if self.num_free != len(self.nxt) - 1:
+            raise ValueError("a pool's state is taken with every block free (between loads)")
+        ids = self.free_queue()
+        return PoolState(tuple(ids), tuple(self.key_of[i] for i in ids),
+                         tuple((key, tuple(held)) for key, held in self.dups.items()))
+
+    def restore(self, state: PoolState) -> None:
+        """This new pool as ``state`` left it (`LinkedBlockPool.restore`'s; a hybrid pool's keys are all in its map)."""
+        if len(state.free) != len(self.nxt) - 1:
+            raise ValueError(f"a state of {len(state.free)} blocks given to a pool of {len(self.nxt) - 1}")
+        nxt, prv, key_of = self.nxt, self.prv, self.key_of
+        before = 0
+        for i, key in zip(state.free, state.keys):
+            if key is LinkedBlockPool.PRIVATE:
+                raise ValueError("a state with PRIVATE blocks is LinkedBlockPool's")
+            key_of[i] = key if self.caching else None
+            nxt[before], prv[i] = i, before
+            before = i
+            if key_of[i] is not None:
+                self.first.setdefault(key, i)
+        nxt[before], prv[0] = 0, before
+        for key, held in state.dups:  # a hash several blocks hold: the first registered is the one lookups find
+            self.dups[key] = list(held)
+            self.first[key] = held[0]
+
     def unlink(self) -> None:
         """(Nothing to break: see `LinkedBlockPool.unlink`.)"""
 

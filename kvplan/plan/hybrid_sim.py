@@ -30,6 +30,7 @@ from kvplan.errors import KvplanError
 from kvplan.plan.block_pool import BlockPool
 from kvplan.plan.hybrid_cache import HybridCache, HybridGroups, mamba_aligned_chunk
 from kvplan.plan.simulate import (
+    CarriedPool,
     Load,
     SchedulerConfig,
     SimResult,
@@ -46,26 +47,32 @@ from kvplan.units import cdiv
 
 def simulate_groups(config: SchedulerConfig, load: Load, groups: HybridGroups | None,
                     step_time: Callable[[StepBatch], float] | None = None, max_steps: int = 5_000_000,
-                    trace: list[tuple] | None = None) -> SimResult:
+                    trace: list[tuple] | None = None, start: CarriedPool | None = None) -> SimResult:
     """`simulate` on a model's KV cache groups: the plain simulator for one full-attention group (or
     ``groups`` None), else the hybrid pool. ``trace`` receives, beside the plain simulator's events (their
     hits and tables per group), ``("wait", request, num_tokens)`` when admission is refused and ``("stall",
     request, num_tokens, new_tokens)`` when a running request's allocation fails (before it preempts); like the
     plain simulator's, ``("budget", request)`` when a step leaves ``request`` waiting for the token budget (here
-    also for a first chunk that Mamba's block-aligned split rounds down to no block)."""
+    also for a first chunk that Mamba's block-aligned split rounds down to no block). ``start``: `simulate`'s (the
+    pool an earlier load on these groups left; its ``pool_after`` then kept)."""
     if groups is None or groups.full_attention_only:
-        return simulate(config, load, step_time, max_steps, trace)
+        return simulate(config, load, step_time, max_steps, trace, start)
     with paused_gc():
-        return _HybridScheduler(config, load, step_time, trace, groups).run(max_steps)
+        scheduler = _HybridScheduler(config, load, step_time, trace, groups, start)
+        result = scheduler.run(max_steps)
+        if start is not None:
+            result.pool_after = CarriedPool(scheduler.pool.state(), scheduler.counter)
+        return result
 
 
 class _HybridScheduler(_Scheduler):
     pool_class = BlockPool  # (HybridCache keeps tables of block ids, 0 the null block)
 
-    def __init__(self, config: SchedulerConfig, load: Load, step_time, trace, groups: HybridGroups):
+    def __init__(self, config: SchedulerConfig, load: Load, step_time, trace, groups: HybridGroups,
+                 start: CarriedPool | None = None):
         if groups.block_size != config.block_size:
             raise KvplanError(f"the KV groups' block size {groups.block_size} is not the pool's {config.block_size}")
-        super().__init__(config, load, step_time, trace)
+        super().__init__(config, load, step_time, trace, start)
         self.cache = HybridCache(groups, self.pool)
         self.max_model_len = groups.max_model_len
         # Per request (by rid): its block table in each group, the leading blocks each offered the cache, and

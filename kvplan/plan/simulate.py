@@ -524,8 +524,6 @@ class _Scheduler:
         self.timelines: list[RequestTimeline] = []
         self.counter = 0
         if start is not None:  # the pool an earlier load left, requests numbered on from its count
-            if not isinstance(self.pool, LinkedBlockPool):
-                raise KvplanError("a carried-over pool is modelled for full-attention pools only")
             if start.state.free:
                 self.pool.restore(start.state)
             self.counter = start.requests

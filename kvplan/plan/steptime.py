@@ -293,13 +293,10 @@ def _simulate_with_overhead(config: SchedulerConfig, load: Load, model: StepTime
     """(request overhead, simulation) where the overhead is the model's at the simulation's own request
     rate: a closed loop's rate falls as the overhead delays each stream, so iterate to a fixed point
     (a few rounds: the rate moves less each time); an open loop's rate is its arrivals'."""
-    if config.kv_groups is not None and start is not None:
-        raise KvplanError("a carried-over pool is modelled for one full-attention group only")
-
     def run(extra: float) -> SimResult:
         delayed = replace(load, think_time=load.think_time + extra) if load.streams else load
         if config.kv_groups is not None:  # blocks in every group, from one pool
-            return simulate_groups(config, delayed, config.kv_groups, model)
+            return simulate_groups(config, delayed, config.kv_groups, model, start=start)
         return simulate(config, delayed, model, start=start)  # (every round from the same carried pool: immutable)
 
     extra = model.request_overhead_s

@@ -342,7 +342,7 @@ def test_a_hybrid_model_is_predicted_on_its_groups(tmp_path):
     pool = {"num_blocks": 40, "block_size": 32, "vllm_version": "0.32.0"}
     predictor = predictor_for(cfg, pool, str(model), tmp_path / "steptime.json")
     assert predictor.scheduler.kv_groups is not None and "sliding 64 + full attention" in predictor.info.basis
-    assert predictor.info.pool is None  # a hybrid pool is not carried over from point to point
+    assert predictor.info.pool.startswith("Each point starts on the prefix cache")  # carried, as one group's is
     point = old_summary("old-run-conc").points[0].model_copy(update={"concurrency": 10, "requests": 10})
     pred = predictor.predict(point)
     assert pred.error is None and pred.simulated_requests == 10

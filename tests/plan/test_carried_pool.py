@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from kvplan.plan.block_pool import LinkedBlockPool
+from kvplan.plan.hybrid_cache import CHUNKED, SLIDING
 from kvplan.plan.simulate import EMPTY_POOL, Lengths, SchedulerConfig, closed_loop, simulate
 
 CONFIG = SchedulerConfig(17, 32)
@@ -64,3 +65,33 @@ def test_a_state_is_taken_between_loads_only():
     pool.take(1)
     with pytest.raises(ValueError, match="every block free"):
         pool.state()
+
+
+@pytest.mark.parametrize("groups", [(SLIDING, 64), (CHUNKED, 64)], ids=["window", "chunked"])
+def test_a_hybrid_pool_carried_over_is_the_pool_one_load_would_have_kept(groups):
+    """A hybrid pool (a 64-token window or chunk group beside full attention, 40 blocks of 32) carried from one load
+    to the next is the pool one load spanning both would hold between them: three requests at t = 0, then three at
+    t = 10^6 (long after the first three end), 160 + 16 tokens each with 96 shared. The later three, simulated on the
+    earlier load's `pool_after`, hit the same blocks and get the same block tables, event for event, as in the one
+    load (whose hybrid scheduler is vLLM's KVCacheManager block for block: tests/vllm_facing/test_hybrid_pool_parity.py);
+    on an empty pool their first request would miss the shared prefix the earlier load cached."""
+    from kvplan.plan.hybrid_cache import FULL, CacheGroup, HybridGroups
+    from kvplan.plan.hybrid_sim import simulate_groups
+    from kvplan.plan.simulate import open_loop
+
+    kind, span = groups
+    hg = HybridGroups((CacheGroup(kind, span), CacheGroup(FULL)), 32, 512, 2048)
+    config, lengths = SchedulerConfig(40, 32), Lengths(160, 16)
+    late = [1e6] * 3
+    whole: list[tuple] = []
+    one = simulate_groups(config, open_loop([0.0] * 3 + late, lengths, shared_prefix_tokens=96), hg, trace=whole)
+    first = simulate_groups(config, open_loop([0.0] * 3, lengths, shared_prefix_tokens=96), hg, start=EMPTY_POOL)
+    carried_trace: list[tuple] = []
+    carried = simulate_groups(config, open_loop(late, lengths, 3, shared_prefix_tokens=96), hg, trace=carried_trace,
+                              start=first.pool_after)
+    cold = simulate_groups(config, open_loop(late, lengths, 3, shared_prefix_tokens=96), hg)
+    later = [e for e in whole if e[0] != "step" and e[1] >= 3]
+    assert carried_trace == later and carried_trace
+    assert [r.cached_tokens for r in carried.requests] == [r.cached_tokens for r in one.requests[3:]]
+    assert carried.prefix_hits == one.prefix_hits - first.prefix_hits > cold.prefix_hits
+    assert carried.pool_after.requests == 6
