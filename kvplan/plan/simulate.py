@@ -467,6 +467,9 @@ def simulate(config: SchedulerConfig, load: Load, step_time: Callable[[StepBatch
 
     ``start``: the load begins on the pool an earlier one left (its ``pool_after``), as vLLM's pool carries over
     from one load to the next on a running engine; None: on an empty pool, and ``pool_after`` is not kept."""
+    if config.kv_groups is not None and not config.kv_groups.full_attention_only:  # (a caller's slip: this pool
+        # would count one group's blocks a request)
+        raise ValueError("a pool of several KV cache groups is simulated by kvplan.plan.hybrid_sim.simulate_groups")
     with paused_gc():
         scheduler = _Scheduler(config, load, step_time, trace, start)
         try:

@@ -117,3 +117,16 @@ def test_a_request_too_big_for_the_pool_names_its_blocks_over_every_group():
     17, is above 13): 26 > 19, so it can never run; full attention alone (13) would have fit."""
     with pytest.raises(KvplanError, match=r"request 0 can never be admitted: it needs 26 blocks, the pool has 19 usable"):
         simulate_groups(SchedulerConfig(num_blocks=20, block_size=32), closed_loop(1, Lengths(400, 4), 1), WINDOW)
+
+
+def test_the_plain_simulator_refuses_a_pool_of_several_groups():
+    """A config that carries hybrid groups (`SchedulerConfig.kv_groups`) given to the one-group simulator would count
+    one group's blocks a request: refused; `simulate_groups` runs it."""
+    from dataclasses import replace
+
+    from kvplan.plan.simulate import simulate
+
+    config = replace(POOL, kv_groups=WINDOW)
+    with pytest.raises(ValueError, match="simulate_groups"):
+        simulate(config, closed_loop(1, Lengths(40, 24), 1))
+    assert simulate_groups(config, closed_loop(1, Lengths(40, 24), 1), WINDOW).requests[0].output_tokens == 24
