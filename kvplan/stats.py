@@ -117,6 +117,7 @@ def theil_sen_interval(points: Sequence[tuple[float, float]], confidence: float 
     it widens as they grow against the span of x: few distinct or close x price the slope loosely."""
     from statistics import NormalDist
 
+    points = _bounded(points)  # (the points the slopes are of: n below counts them)
     slopes = sorted(_pairwise_slopes(points))
     if not slopes:
         raise ValueError("fewer than two distinct x")
@@ -135,8 +136,14 @@ def theil_sen_interval(points: Sequence[tuple[float, float]], confidence: float 
 MAX_THEIL_SEN_POINTS = 1500
 
 
+def _bounded(points: Sequence[tuple[float, float]]) -> Sequence[tuple[float, float]]:
+    """``points``, or an evenly spaced `MAX_THEIL_SEN_POINTS` of them."""
+    if len(points) <= MAX_THEIL_SEN_POINTS:
+        return points
+    step = len(points) / MAX_THEIL_SEN_POINTS
+    return [points[int(i * step)] for i in range(MAX_THEIL_SEN_POINTS)]
+
+
 def _pairwise_slopes(points: Sequence[tuple[float, float]]) -> list[float]:
-    if len(points) > MAX_THEIL_SEN_POINTS:
-        step = len(points) / MAX_THEIL_SEN_POINTS
-        points = [points[int(i * step)] for i in range(MAX_THEIL_SEN_POINTS)]
+    points = _bounded(points)
     return [(y2 - y1) / (x2 - x1) for i, (x1, y1) in enumerate(points) for x2, y2 in points[i + 1:] if x2 != x1]

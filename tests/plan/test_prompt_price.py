@@ -115,3 +115,12 @@ def test_a_prompt_sweep_is_fitted_as_single_requests():
     assert alone == pytest.approx(0.0536, rel=0.05)
     price = prompt_token_price(sweep, with_sweep, cfg.max_num_batched_tokens)
     assert price.data_ms == pytest.approx(0.1) and price.model_ms == pytest.approx(0.1, rel=0.10)
+
+
+def test_sen_interval_of_many_points_is_that_of_the_points_it_keeps():
+    """Past `MAX_THEIL_SEN_POINTS` (1,500) the slopes are of an evenly spaced subsample: 3,000 points keep every
+    other one, and the interval's variance counts those 1,500, not 3,000 (which would widen it to the slopes'
+    extremes)."""
+    pts = [(float(i % 500 + 1), 0.3 * (i % 500 + 1) + 5.0 * ((i * 7919) % 13 - 6)) for i in range(3000)]
+    assert theil_sen_interval(pts) == theil_sen_interval(pts[::2])
+    assert theil_sen(pts)[1] == theil_sen(pts[::2])[1]
