@@ -28,7 +28,7 @@ from kvplan.plan.capacity import Capacity, blocks_needed, compute_capacity, gpu_
 from kvplan.plan.overhead import OverheadModel
 from kvplan.plan.schema import Settings
 from kvplan.plan.simulate import Lengths, SchedulerConfig, StepBatch, closed_loop
-from kvplan.plan.steptime import model_for, predict_latency, quick_latency
+from kvplan.plan.steptime import model_for, predict_latency, prefill_time, quick_latency
 from kvplan.units import cdiv
 from kvplan.vllm.rules import VllmRules
 
@@ -273,12 +273,8 @@ def latency_floor(model, prompt: int, output: int, token_budget: int, cached: in
     prompt's context, E2E >= both. Lets a search skip deployments an SLO rules out without
     simulating them."""
 
-    ttft, done = 0.0, min(max(0, cached), prompt - 1)
-    budget = max(1, token_budget)
-    while done < prompt:
-        n = min(budget, prompt - done)
-        ttft += model(StepBatch(n, 0, done + n, 1, n * done + n * (n + 1) // 2))
-        done += n
+    done = min(max(0, cached), prompt - 1)
+    ttft = prefill_time(model, prompt - done, max(1, token_budget), context=done)
     decode = model(StepBatch(0, 1, prompt + 1, 1, prompt + 1))
     ttft += model.request_overhead_s
     return {"ttft": ttft, "itl": decode, "tpot": decode, "e2e": ttft + max(0, output - 1) * decode}

@@ -318,21 +318,34 @@ def decode_step_time(model: StepTimeModel, concurrency: int, context: int) -> fl
     return model(StepBatch(0, concurrency, concurrency * context, concurrency, concurrency * context))
 
 
-def chunk_step_time(model: StepTimeModel, tokens: int, context: int) -> float:
+def chunk_batch(tokens: int, context: int) -> StepBatch:
     """One step computing ``tokens`` prompt tokens of one request alone, after ``context`` tokens in its KV."""
-    return model(StepBatch(tokens, 0, context + tokens, 1, tokens * context + tokens * (tokens + 1) // 2))
+    return StepBatch(tokens, 0, context + tokens, 1, tokens * context + tokens * (tokens + 1) // 2)
+
+
+def chunk_step_time(model: StepTimeModel, tokens: int, context: int) -> float:
+    """`chunk_batch`'s seconds."""
+    return model(chunk_batch(tokens, context))
+
+
+def prefill_batches(tokens: int, chunk_tokens: int, context: int = 0) -> list[StepBatch]:
+    """The steps computing ``tokens`` prompt tokens of one request alone on the engine, after ``context`` tokens
+    already in its KV: chunked prefill, ``chunk_tokens`` (max_num_batched_tokens) a step."""
+    if chunk_tokens < 1:
+        raise KvplanError("a prefill chunk must be >= 1 token")
+    out, done = [], 0
+    while done < tokens:
+        n = min(chunk_tokens, tokens - done)
+        out.append(chunk_batch(n, context + done))
+        done += n
+    return out
 
 
 def prefill_time(model: StepTimeModel, tokens: int, chunk_tokens: int, context: int = 0) -> float:
-    """Seconds to compute ``tokens`` prompt tokens of one request alone on the engine, after ``context``
-    tokens already in its KV: chunked prefill, ``chunk_tokens`` (max_num_batched_tokens) a step."""
-    if chunk_tokens < 1:
-        raise KvplanError("a prefill chunk must be >= 1 token")
-    total, done = 0.0, 0
-    while done < tokens:
-        n = min(chunk_tokens, tokens - done)
-        total += chunk_step_time(model, n, context + done)
-        done += n
+    """Seconds of `prefill_batches`."""
+    total = 0.0
+    for batch in prefill_batches(tokens, chunk_tokens, context):
+        total += model(batch)
     return total
 
 
@@ -492,12 +505,12 @@ def single_request_row(model: StepTimeModel, prompt_tokens: int, chunk_tokens: i
     ``chunk_tokens`` (max_num_batched_tokens), the last chunk's step sampling its first token (`prefill_time`'s
     steps), plus the request overhead: its TTFT = steps x step overhead + memory / mem_eff + compute / compute_eff
     + request overhead."""
-    steps, mem, compute, done = 0, 0.0, 0.0, 0
-    while done < prompt_tokens:
-        n = min(max(1, chunk_tokens), prompt_tokens - done)
-        m, c = model.terms(StepBatch(n, 0, done + n, 1, n * done + n * (n + 1) // 2))
-        steps, mem, compute, done = steps + 1, mem + m, compute + c, done + n
-    return [float(steps), mem, compute, 1.0]
+    batches = prefill_batches(prompt_tokens, max(1, chunk_tokens))
+    mem = compute = 0.0
+    for batch in batches:
+        m, c = model.terms(batch)
+        mem, compute = mem + m, compute + c
+    return [float(len(batches)), mem, compute, 1.0]
 
 
 def _ttft_row(res: SimResult, model: StepTimeModel,
