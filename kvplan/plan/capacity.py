@@ -157,10 +157,18 @@ def gpu_memory_utilization(settings: Settings, rules: VllmRules, device: Device)
     return 1.0 if extensible_kv_cache(settings, rules, device) else rules.default_gpu_memory_utilization
 
 
+def extensible_margin_floor(device: Device) -> int:
+    """`KV_CACHE_MARGIN_FLOOR_BYTES`: 1 GiB, 3 GiB on ROCm."""
+    return EXTENSIBLE_MARGIN_FLOOR_BYTES_ROCM if device.vendor == "amd" else EXTENSIBLE_MARGIN_FLOOR_BYTES
+
+
+def _margin(transient: int, floor: int) -> int:
+    return max(floor, int(transient * EXTENSIBLE_MARGIN_FRACTION))
+
+
 def extensible_margin(transient: int, device: Device) -> int:
     """The margin `measure_kv_cache_bytes` keeps free: max(floor, 0.75 x the transient peak)."""
-    floor = EXTENSIBLE_MARGIN_FLOOR_BYTES_ROCM if device.vendor == "amd" else EXTENSIBLE_MARGIN_FLOOR_BYTES
-    return max(floor, int(transient * EXTENSIBLE_MARGIN_FRACTION))
+    return _margin(transient, extensible_margin_floor(device))
 
 
 def measured_kv_bytes(requested: int, init_free: int, used: int, transient: int,
@@ -174,8 +182,7 @@ def measured_kv_bytes(requested: int, init_free: int, used: int, transient: int,
 
     with ``headroom = init_free - non_kv_used`` (free memory plus the committed KV prefix) and ``margin =
     max(margin_floor, 0.75 x transient)`` (the floor: 1 GiB, 3 GiB on ROCm); never negative."""
-    margin = max(margin_floor, int(transient * EXTENSIBLE_MARGIN_FRACTION))
-    return max(min(requested - used, init_free - used - margin) - transient, 0)
+    return max(min(requested - used, init_free - used - _margin(transient, margin_floor)) - transient, 0)
 
 
 def mla_block_size(asked: int, arch: Architecture, device: Device, rules: VllmRules) -> int:
@@ -734,7 +741,7 @@ def compute_capacity(
             free_at_start = [device.cuda_total_bytes - b for b in (start, high_start, low_start)]
             terms = zip(free_at_start, (activation.bytes, activation.high, activation.low),
                         (non_torch.bytes, non_torch.high, non_torch.low), (graphs.bytes, graphs.high, graphs.low))
-            floor = extensible_margin(0, device)
+            floor = extensible_margin_floor(device)
             available = Estimate(*(measured_kv_bytes(requested, free, weights + other + cg, act + cg, floor)
                                    for free, act, other, cg in terms))
         else:
