@@ -29,13 +29,14 @@ from typing import Any
 from kvplan.bench import store as st
 from kvplan.bench.loadgen import arrival_times
 from kvplan.bench.render import load_summary
-from kvplan.bench.replay import ServedGroups, served_groups
+from kvplan.bench.replay import ServedGroups
 from kvplan.bench.results import BenchSummary, LatencyModelInfo, LatencyStats, PointResult, PredictedLatency
 from kvplan.bench.steptime_io import (
     calibrated_prompt_range,
     calibration_scheduler,
     deployment_inputs,
     load_steptime,
+    run_served_groups,
     workload_lengths,
     workload_prompt_range,
 )
@@ -155,10 +156,7 @@ def predictor_for(cfg: dict[str, Any], capacity: dict[str, Any], model_name: str
         # The model's config is not at hand (attached, offline): the limits the calibration ran under.
         d, scheduler = None, _scheduler_from(cfg, capacity, limits)
     if served is None:
-        args = EngineArgs.from_stored(cfg.get("engine")) if cfg.get("engine") else None
-        served = served_groups(name, args, scheduler.block_size,
-                               scheduler.max_num_batched_tokens if scheduler.max_num_batched_tokens < 1 << 30 else None,
-                               capacity.get("vllm_version"), gpu)
+        served = run_served_groups(cfg, capacity, name, scheduler, gpu)
     groups_note = ""
     if served.groups is not None:
         scheduler = replace(scheduler, kv_groups=served.groups)

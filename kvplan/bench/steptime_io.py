@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kvplan.bench.prompt_sweep import read_prompt_sweep
+from kvplan.bench.replay import ServedGroups, served_groups
 from kvplan.bench.store import RunStore
 from kvplan.deploy import load_model, select_gpus
 from kvplan.errors import KvplanError
@@ -97,7 +98,26 @@ def run_inputs(run_dir: Path, gpu: str | None = None, model: str | None = None):
         raise KvplanError(f"{run_dir} does not name the model", "pass --model org/name")
     d = deployment_inputs(cfg, capacity, name, gpu or cfg.get("planner_gpu"))
     base = model_for(d.capacity, d.device)
-    return cfg, points, workload_lengths(cfg.get("workload") or {}), d.scheduler, base, d.label, d.model_name
+    # The points are replayed on the served model's KV cache groups, as bench predicted them (`predictor_for`): one
+    # group's pool would let each request hold one group's blocks where vLLM takes blocks in every group.
+    served = run_served_groups(cfg, capacity, name, d.scheduler, gpu or cfg.get("planner_gpu"))
+    scheduler = d.scheduler
+    if served.groups is not None:
+        scheduler = replace(scheduler, kv_groups=served.groups)
+    elif served.one_full_attention_group is False:
+        raise KvplanError(f"cannot calibrate on {run_dir}: {name}'s KV cache is {len(served.kinds)} groups "
+                          f"({', '.join(served.kinds)}) taking blocks from one pool, and {served.refused}")
+    return cfg, points, workload_lengths(cfg.get("workload") or {}), scheduler, base, d.label, d.model_name
+
+
+def run_served_groups(cfg: dict[str, Any], capacity: dict[str, Any], name: str, scheduler: SchedulerConfig,
+                      gpu: str | None) -> ServedGroups:
+    """`served_groups` of a bench run (``cfg``: run.json's config; ``capacity``: the engine's pool): the launched
+    engine's flags, its block size and token budget, the release it reported."""
+    args = EngineArgs.from_stored(cfg.get("engine")) if cfg.get("engine") else None
+    budget = scheduler.max_num_batched_tokens
+    return served_groups(name, args, scheduler.block_size, budget if budget < 1 << 30 else None,
+                         capacity.get("vllm_version"), gpu)
 
 
 def workload_lengths(wl: dict[str, Any]) -> Lengths:

@@ -294,7 +294,7 @@ def _simulate_with_overhead(config: SchedulerConfig, load: Load, model: StepTime
     rate: a closed loop's rate falls as the overhead delays each stream, so iterate to a fixed point
     (a few rounds: the rate moves less each time); an open loop's rate is its arrivals'."""
     def run(extra: float) -> SimResult:
-        delayed = replace(load, think_time=load.think_time + extra) if load.streams else load
+        delayed = _sent_after_overhead(load, extra, model) if load.streams else load
         if config.kv_groups is not None:  # blocks in every group, from one pool
             return simulate_groups(config, delayed, config.kv_groups, model, start=start)
         return simulate(config, delayed, model, start=start)  # (every round from the same carried pool: immutable)
@@ -311,6 +311,33 @@ def _simulate_with_overhead(config: SchedulerConfig, load: Load, model: StepTime
         extra = new
         res = run(extra)
     return extra, res
+
+
+#: n x this mod 1 over successive request numbers n: spread evenly over [0, 1) (the golden ratio's low-discrepancy
+#: sequence), with no seed to carry.
+_GOLDEN = (math.sqrt(5) - 1) / 2
+
+
+def _sent_after_overhead(load: Load, extra: float, model: StepTimeModel) -> Load:
+    """A closed loop whose streams each send their next request ``extra`` seconds (the request overhead, plus the
+    load's think time) after the previous one ends, on average: spread evenly over one decode step, so a request
+    reaches the engine at any point of the step in progress and waits for its rest, as a real client's does (its
+    HTTP round trip varies by milliseconds). A constant delay lands every request at one fixed point of the step
+    grid instead: on the CPU engine (9 ms steps, a 10 ms overhead) every request of a 32 + 96 workload at 2-4
+    streams waited out a nearly whole step, and TTFT p50 was over-predicted by 28-46% where the spread gives
+    +4% to +28%. Streams' first sends stay at the start (the bench starts them together)."""
+    wait = load.think_time + extra
+    prompt, output = load.lengths(load.first_index)
+    spread = min(decode_step_time(model, load.streams, prompt + output // 2), 2 * wait)
+    if spread <= 0:
+        return replace(load, think_time=wait)
+    firsts_end, given = load.first_index + load.streams, load.client_delay
+
+    def delay(number: int) -> float:
+        own = spread * ((number * _GOLDEN) % 1.0) if number >= firsts_end else 0.0
+        return own + (given(number) if given else 0.0)
+
+    return replace(load, think_time=wait - spread / 2, client_delay=delay)
 
 
 def decode_step_time(model: StepTimeModel, concurrency: int, context: int) -> float:
@@ -395,8 +422,10 @@ def calibrate_bench(points: Sequence[dict], lengths, config: SchedulerConfig, ba
 
     ``single_requests`` ((prompt tokens, measured TTFT s) of requests sent alone to an idle engine: `kvplan bench
     --prompt-sweep`) are one more 1-stream point: a row for its shorter and one for its longer half, as a point's
-    (`single_request_groups`), each its prefill steps (`single_request_row`) and the request overhead. A sweep over
-    the engine's context prices a prompt token where a workload's own spread of lengths cannot. (One row a request
+    (`single_request_groups`), each its prefill steps (`single_request_row`) and a time outside the steps of its
+    own. A sweep over the engine's context prices a prompt token where a workload's own spread of lengths cannot;
+    the request overhead is the points' (a sweep request follows a 2-token one, and on the CPU engine two sweeps'
+    lines met no prompt 3-5 ms below their runs' 1-stream requests, at one price of a token). (One row a request
     was tried: 20 rows of one stream's requests outweighed the points' rows; on a saved CPU-engine run, a 32 + 96
     workload's TTFT p50 at 2-4 streams was over-predicted by +13% to +50% with them, -15% to +9% with the halves.)"""
 
@@ -457,9 +486,10 @@ def _fit_steps_and_ttft(model: StepTimeModel, decode: Sequence[tuple[StepBatch, 
     weighted by 1 / measured seconds (relative errors: a 30 ms step counts as much as a 1 s TTFT).
     A point with ``groups[id(point)]`` (`ttft_groups`: its shorter and longer prompts) gives a row per
     group instead: the group's median measured TTFT against its median request in the replay. ``singles``:
-    (features, measured TTFT s) of requests sent alone (no wait, no replay needed)."""
-    decode_rows = [([1.0, *model.terms(b), 0.0], t, t) for b, t in decode]
-    decode_rows += [(features, t, t) for features, t in singles]
+    (features, measured TTFT s) of requests sent alone (no wait, no replay needed), whose time outside the steps is
+    a fifth coefficient of their own (dropped: the points' request overhead is the model's)."""
+    decode_rows = [([1.0, *model.terms(b), 0.0, 0.0], t, t) for b, t in decode]
+    decode_rows += [([*features[:3], 0.0, features[3]], t, t) for features, t in singles]
     groups = groups or {}
     for _ in range(JOINT_FIT_ROUNDS):
         rows = list(decode_rows)
@@ -474,11 +504,11 @@ def _fit_steps_and_ttft(model: StepTimeModel, decode: Sequence[tuple[StepBatch, 
                 row = _ttft_row(res, model, among)
                 if measured and measured > 0 and row is not None:
                     features, wait = row
-                    rows.append((features, measured - wait, measured))
+                    rows.append(([*features, 0.0], measured - wait, measured))
         if len(rows) == len(decode_rows):
             return model
         weighted = [([f / seconds for f in features], y / seconds) for features, y, seconds in rows]
-        coef = _fit_nonnegative(weighted, drop_order=(2, 1, 0, 3))
+        coef = _fit_nonnegative(weighted, drop_order=(2, 1, 0, 3, 4))
         new = replace(_with_step_terms(model, coef), request_overhead_s=coef[3], request_overhead_per_rps_s2=0.0)
         if _close(new, model):
             return new

@@ -365,3 +365,39 @@ def test_a_group_kvplan_does_not_model_gets_no_latency(tmp_path):
     assert predictor.info.basis == ("latency not simulated: the model's KV cache is 2 groups (full_attention, "
                                     "short_conv) taking blocks from one pool, and the prefix cache of short_conv KV "
                                     "groups is not modelled")
+
+
+def _run_of(tmp_path: Path, model: str, engine: bool = True, **capacity) -> Path:
+    """tests/bench/data/old-run-conc copied, serving ``model`` (launched by kvplan when ``engine``) on ``capacity``."""
+    run = tmp_path / "run"
+    shutil.copytree(DATA / "old-run-conc", run)
+    data = json.loads((run / "run.json").read_text())
+    data["config"]["engine"] = {"model": model} if engine else None
+    data["model"] = model
+    data["capacity"].update(capacity)
+    (run / "run.json").write_text(json.dumps(data))
+    return run
+
+
+def test_a_hybrid_run_is_calibrated_on_its_groups(tmp_path):
+    """`kvplan calibrate --bench` replays a run's points on the served model's KV cache groups, as bench predicts
+    them (the test above): the sliding-window tiny Llama's run gets the window group beside full attention. One
+    group's pool would let each request hold one group's blocks, where vLLM takes blocks in both."""
+    from kvplan.bench.steptime_io import run_inputs
+
+    run = _run_of(tmp_path, str(hybrid_model(tmp_path / "hybrid")), num_blocks=40, vllm_version="0.32.0")
+    scheduler = run_inputs(run)[3]
+    assert scheduler.kv_groups is not None and scheduler.kv_groups.describe() == "sliding 64 + full attention"
+    plain = run_inputs(_run_of(tmp_path / "plain", str(TINY_MODEL), num_blocks=40, vllm_version="0.32.0"))[3]
+    assert plain.kv_groups is None
+
+
+def test_a_run_whose_groups_kvplan_does_not_model_is_not_calibrated(tmp_path):
+    """Gemma 4 E2B's KV cache groups (full attention and a window of another page size: mixed block sizes, which the
+    hybrid simulator does not model) refuse the calibration with the reason, rather than replay one group."""
+    from kvplan.bench.steptime_io import run_inputs
+    from kvplan.errors import KvplanError
+
+    run = _run_of(tmp_path, "google/gemma-4-E2B-it", engine=False, num_blocks=400, vllm_version="0.33.0")
+    with pytest.raises(KvplanError, match=r"cannot calibrate on .*google/gemma-4-E2B-it's KV cache is \d+ groups"):
+        run_inputs(run)

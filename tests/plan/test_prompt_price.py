@@ -117,6 +117,32 @@ def test_a_prompt_sweep_is_fitted_as_single_requests():
     assert price.data_ms == pytest.approx(0.1) and price.model_ms == pytest.approx(0.1, rel=0.10)
 
 
+def test_a_prompt_sweep_prices_a_token_not_the_time_outside_the_steps():
+    """The sweep's requests each follow a 2-token one, the points' a whole workload's, and on the CPU engine the sweep
+    spent less outside the steps (Theil-Sen lines of two runs: 9.0 and 7.7 ms at no prompt for the sweep, 13.5 and
+    11.0 ms for the same runs' 1-stream requests, one price of a token). The test's sweep is 9 ms faster than the
+    points: its own time outside the steps is fitted apart, so the fit still charges 0.1 ms a token (within 10%)
+    and a 256-token prompt alone, as the points send it, 10 + 25.6 + 18 = 53.6 ms (within 5%). With one time
+    outside the steps for both, the fit priced a token at 0.073 ms and that prompt at 50.1 ms (-6.6%)."""
+    truth = StepTimeModel(weight_bytes=0, kv_bytes_per_token=0, linear_flops_per_token=1e5, attn_flops_per_pair=0,
+                          bandwidth_bytes_s=1e9, peak_flops=1e9, mem_efficiency=1.0, compute_efficiency=1.0,
+                          overhead_s=0.010, request_overhead_s=0.018)
+    cfg, lengths, per_stream = SchedulerConfig(num_blocks=1000, block_size=16), Lengths(64, 16), 5
+    points, first = [], 0
+    for seq, c in enumerate((1, 2, 3, 4)):
+        lat = predict_latency(cfg, closed_loop(c, lengths, per_stream, first), truth)
+        points.append({"seq": seq, "concurrency": c, "first_index": first, "ttft": lat.ttft, "itl": lat.itl,
+                       "throughput_tok_s": lat.output_tokens_per_s,
+                       "request_throughput": lat.output_tokens_per_s / lengths.output})
+        first += c * per_stream
+    sweep = [(n, 0.010 + n * 1e-4 + 0.018 - 0.009) for n in range(32, 513, 32)]
+    base = replace(truth, compute_efficiency=0.3, overhead_s=0.0, request_overhead_s=0.0)
+    fitted = calibrate_bench(points, lengths, cfg, base, per_stream, single_requests=sweep)
+    alone = predict_latency(cfg, closed_loop(1, Lengths(256, 8), 1), fitted).ttft["p50"]
+    assert alone == pytest.approx(0.0536, rel=0.05)
+    assert prompt_token_price(sweep, fitted, cfg.max_num_batched_tokens).model_ms == pytest.approx(0.1, rel=0.10)
+
+
 def test_sen_interval_of_many_points_is_that_of_the_points_it_keeps():
     """Past `MAX_THEIL_SEN_POINTS` (1,500) the slopes are of an evenly spaced subsample: 3,000 points keep every
     other one, and the interval's variance counts those 1,500, not 3,000 (which would widen it to the slopes'

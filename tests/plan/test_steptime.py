@@ -10,6 +10,7 @@ from kvplan.errors import KvplanError
 from kvplan.plan.simulate import Lengths, SchedulerConfig, StepBatch, closed_loop, open_loop, simulate
 from kvplan.plan.steptime import (
     StepTimeModel,
+    _sent_after_overhead,
     calibrate_bench,
     calibrate_steptime,
     decode_measurements,
@@ -218,7 +219,7 @@ def test_calibration_prices_a_prompt_token_from_the_shorter_and_longer_prompts_o
     for seq, (c, jitter) in enumerate(zip((1, 2, 3, 4), (0.96, 1.04, 0.97, 1.03))):
         load = closed_loop(c, lengths, per_stream, first)
         lat = predict_latency(cfg, load, truth)
-        res = simulate(cfg, replace(load, think_time=truth.request_overhead_s), truth)
+        res = simulate(cfg, _sent_after_overhead(load, truth.request_overhead_s, truth), truth)  # (as predict_latency)
         ttfts[seq] = [(r.index, (r.ttft + truth.request_overhead_s) * jitter) for r in res.requests]
         points.append({"seq": seq, "concurrency": c, "first_index": first,
                        "ttft": {k: v * jitter for k, v in lat.ttft.items()}, "itl": lat.itl,
@@ -235,3 +236,29 @@ def test_calibration_prices_a_prompt_token_from_the_shorter_and_longer_prompts_o
     short, long_ = ttft_groups([(i, 0.01 * (i + 1)) for i in range(8)], lambda i: (10 + i, 4))
     assert short == (frozenset(range(4)), pytest.approx(0.025)) and long_ == (frozenset(range(4, 8)),
                                                                                pytest.approx(0.065))
+
+
+def test_a_closed_loop_request_reaches_the_engine_anywhere_in_the_step_in_progress():
+    """Every step 10 ms (no roofline terms), a request overhead of 10.5 ms, 2 streams (40 and 37 output tokens, so
+    their ends drift apart). A constant 10.5 ms lands each next request 0.5 ms into a step: it waits 9.5 ms for
+    the rest, every time the engine is busy. `predict_latency`'s closed loop spreads the overhead over one decode
+    step (10 ms) with the mean kept: think 5.5 ms, then 10 ms x frac(n x 0.618...) for request n (not the streams'
+    first sends). So request n arrives (5.5 + 10 frac(n phi)) mod 10 ms into a step and waits the rest: 10 minus
+    that, by hand; 5 ms on average where a constant delay gives 9.5."""
+    model = StepTimeModel(weight_bytes=0, kv_bytes_per_token=0, linear_flops_per_token=0, attn_flops_per_pair=0,
+                          bandwidth_bytes_s=1e9, peak_flops=1e9, mem_efficiency=1.0, compute_efficiency=1.0,
+                          overhead_s=0.010, request_overhead_s=0.0105)
+    cfg = SchedulerConfig(num_blocks=1000, block_size=16)
+    load = closed_loop(2, lambda i: (8, 40 if i % 2 == 0 else 37), 20)
+    golden = (5 ** 0.5 - 1) / 2
+
+    def waits_ms(res) -> dict[int, float]:  # a request's TTFT in the engine less its 10 ms prefill step
+        return {r.index: (r.ttft - 0.010) * 1e3 for r in res.requests if r.index >= 2}
+
+    constant = waits_ms(simulate(cfg, replace(load, think_time=0.0105), model))
+    assert sum(abs(w - 9.5) < 1e-6 for w in constant.values()) >= 30  # (the rest met an idle engine: no wait)
+    spread = waits_ms(simulate(cfg, _sent_after_overhead(load, 0.0105, model), model))
+    by_hand = {n: 10 - (5.5 + 10 * ((n * golden) % 1)) % 10 for n in spread}
+    assert sum(abs(spread[n] - by_hand[n]) < 1e-6 for n in spread) >= 34  # of 38 (the rest: the grid moved)
+    assert 4.0 <= sum(spread.values()) / len(spread) <= 6.0
+    assert predict_latency(cfg, load, model).ttft["p50"] < 0.0105 + 0.010 + 0.0095
