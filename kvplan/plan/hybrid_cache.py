@@ -549,7 +549,8 @@ class HybridCache:
             table, span = tables[g], self.spans[g]
             skipped = computed - span + 1 if self.kinds[g] == SLIDING else computed // span * span
             top = max(skipped // B, 0)
-            held = next((i for i in range(top, len(table)) if table[i]), None)
+            held = top if top < len(table) and table[top] else next(
+                (i for i in range(top, len(table)) if table[i]), None)
             if held is None:
                 continue
             need = (held + 1) * B  # skipped tokens that put block ``held`` under the top
@@ -585,6 +586,16 @@ class HybridCache:
         remembers the block it copies the state from; with a prefill checkpoint in the chunk (`checkpoint_at`)
         also the block before it, which the mixer exports the checkpoint's state into."""
         need, count = cdiv(num_tokens, self.B), 0
+        if self.stateless:  # one take for every group, dealt out in group order: the same blocks as a take each
+            wants = [need - len(table) for table in tables]
+            count = sum(w for w in wants if w > 0)
+            if count:
+                got, at = self.pool.take(count), 0
+                for table, want in zip(tables, wants):
+                    if want > 0:
+                        table += got[at:at + want]
+                        at += want
+            return count
         for g, table in enumerate(tables):
             if isinstance(table, _StateTable):
                 count += self._allocate_states(g, table, need, computed, num_tokens, prefill_end)
@@ -661,12 +672,14 @@ class HybridCache:
         replay boundary (its length less one token) first, then the shared-prefix junction if any."""
         full = num_tokens // self.B
         pool = self.pool
+        ids_from, ids = -1, ()  # the hash ids of blocks ``ids_from`` to ``full`` (the groups mostly start together)
         for g, table in enumerate(tables):
             start = num_cached[g]
             blocks: list[int] = []
             if start < full:
                 mask = self.mask(g, start, full, boundaries)
-                ids = keys(start, full)
+                if start != ids_from:
+                    ids_from, ids = start, keys(start, full)
                 names = []
                 for i in range(start, full):
                     if table[i] and (mask is None or mask[i - start]):

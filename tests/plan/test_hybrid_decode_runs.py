@@ -1,0 +1,90 @@
+"""The hybrid scheduler's steady decode runs (`_HybridScheduler._decode_steps`: many steps at once, a request's pool
+work only at the steps its ``quiet`` thresholds run out) against the same scheduler stepping every step the general
+way (`_step`): every field of the result equal, on window and chunked-local groups beside full attention, closed and
+open loops, shared prefixes, pools small enough to preempt, a token budget and a sequence cap that leave requests
+waiting, and a load carried on from an earlier one's pool. The general way is the one the vLLM parity tests check
+(tests/vllm_facing/test_hybrid_pool_parity.py: its trace turns the runs off)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+import kvplan.plan.hybrid_sim as hybrid_sim
+from kvplan.plan.hybrid_cache import CHUNKED, FULL, SLIDING, CacheGroup, HybridGroups
+from kvplan.plan.hybrid_sim import simulate_groups
+from kvplan.plan.simulate import EMPTY_POOL, Lengths, SchedulerConfig, closed_loop, open_loop, poisson_arrivals
+
+
+class _StepByStep(hybrid_sim._HybridScheduler):
+    def _decode_steps(self, max_steps: int) -> int:
+        return 0
+
+
+def step_time(batch) -> float:  # every field counts, so a batch that differs shows in the times
+    return 0.004 + 1e-5 * batch.prefill_tokens + 3e-6 * batch.kv_tokens_read + 1e-4 * batch.decode_seqs
+
+
+def both(monkeypatch, config, load, groups, start=None):
+    fast = simulate_groups(config, load, groups, step_time, start=start)
+    with monkeypatch.context() as m:
+        m.setattr(hybrid_sim, "_HybridScheduler", _StepByStep)
+        slow = simulate_groups(config, load, groups, step_time, start=start)
+    return fast, slow
+
+
+WINDOW = HybridGroups((CacheGroup(SLIDING, 64), CacheGroup(FULL)), 16, 1024, 2048)
+WINDOWS = HybridGroups((CacheGroup(SLIDING, 48), CacheGroup(SLIDING, 48), CacheGroup(FULL)), 16, 1024, 2048)
+CHUNKS = HybridGroups((CacheGroup(CHUNKED, 64), CacheGroup(FULL)), 16, 1024, 2048)
+
+
+@pytest.mark.parametrize("groups", [WINDOW, WINDOWS, CHUNKS], ids=["window", "two-windows", "chunked"])
+@pytest.mark.parametrize("case", ["closed", "closed-shared", "preempting", "budget", "seqs", "open"])
+def test_decode_runs_equal_stepping_one_by_one(monkeypatch, groups, case):
+    lengths = Lengths(96, 120, "lognormal", seed=3)
+    config = SchedulerConfig(num_blocks=200, block_size=16)
+    load = closed_loop(6, lengths, 4)
+    if case == "closed-shared":
+        load = closed_loop(6, lengths, 4, shared_prefix_tokens=48)
+    elif case == "preempting":
+        config = SchedulerConfig(num_blocks=40, block_size=16)
+    elif case == "budget":  # every running request's token spends the budget: the waiting ones wait for it
+        config = SchedulerConfig(num_blocks=200, block_size=16, max_num_batched_tokens=4)
+    elif case == "seqs":
+        config = SchedulerConfig(num_blocks=200, block_size=16, max_num_seqs=3)
+    elif case == "open":
+        load = open_loop([t * 0.3 for t in poisson_arrivals(1.0, 30, 5)], lengths, shared_prefix_tokens=32)
+    fast, slow = both(monkeypatch, config, load, groups)
+    assert fast == slow
+    if case == "preempting":
+        assert fast.preemptions > 0
+    if case in ("budget", "seqs"):
+        assert fast.peak_waiting > 0
+
+
+def test_a_carried_pool_gives_the_same_next_load(monkeypatch):
+    config = SchedulerConfig(num_blocks=60, block_size=16)
+    lengths = Lengths(80, 70, "lognormal", seed=1)
+    first_fast, first_slow = both(monkeypatch, config, closed_loop(3, lengths, 3, shared_prefix_tokens=32), WINDOW,
+                                  start=EMPTY_POOL)
+    assert first_fast == first_slow
+    then_fast, then_slow = both(monkeypatch, config, closed_loop(4, lengths, 3, 9, shared_prefix_tokens=32), WINDOW,
+                                start=first_fast.pool_after)
+    assert then_fast == then_slow and then_fast.prefix_hits > 0
+
+
+def test_the_runs_are_taken(monkeypatch):
+    """(Else the equalities above would hold trivially.) A closed loop of 6 streams on a window group runs most of
+    its steps in decode runs."""
+    ran = []
+    original = hybrid_sim._HybridScheduler._decode_steps
+
+    def counted(self, max_steps):
+        ran.append(original(self, max_steps))
+        return ran[-1]
+
+    monkeypatch.setattr(hybrid_sim._HybridScheduler, "_decode_steps", counted)
+    res = simulate_groups(SchedulerConfig(num_blocks=200, block_size=16), closed_loop(6, Lengths(96, 120), 4), WINDOW,
+                          step_time)
+    assert sum(ran) > res.steps // 2
