@@ -468,8 +468,8 @@ def _fleet_payload(resolved, result, req, rules, overhead, base, slo_targets: di
         if config.kv_groups is not None and not said_slow:  # (stderr: --json's stdout stays one document)
             said_slow = True
             make_console(stderr=True).print(
-                f"KV cache groups {config.kv_groups.describe()}: each replica is simulated step by step on every "
-                "group; this search may take minutes")
+                f"KV cache groups {config.kv_groups.describe()}: each replica's blocks are simulated in every "
+                "group; this search may take a minute or more")
         count = replicas_for_rate(config, step_model, rate_per_s, prompt_tokens, out_tokens,
                                   slo_targets, floor, shared_prefix_tokens=min(req.shared_prefix, prompt_tokens),
                                   max_replicas=max_replicas, max_simulations=MAX_SLO_SIMULATIONS - simulations)

@@ -280,11 +280,7 @@ class _HybridScheduler(_Scheduler):
             if next_arrival <= now:  # arrivals seen at this step's start
                 if may_admit:
                     break
-                while pending and pending[0][0] <= now:
-                    _, _, req = pending.popleft()
-                    req.tl.arrival_step = step
-                    waiting.append(req)
-                next_arrival = pending[0][0] if pending else math.inf
+                next_arrival = self._take_arrivals(step, now)
                 peak_waiting = max(peak_waiting, len(waiting))
                 if budget_spent and budget_wait is None and waiting:
                     budget_wait = (step, now)
@@ -316,8 +312,6 @@ class _HybridScheduler(_Scheduler):
         steps = len(ends)
         if not steps:
             return 0
-        if budget_wait is not None and budget_wait[0] < step:
-            self._waited_for_budget(*budget_wait)
         self.peak_used, self.peak_waiting = peak_used, peak_waiting
         self.peak_running = max(self.peak_running, num)
         done: list[_Req] = []
@@ -326,10 +320,7 @@ class _HybridScheduler(_Scheduler):
             req.tl.token_times.extend(ends)
             if req.generated >= req.output:
                 done.append(req)
-        self.step = step - 1  # the last step's results
-        self._finish(done, now)
-        self.step, self.now = step, now
-        return steps
+        return self._end_run(steps, done, step, now, budget_wait)
 
     def _quiet_until(self, req: _Req, computed: int) -> int:
         """The computed tokens at which a decoding request's `_allocate_slots` next does something: the first

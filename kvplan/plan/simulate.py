@@ -653,6 +653,28 @@ class _Scheduler:
         self._waited()
         self.waiting.appendleft(req)
 
+    def _take_arrivals(self, step: int, now: float) -> float:
+        """The pending requests arrived by ``now`` join the waiting queue (seen at ``step``); the next arrival's
+        time (inf: none left)."""
+        pending, waiting = self.pending_q, self.waiting
+        while pending and pending[0][0] <= now:
+            _, _, req = pending.popleft()
+            req.tl.arrival_step = step
+            waiting.append(req)
+        return pending[0][0] if pending else math.inf
+
+    def _end_run(self, steps: int, done: list[_Req], step: int, now: float,
+                 budget_wait: tuple[int, float] | None) -> int:
+        """A run of ``steps`` steady steps (`_decode_steps`) ends: the first budget wait it saw recorded (when its
+        step was run here, not left to `_step`), the requests that sampled their last token finished at its last
+        step's end ``now``, the clock at ``step``. Returns ``steps``."""
+        if budget_wait is not None and budget_wait[0] < step:
+            self._waited_for_budget(*budget_wait)
+        self.step = step - 1  # the last step's results
+        self._finish(done, now)
+        self.step, self.now = step, now
+        return steps
+
     def _waited(self) -> None:
         if self.first_wait_step is None:
             self.first_wait_step, self.first_wait_time = self.step, self.now
@@ -898,11 +920,7 @@ class _Scheduler:
             if next_arrival <= now:  # arrivals seen at this step's start (not the first: `run` took them)
                 if may_admit and not blocked:
                     break
-                while pending and pending[0][0] <= now:  # (they wait for KV too when the head does: below)
-                    _, _, req = pending.popleft()
-                    req.tl.arrival_step = step
-                    waiting.append(req)
-                next_arrival = pending[0][0] if pending else math.inf
+                next_arrival = self._take_arrivals(step, now)  # (they wait for KV too when the head does: below)
                 peak_waiting = max(peak_waiting, len(waiting))
                 if budget_spent and budget_wait is None and waiting:
                     budget_wait = (step, now)
@@ -939,8 +957,6 @@ class _Scheduler:
             for req in waiting:
                 req.tl.waited_for_kv = True
             self._waited()
-        if budget_wait is not None and budget_wait[0] < step:  # (its step was run here, not left to `_step`)
-            self._waited_for_budget(*budget_wait)
         self.peak_used = max(self.peak_used, used)  # (blocks are only taken in these steps: the last count is the most)
         self.peak_waiting = peak_waiting
         self.peak_running = max(self.peak_running, num)
@@ -959,10 +975,7 @@ class _Scheduler:
                 req.num_cached = full
             if req.generated >= req.output:
                 done.append(req)
-        self.step = step - 1  # the last step's results
-        self._finish(done, now)
-        self.step, self.now = step, now
-        return steps
+        return self._end_run(steps, done, step, now, budget_wait)
 
     def _blocked_head(self, budget: int, first_takes: int) -> bool:
         """Whether the head of the queue waits for KV blocks in this step and every later one until a
@@ -1037,10 +1050,7 @@ class _Scheduler:
         while self.finished < total:
             if self.step >= max_steps:
                 raise KvplanError(f"the simulation did not finish within {max_steps:,} steps")
-            while pending_q and pending_q[0][0] <= self.now:
-                _, _, req = pending_q.popleft()
-                req.tl.arrival_step = self.step
-                waiting.append(req)
+            self._take_arrivals(self.step, self.now)
             if not self.running and not waiting:
                 self.now = max(self.now, pending_q[0][0])  # idle until the next arrival
                 continue
