@@ -7,8 +7,6 @@ waiting, and a load carried on from an earlier one's pool. The general way is th
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
 import kvplan.plan.hybrid_sim as hybrid_sim
