@@ -324,8 +324,8 @@ def _sent_after_overhead(load: Load, extra: float, model: StepTimeModel) -> Load
     reaches the engine at any point of the step in progress and waits for its rest, as a real client's does (its
     HTTP round trip varies by milliseconds). A constant delay lands every request at one fixed point of the step
     grid instead: on the CPU engine (9 ms steps, a 10 ms overhead) every request of a 32 + 96 workload at 2-4
-    streams waited out a nearly whole step, and TTFT p50 was over-predicted by 28-46% where the spread gives
-    +4% to +28%. Streams' first sends stay at the start (the bench starts them together)."""
+    streams waited out a nearly whole step, and TTFT p50 was over-predicted by 18-46% on one run's repeats where
+    the spread gives 5-29%. Streams' first sends stay at the start (the bench starts them together)."""
     wait = load.think_time + extra
     prompt, output = load.lengths(load.first_index)
     spread = min(decode_step_time(model, load.streams, prompt + output // 2), 2 * wait)
