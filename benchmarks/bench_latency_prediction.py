@@ -135,8 +135,8 @@ LATE_SHARE = 0.05
 
 def late_first_tokens(run: Path) -> dict[int, tuple[int, int]]:
     """Per load of ``run``: (requests whose first streamed chunk carried more than one token, requests). On an idle
-    machine 0-1 of 20-80 requests a load did; on a loaded one 9-31 of 20-60 (a reuse workload's six loads), and the TTFT p50 of a 256 + 32 reuse workload
-    at 1 stream read 244 ms where an idle repeat read 44."""
+    machine 0-1 of 20-80 requests a load did; on a loaded one 9-31 of 20-60 (a reuse workload's six loads), and the
+    TTFT p50 of that 256 + 32 reuse workload at 1 stream read 244 ms where an idle repeat read 44."""
     from kvplan.bench.store import RunStore
 
     out: dict[int, tuple[int, int]] = {}
