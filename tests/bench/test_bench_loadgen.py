@@ -29,11 +29,16 @@ def test_timestamps_count_from_the_scheduled_time():
         bodies = srv.behaviour.bodies
     assert result.aborted is None and len(result.records) == 4 and all(r.ok for r in result.records)
     for r in result.records:
-        assert r.output_tokens == 5 and len(r.chunk_times_s) == 5 and len(r.itl_s) == 4
+        # Five tokens in five deliveries, or fewer when the client read two at once (a stalled 2-core machine: a CI
+        # run once got this request's five tokens in two reads); an ITL for every token after the first delivery.
+        assert r.output_tokens == 5 and sum(r.chunk_tokens) == 5 and len(r.chunk_tokens) == len(r.chunk_times_s)
+        assert len(r.itl_s) == 5 - r.chunk_tokens[0]
         assert r.ttft_s >= 0.05
         # Each gap is the server's asyncio.sleep(0.02) less timer slack, unless two chunks arrived in one read (a
-        # busy 2-core machine: the client ran late, and one delivery's tokens share its timestamp): most gaps.
-        assert sorted(r.itl_s)[len(r.itl_s) // 2] >= 0.015, r.itl_s
+        # busy 2-core machine: the client ran late, and one delivery's tokens share its timestamp): most gaps, when
+        # every token came in its own read (a read of several shows their mean gap since the previous read).
+        if len(r.chunk_tokens) == 5:
+            assert sorted(r.itl_s)[len(r.itl_s) // 2] >= 0.015, r.itl_s
         assert r.e2e_s >= 0.05 + 4 * 0.02
         assert r.tpot_s == pytest.approx((r.e2e_s - r.ttft_s) / 4)
         assert r.sent_s >= r.scheduled_s
