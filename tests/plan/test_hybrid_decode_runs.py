@@ -15,20 +15,14 @@ from kvplan.plan.hybrid_sim import simulate_groups
 from kvplan.plan.simulate import EMPTY_POOL, Lengths, SchedulerConfig, closed_loop, open_loop, poisson_arrivals
 
 
-class _StepByStep(hybrid_sim._HybridScheduler):
-    def _decode_steps(self, max_steps: int) -> int:
-        return 0
-
-
 def step_time(batch) -> float:  # every field counts, so a batch that differs shows in the times
     return 0.004 + 1e-5 * batch.prefill_tokens + 3e-6 * batch.kv_tokens_read + 1e-4 * batch.decode_seqs
 
 
-def both(monkeypatch, config, load, groups, start=None):
+def both(config, load, groups, start=None):
+    """(with decode runs, stepping every step: a trace turns the runs off, as in the plain simulator's test)"""
     fast = simulate_groups(config, load, groups, step_time, start=start)
-    with monkeypatch.context() as m:
-        m.setattr(hybrid_sim, "_HybridScheduler", _StepByStep)
-        slow = simulate_groups(config, load, groups, step_time, start=start)
+    slow = simulate_groups(config, load, groups, step_time, start=start, trace=[])
     return fast, slow
 
 
@@ -39,7 +33,7 @@ CHUNKS = HybridGroups((CacheGroup(CHUNKED, 64), CacheGroup(FULL)), 16, 1024, 204
 
 @pytest.mark.parametrize("groups", [WINDOW, WINDOWS, CHUNKS], ids=["window", "two-windows", "chunked"])
 @pytest.mark.parametrize("case", ["closed", "closed-shared", "preempting", "budget", "seqs", "open"])
-def test_decode_runs_equal_stepping_one_by_one(monkeypatch, groups, case):
+def test_decode_runs_equal_stepping_one_by_one(groups, case):
     lengths = Lengths(96, 120, "lognormal", seed=3)
     config = SchedulerConfig(num_blocks=200, block_size=16)
     load = closed_loop(6, lengths, 4)
@@ -53,7 +47,7 @@ def test_decode_runs_equal_stepping_one_by_one(monkeypatch, groups, case):
         config = SchedulerConfig(num_blocks=200, block_size=16, max_num_seqs=3)
     elif case == "open":
         load = open_loop([t * 0.3 for t in poisson_arrivals(1.0, 30, 5)], lengths, shared_prefix_tokens=32)
-    fast, slow = both(monkeypatch, config, load, groups)
+    fast, slow = both(config, load, groups)
     assert fast == slow
     if case == "preempting":
         assert fast.preemptions > 0
@@ -61,13 +55,13 @@ def test_decode_runs_equal_stepping_one_by_one(monkeypatch, groups, case):
         assert fast.peak_waiting > 0
 
 
-def test_a_carried_pool_gives_the_same_next_load(monkeypatch):
+def test_a_carried_pool_gives_the_same_next_load():
     config = SchedulerConfig(num_blocks=60, block_size=16)
     lengths = Lengths(80, 70, "lognormal", seed=1)
-    first_fast, first_slow = both(monkeypatch, config, closed_loop(3, lengths, 3, shared_prefix_tokens=32), WINDOW,
+    first_fast, first_slow = both(config, closed_loop(3, lengths, 3, shared_prefix_tokens=32), WINDOW,
                                   start=EMPTY_POOL)
     assert first_fast == first_slow
-    then_fast, then_slow = both(monkeypatch, config, closed_loop(4, lengths, 3, 9, shared_prefix_tokens=32), WINDOW,
+    then_fast, then_slow = both(config, closed_loop(4, lengths, 3, 9, shared_prefix_tokens=32), WINDOW,
                                 start=first_fast.pool_after)
     assert then_fast == then_slow and then_fast.prefix_hits > 0
 
