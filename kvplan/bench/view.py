@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 from kvplan.term import esc, make_console
@@ -77,22 +78,48 @@ class RichView(NullView):
     def point_finished(self, point: PointResult) -> None:
         if self._task is None:
             return
-        if point.status == "ok":
-            text = (
-                f"[{'red' if point.preempted else 'yellow' if point.waited_for_kv else 'green'}]{point.label}[/]  "
-                f"preemptions {point.server.preemptions or 0:.0f}  "
-                f"TTFT p99 {_ms(point.ttft.p99)}"
-            )
-            pred = point.predicted_latency
-            if pred is not None and pred.ttft is not None:
-                text += f" (predicted {_ms(pred.ttft.p99)})"
-        else:
-            text = f"[red]failed[/]: {esc(point.error)}"
-        self.progress.update(self._task, gauges=text)
+        self.progress.update(self._task, gauges=_outcome(point))
         self._task = None
 
     def close(self) -> None:
         self.progress.stop()
+
+
+class LineView(NullView):
+    """A plain line on stderr as each point ends: the progress a CI log keeps (``--json`` with stderr not a
+    terminal, where a live display would show nothing until the end). Nothing before a point ends, and
+    nothing for a point that failed: the run's error line says that, alone."""
+
+    def __init__(self) -> None:
+        self.console = make_console(stderr=True)
+        self._point = ""
+        self._started_s = 0.0
+
+    def point_started(self, concurrency: int | str, total: int) -> None:
+        self._point = esc(concurrency if isinstance(concurrency, str) else f"concurrency {concurrency}")
+        self._started_s = time.monotonic()
+
+    def point_finished(self, point: PointResult) -> None:
+        if point.status != "ok":
+            return
+        elapsed_s = time.monotonic() - self._started_s
+        self.console.print(f"{self._point}: {point.requests_ok} of {point.requests} requests in {elapsed_s:.1f} s, "
+                           + _outcome(point))
+
+
+def _outcome(point: PointResult) -> str:
+    """A finished point in one line (rich markup): its label, preemptions and TTFT p99, or its error."""
+    if point.status != "ok":
+        return f"[red]failed[/]: {esc(point.error)}"
+    text = (
+        f"[{'red' if point.preempted else 'yellow' if point.waited_for_kv else 'green'}]{point.label}[/]  "
+        f"preemptions {point.server.preemptions or 0:.0f}  "
+        f"TTFT p99 {_ms(point.ttft.p99)}"
+    )
+    pred = point.predicted_latency
+    if pred is not None and pred.ttft is not None:
+        text += f" (predicted {_ms(pred.ttft.p99)})"
+    return text
 
 
 def _ms(seconds: float | None) -> str:

@@ -534,7 +534,7 @@ def _run(runs: list, as_json: bool, check: bool, api_key: str | None = None, exp
     import signal
 
     from kvplan.bench.runner import BenchRun
-    from kvplan.bench.view import NullView, RichView
+    from kvplan.bench.view import LineView, RichView
 
     interrupted = []
 
@@ -551,7 +551,7 @@ def _run(runs: list, as_json: bool, check: bool, api_key: str | None = None, exp
     summaries = []
     exit_code = ExitCode.OK
     for store, cfg, previous in runs:
-        view = RichView() if not as_json or _stderr_tty() else NullView()
+        view = RichView() if not as_json or _stderr_tty() else LineView()
         reader = None
         if cfg.prometheus is not None:
             from kvplan.bench.prometheus import prometheus_for

@@ -100,7 +100,11 @@ def test_bad_settings_and_parsing():
 
 
 def _cli(args, timeout=180):
-    return subprocess.run(kvplan_cmd(*args), capture_output=True, text=True, timeout=timeout, env=bench_env())
+    try:
+        return subprocess.run(kvplan_cmd(*args), capture_output=True, text=True, timeout=timeout, env=bench_env())
+    except subprocess.TimeoutExpired as e:  # say which points it had measured, from its progress lines
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        pytest.fail(f"kvplan bench ran past {timeout} s; its stderr ended:\n{err[-3000:]}")
 
 
 def test_cli_refuses_auto_without_slo_and_stray_settings(tmp_path):
@@ -114,12 +118,16 @@ def test_cli_refuses_auto_without_slo_and_stray_settings(tmp_path):
 
 
 def test_cli_search_against_the_fake_server(tmp_path):
-    # One request in flight at a time, each ~60 ms: above ~16 requests/s the queue grows, and the
-    # TTFT counted from each request's scheduled time with it.
-    with FakeServer(FakeBehaviour(tokens=3, first_token_delay_s=0.05, token_gap_s=0.002)) as srv:
-        proc = _cli(["--url", srv.url, "--sweep-rate", "auto", "--rate-start", "2", "--rate-resolution", "25%",
+    # One request in flight at a time, each ~105 ms: above ~9 requests/s the queue grows, and the TTFT
+    # counted from each request's scheduled time with it (measured p99: ~0.9-1.0 s at 16/s, 1.2 s at 32/s).
+    # At 4-8/s the drawn arrivals' bunches give a TTFT p99 of 0.3-0.35 s, 0.65 s inside the SLO: a stalled
+    # machine must not make the start rate miss, as each halving from there doubles a point's length
+    # (16 requests at 1/s: 16 s). With 50 ms requests, start 2/s and a 250 ms SLO, that margin was ~0.1 s,
+    # and two CI runs of 2026-12-06 ran past the timeout.
+    with FakeServer(FakeBehaviour(tokens=3, first_token_delay_s=0.1, token_gap_s=0.002)) as srv:
+        proc = _cli(["--url", srv.url, "--sweep-rate", "auto", "--rate-start", "4", "--rate-resolution", "25%",
                      "--rate-points", "8", "--max-concurrency", "1", "--requests", "16", "--prompt", "8",
-                     "--output", "3", "--slo", "ttft_p99=250ms", "--no-warmup", "--out", str(tmp_path), "--json"])
+                     "--output", "3", "--slo", "ttft_p99=1s", "--no-warmup", "--out", str(tmp_path), "--json"])
     assert proc.returncode == 0, proc.stderr
     s = json.loads(proc.stdout)
     search = s["rate_search"]
@@ -131,7 +139,11 @@ def test_cli_search_against_the_fake_server(tmp_path):
     by_rate = {p["rate"]: p for p in s["points"]}
     assert by_rate[search["highest_meeting_slo"]]["slo_met"] is True
     assert by_rate[search["first_missing_slo"]]["slo_met"] is False
-    assert 2.0 in by_rate  # started where asked
+    assert 4.0 in by_rate  # started where asked
+    # --json with stderr not a terminal (a CI log): a plain line as each point ends, the start rate's first
+    lines = proc.stderr.splitlines()
+    assert lines[0].startswith("rate 4/s: 16 of 16 requests in ") and "TTFT p99 " in lines[0], proc.stderr
+    assert sorted(float(line.split("/s:")[0].removeprefix("rate ")) for line in lines) == sorted(by_rate)
     report = (next(tmp_path.iterdir()) / "report.md").read_text()
     assert "Automatic rate search: highest rate meeting the SLOs: " in report
     assert f"first rate missing them: {search['first_missing_slo']:g} requests/s" in report
