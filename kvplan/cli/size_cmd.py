@@ -11,7 +11,8 @@ from kvplan.cli.common import parse_overrides, print_json, user_errors
 from kvplan.errors import ExitCode
 from kvplan.hardware.host import local_host_memory_bytes
 from kvplan.plan.schema import Settings, SizePlan
-from kvplan.units import GiB, format_bytes, format_range, format_tokens, parse_bytes, parse_fraction, parse_tokens
+from kvplan.units import (GiB, format_bytes, format_range, format_share, format_tokens, parse_bytes, parse_fraction,
+                          parse_tokens)
 from kvplan.vllm.rules import first_release
 
 EXAMPLES = """
@@ -486,7 +487,7 @@ def _render_table(console, plan: SizePlan) -> None:
         row = []
         for level in levels:
             cell = cells[(ctx, level)]
-            pct = f"{cell.pool_fraction:.0%}" if cell.pool_fraction < 10 else ">999%"
+            pct = format_share(cell.pool_fraction, free=False)
             row.append(Text(pct, style="green" if cell.fits else "red"))  # a Text: no markup to parse
         table.add_row(Text(format_tokens(ctx)), *row)
     console.print(table)
@@ -538,7 +539,7 @@ def _render_workload(console, w) -> None:
         used = w.pool_share_used[share]
         fits = "fits" if used <= 1 else "[red]more than this pool[/]"
         console.print(f"  {share} of the achievable hits: a pool of {blocks:,} blocks ({blocks * w.block_size:,} tokens), "
-                      f"{used:.0%} of this one: {fits}")
+                      f"{format_share(used, free=False)} of this one: {fits}")
     console.print(f"  sessions held at once (their largest turns, the heaviest first): {w.sessions_held_at_once:,}")
     for note in w.notes:
         console.print(f"[yellow]note:[/] {escape(note)}")
@@ -555,6 +556,6 @@ def _render_workload(console, w) -> None:
             used = t.tier_share_used[share]
             fits = "fits" if used <= 1 else "[red]more than this tier[/]"
             console.print(f"  {share} of an unbounded tier's hits: {chunks:,} chunks ({chunks * tokens:,} tokens), "
-                          f"{used:.0%} of this one: {fits}")
+                          f"{format_share(used, free=False)} of this one: {fits}")
         for note in t.notes:
             console.print(f"[yellow]note:[/] {escape(note)}")

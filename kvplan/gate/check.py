@@ -443,8 +443,10 @@ class Planner:
             kept = work.hit_rate_at_pool / work.achievable_hit_rate if work.achievable_hit_rate else 1.0
             if fits and d.min_hit_share and kept < d.min_hit_share:
                 fits, limiting = False, "workload"
-                reason = (f"the pool keeps {kept:.0%} of the workload's achievable prefix-cache hits, below the asked "
-                          f"{d.min_hit_share:.0%} (a pool of {work.pool_for_share.get('90%', 0):,} blocks keeps 90%)")
+                # kept rounded down to 0.1%, the asked share as written: 89.96% must not read "keeps 90%, below 90%"
+                kept_pct = math.floor(round(kept * 1000, 6)) / 10
+                reason = (f"the pool keeps {kept_pct:g}% of the workload's achievable prefix-cache hits, below the asked "
+                          f"{d.min_hit_share * 100:g}% (a pool of {work.pool_for_share.get('90%', 0):,} blocks keeps 90%)")
                 suggestion = suggestion or "more KV memory (GPUs, fp8 KV, a shorter context), or a lower min_hit_share"
             elif fits and d.sessions and work.sessions_held_at_once < d.sessions:
                 fits, limiting = False, "workload"

@@ -39,6 +39,8 @@ def test_hit_share_and_sessions_gates(tmp_path):
     assert result.exit_code == 1, result.output
     assert (rows["two"]["fits"], rows["two"]["limiting_term"], rows["two"]["workload_kept_share"]) == (False, "workload", 0.375)
     assert rows["two"]["workload_hit_rate"] == 48 / 256
+    assert rows["two"]["reason"].startswith("the pool keeps 37.5% of the workload's achievable prefix-cache hits, "
+                                            "below the asked 50%")  # 3 of 8, not rounded to 38%
     assert (rows["four"]["fits"], rows["four"]["workload_kept_share"]) == (True, 1.0)
     assert (rows["four-sessions"]["fits"], rows["four-sessions"]["workload_sessions"]) == (False, 0)
     assert (rows["eleven-sessions"]["fits"], rows["eleven-sessions"]["workload_sessions"]) == (True, 2)
