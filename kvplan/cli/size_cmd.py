@@ -11,8 +11,7 @@ from kvplan.cli.common import parse_overrides, print_json, user_errors
 from kvplan.errors import ExitCode
 from kvplan.hardware.host import local_host_memory_bytes
 from kvplan.plan.schema import Settings, SizePlan
-from kvplan.units import (GiB, format_bytes, format_range, format_share, format_tokens, parse_bytes, parse_fraction,
-                          parse_tokens)
+from kvplan.units import GiB, format_bytes, format_range, format_share, format_tokens, parse_bytes, parse_fraction, parse_tokens
 from kvplan.vllm.rules import first_release
 
 EXAMPLES = """
