@@ -266,7 +266,7 @@ def _state_groups_undecided(cap, vllm_version: str | None, gpu: str | None) -> s
     mixer adds a prefill checkpoint page (which lets the scheduler run the prompt's last chunk past its replay
     boundary) is the release's choice for Mamba-2 (0.32+, `MambaMixer2.get_kv_cache_spec`,
     model_executor/layers/mamba/mamba_mixer2.py@0.32.0) and for every other mixer, but the GPU's for GDN from
-    0.33 (FlashInfer's GDN prefill, the auto choice on Hopper: kvplan.plan.capacity `request_context`)."""
+    0.33 (FlashInfer's GDN prefill, the auto choice on Hopper: kvplan.plan.capacity `checkpoint_variants`)."""
     if vllm_version is None:
         return ("the engine did not report its vLLM release, which decides whether its mixers add a prefill "
                 "checkpoint page (Mamba-2's from 0.32)")

@@ -282,23 +282,11 @@ class Capacity:
 
     @property
     def prefix_caching(self) -> bool:
-        """On unless turned off; off by default for attention + state models before 0.26
-        (`is_prefix_caching_supported`); forced off for MLA on the CPU platform."""
-        if self.device.platform.mla_whole_prompt and self.arch.uses_mla:
-            return False
-        if self.settings.enable_prefix_caching is not None:
-            return self.settings.enable_prefix_caching
-        return self.rules.hybrid_prefix_caching_default or not self.has_state
+        return prefix_caching_on(self.arch, self.device, self.settings, self.rules)
 
     @property
     def mamba_cache_mode(self) -> str:
-        """vLLM's ``mamba_cache_mode``: "none" without prefix caching (or before 0.15.1);
-        "align" with it; "all" in 0.26-0.27 for the families that support it."""
-        if not (self.has_state and self.prefix_caching) or self.rules.mamba_prefix_caching == "off":
-            return "none"
-        if self.rules.mamba_prefix_caching == "all_for_supported":
-            return "all"
-        return "align"
+        return mamba_cache_mode(self.arch, self.device, self.settings, self.rules)
 
     @property
     def cache_config_block_size(self) -> int:
@@ -311,15 +299,12 @@ class Capacity:
 
     @property
     def request_context(self) -> RequestContext:
-        checkpoints = {"mamba2"} if self.rules.mamba2_checkpoint_page else set()
-        if self.rules.gdn_checkpoint_page_on_hopper and self.device.is_hopper:
-            checkpoints.add("gated_delta_net")  # FlashInfer GDN prefill, the auto choice on SM90
         mode = self.mamba_cache_mode
         return RequestContext(
             inflight_tokens=self.batches_in_flight * self.limits.max_num_batched_tokens,
             mamba_align=mode == "align",
             mamba_all=mode == "all",
-            checkpoint_variants=frozenset(checkpoints),
+            checkpoint_variants=checkpoint_variants(self.device, self.rules),
             kv_shards=self.settings.decode_context_parallel_size,
             speculative_blocks=self.speculative_tokens if self.rules.mamba_counts_speculative_blocks else 0,
         )
@@ -405,6 +390,57 @@ class Capacity:
 
 
 _STATE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def prefix_caching_on(arch: Architecture, device: Device, settings: Settings, rules: VllmRules) -> bool:
+    """On unless turned off; off by default for attention + state models before 0.26
+    (`is_prefix_caching_supported`); forced off for MLA on the CPU platform."""
+    if device.platform.mla_whole_prompt and arch.uses_mla:
+        return False
+    if settings.enable_prefix_caching is not None:
+        return settings.enable_prefix_caching
+    return rules.hybrid_prefix_caching_default or not any(not s.grows_with_tokens for s in arch.layers)
+
+
+def mamba_cache_mode(arch: Architecture, device: Device, settings: Settings, rules: VllmRules) -> str:
+    """vLLM's ``mamba_cache_mode``: "none" without prefix caching (or before 0.15.1);
+    "align" with it; "all" in 0.26-0.27 for the families that support it."""
+    has_state = any(not s.grows_with_tokens for s in arch.layers)
+    if not (has_state and prefix_caching_on(arch, device, settings, rules)) or rules.mamba_prefix_caching == "off":
+        return "none"
+    if rules.mamba_prefix_caching == "all_for_supported":
+        return "all"
+    return "align"
+
+
+def checkpoint_variants(device: Device, rules: VllmRules) -> frozenset:
+    """The state mixers that add a prefill checkpoint page in "align" mode: Mamba-2 from 0.32
+    (mamba_mixer2.py@0.32.0), Qwen GDN from 0.33 with FlashInfer's GDN prefill, the auto choice on SM90
+    (`_resolve_gdn_prefill_backend`, model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py@0.33.0; on
+    Blackwell it needs CUDA 13, which kvplan does not know: not assumed)."""
+    variants = {"mamba2"} if rules.mamba2_checkpoint_page else set()
+    if rules.gdn_checkpoint_page_on_hopper and device.is_hopper:
+        variants.add("gated_delta_net")
+    return frozenset(variants)
+
+
+#: `FLASHINFER_GDN_CHECKPOINT_ALIGNMENT` (v1/attention/backends/gdn_attn.py@0.33.0): the token alignment of the
+#: checkpoints FlashInfer's GDN prefill exports (`QwenGatedDeltaNet.get_prefill_checkpoint_alignment`).
+GDN_CHECKPOINT_ALIGNMENT = 64
+
+
+def checkpoint_block_alignment(arch: Architecture, device: Device, settings: Settings, rules: VllmRules) -> int:
+    """The token alignment "align" mode adds to a hybrid model's block (`Platform._align_hybrid_block_size`,
+    platforms/interface.py@0.33.0 and @0.34.0: ``lcm(kernel alignment, get_mamba_prefill_checkpoint_alignment
+    or 1)``, run after the model is built): the lcm of every state layer's checkpoint alignment, None (so 1)
+    unless every one declares one. Mamba-2's is 1; Qwen GDN's is 64 where it exports checkpoints (Hopper, 0.33+):
+    Qwen3-Next's block on Hopper is 320 tokens, not 272."""
+    states = [s for s in arch.layers if isinstance(s, MambaState)]
+    if not states or mamba_cache_mode(arch, device, settings, rules) != "align":
+        return 1
+    if "gated_delta_net" in checkpoint_variants(device, rules) and all(s.variant == "gated_delta_net" for s in states):
+        return GDN_CHECKPOINT_ALIGNMENT
+    return 1
 
 
 def state_ssm_bytes(state: MambaState, rules: VllmRules, asked: str = "auto") -> int:
@@ -711,11 +747,12 @@ def compute_capacity(
     ranges = pipeline_stages(arch.num_hidden_layers, pp)
     gdn = any(isinstance(s, MambaState) and s.variant == "gated_delta_net" for s in arch.layers)
     ssm_asked = device.platform.mamba_ssm_cache_dtype(settings.mamba_ssm_cache_dtype, gdn)
+    checkpoint_alignment = checkpoint_block_alignment(arch, device, settings, rules)
     encoder = arch.vision_encoder  # every pipeline stage's worker runs the encoder pass
     for s, stage in enumerate(ranges):
         specs: list[LayerSpec] = [spec for spec, i in zip(arch.layers, arch.layer_index) if i in stage]
         layout = build_layout(with_state_dtype(with_tp(specs, tp), rules, ssm_asked), dtype,
-                              block_size, rules, hybrid, device.platform, device.is_blackwell)
+                              block_size, rules, hybrid, device.platform, device.is_blackwell, checkpoint_alignment)
         last = s == pp - 1
         if settings.weights_bytes:
             weights = settings.weights_bytes

@@ -56,6 +56,15 @@ ChunkedLocalAttentionManager, MambaManager), `v1/core/kv_cache_manager.py` (`all
   otherwise (a resumed request's). With a retention interval other than 0 the coordinator passes
   ``prefill_end`` 0 (v1/core/kv_cache_coordinator.py), so any chunk may carry one; the split is unchanged.
   What a hit can end on is unchanged: the replay boundary's state, a junction's, or a retained one.
+- **Qwen GDN's prefill checkpoint page** (0.33+, FlashInfer's GDN prefill, the auto choice on Hopper:
+  `QwenGatedDeltaNet.get_kv_cache_spec`, model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py@0.33.0 and
+  @0.34.0) is Mamba-2's rule with one more condition: ``(position - start) % grid == 0``
+  (`is_mamba_prefill_checkpoint_valid`, v1/kv_cache_interface.py@0.33.0), the grid being
+  `get_mamba_prefill_checkpoint_grid`: the Mamba block size unless ``--prefix-match-unit`` is set (kvplan has no
+  such setting). With every group on one block size (else refused below) the hash block is the block, so a chunk
+  that starts on a block and a checkpoint position on one are a whole number of grids apart: the condition always
+  holds. What GDN changes is the block itself, a multiple of 64 tokens in "align" mode
+  (`capacity.checkpoint_block_alignment`).
 - **The hit every group agrees on.** Full attention first (its longest run of cached blocks from the start),
   then each other spec no further than that: a sliding window needs ``cdiv(window - 1, B)`` cached blocks in a
   row ending at the hit (scanned from the right), or every block from the start of a shorter one; a chunked
@@ -67,16 +76,14 @@ ChunkedLocalAttentionManager, MambaManager), `v1/core/kv_cache_manager.py` (`all
   max_in_flight_tokens, max_model_len), B)``: `max_admission_blocks_per_request`), a state group 1.
 
 Not modelled (refused by `HybridGroups.of_layout`): recurrent state outside "align" mode (0.26-0.27's "all"),
-with GDN's prefill checkpoint page (Hopper, from 0.33, read to 0.34: aligned to the prefix-cache grid,
-model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py@0.33.0, under 0.33's manager, which differs from
-0.32.0's: see below), state groups with and without a checkpoint page together, or with speculative decoding's
-state blocks; groups of different block sizes (hashes finer than a group's block,
-`resolve_block_hashes`, and with them the state groups' copy-on-write partial hits); DeepSeek-V4's packed
-groups, EAGLE's dropped block, a KV connector, async scheduling's tokens in flight (blocks are freed on the
-processed-token basis: one step later), `long_prefill_token_threshold`, `enable_mamba_shared_prefix_checkpoint`.
-The state-group rules were read at 0.32.0 and are applied to every release with "align" mode (0.33.0 differs:
-`_cache_partial_tail_block` no longer re-registers a state already keyed at the replay boundary, so it is not
-deferred as cached in this step; not followed).
+state groups with and without a checkpoint page together, or with speculative decoding's state blocks; groups
+of different block sizes (hashes finer than a group's block, `resolve_block_hashes`, and with them the state
+groups' copy-on-write partial hits); DeepSeek-V4's packed groups, EAGLE's dropped block, a KV connector, async
+scheduling's tokens in flight (blocks are freed on the processed-token basis: one step later),
+`long_prefill_token_threshold`, `enable_mamba_shared_prefix_checkpoint`.
+The state-group rules were read at 0.32.0 and are applied to every release with "align" mode, GDN's checkpoint
+page (0.33+ only) included (0.33.0 differs: `_cache_partial_tail_block` no longer re-registers a state already
+keyed at the replay boundary, so it is not deferred as cached in this step; not followed).
 """
 
 from __future__ import annotations
@@ -220,8 +227,9 @@ class HybridGroups:
 
 #: Mixers whose prefill checkpoint page kvplan models: Mamba-2's (`MambaMixer2.get_kv_cache_spec`,
 #: model_executor/layers/mamba/mamba_mixer2.py@0.32.0: ``num_prefill_checkpoint_blocks=1,
-#: prefill_checkpoint_alignment=1``).
-MODELLED_CHECKPOINTS = frozenset({"mamba2"})
+#: prefill_checkpoint_alignment=1``) and Qwen GDN's (qwen_gdn_linear_attn.py@0.33.0: alignment the prefix-cache
+#: grid, which one block size makes Mamba-2's rule: see the module doc).
+MODELLED_CHECKPOINTS = frozenset({"mamba2", "gated_delta_net"})
 
 
 def checkpoint_position(num_tokens: int, block_size: int) -> int:
@@ -245,10 +253,7 @@ def _unmodelled_state(spec, mamba_align: bool, checkpoint_variants: frozenset, s
     if not mamba_align:
         return "outside mamba_cache_mode 'align' (vLLM's 'all' mode caches a state at every block)"
     if spec.variant in checkpoint_variants and spec.variant not in MODELLED_CHECKPOINTS:
-        return ("with a prefill checkpoint page (GDN's FlashInfer prefill on Hopper, vLLM 0.33 and 0.34: aligned to the "
-                "prefix-cache grid, `get_mamba_prefill_checkpoint_grid`, under a MambaManager that no longer "
-                "re-registers a state already keyed at the replay boundary; kvplan follows 0.32.0's code, where "
-                "only Mamba-2 has one)")
+        return "with a prefill checkpoint page kvplan has not read"
     if speculative_blocks:
         return "with speculative decoding's extra state blocks"
     return ""

@@ -39,7 +39,8 @@ ATTENTION_BLOCK_ALIGNMENT = 16
 
 
 def hybrid_block_size(state_page: int, attention_bytes_per_token: float, block_size: int, platform: Platform,
-                      rules: VllmRules, mla: bool = False, head_size: int = 0, blackwell: bool = False) -> int:
+                      rules: VllmRules, mla: bool = False, head_size: int = 0, blackwell: bool = False,
+                      checkpoint_alignment: int = 1) -> int:
     """The attention block size that makes one attention page hold a whole state page:
     ``A * cdiv(state_page, A * attention_page_per_token)``, where the alignment A is
 
@@ -47,13 +48,16 @@ def hybrid_block_size(state_page: int, attention_bytes_per_token: float, block_s
     - 0.11.1-0.19: 64 for MLA (FlashMLA), 128 for CUTLASS MLA (Blackwell), 32 for head size
       256 on Blackwell, else 16 (`models/config.py`);
     - 0.20+: ``max(the attention backend's kernel block, --block-size)``, at least 128 for MLA
-      hybrids from 0.27.1, then rounded to the kernel block (`Platform._align_hybrid_block_size`).
+      hybrids from 0.27.1, a multiple of the state mixers' prefill checkpoint alignment in "align" mode
+      (``checkpoint_alignment``, 0.33+: `capacity.checkpoint_block_alignment`), then rounded to the kernel block
+      (`Platform._align_hybrid_block_size`).
     """
     per_token = int(math.ceil(attention_bytes_per_token))
     if rules.hybrid_block_alignment == "kernel":
         align = max(platform.kernel_block, block_size)
         if mla and rules.mla_hybrid_block_min_128:
             align = max(align, 128)
+        align = math.lcm(align, checkpoint_alignment)
         needed = align * cdiv(state_page, align * per_token)
         needed = platform.kernel_block * cdiv(needed, platform.kernel_block)
     else:
@@ -169,8 +173,10 @@ def build_layout(
     hybrid_allocator: bool = True,
     platform: Platform = CUDA,
     blackwell: bool = False,
+    checkpoint_alignment: int = 1,
 ) -> KVLayout:
-    """Group one device's layer specs the way vLLM's KV-cache manager does."""
+    """Group one device's layer specs the way vLLM's KV-cache manager does. ``checkpoint_alignment``: the
+    tokens a hybrid block must be a multiple of for the state mixers' prefill checkpoints (`hybrid_block_size`)."""
     if not specs:
         raise KvplanError("this pipeline stage has no KV-holding layers")
     if any(s.fixed_block_size for s in specs):  # DeepSeek-V4 (its releases checked in capacity.dsv4_cache)
@@ -192,7 +198,7 @@ def build_layout(
         first = attention[0]
         block_size = hybrid_block_size(state_page, first.bytes_per_token(dtype), block_size, platform, rules,
                                        mla=isinstance(first, MLA), head_size=getattr(first, "head_size", 0),
-                                       blackwell=blackwell)
+                                       blackwell=blackwell, checkpoint_alignment=checkpoint_alignment)
 
     by_spec: dict[LayerSpec, int] = {}
     for spec in specs:

@@ -520,7 +520,8 @@ def _hybrid_note(groups: HybridGroups) -> str:
                  "a block (the scheduler cuts chunks there) and caches the one at each prompt's last whole block "
                  "and at shared-prefix junctions: a hit ends on one of those states")
         if groups.mamba_checkpoint:
-            note += ("; with a prefill checkpoint page (Mamba-2, vLLM 0.32+) a prompt's last chunk runs past its last "
+            note += ("; with a prefill checkpoint page (Mamba-2 from vLLM 0.32, Qwen GDN on Hopper from 0.33) a "
+                     "prompt's last chunk runs past its last "
                      "whole block and exports that state inside itself, holding one more state block per group")
     return note
 

@@ -82,7 +82,8 @@ class VllmRules:
     # The recurrent variants whose conv state keeps K more columns (`conv_kernel - 1 + num_spec`): gated delta net
     # in every release read (0.10.2+), Mamba-2 from 0.17.0, KDA from 0.27.0, short conv from 0.29.0; never Mamba-1.
     speculative_conv_variants: frozenset
-    # Qwen gated delta net adds one with the FlashInfer prefill backend (auto on SM90), 0.33+.
+    # Qwen gated delta net adds one with the FlashInfer prefill backend (auto on SM90), 0.33+, and its 64-token
+    # checkpoint alignment then joins the hybrid block's ("align" mode: `capacity.checkpoint_block_alignment`).
     gdn_checkpoint_page_on_hopper: bool
     # Hybrid attention block raised to hold a state page, aligned to A
     # (`_align_hybrid_block_size`): "16" (up to 0.11.0); "model" (0.11.1-0.19: 64 for MLA,

@@ -64,7 +64,7 @@ def test_refused_and_unknown_groups_are_said():
 def test_a_state_groups_checkpoint_page_is_the_releases_or_the_gpus():
     """A mixer's prefill checkpoint page is the release's choice (Mamba-2's from 0.32: `MambaMixer2.
     get_kv_cache_spec`, mamba_mixer2.py@0.32.0), the GPU's only for GDN from 0.33 (Hopper's FlashInfer prefill):
-    the served release alone decides the groups, except a GDN model on 0.33 with no --gpu."""
+    the served release alone decides the groups, except a GDN model from 0.33 with no --gpu."""
     from kvplan.plan.hybrid_cache import MAMBA
 
     qwen3_next = "Qwen/Qwen3-Next-80B-A3B-Thinking"  # 36 GDN layers, 12 full-attention ones
@@ -74,8 +74,9 @@ def test_a_state_groups_checkpoint_page_is_the_releases_or_the_gpus():
         assert served.groups.groups == (CacheGroup(MAMBA),) * 3 + (CacheGroup(FULL),)
     no_gpu = served_groups(qwen3_next, None, 16, None, "0.33.0")
     assert no_gpu.groups is None and "depends on the GPU" in no_gpu.refused and "pass --gpu" in no_gpu.refused
-    hopper = served_groups(qwen3_next, None, 16, None, "0.33.0", "H100")
-    assert hopper.groups is None and "with a prefill checkpoint page" in hopper.refused
+    hopper = served_groups(qwen3_next, None, 16, None, "0.33.0", "H100")  # GDN's checkpoint page (Hopper, 0.33+)
+    assert hopper.groups is not None and not hopper.refused, hopper
+    assert hopper.groups.groups == (CacheGroup(MAMBA, checkpoint=True),) * 3 + (CacheGroup(FULL),)
 
 
 def test_a_mamba2_models_groups_need_only_the_release(tmp_path):

@@ -72,18 +72,70 @@ def test_qwen3_next_state_hits_worked_by_hand(tmp_path):
     assert any("3 x recurrent state (align) + full attention" in n for n in w["notes"])
 
 
+def test_qwen3_next_on_hopper_gdn_checkpoint_page_worked_by_hand(tmp_path):
+    """Qwen3-Next on 4 x H100, vLLM 0.33, 4k context. FlashInfer's GDN prefill (the auto choice on SM90) exports
+    prefill checkpoints aligned to 64 tokens (`FLASHINFER_GDN_CHECKPOINT_ALIGNMENT`, gdn_attn.py@0.33.0), and in
+    "align" mode the platform makes the hybrid block a multiple of that (`_align_hybrid_block_size`,
+    platforms/interface.py@0.33.0: ``lcm(kernel alignment, 64)``).
+
+    Block size (bundled config: linear_num_key_heads 16 x linear_key_head_dim 128, linear_num_value_heads 32 x
+    linear_value_head_dim 128, linear_conv_kernel_dim 4; 2 KV heads x 256; bf16; TP 4): a GDN state page is conv
+    (4 - 1) x (2 x 16 x 128 + 32 x 128) / 4 x 2 B = 12,288 B + recurrent 32 / 4 x 128 x 128 x 2 B = 262,144 B:
+    274,432 B; an attention token is 1 KV head (2 over TP 4, replicated) x 256 x 2 x 2 B = 1,024 B. The block is
+    64 x cdiv(274,432, 64 x 1,024) = 64 x 5 = 320 tokens (an A100, no checkpoints: 16 x 17 = 272).
+
+    Trace (hash_block_tokens=320, 3 output tokens, served one at a time): r0 700 tokens, ids 1, 2, 3; r1 1,300
+    tokens, ids 1, 2, 4, 5, 6 (r0's 2 full blocks, 640 tokens). Hits: r0 caches full attention's blocks 0, 1 and
+    the state at its replay boundary (700 - 1) // 320 x 320 = 640 (block 1); r1 finds both: 640 of 2,000 tokens.
+
+    The pool every hit needs. GDN's checkpoint alignment is the grid, the block (no --prefix-match-unit), so the
+    checkpoint rule is Mamba-2's (`is_mamba_prefill_checkpoint_valid`, v1/kv_cache_interface.py@0.33.0). r0: one
+    chunk 0..700 (the position 640 >= 0 + 320), each of the 3 state groups taking 2 blocks (the checkpoint, index
+    1, and the running state, index 2), full attention 3: 9. r1 from its hit at 640: position 1,299 // 320 x 320 =
+    1,280 >= 640 + 320, so one chunk to 1,300 with a checkpoint at index 3: full attention 3 new + its 2 hit blocks
+    (free in the queue), each state group min(5 - 2, 1 + 1) = 2 new + its hit block: 5 + 3 x 3 = 14. On 14 usable
+    blocks r1's 9 new blocks are r0's 4 uncached ones (freed to the queue's head) and the 5 never used: its hits
+    survive; on 13 it is never admitted. Every share's pool: 14. The same block without checkpoints (an A100 at
+    --block-size 320): r1 stops at its replay boundary 1,280, admission min(5 - 2, 1) = 1 new + 1 hit a state
+    group: 5 + 3 x 2 = 11, its chunks holding 4 + 6 = 10, then 5 + 6 = 11: every share's pool 11."""
+    rows = [(700, [1, 2, 3]), (1300, [1, 2, 4, 5, 6])]
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": 1000 * i, "input_length": n, "output_length": 3, "hash_ids": ids})
+                             + "\n" for i, (n, ids) in enumerate(rows)))
+    base = ("size", "Qwen/Qwen3-Next-80B-A3B-Thinking", "--gpus", "4", "--ctx", "4k", "--workload", str(trace),
+            "--workload-option", "hash_block_tokens=320", "--json")
+    hopper = run(*base, "--gpu", "H100-SXM")
+    assert hopper.exit_code == 0, hopper.output
+    w = json.loads(hopper.stdout)["workload"]
+    assert (w["block_size"], w["queried_tokens"], w["achievable_hit_rate"]) == (320, 2000, 0.32)
+    assert w["pool_for_share"] == {"50%": 14, "90%": 14, "99%": 14}
+    assert any("3 x recurrent state (align, checkpoint page) + full attention" in n for n in w["notes"])
+    ampere = run(*base, "--gpu", "A100-80GB-SXM", "--block-size", "320")
+    assert ampere.exit_code == 0, ampere.output
+    w = json.loads(ampere.stdout)["workload"]
+    assert (w["block_size"], w["achievable_hit_rate"], w["pool_for_share"]) == (320, 0.32, {"50%": 11, "90%": 11,
+                                                                                           "99%": 11})
+    assert any("3 x recurrent state (align) + full attention" in n for n in w["notes"])
+    # without prefix caching there is no "align" mode, and no checkpoint alignment: 16 x 17 on Hopper too
+    plain = run("size", "Qwen/Qwen3-Next-80B-A3B-Thinking", "--gpu", "H100-SXM", "--gpus", "4", "--ctx", "4k",
+                "--no-enable-prefix-caching", "--json")
+    assert plain.exit_code == 0, plain.output
+    assert json.loads(plain.stdout)["block_size"] == 272
+
+
 def test_recurrent_state_models_are_refused(tmp_path):
     trace = tmp_path / "t.jsonl"
     trace.write_text("".join(json.dumps(r) + "\n" for r in TRACE))
+    # vLLM 0.26-0.27 cache a state at every block ("all" mode) for the families that support it
     result = run("size", "Qwen/Qwen3-Next-80B-A3B-Thinking", "--gpu", "H100", "--gpus", "4", "--ctx", "4k",
-                 "--workload", str(trace), "--workload-option", "hash_block_tokens=16")
+                 "--vllm-version", "0.27.0", "--workload", str(trace), "--workload-option", "hash_block_tokens=16")
     assert result.exit_code == 2
-    # (on Hopper GDN exports a prefill checkpoint page from vLLM 0.33, kvplan's newest known release)
-    assert "prefix cache of mamba KV groups (gated_delta_net) with a prefill checkpoint page" in result.stderr
+    assert "prefix cache of mamba KV groups (gated_delta_net) outside mamba_cache_mode 'align'" in result.stderr
     assert "Traceback" not in result.output
     spec = tmp_path / "kvplan.yaml"
     spec.write_text(f"deployments:\n  - {{name: next, model: Qwen/Qwen3-Next-80B-A3B-Thinking, gpu: 4xH100, context: 4096,"
-                    f" workload: {trace.name}, workload_options: {{hash_block_tokens: 16}}, min_hit_share: 0.5}}\n")
+                    f" vllm_version: \"0.27.0\", workload: {trace.name}, workload_options: {{hash_block_tokens: 16}}, "
+                    f"min_hit_share: 0.5}}\n")
     result = run("check", str(spec))
     assert result.exit_code == 2 and "not modelled" in result.stderr and "kvplan.yaml:" in result.stderr
 

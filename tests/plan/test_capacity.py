@@ -112,12 +112,23 @@ def test_mla_default_block_size_and_tp_replication():
 
 def test_hybrid_mamba_raises_attention_block_size():
     # Qwen3-Next, TP 1: attention 2 KV heads x 256 x 2 x 2 B = 2,048 B/token; GDN state
-    # (8,192 x 3 + 32 x 128 x 128) x 2 = 1,097,728 B -> block 16 x cdiv(1,097,728, 16 x 2,048) = 544.
+    # (8,192 x 3 + 32 x 128 x 128) x 2 = 1,097,728 B -> block 16 x cdiv(1,097,728, 16 x 2,048) = 544
+    # (an A100; or an H100 without prefix caching, no "align" mode).
+    for device, settings in (("A100-80GB-SXM", {}), ("H100", {"enable_prefix_caching": False})):
+        cap = capacity("Qwen/Qwen3-Next-80B-A3B-Thinking", device, kv_cache_memory_bytes=40 * GiB, max_model_len=32768,
+                       **settings)
+        assert cap.block_size == 544, device
+        # 36 GDN + 12 attention layers -> group size 12 (36 >= 1.5 x 12): 3 state groups + 1 attention.
+        assert [g.kind for g in cap.layout.groups].count("mamba") == 3
+        assert cap.layout.block_bytes == 544 * 2048 * 12
+    # On Hopper in "align" mode (prefix caching on) FlashInfer's GDN prefill exports checkpoints at 64-token
+    # offsets, and vLLM 0.33 makes the block a multiple of them (`_align_hybrid_block_size`,
+    # platforms/interface.py@0.33.0: lcm(16, 64)): 64 x cdiv(1,097,728, 64 x 2,048) = 64 x 9 = 576.
     cap = capacity("Qwen/Qwen3-Next-80B-A3B-Thinking", kv_cache_memory_bytes=40 * GiB, max_model_len=32768)
-    assert cap.block_size == 544
-    # 36 GDN + 12 attention layers -> group size 12 (36 >= 1.5 x 12): 3 state groups + 1 attention.
-    assert [g.kind for g in cap.layout.groups].count("mamba") == 3
-    assert cap.layout.block_bytes == 544 * 2048 * 12
+    assert cap.block_size == 576 and cap.layout.block_bytes == 576 * 2048 * 12
+    # 0.32 exported no GDN checkpoints: 544 on Hopper too
+    assert capacity("Qwen/Qwen3-Next-80B-A3B-Thinking", version="0.32.0", kv_cache_memory_bytes=40 * GiB,
+                    max_model_len=32768).block_size == 544
 
 
 def test_budget_terms_h100_0_11():

@@ -138,10 +138,22 @@ def test_mamba2_state_groups_carry_the_checkpoint_page_from_032(vllm_version, ch
     assert hg.mamba_checkpoint == checkpoint
 
 
+@pytest.mark.parametrize("vllm_version,gpu,checkpoint", [("0.32.0", "H100", False), ("0.33.0", "H100", True),
+                                                         ("0.34.0", "H100", True), ("0.33.0", "A100-80GB-SXM", False)])
+def test_gdn_state_groups_carry_the_checkpoint_page_on_hopper_from_033(vllm_version, gpu, checkpoint):
+    """Qwen3-Next: 36 GDN layers in 3 state groups beside the 12 full-attention layers' group. FlashInfer's GDN
+    prefill (the auto choice on Hopper) exports a prefill checkpoint page from 0.33
+    (`QwenGatedDeltaNet.get_kv_cache_spec`, model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py@0.33.0),
+    aligned to the block: modelled as Mamba-2's."""
+    from kvplan.api import size
+
+    plan = size("Qwen/Qwen3-Next-80B-A3B-Thinking", gpu, gpus=4, ctx=8192, vllm_version=vllm_version)
+    hg = HybridGroups.of_capacity(plan.capacity)
+    assert hg.groups == (CacheGroup(MAMBA, checkpoint=checkpoint),) * 3 + (CacheGroup(FULL),)
+    assert hg.block_size % 64 == 0 if checkpoint else hg.block_size == 272
+
+
 @pytest.mark.parametrize("model,gpu,vllm_version,engine_args,why", [
-    # GDN's FlashInfer prefill exports a checkpoint page on Hopper from 0.33 (kvplan's newest known release), at
-    # its kernel's alignment: not modelled.
-    ("Qwen/Qwen3-Next-80B-A3B-Thinking", "H100", None, {}, "prefill checkpoint page .GDN's FlashInfer prefill"),
     # 0.26-0.27: mamba_cache_mode "all" for the families that support it.
     ("Qwen/Qwen3-Next-80B-A3B-Thinking", "A100-80GB-SXM", "0.26.0", {}, "outside mamba_cache_mode 'align'"),
 ])
