@@ -298,6 +298,9 @@ def summarize(before: Snapshot, during: list[Snapshot], after: Snapshot) -> Serv
         if d is not None:
             pm.update({f"server_{key}_mean_s": d.mean, f"server_{key}_p50_s": d.quantile(0.5),
                        f"server_{key}_p99_s": d.quantile(0.99), f"server_{key}_count": d.count})
+    for key in ("queue", "prefill"):
+        d = _histogram_delta(after, before, key)
+        pm[f"server_{key}_mean_s"] = d.mean if d is not None else None
     base = before.get("preemptions") or 0.0
     series = []
     for s in during:

@@ -134,6 +134,12 @@ class ServerFigures(_Figures):
     server_itl_p50_s: float | None = None
     server_itl_p99_s: float | None = None
     server_itl_count: Count | None = None
+    # Where the engine's own TTFT went, as means over the point (vLLM's request_latency_buckets start at 0.3 s, too
+    # coarse for percentiles of a step): waiting in the scheduler's queue (vllm:request_queue_time_seconds, SGLang's
+    # queue time) and from first scheduled to the first token (vllm:request_prefill_time_seconds). The rest of the
+    # server's TTFT is the API server's and the trip to the engine core.
+    server_queue_mean_s: float | None = None
+    server_prefill_mean_s: float | None = None
     # The KV tier (kvplan.vllm.metric_names.TIER_COUNTERS), deltas over the point: tokens asked of the KV connector
     # (vLLM's native CPU offloading, LMCache...) and found there; bytes and seconds of the native tier's loads
     # (tier -> GPU) and stores (GPU -> tier). None where the server does not declare them.

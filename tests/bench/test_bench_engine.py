@@ -119,6 +119,14 @@ def test_waits_without_preemption_prompt_40_output_24(cpu_engine, tmp_path):
     assert max(p["concurrency"] for p in s["points"]) == top
     assert all(p["server"]["preemptions"] == 0 for p in s["points"])
     assert {p["concurrency"]: p["waited_for_kv"] for p in s["points"]}[8] is False
+    # the engine's own TTFT split (vllm:request_queue_time_seconds, vllm:request_prefill_time_seconds): both parts
+    # inside it, and the queue's share grows once requests wait for KV blocks
+    for p in s["points"]:
+        srv = p["server"]
+        assert srv["server_queue_mean_s"] >= 0 and srv["server_prefill_mean_s"] > 0, srv
+        assert srv["server_queue_mean_s"] + srv["server_prefill_mean_s"] <= srv["server_ttft_mean_s"], srv
+    by_c = {p["concurrency"]: p["server"] for p in s["points"]}
+    assert by_c[top]["server_queue_mean_s"] > by_c[min(by_c)]["server_queue_mean_s"]
 
 
 def test_resume_runs_only_the_missing_points(cpu_engine, tmp_path):
