@@ -11,6 +11,7 @@ from kvplan.plan.simulate import Lengths, SchedulerConfig, StepBatch, closed_loo
 from kvplan.plan.steptime import (
     StepTimeModel,
     _sent_after_overhead,
+    _with_request_overhead,
     calibrate_bench,
     calibrate_steptime,
     decode_measurements,
@@ -196,7 +197,10 @@ def test_calibration_separates_prefill_compute_from_the_kv_read():
                             "request_overhead_s": 0.0})
     fitted = calibrate_bench(points, lengths, cfg, base, per_stream)
     assert fitted.compute_efficiency == pytest.approx(0.5, rel=0.02)
-    assert fitted.request_overhead_s == pytest.approx(0.010, rel=0.1)
+    # 10 ms at the points' request rates (4.6-5.8 requests/s): the fit's line there, 10.3-11.5 ms, takes what
+    # its step terms (2% off) leave at each load
+    for p in points:
+        assert fitted.request_overhead_at(p["request_throughput"]) == pytest.approx(0.010, rel=0.15)
     alone = predict_latency(cfg, closed_loop(1, Lengths(128, 8), 1), fitted)
     assert alone.ttft["p50"] == pytest.approx(0.269128, rel=0.01)
 
@@ -262,3 +266,25 @@ def test_a_closed_loop_request_reaches_the_engine_anywhere_in_the_step_in_progre
     assert sum(abs(spread[n] - by_hand[n]) < 1e-6 for n in spread) >= 34  # of 38 (the rest: the grid moved)
     assert 4.0 <= sum(spread.values()) / len(spread) <= 6.0
     assert predict_latency(cfg, load, model).ttft["p50"] < 0.0105 + 0.010 + 0.0095
+
+
+def test_the_request_overhead_is_fitted_against_a_replay_that_waits_as_a_prediction_does():
+    """The engine of the test above (every step 10 ms, 10.5 ms outside the steps), 2 streams: each next request
+    reaches the busy engine mid-step and waits for the rest (5 ms on average, by hand above), and its TTFT is
+    10.5 ms + that wait + its 10 ms step. A replay without the overhead sends each next request on the step
+    boundary where the previous one ended: no wait. A request overhead fitted against that replay took the wait
+    too, and a prediction, whose closed loop waits again, counted it twice. Fitted against the replay delayed by
+    the overhead being fitted (a fixed point), it is the 10.5 ms again."""
+    truth = StepTimeModel(weight_bytes=0, kv_bytes_per_token=0, linear_flops_per_token=0, attn_flops_per_pair=0,
+                          bandwidth_bytes_s=1e9, peak_flops=1e9, mem_efficiency=1.0, compute_efficiency=1.0,
+                          overhead_s=0.010, request_overhead_s=0.0105)
+    cfg = SchedulerConfig(num_blocks=1000, block_size=16)
+    load = closed_loop(2, lambda i: (8, 40 if i % 2 == 0 else 37), 20)
+    measured = predict_latency(cfg, load, truth)
+    point = {"concurrency": 2, "ttft": measured.ttft, "request_throughput": 3.0}  # one rate: a constant overhead
+    steps_only = replace(truth, request_overhead_s=0.0)
+    undelayed_residual = measured.ttft["p50"] - predict_latency(cfg, load, steps_only).ttft["p50"]
+    assert undelayed_residual > 0.0105 + 0.003  # the wait taken for overhead
+    fitted = _with_request_overhead(steps_only, [(point, load)], cfg)
+    assert fitted.request_overhead_s == pytest.approx(0.0105, abs=2e-4) and fitted.request_overhead_per_rps_s2 == 0
+    assert predict_latency(cfg, load, fitted).ttft["p50"] == pytest.approx(measured.ttft["p50"], abs=3e-4)
