@@ -278,7 +278,7 @@ class Capacity:
 
     @property
     def has_state(self) -> bool:
-        return any(not s.grows_with_tokens for s in self.arch.layers)
+        return has_state(self.arch)
 
     @property
     def prefix_caching(self) -> bool:
@@ -392,6 +392,11 @@ class Capacity:
 _STATE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
+def has_state(arch: Architecture) -> bool:
+    """Whether the model has layers of fixed-size state (Mamba / linear attention) beside or instead of attention."""
+    return any(not s.grows_with_tokens for s in arch.layers)
+
+
 def prefix_caching_on(arch: Architecture, device: Device, settings: Settings, rules: VllmRules) -> bool:
     """On unless turned off; off by default for attention + state models before 0.26
     (`is_prefix_caching_supported`); forced off for MLA on the CPU platform."""
@@ -399,14 +404,13 @@ def prefix_caching_on(arch: Architecture, device: Device, settings: Settings, ru
         return False
     if settings.enable_prefix_caching is not None:
         return settings.enable_prefix_caching
-    return rules.hybrid_prefix_caching_default or not any(not s.grows_with_tokens for s in arch.layers)
+    return rules.hybrid_prefix_caching_default or not has_state(arch)
 
 
 def mamba_cache_mode(arch: Architecture, device: Device, settings: Settings, rules: VllmRules) -> str:
     """vLLM's ``mamba_cache_mode``: "none" without prefix caching (or before 0.15.1);
     "align" with it; "all" in 0.26-0.27 for the families that support it."""
-    has_state = any(not s.grows_with_tokens for s in arch.layers)
-    if not (has_state and prefix_caching_on(arch, device, settings, rules)) or rules.mamba_prefix_caching == "off":
+    if not (has_state(arch) and prefix_caching_on(arch, device, settings, rules)) or rules.mamba_prefix_caching == "off":
         return "none"
     if rules.mamba_prefix_caching == "all_for_supported":
         return "all"
