@@ -30,7 +30,9 @@ workload, served with prefix caching (vLLM V1's default, which the launched engi
 engine waited for KV blocks or preempted are printed too, marked ``sat`` (the goal of issue 23 covers
 them). A load where more than 5% of the requests got their first token in one chunk with later ones gets a note
 line under its table: the client or the API server fell behind the engine there (a loaded host), and its TTFT
-measures that. ``--from DIR`` re-evaluates the runs of an earlier invocation (its printed folder) offline: the same
+measures that. Under each table, for runs that recorded the engine's own TTFT split (`server_queue_mean_s`,
+`server_prefill_mean_s`), the first run's mean TTFT at each load measured as client + API server + queue + prefill
+and predicted as request overhead + wait + prefill (`ttft_split`). ``--from DIR`` re-evaluates the runs of an earlier invocation (its printed folder) offline: the same
 measurements, calibrated and predicted again with the current model.
 
 Before the tables it prints the engine's own price of a prompt token (at one stream TTFT is a line in the prompt
@@ -118,14 +120,32 @@ def measured_vs_predicted(run: Path, model, per_stream: int) -> dict[int, dict]:
         if p["status"] != "ok":
             continue
         pred = predict_latency(sched, closed_loop(p["concurrency"], lengths, per_stream, p["first_index"],
-                                                  shared_prefix=shared), model, start=pool)
+                                                  shared_prefix=shared), model, start=pool, mean=True)
         pool = pred.pool_after if pool is not None else None
         rows[p["concurrency"]] = {"ttft_p50": (pred.ttft["p50"], p["ttft"]["p50"]),
                                   "ttft_p99": (pred.ttft["p99"], p["ttft"]["p99"]),
                                   "tok_s": (pred.output_tokens_per_s, p["throughput_tok_s"]),
                                   "saturated": bool(p["waited_for_kv"] or p["preempted"]),
-                                  "predicted_saturated": bool(pred.waited_for_kv or pred.preemptions)}
+                                  "predicted_saturated": bool(pred.waited_for_kv or pred.preemptions),
+                                  "split": ttft_split(p, pred)}
     return rows
+
+
+def ttft_split(point: dict, pred) -> dict[str, float | None] | None:
+    """Where a load's mean TTFT went (seconds), measured and predicted. Measured, from the engine's own histograms
+    (`server_queue_mean_s`, `server_prefill_mean_s`; None on runs made before they were recorded): the client's
+    share (its TTFT less the server's), the API server's and the trip to the engine core (which holds the wait for
+    the step in progress: vLLM queues a request as its next step is scheduled), the scheduler's queue (KV waits),
+    and first scheduled to first token. Predicted: the request overhead, the wait before the first scheduled step
+    (the step in progress, KV), and the steps to the first token."""
+    srv = point.get("server") or {}
+    server, queue, prefill = (srv.get(k) for k in ("server_ttft_mean_s", "server_queue_mean_s", "server_prefill_mean_s"))
+    if server is None or queue is None or prefill is None:
+        return None
+    wait = pred.queueing.get("mean") or 0.0
+    return {"client": point["ttft"]["mean"] - server, "api": server - queue - prefill, "queue": queue,
+            "prefill": prefill, "pred_overhead": pred.request_overhead_s, "pred_wait": wait,
+            "pred_prefill": pred.ttft["mean"] - pred.request_overhead_s - wait}
 
 
 #: A load whose requests more often than this got their first token in one chunk with later ones: the client or the
@@ -237,6 +257,14 @@ def report(name: str, repeats: list[dict[int, dict]], per_stream: int, where: Pa
             print(f"{c:>3} {sat or '-':<5} {metric:<9} {predicted * scale:>10.1f} "
                   f"{' '.join(f'{m * scale:.1f}' for m in measured):<28} "
                   f"{' '.join(f'{e:+.0%}' for e in errors):<22} {spread:>10.0%}")
+    split = repeats[0]
+    if all(r.get("split") for r in split.values()):
+        print("  where the mean TTFT went, run 1 (ms): measured client + API server + queue + prefill | predicted "
+              "request overhead + wait + prefill")
+        for c in sorted(split):
+            m = {k: v * 1000 for k, v in split[c]["split"].items()}
+            print(f"  {c:>3}  {m['client']:5.1f} + {m['api']:5.1f} + {m['queue']:6.1f} + {m['prefill']:6.1f}  |  "
+                  f"{m['pred_overhead']:5.1f} + {m['pred_wait']:6.1f} + {m['pred_prefill']:6.1f}")
     for k, run in enumerate(late, 1):
         behind = [f"{c} stream{'s' * (c > 1)} {n}/{total}" for c, (n, total) in sorted(run.items()) if n > LATE_SHARE * total]
         if behind:

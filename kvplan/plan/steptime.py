@@ -248,6 +248,7 @@ class LatencyPrediction:
     prefix_queries: int = 0
     prefix_hits: int = 0
     pool_after: CarriedPool | None = None
+    request_overhead_s: float = 0.0  # added to each TTFT and E2E: the model's at the simulated request rate
 
     def to_json(self) -> dict:
         def ms(d):
@@ -285,6 +286,7 @@ def predict_latency(config: SchedulerConfig, load: Load, model: StepTimeModel,
         output_tokens_per_s=res.throughput, preemptions=res.preemptions, peak_kv_fill=res.peak_kv_fill,
         source=model.source, waited_for_kv=res.waited_for_kv, peak_running=res.peak_running,
         prefix_queries=res.prefix_queries, prefix_hits=res.prefix_hits, pool_after=res.pool_after,
+        request_overhead_s=extra,
     )
 
 
