@@ -32,8 +32,9 @@ them). A load where more than 5% of the requests got their first token in one ch
 line under its table: the client or the API server fell behind the engine there (a loaded host), and its TTFT
 measures that. Under each table, for runs that recorded the engine's own TTFT split (`server_queue_mean_s`,
 `server_prefill_mean_s`), the first run's mean TTFT at each load measured as client + API server + queue + prefill
-and predicted as request overhead + wait + prefill (`ttft_split`). ``--from DIR`` re-evaluates the runs of an earlier invocation (its printed folder) offline: the same
-measurements, calibrated and predicted again with the current model.
+and predicted as request overhead + wait + prefill (`ttft_split`). ``--from DIR`` re-evaluates the runs of an
+earlier invocation (its printed folder) offline: the same measurements, calibrated and predicted again with the
+current model.
 
 Before the tables it prints the engine's own price of a prompt token (at one stream TTFT is a line in the prompt
 length; Theil-Sen with Sen's 95% interval over the 1-stream requests of every workload without a shared prefix, and
