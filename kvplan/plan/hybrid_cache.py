@@ -548,10 +548,14 @@ class HybridCache:
         """The fewest computed tokens (at least ``computed``) at which `remove_skipped` may free a block of these
         tables, as long as they do not change (inf: never). It frees when the top of a window group's skipped blocks
         (``min(skipped // B, len)``, which only grows with the tokens) reaches a held block: here the first held one
-        above the top now, so a chunk's jump past it makes the answer early, never late. Stateless groups only."""
+        above the top now, so a chunk's jump past it makes the answer early, never late. A state group's: when
+        `_retire_states` would next free one (`_next_state_retirement`)."""
         B, out = self.B, math.inf
         for g in self.moving:
             table, span = tables[g], self.spans[g]
+            if self.kinds[g] == MAMBA:
+                out = min(out, self._next_state_retirement(table))
+                continue
             skipped = computed - span + 1 if self.kinds[g] == SLIDING else computed // span * span
             top = max(skipped // B, 0)
             held = top if top < len(table) and table[top] else next(
@@ -561,6 +565,18 @@ class HybridCache:
             need = (held + 1) * B  # skipped tokens that put block ``held`` under the top
             out = min(out, need + span - 1 if self.kinds[g] == SLIDING else cdiv(need, span) * span)
         return max(out, computed)
+
+    def _next_state_retirement(self, table: _StateTable) -> float:
+        """The fewest computed tokens at which `_retire_states` frees a block of this table while it does not
+        change (inf: never): the first held block ``i`` from ``retired`` on once ``(computed - 1) // B > i``, the
+        state the last allocation copied from (``s``) once ``cdiv(computed, B) - 1 > s``."""
+        B = self.B
+        held = next((i for i in range(table.retired, len(table)) if table[i]), None)
+        out = math.inf if held is None else (held + 1) * B + 1
+        s = table.last_state
+        if s is not None and s < len(table) and table[s]:
+            out = min(out, (s + 1) * B + 1)
+        return out
 
     def _retire_states(self, table: _StateTable, computed: int) -> int:
         """`MambaManager.remove_skipped_blocks`, align mode: the states before the last computed token's block

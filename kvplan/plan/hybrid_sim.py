@@ -16,8 +16,8 @@ the pool, as `KVCacheManager.allocate_slots` (v1/core/kv_cache_manager.py@0.32.0
   Mamba-2's checkpoint page a prompt's last chunk is not cut at its replay boundary), and a waiting request
   whose hit ends on a state cached in this step waits for the next one.
 
-Steady decode stretches are stepped one by one (the plain simulator's many-steps-at-once path assumes one
-group); `replay_one_at_a_time` is the fast path for requests served one at a time.
+Steady decode stretches run many steps at once (`_HybridScheduler._decode_steps`), a request's pool work done only
+at the steps where it does something; `replay_one_at_a_time` is the fast path for requests served one at a time.
 """
 
 from __future__ import annotations
@@ -82,9 +82,10 @@ class _HybridScheduler(_Scheduler):
         self.tables: dict[int, list[list[int]]] = {}
         self.offered: dict[int, list[int]] = {}
         self.junction: dict[int, int] = {}
-        # Per request (by rid), without a recurrent-state group: while its computed tokens stay below the first and
-        # its tokens at most the second and below the third, `allocate_slots` frees, takes and caches nothing (a
-        # decode step, 15 of every 16 at block 16): (`next_removal`, its tables' blocks x B, its next full block's end).
+        # Per request (by rid): while its computed tokens stay below the first and its tokens at most the second and
+        # below the third, `allocate_slots` frees, takes and caches nothing (a decode step but where a block starts or
+        # fills, or a window or state lets one go: 13 of every 16 at block 16 beside a window or a state group):
+        # (`next_removal`, its tables' blocks x B, its next full block's end).
         self.quiet: dict[int, tuple[float, int, int]] = {}
         self.mamba = groups.has_mamba
         self.checkpoint = groups.mamba_checkpoint
@@ -135,11 +136,15 @@ class _HybridScheduler(_Scheduler):
         if self.mamba:
             if freed or taken:
                 self._held(req)
-        else:  # (stateless groups: the blocks held change by exactly these counts; a state group's every call
-            req.blocks.count += taken - freed  # counts, `_cache_to`: never quiet)
-            B = self.B
-            self.quiet[req.rid] = (self.cache.next_removal(tables, req.computed), min(map(len, tables)) * B,
-                                   (min(self.offered[req.rid]) + 1) * B)
+        else:  # (stateless groups: the blocks held change by exactly these counts)
+            req.blocks.count += taken - freed
+        # A state group's call also counts when it re-registers the replay boundary's state as cached in this step
+        # (`_recache_replay_state`), which no call these thresholds cover does: that needs the state's block held and
+        # the full blocks ending on it, at token a. Its retirement (the first threshold) keeps the computed tokens <= a,
+        # so this call ended at a, holding no block past it, and a later call's new token needs one (the second).
+        B = self.B
+        self.quiet[req.rid] = (self.cache.next_removal(tables, req.computed), min(map(len, tables)) * B,
+                               (min(self.offered[req.rid]) + 1) * B)
         return True
 
     def _free(self, req: _Req) -> None:
@@ -246,12 +251,13 @@ class _HybridScheduler(_Scheduler):
 
         The run stops before a step whose calls might not all fit: fewer free blocks than one a group for each of its
         calling requests (a decode token starts at most one block a group; the frees before each take only help).
-        `_step` runs that step (and its preemptions). Not with a recurrent-state group (its every call counts, and a
-        step starts anew: `new_step`), a trace, or a waiting request that could be admitted."""
+        `_step` runs that step (and its preemptions). Not with a trace, or a waiting request that could be admitted. A
+        state group's `new_step` is not called in the run: what it clears is read only by an admission, and the next
+        `_step` starts with it."""
         config, running, waiting = self.config, self.running, self.waiting
         num = len(running)
         budget_left = config.max_num_batched_tokens - num
-        if not num or budget_left < 0 or self.trace is not None or self.mamba:
+        if not num or budget_left < 0 or self.trace is not None:
             return 0
         may_admit = budget_left > 0 and num < config.max_num_seqs
         if may_admit and waiting:

@@ -1,16 +1,18 @@
 """The hybrid scheduler's steady decode runs (`_HybridScheduler._decode_steps`: many steps at once, a request's pool
 work only at the steps its ``quiet`` thresholds run out) against the same scheduler stepping every step the general
-way (`_step`): every field of the result equal, on window and chunked-local groups beside full attention, closed and
-open loops, shared prefixes, pools small enough to preempt, a token budget and a sequence cap that leave requests
-waiting, and a load carried on from an earlier one's pool. The general way is the one the vLLM parity tests check
-(tests/vllm_facing/test_hybrid_pool_parity.py: its trace turns the runs off)."""
+way (`_step`), and against stepping with every `allocate_slots` call made (no ``quiet`` thresholds): every field of
+the result equal, on window, chunked-local and recurrent-state groups (with and without Mamba-2's checkpoint page,
+every retention) beside full attention, closed and open loops, shared prefixes, pools small enough to preempt, a
+token budget and a sequence cap that leave requests waiting, and a load carried on from an earlier one's pool. The
+general way is the one the vLLM parity tests check (tests/vllm_facing/test_hybrid_pool_parity.py: its trace turns
+the runs off)."""
 
 from __future__ import annotations
 
 import pytest
 
 import kvplan.plan.hybrid_sim as hybrid_sim
-from kvplan.plan.hybrid_cache import CHUNKED, FULL, SLIDING, CacheGroup, HybridGroups
+from kvplan.plan.hybrid_cache import CHUNKED, FULL, MAMBA, SLIDING, CacheGroup, HybridCache, HybridGroups
 from kvplan.plan.hybrid_sim import simulate_groups
 from kvplan.plan.simulate import EMPTY_POOL, Lengths, SchedulerConfig, closed_loop, open_loop, poisson_arrivals
 
@@ -26,14 +28,29 @@ def both(config, load, groups, start=None):
     return fast, slow
 
 
-WINDOW = HybridGroups((CacheGroup(SLIDING, 64), CacheGroup(FULL)), 16, 1024, 2048)
-WINDOWS = HybridGroups((CacheGroup(SLIDING, 48), CacheGroup(SLIDING, 48), CacheGroup(FULL)), 16, 1024, 2048)
-CHUNKS = HybridGroups((CacheGroup(CHUNKED, 64), CacheGroup(FULL)), 16, 1024, 2048)
+def every_call(monkeypatch, config, load, groups):
+    """Stepping every step with no call skipped: every request's thresholds run out at once (`next_removal` says its
+    next call may free a block)."""
+    with monkeypatch.context() as patched:
+        patched.setattr(HybridCache, "next_removal", lambda self, tables, computed: computed)
+        return simulate_groups(config, load, groups, step_time, trace=[])
 
 
-@pytest.mark.parametrize("groups", [WINDOW, WINDOWS, CHUNKS], ids=["window", "two-windows", "chunked"])
+F, M, M2 = CacheGroup(FULL), CacheGroup(MAMBA), CacheGroup(MAMBA, checkpoint=True)
+WINDOW = HybridGroups((CacheGroup(SLIDING, 64), F), 16, 1024, 2048)
+WINDOWS = HybridGroups((CacheGroup(SLIDING, 48), CacheGroup(SLIDING, 48), F), 16, 1024, 2048)
+CHUNKS = HybridGroups((CacheGroup(CHUNKED, 64), F), 16, 1024, 2048)
+STATE = HybridGroups((F, M), 16, 1024, 2048)
+STATE2 = HybridGroups((M2, F, M2), 16, 1024, 2048)
+STATES_DENSE = HybridGroups((F, M, M), 16, 1024, 2048, None)
+STATE2_WINDOW_PERIODIC = HybridGroups((F, CacheGroup(SLIDING, 40), M2), 16, 1024, 2048, 64)
+
+
+@pytest.mark.parametrize("groups", [WINDOW, WINDOWS, CHUNKS, STATE, STATE2, STATES_DENSE, STATE2_WINDOW_PERIODIC],
+                         ids=["window", "two-windows", "chunked", "state", "mamba2-states", "states-dense-retention",
+                              "mamba2-window-periodic-retention"])
 @pytest.mark.parametrize("case", ["closed", "closed-shared", "preempting", "budget", "seqs", "open"])
-def test_decode_runs_equal_stepping_one_by_one(groups, case):
+def test_decode_runs_equal_stepping_one_by_one(groups, case, monkeypatch):
     lengths = Lengths(96, 120, "lognormal", seed=3)
     config = SchedulerConfig(num_blocks=200, block_size=16)
     load = closed_loop(6, lengths, 4)
@@ -49,6 +66,7 @@ def test_decode_runs_equal_stepping_one_by_one(groups, case):
         load = open_loop([t * 0.3 for t in poisson_arrivals(1.0, 30, 5)], lengths, shared_prefix_tokens=32)
     fast, slow = both(config, load, groups)
     assert fast == slow
+    assert slow == every_call(monkeypatch, config, load, groups)
     if case == "preempting":
         assert fast.preemptions > 0
     if case in ("budget", "seqs"):
@@ -66,9 +84,10 @@ def test_a_carried_pool_gives_the_same_next_load():
     assert then_fast == then_slow and then_fast.prefix_hits > 0
 
 
-def test_the_runs_are_taken(monkeypatch):
-    """(Else the equalities above would hold trivially.) A closed loop of 6 streams on a window group runs most of
-    its steps in decode runs."""
+@pytest.mark.parametrize("groups", [WINDOW, STATE2], ids=["window", "mamba2-states"])
+def test_the_runs_are_taken(monkeypatch, groups):
+    """(Else the equalities above would hold trivially.) A closed loop of 6 streams runs most of its steps in decode
+    runs."""
     ran = []
     original = hybrid_sim._HybridScheduler._decode_steps
 
@@ -77,6 +96,6 @@ def test_the_runs_are_taken(monkeypatch):
         return ran[-1]
 
     monkeypatch.setattr(hybrid_sim._HybridScheduler, "_decode_steps", counted)
-    res = simulate_groups(SchedulerConfig(num_blocks=200, block_size=16), closed_loop(6, Lengths(96, 120), 4), WINDOW,
+    res = simulate_groups(SchedulerConfig(num_blocks=200, block_size=16), closed_loop(6, Lengths(96, 120), 4), groups,
                           step_time)
     assert sum(ran) > res.steps // 2
