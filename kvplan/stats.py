@@ -11,15 +11,23 @@ from collections.abc import Sequence
 def percentile(values: Sequence[float], q: float) -> float | None:
     """The q-th percentile (0-100), interpolated linearly between the closest ranks (numpy's default
     ``linear`` method); None without values."""
+    return percentiles(values, (q,))[0]
+
+
+def percentiles(values: Sequence[float], qs: Sequence[float]) -> list[float | None]:
+    """`percentile` at each of ``qs``, the values sorted once."""
     if not values:
-        return None
+        return [None] * len(qs)
     data = sorted(values)
     if len(data) == 1:
-        return float(data[0])
-    pos = (len(data) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(data) - 1)
-    return float(data[lo] + (data[hi] - data[lo]) * (pos - lo))
+        return [float(data[0])] * len(qs)
+    out: list[float | None] = []
+    for q in qs:
+        pos = (len(data) - 1) * q / 100.0
+        lo = math.floor(pos)
+        hi = min(lo + 1, len(data) - 1)
+        out.append(float(data[lo] + (data[hi] - data[lo]) * (pos - lo)))
+    return out
 
 
 def percent_error(predicted: float, reported: float) -> float | None:

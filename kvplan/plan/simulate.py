@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from kvplan.errors import KvplanError
 from kvplan.plan.block_pool import BlockPool, LinkedBlockPool, PoolState
 from kvplan.plan.hybrid_cache import HybridGroups
-from kvplan.stats import percentile
+from kvplan.stats import percentiles
 from kvplan.units import cdiv
 
 DISTRIBUTIONS = ("fixed", "uniform", "normal", "lognormal")
@@ -390,8 +390,7 @@ class SimResult:
 
     def percentiles(self, metric: str, qs: Sequence[float] = (50, 90, 99)) -> dict[str, float | None]:
         """p50/p90/p99 of ``ttft``, ``itl``, ``tpot``, ``e2e`` or ``queueing_delay``."""
-        values = self.values(metric)
-        return {f"p{q:g}": percentile(values, q) for q in qs}
+        return dict(zip((f"p{q:g}" for q in qs), percentiles(self.values(metric), qs)))
 
     def mean(self, metric: str) -> float | None:
         values = self.values(metric)

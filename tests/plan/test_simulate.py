@@ -16,7 +16,6 @@ from kvplan.plan.simulate import (
     bench_levels_first_index,
     closed_loop,
     open_loop,
-    percentile,
     poisson_arrivals,
     proven_onsets,
     simulate,
@@ -24,6 +23,7 @@ from kvplan.plan.simulate import (
     timing_verdict,
     worst_case_blocks,
 )
+from kvplan.stats import percentile, percentiles
 from kvplan.units import cdiv
 
 GRID = [case for case in itertools.product(
@@ -203,6 +203,7 @@ def test_lengths_are_drawn_as_bench_draws_them():
 def test_percentile_and_a_large_closed_loop():
     # The simulator's speed is benchmarks/bench_working_set.py's figure, not a timed test.
     assert percentile([1, 2, 3, 4], 50) == 2.5 and percentile([], 50) is None
+    assert percentiles([4, 1, 3, 2], (0, 50, 100)) == [1.0, 2.5, 4.0] and percentiles([], (50, 99)) == [None, None]
     cfg = SchedulerConfig(num_blocks=2001, block_size=16, max_num_seqs=256, max_num_batched_tokens=8192)
     res = simulate(cfg, closed_loop(64, Lengths(512, 128, "lognormal", 0.5), 4, shared_prefix=0.25))
     assert len(res.requests) == 256
