@@ -190,7 +190,8 @@ def calibrate_with_probe(calib_run: Path, probe_run: Path, per_stream: int):
     _, points, lengths, sched, base, _, _ = run_inputs(calib_run)
     sweep = read_prompt_sweep(calib_run)
     singles = (sweep.points() if sweep is not None else []) + one_stream_requests(probe_run)
-    return calibrate_bench(points, lengths, sched, base, per_stream, 0.0, request_ttfts(calib_run), singles), singles
+    return calibrate_bench(points, lengths, sched, base, per_stream, 0.0, request_ttfts(calib_run), singles,
+                           sweep.decode_steps() if sweep is not None else ()), singles
 
 
 def prompt_token_price(runs: list[Path], model, chunk_tokens: int) -> str:

@@ -1,12 +1,15 @@
 """`kvplan bench --prompt-sweep COUNT[:MAX_TOKENS]`: one stream sends prompts of COUNT lengths spread over the
-engine's context, two output tokens each (`SWEEP_OUTPUT_TOKENS`), and records each request's TTFT in RUN/prompt_sweep.json, which
-`kvplan calibrate --bench RUN` fits beside the run's points.
+engine's context, two output tokens each (`SWEEP_OUTPUT_TOKENS`), and records each request's TTFT and the gap to its
+second token (a decode step of one sequence over the prompt) in RUN/prompt_sweep.json, which `kvplan calibrate --bench
+RUN` fits beside the run's points.
 
 Why: at one stream the engine is idle when a request comes, so TTFT is the time outside the steps plus the
 prefill of its prompt, a line in the prompt length; a workload's own prompts span too few lengths to price a
 prompt token (a 64-token lognormal workload: 54-75 tokens between its halves' medians; three 64 + 64 calibrations
 on the CPU engine charged 0.046-0.202 ms a token where the engine's 1-stream requests show 0.108-0.136). A sweep
-over the context pins that price, which prefill-heavy and decode-heavy predictions lean on.
+over the context pins that price, which prefill-heavy and decode-heavy predictions lean on. Its decode steps, over
+contexts the workload's never reach, price reading a token's KV, which a short workload cannot tell from a step's
+fixed cost (two 64 + 64 calibrations on the CPU engine: one charged 7.40 ms a step and nothing for the KV read).
 
 Each length is sent twice in a row and the second one recorded: a CPU engine's first run of a new batch shape
 was ~25% slower (kernels set up for it), a cost a long-running server has long paid. Prompts are the run's own
@@ -15,6 +18,7 @@ token ids (its nonce), so no prefix-cache hit shortens one.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -37,12 +41,14 @@ MAX_SWEEP_REQUESTS = 10_000
 
 
 class SweepRequest(BaseModel):
-    """One request of the sweep: its prompt, and its TTFT (seconds) as the client measured it."""
+    """One request of the sweep: its prompt, its TTFT (seconds) as the client measured it, and the gap to its second
+    token (one decode step of one sequence over the prompt; None: not recorded, a sweep from before 2026-12-06)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     prompt_tokens: int = Field(ge=1)
     ttft_s: float = Field(gt=0, allow_inf_nan=False)
+    itl_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
 
 
 class PromptSweep(BaseModel):
@@ -59,6 +65,10 @@ class PromptSweep(BaseModel):
     def points(self) -> list[tuple[int, float]]:
         """(prompt tokens, TTFT s) of every recorded request."""
         return [(r.prompt_tokens, r.ttft_s) for r in self.requests]
+
+    def decode_steps(self) -> list[tuple[int, float]]:
+        """(prompt tokens, s) of the decode step after each recorded request's first token, where recorded."""
+        return [(r.prompt_tokens, r.itl_s) for r in self.requests if r.itl_s is not None]
 
 
 def parse_prompt_sweep(text: str, max_model_len: int | None) -> tuple[int, int]:
@@ -108,7 +118,14 @@ def sweep_from_records(lengths: list[int], specs: list[RequestSpec], records) ->
     kept = sorted((r for r in records if r.index in second and r.ok and r.ttft_s is not None and r.ttft_s > 0),
                   key=lambda r: r.index)
     return PromptSweep(max_tokens=SWEEP_OUTPUT_TOKENS, lengths=lengths,
-                       requests=[SweepRequest(prompt_tokens=second[r.index], ttft_s=r.ttft_s) for r in kept])
+                       requests=[SweepRequest(prompt_tokens=second[r.index], ttft_s=r.ttft_s, itl_s=_decode_step(r))
+                                 for r in kept])
+
+
+def _decode_step(record) -> float | None:
+    """The gap from a request's first token to its second (None without one: a single delivery, or a gap of 0)."""
+    gaps = record.itl_s
+    return gaps[0] if gaps and gaps[0] > 0 and math.isfinite(gaps[0]) else None
 
 
 def write_prompt_sweep(store: st.RunStore, sweep: PromptSweep) -> Path:

@@ -407,7 +407,8 @@ STEP_SCALE_ROUNDS = 4
 def calibrate_bench(points: Sequence[dict], lengths, config: SchedulerConfig, base: StepTimeModel,
                     requests_per_stream: int = 1, shared_prefix: float = 0.0,
                     request_ttfts: Mapping[int, Sequence[tuple[int, float]]] | None = None,
-                    single_requests: Sequence[tuple[int, float]] = ()) -> StepTimeModel:
+                    single_requests: Sequence[tuple[int, float]] = (),
+                    single_decodes: Sequence[tuple[int, float]] = ()) -> StepTimeModel:
     """A step-time model calibrated on one bench run's points (closed loop, below the first KV
     wait): a first guess of the step factors from the decode steps (`decode_measurements`,
     `calibrate_steptime`), then the step factors and a constant request overhead fitted together to
@@ -429,13 +430,20 @@ def calibrate_bench(points: Sequence[dict], lengths, config: SchedulerConfig, ba
     the request overhead is the points' (a sweep request follows a 2-token one, and on the CPU engine two sweeps'
     lines met no prompt 3-5 ms below their runs' 1-stream requests, at one price of a token). (One row a request
     was tried: 20 rows of one stream's requests outweighed the points' rows; on a saved CPU-engine run, a 32 + 96
-    workload's TTFT p50 at 2-4 streams was over-predicted by +13% to +50% with them, -15% to +9% with the halves.)"""
+    workload's TTFT p50 at 2-4 streams was over-predicted by +13% to +50% with them, -15% to +9% with the halves.)
+
+    ``single_decodes`` ((prompt tokens, s) of the decode step after such a request's first token: the sweep's) are
+    decode steps of one sequence over a context of the prompt and one token, a row for their shorter and one for their
+    longer half (`single_request_groups`): the KV read grows with the context there, while the points' steps, at
+    the workload's few contexts, grow only with the batch."""
 
     usable = [p for p in points if p.get("status", "ok") == "ok" and p.get("mode", "concurrency") == "concurrency"
               and p.get("concurrency") and not p.get("waited_for_kv") and not p.get("preempted")]
     if not usable:
         raise KvplanError("the run has no finished closed-loop point below the first KV wait to calibrate on")
     decode = decode_measurements(usable, lengths.prompt, lengths.output)
+    decode += [(StepBatch(prefill_tokens=0, decode_seqs=1, kv_tokens_read=n + 1, num_seqs=1, attention_pairs=n + 1), t)
+               for n, t in single_request_groups(single_decodes)]
     fitted = calibrate_steptime(decode, replace(base, request_overhead_s=0.0, request_overhead_per_rps_s2=0.0))
     loads = [(p, closed_loop(p["concurrency"], lengths, requests_per_stream, p.get("first_index", 0),
                              shared_prefix=shared_prefix)) for p in usable]

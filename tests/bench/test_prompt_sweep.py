@@ -50,15 +50,32 @@ def test_each_length_goes_twice_with_prompts_of_its_own():
     assert len({s.prompt_token_ids for s in specs}) == 4  # no prefix-cache hit between them
 
 
-def _records(specs, ttft_ms) -> list[RequestRecord]:
+def _records(specs, ttft_ms, step_ms=lambda n: 8.0) -> list[RequestRecord]:
     """What the client records: request k scheduled at k s, its first token ``ttft_ms(n)`` later (the first of each
-    pair, the cold one, 5 ms slower)."""
+    pair, the cold one, 5 ms slower), its second ``step_ms(n)`` after that."""
     out = []
     for k, s in enumerate(specs):
         ttft = (ttft_ms(s.prompt_tokens) + (5.0 if k % 2 == 0 else 0.0)) / 1000
+        second = k + ttft + step_ms(s.prompt_tokens) / 1000
         out.append(RequestRecord(index=s.index, stream=0, scheduled_s=float(k), first_token_s=k + ttft,
-                                 end_s=k + ttft, prompt_tokens=s.prompt_tokens, output_tokens=2, max_tokens=2, ok=True))
+                                 end_s=second, chunk_times_s=[k + ttft, second], prompt_tokens=s.prompt_tokens,
+                                 output_tokens=2, max_tokens=2, ok=True))
     return out
+
+
+def test_the_sweep_records_each_requests_decode_step():
+    """The gap from the first token to the second: one decode step of one sequence over the prompt (8 ms + 4 us a
+    token here); a request whose two tokens came in one delivery has none."""
+    specs = sweep_specs([100, 300], "n", (10, 1000), 0)
+    records = _records(specs, lambda n: 20.0, lambda n: 8.0 + 0.004 * n)
+    records[3].chunk_times_s = records[3].chunk_times_s[:1]
+    records[3].chunk_tokens = [2]
+    sweep = sweep_from_records([100, 300], specs, records)
+    assert [(r.prompt_tokens, r.itl_s) for r in sweep.requests] == [(100, pytest.approx(0.0084)), (300, None)]
+    assert sweep.decode_steps() == [(100, pytest.approx(0.0084))]
+    old = PromptSweep.model_validate({"max_tokens": 2, "lengths": [100], "requests": [{"prompt_tokens": 100,
+                                                                                         "ttft_s": 0.02}]})
+    assert old.decode_steps() == [] and old.points() == [(100, 0.02)]  # a sweep recorded before the decode steps
 
 
 def _with_sweep(tmp_path: Path, name: str = "run") -> tuple[Path, PromptSweep]:
@@ -149,10 +166,10 @@ def test_bench_refuses_a_bad_sweep_before_anything_starts(tmp_path):
 def test_bench_records_the_sweep_against_a_server(tmp_path):
     """`kvplan bench --prompt-sweep 4:64` against a local stand-in server (the engine's timing is not what is tested
     here): four lengths of 16-64 tokens, each sent twice with prompts of its length, two output tokens; the second
-    of each recorded in RUN/prompt_sweep.json, before the point's requests."""
+    of each recorded in RUN/prompt_sweep.json with the gap to its second token, before the point's requests."""
     from helpers.fake_server import FakeBehaviour, FakeServer
 
-    with FakeServer(FakeBehaviour(tokens=1, first_token_delay_s=0.002)) as srv:
+    with FakeServer(FakeBehaviour(tokens=2, first_token_delay_s=0.002, token_gap_s=0.02)) as srv:
         r = invoke("bench", "--url", srv.url, "--sweep", "1", "--requests", "2", "--prompt", "8", "--output", "2",
                    "--no-warmup", "--prompt-sweep", "4:64", "--out", str(tmp_path / "out"), "--json")
         bodies = list(srv.behaviour.bodies)
@@ -161,6 +178,7 @@ def test_bench_records_the_sweep_against_a_server(tmp_path):
     sweep = read_prompt_sweep(run)
     assert [q.prompt_tokens for q in sweep.requests] == [16, 32, 48, 64] and sweep.lengths == [16, 32, 48, 64]
     assert all(q.ttft_s >= 0.002 for q in sweep.requests)
+    assert all(0.02 <= q.itl_s < 1 for q in sweep.requests)
     sent = [(len(b["prompt"]), b["max_tokens"]) for b in bodies if isinstance(b, dict) and "prompt" in b]
     assert sent[:8] == [(16, 2), (16, 2), (32, 2), (32, 2), (48, 2), (48, 2), (64, 2), (64, 2)]
     assert sent[8:] == [(8, 2), (8, 2)]

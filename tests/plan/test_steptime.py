@@ -288,3 +288,31 @@ def test_the_request_overhead_is_fitted_against_a_replay_that_waits_as_a_predict
     fitted = _with_request_overhead(steps_only, [(point, load)], cfg)
     assert fitted.request_overhead_s == pytest.approx(0.0105, abs=2e-4) and fitted.request_overhead_per_rps_s2 == 0
     assert predict_latency(cfg, load, fitted).ttft["p50"] == pytest.approx(measured.ttft["p50"], abs=3e-4)
+
+
+@pytest.mark.parametrize("jitter", [(1.03, 0.97, 1.03, 0.97), (0.97, 1.03, 0.97, 1.03)])
+def test_the_sweeps_decode_steps_price_the_kv_read(jitter):
+    """The CPU engine's regime, with a KV read: 5 ms a step, 2 ms of weights (2e6 B at 1e9 B/s), 4 us a context token
+    (4,000 B), 0.1 ms of compute a token (1e5 FLOPs at 1e9 FLOP/s), 10 ms a request outside the steps. A 64 + 64
+    calibration's decode steps (4 points, their ITL p50 off by the engine's jitter, +-3%) read 64-128 tokens a
+    sequence, where the KV read is hard to tell from the constant: with the prompt sweep's TTFTs alone the fit prices a
+    1,024-token context's step 7.6% low or 6.8% high here. The sweep's decode steps (one sequence over 32-512 tokens,
+    `single_decodes`) bring it within 5%. By hand: one sequence decoding at a 1,024-token context takes
+    5 + 2 + 1,024 x 0.004 + 0.1 = 11.196 ms."""
+    truth = StepTimeModel(weight_bytes=2e6, kv_bytes_per_token=4000, linear_flops_per_token=1e5, attn_flops_per_pair=0,
+                          bandwidth_bytes_s=1e9, peak_flops=1e9, mem_efficiency=1.0, compute_efficiency=1.0,
+                          overhead_s=0.005, request_overhead_s=0.010)
+    cfg, lengths, per_stream = SchedulerConfig(num_blocks=1000, block_size=16), Lengths(64, 64), 5
+    points = bench_points(truth, cfg, lengths, per_stream)
+    for p, factor in zip(points, jitter):
+        p["itl"] = {k: v * factor for k, v in p["itl"].items()}
+    sweep = range(32, 513, 32)
+    singles = [(n, 0.010 + 0.005 + (2e6 + n * 4000) / 1e9 + n * 1e-4) for n in sweep]  # TTFT: overhead + prefill
+    decodes = [(n, 0.005 + (2e6 + (n + 1) * 4000) / 1e9 + 1e-4) for n in sweep]  # the step after the first token
+    base = replace(truth, mem_efficiency=0.3, compute_efficiency=0.3, overhead_s=0.0, request_overhead_s=0.0)
+    long_step = StepBatch(prefill_tokens=0, decode_seqs=1, kv_tokens_read=1024, num_seqs=1, attention_pairs=1024)
+    assert truth(long_step) == pytest.approx(0.011196)
+    without = calibrate_bench(points, lengths, cfg, base, per_stream, single_requests=singles)
+    assert without(long_step) != pytest.approx(0.011196, rel=0.06)
+    fitted = calibrate_bench(points, lengths, cfg, base, per_stream, single_requests=singles, single_decodes=decodes)
+    assert fitted(long_step) == pytest.approx(0.011196, rel=0.05)
