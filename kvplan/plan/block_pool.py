@@ -178,6 +178,18 @@ class BlockPool(_PrefixMap):
         ref = self.ref
         return [ref[b] for b in blocks].count(0)
 
+    def leads_with_any(self, blocks: set[int], count: int) -> bool:
+        """Whether one of the first ``count`` blocks of the free queue (the next ones taken) is in ``blocks``."""
+        nxt = self.nxt
+        block = nxt[0]
+        for _ in range(count):
+            if not block:
+                return False
+            if block in blocks:
+                return True
+            block = nxt[block]
+        return False
+
     def ids(self, blocks: Iterable[int]) -> tuple[int, ...]:
         """The blocks' ids (a block table as the trace records it)."""
         return tuple(blocks)

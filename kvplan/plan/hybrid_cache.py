@@ -476,12 +476,12 @@ class HybridCache:
         return position if index >= len(table) or not table[index] else 0
 
     def blocks_to_allocate(self, tables: list[list[int]] | None, num_tokens: int, hits: list[list[int]],
-                           computed: int, capped: bool = False, *, prefill_end: int) -> int:
+                           computed: int, capped: bool = False, *, prefill_end: int, kv_only: bool = False) -> int:
         """`KVCacheCoordinator.get_num_blocks_to_allocate` summed over the groups: new blocks, plus hits that sit
         in the free queue (touching them takes them out of it). ``tables``: a running request's (no hits then);
         None for one being admitted. ``capped``: the full-sequence admission check's per-group cap.
         ``prefill_end``: the request's ``max(num_prompt_tokens, num_tokens - 1)`` (a checkpoint needs a chunk
-        reaching it)."""
+        reaching it). ``kv_only``: the blocks alone, not the refusal of a hit on a state cached in this step."""
         B, ref, total = self.B, self.pool.ref, 0
         if tables is not None and not capped and self.stateless:  # a running request: the loop below, inline
             required = cdiv(num_tokens, B)
@@ -490,7 +490,7 @@ class HybridCache:
             required = cdiv(num_tokens, B)
             if self.kinds[g] == MAMBA:  # `MambaManager.get_num_blocks_to_allocate`, align mode: one new block,
                 hit = hits[g] if tables is None else ()  # two with a checkpoint in the chunk
-                if hit and self.cached_this_step and self.pool.key_of[hit[-1]] in self.cached_this_step:
+                if hit and self.cached_this_step and not kv_only and self.pool.key_of[hit[-1]] in self.cached_this_step:
                     return 1 << 62  # a state cached in this step: admitted in the next one
                 table = tables[g] if tables is not None else ()  # (at admission vLLM's table is still empty)
                 new = required - len(hit) - len(table)
@@ -542,6 +542,25 @@ class HybridCache:
             if freed:
                 self.pool.release(freed[::-1])  # (release frees its list last block first)
                 count += len(freed)
+        return count
+
+    def releasable(self, tables: list[list[int]], computed: int) -> int:
+        """How many blocks `remove_skipped(tables, computed)` would free, none freed."""
+        count, B, kinds, spans = 0, self.B, self.kinds, self.spans
+        for g in self.moving:
+            table = tables[g]
+            if kinds[g] == MAMBA:  # (`_retire_states`)
+                last = min((computed - 1) // B, len(table)) if computed > 1 else 0
+                count += sum(1 for i in range(table.retired, last) if table[i])
+                s = table.last_state
+                if s is not None and s < cdiv(computed, B) - 1 and table[s] and not table.retired <= s < last:
+                    count += 1
+                continue
+            skipped = computed - spans[g] + 1 if kinds[g] == SLIDING else computed // spans[g] * spans[g]
+            i = min(skipped // B, len(table)) - 1
+            while i >= 0 and table[i]:
+                count += 1
+                i -= 1
         return count
 
     def next_removal(self, tables: list[list[int]], computed: int) -> float:

@@ -251,17 +251,22 @@ class _HybridScheduler(_Scheduler):
 
         The run stops before a step whose calls might not all fit: fewer free blocks than one a group for each of its
         calling requests (a decode token starts at most one block a group; the frees before each take only help).
-        `_step` runs that step (and its preemptions). Not with a trace, or a waiting request that could be admitted. A
-        state group's `new_step` is not called in the run: what it clears is read only by an admission, and the next
-        `_step` starts with it."""
+        `_step` runs that step (and its preemptions). Not with a trace, or while a waiting request could be admitted:
+        with a head that may be tried, only while it surely waits for KV blocks (`_head_shortfall`, rechecked at each
+        step whose calls change the pool: `_still_blocked`). A state group's `new_step` is not called in the run: what
+        it clears is read only by an admission, and the next `_step` starts with it."""
         config, running, waiting = self.config, self.running, self.waiting
         num = len(running)
         budget_left = config.max_num_batched_tokens - num
         if not num or budget_left < 0 or self.trace is not None:
             return 0
         may_admit = budget_left > 0 and num < config.max_num_seqs
-        if may_admit and waiting:
-            return 0  # (the head is tried every step: `_step`)
+        blocked, head_need, head_hits = False, 0, set()
+        if may_admit and waiting:  # the head is tried every step: a run only while it surely waits for KV blocks
+            found = self._head_need(budget_left)
+            if found is None or found[0] <= self.pool.num_free:
+                return 0
+            blocked, (head_need, head_hits) = True, found
         horizon = max_steps - self.step
         kv = num  # kv_tokens_read of the first step: sum of (computed + 1)
         base: list[tuple[int, int]] = []  # each request's (computed, generated) at the run's start
@@ -283,8 +288,8 @@ class _HybridScheduler(_Scheduler):
         budget_wait = (step, now) if budget_spent and waiting else None
         next_arrival = pending[0][0] if pending else math.inf
         for j in range(horizon):
-            if next_arrival <= now:  # arrivals seen at this step's start
-                if may_admit:
+            if next_arrival <= now:  # arrivals seen at this step's start (behind a blocked head)
+                if may_admit and not blocked:
                     break
                 next_arrival = self._take_arrivals(step, now)
                 peak_waiting = max(peak_waiting, len(waiting))
@@ -293,6 +298,9 @@ class _HybridScheduler(_Scheduler):
             calls = due.get(j)
             if calls:
                 if len(calls) * per_call > pool.num_free:  # one might not fit: a step of its own
+                    break
+                if blocked and not self._still_blocked(head_need, head_hits, [(base[i][0] + j, req) for i, req in calls],
+                                                       len(calls) * per_call):
                     break
                 del due[j]
                 for i, req in sorted(calls, key=_first):
@@ -320,6 +328,10 @@ class _HybridScheduler(_Scheduler):
             return 0
         self.peak_used, self.peak_waiting = peak_used, peak_waiting
         self.peak_running = max(self.peak_running, num)
+        if blocked:
+            for req in waiting:
+                req.tl.waited_for_kv = True
+            self._waited()
         done: list[_Req] = []
         for req, (c, g) in zip(running, base):
             req.computed, req.generated = c + steps, g + steps
@@ -327,6 +339,48 @@ class _HybridScheduler(_Scheduler):
             if req.generated >= req.output:
                 done.append(req)
         return self._end_run(steps, done, step, now, budget_wait)
+
+    def _head_need(self, budget: int) -> tuple[int, set[int]] | None:
+        """The blocks the head of the queue needs to be admitted with ``budget`` tokens left (counted alone:
+        `blocks_to_allocate`'s ``kv_only``; it waits for KV blocks while more than are free), and its hit blocks. None
+        when a decode run may not pass its refusals over: every failed attempt counts in the prefix-cache stats (as
+        the plain `_blocked_head`), a running request's keys reach past its prompt's full blocks (its new full blocks
+        might be hashes of the head's prompt), or no block-aligned first chunk fits the budget (a budget wait, not a KV
+        one). (The lookup sets the head's junction, as each attempt of `_admit_waiting` does.)"""
+        config, cache, B = self.config, self.cache, self.B
+        if config.prefix_caching and not (config.admit_full_prompt and config.prefix_stats_at_admission):
+            return None
+        if any(len(req.keys) > req.prompt // B for req in self.running):
+            return None
+        req = self.waiting[0]
+        if config.prefix_caching:
+            hits, computed, junction = cache.lookup(_keys(req, 0, (req.num_tokens - 1) // B, B), req.num_tokens - 1)
+        else:
+            hits, computed, junction = [[] for _ in cache.kinds], 0, 0
+        self.junction[req.rid] = junction
+        first_chunk = self._chunk(req, computed, min(req.num_tokens - computed, budget))
+        if not first_chunk:
+            return None
+        prefill_end = max(req.prompt, req.num_tokens - 1)
+        need = cache.blocks_to_allocate(None, computed + first_chunk, hits, computed, prefill_end=prefill_end,
+                                        kv_only=True)
+        if config.admit_full_prompt:
+            need = max(need, cache.blocks_to_allocate(None, min(req.num_tokens, self.max_model_len), hits, computed,
+                                                      capped=True, prefill_end=prefill_end, kv_only=True))
+        return need, {b for hit in hits for b in hit if b}
+
+    def _still_blocked(self, need: int, hits: set[int], calls: list[tuple[int, _Req]], takes: int) -> bool:
+        """Whether the head of the queue, blocked since the run began needing ``need`` blocks with ``hits``, is still
+        refused at a step whose ``calls`` ((computed tokens, request): each request's `allocate_slots`, at most
+        ``takes`` new blocks in all) change the pool, its calls made first. Its need has not fallen: only a hit's
+        eviction lowers it, and the calls cache only blocks of generated tokens (`_head_need`), so its hits never
+        grow, while a hit freed adds one. When none of the first ``takes`` blocks of the free queue is a hit (the
+        takes come from there, after any blocks the calls free uncached), this step evicts none either, and the free
+        blocks grow by at most what the calls free (`HybridCache.releasable`)."""
+        if self.pool.leads_with_any(hits, takes):
+            return False
+        releasable = self.cache.releasable
+        return need > self.pool.num_free + sum(releasable(self.tables[req.rid], c) for c, req in calls)
 
     def _quiet_until(self, req: _Req, computed: int) -> int:
         """The computed tokens at which a decoding request's `_allocate_slots` next does something: the first
