@@ -326,7 +326,8 @@ def main() -> None:
         if seen and singles:
             seen = (min(seen[0], *(n for n, _ in singles)), max(seen[1], *(n for n, _ in singles)))
         print(f"probe: the 1-stream requests of {runs[args.probe][0]} added to the calibration as single requests")
-    print(f"calibrated on {args.calibrate}: {model.overhead_s * 1000:.2f} ms a step + the roofline terms "
+    print(f"calibrated on {args.calibrate}: {model.overhead_s * 1000:.2f} ms a step + the roofline terms, "
+          f"{'the longer one' if model.overlap else 'summed'} "
           f"(efficiencies: memory {model.mem_efficiency:.4g}, compute {model.compute_efficiency:.4g}); "
           f"request overhead {model.request_overhead_s * 1000:.1f} ms + "
           f"{model.request_overhead_per_rps_s2 * 1000:.2f} ms per request/s")

@@ -395,8 +395,10 @@ def _calibrate_steptime(run_dir: Path, gpu: str | None, model: str | None, as_js
         return
     typer.echo(f"calibrated the step-time model of {cal.model_name} on {cal.device} from {len(cal.points_used)} "
                f"point(s) at concurrency {', '.join(map(str, cal.points_used))}")
-    typer.echo(f"  per step {m.overhead_s * 1000:.3f} ms + memory / {m.mem_efficiency:.4g} + compute / "
-               f"{m.compute_efficiency:.4g}; per request {m.request_overhead_s * 1000:.2f} ms outside the steps "
+    terms = (f"the longer of memory / {m.mem_efficiency:.4g} and compute / {m.compute_efficiency:.4g}" if m.overlap
+             else f"memory / {m.mem_efficiency:.4g} + compute / {m.compute_efficiency:.4g}")
+    typer.echo(f"  per step {m.overhead_s * 1000:.3f} ms + {terms}; per request {m.request_overhead_s * 1000:.2f} ms "
+               f"outside the steps "
                f"+ {m.request_overhead_per_rps_s2 * 1000:.2f} ms per request/s of load")
     typer.echo(f"  {prompt_price_line(cal)}")
     typer.echo(f"  saved to {run_dir / STEPTIME_FILE}")

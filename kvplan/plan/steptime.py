@@ -1,17 +1,21 @@
 """How long one engine step takes, and the latency a load gets from it. Pure.
 
 One step computes ``prefill_tokens`` + ``decode_seqs`` tokens and reads every scheduled
-request's KV (kvplan.plan.simulate.StepBatch). Per device (one TP rank), a roofline sum:
+request's KV (kvplan.plan.simulate.StepBatch). Per device (one TP rank), a roofline:
 
     t = overhead
       + (weight_bytes + kv_tokens_read x kv_bytes_per_token) / bandwidth  / mem_efficiency
       + (tokens x linear_flops_per_token + attention_pairs x attn_flops_per_pair) / peak_flops / compute_efficiency
 
-The two roofline terms are added, not max'ed, so the three factors (overhead, 1 / mem_efficiency,
-1 / compute_efficiency) enter linearly and `calibrate_steptime` fits them by least squares
-from measured steps. ``linear_flops_per_token`` is 2 x the parameters per device, all of them (for a
-MoE model an upper bound: a token goes through ``num_experts_per_tok`` of the routed experts, but no MoE
-measurement here says what share of peak their kernels reach, so the bound is kept);
+The two roofline terms are added in the priors. A calibration (`calibrate_bench`) takes the longer of the two
+instead (``overlap``: the step's memory reads and arithmetic overlap, so a small decode batch costs the memory it
+reads and a prompt the arithmetic it does), which `StepTimeModel.terms` writes as the same sum with the shorter term
+0, fixed round by round. Either way the three factors (overhead, 1 / mem_efficiency, 1 / compute_efficiency) enter
+linearly and `calibrate_steptime` fits them by least squares from measured steps.
+
+``linear_flops_per_token`` is 2 x the parameters per device, all of them (for a MoE model an upper bound: a token
+goes through ``num_experts_per_tok`` of the routed experts, but no MoE measurement here says what share of peak their
+kernels reach, so the bound is kept);
 ``attn_flops_per_pair`` is 4 x attention layers x (heads x head size) per device (QK^T and AV), as full
 attention (sparse attention, DeepSeek-V3.2 / V4, computes less: an upper bound there too).
 
@@ -46,6 +50,10 @@ from kvplan.plan.hybrid_sim import simulate_groups
 from kvplan.plan.simulate import CarriedPool, Load, SchedulerConfig, SimResult, StepBatch, closed_loop, simulate
 from kvplan.stats import theil_sen, theil_sen_interval
 
+#: The efficiency a fit gives a term the data drop (held at 0): that memory or arithmetic is free. Anything above a
+#: tenth of it is such a term (the throughput rounds scale it).
+DROPPED_EFFICIENCY = 1e9
+
 
 @dataclass(frozen=True)
 class StepTimeModel:
@@ -63,10 +71,16 @@ class StepTimeModel:
     source: str = "prior"  # prior | calibrated
     request_overhead_s: float = 0.0  # per request, outside the engine's steps (API server)
     request_overhead_per_rps_s2: float = 0.0  # more of it per request/s of load (the API server's queue)
+    # A step takes the longer of its memory and compute time (the roofline), not their sum: a calibration's
+    # (`calibrate_bench`), where a decoding sequence then costs only the memory a small batch reads, as the engine's
+    # decode steps show. Priors add them (False; as do calibrations stored before 2026-12-06).
+    overlap: bool = False
 
     def __post_init__(self) -> None:
         if self.bandwidth_bytes_s <= 0 or self.peak_flops <= 0:
             raise KvplanError("the step-time model needs a device bandwidth and peak FLOP/s > 0")
+        if not isinstance(self.overlap, bool):
+            raise KvplanError("the step-time model's overlap must be true or false")
         if self.mem_efficiency <= 0 or self.compute_efficiency <= 0 or self.overhead_s < 0 \
                 or self.request_overhead_s < 0 or self.request_overhead_per_rps_s2 < 0:
             raise KvplanError("efficiencies must be > 0 and the overheads >= 0")
@@ -76,11 +90,19 @@ class StepTimeModel:
         return self.request_overhead_s + self.request_overhead_per_rps_s2 * max(0.0, requests_per_s)
 
     def terms(self, batch: StepBatch) -> tuple[float, float]:
-        """The ideal memory and compute seconds of a step (before efficiencies)."""
+        """The ideal memory and compute seconds of a step (before efficiencies), the one that does not bound it 0 when
+        they ``overlap``: a step costs overhead + memory / mem_efficiency + compute / compute_efficiency either way,
+        so fits stay linear in the factors. A term not found (an efficiency above a tenth of `DROPPED_EFFICIENCY`,
+        only while a calibration looks for it) bounds no step: a decode-only step is taken as reading memory, any other
+        as computing, so that both terms have steps to be found in."""
         mem = (self.weight_bytes + batch.kv_tokens_read * self.kv_bytes_per_token) / self.bandwidth_bytes_s
         tokens = batch.prefill_tokens + batch.decode_seqs
-        flops = tokens * self.linear_flops_per_token + batch.attention_pairs * self.attn_flops_per_pair
-        return mem, flops / self.peak_flops
+        compute = (tokens * self.linear_flops_per_token + batch.attention_pairs * self.attn_flops_per_pair) / self.peak_flops
+        if not self.overlap:
+            return mem, compute
+        if max(self.mem_efficiency, self.compute_efficiency) > DROPPED_EFFICIENCY / 10:
+            return (mem, 0.0) if not batch.prefill_tokens else (0.0, compute)
+        return (mem, 0.0) if mem / self.mem_efficiency >= compute / self.compute_efficiency else (0.0, compute)
 
     def __call__(self, batch: StepBatch) -> float:
         mem, compute = self.terms(batch)
@@ -162,8 +184,8 @@ def _with_step_terms(base: StepTimeModel, coef: list[float]) -> StepTimeModel:
     return replace(
         base,
         overhead_s=overhead,
-        mem_efficiency=1 / mem if mem else 1e9,  # no memory term left: free memory
-        compute_efficiency=1 / compute if compute else 1e9,
+        mem_efficiency=1 / mem if mem else DROPPED_EFFICIENCY,  # no memory term left: free memory
+        compute_efficiency=1 / compute if compute else DROPPED_EFFICIENCY,
         source="calibrated",
     )
 
@@ -408,7 +430,7 @@ def calibrate_bench(points: Sequence[dict], lengths, config: SchedulerConfig, ba
                     requests_per_stream: int = 1, shared_prefix: float = 0.0,
                     request_ttfts: Mapping[int, Sequence[tuple[int, float]]] | None = None,
                     single_requests: Sequence[tuple[int, float]] = (),
-                    single_decodes: Sequence[tuple[int, float]] = ()) -> StepTimeModel:
+                    single_decodes: Sequence[tuple[int, float]] = (), overlap: bool = True) -> StepTimeModel:
     """A step-time model calibrated on one bench run's points (closed loop, below the first KV
     wait): a first guess of the step factors from the decode steps (`decode_measurements`,
     `calibrate_steptime`), then the step factors and a constant request overhead fitted together to
@@ -435,12 +457,35 @@ def calibrate_bench(points: Sequence[dict], lengths, config: SchedulerConfig, ba
     ``single_decodes`` ((prompt tokens, s) of the decode step after such a request's first token: the sweep's) are
     decode steps of one sequence over a context of the prompt and one token, a row for their shorter and one for their
     longer half (`single_request_groups`): the KV read grows with the context there, while the points' steps, at
-    the workload's few contexts, grow only with the batch."""
+    the workload's few contexts, grow only with the batch.
+
+    ``overlap`` (the default): the model's steps take the longer of their memory and compute time
+    (`StepTimeModel.overlap`); each round's rows charge a step the term that bounds it under the round's model. The
+    first rounds, before both terms are found, take decode steps as reading memory and prefill steps as computing.
+    On the CPU engine (2026-12-06; `benchmarks/bench_latency_prediction.py --from` on three runs) the engine's decode
+    steps stayed at 7.4-9.7 ms from 1 to 4 streams while a prompt token cost 0.33 ms: summed terms charged each
+    decoding sequence a prompt token's compute. When the fit leaves a term out (efficiency `DROPPED_EFFICIENCY`), no
+    step can be told memory- from compute-bound: the summed fit is returned instead."""
 
     usable = [p for p in points if p.get("status", "ok") == "ok" and p.get("mode", "concurrency") == "concurrency"
               and p.get("concurrency") and not p.get("waited_for_kv") and not p.get("preempted")]
     if not usable:
         raise KvplanError("the run has no finished closed-loop point below the first KV wait to calibrate on")
+    fitted = _calibrate_bench(usable, lengths, config, replace(base, overlap=overlap), requests_per_stream,
+                              shared_prefix, request_ttfts, single_requests, single_decodes)
+    if overlap and max(fitted.mem_efficiency, fitted.compute_efficiency) > DROPPED_EFFICIENCY / 10:
+        # One term only: no step can be told memory- from compute-bound, and the rounds that took decode steps as
+        # reading memory are not what summed terms then charge: the summed fit instead.
+        fitted = _calibrate_bench(usable, lengths, config, replace(base, overlap=False), requests_per_stream,
+                                  shared_prefix, request_ttfts, single_requests, single_decodes)
+    return replace(fitted, source="calibrated")
+
+
+def _calibrate_bench(usable: list[dict], lengths, config: SchedulerConfig, base: StepTimeModel, requests_per_stream: int,
+                     shared_prefix: float, request_ttfts: Mapping[int, Sequence[tuple[int, float]]] | None,
+                     single_requests: Sequence[tuple[int, float]],
+                     single_decodes: Sequence[tuple[int, float]]) -> StepTimeModel:
+    """`calibrate_bench` on its usable points, the terms summed or overlapping as ``base`` says."""
     decode = decode_measurements(usable, lengths.prompt, lengths.output)
     decode += [(StepBatch(prefill_tokens=0, decode_seqs=1, kv_tokens_read=n + 1, num_seqs=1, attention_pairs=n + 1), t)
                for n, t in single_request_groups(single_decodes)]
@@ -466,7 +511,7 @@ def calibrate_bench(points: Sequence[dict], lengths, config: SchedulerConfig, ba
                          compute_efficiency=fitted.compute_efficiency / scale)
     else:
         fitted = _with_request_overhead(fitted, loads, config)
-    return replace(fitted, source="calibrated")
+    return fitted
 
 
 JOINT_FIT_ROUNDS = 8

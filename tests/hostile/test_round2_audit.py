@@ -24,6 +24,8 @@ import pytest
 from helpers.fake_server import FakeBehaviour, FakeServer, _StreamServer
 from helpers.harness import invoke
 
+import kvplan.bench.steptime_io as steptime_io
+
 DATA = Path(__file__).resolve().parents[1] / "bench" / "data"
 OLD_RUN = DATA / "old-run-conc"
 HUGE = {"400 digits": 10**400, "2**63": 2**63, "float max": sys.float_info.max, "-float max": -sys.float_info.max,
@@ -301,11 +303,21 @@ def test_calibrate_refuses_steps_faster_than_the_gpu_can_run(tmp_path):
     assert not (run / "steptime.json").exists()
 
 
-def test_calibrate_stores_no_fit_faster_than_the_gpu(tmp_path):
-    """The old CPU run's steps (5.2-5.4 ms at 1 and 4 streams) named an H100: the fit puts every step in the
-    overhead and reads memory for free (efficiency ~8e8), which would predict a large batch faster than
-    the GPU's bandwidth. Refused on the GPU; the same run calibrates on the nominal device."""
+def test_calibrate_stores_no_fit_faster_than_the_gpu(tmp_path, monkeypatch):
+    """The old CPU run's steps (5.2-5.4 ms at 1 and 4 streams) named an H100. Summed terms (`calibrate_bench`'s
+    ``overlap=False``) put every step in the overhead and read memory for free (efficiency ~8e8), which would predict a
+    large batch faster than the GPU's bandwidth: refused on the GPU, nothing stored; the same run calibrates on the
+    nominal device. With overlapping terms (the default) the fit reads the weights at most at the GPU's bandwidth, and
+    what is stored says so."""
     run = _calibration_run(tmp_path)
+    r = invoke("calibrate", "--bench", str(run), "--gpu", "H100")
+    assert r.code == 0, r.stderr
+    stored = json.loads((run / "steptime.json").read_text())["steptime"]
+    assert stored["overlap"] and 0 < stored["mem_efficiency"] <= 1 and 0 < stored["compute_efficiency"] <= 1
+    (run / "steptime.json").unlink()
+
+    summed = steptime_io.calibrate_bench
+    monkeypatch.setattr(steptime_io, "calibrate_bench", lambda *a, **k: summed(*a, **k, overlap=False))
     r = invoke("calibrate", "--bench", str(run), "--gpu", "H100")
     assert r.code == 2 and "faster than its bandwidth" in r.one_line_error()
     assert not (run / "steptime.json").exists()

@@ -195,7 +195,7 @@ def test_calibration_separates_prefill_compute_from_the_kv_read():
     points = bench_points(truth, cfg, lengths, per_stream)
     base = StepTimeModel(**{**truth.__dict__, "mem_efficiency": 0.3, "compute_efficiency": 0.9, "overhead_s": 0.0,
                             "request_overhead_s": 0.0})
-    fitted = calibrate_bench(points, lengths, cfg, base, per_stream)
+    fitted = calibrate_bench(points, lengths, cfg, base, per_stream, overlap=False)  # (the truth sums its terms)
     assert fitted.compute_efficiency == pytest.approx(0.5, rel=0.02)
     # 10 ms at the points' request rates (4.6-5.8 requests/s): the fit's line there, 10.3-11.5 ms, takes what
     # its step terms (2% off) leave at each load
@@ -231,7 +231,7 @@ def test_calibration_prices_a_prompt_token_from_the_shorter_and_longer_prompts_o
                        "request_throughput": lat.output_tokens_per_s / lengths.output})
         first += c * per_stream
     base = replace(truth, compute_efficiency=0.3, overhead_s=0.0, request_overhead_s=0.0)
-    fitted = calibrate_bench(points, lengths, cfg, base, per_stream, request_ttfts=ttfts)
+    fitted = calibrate_bench(points, lengths, cfg, base, per_stream, request_ttfts=ttfts, overlap=False)
     assert fitted.compute_efficiency == pytest.approx(1.0, rel=0.15)
     alone = predict_latency(cfg, closed_loop(1, Lengths(256, 8), 1), fitted)
     assert alone.ttft["p50"] == pytest.approx(0.0536, rel=0.10)
@@ -312,7 +312,55 @@ def test_the_sweeps_decode_steps_price_the_kv_read(jitter):
     base = replace(truth, mem_efficiency=0.3, compute_efficiency=0.3, overhead_s=0.0, request_overhead_s=0.0)
     long_step = StepBatch(prefill_tokens=0, decode_seqs=1, kv_tokens_read=1024, num_seqs=1, attention_pairs=1024)
     assert truth(long_step) == pytest.approx(0.011196)
-    without = calibrate_bench(points, lengths, cfg, base, per_stream, single_requests=singles)
+    without = calibrate_bench(points, lengths, cfg, base, per_stream, single_requests=singles, overlap=False)
     assert without(long_step) != pytest.approx(0.011196, rel=0.06)
-    fitted = calibrate_bench(points, lengths, cfg, base, per_stream, single_requests=singles, single_decodes=decodes)
+    fitted = calibrate_bench(points, lengths, cfg, base, per_stream, single_requests=singles, single_decodes=decodes,
+                             overlap=False)  # (the truth sums its terms)
     assert fitted(long_step) == pytest.approx(0.011196, rel=0.05)
+
+
+def test_a_step_takes_the_longer_of_memory_and_compute_when_they_overlap():
+    """`StepTimeModel.overlap` by hand: 7 ms a step, 1.2 ms of weights (1.2e6 B at 1e9 B/s), 0.33 ms of compute a
+    token (3.3e5 FLOPs at 1e9 FLOP/s). One to three decoding sequences read the weights (8.2 ms), four compute
+    (7 + 1.32 = 8.32 ms), a 64-token prompt computes (7 + 21.12 = 28.12 ms); summed, 4 sequences take 9.52 ms."""
+    cpu = StepTimeModel(weight_bytes=1.2e6, kv_bytes_per_token=0, linear_flops_per_token=3.3e5, attn_flops_per_pair=0,
+                        bandwidth_bytes_s=1e9, peak_flops=1e9, mem_efficiency=1.0, compute_efficiency=1.0,
+                        overhead_s=0.007, overlap=True)
+    decode = [StepBatch(prefill_tokens=0, decode_seqs=n, kv_tokens_read=100 * n, num_seqs=n, attention_pairs=100 * n)
+              for n in (1, 3, 4)]
+    assert [cpu(b) for b in decode] == [pytest.approx(0.0082), pytest.approx(0.0082), pytest.approx(0.00832)]
+    assert cpu(StepBatch(64, 0, 64, 1, 64 * 65 // 2)) == pytest.approx(0.02812)
+    assert replace(cpu, overlap=False)(decode[2]) == pytest.approx(0.00952)
+    with pytest.raises(KvplanError):
+        replace(cpu, overlap="yes")
+
+
+def test_calibration_finds_overlapping_terms_where_summed_ones_overcharge_decode():
+    """The CPU engine's regime (the model above: 7 ms a step, 1.2 ms of weights, 0.33 ms of compute a token), a KV
+    read of 1 us a context token (1,000 B), and 4 ms a request outside the steps: a 64 + 64 calibration at 1-4
+    streams and a prompt sweep of 32-512 tokens (its TTFTs 4 + 7 + 0.33 n ms, its decode steps 8.2 + 0.001 (n + 1)
+    ms). Fitted with overlapping terms it prices 8 sequences decoding at 100 tokens, 7 + max(1.2 + 0.8, 8 x 0.33) =
+    9.64 ms, and a 256-token prompt's step, 7 + 84.48 = 91.48 ms, within 3%, and finds the 4 ms outside the steps
+    again; fitted with summed terms it drops the memory term, charges the 8 sequences a prompt token's compute each,
+    and misses them by more than 5% (+7.3% here)."""
+    truth = StepTimeModel(weight_bytes=1.2e6, kv_bytes_per_token=1000, linear_flops_per_token=3.3e5, attn_flops_per_pair=0,
+                          bandwidth_bytes_s=1e9, peak_flops=1e9, mem_efficiency=1.0, compute_efficiency=1.0,
+                          overhead_s=0.007, request_overhead_s=0.004, overlap=True)
+    cfg, lengths, per_stream = SchedulerConfig(num_blocks=1000, block_size=16), Lengths(64, 64, "lognormal"), 5
+    points = bench_points(truth, cfg, lengths, per_stream)
+    sweep = range(32, 513, 32)
+    singles = [(n, 0.004 + 0.007 + n * 3.3e-4) for n in sweep]
+    decodes = [(n, 0.0082 + (n + 1) * 1e-6) for n in sweep]
+    base = replace(truth, mem_efficiency=0.3, compute_efficiency=0.3, overhead_s=0.0, request_overhead_s=0.0,
+                   overlap=False)
+    eight = StepBatch(prefill_tokens=0, decode_seqs=8, kv_tokens_read=800, num_seqs=8, attention_pairs=800)
+    prompt = StepBatch(prefill_tokens=256, decode_seqs=0, kv_tokens_read=256, num_seqs=1, attention_pairs=256 * 257 // 2)
+    fitted = calibrate_bench(points, lengths, cfg, base, per_stream, single_requests=singles, single_decodes=decodes)
+    assert fitted.overlap and fitted.source == "calibrated"
+    assert fitted(eight) == pytest.approx(0.00964, rel=0.03)
+    assert fitted(prompt) == pytest.approx(0.09148, rel=0.03)
+    assert fitted.request_overhead_s == pytest.approx(0.004, rel=0.1)
+    summed = calibrate_bench(points, lengths, cfg, base, per_stream, single_requests=singles, single_decodes=decodes,
+                             overlap=False)
+    assert not summed.overlap
+    assert summed(eight) != pytest.approx(0.00964, rel=0.05)
