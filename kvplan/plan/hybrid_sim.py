@@ -252,7 +252,7 @@ class _HybridScheduler(_Scheduler):
         The run stops before a step whose calls might not all fit: fewer free blocks than one a group for each of its
         calling requests (a decode token starts at most one block a group; the frees before each take only help).
         `_step` runs that step (and its preemptions). Not with a trace, or while a waiting request could be admitted:
-        with a head that may be tried, only while it surely waits for KV blocks (`_head_shortfall`, rechecked at each
+        with a head that may be tried, only while it surely waits for KV blocks (`_head_need`, rechecked at each
         step whose calls change the pool: `_still_blocked`). A state group's `new_step` is not called in the run: what
         it clears is read only by an admission, and the next `_step` starts with it."""
         config, running, waiting = self.config, self.running, self.waiting
