@@ -185,27 +185,14 @@ class _HybridScheduler(_Scheduler):
 
     def _admit_waiting(self, scheduled: list[tuple[_Req, int, int]], budget: int) -> bool:
         config, pool, cache, waiting = self.config, self.pool, self.cache, self.waiting
-        groups = len(cache.kinds)
         while waiting and budget > 0 and len(self.running) < config.max_num_seqs:
             req = waiting[0]
-            if config.prefix_caching:
-                keys = _keys(req, 0, (req.num_tokens - 1) // self.B, self.B)
-                hits, computed, junction = cache.lookup(keys, req.num_tokens - 1)
-            else:
-                hits, computed, junction = [[] for _ in range(groups)], 0, 0
-            self.junction[req.rid] = junction
-            first_chunk = self._chunk(req, computed, min(req.num_tokens - computed, budget))
-            if not first_chunk:  # no block-aligned chunk fits the budget left: the step admits no more
+            found = self._admission(req, budget)
+            if found is None:  # no block-aligned chunk fits the budget left: the step admits no more
                 return False
-            fits = True
+            hits, computed, first_chunk, need = found
+            fits = need <= pool.num_free
             prefill_end = max(req.prompt, req.num_tokens - 1)
-            if config.admit_full_prompt:  # full_sequence_must_fit, window groups at their admission cap
-                whole = min(req.num_tokens, self.max_model_len)
-                fits = (cache.blocks_to_allocate(None, whole, hits, computed, capped=True, prefill_end=prefill_end)
-                        <= pool.num_free)
-            if fits:
-                fits = (cache.blocks_to_allocate(None, computed + first_chunk, hits, computed, prefill_end=prefill_end)
-                        <= pool.num_free)
             if config.prefix_caching and (fits or not config.prefix_stats_at_admission):
                 if req.tl.preemptions:
                     self.pre_queries, self.pre_hits = self.pre_queries + req.num_tokens, self.pre_hits + computed
@@ -233,6 +220,29 @@ class _HybridScheduler(_Scheduler):
             scheduled.append((req, first_chunk, computed))
             budget -= first_chunk
         return False
+
+    def _admission(self, req: _Req, budget: int, kv_only: bool = False) -> tuple[list[list[int]], int, int, int] | None:
+        """A waiting request's attempt with ``budget`` tokens left: (its hits per group, its computed tokens, its first
+        chunk, the blocks admitting it needs), or None when no block-aligned first chunk fits the budget. It needs
+        the most of the whole sequence's blocks, window groups at their admission cap (``full_sequence_must_fit``,
+        with ``admit_full_prompt``), and its first chunk's; ``kv_only``: `blocks_to_allocate`'s. The lookup sets its
+        shared-prefix junction (vLLM's request.shared_prefix_boundary)."""
+        config, cache, B = self.config, self.cache, self.B
+        if config.prefix_caching:
+            hits, computed, junction = cache.lookup(_keys(req, 0, (req.num_tokens - 1) // B, B), req.num_tokens - 1)
+        else:
+            hits, computed, junction = [[] for _ in cache.kinds], 0, 0
+        self.junction[req.rid] = junction
+        first_chunk = self._chunk(req, computed, min(req.num_tokens - computed, budget))
+        if not first_chunk:
+            return None
+        prefill_end = max(req.prompt, req.num_tokens - 1)
+        need = cache.blocks_to_allocate(None, computed + first_chunk, hits, computed, prefill_end=prefill_end,
+                                        kv_only=kv_only)
+        if config.admit_full_prompt:
+            need = max(need, cache.blocks_to_allocate(None, min(req.num_tokens, self.max_model_len), hits, computed,
+                                                      capped=True, prefill_end=prefill_end, kv_only=kv_only))
+        return hits, computed, first_chunk, need
 
     def _admission_blocks(self, req: _Req) -> int:
         """Over every group, each at its admission cap (the full-sequence check, `_admit_waiting`)."""
@@ -346,27 +356,16 @@ class _HybridScheduler(_Scheduler):
         when a decode run may not pass its refusals over: every failed attempt counts in the prefix-cache stats (as
         the plain `_blocked_head`), a running request's keys reach past its prompt's full blocks (its new full blocks
         might be hashes of the head's prompt), or no block-aligned first chunk fits the budget (a budget wait, not a KV
-        one). (The lookup sets the head's junction, as each attempt of `_admit_waiting` does.)"""
-        config, cache, B = self.config, self.cache, self.B
+        one). (`_admission`, as each attempt of `_admit_waiting`.)"""
+        config, B = self.config, self.B
         if config.prefix_caching and not (config.admit_full_prompt and config.prefix_stats_at_admission):
             return None
         if any(len(req.keys) > req.prompt // B for req in self.running):
             return None
-        req = self.waiting[0]
-        if config.prefix_caching:
-            hits, computed, junction = cache.lookup(_keys(req, 0, (req.num_tokens - 1) // B, B), req.num_tokens - 1)
-        else:
-            hits, computed, junction = [[] for _ in cache.kinds], 0, 0
-        self.junction[req.rid] = junction
-        first_chunk = self._chunk(req, computed, min(req.num_tokens - computed, budget))
-        if not first_chunk:
+        found = self._admission(self.waiting[0], budget, kv_only=True)
+        if found is None:
             return None
-        prefill_end = max(req.prompt, req.num_tokens - 1)
-        need = cache.blocks_to_allocate(None, computed + first_chunk, hits, computed, prefill_end=prefill_end,
-                                        kv_only=True)
-        if config.admit_full_prompt:
-            need = max(need, cache.blocks_to_allocate(None, min(req.num_tokens, self.max_model_len), hits, computed,
-                                                      capped=True, prefill_end=prefill_end, kv_only=True))
+        hits, _, _, need = found
         return need, {b for hit in hits for b in hit if b}
 
     def _still_blocked(self, need: int, hits: set[int], calls: list[tuple[int, _Req]], takes: int) -> bool:
