@@ -549,12 +549,9 @@ class HybridCache:
         count, B, kinds, spans = 0, self.B, self.kinds, self.spans
         for g in self.moving:
             table = tables[g]
-            if kinds[g] == MAMBA:  # (`_retire_states`)
-                last = min((computed - 1) // B, len(table)) if computed > 1 else 0
-                count += sum(1 for i in range(table.retired, last) if table[i])
-                s = table.last_state
-                if s is not None and s < cdiv(computed, B) - 1 and table[s] and not table.retired <= s < last:
-                    count += 1
+            if kinds[g] == MAMBA:
+                _, below, copied = self._states_to_retire(table, computed)
+                count += len(below) + (copied is not None)
                 continue
             skipped = computed - spans[g] + 1 if kinds[g] == SLIDING else computed // spans[g] * spans[g]
             i = min(skipped // B, len(table)) - 1
@@ -601,23 +598,28 @@ class HybridCache:
         """`MambaManager.remove_skipped_blocks`, align mode: the states before the last computed token's block
         freed (nulls passed over, from where the last call stopped), then the state the last allocation copied
         from, once the request is past its block. Returns how many it freed."""
-        freed = []
+        retired, below, copied = self._states_to_retire(table, computed)
+        freed = [table[i] for i in below]
+        for i in below:
+            table[i] = 0
+        if freed:
+            self.pool.release(freed[::-1])
+        table.retired = retired
+        if copied is None:
+            return len(freed)
+        self.pool.release([table[copied]])
+        table[copied] = 0
+        return len(freed) + 1
+
+    def _states_to_retire(self, table: _StateTable, computed: int) -> tuple[int, list[int], int | None]:
+        """What `_retire_states` frees, nothing freed: the table's new ``retired``, the indices of the held states
+        before it from ``retired`` on (the last first), and the index of the state the last allocation copied from
+        when it goes too (else None)."""
         last = min((computed - 1) // self.B, len(table)) if computed > 1 else 0
-        first = table.retired
-        if first < last:
-            for i in range(last - 1, first - 1, -1):
-                if table[i]:
-                    freed.append(table[i])
-                    table[i] = 0
-            if freed:
-                self.pool.release(freed[::-1])
-            table.retired = last
+        below = [i for i in range(last - 1, table.retired - 1, -1) if table[i]]
         s = table.last_state
-        if s is not None and s < cdiv(computed, self.B) - 1 and table[s]:
-            self.pool.release([table[s]])
-            table[s] = 0
-            return len(freed) + 1
-        return len(freed)
+        past = s is not None and s < cdiv(computed, self.B) - 1 and table[s] and s not in below
+        return max(table.retired, last), below, s if past else None
 
     def allocate(self, tables: list[list[int]], num_tokens: int, computed: int, prefill_end: int) -> int:
         """`allocate_new_blocks`, group by group, from the head of the free queue, for ``num_tokens`` in all of
