@@ -465,27 +465,70 @@ def calibrate_bench(points: Sequence[dict], lengths, config: SchedulerConfig, ba
     On the CPU engine (2026-12-06; `benchmarks/bench_latency_prediction.py --from` on three runs) the engine's decode
     steps stayed at 7.4-9.7 ms from 1 to 4 streams while a prompt token cost 0.33 ms: summed terms charged each
     decoding sequence a prompt token's compute. When the fit leaves a term out (efficiency `DROPPED_EFFICIENCY`), no
-    step can be told memory- from compute-bound: the summed fit is returned instead."""
+    step can be told memory- from compute-bound: the summed fit is returned instead, unless the engine's own split of
+    TTFT holds the request overhead (`outside_steps_at_one_stream`, held in the fit and the point the request
+    overhead's line goes through). With it the step overhead is the time the steps cannot lose, and a dropped memory
+    term is what the CPU engine's decode steps show: flat from 1 to 4 streams (ITL p50 6.5-8.9 ms on seven runs),
+    so decode-only steps cost the step overhead and prompt steps its compute (`StepTimeModel.terms`). There the
+    seven runs' fits agree (7.1-8.6 ms a step, 2.3-5.2 ms a request) where they did not without the split (0-8.1 ms a
+    step, 3.1-13.2 ms a request), and their predicted prefill meets the engine's histogram."""
 
     usable = [p for p in points if p.get("status", "ok") == "ok" and p.get("mode", "concurrency") == "concurrency"
               and p.get("concurrency") and not p.get("waited_for_kv") and not p.get("preempted")]
     if not usable:
         raise KvplanError("the run has no finished closed-loop point below the first KV wait to calibrate on")
+    outside = outside_steps_at_one_stream(usable, lengths, request_ttfts)
     fitted = _calibrate_bench(usable, lengths, config, replace(base, overlap=overlap), requests_per_stream,
-                              shared_prefix, request_ttfts, single_requests, single_decodes)
-    if overlap and max(fitted.mem_efficiency, fitted.compute_efficiency) > DROPPED_EFFICIENCY / 10:
-        # One term only: no step can be told memory- from compute-bound, and the rounds that took decode steps as
-        # reading memory are not what summed terms then charge: the summed fit instead.
+                              shared_prefix, request_ttfts, single_requests, single_decodes, outside)
+    if overlap and outside is None and max(fitted.mem_efficiency, fitted.compute_efficiency) > DROPPED_EFFICIENCY / 10:
+        # One term only, the request overhead not held: no step can be told memory- from compute-bound, and the rounds
+        # that took decode steps as reading memory are not what summed terms then charge: the summed fit instead.
         fitted = _calibrate_bench(usable, lengths, config, replace(base, overlap=False), requests_per_stream,
-                                  shared_prefix, request_ttfts, single_requests, single_decodes)
+                                  shared_prefix, request_ttfts, single_requests, single_decodes, outside)
     return replace(fitted, source="calibrated")
+
+
+def outside_steps_at_one_stream(points: Sequence[dict], lengths=None,
+                                request_ttfts: Mapping[int, Sequence[tuple[int, float]]] | None = None,
+                                ) -> tuple[float, float] | None:
+    """(request rate, seconds) of the time a request spends outside the engine's steps, as the engine's own histograms
+    split its TTFT at the 1-stream points (medians over them; None where no point has the split): the client's mean
+    TTFT less the mean time in the scheduler's queue and from first scheduled to first token (`server_queue_mean_s`,
+    `server_prefill_mean_s`: vLLM's request_queue_time_seconds and request_prefill_time_seconds, both between
+    engine-core timestamps, v1/metrics/stats.py@0.32.0). At one stream each request meets an idle engine, so no step
+    in progress hides in that rest (at more, the trip to the engine core holds the wait for it, which the
+    simulation gives). Why: TTFT rows alone cannot tell a constant per step from one per request (a request at one
+    stream takes one prefill step), and the step terms take what the request overhead does not; on the CPU engine
+    the fit put 0 ms in the step and 11.5-13.2 ms outside, where the histograms read 3.1-5.1 ms outside.
+
+    With the point's requests (``request_ttfts``, prompt lengths from ``lengths``) the client's mean is taken robustly:
+    the Theil-Sen line of TTFT against prompt tokens (`kvplan.stats.theil_sen`) at the requests' mean prompt. One
+    stalled request moves a mean of 20 by its whole delay / 20: a 221 ms first request (the others 24-43 ms) read 13.2 ms
+    outside where its run's line reads 3.5."""
+    rates, values = [], []
+    for p in points:
+        server, mean = p.get("server") or {}, (p.get("ttft") or {}).get("mean")
+        queue, prefill = server.get("server_queue_mean_s"), server.get("server_prefill_mean_s")
+        if p.get("concurrency") != 1 or mean is None or queue is None or prefill is None:
+            continue
+        done = [(float(lengths(i)[0]), t) for i, t in (request_ttfts or {}).get(p.get("seq"), ())
+                if t is not None and t > 0] if lengths is not None else []
+        if len({x for x, _ in done}) >= 2:
+            intercept, slope = theil_sen(done)
+            mean = intercept + slope * statistics.fmean(x for x, _ in done)
+        rates.append(float(p.get("request_throughput") or 0.0))
+        values.append(mean - queue - prefill)
+    return (statistics.median(rates), max(0.0, statistics.median(values))) if values else None
 
 
 def _calibrate_bench(usable: list[dict], lengths, config: SchedulerConfig, base: StepTimeModel, requests_per_stream: int,
                      shared_prefix: float, request_ttfts: Mapping[int, Sequence[tuple[int, float]]] | None,
                      single_requests: Sequence[tuple[int, float]],
-                     single_decodes: Sequence[tuple[int, float]]) -> StepTimeModel:
-    """`calibrate_bench` on its usable points, the terms summed or overlapping as ``base`` says."""
+                     single_decodes: Sequence[tuple[int, float]],
+                     outside: tuple[float, float] | None = None) -> StepTimeModel:
+    """`calibrate_bench` on its usable points, the terms summed or overlapping as ``base`` says; ``outside``: (request
+    rate, seconds) of the request overhead the engine's histograms show at one stream (`outside_steps_at_one_stream`),
+    held in the joint fit and the point the request overhead's line goes through, or None."""
     decode = decode_measurements(usable, lengths.prompt, lengths.output)
     decode += [(StepBatch(prefill_tokens=0, decode_seqs=1, kv_tokens_read=n + 1, num_seqs=1, attention_pairs=n + 1), t)
                for n, t in single_request_groups(single_decodes)]
@@ -496,12 +539,12 @@ def _calibrate_bench(usable: list[dict], lengths, config: SchedulerConfig, base:
               for p, _ in loads}
     singles = [(single_request_row(fitted, n, config.max_num_batched_tokens), t)
                for n, t in single_request_groups(single_requests)]
-    fitted = _fit_steps_and_ttft(fitted, decode, loads, config, groups, singles)
+    fitted = _fit_steps_and_ttft(fitted, decode, loads, config, groups, singles, outside and outside[1])
     # The median inter-token gap is the typical decode step; throughput follows the mean one (the
     # steps that also prefill, the hiccups). Scale every step term by how much slower the run's
     # output was than the simulation's, and refit the request overhead on the new steps.
     for _ in range(STEP_SCALE_ROUNDS):
-        fitted = _with_request_overhead(fitted, loads, config)
+        fitted = _with_request_overhead(fitted, loads, config, outside)
         ratios = [predict_latency(config, load, fitted).output_tokens_per_s / p["throughput_tok_s"]
                   for p, load in loads if p.get("throughput_tok_s")]
         scale = statistics.median(ratios) if ratios else 1.0
@@ -510,7 +553,7 @@ def _calibrate_bench(usable: list[dict], lengths, config: SchedulerConfig, base:
         fitted = replace(fitted, overhead_s=fitted.overhead_s * scale, mem_efficiency=fitted.mem_efficiency / scale,
                          compute_efficiency=fitted.compute_efficiency / scale)
     else:
-        fitted = _with_request_overhead(fitted, loads, config)
+        fitted = _with_request_overhead(fitted, loads, config, outside)
     return fitted
 
 
@@ -531,7 +574,8 @@ def ttft_groups(measured: Sequence[tuple[int, float]], lengths) -> list[tuple[fr
 
 def _fit_steps_and_ttft(model: StepTimeModel, decode: Sequence[tuple[StepBatch, float]], loads,
                         config: SchedulerConfig, groups: Mapping[int, list | None] | None = None,
-                        singles: Sequence[tuple[list[float], float]] = ()) -> StepTimeModel:
+                        singles: Sequence[tuple[list[float], float]] = (),
+                        outside: float | None = None) -> StepTimeModel:
     """The step terms and a constant request overhead fitted together to the decode steps AND each
     point's TTFT p50: decode steps alone cannot tell the compute term from the KV-read term (both grow
     with the batch), and a prompt's step is mostly compute. The TTFT of the point's median request in
@@ -542,7 +586,8 @@ def _fit_steps_and_ttft(model: StepTimeModel, decode: Sequence[tuple[StepBatch, 
     A point with ``groups[id(point)]`` (`ttft_groups`: its shorter and longer prompts) gives a row per
     group instead: the group's median measured TTFT against its median request in the replay. ``singles``:
     (features, measured TTFT s) of requests sent alone (no wait, no replay needed), whose time outside the steps is
-    a fifth coefficient of their own (dropped: the points' request overhead is the model's)."""
+    a fifth coefficient of their own (dropped: the points' request overhead is the model's). ``outside`` (seconds):
+    the request overhead held at that instead of fitted (`outside_steps_at_one_stream`)."""
     decode_rows = [([1.0, *model.terms(b), 0.0, 0.0], t, t) for b, t in decode]
     decode_rows += [([*features[:3], 0.0, features[3]], t, t) for features, t in singles]
     groups = groups or {}
@@ -559,12 +604,16 @@ def _fit_steps_and_ttft(model: StepTimeModel, decode: Sequence[tuple[StepBatch, 
                 row = _ttft_row(res, model, among)
                 if measured and measured > 0 and row is not None:
                     features, wait = row
-                    rows.append(([*features, 0.0], measured - wait, measured))
+                    if outside is None:
+                        rows.append(([*features, 0.0], measured - wait, measured))
+                    else:  # (a column of zeros is no term: `_fit_nonnegative` leaves it at 0)
+                        rows.append(([*features[:3], 0.0, 0.0], measured - wait - outside, measured))
         if len(rows) == len(decode_rows):
             return model
         weighted = [([f / seconds for f in features], y / seconds) for features, y, seconds in rows]
         coef = _fit_nonnegative(weighted, drop_order=(2, 1, 0, 3, 4))
-        new = replace(_with_step_terms(model, coef), request_overhead_s=coef[3], request_overhead_per_rps_s2=0.0)
+        new = replace(_with_step_terms(model, coef), request_overhead_s=coef[3] if outside is None else outside,
+                      request_overhead_per_rps_s2=0.0)
         if _close(new, model):
             return new
         model = new
@@ -626,7 +675,8 @@ def _close(a: StepTimeModel, b: StepTimeModel, rel: float = 0.005) -> bool:
 OVERHEAD_FIT_ROUNDS = 8
 
 
-def _with_request_overhead(model: StepTimeModel, loads, config: SchedulerConfig) -> StepTimeModel:
+def _with_request_overhead(model: StepTimeModel, loads, config: SchedulerConfig,
+                           anchor: tuple[float, float] | None = None) -> StepTimeModel:
     """``model`` with the request overhead fitted to each (point, load)'s measured TTFT p50 minus the
     one its steps give, against the point's measured request rate. The steps' TTFT is the replay's with the
     overhead delaying each stream's next request, as a prediction has it (`_sent_after_overhead`): a request
@@ -634,7 +684,7 @@ def _with_request_overhead(model: StepTimeModel, loads, config: SchedulerConfig)
     without the overhead, each stream's next request met the engine on a step boundary and waited nothing; the
     overhead fitted to that absorbed the wait, and predictions counted it twice: on the CPU engine, 32 + 96 at
     4 streams over-predicted by +18% to +41% on four runs.) The replay's arrivals depend on the overhead, so
-    the fit runs to a fixed point."""
+    the fit runs to a fixed point. ``anchor``: (request rate, seconds) the line goes through (`fit_request_overhead`)."""
     for _ in range(OVERHEAD_FIT_ROUNDS):
         samples = []
         for p, load in loads:
@@ -644,7 +694,7 @@ def _with_request_overhead(model: StepTimeModel, loads, config: SchedulerConfig)
             steps_ttft = _simulate_with_overhead(config, load, model)[1].percentiles("ttft", (50,))["p50"]
             if steps_ttft is not None:
                 samples.append((float(p.get("request_throughput") or 0.0), measured - steps_ttft))
-        base_s, per_rps = fit_request_overhead(samples)
+        base_s, per_rps = fit_request_overhead(samples, anchor)
         fitted = replace(model, request_overhead_s=base_s, request_overhead_per_rps_s2=per_rps)
         if abs(base_s - model.request_overhead_s) <= 1e-5 and abs(per_rps - model.request_overhead_per_rps_s2) <= 1e-5:
             return fitted
@@ -652,11 +702,19 @@ def _with_request_overhead(model: StepTimeModel, loads, config: SchedulerConfig)
     return model
 
 
-def fit_request_overhead(samples: Sequence[tuple[float, float]]) -> tuple[float, float]:
+def fit_request_overhead(samples: Sequence[tuple[float, float]],
+                         anchor: tuple[float, float] | None = None) -> tuple[float, float]:
     """(seconds, seconds per request/s): the line through (request rate, TTFT residual) samples by least
     squares, both terms >= 0. With fewer than two distinct rates, or a line that would fall with the
     rate (noise: a busier server never answers sooner) or start below zero, it is the samples' median
-    and no slope."""
+    and no slope. ``anchor`` ((request rate, seconds): the engine's own split at one stream,
+    `outside_steps_at_one_stream`): the line goes through it, only its slope fitted (>= 0; the line held at >= 0
+    from no load up)."""
+    if anchor is not None:
+        x0, y0 = anchor
+        sxx = sum((x - x0) ** 2 for x, _ in samples)
+        slope = max(0.0, sum((x - x0) * (y - y0) for x, y in samples) / sxx) if sxx else 0.0
+        return max(0.0, y0 - slope * x0), min(slope, y0 / x0) if x0 > 0 else slope
     if not samples:
         return 0.0, 0.0
     median = max(0.0, statistics.median(r for _, r in samples))

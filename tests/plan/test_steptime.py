@@ -17,6 +17,7 @@ from kvplan.plan.steptime import (
     decode_measurements,
     decode_step_time,
     fit_request_overhead,
+    outside_steps_at_one_stream,
     predict_latency,
     quick_latency,
     ttft_groups,
@@ -129,6 +130,42 @@ def test_request_overhead_line_by_hand():
     assert fit_request_overhead([]) == (0.0, 0.0)
 
 
+def test_request_overhead_line_through_the_engines_own_split_by_hand():
+    """Anchored at (2 requests/s, 10 ms) (the engine's histograms at one stream): residuals 11, 14, 18 ms at 2, 4, 6
+    requests/s give slope (0 x 1 + 2 x 4 + 4 x 8) / (0 + 4 + 16) = 2 ms per request/s, and 10 - 2 x 2 = 6 ms at no
+    load (not the 11 ms residual at the anchor's rate). Falling residuals: the anchor's 10 ms, no slope. A slope that
+    would start below zero (anchor 4 ms at 2/s, 14 ms at 4/s: 5 ms per request/s) is held to the line from 0 through
+    the anchor: 2 ms per request/s."""
+    assert fit_request_overhead([(2, 0.011), (4, 0.014), (6, 0.018)], (2, 0.010)) == pytest.approx((0.006, 0.002))
+    assert fit_request_overhead([(4, 0.008), (6, 0.006)], (2, 0.010)) == pytest.approx((0.010, 0.0))
+    assert fit_request_overhead([(4, 0.014)], (2, 0.004)) == pytest.approx((0.0, 0.002))
+    assert fit_request_overhead([], (2, 0.004)) == pytest.approx((0.004, 0.0))
+
+
+def test_time_outside_the_steps_from_the_engines_histograms_by_hand():
+    """The 1-stream point's mean TTFT less vLLM's queue and prefill means: 32.5 - 0.1 - 28.0 = 4.4 ms, at its 1.7
+    requests/s; the 2-stream point (whose rest holds the wait for the step in progress) and a point with no split
+    say nothing."""
+    one = {"concurrency": 1, "ttft": {"mean": 0.0325}, "request_throughput": 1.7,
+           "server": {"server_queue_mean_s": 0.0001, "server_prefill_mean_s": 0.028}}
+    two = {**one, "concurrency": 2, "ttft": {"mean": 0.050}}
+    assert outside_steps_at_one_stream([one, two]) == pytest.approx((1.7, 0.0044))
+    assert outside_steps_at_one_stream([two]) is None
+    assert outside_steps_at_one_stream([{**one, "server": {"server_queue_mean_s": 0.0}}]) is None
+
+
+def test_time_outside_the_steps_is_taken_robustly_from_the_points_requests():
+    """Five 1-stream requests of 10-50 prompt tokens at 10 ms + 1 ms a token, the 30-token one stalled 200 ms: the
+    Theil-Sen line (10 ms + 1 ms a token) at their mean prompt, 30 tokens, reads 40 ms, less the engine's 35 ms of
+    prefill: 5 ms outside. Their mean (80 ms) would read 45 ms."""
+    prompts = {0: 10, 1: 20, 2: 30, 3: 40, 4: 50}
+    ttfts = [(i, 0.010 + 0.001 * n + (0.2 if n == 30 else 0.0)) for i, n in prompts.items()]
+    point = {"concurrency": 1, "seq": 7, "ttft": {"mean": 0.080}, "request_throughput": 5.0,
+             "server": {"server_queue_mean_s": 0.0, "server_prefill_mean_s": 0.035}}
+    assert outside_steps_at_one_stream([point], lambda i: (prompts[i], 8), {7: ttfts}) == pytest.approx((5.0, 0.005))
+    assert outside_steps_at_one_stream([point]) == pytest.approx((5.0, 0.045))
+
+
 def test_request_overhead_at_an_open_loop_rate_by_hand():
     """0.01 s per step; 4 requests arriving 0.5 s apart, prompt 64, output 8: each alone, TTFT one
     step (0.01), the last ends at 1.5 + 0.08 = 1.58 s: 4 / 1.58 = 2.5316 requests/s. Overhead
@@ -145,7 +182,7 @@ def bench_points(truth: StepTimeModel, cfg: SchedulerConfig, lengths: Lengths, p
     """What a bench run of 1-4 closed-loop streams would record if the engine were ``truth``."""
     points, first = [], 0
     for c in (1, 2, 3, 4):
-        lat = predict_latency(cfg, closed_loop(c, lengths, per_stream, first), truth)
+        lat = predict_latency(cfg, closed_loop(c, lengths, per_stream, first), truth, mean=True)
         points.append({"concurrency": c, "first_index": first, "ttft": lat.ttft, "itl": lat.itl,
                        "throughput_tok_s": lat.output_tokens_per_s,
                        "request_throughput": lat.output_tokens_per_s / lengths.output})
@@ -333,6 +370,34 @@ def test_a_step_takes_the_longer_of_memory_and_compute_when_they_overlap():
     assert replace(cpu, overlap=False)(decode[2]) == pytest.approx(0.00952)
     with pytest.raises(KvplanError):
         replace(cpu, overlap="yes")
+
+
+def test_the_engines_own_ttft_split_pins_the_time_outside_the_steps():
+    """The CPU engine's regime as above (7 ms a step, 1.2 ms of weights, 0.33 ms of compute a token, 1 us of KV a
+    context token, 4 ms a request outside the steps), a 64 + 64 calibration at 1-4 streams with no prompt sweep. Its
+    TTFT rows cannot tell a constant per step from one per request: fitted alone it puts no time outside the steps
+    and prices a 64-token prompt's step at more than 31 ms. With the engine's own split at one stream (vLLM's queue
+    and prefill histograms: every request's TTFT less 4 ms, none queued) it finds the 7 ms a step and the 4 ms
+    outside again, and prices the prompt's step, 7 + 64 x 0.33 = 28.12 ms, and 4 sequences decoding at 100 tokens,
+    7 + max(1.2 + 0.4, 4 x 0.33) = 8.6 ms, within 2%."""
+    truth = StepTimeModel(weight_bytes=1.2e6, kv_bytes_per_token=1000, linear_flops_per_token=3.3e5, attn_flops_per_pair=0,
+                          bandwidth_bytes_s=1e9, peak_flops=1e9, mem_efficiency=1.0, compute_efficiency=1.0,
+                          overhead_s=0.007, request_overhead_s=0.004, overlap=True)
+    cfg, lengths, per_stream = SchedulerConfig(num_blocks=1000, block_size=16), Lengths(64, 64, "lognormal"), 5
+    points = bench_points(truth, cfg, lengths, per_stream)
+    base = replace(truth, mem_efficiency=0.3, compute_efficiency=0.3, overhead_s=0.0, request_overhead_s=0.0,
+                   overlap=False)
+    prompt = StepBatch(prefill_tokens=64, decode_seqs=0, kv_tokens_read=64, num_seqs=1, attention_pairs=64 * 65 // 2)
+    four = StepBatch(prefill_tokens=0, decode_seqs=4, kv_tokens_read=400, num_seqs=4, attention_pairs=400)
+    alone = calibrate_bench(points, lengths, cfg, base, per_stream)
+    assert alone.request_overhead_s < 0.001 and alone(prompt) > 0.031
+    one = points[0]
+    split = {"server_queue_mean_s": 0.0, "server_prefill_mean_s": one["ttft"]["mean"] - 0.004}
+    fitted = calibrate_bench([{**one, "server": split}, *points[1:]], lengths, cfg, base, per_stream)
+    assert fitted.overhead_s == pytest.approx(0.007, rel=0.02)
+    assert fitted.request_overhead_at(one["request_throughput"]) == pytest.approx(0.004, rel=0.02)
+    assert fitted(prompt) == pytest.approx(0.02812, rel=0.02)
+    assert fitted(four) == pytest.approx(0.0086, rel=0.02)
 
 
 def test_calibration_finds_overlapping_terms_where_summed_ones_overcharge_decode():
