@@ -35,6 +35,7 @@ from kvplan.plan.steptime import (
     calibrate_bench,
     decode_measurements,
     model_for,
+    outside_steps_at_one_stream,
     prompt_token_price,
 )
 from kvplan.vllm.args import EngineArgs
@@ -61,6 +62,7 @@ class StepCalibration:
     prompt_range: tuple[int, int] | None = None  # the shortest and longest prompt the fit saw, tokens
     prompt_sweep_requests: int = 0  # requests of RUN/prompt_sweep.json fitted too
     prompt_price: PromptTokenPrice | None = None  # the data's price of a prompt token (None: too few lengths)
+    held_outside: tuple[float, float] | None = None  # (request rate, s) the engine's own TTFT split held (None: none)
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "run_dir": self.run_dir, "model": self.model_name, "device": self.device,
@@ -68,7 +70,9 @@ class StepCalibration:
                 "recorded_at": self.recorded_at, "steptime": asdict(self.model),
                 "prompt_tokens_seen": None if self.prompt_range is None else list(self.prompt_range),
                 "prompt_sweep_requests": self.prompt_sweep_requests,
-                "prompt_token_price": None if self.prompt_price is None else price_json(self.prompt_price)}
+                "prompt_token_price": None if self.prompt_price is None else price_json(self.prompt_price),
+                "request_overhead_held_ms": None if self.held_outside is None else round(self.held_outside[1] * 1000, 3),
+                "request_overhead_held_at_rps": None if self.held_outside is None else round(self.held_outside[0], 3)}
 
 
 def price_json(price: PromptTokenPrice) -> dict[str, Any]:
@@ -211,6 +215,7 @@ def calibrate_run(run_dir: Path, gpu: str | None = None, model: str | None = Non
         scheduler=asdict(sched), points_used=used,
         recorded_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         prompt_range=(min(seen), max(seen)) if seen else None, prompt_sweep_requests=len(singles), prompt_price=price,
+        held_outside=outside_steps_at_one_stream(usable, lengths, ttfts),  # (what `calibrate_bench` held)
     )
     if write:
         write_file_safely(run_dir / STEPTIME_FILE, json.dumps(result.to_json(), indent=2) + "\n")

@@ -400,6 +400,10 @@ def _calibrate_steptime(run_dir: Path, gpu: str | None, model: str | None, as_js
     typer.echo(f"  per step {m.overhead_s * 1000:.3f} ms + {terms}; per request {m.request_overhead_s * 1000:.2f} ms "
                f"outside the steps "
                f"+ {m.request_overhead_per_rps_s2 * 1000:.2f} ms per request/s of load")
+    if cal.held_outside is not None:
+        rate, seconds = cal.held_outside
+        typer.echo(f"  that line goes through vLLM's own split of the 1-stream TTFT (its queue and prefill histograms): "
+                   f"{seconds * 1000:.2f} ms outside the steps at {rate:.2f} requests/s")
     typer.echo(f"  {prompt_price_line(cal)}")
     typer.echo(f"  saved to {run_dir / STEPTIME_FILE}")
 

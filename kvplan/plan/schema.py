@@ -549,6 +549,11 @@ class StepTimeCalibrationOutput:
     # the data's price of a prompt token: 1-stream TTFT vs prompt tokens, Theil-Sen slope with Sen's 95% interval
     # (data_ms_per_token, data_low/high_ms_per_token), next to the model's (model_ms_per_token); null: too few lengths
     prompt_token_price: dict[str, Any] | None = None
+    # ms a request spends outside the engine's steps at one stream (at request_overhead_held_at_rps) by vLLM's own queue
+    # and prefill histograms, where the run recorded them: the request overhead's line goes through it
+    # (kvplan.plan.steptime.outside_steps_at_one_stream); null: fitted from the TTFTs alone
+    request_overhead_held_ms: float | None = None
+    request_overhead_held_at_rps: float | None = None
 
 
 #: `kvplan schema calibrate`: either record, by the command's mode.

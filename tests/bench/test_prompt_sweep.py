@@ -183,3 +183,30 @@ def test_bench_records_the_sweep_against_a_server(tmp_path):
     assert sent[:8] == [(16, 2), (16, 2), (32, 2), (32, 2), (48, 2), (48, 2), (64, 2), (64, 2)]
     assert sent[8:] == [(8, 2), (8, 2)]
     assert json.loads((run / "run.json").read_text())["config"]["prompt_sweep"] == "4:64"
+
+
+def test_calibrate_holds_the_request_overhead_at_the_engines_own_split(tmp_path):
+    """The old run's 1-stream point given vLLM's queue and prefill means (0.1 ms and 20.0 ms): its 8 requests all have
+    8-token prompts (no line to draw), so the time outside the steps is their mean TTFT less both, 24.174 - 0.1 -
+    20.0 = 4.074 ms, at the point's 19.79 requests/s. The fitted overhead's line goes through it, --json and
+    steptime.json say so, the text in one line; a run without the split says null."""
+    run = tmp_path / "split"
+    shutil.copytree(OLD_RUN, run)
+    points = [json.loads(line) for line in (run / "points.jsonl").read_text().splitlines()]
+    points[0]["server"].update(server_queue_mean_s=0.0001, server_prefill_mean_s=0.020)
+    (run / "points.jsonl").write_text("".join(json.dumps(p) + "\n" for p in points))
+    r = invoke("calibrate", "--bench", str(run), "--model", MODEL, "--json")
+    assert r.code == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["request_overhead_held_ms"] == pytest.approx(4.074, abs=0.001)
+    assert data["request_overhead_held_at_rps"] == pytest.approx(19.787, abs=0.001)
+    model = data["steptime"]
+    at_rate = model["request_overhead_s"] + model["request_overhead_per_rps_s2"] * 19.7867
+    assert at_rate == pytest.approx(0.004074, abs=1e-6)
+    assert json.loads((run / "steptime.json").read_text())["request_overhead_held_ms"] == data["request_overhead_held_ms"]
+    text = invoke("calibrate", "--bench", str(run), "--model", MODEL).stdout
+    assert "vLLM's own split of the 1-stream TTFT" in text and "4.07 ms outside the steps at 19.79 requests/s" in text
+    alone = tmp_path / "alone"
+    shutil.copytree(OLD_RUN, alone)
+    assert json.loads(invoke("calibrate", "--bench", str(alone), "--model", MODEL, "--json").stdout)[
+        "request_overhead_held_ms"] is None
