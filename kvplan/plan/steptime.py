@@ -471,7 +471,7 @@ def calibrate_bench(points: Sequence[dict], lengths, config: SchedulerConfig, ba
     term is what the CPU engine's decode steps show: flat from 1 to 4 streams (ITL p50 6.5-8.9 ms on seven runs),
     so decode-only steps cost the step overhead and prompt steps its compute (`StepTimeModel.terms`). There the
     seven runs' fits agree (7.1-8.6 ms a step, 2.3-5.2 ms a request) where they did not without the split (0-8.1 ms a
-    step, 3.1-13.2 ms a request), and their predicted prefill meets the engine's histogram."""
+    step, 3.1-12.1 ms a request), and their predicted prefill meets the engine's histogram."""
 
     usable = [p for p in points if p.get("status", "ok") == "ok" and p.get("mode", "concurrency") == "concurrency"
               and p.get("concurrency") and not p.get("waited_for_kv") and not p.get("preempted")]
@@ -499,7 +499,7 @@ def outside_steps_at_one_stream(points: Sequence[dict], lengths=None,
     in progress hides in that rest (at more, the trip to the engine core holds the wait for it, which the
     simulation gives). Why: TTFT rows alone cannot tell a constant per step from one per request (a request at one
     stream takes one prefill step), and the step terms take what the request overhead does not; on the CPU engine
-    the fit put 0 ms in the step and 11.5-13.2 ms outside, where the histograms read 3.1-5.1 ms outside.
+    the fit put 0 ms in the step and 6.6-12.9 ms outside on eight of ten runs, where the histograms read 3.1-5.1 ms.
 
     With the point's requests (``request_ttfts``, prompt lengths from ``lengths``) the client's mean is taken robustly:
     the Theil-Sen line of TTFT against prompt tokens (`kvplan.stats.theil_sen`) at the requests' mean prompt. One
