@@ -509,14 +509,16 @@ def outside_steps_at_one_stream(points: Sequence[dict], lengths=None,
     for p in points:
         server, mean = p.get("server") or {}, (p.get("ttft") or {}).get("mean")
         queue, prefill = server.get("server_queue_mean_s"), server.get("server_prefill_mean_s")
-        if p.get("concurrency") != 1 or mean is None or queue is None or prefill is None:
-            continue
+        rate = p.get("request_throughput") or 0.0
+        if p.get("concurrency") != 1 or not all(isinstance(v, (int, float)) and math.isfinite(v)
+                                                for v in (mean, queue, prefill, rate)):
+            continue  # (no split, or a torn record: the overhead is fitted)
         done = [(float(lengths(i)[0]), t) for i, t in (request_ttfts or {}).get(p.get("seq"), ())
                 if t is not None and t > 0] if lengths is not None else []
         if len({x for x, _ in done}) >= 2:
             intercept, slope = theil_sen(done)
             mean = intercept + slope * statistics.fmean(x for x, _ in done)
-        rates.append(float(p.get("request_throughput") or 0.0))
+        rates.append(float(rate))
         values.append(mean - queue - prefill)
     return (statistics.median(rates), max(0.0, statistics.median(values))) if values else None
 

@@ -152,6 +152,8 @@ def test_time_outside_the_steps_from_the_engines_histograms_by_hand():
     assert outside_steps_at_one_stream([one, two]) == pytest.approx((1.7, 0.0044))
     assert outside_steps_at_one_stream([two]) is None
     assert outside_steps_at_one_stream([{**one, "server": {"server_queue_mean_s": 0.0}}]) is None
+    torn = {**one, "request_throughput": float("nan")}  # (a hand-edited or torn points.jsonl: no split, no NaN out)
+    assert outside_steps_at_one_stream([torn, {**one, "ttft": {"mean": float("inf")}}]) is None
 
 
 def test_time_outside_the_steps_is_taken_robustly_from_the_points_requests():
