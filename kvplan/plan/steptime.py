@@ -541,7 +541,7 @@ def _calibrate_bench(usable: list[dict], lengths, config: SchedulerConfig, base:
               for p, _ in loads}
     singles = [(single_request_row(fitted, n, config.max_num_batched_tokens), t)
                for n, t in single_request_groups(single_requests)]
-    fitted = _fit_steps_and_ttft(fitted, decode, loads, config, groups, singles, outside and outside[1])
+    fitted = _fit_steps_and_ttft(fitted, decode, loads, config, groups, singles, None if outside is None else outside[1])
     # The median inter-token gap is the typical decode step; throughput follows the mean one (the
     # steps that also prefill, the hiccups). Scale every step term by how much slower the run's
     # output was than the simulation's, and refit the request overhead on the new steps.
