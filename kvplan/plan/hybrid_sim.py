@@ -37,13 +37,13 @@ from kvplan.plan.simulate import (
     SimResult,
     SimTurn,
     StepBatch,
-    _decode_batch,
     _keys,
     _Req,
     _Scheduler,
     paused_gc,
     simulate,
 )
+from kvplan.plan.steplog import decode_batch
 from kvplan.units import cdiv
 
 
@@ -291,7 +291,9 @@ class _HybridScheduler(_Scheduler):
             due.setdefault(self._quiet_until(req, c) - c, []).append((i, req))
         pool, pending, step_time, usable = self.pool, self.pending_q, self.step_time, self.usable
         per_call = len(self.cache.kinds)  # blocks one decode token may start, at most
-        batches, kv_fill, ends = self.batches, self.kv_fill, []
+        ends: list[float] = []
+        fills: list[float] = []
+        kv_first = kv
         now, step = self.now, self.step
         peak_used, peak_waiting = self.peak_used, max(self.peak_waiting, len(waiting))
         budget_spent = budget_left == 0 and self.first_budget_step is None
@@ -325,17 +327,16 @@ class _HybridScheduler(_Scheduler):
             used = usable - pool.num_free
             if used > peak_used:
                 peak_used = used
-            batch = _decode_batch(num, kv)
-            batches.append(batch)
-            end = now + (step_time(batch) if step_time else 1.0)
-            kv_fill.append((step, end, used / usable))
+            end = now + (step_time(decode_batch(num, kv)) if step_time else 1.0)
             ends.append(end)
+            fills.append(used / usable)
             now = end
             step += 1
             kv += num
         steps = len(ends)
         if not steps:
             return 0
+        self.log.add_decode_run(num, kv_first, ends, fills)
         self.peak_used, self.peak_waiting = peak_used, peak_waiting
         self.peak_running = max(self.peak_running, num)
         if blocked:

@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from kvplan.errors import KvplanError
 from kvplan.plan.block_pool import BlockPool, LinkedBlockPool, PoolState
 from kvplan.plan.hybrid_cache import HybridGroups
+from kvplan.plan.steplog import StepBatch, StepLog, new_batch, set_decode, set_kv, set_pairs, set_prefill, set_seqs
 from kvplan.stats import percentiles
 from kvplan.units import cdiv
 
@@ -260,18 +261,6 @@ class SchedulerConfig:
                    kv_groups=None if groups.full_attention_only else groups)
 
 
-@dataclass(frozen=True, slots=True)
-class StepBatch:
-    """What one engine step computes: the step-time model's input. (Slots: a large simulation keeps millions,
-    at a third of a dict-backed object's memory, and the collector walks one object each, not two.)"""
-
-    prefill_tokens: int  # tokens of prompts (and recomputed tokens) in the step
-    decode_seqs: int  # requests decoding one token
-    kv_tokens_read: int  # context tokens attended over all scheduled requests
-    num_seqs: int
-    attention_pairs: int = 0  # (query, key) pairs: sum of n x (computed + (n + 1) / 2)
-
-
 @dataclass
 class RequestTimeline:
     """One request's life, in steps and in time units (as the step time gives them)."""
@@ -331,8 +320,8 @@ class SimResult:
     peak_waiting: int  # requests waiting after a step's scheduling (vLLM's gauge)
     peak_running: int
     peak_used_blocks: int
-    kv_fill: list[tuple[int, float, float]]  # (step, time at its end, used / usable), one per step
-    step_batches: list[StepBatch]
+    kv_fill: Sequence[tuple[int, float, float]]  # (step, time at its end, used / usable), one per step (`StepLog`)
+    step_batches: Sequence[StepBatch]
     # vLLM's prefix-cache counters (`PrefixCacheStats.record` at admission, v1/metrics/stats.py@0.32.0):
     # tokens looked up and found by requests never preempted (vllm:prefix_cache_queries / _hits), and
     # the same for re-admitted preempted requests, which vLLM keeps apart.
@@ -540,8 +529,7 @@ class _Scheduler:
         self.first_wait_step = self.first_wait_time = self.first_pre_step = self.first_pre_time = None
         self.first_budget_step = self.first_budget_time = None
         self.peak_waiting = self.peak_running = self.peak_used = 0
-        self.kv_fill: list[tuple[int, float, float]] = []
-        self.batches: list[StepBatch] = []
+        self.log = StepLog()  # every step's batch, end and KV fill
         self.finished = 0
         self.queries = self.hits_tokens = self.pre_queries = self.pre_hits = 0
 
@@ -855,7 +843,8 @@ class _Scheduler:
         but for its numbers: its batch (``kv_tokens_read`` and ``attention_pairs`` grow by one per request),
         the requests crossing into a new block (their ``computed`` mod B is known), its time. Each step still
         makes its own `StepBatch` and calls ``step_time`` once, in order (a black box; the times add up in
-        the same order, so to the same bits); what is saved is the work per request and step.
+        the same order, so to the same bits), but the log keeps the run as one entry (`StepLog`); what is saved
+        is the work per request and step, and the memory per step.
 
         The run stops before a step that must be taken one by one: one a pending arrival would change (it
         could be admitted), or one where the pool has fewer free blocks than the requests crossing into a
@@ -900,7 +889,9 @@ class _Scheduler:
             blocked = True
 
         pool, pending, step_time, usable = self.pool, self.pending_q, self.step_time, self.usable
-        batches, kv_fill, ends = self.batches, self.kv_fill, []
+        ends: list[float] = []
+        fills: list[float] = []
+        kv_first = kv
         now, step = self.now, self.step
         # The steps' new blocks are taken after the loop, in one `take` (steps in order, each in running order, as
         # one by one: nothing else uses the pool in these steps); ``free`` counts them down meanwhile.
@@ -913,8 +904,8 @@ class _Scheduler:
         budget_spent = budget_left == 0 and self.first_budget_step is None
         budget_wait = (step, now) if budget_spent and waiting else None
         next_arrival = pending[0][0] if pending else math.inf
-        new_batch, set_prefill, set_decode, set_kv, set_seqs, set_pairs = (
-            _new, _set_prefill, _set_decode, _set_kv, _set_seqs, _set_pairs)
+        make, with_prefill, with_decode, with_kv, with_seqs, with_pairs = (  # (locals: read once per step)
+            new_batch, set_prefill, set_decode, set_kv, set_seqs, set_pairs)
         for j in range(horizon):
             if next_arrival <= now:  # arrivals seen at this step's start (not the first: `run` took them)
                 if may_admit and not blocked:
@@ -931,22 +922,25 @@ class _Scheduler:
                 crossers += crossing
                 used = usable - free
                 fill = used / usable
-            batch = new_batch(StepBatch)  # `_decode_batch(num, kv)` inline (a call less per step)
-            set_prefill(batch, 0)
-            set_decode(batch, num)
-            set_kv(batch, kv)
-            set_seqs(batch, num)
-            set_pairs(batch, kv)
-            batches.append(batch)
-            end = now + (step_time(batch) if step_time else 1.0)
-            kv_fill.append((step, end, fill))
+            if step_time:  # the model's input, kept by the log as one entry for the run (`StepLog`)
+                batch = make(StepBatch)  # `decode_batch(num, kv)` inline (a call less per step)
+                with_prefill(batch, 0)
+                with_decode(batch, num)
+                with_kv(batch, kv)
+                with_seqs(batch, num)
+                with_pairs(batch, kv)
+                end = now + step_time(batch)
+            else:
+                end = now + 1.0
             ends.append(end)
+            fills.append(fill)
             now = end
             step += 1
             kv += num
         steps = len(ends)
         if not steps:
             return 0
+        self.log.add_decode_run(num, kv_first, ends, fills)
         for req, block in zip(crossers, pool.take(len(crossers))):
             blocks = req.blocks
             blocks.append(block)
@@ -1023,10 +1017,9 @@ class _Scheduler:
         used = self.usable - self.pool.num_free
         self.peak_used = max(self.peak_used, used)
         batch = self._batch(scheduled)
-        self.batches.append(batch)
         end = self.now + (self.step_time(batch) if self.step_time else 1.0)
         self._apply_results(scheduled, end)
-        self.kv_fill.append((self.step, end, used / self.usable))
+        self.log.add(batch, end, used / self.usable)
         self.now = end
         self.step += 1
 
@@ -1060,30 +1053,11 @@ class _Scheduler:
             duration=self.now, preemptions=self.preemptions, first_kv_wait_step=self.first_wait_step,
             first_kv_wait_time=self.first_wait_time, first_preemption_step=self.first_pre_step,
             first_preemption_time=self.first_pre_time, peak_waiting=self.peak_waiting,
-            peak_running=self.peak_running, peak_used_blocks=self.peak_used, kv_fill=self.kv_fill,
-            step_batches=self.batches, prefix_queries=self.queries, prefix_hits=self.hits_tokens,
+            peak_running=self.peak_running, peak_used_blocks=self.peak_used, kv_fill=self.log.kv_fill,
+            step_batches=self.log.batches, prefix_queries=self.queries, prefix_hits=self.hits_tokens,
             preempted_queries=self.pre_queries, preempted_hits=self.pre_hits,
             first_budget_wait_step=self.first_budget_step, first_budget_wait_time=self.first_budget_time,
         )
-
-
-_new = object.__new__
-_set_prefill, _set_decode, _set_kv, _set_seqs, _set_pairs = (
-    StepBatch.__dict__[name].__set__ for name in ("prefill_tokens", "decode_seqs", "kv_tokens_read", "num_seqs",
-                                                   "attention_pairs"))
-
-
-def _decode_batch(num: int, kv: int) -> StepBatch:
-    """``StepBatch(0, num, kv, num, kv)``, an equal object made in about half the time: the frozen dataclass's
-    ``__init__`` sets each field through ``object.__setattr__`` (which looks the name up) after parsing its
-    arguments; this sets the slots directly, and steady steps make millions."""
-    batch = _new(StepBatch)
-    _set_prefill(batch, 0)
-    _set_decode(batch, num)
-    _set_kv(batch, kv)
-    _set_seqs(batch, num)
-    _set_pairs(batch, kv)
-    return batch
 
 
 def _insert(q: deque, item: tuple) -> None:

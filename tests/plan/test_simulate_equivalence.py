@@ -16,6 +16,7 @@ from kvplan.plan import simulate as sim
 from kvplan.plan.block_pool import BlockPool, LinkedBlockPool
 from kvplan.plan.prefix_cache import BlockHasher, traffic_load
 from kvplan.plan.simulate import Lengths, SchedulerConfig, SimTurn, closed_loop, open_loop, poisson_arrivals, session_load
+from kvplan.plan.steplog import decode_batch
 from kvplan.traffic.loaders import agent_traffic
 from kvplan.traffic.model import Segment, Traffic, Turn
 
@@ -496,7 +497,7 @@ def test_hash_ids_beyond_the_prompt_blocks():
 def test_a_decode_batch_is_the_step_batch():
     """Steady steps make their batches without StepBatch's __init__: the same fields, equality, hash and repr."""
     for num, kv in [(1, 17), (256, 10**9), (3, 0)]:
-        fast, plain = sim._decode_batch(num, kv), sim.StepBatch(0, num, kv, num, kv)
+        fast, plain = decode_batch(num, kv), sim.StepBatch(0, num, kv, num, kv)
         assert type(fast) is sim.StepBatch
         assert fast == plain and hash(fast) == hash(plain) and repr(fast) == repr(plain)
         assert dataclasses.asdict(fast) == dataclasses.asdict(plain)
