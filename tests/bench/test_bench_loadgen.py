@@ -4,6 +4,7 @@ paths that need no engine: --url at nothing, a port taken, a server that dies mi
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import socket
 import subprocess
@@ -12,8 +13,10 @@ import pytest
 from helpers.bench import bench_env, kvplan_cmd
 from helpers.fake_server import FakeBehaviour, FakeServer, KeepAliveDropServer
 
-from kvplan.bench.loadgen import run_closed_loop
+from kvplan.bench.loadgen import run_closed_loop, run_sessions
+from kvplan.bench.replay import request_specs, session_sends
 from kvplan.bench.workload import Workload
+from kvplan.traffic.model import Segment, Traffic, Turn
 
 
 def _run(url: str, concurrency: int, per_stream: int, output: int = 4, keep_alive: bool = True):
@@ -227,3 +230,23 @@ def test_check_fails_when_a_measured_onset_differs(tmp_path):
     summary = json.loads(proc.stdout)
     assert summary["predicted_first_preemption"] == 5 and summary["measured_first_preemption"] is None
     assert summary["measured"]["agrees_with_prediction"] == {"first_kv_wait": False, "first_preemption": False}
+
+
+def test_a_replay_sends_each_request_at_its_time_with_only_young_collections_meanwhile():
+    """Each session's first turn is dispatched just before its timestamp and sent by its own task at it (never
+    before); while the load runs, the collector's older generations never come due, and its thresholds are as they
+    were after."""
+    at = [0.05 + 0.01 * i for i in range(12)]
+    traffic = Traffic(tuple(Turn(f"s{i}", 0, (Segment("sys", 16), Segment(f"u{i}", 8)), 2, arrival_s=t)
+                            for i, t in enumerate(at)), "twelve sessions 10 ms apart")
+    thresholds_seen = []
+    before = gc.get_threshold()
+    with FakeServer(FakeBehaviour(first_token_delay_s=0.005, token_gap_s=0.001)) as srv:
+        result = asyncio.run(run_sessions(srv.url, "fake", "completions", session_sends(traffic),
+                                          request_specs(traffic, "t"),
+                                          on_request_done=lambda rec: thresholds_seen.append(gc.get_threshold())))
+    assert result.aborted is None and all(r.ok for r in result.records) and len(result.records) == 12
+    assert sorted(r.scheduled_s for r in result.records) == pytest.approx(at)
+    assert all(r.scheduled_s <= r.sent_s < r.scheduled_s + 0.05 for r in result.records)
+    assert thresholds_seen == [(before[0], 1 << 30, 1 << 30)] * 12
+    assert gc.get_threshold() == before
