@@ -75,6 +75,8 @@ class StepLog:
         self.fills.extend(fills)
 
     def batch(self, step: int) -> StepBatch:
+        if not 0 <= step < len(self.ends):
+            raise IndexError(f"step {step} of {len(self.ends)}")
         part_at = bisect_right(self._starts, step) - 1
         part = self._parts[part_at]
         if part.__class__ is tuple:

@@ -25,6 +25,8 @@ def test_a_decode_run_reads_back_step_by_step():
         log.batches[5]
     with pytest.raises(IndexError):
         log.kv_fill[-6]
+    with pytest.raises(IndexError):
+        log.batch(5)  # (past the run: not a step it stands for)
     assert repr(log.batches) == "<Batches of 5 steps>"
 
 
