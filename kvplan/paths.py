@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -153,7 +154,7 @@ def parse_json_text(text: str, where: str, max_depth: int = MAX_DEPTH, allow_non
         raise _err(f"{where}: JSON nested deeper than {max_depth} levels")
 
     def refuse(name: str):
-        raise _err(f"{where}: {name} is not a number kvplan accepts", "use a finite value")
+        raise _NonFinite(name)
 
     def bounded(kind: type):
         def parse(digits: str):
@@ -164,10 +165,18 @@ def parse_json_text(text: str, where: str, max_depth: int = MAX_DEPTH, allow_non
             return value
         return parse
 
+    if max_number is None and not allow_nonfinite and not text.startswith("\ufeff"):
+        # The usual reader: one decoder, made once (json.loads(..., parse_constant=) makes one a call, and a trace
+        # is a call a line); json.loads is left to say what a byte-order mark is.
+        decode = _finite_decoder().decode
+    else:
+        decode = functools.partial(json.loads, parse_constant=None if allow_nonfinite else refuse,
+                                   parse_int=None if max_number is None else bounded(int),
+                                   parse_float=None if max_number is None else bounded(float))
     try:
-        return json.loads(text, parse_constant=None if allow_nonfinite else refuse,
-                          parse_int=None if max_number is None else bounded(int),
-                          parse_float=None if max_number is None else bounded(float))
+        return decode(text)
+    except _NonFinite as exc:
+        raise _err(f"{where}: {exc.args[0]} is not a number kvplan accepts", "use a finite value") from None
     except _BoundError as exc:
         raise _err(str(exc), "pass a file kvplan wrote, unedited") from None
     except json.JSONDecodeError as exc:
@@ -182,6 +191,22 @@ def load_user_json(path: str | Path, what: str = "", limit: int | None = MAX_FIL
                    max_depth: int = MAX_DEPTH, allow_nonfinite: bool = False, max_number: float | None = None):
     """Read and parse a user's JSON file safely (see ``open_user_file`` and ``parse_json_text``)."""
     return parse_json_text(read_user_text(path, what, limit), str(path), max_depth, allow_nonfinite, max_number)
+
+
+class _NonFinite(Exception):
+    """NaN or Infinity in a JSON text (raised inside the decoder, named by ``parse_json_text``)."""
+
+
+def _refuse_nonfinite(name: str):
+    raise _NonFinite(name)
+
+
+@functools.cache
+def _finite_decoder():
+    """`parse_json_text`'s decoder for most reads: NaN and Infinity refused."""
+    import json
+
+    return json.JSONDecoder(parse_constant=_refuse_nonfinite)
 
 
 class _BoundError(Exception):

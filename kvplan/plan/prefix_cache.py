@@ -434,18 +434,15 @@ def traffic_load(traffic: Traffic, block_size: int, time_scale: float = 1.0, cli
 HIT_SHARES = (0.5, 0.9, 0.99)
 
 
-def session_peak_blocks(traffic: Traffic, block_size: int) -> tuple[dict[str, int], dict[str, frozenset[int]]]:
-    """Per session: the most blocks one of its turns holds (``cdiv(P + M - 1, B)``), and the hash ids
-    of that turn's full prompt blocks (what it can share with turns of other sessions)."""
-    hasher = BlockHasher(block_size)
-    peaks: dict[str, int] = {}
-    keys: dict[str, frozenset[int]] = {}
+def session_peak_turns(traffic: Traffic, block_size: int) -> dict[str, tuple[int, Turn]]:
+    """Per session, in order of first appearance: the most blocks one of its turns holds (``cdiv(P + M - 1, B)``)
+    and the first turn that holds them."""
+    peaks: dict[str, tuple[int, Turn]] = {}
     for t in traffic.turns:
         held = -(-(t.prompt_tokens + t.output_tokens - 1) // block_size)
-        if held > peaks.get(t.session, 0):
-            peaks[t.session] = held
-            keys[t.session] = frozenset(hasher.prompt_keys(t.segments))
-    return peaks, keys
+        if held > peaks.get(t.session, (0, None))[0]:
+            peaks[t.session] = (held, t)
+    return peaks
 
 
 def sessions_held_at_once(traffic: Traffic, block_size: int, usable_blocks: int,
@@ -454,22 +451,28 @@ def sessions_held_at_once(traffic: Traffic, block_size: int, usable_blocks: int,
     taking the largest sessions first (a worst case: the sessions in flight are the heaviest). On a hybrid
     cache (``groups``) a turn holds its blocks in every full-attention group (shared ones counted once per
     group) and, in each window / chunk group, what admission reserves there: at most the group's cap
-    (kvplan.plan.hybrid_cache), never shared."""
-    peaks, keys = session_peak_blocks(traffic, block_size)
+    (kvplan.plan.hybrid_cache), never shared.
+
+    Only the sessions taken, and the first one that does not fit, are hashed: a block's id names its content
+    (`BlockHasher`: equal chains get equal ids in any order of hashing), so the blocks two turns share do not
+    depend on which other turns were hashed (a 100,000-session trace whose pool holds 53 hashed them all)."""
+    peaks = session_peak_turns(traffic, block_size)
     full, caps = 1, ()
     if groups is not None and not groups.full_attention_only:
         full = sum(g.kind == "full" for g in groups.groups)
         caps = tuple(c for c in HybridCache(groups, BlockPool(1)).cap if c is not None)
+    hasher = BlockHasher(block_size)
     held: set[int] = set()
     unique = 0
     count = 0
-    for session in sorted(peaks, key=lambda s: -peaks[s]):
-        shared = len(keys[session] & held)
-        need = (peaks[session] - shared) * full + sum(min(peaks[session], cap) for cap in caps)
+    for peak, turn in sorted(peaks.values(), key=lambda p: -p[0]):  # (stable: ties in order of first appearance)
+        keys = hasher.prompt_keys(turn.segments)
+        shared = len(held.intersection(keys))
+        need = (peak - shared) * full + sum(min(peak, cap) for cap in caps)
         if unique + need > usable_blocks:
             break
         unique += need
-        held |= keys[session]
+        held.update(keys)
         count += 1
     return count
 

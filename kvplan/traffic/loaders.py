@@ -281,11 +281,14 @@ def load_mooncake(path: Path, *, hash_block_tokens: int = 512) -> Traffic:
             raise KvplanError(f"{where}: more than {MAX_SEGMENT_REFS:,} blocks in the trace", "replay a part of it")
         if len(turns) >= MAX_TURNS:
             raise KvplanError(f"{where}: more than {MAX_TURNS:,} requests", "replay a part of the trace")
+        if not (set(map(type, ids)) == {int} and min(ids) >= 0 and max(ids) < MAX_BLOCK_ID):  # (at C speed: a
+            # trace is millions of ids; the loop below names the first bad one)
+            for j, h in enumerate(ids):
+                if not _is_int(h) or not 0 <= h < MAX_BLOCK_ID:
+                    raise KvplanError(f"{where}: hash_ids[{j}] {_show(h)}: expected a whole number from 0 to 2^64 - 1")
         segs = []
         last_tokens = n_in - block * (want - 1)
         for j, h in enumerate(ids):
-            if not _is_int(h) or not 0 <= h < MAX_BLOCK_ID:
-                raise KvplanError(f"{where}: hash_ids[{j}] {_show(h)}: expected a whole number from 0 to 2^64 - 1")
             k = (h, block if j < want - 1 else last_tokens)
             seg = segments.get(k)
             if seg is None:
