@@ -123,7 +123,16 @@ class Traffic:
                 f"{self.output_tokens() / n:,.0f} output tokens on average")
 
 
+def _in_trace_time(value) -> bool:
+    """None, or seconds from 0 to MAX_SECONDS (a plain int or float)."""
+    return value is None or (type(value) in (int, float) and 0 <= value <= MAX_SECONDS)
+
+
 def _check_turn(t: Turn, source: str) -> None:
+    if t.segments and len(t.segments) <= MAX_SEGMENTS_PER_TURN and t.prompt_tokens <= MAX_TURN_TOKENS \
+            and type(t.output_tokens) is int and 0 < t.output_tokens <= MAX_TURN_TOKENS \
+            and _in_trace_time(t.arrival_s) and _in_trace_time(t.think_s):
+        return  # (the usual turn, checked without naming it: a trace is a million turns)
     where = f"{source}: {t.label}"
     if not t.segments:
         raise KvplanError(f"{where}: an empty prompt")
