@@ -153,9 +153,6 @@ def parse_json_text(text: str, where: str, max_depth: int = MAX_DEPTH, allow_non
     if text.count("[") + text.count("{") > max_depth and json_depth(text) > max_depth:
         raise _err(f"{where}: JSON nested deeper than {max_depth} levels")
 
-    def refuse(name: str):
-        raise _NonFinite(name)
-
     def bounded(kind: type):
         def parse(digits: str):
             value = kind(digits) if len(digits) <= 40 else None
@@ -170,7 +167,7 @@ def parse_json_text(text: str, where: str, max_depth: int = MAX_DEPTH, allow_non
         # is a call a line); json.loads is left to say what a byte-order mark is.
         decode = _finite_decoder().decode
     else:
-        decode = functools.partial(json.loads, parse_constant=None if allow_nonfinite else refuse,
+        decode = functools.partial(json.loads, parse_constant=None if allow_nonfinite else _refuse_nonfinite,
                                    parse_int=None if max_number is None else bounded(int),
                                    parse_float=None if max_number is None else bounded(float))
     try:

@@ -3,8 +3,9 @@ share of the pool in use then. Pure.
 
 The steps are kept in columns, not as an object and a tuple per step: a steady decode run (`_Scheduler._decode_steps`)
 is one entry, ``(requests, tokens read by its first step)``, whose step ``j`` reads ``j x requests`` more tokens; every
-other step keeps its `StepBatch`. Why: a 100,000-request trace runs 1.9 million steps, and a `StepBatch` and a tuple
-held per step took about 450 MB (benchmarks/bench_working_set.py --simulate). Readers see the same values as before
+other step keeps its `StepBatch`. Why: a 100,000-request trace runs 1.9 million steps, and with a `StepBatch` and a
+tuple held per step its simulation peaked at 1.60 GB of RSS, 1.26 GB without (benchmarks/bench_working_set.py
+--simulate). Readers see the same values as before
 through two sequences, `StepLog.batches` and `StepLog.kv_fill`, which make each item when it is read."""
 
 from __future__ import annotations

@@ -123,28 +123,21 @@ class Traffic:
                 f"{self.output_tokens() / n:,.0f} output tokens on average")
 
 
-def _in_trace_time(value) -> bool:
-    """None, or seconds from 0 to MAX_SECONDS (a plain int or float)."""
-    return value is None or (type(value) in (int, float) and 0 <= value <= MAX_SECONDS)
-
-
 def _check_turn(t: Turn, source: str) -> None:
-    if t.segments and len(t.segments) <= MAX_SEGMENTS_PER_TURN and t.prompt_tokens <= MAX_TURN_TOKENS \
-            and type(t.output_tokens) is int and 0 < t.output_tokens <= MAX_TURN_TOKENS \
-            and _in_trace_time(t.arrival_s) and _in_trace_time(t.think_s):
-        return  # (the usual turn, checked without naming it: a trace is a million turns)
-    where = f"{source}: {t.label}"
+    def where() -> str:  # (named only when refused: a trace is a million turns)
+        return f"{source}: {t.label}"
+
     if not t.segments:
-        raise KvplanError(f"{where}: an empty prompt")
+        raise KvplanError(f"{where()}: an empty prompt")
     if len(t.segments) > MAX_SEGMENTS_PER_TURN:
-        raise KvplanError(f"{where}: {len(t.segments):,} segments (at most {MAX_SEGMENTS_PER_TURN:,})")
+        raise KvplanError(f"{where()}: {len(t.segments):,} segments (at most {MAX_SEGMENTS_PER_TURN:,})")
     if t.prompt_tokens > MAX_TURN_TOKENS:
-        raise KvplanError(f"{where}: {t.prompt_tokens:,} prompt tokens (at most {MAX_TURN_TOKENS:,})")
+        raise KvplanError(f"{where()}: {t.prompt_tokens:,} prompt tokens (at most {MAX_TURN_TOKENS:,})")
     if isinstance(t.output_tokens, bool) or not isinstance(t.output_tokens, int) or not 0 < t.output_tokens <= MAX_TURN_TOKENS:
-        raise KvplanError(f"{where}: {t.output_tokens!r} output tokens (expected 1 to {MAX_TURN_TOKENS:,})")
+        raise KvplanError(f"{where()}: {t.output_tokens!r} output tokens (expected 1 to {MAX_TURN_TOKENS:,})")
     for name, value in (("arrival", t.arrival_s), ("think time", t.think_s)):
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
                 or not 0 <= value <= MAX_SECONDS:
-            raise KvplanError(f"{where}: {name} {value!r} s (expected 0 to {MAX_SECONDS:,.0f} s)")
+            raise KvplanError(f"{where()}: {name} {value!r} s (expected 0 to {MAX_SECONDS:,.0f} s)")
