@@ -6,7 +6,11 @@ blocks, a few hundred shared system prompts of 1-6 blocks, a third of the reques
 earlier one, the rest a fresh tail; 600-8,000 prompt tokens, 20-400 output tokens; timestamps
 100 ms apart on average. Prints the figures; asserts nothing (speed goals live here, not in tests).
 
-    python benchmarks/bench_working_set.py [--requests 100000] [--block-size 16] [--simulate [--digest]]
+    python benchmarks/bench_working_set.py [--requests 100000] [--block-size 16] [--simulate [--prior] [--digest]]
+
+The simulation's steps take 5 ms plus 2 us a prompt token (a lambda: a black box to the simulator); with ``--prior``,
+the step-time model `kvplan bench` and `kvplan fit` predict with: the prior of Llama-3.1-8B on one H100 SXM (bundled
+profile, context 16k; kvplan.plan.steptime.model_for), which prices a steady decode step without its batch.
 
 ``--digest`` prints a SHA-256 of every field of the simulation's result (floats as hex): a speed-up must leave it
 unchanged, bit for bit (run it on both commits).
@@ -20,9 +24,15 @@ import hashlib
 import random
 import time
 
+from kvplan.deploy import load_model, select_gpus
+from kvplan.plan.capacity import compute_capacity
+from kvplan.plan.overhead import load_overhead
 from kvplan.plan.prefix_cache import traffic_load, traffic_working_set
+from kvplan.plan.schema import Settings
 from kvplan.plan.simulate import SchedulerConfig, simulate
+from kvplan.plan.steptime import StepTimeModel, model_for
 from kvplan.traffic.model import Segment, Traffic, Turn
+from kvplan.vllm.rules import rules_for
 
 
 def trace(n: int, seed: int = 0) -> Traffic:
@@ -45,6 +55,14 @@ def trace(n: int, seed: int = 0) -> Traffic:
         t += rng.expovariate(10.0)
         turns.append(Turn(f"r{i}", 0, tuple(segs), rng.randint(20, 400), arrival_s=t))
     return Traffic(tuple(turns), "synthetic Mooncake-shaped trace")
+
+
+def prior_model() -> StepTimeModel:
+    """The prior step-time model of Llama-3.1-8B (bundled profile) on one H100 SXM at a 16k context."""
+    arch = load_model("meta-llama/Llama-3.1-8B", source="bundled").arch
+    cap = compute_capacity(arch, select_gpus("H100-SXM").device, Settings(max_model_len=16384), rules_for(None),
+                           load_overhead())
+    return model_for(cap)
 
 
 def result_digest(res) -> str:
@@ -76,6 +94,8 @@ def main() -> None:
     ap.add_argument("--pool", type=int, default=200_000, help="usable blocks for the simulation")
     ap.add_argument("--simulate", action="store_true", help="also time the full simulation (slow)")
     ap.add_argument("--digest", action="store_true", help="with --simulate: a SHA-256 of the whole result")
+    ap.add_argument("--prior", action="store_true", help="with --simulate: the prior step-time model of Llama-3.1-8B "
+                                                         "on an H100 SXM, not 5 ms + 2 us a prompt token")
     args = ap.parse_args()
     t0 = time.perf_counter()
     traffic = trace(args.requests)
@@ -95,7 +115,7 @@ def main() -> None:
         built = time.perf_counter() - t0
         res = simulate(SchedulerConfig(num_blocks=args.pool + 1, block_size=args.block_size,
                                        max_num_batched_tokens=8192, max_num_seqs=256), load,
-                       step_time=lambda b: 0.005 + 2e-6 * b.prefill_tokens)
+                       step_time=prior_model() if args.prior else lambda b: 0.005 + 2e-6 * b.prefill_tokens)
         print(f"simulation: {time.perf_counter() - t0:.1f} s ({built:.1f} s hashing the prompts), {res.steps:,} steps, "
               f"hit rate {res.prefix_hit_rate:.1%}, {res.preemptions} preemptions")
         if args.digest:

@@ -43,7 +43,7 @@ from kvplan.plan.simulate import (
     paused_gc,
     simulate,
 )
-from kvplan.plan.steplog import decode_batch
+from kvplan.plan.steplog import decode_pricer
 from kvplan.units import cdiv
 
 
@@ -289,7 +289,7 @@ class _HybridScheduler(_Scheduler):
             kv += c
             base.append((c, req.generated))
             due.setdefault(self._quiet_until(req, c) - c, []).append((i, req))
-        pool, pending, step_time, usable = self.pool, self.pending_q, self.step_time, self.usable
+        pool, pending, price, usable = self.pool, self.pending_q, decode_pricer(self.step_time), self.usable
         per_call = len(self.cache.kinds)  # blocks one decode token may start, at most
         ends: list[float] = []
         fills: list[float] = []
@@ -327,7 +327,7 @@ class _HybridScheduler(_Scheduler):
             used = usable - pool.num_free
             if used > peak_used:
                 peak_used = used
-            end = now + (step_time(decode_batch(num, kv)) if step_time else 1.0)
+            end = now + price(num, kv)
             ends.append(end)
             fills.append(used / usable)
             now = end

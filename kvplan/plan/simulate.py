@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from kvplan.errors import KvplanError
 from kvplan.plan.block_pool import BlockPool, LinkedBlockPool, PoolState
 from kvplan.plan.hybrid_cache import HybridGroups
-from kvplan.plan.steplog import StepBatch, StepLog, new_batch, set_decode, set_kv, set_pairs, set_prefill, set_seqs
+from kvplan.plan.steplog import StepBatch, StepLog, decode_pricer
 from kvplan.stats import percentiles
 from kvplan.units import cdiv
 
@@ -904,8 +904,7 @@ class _Scheduler:
         budget_spent = budget_left == 0 and self.first_budget_step is None
         budget_wait = (step, now) if budget_spent and waiting else None
         next_arrival = pending[0][0] if pending else math.inf
-        make, with_prefill, with_decode, with_kv, with_seqs, with_pairs = (  # (locals: read once per step)
-            new_batch, set_prefill, set_decode, set_kv, set_seqs, set_pairs)
+        price = decode_pricer(step_time)  # (the log keeps the run's batches as one entry: `StepLog`)
         for j in range(horizon):
             if next_arrival <= now:  # arrivals seen at this step's start (not the first: `run` took them)
                 if may_admit and not blocked:
@@ -922,16 +921,7 @@ class _Scheduler:
                 crossers += crossing
                 used = usable - free
                 fill = used / usable
-            if step_time:  # the model's input, kept by the log as one entry for the run (`StepLog`)
-                batch = make(StepBatch)  # `decode_batch(num, kv)` inline (a call less per step)
-                with_prefill(batch, 0)
-                with_decode(batch, num)
-                with_kv(batch, kv)
-                with_seqs(batch, num)
-                with_pairs(batch, kv)
-                end = now + step_time(batch)
-            else:
-                end = now + 1.0
+            end = now + price(num, kv)
             ends.append(end)
             fills.append(fill)
             now = end

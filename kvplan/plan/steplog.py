@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_right
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 
@@ -45,6 +45,18 @@ def decode_batch(num: int, kv: int) -> StepBatch:
     set_seqs(batch, num)
     set_pairs(batch, kv)
     return batch
+
+
+def decode_pricer(step_time: Callable[[StepBatch], float] | None) -> Callable[[int, int], float]:
+    """The seconds of a steady decode step of ``num`` requests reading ``kv`` tokens (`decode_batch`), as ``step_time``
+    prices it: through its ``decode_seconds`` when it has one (kvplan.plan.steptime.StepTimeModel: the same float, to
+    the bit, with no batch made: steady runs price millions of steps), else on the batch; 1.0 a step without a model."""
+    if step_time is None:
+        return lambda num, kv: 1.0
+    fast = getattr(step_time, "decode_seconds", None)
+    if fast is not None:
+        return fast
+    return lambda num, kv: step_time(decode_batch(num, kv))
 
 
 class StepLog:

@@ -95,17 +95,27 @@ class StepTimeModel:
         so fits stay linear in the factors. A term not found (an efficiency above a tenth of `DROPPED_EFFICIENCY`,
         only while a calibration looks for it) bounds no step: a decode-only step is taken as reading memory, any other
         as computing, so that both terms have steps to be found in."""
-        mem = (self.weight_bytes + batch.kv_tokens_read * self.kv_bytes_per_token) / self.bandwidth_bytes_s
-        tokens = batch.prefill_tokens + batch.decode_seqs
-        compute = (tokens * self.linear_flops_per_token + batch.attention_pairs * self.attn_flops_per_pair) / self.peak_flops
+        return self._terms(batch.prefill_tokens, batch.decode_seqs, batch.kv_tokens_read, batch.attention_pairs)
+
+    def _terms(self, prefill_tokens: int, decode_seqs: int, kv_tokens_read: int, attention_pairs: int) -> tuple[float, float]:
+        mem = (self.weight_bytes + kv_tokens_read * self.kv_bytes_per_token) / self.bandwidth_bytes_s
+        tokens = prefill_tokens + decode_seqs
+        compute = (tokens * self.linear_flops_per_token + attention_pairs * self.attn_flops_per_pair) / self.peak_flops
         if not self.overlap:
             return mem, compute
         if max(self.mem_efficiency, self.compute_efficiency) > DROPPED_EFFICIENCY / 10:
-            return (mem, 0.0) if not batch.prefill_tokens else (0.0, compute)
+            return (mem, 0.0) if not prefill_tokens else (0.0, compute)
         return (mem, 0.0) if mem / self.mem_efficiency >= compute / self.compute_efficiency else (0.0, compute)
 
     def __call__(self, batch: StepBatch) -> float:
-        mem, compute = self.terms(batch)
+        return self._seconds(*self.terms(batch))
+
+    def decode_seconds(self, decode_seqs: int, kv_tokens_read: int) -> float:
+        """``self(decode_batch(decode_seqs, kv_tokens_read))``, to the bit, without making the batch: the simulator's
+        steady decode steps (`_Scheduler._decode_steps`) price millions of them on a large trace."""
+        return self._seconds(*self._terms(0, decode_seqs, kv_tokens_read, kv_tokens_read))
+
+    def _seconds(self, mem: float, compute: float) -> float:
         return self.overhead_s + mem / self.mem_efficiency + compute / self.compute_efficiency
 
 

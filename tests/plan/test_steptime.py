@@ -8,7 +8,9 @@ import pytest
 
 from kvplan.errors import KvplanError
 from kvplan.plan.simulate import Lengths, SchedulerConfig, StepBatch, closed_loop, open_loop, simulate
+from kvplan.plan.steplog import decode_batch
 from kvplan.plan.steptime import (
+    DROPPED_EFFICIENCY,
     StepTimeModel,
     _sent_after_overhead,
     _with_request_overhead,
@@ -37,6 +39,35 @@ def test_decode_step_by_hand():
     comp = (32 * 16e9 + 32 * 2048 * 4 * 32 * 4096) / 989e12 / 0.5
     assert t == pytest.approx(0.003 + mem + comp)
     assert t == pytest.approx(0.003 + 0.0091753 + 0.0011049, rel=1e-4)
+
+
+def test_a_decode_step_priced_without_its_batch_is_the_same_float():
+    """`decode_seconds` (how the simulator prices its steady decode steps) against the model called on the batch: equal
+    to the bit, summed or overlapping (memory- or compute-bound), with a term a calibration dropped too. A simulation
+    with decode runs and preemptions gives the same result through it as through a black box calling the model."""
+    models = (MODEL, replace(MODEL, overlap=True), replace(MODEL, overlap=True, mem_efficiency=0.001),
+              replace(MODEL, overlap=True, compute_efficiency=DROPPED_EFFICIENCY))
+    for model in models:
+        for num, kv in ((1, 1), (3, 700), (32, 65_536), (256, 4_000_000)):
+            assert model.decode_seconds(num, kv) == model(decode_batch(num, kv))
+    assert models[1].decode_seconds(32, 65_536) != models[2].decode_seconds(32, 65_536)
+
+    class Counted:  # the model, counting the steps priced without a batch
+        fast = 0
+
+        def __call__(self, batch: StepBatch) -> float:
+            return MODEL(batch)
+
+        def decode_seconds(self, decode_seqs: int, kv_tokens_read: int) -> float:
+            self.fast += 1
+            return MODEL.decode_seconds(decode_seqs, kv_tokens_read)
+
+    load = closed_loop(4, Lengths(300, 200, "uniform", 0.5), requests_per_stream=6)
+    config = SchedulerConfig(num_blocks=80, block_size=16)
+    counted = Counted()
+    fast = simulate(config, load, counted)
+    assert fast.preemptions and counted.fast > fast.steps // 2
+    assert fast == simulate(config, load, lambda batch: MODEL(batch))
 
 
 def test_prefill_step_by_hand():
