@@ -61,6 +61,7 @@ from kvplan.bench.sweep import Onset, block_rule
 from kvplan.bench.workload import Workload
 from kvplan.engines import EngineCapacity, engine_named
 from kvplan.errors import KvplanError
+from kvplan.paths import parse_json_text
 from kvplan.plan.blocks import BlockRule
 from kvplan.plan.hybrid_rule import HybridRule
 from kvplan.term import printable
@@ -246,6 +247,18 @@ def served_models(client: Client, base_url: str) -> tuple[int, list[str]]:
     except (ValueError, KeyError, TypeError):
         ids = []
     return status, [i for i in ids if isinstance(i, str)]
+
+
+def served_max_model_len(client: Client, base_url: str, model: str) -> int | None:
+    """The context ``base_url``/v1/models gives ``model`` (vLLM's ``ModelCard.max_model_len``); None when it says none."""
+    status, body = client.get(base_url.rstrip("/") + "/v1/models", timeout_s=10)
+    try:
+        cards = parse_json_text(body, "/v1/models")["data"] if status == 200 else []
+        found = [c.get("max_model_len") for c in cards if isinstance(c, dict) and c.get("id") == model]
+    except (KvplanError, KeyError, TypeError):  # (a lying server: not a model list)
+        return None
+    value = found[0] if found else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 class Fleet:

@@ -18,7 +18,7 @@ from kvplan.bench import store as st
 from kvplan.bench.client import GET_BODY_S, REDIRECT_HINT, Client, credential_secrets, is_redirect, masked_headers, shown_proxy
 from kvplan.bench.config import DEFAULT_REQUESTS, BenchConfig, BenchFailed
 from kvplan.bench.engine import EngineConfig, EngineLauncher, free_port, no_interrupts
-from kvplan.bench.fleet import EnginePools, Fleet, fleet_secrets, served_models
+from kvplan.bench.fleet import EnginePools, Fleet, fleet_secrets, served_max_model_len, served_models
 from kvplan.bench.gpu_telemetry import sample_during, summarize_gpu, telemetry_client
 from kvplan.bench.latency import no_prediction, predictor_for
 from kvplan.bench.loadgen import RequestRecord, StopSignal, run_closed_loop, run_open_loop, run_sessions, run_stoppable
@@ -135,6 +135,7 @@ class BenchRun:
         self.profile = profile_for(cfg)  # which points the run measures (kvplan/bench/profiles/)
         self.fleet = Fleet(cfg.fleet) if cfg.fleet is not None else None  # several replicas (kvplan.bench.fleet)
         self.engines: EnginePools | None = None  # a data-parallel server's engines (kvplan.bench.fleet.EnginePools)
+        self.max_model_len: int | None = None  # the served context, when the server or its log says it
 
     @property
     def api_key(self) -> str | None:
@@ -244,6 +245,29 @@ class BenchRun:
             status, body = self.client.get(self.base_url + "/version", timeout_s=5)
             cap = dataclasses.replace(cap, vllm_version=version_from_endpoint(body) if status == 200 else None)
         self.capacity = cap
+
+    def _served_context(self) -> int | None:
+        """The engine's max_model_len: as its /v1/models says (vLLM's ``ModelCard``), else as kvplan launched it
+        (--ctx), else as its start-up log printed it (the context of "Maximum concurrency for N tokens")."""
+        said = served_max_model_len(self.client, self.base_url, self.model)
+        if said is None and self.launcher is not None:
+            said = self.launcher.cfg.args.max_model_len
+        return said or self.capacity.max_concurrency_len
+
+    def _check_context(self, first_index: int, count: int, what: str) -> None:
+        """Refuse ``what`` before it sends anything when one of its requests (numbers ``first_index`` on) asks for
+        more tokens than the engine's context: vLLM refuses a prompt longer than max_model_len and cuts a request's
+        output to what fits (``get_max_tokens``, vllm/entrypoints/serve/utils/api_utils.py@0.32.0), so the point would
+        fail, or measure a workload other than the one asked. Drawn lengths are seeded per request number, so the
+        requests a point will send are known before it starts."""
+        if self.max_model_len is None or self.traffic is not None:  # (a replay's turns: kvplan.bench.replay)
+            return
+        over = self.workload.first_over_context(first_index, count, self.max_model_len)
+        if over is not None:
+            number, prompt, output = over
+            raise KvplanError(f"{what}: request {number} asks for {prompt} prompt + {output} output tokens, more "
+                              f"than the engine's max_model_len {self.max_model_len} (vLLM would refuse it or cut its "
+                              f"output)", "lower --prompt, --output or --spread, or serve a longer context (--ctx)")
 
     def _data_parallel(self, snap: Snapshot | None) -> None:
         """The block rule: on the one pool, or on one engine's of a data-parallel server (kvplan.bench.fleet.
@@ -417,9 +441,11 @@ class BenchRun:
                 self.view.point_started(load.label(), total)
             case OpenLoad():
                 total = self.point_requests(None)
+                self._check_context(first_index, total or 0, f"the point at {load.label()}")
                 self.view.point_started(load.label(), total or 0)
             case ClosedLoad(concurrency):
                 total = self.point_requests(concurrency)
+                self._check_context(first_index, total or 0, f"the point at concurrency {concurrency}")
                 self.view.point_started(concurrency, total or 0)
         started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         result = run_stoppable(self._point_async(load, seq, first_index, started_at, replayed))
@@ -636,6 +662,7 @@ class BenchRun:
             level = max(1, min(self.rule.first_kv_wait - 1, 32))
         else:
             level = 4
+        self._check_context(self._next_index, level, "the warm-up")
         self.view.message(f"warm-up: {level} stream{'s' if level != 1 else ''}, not recorded")
         load = run_stoppable(run_closed_loop(
             self.base_url, self.model, self.workload.api, level, 1, self.workload.request, self._next_index,
@@ -798,6 +825,7 @@ class BenchRun:
                         snap = Snapshot(0.0, cache_info=self.prometheus.cache_config())
                 self._read_capacity(snap)
                 self._data_parallel(snap)
+                self.max_model_len = self._served_context()
             self._planner()
             self._latency_model()
             self._write_run()

@@ -23,6 +23,7 @@ class FakeBehaviour:
     metrics: bool = True
     cache_info: str | None = None  # labels of vllm:cache_config_info, e.g. 'num_gpu_blocks="17",block_size="32"'
     model_id: str = "fake"  # what /v1/models lists
+    max_model_len: int | None = None  # what /v1/models says of it (vLLM's ModelCard), when set
     api_key: str | None = None  # require "Authorization: Bearer <api_key>" on /v1 (as vLLM --api-key)
     metrics_text: object = None  # a str, or a callable(scrape number) -> str, served as /metrics instead
     status: int = 200  # completions answer this status (an error body) when not 200
@@ -180,7 +181,10 @@ class FakeServer(_LoopThread):
         denied = self._denied(request)
         if denied is not None:
             return denied
-        return web.json_response({"object": "list", "data": [{"id": self.behaviour.model_id, "object": "model"}]})
+        card = {"id": self.behaviour.model_id, "object": "model"}
+        if self.behaviour.max_model_len is not None:
+            card["max_model_len"] = self.behaviour.max_model_len
+        return web.json_response({"object": "list", "data": [card]})
 
     async def _metrics(self, request):
         from aiohttp import web
