@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -254,20 +255,24 @@ class BenchRun:
             said = self.launcher.cfg.args.max_model_len
         return said or self.capacity.max_concurrency_len
 
-    def _check_context(self, first_index: int, count: int, what: str) -> None:
-        """Refuse ``what`` before it sends anything when one of its requests (numbers ``first_index`` on) asks for
+    def _check_context(self, what: str, requests: Iterable[tuple[str, int, int]]) -> None:
+        """Refuse ``what`` before it sends anything when one of its ``requests`` (name, prompt, output tokens) asks for
         more tokens than the engine's context: vLLM refuses a prompt longer than max_model_len and cuts a request's
         output to what fits (``get_max_tokens``, vllm/entrypoints/serve/utils/api_utils.py@0.32.0), so the point would
-        fail, or measure a workload other than the one asked. Drawn lengths are seeded per request number, so the
-        requests a point will send are known before it starts."""
-        if self.max_model_len is None or self.traffic is not None:  # (a replay's turns: kvplan.bench.replay)
+        fail, or measure a workload other than the one asked. A point's requests are known before it starts: drawn
+        lengths are seeded per request number, a replay's turns are the traffic's."""
+        if self.max_model_len is None:
             return
-        over = self.workload.first_over_context(first_index, count, self.max_model_len)
-        if over is not None:
-            number, prompt, output = over
-            raise KvplanError(f"{what}: request {number} asks for {prompt} prompt + {output} output tokens, more "
-                              f"than the engine's max_model_len {self.max_model_len} (vLLM would refuse it or cut its "
-                              f"output)", "lower --prompt, --output or --spread, or serve a longer context (--ctx)")
+        for name, prompt, output in requests:
+            if prompt + output > self.max_model_len:
+                raise KvplanError(f"{what}: {name} asks for {prompt} prompt + {output} output tokens, more than the "
+                                  f"engine's max_model_len {self.max_model_len} (vLLM would refuse it or cut its output)",
+                                  "lower --prompt, --output or --spread, replay other traffic, or serve a longer "
+                                  "context (--ctx)")
+
+    def _numbered(self, first_index: int, count: int) -> Iterator[tuple[str, int, int]]:
+        """The workload's requests ``first_index`` .. ``first_index + count - 1``: (name, prompt, output tokens)."""
+        return ((f"request {i}", *self.workload.lengths(i)) for i in range(first_index, first_index + count))
 
     def _data_parallel(self, snap: Snapshot | None) -> None:
         """The block rule: on the one pool, or on one engine's of a data-parallel server (kvplan.bench.fleet.
@@ -437,15 +442,17 @@ class BenchRun:
         match load:
             case ReplayLoad(sessions):
                 replayed = first_sessions(self.traffic, sessions)
+                self._check_context(f"the point at {load.label()}",
+                                    ((t.label, t.prompt_tokens, t.output_tokens) for t in replayed.turns))
                 total = replayed.num_requests
                 self.view.point_started(load.label(), total)
             case OpenLoad():
                 total = self.point_requests(None)
-                self._check_context(first_index, total or 0, f"the point at {load.label()}")
+                self._check_context(f"the point at {load.label()}", self._numbered(first_index, total or 0))
                 self.view.point_started(load.label(), total or 0)
             case ClosedLoad(concurrency):
                 total = self.point_requests(concurrency)
-                self._check_context(first_index, total or 0, f"the point at concurrency {concurrency}")
+                self._check_context(f"the point at concurrency {concurrency}", self._numbered(first_index, total or 0))
                 self.view.point_started(concurrency, total or 0)
         started_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         result = run_stoppable(self._point_async(load, seq, first_index, started_at, replayed))
@@ -662,7 +669,7 @@ class BenchRun:
             level = max(1, min(self.rule.first_kv_wait - 1, 32))
         else:
             level = 4
-        self._check_context(self._next_index, level, "the warm-up")
+        self._check_context("the warm-up", self._numbered(self._next_index, level))
         self.view.message(f"warm-up: {level} stream{'s' if level != 1 else ''}, not recorded")
         load = run_stoppable(run_closed_loop(
             self.base_url, self.model, self.workload.api, level, 1, self.workload.request, self._next_index,

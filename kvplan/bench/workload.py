@@ -99,15 +99,6 @@ class Workload:
         return draw_lengths(index, self.prompt_tokens, self.output_tokens, self.distribution, self.spread,
                             self.seed, trace)
 
-    def first_over_context(self, first_index: int, count: int, max_model_len: int) -> tuple[int, int, int] | None:
-        """The first of requests ``first_index`` .. ``first_index + count - 1`` whose prompt and output together exceed
-        ``max_model_len``, as (number, prompt, output); None when every one fits."""
-        for index in range(first_index, first_index + count):
-            prompt, output = self.lengths(index)
-            if prompt + output > max_model_len:
-                return index, prompt, output
-        return None
-
     def request(self, index: int) -> RequestSpec:
         """The request number ``index`` of the run (unique prompt)."""
         prompt, output = self.lengths(index)

@@ -543,7 +543,7 @@ class _Scheduler:
             raise KvplanError(f"request {number}: prompt and output must be >= 1 token")
         if config.max_model_len and prompt + output > config.max_model_len:
             raise KvplanError(f"request {number}: {prompt} + {output} tokens exceed max_model_len "
-                              f"{config.max_model_len} (vLLM rejects it)")
+                              f"{config.max_model_len} (vLLM refuses its prompt or cuts its output)")
         if cdiv(prompt + output - 1, B) > usable:
             raise KvplanError(f"request {number} needs {cdiv(prompt + output - 1, B)} blocks; the pool has "
                               f"{usable} usable: it could never finish")

@@ -51,3 +51,17 @@ def test_requests_that_fit_the_context_run(tmp_path):
             proc = _bench(srv.url, tmp_path / str(said), trace)
         assert proc.returncode == 0, (said, proc.stderr[-2000:])
         assert behaviour.requests == 3
+
+
+def test_a_replay_turn_over_the_context_is_refused_before_its_point_sends(tmp_path):
+    # A lengths-only traffic file: two sessions of one turn, 100 + 10 and 290 + 20 tokens; the server serves 300.
+    traffic = _trace(tmp_path, [(100, 10), (290, 20)])
+    behaviour = FakeBehaviour(tokens=4, max_model_len=300)
+    with FakeServer(behaviour) as srv:
+        proc = subprocess.run(kvplan_cmd("--url", srv.url, "--traffic", str(traffic), "--traffic-kind", "lengths",
+                                         "--sessions", "1,2", "--no-warmup", "--out", str(tmp_path / "runs")),
+                              capture_output=True, text=True, timeout=120, env=bench_env())
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    (line,) = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert "the point at 2 sessions: session" in line and "turn 0 asks for 290 prompt + 20 output tokens" in line, line
+    assert behaviour.requests == 1  # the first point's turn only
