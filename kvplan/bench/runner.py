@@ -260,7 +260,8 @@ class BenchRun:
         more tokens than the engine's context: vLLM refuses a prompt longer than max_model_len and cuts a request's
         output to what fits (``get_max_tokens``, vllm/entrypoints/serve/utils/api_utils.py@0.32.0), so the point would
         fail, or measure a workload other than the one asked. A point's requests are known before it starts: drawn
-        lengths are seeded per request number, a replay's turns are the traffic's."""
+        lengths are seeded per request number, a replay's turns are the traffic's. (A point that runs for a duration
+        has no count: its requests are not checked.)"""
         if self.max_model_len is None:
             return
         for name, prompt, output in requests:
