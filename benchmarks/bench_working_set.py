@@ -110,12 +110,13 @@ def main() -> None:
           f"hit rate {ws.achievable_blocks * args.block_size / ws.queried_tokens:.1%}; pools for 50/90/99%: "
           f"{pools[0]:,} / {pools[1]:,} / {pools[2]:,} blocks ({pools_took:.3f} s)")
     if args.simulate:
+        step_time = prior_model() if args.prior else lambda b: 0.005 + 2e-6 * b.prefill_tokens
         t0 = time.perf_counter()
         load = traffic_load(traffic, args.block_size, time_scale=1.0)
         built = time.perf_counter() - t0
         res = simulate(SchedulerConfig(num_blocks=args.pool + 1, block_size=args.block_size,
                                        max_num_batched_tokens=8192, max_num_seqs=256), load,
-                       step_time=prior_model() if args.prior else lambda b: 0.005 + 2e-6 * b.prefill_tokens)
+                       step_time=step_time)
         print(f"simulation: {time.perf_counter() - t0:.1f} s ({built:.1f} s hashing the prompts), {res.steps:,} steps, "
               f"hit rate {res.prefix_hit_rate:.1%}, {res.preemptions} preemptions")
         if args.digest:
