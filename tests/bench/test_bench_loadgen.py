@@ -95,7 +95,10 @@ def test_a_request_a_reused_connection_dropped_unread_is_resent_once_on_a_fresh_
     assert [r.retries for r in result.records] == [0, 1, 0] and result.retries == 1
     assert second.scheduled_s == pytest.approx(first.end_s, abs=0.005)  # the closed loop's time, not the retry's
     assert second.sent_s < second.scheduled_s + 0.01
-    assert second.ttft_s >= 0.05 > first.ttft_s
+    # The 50 ms are in its TTFT (timed from its scheduled time, not from the resend): above the drop's 50 ms, and
+    # 40 ms or more above the faster of the two requests sent once (not `first.ttft_s < 0.05`: on a loaded 2-core
+    # CI machine the first request alone once took 56 ms).
+    assert second.ttft_s >= 0.05 and second.ttft_s >= min(first.ttft_s, third.ttft_s) + 0.04
     assert second.to_json()["retries"] == 1 and "retries" not in first.to_json()
 
 
