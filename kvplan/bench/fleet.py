@@ -34,7 +34,6 @@ split and says so.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -239,25 +238,27 @@ class Replica:
         return redact((self.url or self.metrics_url).rstrip("/"))
 
 
+def model_cards(client: Client, base_url: str) -> tuple[int, dict[str, dict]]:
+    """(HTTP status, each served model's card by its id, in the list's order) of ``base_url``/v1/models; none when the
+    answer is not a model list (a lying server: read by the bounded JSON reader, entries without an id skipped)."""
+    status, body = client.get(base_url.rstrip("/") + "/v1/models", timeout_s=10)
+    try:
+        data = parse_json_text(body, "/v1/models")["data"] if status == 200 else []
+        cards = {c["id"]: c for c in data if isinstance(c, dict) and isinstance(c.get("id"), str)}
+    except (KvplanError, KeyError, TypeError):
+        cards = {}
+    return status, cards
+
+
 def served_models(client: Client, base_url: str) -> tuple[int, list[str]]:
-    """(HTTP status, the model ids) of ``base_url``/v1/models; no ids when the answer is not a model list."""
-    status, body = client.get(base_url.rstrip("/") + "/v1/models", timeout_s=10)
-    try:
-        ids = [m["id"] for m in json.loads(body)["data"]] if status == 200 else []
-    except (ValueError, KeyError, TypeError):
-        ids = []
-    return status, [i for i in ids if isinstance(i, str)]
+    """(HTTP status, the model ids) of ``base_url``/v1/models (`model_cards`)."""
+    status, cards = model_cards(client, base_url)
+    return status, list(cards)
 
 
-def served_max_model_len(client: Client, base_url: str, model: str) -> int | None:
-    """The context ``base_url``/v1/models gives ``model`` (vLLM's ``ModelCard.max_model_len``); None when it says none."""
-    status, body = client.get(base_url.rstrip("/") + "/v1/models", timeout_s=10)
-    try:
-        cards = parse_json_text(body, "/v1/models")["data"] if status == 200 else []
-        found = [c.get("max_model_len") for c in cards if isinstance(c, dict) and c.get("id") == model]
-    except (KvplanError, KeyError, TypeError):  # (a lying server: not a model list)
-        return None
-    value = found[0] if found else None
+def card_context(card: dict) -> int | None:
+    """The context a model card gives (vLLM's ``ModelCard.max_model_len``); None when it gives none."""
+    value = card.get("max_model_len")
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 

@@ -19,7 +19,7 @@ from kvplan.bench import store as st
 from kvplan.bench.client import GET_BODY_S, REDIRECT_HINT, Client, credential_secrets, is_redirect, masked_headers, shown_proxy
 from kvplan.bench.config import DEFAULT_REQUESTS, BenchConfig, BenchFailed
 from kvplan.bench.engine import EngineConfig, EngineLauncher, free_port, no_interrupts
-from kvplan.bench.fleet import EnginePools, Fleet, fleet_secrets, served_max_model_len, served_models
+from kvplan.bench.fleet import EnginePools, Fleet, card_context, fleet_secrets, model_cards
 from kvplan.bench.gpu_telemetry import sample_during, summarize_gpu, telemetry_client
 from kvplan.bench.latency import no_prediction, predictor_for
 from kvplan.bench.loadgen import RequestRecord, StopSignal, run_closed_loop, run_open_loop, run_sessions, run_stoppable
@@ -137,6 +137,7 @@ class BenchRun:
         self.fleet = Fleet(cfg.fleet) if cfg.fleet is not None else None  # several replicas (kvplan.bench.fleet)
         self.engines: EnginePools | None = None  # a data-parallel server's engines (kvplan.bench.fleet.EnginePools)
         self.max_model_len: int | None = None  # the served context, when the server or its log says it
+        self.model_cards: dict[str, dict] = {}  # the server's /v1/models, by model id
 
     @property
     def api_key(self) -> str | None:
@@ -208,7 +209,8 @@ class BenchRun:
             raise KvplanError(f"{shown_url}/health answered HTTP {health}{via}: the engine is not healthy")
 
     def _discover_model(self) -> None:
-        _, ids = served_models(self.client, self.base_url)
+        _, self.model_cards = model_cards(self.client, self.base_url)
+        ids = list(self.model_cards)
         if self.expected_model is not None:
             # --resume: the finished points measured that model; points of another one must not join them.
             if ids and self.expected_model not in ids:
@@ -250,7 +252,7 @@ class BenchRun:
     def _served_context(self) -> int | None:
         """The engine's max_model_len: as its /v1/models says (vLLM's ``ModelCard``), else as kvplan launched it
         (--ctx), else as its start-up log printed it (the context of "Maximum concurrency for N tokens")."""
-        said = served_max_model_len(self.client, self.base_url, self.model)
+        said = card_context(self.model_cards.get(self.model, {}))
         if said is None and self.launcher is not None:
             said = self.launcher.cfg.args.max_model_len
         return said or self.capacity.max_concurrency_len
