@@ -34,7 +34,10 @@ measures that. Under each table, for runs that recorded the engine's own TTFT sp
 `server_prefill_mean_s`), the first run's mean TTFT at each load measured as client + API server + queue + prefill
 and predicted as request overhead + wait + prefill (`ttft_split`). ``--from DIR`` re-evaluates the runs of an
 earlier invocation (its printed folder) offline: the same measurements, calibrated and predicted again with the
-current model.
+current model. Before every run it measures the engine's speed the same way (`speed_probe`, stored in the run
+folder) and prints under each table how far each run's engine was from the calibration's: a calibration made in a
+slow minute of this shared machine prices every later run too high, which the table alone cannot tell from the
+model's error.
 
 Before the tables it prints the engine's own price of a prompt token (at one stream TTFT is a line in the prompt
 length; Theil-Sen with Sen's 95% interval over the 1-stream requests of every workload without a shared prefix, and
@@ -95,13 +98,72 @@ def warm_up(url: str, max_tokens: int = 510) -> None:
             resp.read()
 
 
+#: The speed probe's prompt lengths (tokens; the launched engine's context is 512) and the output tokens of its
+#: decode request: (its time - the 1-token request's) / (SPEED_PROBE_OUTPUT - 1) is one decode step at that context.
+SPEED_PROBE_LENGTHS = (32, 128, 256, 448)
+SPEED_PROBE_OUTPUT = 17
+SPEED_PROBE_FILE = "speed_probe.json"
+
+
+def speed_probe(url: str) -> list[dict]:
+    """The engine's speed just before a run, measured the same way before every run: per length of
+    SPEED_PROBE_LENGTHS, a 1-token request sent twice (the second timed: a CPU engine runs a new batch shape slower
+    the first time) and a SPEED_PROBE_OUTPUT-token one, each on fresh random token ids (no prefix-cache hit). Why:
+    this 2-core machine's speed drifts by 20-30% from minute to minute, and a calibration measured in a slow minute
+    prices every later run too high; the probe tells that drift apart from the model's error (`speed_drift`).
+    The run's own warm-up comes after it, so the prefix cache the run's points see is the one they would without."""
+    import random
+    import time
+    import urllib.request
+
+    with urllib.request.urlopen(f"{url}/v1/models", timeout=60) as resp:
+        served = json.loads(resp.read())["data"][0]["id"]
+    rng = random.Random()  # (fresh ids each probe: no block of one is cached from another)
+
+    def timed(n: int, max_tokens: int) -> float:
+        body = json.dumps({"model": served, "prompt": [rng.randrange(10, 1000) for _ in range(n)],
+                           "max_tokens": max_tokens, "ignore_eos": True}).encode()
+        req = urllib.request.Request(f"{url}/v1/completions", body, {"Content-Type": "application/json"})
+        start = time.perf_counter()
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            resp.read()
+        return time.perf_counter() - start
+
+    rows = []
+    for n in SPEED_PROBE_LENGTHS:
+        timed(n, 1)
+        one = timed(n, 1)
+        rows.append({"prompt_tokens": n, "prefill_s": one,
+                     "decode_step_s": (timed(n, SPEED_PROBE_OUTPUT) - one) / (SPEED_PROBE_OUTPUT - 1)})
+    return rows
+
+
+def speed_drift(calib_run: Path, run: Path) -> tuple[float, float] | None:
+    """(prefill, decode step) time of ``run``'s speed probe relative to the calibration's, each the median over the
+    probe's lengths of run / calibration - 1 (negative: the engine ran faster than when calibrated). None when either
+    run has no probe (runs made before it)."""
+    from statistics import median
+
+    def probe(r: Path) -> dict[int, dict] | None:
+        file = r / SPEED_PROBE_FILE
+        return {row["prompt_tokens"]: row for row in json.loads(file.read_text())} if file.is_file() else None
+
+    calib, this = probe(calib_run), probe(run)
+    if not calib or not this or set(calib) != set(this):
+        return None
+    return tuple(median(this[n][k] / calib[n][k] - 1 for n in calib) for k in ("prefill_s", "decode_step_s"))
+
+
 def bench(url: str, out: Path, flags: list[str], sweep: str, per_stream: int) -> Path:
+    probe = speed_probe(url)
     proc = subprocess.run([sys.executable, "-m", "kvplan", "bench", "--url", url, "--out", str(out), "--json",
                            "--sweep", sweep, "--requests-per-stream", str(per_stream), *flags],
                           capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
         sys.exit(f"kvplan bench failed: {proc.stderr[-2000:]}")
-    return Path(json.loads(proc.stdout)["run_dir"])
+    run = Path(json.loads(proc.stdout)["run_dir"])
+    (run / SPEED_PROBE_FILE).write_text(json.dumps(probe, indent=1) + "\n")
+    return run
 
 
 def measured_vs_predicted(run: Path, model, per_stream: int) -> dict[int, dict]:
@@ -238,9 +300,10 @@ def prompt_note(name: str, runs: list[Path], seen: tuple[int, int] | None) -> st
 
 
 def report(name: str, repeats: list[dict[int, dict]], per_stream: int, where: Path,
-           late: list[dict[int, tuple[int, int]]] = ()) -> bool:
+           late: list[dict[int, tuple[int, int]]] = (), drift: list[tuple[float, float] | None] = ()) -> bool:
     """Print one predicted workload's table; True when it meets the goal at every load and run. ``late``: each run's
-    `late_first_tokens`, a note line under the table for a load where delivery fell behind."""
+    `late_first_tokens`, a note line under the table for a load where delivery fell behind. ``drift``: each run's
+    `speed_drift` (the verdict does not use it: it says how far the engine itself moved from its calibration)."""
     print(f"\npredicted {name}, {len(repeats)} runs, {per_stream} requests per stream (runs in {where})")
     print(f"{'c':>3} {'sat':<5} {'metric':<9} {'predicted':>10} {'measured (each run)':<28} {'errors':<22} "
           f"{'run spread':>10}")
@@ -272,6 +335,10 @@ def report(name: str, repeats: list[dict[int, dict]], per_stream: int, where: Pa
         if behind:
             print(f"  run {k}: first token in one chunk with later ones ({', '.join(behind)}): the client or the API "
                   f"server fell behind the engine there; its TTFT measures that")
+    if drift and all(drift):
+        print("  the engine's speed before each run against its calibration's (speed probe, median over "
+              f"{len(SPEED_PROBE_LENGTHS)} lengths; +: slower): prefill "
+              + " ".join(f"{d[0]:+.0%}" for d in drift) + ", decode step " + " ".join(f"{d[1]:+.0%}" for d in drift))
     print(f"goal (TTFT p50 and tok/s within 20%, p99 within 35%, every load, every run): {'met' if met else 'NOT met'}")
     return met
 
@@ -339,7 +406,8 @@ def main() -> None:
         if note:
             print(note)
         repeats = [measured_vs_predicted(run, model, args.per_stream) for run in runs[name]]
-        met &= report(name, repeats, args.per_stream, out, [late_first_tokens(run) for run in runs[name]])
+        met &= report(name, repeats, args.per_stream, out, [late_first_tokens(run) for run in runs[name]],
+                      [speed_drift(Path(calibration.run_dir), run) for run in runs[name]])
     print(f"\nevery workload: goal {'met' if met else 'NOT met'}")
 
 
