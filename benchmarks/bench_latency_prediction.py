@@ -133,13 +133,13 @@ def speed_probe(url: str) -> list[dict]:
     for n in SPEED_PROBE_LENGTHS:
         timed(n, 1)
         one = timed(n, 1)
-        rows.append({"prompt_tokens": n, "prefill_s": one,
+        rows.append({"prompt_tokens": n, "one_token_request_s": one,
                      "decode_step_s": (timed(n, SPEED_PROBE_OUTPUT) - one) / (SPEED_PROBE_OUTPUT - 1)})
     return rows
 
 
 def speed_drift(calib_run: Path, run: Path) -> tuple[float, float] | None:
-    """(prefill, decode step) time of ``run``'s speed probe relative to the calibration's, each the median over the
+    """(1-token request, decode step) time of ``run``'s speed probe relative to the calibration's, each the median over the
     probe's lengths of run / calibration - 1 (negative: the engine ran faster than when calibrated). None when either
     run has no probe (runs made before it)."""
     from statistics import median
@@ -151,7 +151,7 @@ def speed_drift(calib_run: Path, run: Path) -> tuple[float, float] | None:
     calib, this = probe(calib_run), probe(run)
     if not calib or not this or set(calib) != set(this):
         return None
-    return tuple(median(this[n][k] / calib[n][k] - 1 for n in calib) for k in ("prefill_s", "decode_step_s"))
+    return tuple(median(this[n][k] / calib[n][k] - 1 for n in calib) for k in ("one_token_request_s", "decode_step_s"))
 
 
 def bench(url: str, out: Path, flags: list[str], sweep: str, per_stream: int) -> Path:
@@ -337,7 +337,7 @@ def report(name: str, repeats: list[dict[int, dict]], per_stream: int, where: Pa
                   f"server fell behind the engine there; its TTFT measures that")
     if drift and all(drift):
         print("  the engine's speed before each run against its calibration's (speed probe, median over "
-              f"{len(SPEED_PROBE_LENGTHS)} lengths; +: slower): prefill "
+              f"{len(SPEED_PROBE_LENGTHS)} lengths; +: slower): 1-token request (mostly prefill) "
               + " ".join(f"{d[0]:+.0%}" for d in drift) + ", decode step " + " ".join(f"{d[1]:+.0%}" for d in drift))
     print(f"goal (TTFT p50 and tok/s within 20%, p99 within 35%, every load, every run): {'met' if met else 'NOT met'}")
     return met
