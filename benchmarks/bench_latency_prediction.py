@@ -230,6 +230,23 @@ def late_first_tokens(run: Path) -> dict[int, tuple[int, int]]:
     return out
 
 
+def stalled_slowest(run: Path) -> dict[int, tuple[float, int]]:
+    """Per load of ``run`` whose slowest TTFT came with more than one token in its first streamed chunk: (that TTFT
+    in seconds, those tokens). With 60 requests a stream a load's p99 is its slowest request or two, so such a load's
+    p99 measures a delivery stall (the client or the API server behind the engine), not the engine's steps: one
+    request of 60 at 1 stream (kvplan-latency-7ha_5t70, the reuse workload) came at 205 ms with 20 tokens, where the
+    others took 25-75 ms, and a load's share of such requests (`late_first_tokens`) stayed under LATE_SHARE."""
+    from kvplan.bench.store import RunStore
+
+    slowest: dict[int, tuple[float, int]] = {}
+    for r in RunStore.open_existing(run).read_requests():
+        if r.get("ok") and isinstance(r.get("concurrency"), int) and r.get("first_token_s") is not None:
+            ttft = r["first_token_s"] - r["scheduled_s"]
+            if ttft > slowest.get(r["concurrency"], (-1.0, 0))[0]:
+                slowest[r["concurrency"]] = (ttft, (r.get("chunk_tokens") or [1])[0])
+    return {c: v for c, v in slowest.items() if v[1] > 1}
+
+
 def one_stream_requests(run: Path) -> list[tuple[int, float]]:
     """(prompt tokens, TTFT s) of the requests of ``run``'s 1-stream points: each met an idle engine."""
     from kvplan.bench.store import RunStore
@@ -300,9 +317,11 @@ def prompt_note(name: str, runs: list[Path], seen: tuple[int, int] | None) -> st
 
 
 def report(name: str, repeats: list[dict[int, dict]], per_stream: int, where: Path,
-           late: list[dict[int, tuple[int, int]]] = (), drift: list[tuple[float, float] | None] = ()) -> bool:
+           late: list[dict[int, tuple[int, int]]] = (), drift: list[tuple[float, float] | None] = (),
+           stalls: list[dict[int, tuple[float, int]]] = ()) -> bool:
     """Print one predicted workload's table; True when it meets the goal at every load and run. ``late``: each run's
-    `late_first_tokens`, a note line under the table for a load where delivery fell behind. ``drift``: each run's
+    `late_first_tokens`, a note line under the table for a load where delivery fell behind; ``stalls``: each run's
+    `stalled_slowest`, a note line for a load whose slowest TTFT was such a request. ``drift``: each run's
     `speed_drift` (the verdict does not use it: it says how far the engine itself moved from its calibration)."""
     print(f"\npredicted {name}, {len(repeats)} runs, {per_stream} requests per stream (runs in {where})")
     print(f"{'c':>3} {'sat':<5} {'metric':<9} {'predicted':>10} {'measured (each run)':<28} {'errors':<22} "
@@ -335,6 +354,10 @@ def report(name: str, repeats: list[dict[int, dict]], per_stream: int, where: Pa
         if behind:
             print(f"  run {k}: first token in one chunk with later ones ({', '.join(behind)}): the client or the API "
                   f"server fell behind the engine there; its TTFT measures that")
+    for k, run in enumerate(stalls, 1):
+        for c, (ttft, tokens) in sorted(run.items()):
+            print(f"  run {k}, {c} stream{'s' * (c > 1)}: its slowest TTFT ({ttft * 1000:.0f} ms) came with {tokens} tokens "
+                  f"in its first delivery: that load's TTFT p99 measures a stall behind the engine, not its steps")
     if drift and all(drift):
         print("  the engine's speed before each run against its calibration's (speed probe, median over "
               f"{len(SPEED_PROBE_LENGTHS)} lengths; +: slower): 1-token request (mostly prefill) "
@@ -407,7 +430,8 @@ def main() -> None:
             print(note)
         repeats = [measured_vs_predicted(run, model, args.per_stream) for run in runs[name]]
         met &= report(name, repeats, args.per_stream, out, [late_first_tokens(run) for run in runs[name]],
-                      [speed_drift(Path(calibration.run_dir), run) for run in runs[name]])
+                      [speed_drift(Path(calibration.run_dir), run) for run in runs[name]],
+                      [stalled_slowest(run) for run in runs[name]])
     print(f"\nevery workload: goal {'met' if met else 'NOT met'}")
 
 
