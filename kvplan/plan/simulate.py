@@ -839,32 +839,37 @@ class _Scheduler:
         Steady: every running request decodes one token (its prompt and any recomputation done), each gets
         its token within the budget, and no waiting request can be admitted: none waits, or the step cannot
         try (``max_num_seqs`` running, or no budget left), or the head of the queue waits for KV blocks and
-        cannot stop waiting before a request ends (see `_blocked_head`). Such a step is the same every time
+        cannot stop waiting before a request ends (see `_blocked_head`). A step in which requests arrive (or
+        that starts with the head fitting) admits them beside the decoding requests (`_admit_in_run`: their
+        batch logged as one step), and the run goes on with them decoding when it can. Such a step is the same every time
         but for its numbers: its batch (``kv_tokens_read`` and ``attention_pairs`` grow by one per request),
         the requests crossing into a new block (their ``computed`` mod B is known), its time. Each step still
         makes its own `StepBatch` and calls ``step_time`` once, in order (a black box; the times add up in
         the same order, so to the same bits), but the log keeps the run as one entry (`StepLog`); what is saved
         is the work per request and step, and the memory per step.
 
-        The run stops before a step that must be taken one by one: one a pending arrival would change (it
-        could be admitted), or one where the pool has fewer free blocks than the requests crossing into a
-        block (one would preempt); it ends after the first step in which a request finishes (its end
-        changes the pool and sends successors), with that step's results applied as `_apply_results` would.
+        The run stops before a step that must be taken one by one: one where the pool has fewer free blocks
+        than the requests crossing into a block (one would preempt); it ends after the first step in which a
+        request finishes (its end changes the pool and sends successors), with that step's results applied as
+        `_apply_results` would, or after an admission it cannot go on from (`_admit_in_run`).
 
         Why the pool ends up the same: in these steps the pool only hands out new blocks (`take`, in step
-        then running order, one by one; here one `take` of them all after the loop, in that order: blocks
-        come off the head of the free queue, so one take of n + m blocks is a take of n then of m) and
-        registers full blocks (`cache`, done here at the end). A `take` pops a free block, `cache` names a
-        held one, so the two touch different blocks; and the two orders of removing one block from a hash's
-        list of blocks and appending another give the same list."""
+        then running order, one by one; here one `take` of them all before an admission and after the loop, in
+        that order: blocks come off the head of the free queue, so one take of n + m blocks is a take of n then
+        of m) and registers full blocks (`cache`, done here at the end). A `take` pops a free block, `cache` names
+        a held one, so the two touch different blocks; and the two orders of removing one block from a hash's
+        list of blocks and appending another give the same list. An admission in between sees the pool as the
+        steps one by one leave it, but for the blocks the decoding filled not yet cached: their hashes are their
+        requests' own, which no lookup asks for (`_admit_in_run`).
+        (tests/plan/test_simulate_equivalence.py compares runs with the steps one by one, admissions included.)"""
         config, running, waiting, B = self.config, self.running, self.waiting, self.B
         num = len(running)
         budget_left = config.max_num_batched_tokens - num
         if not num or budget_left < 0 or self.trace is not None:  # a trace logs every step's allocations
             return 0
         may_admit = budget_left > 0 and num < config.max_num_seqs
-        if may_admit and waiting and cdiv(waiting[0].num_tokens, B) <= self.pool.num_free - num:
-            return 0  # the head fits whatever this step takes: it is admitted (the usual arrival), `_step` does it
+        # The head fits whatever this step takes: it is admitted in this step (the usual arrival: `_admit_in_run`).
+        admit_first = may_admit and waiting and cdiv(waiting[0].num_tokens, B) <= self.pool.num_free - num
         # The requests crossing into a new block in step j are those whose computed % B == -j % B: crossing_at[j % B].
         crossing_at: list[list[_Req]] = [[] for _ in range(B)]
         kv = num  # kv_tokens_read of the first step: sum of (computed + 1)
@@ -883,7 +888,7 @@ class _Scheduler:
             kv += c
             crossing_at[-c % B].append(req)
         blocked = False
-        if waiting and may_admit:
+        if waiting and may_admit and not admit_first:
             if not self._blocked_head(budget_left, len(crossing_at[0])):
                 return 0
             blocked = True
@@ -893,22 +898,66 @@ class _Scheduler:
         fills: list[float] = []
         kv_first = kv
         now, step = self.now, self.step
+        seg_start = 0  # the first step of the log's current decode-run entry (an admission step splits the run)
+        joined: dict[_Req, int] = {}  # a request admitted in the run -> the first step it decodes in
+        peak_running = max(self.peak_running, num)
+        own_tails: bool | None = None  # no running request's keys reach past its prompt's full blocks (`_admit_in_run`)
         # The steps' new blocks are taken after the loop, in one `take` (steps in order, each in running order, as
         # one by one: nothing else uses the pool in these steps); ``free`` counts them down meanwhile.
         free = pool.num_free
         crossers: list[_Req] = []
         used = usable - free  # (changes only when blocks are taken)
         fill = used / usable
-        peak_waiting = max(self.peak_waiting, len(waiting))
+        peak_waiting = self.peak_waiting if admit_first else max(self.peak_waiting, len(waiting))  # (after admission)
         # No budget left to try a waiting request (vLLM's ``while token_budget > 0``): it waits for the budget.
         budget_spent = budget_left == 0 and self.first_budget_step is None
         budget_wait = (step, now) if budget_spent and waiting else None
         next_arrival = pending[0][0] if pending else math.inf
+        if admit_first:
+            next_arrival = now  # (step 0 admits the head as if it had just arrived)
         price = decode_pricer(step_time)  # (the log keeps the run's batches as one entry: `StepLog`)
-        for j in range(horizon):
+        j = 0
+        while j < horizon:
             if next_arrival <= now:  # arrivals seen at this step's start (not the first: `run` took them)
                 if may_admit and not blocked:
-                    break
+                    # The arrivals are admitted in this step, beside the decoding requests (`_admit_in_run`).
+                    crossing = crossing_at[j % B]
+                    if own_tails is None:
+                        own_tails = not any(len(req.keys) > req.prompt // B for req in running)
+                    if not own_tails or len(crossing) > free:
+                        break
+                    next_arrival = self._take_arrivals(step, now)
+                    free -= len(crossing)
+                    crossers += crossing
+                    self._take_for(crossers)
+                    crossers = []
+                    if j > seg_start:
+                        self.log.add_decode_run(num, kv_first + seg_start * num, ends[seg_start:], fills[seg_start:])
+                    end, fill, admitted, goes_on = self._admit_in_run(num, kv, step, now)
+                    ends.append(end)
+                    fills.append(fill)
+                    peak_running = max(peak_running, len(running))
+                    free = pool.num_free
+                    used = usable - free
+                    now = end
+                    step += 1
+                    kv += num
+                    j += 1
+                    seg_start = j
+                    for req in admitted:  # (their results to this step are applied: they decode from step j on)
+                        joined[req] = j
+                    if not goes_on:  # the run ends with this step (see `_admit_in_run`)
+                        break
+                    for req in admitted:  # decoding from step j on, computed req.computed there
+                        crossing_at[(j - req.computed) % B].append(req)
+                        kv += req.computed + 1
+                        horizon = min(horizon, j + req.output - req.generated)
+                    num += len(admitted)
+                    kv_first = kv - seg_start * num  # (so that kv_first + seg_start * num is this step's kv)
+                    fill = used / usable
+                    budget_left = config.max_num_batched_tokens - num
+                    may_admit = budget_left > 0 and num < config.max_num_seqs
+                    continue
                 next_arrival = self._take_arrivals(step, now)  # (they wait for KV too when the head does: below)
                 peak_waiting = max(peak_waiting, len(waiting))
                 if budget_spent and budget_wait is None and waiting:
@@ -927,29 +976,32 @@ class _Scheduler:
             now = end
             step += 1
             kv += num
+            j += 1
         steps = len(ends)
         if not steps:
             return 0
-        self.log.add_decode_run(num, kv_first, ends, fills)
-        for req, block in zip(crossers, pool.take(len(crossers))):
-            blocks = req.blocks
-            blocks.append(block)
-            if len(blocks) > req.tl.peak_blocks:  # (only these requests' blocks changed in the run)
-                req.tl.peak_blocks = len(blocks)
+        if steps > seg_start:
+            self.log.add_decode_run(num, kv_first + seg_start * num, ends[seg_start:], fills[seg_start:])
+        self._take_for(crossers)
         if blocked:
             for req in waiting:
                 req.tl.waited_for_kv = True
             self._waited()
         self.peak_used = max(self.peak_used, used)  # (blocks are only taken in these steps: the last count is the most)
-        self.peak_waiting = peak_waiting
-        self.peak_running = max(self.peak_running, num)
-        # The steps' results: every request sampled a token per step.
+        self.peak_waiting = max(self.peak_waiting, peak_waiting)
+        self.peak_running = peak_running
+        # The steps' results: every request sampled a token per step (one admitted in the run, from its step on).
         done: list[_Req] = []
         caching = config.prefix_caching
         for req in running:
-            c = req.computed = req.computed + steps
-            req.generated += steps
-            req.tl.token_times.extend(ends)
+            decoded = steps - joined[req] if joined and req in joined else steps
+            if not decoded:  # admitted in the last step: `_admit_in_run` applied its results
+                if req.generated >= req.output:
+                    done.append(req)
+                continue
+            c = req.computed = req.computed + decoded
+            req.generated += decoded
+            req.tl.token_times.extend(ends if decoded == steps else ends[steps - decoded:])
             full = c // B
             if full > req.num_cached:  # blocks filled: cached (as each step would have: `_cache_full`)
                 k = req.num_cached
@@ -959,6 +1011,69 @@ class _Scheduler:
             if req.generated >= req.output:
                 done.append(req)
         return self._end_run(steps, done, step, now, budget_wait)
+
+    def _take_for(self, crossers: list[_Req]) -> None:
+        """The blocks of the requests that crossed into a new block in a decode run, in step then running order, in
+        one `take` (blocks come off the head of the free queue: one take of n + m blocks is a take of n then m)."""
+        for req, block in zip(crossers, self.pool.take(len(crossers))):
+            blocks = req.blocks
+            blocks.append(block)
+            if len(blocks) > req.tl.peak_blocks:  # (only these requests' blocks changed in the run)
+                req.tl.peak_blocks = len(blocks)
+
+    def _admit_in_run(self, num: int, kv: int, step: int, now: float) -> tuple[float, float, list[_Req], bool]:
+        """Step ``step`` of a decode run (`_decode_steps`) in which requests arrived: the ``num`` running requests decode
+        a token each, reading ``kv`` tokens (their state is brought up to date only when the run ends), and the waiting
+        ones are admitted as `_step` admits them (this step's crossing requests have their blocks: running requests
+        allocate first). Its batch is logged and its results applied to the admitted requests, as `_step` and
+        `_apply_results` would; returns (its end, the pool's fill after admission, the admitted requests, whether the
+        run goes on: each of them now decodes as the run's requests do, none has hash ids past its prompt's full
+        blocks (the run caches the blocks its decoding fills only at its end, which no lookup can tell while they are
+        the requests' own), the next step's decoding leaves budget, and no request still waits unless
+        ``max_num_seqs`` are running, so that none can be tried before one ends)
+
+        Why the same: `_step` would schedule the running requests first (each one token: no preemption, as the run
+        checked their new blocks fit), cache their newly full blocks (their own hashes, which no admission looks up),
+        then admit with the budget left; the batch's decoding part is the run's (``num`` requests, ``kv`` tokens)."""
+        config = self.config
+        self.step, self.now = step, now
+        scheduled: list[tuple[_Req, int, int]] = []
+        waiting = self.waiting
+        if self._admit_waiting(scheduled, config.max_num_batched_tokens - num):
+            for req in waiting:
+                req.tl.waited_for_kv = True
+            self._waited()
+        elif waiting and (len(self.running) < config.max_num_seqs
+                          or num + sum(n for _, n, _ in scheduled) >= config.max_num_batched_tokens):
+            self._waited_for_budget(step, now)  # (`_budget_stopped`, the running requests' tokens counted)
+        used = self.usable - self.pool.num_free
+        self.peak_used = max(self.peak_used, used)
+        self.peak_waiting = max(self.peak_waiting, len(waiting))
+        part = self._batch(scheduled)
+        batch = StepBatch(part.prefill_tokens, part.decode_seqs + num, part.kv_tokens_read + kv, part.num_seqs + num,
+                          part.attention_pairs + kv)
+        end = now + (self.step_time(batch) if self.step_time else 1.0)
+        fill = used / self.usable
+        self.log.add(batch, end, fill)
+        B = self.B
+        # Goes on: the next step's decoding tokens leave budget, and no request waits or none can be tried before a
+        # request ends (``max_num_seqs`` running: arrivals then wait in the run, as they do in one started so).
+        room = num + len(scheduled)
+        goes_on = room < config.max_num_batched_tokens and (not waiting or room >= config.max_num_seqs)
+        for req, n, _ in scheduled:  # `_apply_results` for the admitted requests
+            computed = req.computed = req.computed + n
+            if computed >= req.prompt + req.generated:
+                req.generated += 1
+                if req.tl.first_token_step is None:
+                    req.tl.first_token_step = step
+                req.tl.token_times.append(end)
+            if len(req.blocks) > req.tl.peak_blocks:
+                req.tl.peak_blocks = len(req.blocks)
+            if (not req.generated or req.generated >= req.output or computed != req.prompt + req.generated - 1
+                    or len(req.blocks) != -(-computed // B) or req.num_cached != computed // B
+                    or len(req.keys) > req.prompt // B):
+                goes_on = False
+        return end, fill, [req for req, _, _ in scheduled], goes_on
 
     def _blocked_head(self, budget: int, first_takes: int) -> bool:
         """Whether the head of the queue waits for KV blocks in this step and every later one until a

@@ -308,6 +308,37 @@ def test_steady_steps_at_once_are_the_steps_one_by_one(name, monkeypatch):
     assert [(s, t.hex(), u.hex()) for s, t, u in fast.kv_fill] == [(s, t.hex(), u.hex()) for s, t, u in plain.kv_fill]
 
 
+def test_arrivals_admitted_inside_a_decode_run_are_the_steps_one_by_one(monkeypatch):
+    """A request that arrives during a decode run is admitted in the run, beside the decoding requests
+    (`_Scheduler._admit_in_run`), and the run goes on with it decoding, or ends with that step (a chunked prompt, a
+    one-token output, a request still waiting, no room left). Across the loads above, every result equals the steps
+    one by one (`test_steady_steps_at_once_are_the_steps_one_by_one`); here: such admissions happened in each of
+    these loads (closed loops too: a request's successor arrives as it ends, and the next run admits it in its first
+    step), and both outcomes happened."""
+    outcomes: list[bool] = []
+    original = sim._Scheduler._admit_in_run
+
+    def counted(self, num, kv, step, now):
+        result = original(self, num, kv, step, now)
+        outcomes.append(result[3])
+        return result
+
+    monkeypatch.setattr(sim._Scheduler, "_admit_in_run", counted)
+    folded = {}
+    for name in ("open-roomy", "open-preempting", "closed-waiting-for-kv", "closed-max-num-seqs", "closed-no-caching",
+                 "sessions-evicting", "sessions-chunked", "agent-think-times"):
+        cfg, build, kind = LOADS[name]
+        before = len(outcomes)
+        fast = sim.simulate(SchedulerConfig(**cfg), build(), _step_time(kind)[0])
+        folded[name] = len(outcomes) - before
+        plain = sim.simulate(SchedulerConfig(**cfg), build(), _step_time(kind)[0], trace=[])  # (one by one: no runs)
+        assert len(outcomes) - before == folded[name]
+        for f in dataclasses.fields(fast):
+            assert getattr(fast, f.name) == getattr(plain, f.name), (name, f.name)
+    assert all(folded.values()), folded
+    assert True in outcomes and False in outcomes
+
+
 def test_a_request_arriving_while_decodes_spend_the_budget_waits_for_it_in_both_paths(monkeypatch):
     """30 one-token prompts at 0 and a 31st at 10.5, a budget of 30 tokens and steps of 1: step 0 admits the 30
     (30 tokens), which then decode one token each, the whole budget, for 80 steps; the 31st is seen at the start of
