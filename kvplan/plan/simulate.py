@@ -49,6 +49,7 @@ from collections import deque
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from heapq import heappop, heappush
 
 from kvplan.errors import KvplanError
 from kvplan.plan.block_pool import BlockPool, LinkedBlockPool, PoolState
@@ -849,19 +850,23 @@ class _Scheduler:
         is the work per request and step, and the memory per step.
 
         The run stops before a step that must be taken one by one: one where the pool has fewer free blocks
-        than the requests crossing into a block (one would preempt); it ends after the first step in which a
-        request finishes (its end changes the pool and sends successors), with that step's results applied as
-        `_apply_results` would, or after an admission it cannot go on from (`_admit_in_run`).
+        than the requests crossing into a block (one would preempt); or after an admission it cannot go on from
+        (`_admit_in_run`). A request that samples its last token ends after that step as `_finish` ends it (its
+        state brought up to date first, `_sync_decoded`: the others' only at the run's end, `_run_results`), and
+        the run goes on without it; when the head of the queue waits for KV blocks or the budget is spent, the
+        run ends with that step instead (what the step after may do is `_step`'s to find out).
 
-        Why the pool ends up the same: in these steps the pool only hands out new blocks (`take`, in step
-        then running order, one by one; here one `take` of them all before an admission and after the loop, in
-        that order: blocks come off the head of the free queue, so one take of n + m blocks is a take of n then
-        of m) and registers full blocks (`cache`, done here at the end). A `take` pops a free block, `cache` names
-        a held one, so the two touch different blocks; and the two orders of removing one block from a hash's
-        list of blocks and appending another give the same list. An admission in between sees the pool as the
-        steps one by one leave it, but for the blocks the decoding filled not yet cached: their hashes are their
-        requests' own, which no lookup asks for (`_admit_in_run`).
-        (tests/plan/test_simulate_equivalence.py compares runs with the steps one by one, admissions included.)"""
+        Why the pool ends up the same: between an admission or a request's end and the next, the pool only hands
+        out new blocks (`take`, in step then running order, one by one; here one `take` of them all before the
+        admission or the end, and after the loop: blocks come off the head of the free queue, so one take of n + m
+        blocks is a take of n then of m, and in a step the running requests allocate before any admission and
+        before its results free anything) and registers full blocks (`cache`). A `take` pops a free block, `cache`
+        names a held one, so the two touch different blocks; and the two orders of removing one block from a
+        hash's list of blocks and appending another give the same list. So an admission or an end sees the pool
+        as the steps one by one leave it, but for blocks the decoding filled and the run has not cached yet: their
+        hashes are their requests' own, which no lookup asks for (`_admit_in_run` checks), and an ending request's
+        are cached before its blocks are freed (`_sync_decoded`), as its steps would have.
+        (tests/plan/test_simulate_equivalence.py compares runs with the steps one by one.)"""
         config, running, waiting, B = self.config, self.running, self.waiting, self.B
         num = len(running)
         budget_left = config.max_num_batched_tokens - num
@@ -870,23 +875,11 @@ class _Scheduler:
         may_admit = budget_left > 0 and num < config.max_num_seqs
         # The head fits whatever this step takes: it is admitted in this step (the usual arrival: `_admit_in_run`).
         admit_first = may_admit and waiting and cdiv(waiting[0].num_tokens, B) <= self.pool.num_free - num
-        # The requests crossing into a new block in step j are those whose computed % B == -j % B: crossing_at[j % B].
-        crossing_at: list[list[_Req]] = [[] for _ in range(B)]
-        kv = num  # kv_tokens_read of the first step: sum of (computed + 1)
-        horizon = max_steps - self.step  # steps to run at most: until the first request ends
-        for req in running:
-            c = req.computed
-            # Decoding: one token left to compute, its first token sampled, the blocks of its computed tokens.
-            # (max_model_len never cuts a decode: a request is at most max_model_len tokens, `_make`.)
-            # (`_cache_full` keeps num_cached = computed // B: checked, as `_blocked_head` relies on it.)
-            if (not req.generated or c != req.prompt + req.generated - 1 or len(req.blocks) != -(-c // B)
-                    or req.num_cached != c // B):
-                return 0
-            left = req.output - req.generated
-            if left < horizon:
-                horizon = left
-            kv += c
-            crossing_at[-c % B].append(req)
+        steady = self._steady_running()
+        if steady is None:
+            return 0
+        kv, crossing_at, finish_at = steady
+        horizon = max_steps - self.step  # steps to run at most
         blocked = False
         if waiting and may_admit and not admit_first:
             if not self._blocked_head(budget_left, len(crossing_at[0])):
@@ -899,14 +892,16 @@ class _Scheduler:
         kv_first = kv
         now, step = self.now, self.step
         seg_start = 0  # the first step of the log's current decode-run entry (an admission step splits the run)
-        joined: dict[_Req, int] = {}  # a request admitted in the run -> the first step it decodes in
+        synced: dict[_Req, int] = {}  # a request's state is up to date at this step of the run (absent: at its start)
+        finish_steps = sorted(finish_at)  # (a heap)
+        next_finish = finish_steps[0]
         peak_running = max(self.peak_running, num)
         own_tails: bool | None = None  # no running request's keys reach past its prompt's full blocks (`_admit_in_run`)
-        # The steps' new blocks are taken after the loop, in one `take` (steps in order, each in running order, as
-        # one by one: nothing else uses the pool in these steps); ``free`` counts them down meanwhile.
+        # The steps' new blocks are taken in one `take` before an admission or a request's end and after the loop
+        # (steps in order, each in running order, as one by one); ``free`` counts them down meanwhile.
         free = pool.num_free
         crossers: list[_Req] = []
-        used = usable - free  # (changes only when blocks are taken)
+        used = usable - free
         fill = used / usable
         peak_waiting = self.peak_waiting if admit_first else max(self.peak_waiting, len(waiting))  # (after admission)
         # No budget left to try a waiting request (vLLM's ``while token_budget > 0``): it waits for the budget.
@@ -918,65 +913,102 @@ class _Scheduler:
         price = decode_pricer(step_time)  # (the log keeps the run's batches as one entry: `StepLog`)
         j = 0
         while j < horizon:
-            if next_arrival <= now:  # arrivals seen at this step's start (not the first: `run` took them)
-                if may_admit and not blocked:
-                    # The arrivals are admitted in this step, beside the decoding requests (`_admit_in_run`).
-                    crossing = crossing_at[j % B]
-                    if own_tails is None:
-                        own_tails = not any(len(req.keys) > req.prompt // B for req in running)
-                    if not own_tails or len(crossing) > free:
-                        break
-                    next_arrival = self._take_arrivals(step, now)
-                    free -= len(crossing)
-                    crossers += crossing
-                    self._take_for(crossers)
-                    crossers = []
-                    if j > seg_start:
-                        self.log.add_decode_run(num, kv_first + seg_start * num, ends[seg_start:], fills[seg_start:])
-                    end, fill, admitted, goes_on = self._admit_in_run(num, kv, step, now)
-                    ends.append(end)
-                    fills.append(fill)
-                    peak_running = max(peak_running, len(running))
-                    free = pool.num_free
-                    used = usable - free
-                    now = end
-                    step += 1
-                    kv += num
-                    j += 1
-                    seg_start = j
-                    for req in admitted:  # (their results to this step are applied: they decode from step j on)
-                        joined[req] = j
-                    if not goes_on:  # the run ends with this step (see `_admit_in_run`)
-                        break
-                    for req in admitted:  # decoding from step j on, computed req.computed there
-                        crossing_at[(j - req.computed) % B].append(req)
-                        kv += req.computed + 1
-                        horizon = min(horizon, j + req.output - req.generated)
-                    num += len(admitted)
-                    kv_first = kv - seg_start * num  # (so that kv_first + seg_start * num is this step's kv)
-                    fill = used / usable
-                    budget_left = config.max_num_batched_tokens - num
-                    may_admit = budget_left > 0 and num < config.max_num_seqs
-                    continue
-                next_arrival = self._take_arrivals(step, now)  # (they wait for KV too when the head does: below)
-                peak_waiting = max(peak_waiting, len(waiting))
-                if budget_spent and budget_wait is None and waiting:
-                    budget_wait = (step, now)
-            crossing = crossing_at[j % B]
-            if crossing:
-                if len(crossing) > free:  # one of them preempts: a step of its own
+            if next_arrival <= now and may_admit and not blocked:  # (arrivals seen at this step's start)
+                # The arrivals are admitted in this step, beside the decoding requests (`_admit_in_run`).
+                crossing = crossing_at[j % B]
+                if own_tails is None:
+                    own_tails = not any(len(req.keys) > req.prompt // B for req in running)
+                if not own_tails or len(crossing) > free:
                     break
+                next_arrival = self._take_arrivals(step, now)
                 free -= len(crossing)
                 crossers += crossing
+                self._take_for(crossers)
+                crossers = []
+                if j > seg_start:
+                    self.log.add_decode_run(num, kv_first + seg_start * num, ends[seg_start:], fills[seg_start:])
+                end, fill, admitted, goes_on = self._admit_in_run(num, kv, step, now)
+                ends.append(end)
+                fills.append(fill)
+                peak_running = max(peak_running, len(running))
+                free = pool.num_free
+                used = usable - free
+                now = end
+                step += 1
+                kv += num
+                j += 1
+                seg_start = j
+                for req in admitted:  # (their results to this step are applied: they decode from step j on)
+                    synced[req] = j
+                if not goes_on:  # the run ends with this step (see `_admit_in_run`)
+                    break
+                for req in admitted:  # decoding from step j on, computed req.computed there
+                    crossing_at[(j - req.computed) % B].append(req)
+                    kv += req.computed + 1
+                    last = j + req.output - req.generated - 1
+                    if last not in finish_at:
+                        heappush(finish_steps, last)
+                        next_finish = finish_steps[0]
+                    finish_at.setdefault(last, []).append(req)
+                num += len(admitted)
+                kv_first = kv - seg_start * num  # (so that kv_first + seg_start * num is this step's kv)
+                fill = used / usable
+                budget_left = config.max_num_batched_tokens - num
+                may_admit = budget_left > 0 and num < config.max_num_seqs
+            else:
+                if next_arrival <= now:  # arrivals seen at this step's start (not the first: `run` took them)
+                    next_arrival = self._take_arrivals(step, now)  # (they wait for KV too when the head does: below)
+                    peak_waiting = max(peak_waiting, len(waiting))
+                    if budget_spent and budget_wait is None and waiting:
+                        budget_wait = (step, now)
+                crossing = crossing_at[j % B]
+                if crossing:
+                    if len(crossing) > free:  # one of them preempts: a step of its own
+                        break
+                    free -= len(crossing)
+                    crossers += crossing
+                    used = usable - free
+                    fill = used / usable
+                end = now + price(num, kv)
+                ends.append(end)
+                fills.append(fill)
+                now = end
+                step += 1
+                kv += num
+                j += 1
+            if j - 1 == next_finish:  # requests sampled their last token in the step just run
+                if blocked or budget_spent:  # (the run ends with it; the results below finish them)
+                    break
+                # They end now, as `_finish` ends them after `_apply_results`: their blocks freed (after this and the
+                # earlier steps' new blocks are taken), their successors sent; the run goes on with the others.
+                done = finish_at.pop(heappop(finish_steps))
+                next_finish = finish_steps[0] if finish_steps else -1
+                self._take_for(crossers)
+                crossers = []
+                self.peak_used = max(self.peak_used, used)
+                for req in done:
+                    self._sync_decoded(req, j, synced, ends)
+                if j > seg_start:
+                    self.log.add_decode_run(num, kv_first + seg_start * num, ends[seg_start:], fills[seg_start:])
+                    seg_start = j
+                self.step, self.now = step - 1, now
+                self._finish(done, now)
+                self.step = step
+                for req in done:
+                    crossing_at[(j - req.computed) % B].remove(req)
+                    kv -= req.computed + 1
+                num -= len(done)
+                if not num:
+                    break
+                kv_first = kv - seg_start * num
+                free = pool.num_free
                 used = usable - free
                 fill = used / usable
-            end = now + price(num, kv)
-            ends.append(end)
-            fills.append(fill)
-            now = end
-            step += 1
-            kv += num
-            j += 1
+                budget_left = config.max_num_batched_tokens - num
+                may_admit = budget_left > 0 and num < config.max_num_seqs
+                next_arrival = pending[0][0] if pending else math.inf
+                if may_admit and waiting:
+                    next_arrival = now  # (the next step tries the head, as `_step` would)
         steps = len(ends)
         if not steps:
             return 0
@@ -990,27 +1022,69 @@ class _Scheduler:
         self.peak_used = max(self.peak_used, used)  # (blocks are only taken in these steps: the last count is the most)
         self.peak_waiting = max(self.peak_waiting, peak_waiting)
         self.peak_running = peak_running
-        # The steps' results: every request sampled a token per step (one admitted in the run, from its step on).
+        return self._end_run(steps, self._run_results(ends, synced), step, now, budget_wait)
+
+    def _steady_running(self) -> tuple[int, list[list[_Req]], dict[int, list[_Req]]] | None:
+        """For a decode run (`_decode_steps`): (the tokens its first step reads, the running requests by the step
+        mod B in which each crosses into a new block, by the run's step in which each samples its last token), or
+        None when one of them does not decode one token now."""
+        B = self.B
+        # The requests crossing into a new block in step j are those whose computed % B == -j % B: crossing_at[j % B].
+        crossing_at: list[list[_Req]] = [[] for _ in range(B)]
+        kv = len(self.running)  # kv_tokens_read of the first step: sum of (computed + 1)
+        finish_at: dict[int, list[_Req]] = {}
+        for req in self.running:
+            c = req.computed
+            # Decoding: one token left to compute, its first token sampled, the blocks of its computed tokens.
+            # (max_model_len never cuts a decode: a request is at most max_model_len tokens, `_make`.)
+            # (`_cache_full` keeps num_cached = computed // B: checked, as `_blocked_head` relies on it.)
+            if (not req.generated or c != req.prompt + req.generated - 1 or len(req.blocks) != -(-c // B)
+                    or req.num_cached != c // B):
+                return None
+            finish_at.setdefault(req.output - req.generated - 1, []).append(req)
+            kv += c
+            crossing_at[-c % B].append(req)
+        return kv, crossing_at, finish_at
+
+    def _run_results(self, ends: list[float], synced: dict[_Req, int]) -> list[_Req]:
+        """A decode run's results for the requests still running at its end: every one sampled a token per step
+        (from the step it was last brought up to date at, ``synced``; absent: the run's first), its newly full blocks
+        cached (as each step would have: `_cache_full`). Returns those that sampled their last token, in order."""
+        steps, B = len(ends), self.B
         done: list[_Req] = []
-        caching = config.prefix_caching
-        for req in running:
-            decoded = steps - joined[req] if joined and req in joined else steps
-            if not decoded:  # admitted in the last step: `_admit_in_run` applied its results
-                if req.generated >= req.output:
-                    done.append(req)
-                continue
-            c = req.computed = req.computed + decoded
-            req.generated += decoded
-            req.tl.token_times.extend(ends if decoded == steps else ends[steps - decoded:])
-            full = c // B
-            if full > req.num_cached:  # blocks filled: cached (as each step would have: `_cache_full`)
-                k = req.num_cached
-                if caching and k < req.private_from:  # (PRIVATE blocks need nothing: `_cache`)
-                    self._cache(req, k, full)
-                req.num_cached = full
+        caching = self.config.prefix_caching
+        for req in self.running:
+            decoded = steps - synced[req] if synced and req in synced else steps
+            if decoded:  # (0: admitted in the last step, whose results `_admit_in_run` applied)
+                c = req.computed = req.computed + decoded
+                req.generated += decoded
+                req.tl.token_times.extend(ends if decoded == steps else ends[steps - decoded:])
+                full = c // B
+                if full > req.num_cached:
+                    k = req.num_cached
+                    if caching and k < req.private_from:  # (PRIVATE blocks need nothing: `_cache`)
+                        self._cache(req, k, full)
+                    req.num_cached = full
             if req.generated >= req.output:
                 done.append(req)
-        return self._end_run(steps, done, step, now, budget_wait)
+        return done
+
+    def _sync_decoded(self, req: _Req, step: int, synced: dict[_Req, int], ends: list[float]) -> None:
+        """A request decoding in a run brought up to date at the run's step ``step``: a token sampled at each step's
+        end since it was last (``synced``; absent: since the run's start), its newly full blocks cached."""
+        start = synced.get(req, 0)
+        decoded = step - start
+        if decoded:
+            c = req.computed = req.computed + decoded
+            req.generated += decoded
+            req.tl.token_times.extend(ends[start:step])
+            full = c // self.B
+            if full > req.num_cached:
+                k = req.num_cached
+                if self.config.prefix_caching and k < req.private_from:
+                    self._cache(req, k, full)
+                req.num_cached = full
+        synced[req] = step
 
     def _take_for(self, crossers: list[_Req]) -> None:
         """The blocks of the requests that crossed into a new block in a decode run, in step then running order, in

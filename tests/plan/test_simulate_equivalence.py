@@ -308,29 +308,37 @@ def test_steady_steps_at_once_are_the_steps_one_by_one(name, monkeypatch):
     assert [(s, t.hex(), u.hex()) for s, t, u in fast.kv_fill] == [(s, t.hex(), u.hex()) for s, t, u in plain.kv_fill]
 
 
-def test_arrivals_admitted_inside_a_decode_run_are_the_steps_one_by_one(monkeypatch):
+def test_arrivals_and_ends_inside_a_decode_run_are_the_steps_one_by_one(monkeypatch):
     """A request that arrives during a decode run is admitted in the run, beside the decoding requests
     (`_Scheduler._admit_in_run`), and the run goes on with it decoding, or ends with that step (a chunked prompt, a
-    one-token output, a request still waiting, no room left). Across the loads above, every result equals the steps
-    one by one (`test_steady_steps_at_once_are_the_steps_one_by_one`); here: such admissions happened in each of
-    these loads (closed loops too: a request's successor arrives as it ends, and the next run admits it in its first
-    step), and both outcomes happened."""
+    one-token output, a request still waiting, no room left); a request that samples its last token ends there and
+    the run goes on without it (`_sync_decoded`, then `_finish`). Across the loads above, every result equals the
+    steps one by one (`test_steady_steps_at_once_are_the_steps_one_by_one`); here: such admissions and ends happened
+    in each of these loads (closed loops too: a request's successor arrives as it ends, and the run admits it in the
+    next step), and both outcomes of an admission happened."""
     outcomes: list[bool] = []
-    original = sim._Scheduler._admit_in_run
+    ends: list[int] = []
+    original, original_sync = sim._Scheduler._admit_in_run, sim._Scheduler._sync_decoded
 
     def counted(self, num, kv, step, now):
         result = original(self, num, kv, step, now)
         outcomes.append(result[3])
         return result
 
+    def synced(self, req, step, synced, step_ends):
+        ends.append(step)
+        return original_sync(self, req, step, synced, step_ends)
+
     monkeypatch.setattr(sim._Scheduler, "_admit_in_run", counted)
+    monkeypatch.setattr(sim._Scheduler, "_sync_decoded", synced)
     folded = {}
     for name in ("open-roomy", "open-preempting", "closed-waiting-for-kv", "closed-max-num-seqs", "closed-no-caching",
                  "sessions-evicting", "sessions-chunked", "agent-think-times"):
         cfg, build, kind = LOADS[name]
-        before = len(outcomes)
+        before, ends_before = len(outcomes), len(ends)
         fast = sim.simulate(SchedulerConfig(**cfg), build(), _step_time(kind)[0])
         folded[name] = len(outcomes) - before
+        assert len(ends) > ends_before, name
         plain = sim.simulate(SchedulerConfig(**cfg), build(), _step_time(kind)[0], trace=[])  # (one by one: no runs)
         assert len(outcomes) - before == folded[name]
         for f in dataclasses.fields(fast):
