@@ -1019,7 +1019,7 @@ class _Scheduler:
             for req in waiting:
                 req.tl.waited_for_kv = True
             self._waited()
-        self.peak_used = max(self.peak_used, used)  # (blocks are only taken in these steps: the last count is the most)
+        self.peak_used = max(self.peak_used, used)  # (since the run's last end blocks were only taken: the most since)
         self.peak_waiting = max(self.peak_waiting, peak_waiting)
         self.peak_running = peak_running
         return self._end_run(steps, self._run_results(ends, synced), step, now, budget_wait)
