@@ -1047,31 +1047,19 @@ class _Scheduler:
         return kv, crossing_at, finish_at
 
     def _run_results(self, ends: list[float], synced: dict[_Req, int]) -> list[_Req]:
-        """A decode run's results for the requests still running at its end: every one sampled a token per step
-        (from the step it was last brought up to date at, ``synced``; absent: the run's first), its newly full blocks
-        cached (as each step would have: `_cache_full`). Returns those that sampled their last token, in order."""
-        steps, B = len(ends), self.B
+        """A decode run's results for the requests still running at its end (`_sync_decoded` at its last step);
+        returns those that sampled their last token, in running order."""
         done: list[_Req] = []
-        caching = self.config.prefix_caching
         for req in self.running:
-            decoded = steps - synced[req] if synced and req in synced else steps
-            if decoded:  # (0: admitted in the last step, whose results `_admit_in_run` applied)
-                c = req.computed = req.computed + decoded
-                req.generated += decoded
-                req.tl.token_times.extend(ends if decoded == steps else ends[steps - decoded:])
-                full = c // B
-                if full > req.num_cached:
-                    k = req.num_cached
-                    if caching and k < req.private_from:  # (PRIVATE blocks need nothing: `_cache`)
-                        self._cache(req, k, full)
-                    req.num_cached = full
+            self._sync_decoded(req, len(ends), synced, ends)
             if req.generated >= req.output:
                 done.append(req)
         return done
 
     def _sync_decoded(self, req: _Req, step: int, synced: dict[_Req, int], ends: list[float]) -> None:
         """A request decoding in a run brought up to date at the run's step ``step``: a token sampled at each step's
-        end since it was last (``synced``; absent: since the run's start), its newly full blocks cached."""
+        end since it was last (``synced``; absent: since the run's start; one admitted in the run's last step has its
+        results from `_admit_in_run`), its newly full blocks cached (as each step would have: `_cache_full`)."""
         start = synced.get(req, 0)
         decoded = step - start
         if decoded:
@@ -1081,7 +1069,7 @@ class _Scheduler:
             full = c // self.B
             if full > req.num_cached:
                 k = req.num_cached
-                if self.config.prefix_caching and k < req.private_from:
+                if self.config.prefix_caching and k < req.private_from:  # (PRIVATE blocks need nothing: `_cache`)
                     self._cache(req, k, full)
                 req.num_cached = full
         synced[req] = step
@@ -1097,14 +1085,14 @@ class _Scheduler:
 
     def _admit_in_run(self, num: int, kv: int, step: int, now: float) -> tuple[float, float, list[_Req], bool]:
         """Step ``step`` of a decode run (`_decode_steps`) in which requests arrived: the ``num`` running requests decode
-        a token each, reading ``kv`` tokens (their state is brought up to date only when the run ends), and the waiting
+        a token each, reading ``kv`` tokens (each brought up to date only when it or the run ends), and the waiting
         ones are admitted as `_step` admits them (this step's crossing requests have their blocks: running requests
         allocate first). Its batch is logged and its results applied to the admitted requests, as `_step` and
         `_apply_results` would; returns (its end, the pool's fill after admission, the admitted requests, whether the
         run goes on: each of them now decodes as the run's requests do, none has hash ids past its prompt's full
-        blocks (the run caches the blocks its decoding fills only at its end, which no lookup can tell while they are
-        the requests' own), the next step's decoding leaves budget, and no request still waits unless
-        ``max_num_seqs`` are running, so that none can be tried before one ends)
+        blocks (the run caches the blocks its decoding fills only when a request or the run ends, which no lookup
+        can tell while they are the requests' own), the next step's decoding leaves budget, and no request still
+        waits unless ``max_num_seqs`` are running, so that none can be tried before one ends)
 
         Why the same: `_step` would schedule the running requests first (each one token: no preemption, as the run
         checked their new blocks fit), cache their newly full blocks (their own hashes, which no admission looks up),
