@@ -30,7 +30,8 @@ workload, served with prefix caching (vLLM V1's default, which the launched engi
 engine waited for KV blocks or preempted are printed too, marked ``sat`` (the goal of issue 23 covers
 them). A load where more than 5% of the requests got their first token in one chunk with later ones gets a note
 line under its table: the client or the API server fell behind the engine there (a loaded host), and its TTFT
-measures that. Under each table, for runs that recorded the engine's own TTFT split (`server_queue_mean_s`,
+measures that; so does a load whose slowest TTFT was such a request (`stalled_slowest`: its p99 is that stall).
+Under each table, for runs that recorded the engine's own TTFT split (`server_queue_mean_s`,
 `server_prefill_mean_s`), the first run's mean TTFT at each load measured as client + API server + queue + prefill
 and predicted as request overhead + wait + prefill (`ttft_split`). ``--from DIR`` re-evaluates the runs of an
 earlier invocation (its printed folder) offline: the same measurements, calibrated and predicted again with the
