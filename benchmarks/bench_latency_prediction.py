@@ -86,17 +86,31 @@ def warm_up(url: str, max_tokens: int = 510) -> None:
     it runs, and a cold engine's first runs of new prompt lengths were ~25% slower at TTFT p50 than a repeat of
     the same run (256 + 16 tokens: 49 ms, then 38 ms), which a calibration on a cold engine then bakes in."""
     import random
+
+    complete = completer(url)
+    rng = random.Random(0)
+    for n in range(1, max_tokens + 1):
+        complete([rng.randrange(10, 1000) for _ in range(n)], 1)
+
+
+def completer(url: str):
+    """``complete(token_ids, max_tokens)``: one completion of the server's first model on ``url``, waited for whole;
+    returns its seconds (random ids in 10-999: no block of one prompt is cached from another)."""
+    import time
     import urllib.request
 
     with urllib.request.urlopen(f"{url}/v1/models", timeout=60) as resp:
         served = json.loads(resp.read())["data"][0]["id"]
-    rng = random.Random(0)
-    for n in range(1, max_tokens + 1):
-        body = json.dumps({"model": served, "prompt": [rng.randrange(10, 1000) for _ in range(n)], "max_tokens": 1,
-                           "ignore_eos": True}).encode()
+
+    def complete(ids: list[int], max_tokens: int) -> float:
+        body = json.dumps({"model": served, "prompt": ids, "max_tokens": max_tokens, "ignore_eos": True}).encode()
         req = urllib.request.Request(f"{url}/v1/completions", body, {"Content-Type": "application/json"})
+        start = time.perf_counter()
         with urllib.request.urlopen(req, timeout=120) as resp:
             resp.read()
+        return time.perf_counter() - start
+
+    return complete
 
 
 #: The speed probe's prompt lengths (tokens; the launched engine's context is 512) and the output tokens of its
@@ -114,21 +128,12 @@ def speed_probe(url: str) -> list[dict]:
     prices every later run too high; the probe tells that drift apart from the model's error (`speed_drift`).
     The run's own warm-up comes after it, so the prefix cache the run's points see is the one they would without."""
     import random
-    import time
-    import urllib.request
 
-    with urllib.request.urlopen(f"{url}/v1/models", timeout=60) as resp:
-        served = json.loads(resp.read())["data"][0]["id"]
+    complete = completer(url)
     rng = random.Random()  # (fresh ids each probe: no block of one is cached from another)
 
     def timed(n: int, max_tokens: int) -> float:
-        body = json.dumps({"model": served, "prompt": [rng.randrange(10, 1000) for _ in range(n)],
-                           "max_tokens": max_tokens, "ignore_eos": True}).encode()
-        req = urllib.request.Request(f"{url}/v1/completions", body, {"Content-Type": "application/json"})
-        start = time.perf_counter()
-        with urllib.request.urlopen(req, timeout=120) as resp:
-            resp.read()
-        return time.perf_counter() - start
+        return complete([rng.randrange(10, 1000) for _ in range(n)], max_tokens)
 
     rows = []
     for n in SPEED_PROBE_LENGTHS:

@@ -1105,9 +1105,8 @@ class _Scheduler:
             for req in waiting:
                 req.tl.waited_for_kv = True
             self._waited()
-        elif waiting and (len(self.running) < config.max_num_seqs
-                          or num + sum(n for _, n, _ in scheduled) >= config.max_num_batched_tokens):
-            self._waited_for_budget(step, now)  # (`_budget_stopped`, the running requests' tokens counted)
+        elif waiting and self._budget_stopped(num + sum(n for _, n, _ in scheduled)):  # (the decoding ones' tokens too)
+            self._waited_for_budget(step, now)
         used = self.usable - self.pool.num_free
         self.peak_used = max(self.peak_used, used)
         self.peak_waiting = max(self.peak_waiting, len(waiting))
@@ -1171,7 +1170,7 @@ class _Scheduler:
             for req in waiting:
                 req.tl.waited_for_kv = True
             self._waited()
-        elif waiting and not preempted_now and self._budget_stopped(scheduled):
+        elif waiting and not preempted_now and self._budget_stopped(sum(n for _, n, _ in scheduled)):
             self._waited_for_budget(self.step, self.now)
             if self.trace is not None:
                 self.trace.append(("budget", waiting[0].tl.index))
@@ -1194,14 +1193,14 @@ class _Scheduler:
         """The blocks admitting ``req`` on an empty pool takes (its whole sequence's)."""
         return cdiv(req.num_tokens, self.B)
 
-    def _budget_stopped(self, scheduled: list[tuple[_Req, int, int]]) -> bool:
+    def _budget_stopped(self, scheduled_tokens: int) -> bool:
         """Whether admission, not refused for KV blocks, stopped with a request still waiting because of the token
-        budget. vLLM's waiting loop stops at ``while token_budget > 0`` (the budget spent, tried first), at
+        budget, the step's requests having been given ``scheduled_tokens``. vLLM's waiting loop stops at
+        ``while token_budget > 0`` (the budget spent, tried first), at
         ``num_running >= max_num_active_reqs`` (max_num_seqs: not the budget), at ``allocate_slots`` returning None
         (KV: `_admit_waiting` said so), or at a chunk of 0 tokens (``if num_new_tokens == 0: break``, Mamba's
         `_mamba_block_aligned_split` rounding the budget left down to no block), v1/core/sched/scheduler.py@0.32.0."""
-        return (len(self.running) < self.config.max_num_seqs
-                or sum(n for _, n, _ in scheduled) >= self.config.max_num_batched_tokens)
+        return len(self.running) < self.config.max_num_seqs or scheduled_tokens >= self.config.max_num_batched_tokens
 
     def run(self, max_steps: int) -> SimResult:
         total = self.load.num_requests
