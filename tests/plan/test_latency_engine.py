@@ -134,12 +134,12 @@ def test_calibrated_latency_meets_issue_10s_goal(comparison):
 # the step-time model calibrated above) is the count whose measured SLO verdict flips, 1 replica missing and 2 meeting.
 #
 # The rate and the SLO follow this machine's speed: the shared 2-core machines have run this engine at 49 to 92 output
-# tokens/s for one stream within an hour (2026-12-05), and from 0.77 (2026-12-06, an AMD EPYC without matrix units)
-# to ~5 requests/s at 3 streams. Where batching pays (a fast CPU), the engine's open-loop capacity, running up to 7
+# tokens/s for one stream within an hour (2026-12-05), and from 0.95 (2026-12-06, an AMD EPYC with AVX2, no AVX-512 or
+# AMX) to ~5.3 requests/s at 3 streams. Where batching pays (a fast CPU), the engine's open-loop capacity, running up to 7
 # requests at once in 16 blocks and preempting, was 1.6 to 2x what 3 closed-loop streams drew; where it does not (the
-# EPYC: one stream drew 0.77 requests/s, four 0.98), 0.95x (0.90 requests/s served while 47 waited). So R is set from
-# the replica's capacity as the calibrated simulator sees it (its requests/s far past saturation; 0.88-0.93 where the
-# engine served 0.90): one replica gets 1.5x it, each of two 0.75x it.
+# EPYC: one stream drew 0.77 requests/s, four 0.98), 0.95x (0.90 requests/s served, 47 sent at 2/s over 20 s). So R is set from
+# the replica's capacity as the calibrated simulator sees it (its requests/s far past saturation; 0.90-0.91 in two
+# calibrations on the EPYC, whose engine served 0.90): one replica gets 1.5x it, each of two 0.75x it.
 #
 # The SLO is TTFT p90 <= T, T the geometric middle of the simulator's TTFT p90 on the very arrivals `kvplan bench
 # --rate R --duration 20s` sends (kvplan.bench.loadgen.arrival_times, seed 0): all of them on one replica, and every
@@ -157,7 +157,7 @@ FLEET_POINT = "20s"
 FLEET_WORK = ("--prompt", "64", "--output", "64")
 
 
-def fleet_load(calibration: Path) -> tuple[float, float, dict[int, float]]:
+def fleet_load(calibration: Path) -> tuple[float, float, dict[int | str, float]]:
     """(R in requests/s, the TTFT p90 target T in s, the simulator's TTFT p90s: of the engine's share of the point at 1
     and 2 replicas, and of two replicas' steady state) from the calibrated model (see above)."""
     from kvplan.bench.loadgen import arrival_times
