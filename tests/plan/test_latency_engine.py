@@ -138,7 +138,7 @@ def test_calibrated_latency_meets_issue_10s_goal(comparison):
 # AMX) to ~5.3 requests/s at 3 streams. Where batching pays (a fast CPU), the engine's open-loop capacity, running up to 7
 # requests at once in 16 blocks and preempting, was 1.6 to 2x what 3 closed-loop streams drew; where it does not (the
 # EPYC: one stream drew 0.77 requests/s, four 0.98), 0.95x (0.90 requests/s served, 47 sent at 2/s over 20 s). So R is set from
-# the replica's capacity as the calibrated simulator sees it (its requests/s far past saturation; 0.90-0.91 in two
+# the replica's capacity as the calibrated simulator sees it (its requests/s far past saturation; 0.87-0.95 in four
 # calibrations on the EPYC, whose engine served 0.90): one replica gets 1.5x it, each of two 0.75x it.
 #
 # The SLO is TTFT p90 <= T, T the geometric middle of the simulator's TTFT p90 on the very arrivals `kvplan bench
