@@ -95,7 +95,7 @@ def warm_up(url: str, max_tokens: int = 510) -> None:
 
 def completer(url: str):
     """``complete(token_ids, max_tokens)``: one completion of the server's first model on ``url``, waited for whole;
-    returns its seconds (random ids in 10-999: no block of one prompt is cached from another)."""
+    returns its seconds. (Callers send random ids in 10-999, so that no block of one prompt is cached from another.)"""
     import time
     import urllib.request
 

@@ -1195,11 +1195,11 @@ class _Scheduler:
 
     def _budget_stopped(self, scheduled_tokens: int) -> bool:
         """Whether admission, not refused for KV blocks, stopped with a request still waiting because of the token
-        budget, the step's requests having been given ``scheduled_tokens``. vLLM's waiting loop stops at
-        ``while token_budget > 0`` (the budget spent, tried first), at
-        ``num_running >= max_num_active_reqs`` (max_num_seqs: not the budget), at ``allocate_slots`` returning None
-        (KV: `_admit_waiting` said so), or at a chunk of 0 tokens (``if num_new_tokens == 0: break``, Mamba's
-        `_mamba_block_aligned_split` rounding the budget left down to no block), v1/core/sched/scheduler.py@0.32.0."""
+        budget, the step's requests having been given ``scheduled_tokens``. vLLM's waiting loop stops at ``while
+        token_budget > 0`` (the budget spent, tried first), at ``num_running >= max_num_active_reqs`` (max_num_seqs: not
+        the budget), at ``allocate_slots`` returning None (KV: `_admit_waiting` said so), or at a chunk of 0 tokens (``if
+        num_new_tokens == 0: break``, Mamba's `_mamba_block_aligned_split` rounding the budget left down to no block),
+        v1/core/sched/scheduler.py@0.32.0."""
         return len(self.running) < self.config.max_num_seqs or scheduled_tokens >= self.config.max_num_batched_tokens
 
     def run(self, max_steps: int) -> SimResult:
