@@ -120,10 +120,10 @@ SPEED_PROBE_OUTPUT = 17
 SPEED_PROBE_FILE = "speed_probe.json"
 
 
-def speed_probe(url: str) -> list[dict]:
-    """The engine's speed just before a run, measured the same way before every run: per length of
-    SPEED_PROBE_LENGTHS, a 1-token request sent twice (the second timed: a CPU engine runs a new batch shape slower
-    the first time) and a SPEED_PROBE_OUTPUT-token one, each on fresh random token ids (no prefix-cache hit). Why:
+def speed_probe(url: str, lengths: tuple[int, ...] = SPEED_PROBE_LENGTHS, output: int = SPEED_PROBE_OUTPUT) -> list[dict]:
+    """The engine's speed just before a run, measured the same way before every run: per prompt length (``lengths``), a
+    1-token request sent twice (the second timed: a CPU engine runs a new batch shape slower the first time) and an
+    ``output``-token one, each on fresh random token ids (no prefix-cache hit). Why:
     this 2-core machine's speed drifts by 20-30% from minute to minute, and a calibration measured in a slow minute
     prices every later run too high; the probe tells that drift apart from the model's error (`speed_drift`).
     The run's own warm-up comes after it, so the prefix cache the run's points see is the one they would without."""
@@ -136,28 +136,34 @@ def speed_probe(url: str) -> list[dict]:
         return complete([rng.randrange(10, 1000) for _ in range(n)], max_tokens)
 
     rows = []
-    for n in SPEED_PROBE_LENGTHS:
+    for n in lengths:
         timed(n, 1)
         one = timed(n, 1)
         rows.append({"prompt_tokens": n, "one_token_request_s": one,
-                     "decode_step_s": (timed(n, SPEED_PROBE_OUTPUT) - one) / (SPEED_PROBE_OUTPUT - 1)})
+                     "decode_step_s": (timed(n, output) - one) / (output - 1)})
     return rows
 
 
-def speed_drift(calib_run: Path, run: Path) -> tuple[float, float] | None:
-    """(1-token request, decode step) time of ``run``'s speed probe relative to the calibration's, each the median over the
-    probe's lengths of run / calibration - 1 (negative: the engine ran faster than when calibrated). None when either
-    run has no probe (runs made before it)."""
+def probe_drift(calib: list[dict], this: list[dict]) -> tuple[float, float] | None:
+    """(1-token request, decode step) time of the probe ``this`` relative to the calibration's ``calib`` (`speed_probe`'s
+    rows), each the median over the probe's lengths of this / calibration - 1 (negative: the engine ran faster than when
+    calibrated). None when the two probed different lengths."""
     from statistics import median
 
-    def probe(r: Path) -> dict[int, dict] | None:
-        file = r / SPEED_PROBE_FILE
-        return {row["prompt_tokens"]: row for row in json.loads(file.read_text())} if file.is_file() else None
-
-    calib, this = probe(calib_run), probe(run)
-    if not calib or not this or set(calib) != set(this):
+    by_length = [{row["prompt_tokens"]: row for row in rows} for rows in (calib, this)]
+    if not calib or set(by_length[0]) != set(by_length[1]):
         return None
-    return tuple(median(this[n][k] / calib[n][k] - 1 for n in calib) for k in ("one_token_request_s", "decode_step_s"))
+    return tuple(median(by_length[1][n][k] / by_length[0][n][k] - 1 for n in by_length[0])
+                 for k in ("one_token_request_s", "decode_step_s"))
+
+
+def speed_drift(calib_run: Path, run: Path) -> tuple[float, float] | None:
+    """`probe_drift` of ``run``'s stored speed probe against the calibration run's; None when either run has no probe
+    (runs made before it)."""
+    files = [r / SPEED_PROBE_FILE for r in (calib_run, run)]
+    if not all(f.is_file() for f in files):
+        return None
+    return probe_drift(*(json.loads(f.read_text()) for f in files))
 
 
 def bench(url: str, out: Path, flags: list[str], sweep: str, per_stream: int) -> Path:

@@ -15,8 +15,8 @@ Both workloads draw lognormal lengths: with fixed lengths, closed-loop streams e
 together every round or stay staggered, decided by how the first wave happens to reach the engine,
 and TTFT p50 differed by up to 49% between identical runs. Drawn lengths desynchronise the streams
 whatever the first wave did. The pool is the bench tests' pinned one (17 blocks of 32, context 512):
-calibration 64 + 64 tokens at 1-4 streams, prediction 128 + 32 at 1-3 (loads that wait for KV are
-left out, as the goal says).
+calibration 64 + 64 tokens at 1-3 streams, prediction 128 + 32 at 1-2 (the loads below the first KV wait, which
+is what the goal judges).
 """
 
 from __future__ import annotations
@@ -44,8 +44,10 @@ from kvplan.units import cdiv  # noqa: E402
 pytestmark = [pytest.mark.engine, engine_required]
 
 PER_STREAM = 20
-CALIBRATE = (["--prompt", "64", "--output", "64", "--dist", "lognormal"], "1,2,3,4")
-PREDICT = (["--prompt", "128", "--output", "32", "--dist", "lognormal"], "1,2,3")
+# Loads below saturation only: 4 streams of 64 + 64 and 3 of 128 + 32 wait for KV in 16 usable blocks of 32 (the goal
+# leaves them out, and so does the calibration: `calibrate_bench`), and cost 2.6 minutes of CI (2026-12-07, the EPYC).
+CALIBRATE = (["--prompt", "64", "--output", "64", "--dist", "lognormal"], "1,2,3")
+PREDICT = (["--prompt", "128", "--output", "32", "--dist", "lognormal"], "1,2")
 GOAL = {"ttft_p50": 0.20, "ttft_p99": 0.35, "tok_s": 0.20}  # issue 10
 # The regime the goal is judged in: one stream's 64-token prompt takes >= 200 ms (~390 ms on the
 # 2-core machine this was written on), five to ten times the tiny model's whole TTFT (20-45 ms, mostly
@@ -60,40 +62,63 @@ def cpu_engine(tmp_path_factory):
     yield from cpu_engine_fixture(tmp_path_factory, model, DUMMY_WEIGHTS)
 
 
+def _benchmark_module():
+    """benchmarks/bench_latency_prediction.py, whose engine speed probe (`speed_probe`, `probe_drift`) the test shares."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_latency_prediction.py"
+    spec = importlib.util.spec_from_file_location("bench_latency_prediction", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+BENCHMARK = _benchmark_module()
+#: The speed probe run before each bench (the two workloads' prompt lengths; 33 output tokens, so that its decode step,
+#: a difference of two requests, spans 32 steps) and the drift between two probes past which a missed goal is measured
+#: again: the shared 2-core machines have run this engine 20-35% faster minutes after a calibration (2026-12-06, in
+#: `.ci/run`: 1-stream decode steps of 22.4 ms in the calibration, 14.5 ms in the prediction run 4 minutes later, at a
+#: longer context), which is the machine, not the model.
+PROBE = {"lengths": (64, 128), "output": 33}
+MAX_DRIFT = 0.10
+
+
 def bench(engine, out: Path, flags: list[str], sweep: str) -> dict:
+    """`kvplan bench` of one workload; the engine's speed just before it (`speed_probe`) stored in its run folder."""
+    probe = BENCHMARK.speed_probe(engine.cfg.base_url, **PROBE)
     proc = subprocess.run(
         kvplan_cmd("--url", engine.cfg.base_url, "--out", str(out), "--json", "--sweep", sweep,
                    "--requests-per-stream", str(PER_STREAM), *flags),
         capture_output=True, text=True, timeout=900, env=bench_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout)
+    summary = json.loads(proc.stdout)
+    (Path(summary["run_dir"]) / BENCHMARK.SPEED_PROBE_FILE).write_text(json.dumps(probe))
+    return summary
 
 
-@pytest.fixture(scope="module")
-def calibration(cpu_engine, tmp_path_factory) -> Path:
+def calibrated(engine, out: Path) -> Path:
     """The calibration run (CALIBRATE's workload), calibrated: `kvplan calibrate --bench RUN` wrote RUN/steptime.json."""
     from typer.testing import CliRunner
 
     from kvplan.cli.app import app
 
-    calib = bench(cpu_engine, tmp_path_factory.mktemp("calibrate"), *CALIBRATE)
+    calib = bench(engine, out, *CALIBRATE)
     r = CliRunner().invoke(app, ["calibrate", "--bench", calib["run_dir"], "--json"])
     assert r.exit_code == 0, r.output
     return Path(calib["run_dir"])
 
 
 @pytest.fixture(scope="module")
-def comparison(cpu_engine, calibration, tmp_path_factory):
-    """Per load of the predicted workload below saturation: (c, predicted, measured) figures."""
-    tmp = tmp_path_factory.mktemp("latency")
+def calibration(cpu_engine, tmp_path_factory) -> Path:
+    return calibrated(cpu_engine, tmp_path_factory.mktemp("calibrate"))
+
+
+def compare(engine, calibration: Path, out: Path) -> dict:
+    """The predicted workload benched on ``engine`` and predicted with ``calibration``'s model: its rows, per load below
+    saturation (c, predicted, measured), and the drift of the engine's speed probe from the calibration's (`speed_drift`)."""
     model = load_steptime(calibration)
     assert model.source == "calibrated"
-    one_stream = next(p for p in run_inputs(calibration)[1] if p["concurrency"] == 1)
-    if one_stream["ttft"]["p50"] < MIN_PROMPT_STEP_S:
-        pytest.skip(f"this CPU computes a 64-token prompt in {one_stream['ttft']['p50'] * 1000:.0f} ms: the API "
-                    "server's jitter, not the engine's steps, would decide the latency compared")
-    target = bench(cpu_engine, tmp / "predict", *PREDICT)
-    run = Path(target["run_dir"])
+    run = Path(bench(engine, out, *PREDICT)["run_dir"])
     _, points, lengths, sched, _, _, _ = run_inputs(run)
     rows = []
     for p in points:
@@ -104,29 +129,54 @@ def comparison(cpu_engine, calibration, tmp_path_factory):
                      "ttft_p50": (pred.ttft["p50"], p["ttft"]["p50"]),
                      "ttft_p99": (pred.ttft["p99"], p["ttft"]["p99"]),
                      "tok_s": (pred.output_tokens_per_s, p["throughput_tok_s"])})
-    print("\nlatency comparison (predicted, measured):", json.dumps(rows), flush=True)
-    (tmp / "comparison.json").write_text(json.dumps(rows))
-    return rows
+    return {"rows": rows, "drift": BENCHMARK.speed_drift(calibration, run)}
 
 
-def describe(rows) -> str:
-    return "; ".join(f"c={r['c']}: TTFT p50 {r['ttft_p50'][0] * 1000:.1f}/{r['ttft_p50'][1] * 1000:.1f} ms, "
+def missed(rows: list[dict]) -> list[str]:
+    """The goal's cells ``rows`` miss, as 'metric at c=N'."""
+    return [f"{metric} at c={r['c']}" for r in rows for metric, bound in GOAL.items()
+            if abs(r[metric][0] / r[metric][1] - 1) > bound]
+
+
+@pytest.fixture(scope="module")
+def comparison(cpu_engine, calibration, tmp_path_factory):
+    """The comparison (`compare`) of the predicted workload with the calibration; where it misses the goal while the
+    engine's speed probe moved more than MAX_DRIFT between the two runs, the calibration and the comparison once again,
+    whose figures are then the ones judged (both are printed)."""
+    tmp = tmp_path_factory.mktemp("latency")
+    one_stream = next(p for p in run_inputs(calibration)[1] if p["concurrency"] == 1)
+    if one_stream["ttft"]["p50"] < MIN_PROMPT_STEP_S:
+        pytest.skip(f"this CPU computes a 64-token prompt in {one_stream['ttft']['p50'] * 1000:.0f} ms: the API "
+                    "server's jitter, not the engine's steps, would decide the latency compared")
+    result = compare(cpu_engine, calibration, tmp / "predict")
+    print("\nlatency comparison (predicted, measured; the probe's drift):", json.dumps(result), flush=True)
+    if missed(result["rows"]) and result["drift"] and max(map(abs, result["drift"])) > MAX_DRIFT:
+        result = {**compare(cpu_engine, calibrated(cpu_engine, tmp / "calibrate-again"), tmp / "predict-again"),
+                  "first": result}
+        print("measured again:", json.dumps(result), flush=True)
+    (tmp / "comparison.json").write_text(json.dumps(result))
+    return result
+
+
+def describe(result: dict) -> str:
+    rows = "; ".join(f"c={r['c']}: TTFT p50 {r['ttft_p50'][0] * 1000:.1f}/{r['ttft_p50'][1] * 1000:.1f} ms, "
                      f"p99 {r['ttft_p99'][0] * 1000:.1f}/{r['ttft_p99'][1] * 1000:.1f} ms, "
-                     f"{r['tok_s'][0]:.1f}/{r['tok_s'][1]:.1f} tok/s (predicted/measured)" for r in rows)
+                     f"{r['tok_s'][0]:.1f}/{r['tok_s'][1]:.1f} tok/s (predicted/measured)" for r in result["rows"])
+    drift = result["drift"]
+    shown = "no probe" if drift is None else f"1-token request {drift[0]:+.0%}, decode step {drift[1]:+.0%}"
+    again = f"; measured again after {describe(result['first'])}" if "first" in result else ""
+    return f"{rows} (the engine's speed against the calibration's: {shown}){again}"
 
 
 def test_the_predicted_workload_has_loads_below_saturation(comparison):
-    assert [r["c"] for r in comparison][:2] == [1, 2], describe(comparison)
+    assert [r["c"] for r in comparison["rows"]] == [1, 2], describe(comparison)
 
 
 def test_calibrated_latency_meets_issue_10s_goal(comparison):
     """Calibrated on one workload, the prediction of another is within 20% of the engine's TTFT p50
     and output tokens/s, and within 35% of its TTFT p99, at every load below saturation."""
-    assert comparison, "no load below saturation to compare"
-    for r in comparison:
-        for metric, bound in GOAL.items():
-            predicted, measured = r[metric]
-            assert abs(predicted / measured - 1) <= bound, f"{metric} at c={r['c']}: {describe(comparison)}"
+    assert comparison["rows"], "no load below saturation to compare"
+    assert not missed(comparison["rows"]), f"{missed(comparison['rows'])}: {describe(comparison)}"
 
 
 # --------------------------------------------------------------------------- issue 26: `fit --rate` on this engine
