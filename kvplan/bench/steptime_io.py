@@ -187,7 +187,8 @@ def calibrate_run(run_dir: Path, gpu: str | None = None, model: str | None = Non
     sweep = read_prompt_sweep(run_dir)
     singles = sweep.points() if sweep is not None else []
     fitted = calibrate_bench(points, lengths, sched, base, int(cfg.get("requests_per_stream") or 3),
-                             shared, ttfts, singles, sweep.decode_steps() if sweep is not None else ())
+                             shared, ttfts, singles, sweep.decode_steps() if sweep is not None else (),
+                             within_datasheet=not nominal)
     if not nominal:  # a stored fit never makes the device faster than its datasheet (efficiency 1)
         over = [f"{what} (efficiency {eff:.4g})" for what, eff in
                 (("memory faster than its bandwidth", fitted.mem_efficiency),

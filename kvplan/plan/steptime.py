@@ -440,7 +440,8 @@ def calibrate_bench(points: Sequence[dict], lengths, config: SchedulerConfig, ba
                     requests_per_stream: int = 1, shared_prefix: float = 0.0,
                     request_ttfts: Mapping[int, Sequence[tuple[int, float]]] | None = None,
                     single_requests: Sequence[tuple[int, float]] = (),
-                    single_decodes: Sequence[tuple[int, float]] = (), overlap: bool = True) -> StepTimeModel:
+                    single_decodes: Sequence[tuple[int, float]] = (), overlap: bool | None = None,
+                    within_datasheet: bool = False) -> StepTimeModel:
     """A step-time model calibrated on one bench run's points (closed loop, below the first KV
     wait): a first guess of the step factors from the decode steps (`decode_measurements`,
     `calibrate_steptime`), then the step factors and a constant request overhead fitted together to
@@ -469,7 +470,17 @@ def calibrate_bench(points: Sequence[dict], lengths, config: SchedulerConfig, ba
     longer half (`single_request_groups`): the KV read grows with the context there, while the points' steps, at
     the workload's few contexts, grow only with the batch.
 
-    ``overlap`` (the default): the model's steps take the longer of their memory and compute time
+    ``overlap`` None (the default): both forms below are fitted, and the one whose predictions meet the run's own
+    points better (`own_points_error`: TTFT p50 and output tokens/s) is kept; both have the same four factors, so
+    neither fits the points better by having more. An engine's steps decide it, not a rule of thumb: on a 2-core EPYC
+    CPU engine (2026-12-07, four 128 + 32 calibrations at 1-3 streams) decode steps grew 22, 29-32, 30-39 ms with
+    the streams, as a prompt token's compute (7 ms) does, and the overlapping fit settled every decode step on a flat
+    memory term (25-31 ms at every batch): tokens/s -15% to -24% at one stream on its own points, where the summed
+    fit was within 4% there. ``within_datasheet``: a form whose fit makes the device faster than its datasheet
+    (an efficiency above 1, a dropped term among them) is kept only when the other form's is too (`kvplan calibrate
+    --gpu` stores no such fit). ``overlap`` True or False: that form alone.
+
+    ``overlap`` True: the model's steps take the longer of their memory and compute time
     (`StepTimeModel.overlap`); each round's rows charge a step the term that bounds it under the round's model. The
     first rounds, before both terms are found, take decode steps as reading memory and prefill steps as computing.
     On the CPU engine (2026-12-06; `benchmarks/bench_latency_prediction.py --from` on three runs) the engine's decode
@@ -488,14 +499,48 @@ def calibrate_bench(points: Sequence[dict], lengths, config: SchedulerConfig, ba
     if not usable:
         raise KvplanError("the run has no finished closed-loop point below the first KV wait to calibrate on")
     outside = outside_steps_at_one_stream(usable, lengths, request_ttfts)
-    fitted = _calibrate_bench(usable, lengths, config, replace(base, overlap=overlap), requests_per_stream,
-                              shared_prefix, request_ttfts, single_requests, single_decodes, outside)
-    if overlap and outside is None and max(fitted.mem_efficiency, fitted.compute_efficiency) > DROPPED_EFFICIENCY / 10:
+
+    def fit(form: bool) -> StepTimeModel:
+        return replace(_calibrate_bench(usable, lengths, config, replace(base, overlap=form), requests_per_stream,
+                                        shared_prefix, request_ttfts, single_requests, single_decodes, outside),
+                       source="calibrated")
+
+    if overlap is False:
+        return fit(False)
+    overlapping = fit(True)
+    if outside is None and max(overlapping.mem_efficiency, overlapping.compute_efficiency) > DROPPED_EFFICIENCY / 10:
         # One term only, the request overhead not held: no step can be told memory- from compute-bound, and the rounds
         # that took decode steps as reading memory are not what summed terms then charge: the summed fit instead.
-        fitted = _calibrate_bench(usable, lengths, config, replace(base, overlap=False), requests_per_stream,
-                                  shared_prefix, request_ttfts, single_requests, single_decodes, outside)
-    return replace(fitted, source="calibrated")
+        return fit(False)
+    if overlap:
+        return overlapping
+    forms = [overlapping, fit(False)]
+    if within_datasheet:
+        forms = [m for m in forms if max(m.mem_efficiency, m.compute_efficiency) <= 1 + 1e-9] or forms
+    if len(forms) == 1:
+        return forms[0]
+    loads = _point_loads(usable, lengths, requests_per_stream, shared_prefix)
+    return min(forms, key=lambda m: own_points_error(m, loads, config))  # (a tie keeps the overlapping form)
+
+
+def own_points_error(model: StepTimeModel, loads, config: SchedulerConfig) -> float:
+    """The mean relative error of ``model``'s TTFT p50 and output tokens/s on bench points it was calibrated on
+    (``loads``: (point, its closed loop), `_point_loads`); the two figures the latency goal judges."""
+    errors = []
+    for p, load in loads:
+        pred = predict_latency(config, load, model)
+        measured_ttft, measured_rate = (p.get("ttft") or {}).get("p50"), p.get("throughput_tok_s")
+        if measured_ttft and pred.ttft.get("p50") is not None:
+            errors.append(abs(pred.ttft["p50"] / measured_ttft - 1))
+        if measured_rate:
+            errors.append(abs(pred.output_tokens_per_s / measured_rate - 1))
+    return statistics.fmean(errors) if errors else 0.0
+
+
+def _point_loads(usable: Sequence[dict], lengths, requests_per_stream: int, shared_prefix: float) -> list:
+    """(point, the closed loop that replays its very requests) of each usable bench point."""
+    return [(p, closed_loop(p["concurrency"], lengths, requests_per_stream, p.get("first_index", 0),
+                            shared_prefix=shared_prefix)) for p in usable]
 
 
 def outside_steps_at_one_stream(points: Sequence[dict], lengths=None,
@@ -545,8 +590,7 @@ def _calibrate_bench(usable: list[dict], lengths, config: SchedulerConfig, base:
     decode += [(StepBatch(prefill_tokens=0, decode_seqs=1, kv_tokens_read=n + 1, num_seqs=1, attention_pairs=n + 1), t)
                for n, t in single_request_groups(single_decodes)]
     fitted = calibrate_steptime(decode, replace(base, request_overhead_s=0.0, request_overhead_per_rps_s2=0.0))
-    loads = [(p, closed_loop(p["concurrency"], lengths, requests_per_stream, p.get("first_index", 0),
-                             shared_prefix=shared_prefix)) for p in usable]
+    loads = _point_loads(usable, lengths, requests_per_stream, shared_prefix)
     groups = {id(p): ttft_groups(request_ttfts.get(p.get("seq"), ()), lengths) if request_ttfts else None
               for p, _ in loads}
     singles = [(single_request_row(fitted, n, config.max_num_batched_tokens), t)
