@@ -410,9 +410,9 @@ def test_the_engines_own_ttft_split_pins_the_time_outside_the_steps():
     context token, 4 ms a request outside the steps), a 64 + 64 calibration at 1-4 streams with no prompt sweep. Its
     TTFT rows cannot tell a constant per step from one per request: fitted alone, with overlapping terms it puts no
     time outside the steps and prices a 64-token prompt's step at 33.7 ms; with summed ones (which meet the points
-    better, and are kept) at 21.4 ms and 8.9 ms outside: more than 15% off either way. With the engine's own split at one stream (vLLM's queue
-    and prefill histograms: every request's TTFT less 4 ms, none queued) it finds the 7 ms a step and the 4 ms
-    outside again, and prices the prompt's step, 7 + 64 x 0.33 = 28.12 ms, and 4 sequences decoding at 100 tokens,
+    better, and are kept) at 21.4 ms and 8.9 ms outside: more than 15% off either way. With the engine's own split at
+    one stream (vLLM's queue and prefill histograms: every request's TTFT less 4 ms, none queued) it finds the 7 ms a
+    step and the 4 ms outside again, and prices the prompt's step, 7 + 64 x 0.33 = 28.12 ms, and 4 sequences decoding at 100 tokens,
     7 + max(1.2 + 0.4, 4 x 0.33) = 8.6 ms, within 2%."""
     truth = StepTimeModel(weight_bytes=1.2e6, kv_bytes_per_token=1000, linear_flops_per_token=3.3e5, attn_flops_per_pair=0,
                           bandwidth_bytes_s=1e9, peak_flops=1e9, mem_efficiency=1.0, compute_efficiency=1.0,
