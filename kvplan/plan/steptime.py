@@ -473,12 +473,12 @@ def calibrate_bench(points: Sequence[dict], lengths, config: SchedulerConfig, ba
     ``overlap`` None (the default): both forms below are fitted, and the one whose predictions meet the run's own
     points better (`own_points_error`: TTFT p50 and output tokens/s) is kept; both have the same four factors, so
     neither fits the points better by having more. An engine's steps decide it, not a rule of thumb: on a 2-core EPYC
-    CPU engine (2026-12-07, four 128 + 32 calibrations at 1-3 streams) decode steps grew 22, 29-32, 30-39 ms with
-    the streams, as a prompt token's compute (7 ms) does, and the overlapping fit settled every decode step on a flat
-    memory term (25-31 ms at every batch): tokens/s -15% to -24% at one stream on its own points, where the summed
-    fit was within 4% there. ``within_datasheet``: a form whose fit makes the device faster than its datasheet
-    (an efficiency above 1, a dropped term among them) is kept only when the other form's is too (`kvplan calibrate
-    --gpu` stores no such fit). ``overlap`` True or False: that form alone.
+    CPU engine (2026-12-07, five 64 + 64 calibrations at 1-3 streams) decode steps grew from 18-22 ms at one stream to
+    28-40 ms at three, as a prompt token's compute (~7 ms) does, and the overlapping fit settled every decode step on a
+    flat memory term (24-32 ms at every batch): tokens/s -15% to -24% at one stream on its own points, where the summed
+    fit was within 4% there (tests/plan/test_steptime_recorded.py). ``within_datasheet``: a form whose fit makes the
+    device faster than its datasheet (an efficiency above 1, a dropped term among them) is kept only when the other
+    form's is too (`kvplan calibrate --gpu` stores no such fit). ``overlap`` True or False: that form alone.
 
     ``overlap`` True: the model's steps take the longer of their memory and compute time
     (`StepTimeModel.overlap`); each round's rows charge a step the term that bounds it under the round's model. The
