@@ -468,11 +468,12 @@ def test_calibration_finds_overlapping_terms_where_summed_ones_overcharge_decode
 
 
 def test_calibration_keeps_summed_terms_where_they_meet_the_points_better():
-    """A slow CPU's regime (a 2-core EPYC's engine: decode steps 22, 29-32, 30-39 ms at 1-3 streams, a prompt token
-    7 ms): 15 ms a step, 1 ms of weights (1e6 B at 1e9 B/s), 7 ms of compute a token, summed; 4 ms a request outside
-    the steps, the engine's own split at one stream. Overlapping terms settle on a flat memory term (decode steps 28.1,
-    35.8, 56.8 ms at 1, 4, 8 sequences of 100 tokens: the rounds start by classing a decode step as reading memory, and
-    it stays so): 5.1% off the points on average. Summed terms meet them within 1.2%, so the calibration keeps them,
+    """A slow CPU's regime (a 2-core EPYC's engine: decode steps from 18-22 ms at one stream to 28-40 ms at three, a
+    prompt token ~7 ms): 15 ms a step, 1 ms of weights (1e6 B at 1e9 B/s), 7 ms of compute a token, summed; 4 ms a
+    request outside the steps, the engine's own split at one stream. Overlapping terms find no step overhead and charge
+    a decode step the memory it reads at 3.9% of the bandwidth (the rounds start by classing a decode step as reading
+    memory, and it stays so): 28.1, 35.8 and 56.8 ms at 1, 4 and 8 sequences of 100 tokens, 5.1% off the points on
+    average. Summed terms meet them within 1.2%, so the calibration keeps them,
     and prices those steps by hand, 15 + 1 + 0.1 c + 7 c ms = 23.1, 44.4 and 72.8 ms, and a 64-token prompt's step,
     15 + 1.064 + 448 = 464.064 ms, within 2%."""
     truth = StepTimeModel(weight_bytes=1e6, kv_bytes_per_token=1000, linear_flops_per_token=7e6, attn_flops_per_pair=0,
