@@ -190,9 +190,7 @@ def calibrate_run(run_dir: Path, gpu: str | None = None, model: str | None = Non
                              shared, ttfts, singles, sweep.decode_steps() if sweep is not None else (),
                              within_datasheet=not nominal)
     if not nominal:  # a stored fit never makes the device faster than its datasheet (efficiency 1)
-        over = [f"{what} (efficiency {eff:.4g})" for what, eff in
-                (("memory faster than its bandwidth", fitted.mem_efficiency),
-                 ("arithmetic faster than its peak FLOP/s", fitted.compute_efficiency)) if eff > 1 + 1e-9]
+        over = fitted.faster_than_datasheet()
         if over:
             raise KvplanError(f"the fit to {run_dir}'s points makes {label} do {' and '.join(over)}: not stored",
                               "the run's points cannot separate the step terms on this GPU: calibrate without "

@@ -85,6 +85,13 @@ class StepTimeModel:
                 or self.request_overhead_s < 0 or self.request_overhead_per_rps_s2 < 0:
             raise KvplanError("efficiencies must be > 0 and the overheads >= 0")
 
+    def faster_than_datasheet(self) -> list[str]:
+        """What this model makes its device do faster than its datasheet (an efficiency above 1, a term a fit dropped
+        among them), as phrases with the efficiency; [] when nothing. `kvplan calibrate --gpu` stores no such fit."""
+        return [f"{what} (efficiency {eff:.4g})" for what, eff in
+                (("memory faster than its bandwidth", self.mem_efficiency),
+                 ("arithmetic faster than its peak FLOP/s", self.compute_efficiency)) if eff > 1 + 1e-9]
+
     def request_overhead_at(self, requests_per_s: float) -> float:
         """Seconds a request spends outside the engine's steps at this request rate."""
         return self.request_overhead_s + self.request_overhead_per_rps_s2 * max(0.0, requests_per_s)
@@ -516,7 +523,7 @@ def calibrate_bench(points: Sequence[dict], lengths, config: SchedulerConfig, ba
         return overlapping
     forms = [overlapping, fit(False)]
     if within_datasheet:
-        forms = [m for m in forms if max(m.mem_efficiency, m.compute_efficiency) <= 1 + 1e-9] or forms
+        forms = [m for m in forms if not m.faster_than_datasheet()] or forms
     if len(forms) == 1:
         return forms[0]
     loads = _point_loads(usable, lengths, requests_per_stream, shared_prefix)
