@@ -92,6 +92,14 @@ class StepTimeModel:
                 (("memory faster than its bandwidth", self.mem_efficiency),
                  ("arithmetic faster than its peak FLOP/s", self.compute_efficiency)) if eff > 1 + 1e-9]
 
+    def steps_scaled(self, factor: float) -> StepTimeModel:
+        """This model with every engine step ``factor`` times as long (its overhead and both terms; the request
+        overhead, outside the steps, as it is). Either form keeps its bounding term: both terms scale alike."""
+        if not factor > 0:
+            raise KvplanError(f"a step-time scale must be > 0, not {factor}")
+        return replace(self, overhead_s=self.overhead_s * factor, mem_efficiency=self.mem_efficiency / factor,
+                       compute_efficiency=self.compute_efficiency / factor)
+
     def request_overhead_at(self, requests_per_s: float) -> float:
         """Seconds a request spends outside the engine's steps at this request rate."""
         return self.request_overhead_s + self.request_overhead_per_rps_s2 * max(0.0, requests_per_s)
@@ -613,8 +621,7 @@ def _calibrate_bench(usable: list[dict], lengths, config: SchedulerConfig, base:
         scale = statistics.median(ratios) if ratios else 1.0
         if abs(scale - 1) < 0.01:
             break
-        fitted = replace(fitted, overhead_s=fitted.overhead_s * scale, mem_efficiency=fitted.mem_efficiency / scale,
-                         compute_efficiency=fitted.compute_efficiency / scale)
+        fitted = fitted.steps_scaled(scale)
     else:
         fitted = _with_request_overhead(fitted, loads, config, outside)
     return fitted

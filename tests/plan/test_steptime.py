@@ -41,6 +41,22 @@ def test_decode_step_by_hand():
     assert t == pytest.approx(0.003 + 0.0091753 + 0.0011049, rel=1e-4)
 
 
+def test_steps_scaled_by_hand():
+    """`steps_scaled` (the fit's throughput rounds; the `fit --rate` engine check's engine off its calibration): every
+    step that much longer, the request overhead outside the steps as it was. The decode step above, 3 + 9.1753 + 1.1049
+    = 13.2802 ms, at 1.5x: 19.9203 ms; a 512-token prompt's step: memory 16e9 + 512 x 131072 B -> 4.7962 ms ideal,
+    / 0.8 = 5.9952 ms; compute 512 x 16e9 + 512 x 513 / 2 x 524288 FLOPs -> 8.3527 ms ideal, / 0.5 = 16.7055 ms; 3 +
+    5.9952 + 16.7055 = 25.7007 ms, at 0.8x: 20.5605 ms; overlapping, 3 + 16.7055 = 19.7055 ms, at 0.8x: 15.7644 ms."""
+    model = replace(MODEL, request_overhead_s=0.02)
+    prompt = StepBatch(512, 0, 512, 1, 512 * 513 // 2)
+    assert decode_step_time(model.steps_scaled(1.5), 32, 2048) == pytest.approx(0.0199203, rel=1e-4)
+    assert model.steps_scaled(0.8)(prompt) == pytest.approx(0.0205605, rel=1e-4)
+    assert replace(model, overlap=True).steps_scaled(0.8)(prompt) == pytest.approx(0.0157644, rel=1e-4)
+    assert model.steps_scaled(0.8).request_overhead_s == 0.02
+    with pytest.raises(KvplanError):
+        model.steps_scaled(0)
+
+
 def test_a_decode_step_priced_without_its_batch_is_the_same_float():
     """`decode_seconds` (how the simulator prices its steady decode steps) against the model called on the batch: equal
     to the bit, summed or overlapping (memory- or compute-bound), with a term a calibration dropped too. A simulation
