@@ -307,5 +307,10 @@ def _packed_layout(specs: list[LayerSpec], dtype: KVDtype, block_size: int) -> K
 
 
 def with_tp(specs: list[LayerSpec], tp: int) -> list[LayerSpec]:
-    """The slice of each layer one tensor-parallel rank holds."""
-    return [spec.per_rank(tp) for spec in specs]
+    """The slice of each layer one tensor-parallel rank holds. Each distinct spec is sliced once: a model's layers
+    repeat a few shapes, and `fit`'s search builds thousands of layouts (94 layers each for Qwen3-235B)."""
+    sliced: dict[LayerSpec, LayerSpec] = {}
+    for spec in specs:
+        if spec not in sliced:
+            sliced[spec] = spec.per_rank(tp)
+    return [sliced[spec] for spec in specs]
