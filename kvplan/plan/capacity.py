@@ -33,7 +33,7 @@ from kvplan.model.layers import (
     SlidingMLA,
 )
 from kvplan.model.weights import mxfp4_kernel_for, routed_expert_bytes, weight_bytes
-from kvplan.plan.layout import KVLayout, build_layout, with_tp
+from kvplan.plan.layout import KVLayout, build_layout, map_distinct, with_tp
 from kvplan.plan.overhead import STARTUP_BYTES, Estimate, OverheadModel
 from kvplan.plan.schema import Settings
 from kvplan.plan.speculative import SpeculativeConfig
@@ -477,8 +477,8 @@ def state_ssm_bytes(state: MambaState, rules: VllmRules, asked: str = "auto") ->
 
 def with_state_dtype(specs: list[LayerSpec], rules: VllmRules, asked: str = "auto") -> list[LayerSpec]:
     """The specs with each recurrent state's SSM dtype resolved for this release."""
-    return [replace(s, ssm_bytes=state_ssm_bytes(s, rules, asked)) if isinstance(s, MambaState) else s
-            for s in specs]
+    return map_distinct(lambda s: replace(s, ssm_bytes=state_ssm_bytes(s, rules, asked)) if isinstance(s, MambaState)
+                        else s, specs)
 
 
 def with_draft_layers(arch: Architecture, count: int, dtype: KVDtype | None = None) -> Architecture:

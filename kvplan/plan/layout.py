@@ -22,6 +22,7 @@ docs/vllm-accounting.md section 4):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvplan.errors import KvplanError
@@ -306,11 +307,17 @@ def _packed_layout(specs: list[LayerSpec], dtype: KVDtype, block_size: int) -> K
     return KVLayout(tuple(groups), page, max(group_bytes), dtype, packed=True)
 
 
-def with_tp(specs: list[LayerSpec], tp: int) -> list[LayerSpec]:
-    """The slice of each layer one tensor-parallel rank holds. Each distinct spec is sliced once: a model's layers
-    repeat a few shapes, and `fit`'s search builds thousands of layouts (94 layers each for Qwen3-235B)."""
-    sliced: dict[LayerSpec, LayerSpec] = {}
+def map_distinct(fn: Callable[[LayerSpec], LayerSpec], specs: list[LayerSpec]) -> list[LayerSpec]:
+    """``[fn(spec) for spec in specs]``, with ``fn`` called once per distinct spec (specs are frozen, so equal ones
+    map alike). Why: a model's layers repeat a few shapes, and `fit`'s search builds thousands of layouts (94 layers
+    each for Qwen3-235B-A22B: 426,572 copies of a spec for one model's test, 11.0 s, against 2.5 s)."""
+    mapped: dict[LayerSpec, LayerSpec] = {}
     for spec in specs:
-        if spec not in sliced:
-            sliced[spec] = spec.per_rank(tp)
-    return [sliced[spec] for spec in specs]
+        if spec not in mapped:
+            mapped[spec] = fn(spec)
+    return [mapped[spec] for spec in specs]
+
+
+def with_tp(specs: list[LayerSpec], tp: int) -> list[LayerSpec]:
+    """The slice of each layer one tensor-parallel rank holds."""
+    return map_distinct(lambda spec: spec.per_rank(tp), specs)
