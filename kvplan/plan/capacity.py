@@ -477,8 +477,13 @@ def state_ssm_bytes(state: MambaState, rules: VllmRules, asked: str = "auto") ->
 
 def with_state_dtype(specs: list[LayerSpec], rules: VllmRules, asked: str = "auto") -> list[LayerSpec]:
     """The specs with each recurrent state's SSM dtype resolved for this release."""
-    return map_distinct(lambda s: replace(s, ssm_bytes=state_ssm_bytes(s, rules, asked)) if isinstance(s, MambaState)
-                        else s, specs)
+
+    def resolved(spec: LayerSpec) -> LayerSpec:
+        if isinstance(spec, MambaState):
+            return replace(spec, ssm_bytes=state_ssm_bytes(spec, rules, asked))
+        return spec
+
+    return map_distinct(resolved, specs)
 
 
 def with_draft_layers(arch: Architecture, count: int, dtype: KVDtype | None = None) -> Architecture:
