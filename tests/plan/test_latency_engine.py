@@ -42,7 +42,7 @@ from kvplan.plan.simulate import closed_loop  # noqa: E402
 from kvplan.plan.steptime import predict_latency  # noqa: E402
 from kvplan.units import cdiv  # noqa: E402
 
-pytestmark = [pytest.mark.engine, engine_required]
+pytestmark = [pytest.mark.engine, pytest.mark.alone, engine_required]
 
 PER_STREAM = 20
 # Loads below saturation only: 4 streams of 64 + 64 and 3 of 128 + 32 wait for KV in 16 usable blocks of 32 (the goal
