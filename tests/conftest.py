@@ -23,14 +23,14 @@ import pytest  # noqa: E402
 
 
 @pytest.fixture(scope="session")
-def pinned_cpu_engine(tmp_path_factory):
+def pinned_cpu_engine(request):
     """One real vLLM CPU engine (the tiny model, the pool pinned to 17 blocks of 32, context 512) for
-    every test module that only sends it requests: started once a session (~25 s on 2 cores), stopped
-    by PID at the end. Each bench run sends prompts no other run shares (a nonce per run), and reads
+    every test module that only sends it requests: started once a session, ahead (tests/helpers/prestart.py),
+    stopped by PID at the end. Each bench run sends prompts no other run shares (a nonce per run), and reads
     counter deltas, so the modules cannot see each other's traffic."""
-    from helpers.bench import cpu_engine_fixture
+    from helpers.bench import served_engine
 
-    yield from cpu_engine_fixture(tmp_path_factory)
+    yield from served_engine(request)
 
 
 def _phase(item) -> int:
@@ -69,6 +69,23 @@ def _running(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return False
+
+
+def pytest_collection_finish(session) -> None:
+    """The engines the selected tests' fixtures use start now, one after another, beside the tests that need none
+    (tests/helpers/prestart.py)."""
+    from helpers.bench import ENGINE_JOBS, HAVE_VLLM
+    from helpers.prestart import schedule_for
+
+    if HAVE_VLLM:
+        schedule_for(session, ENGINE_JOBS)
+
+
+def pytest_unconfigure(config) -> None:
+    """The engines started ahead are ours: stopped by PID however the session ends (Ctrl-C included)."""
+    from helpers.prestart import stop
+
+    stop(config)
 
 
 def pytest_runtest_setup(item) -> None:
