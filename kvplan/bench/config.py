@@ -98,6 +98,8 @@ class BenchConfig(BaseModel):
     request_timeout_s: float = 300.0
     startup_timeout_s: float = 900.0
     max_num_seqs: int | None = None  # the engine's, for the prediction (None: not the limit)
+    # attached (--url): the engine's token budget, for the prediction (None: not the limit); launched: engine's args
+    max_num_batched_tokens: int | None = None
     planner_gpu: str | None = None  # --gpu for the planner's capacity next to the engine's
     deployment: str | None = None  # the kvplan.yaml deployment this run measures
     header_names: list[str] = Field(default_factory=list)  # --header names (values are never stored)
@@ -114,10 +116,13 @@ class BenchConfig(BaseModel):
 
     @model_serializer(mode="wrap")
     def _without_fleet(self, handler):
-        """A run of one server stores the config it always stored (no ``fleet: null``)."""
+        """A run stores the config it always stored: no ``fleet: null`` (one server), no ``max_num_batched_tokens:
+        null`` (no budget given)."""
         data = handler(self)
-        if isinstance(data, dict) and data.get("fleet", 0) is None:
-            del data["fleet"]
+        if isinstance(data, dict):
+            for key in ("fleet", "max_num_batched_tokens"):
+                if key in data and data[key] is None:
+                    del data[key]
         return data
 
     @model_validator(mode="after")

@@ -371,9 +371,10 @@ class BenchRun:
         assert cap.num_blocks is not None and cap.block_size is not None
         rules = rules_for(cap.vllm_version) if cap.vllm_version else rules_for(None)
         ecfg = self.cfg.engine_config()
+        budget = ecfg.args.max_num_batched_tokens if ecfg else self.cfg.max_num_batched_tokens  # launched: its flags
         return SchedulerConfig(
             num_blocks=cap.num_blocks, block_size=cap.block_size, max_num_seqs=self.cfg.max_num_seqs or 1 << 30,
-            max_num_batched_tokens=(ecfg.args.max_num_batched_tokens if ecfg and ecfg.args.max_num_batched_tokens else 1 << 30),
+            max_num_batched_tokens=budget or 1 << 30,
             admit_full_prompt=rules.admit_full_prompt, uncached_blocks_first=rules.free_uncached_first,
             prefix_stats_at_admission=rules.prefix_stats_at_admission)
 

@@ -119,7 +119,7 @@ def bench(
     tp: Optional[int] = typer.Option(None, "--tp", "--tensor-parallel-size", help="Tensor parallel size."),
     pp: Optional[int] = typer.Option(None, "--pp", "--pipeline-parallel-size", help="Pipeline parallel size."),
     max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", help="vLLM's max_num_seqs (also tells the prediction the engine's value)."),
-    max_num_batched_tokens: Optional[str] = typer.Option(None, "--max-num-batched-tokens", help="vLLM's max_num_batched_tokens."),
+    max_num_batched_tokens: Optional[str] = typer.Option(None, "--max-num-batched-tokens", help="vLLM's max_num_batched_tokens (with --url: tells the prediction the engine's value)."),
     prefix_caching: Optional[bool] = typer.Option(None, "--enable-prefix-caching/--no-enable-prefix-caching", "--prefix-caching/--no-prefix-caching", help="Prefix caching on/off (default: vLLM's)."),
     enforce_eager: bool = typer.Option(False, "--enforce-eager", help="No CUDA graphs / no compile (vLLM --enforce-eager)."),
     model_name: Optional[str] = typer.Option(None, "--model-name", help="Model name sent in requests (default: the server's first model)."),
@@ -336,7 +336,8 @@ def bench(
     if url:
         if not url.startswith(("http://", "https://")):
             raise KvplanError(f"invalid --url {redact(url)!r}", "use http://host:port")
-        cfg = BenchConfig(url=url, fleet=fleet, **common)
+        cfg = BenchConfig(url=url, fleet=fleet,
+                          max_num_batched_tokens=_tokens(max_num_batched_tokens, "max_num_batched_tokens"), **common)
         from kvplan.bench.client import Client
 
         client = Client(api_key=key, headers=headers, ca_bundle=cfg.ca_bundle, insecure=cfg.insecure)

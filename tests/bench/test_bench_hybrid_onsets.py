@@ -29,14 +29,16 @@ from kvplan.plan.simulate import SchedulerConfig
 DATA = Path(__file__).parent / "data"
 
 
-def _run(tmp_path: Path, model: str, prompt: int = 8, output: int = 6, vllm_version: str | None = None) -> BenchRun:
-    raw = json.loads((DATA / "old-run-conc" / "run.json").read_text())["config"]  # 8 requests a point
+def _run(tmp_path: Path, model: str, prompt: int = 8, output: int = 6, vllm_version: str | None = None,
+         num_blocks: int = 1000, block_size: int = 16, **config) -> BenchRun:
+    raw = json.loads((DATA / "old-run-conc" / "run.json").read_text())["config"]  # 8 requests a point, attached
     raw["workload"].update(prompt_tokens=prompt, output_tokens=output)
+    raw.update(config)
     cfg = BenchConfig.model_validate(raw)
-    (tmp_path / "run").mkdir()
+    (tmp_path / "run").mkdir(parents=True)
     run = BenchRun(cfg, st.RunStore(tmp_path / "run"))
     run.model = model  # the served model's name, as /v1/models gives it (bundled profiles, read offline)
-    run.capacity = EngineCapacity(num_blocks=1000, block_size=16, vllm_version=vllm_version)
+    run.capacity = EngineCapacity(num_blocks=num_blocks, block_size=block_size, vllm_version=vllm_version)
     run._predict()
     return run
 
@@ -98,6 +100,29 @@ def test_a_recurrent_state_model_on_a_known_release_gets_its_onsets_from_the_hyb
     assert "| onset | predicted (hybrid simulator) | measured |" in markdown(run.summary("complete", None))
 
 
+def test_attached_the_budget_flag_is_the_engines_budget(tmp_path, monkeypatch):
+    """Attached (--url), kvplan does not see the engine's flags: ``--max-num-batched-tokens`` tells the prediction the
+    engine's token budget (it was dropped, and the prediction assumed none). The tiny Granite-4.0-H of
+    tests/bench/test_replay_engine_mamba2.py on its 25 blocks of 32, 64 + 64 tokens: with a 32-token budget a waiting
+    request's first chunk rounds down to no block while another decodes, so from 2 streams one waits for the budget
+    (`Scheduler._mamba_block_aligned_split`, v1/core/sched/scheduler.py@0.32.0: tests/vllm_facing/
+    test_hybrid_scheduler_budget.py); with none, no request waits for it."""
+    from helpers.bench import tiny_granite_h_model
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model = str(tiny_granite_h_model(tmp_path / "tiny-granite-h"))
+    shape = dict(prompt=64, output=64, vllm_version="0.32.0", num_blocks=25, block_size=32)
+    plain = _run(tmp_path / "plain", model, **shape)
+    assert "max_num_batched_tokens" not in plain.cfg.model_dump(mode="json")  # run.json as it always was
+    assert plain._scheduler_config().max_num_batched_tokens == 1 << 30
+    assert plain.prediction.first_budget_wait is None, plain.prediction
+    budget = _run(tmp_path / "budget", model, **shape, max_num_batched_tokens=32)
+    assert budget.cfg.model_dump(mode="json")["max_num_batched_tokens"] == 32  # kept for --resume
+    pred = budget.prediction
+    assert (pred.admit_blocks, pred.peak_blocks) == (4, 6), pred
+    assert (pred.first_kv_wait, pred.first_preemption, pred.first_budget_wait) == (None, None, 2), pred
+
+
 def _granite_h_rule(budget: int) -> HybridRule:
     """The tiny Granite-4.0-H the engine tests serve (tests/bench/test_replay_engine_mamba2.py): a Mamba-2 group with
     its checkpoint page and a full-attention group, 25 blocks of 32; 64 + 64 tokens, 8 requests a stream."""
@@ -150,7 +175,7 @@ def test_a_rate_sweep_on_a_hybrid_model_says_its_onsets_are_not_predicted(tmp_pa
     """The hybrid simulator predicts closed-loop streams; an open-loop rate sweep gets the reason, not the block rule."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     cfg = BenchConfig.model_validate(json.loads((DATA / "old-run-rate" / "run.json").read_text())["config"])
-    (tmp_path / "run").mkdir()
+    (tmp_path / "run").mkdir(parents=True)
     run = BenchRun(cfg, st.RunStore(tmp_path / "run"))
     run.model, run.capacity = "openai/gpt-oss-20b", EngineCapacity(num_blocks=1000, block_size=16)
     run._predict()

@@ -8,7 +8,11 @@ mixer on its own kernels ("Using cpu Mamba SSU backend"; their conv weight packi
 4 x 32 x 8 fp32 = 5,056 B) that one 32-token attention page (2 KV heads x 32 x 2 x 2 B = 256 B a token: 8,192 B)
 holds it, so both groups keep the pinned 32-token block (`CpuPlatform` via `Platform.
 update_block_size_for_backend`, platforms/interface.py@0.32.0). The prediction bench prints is made on the served
-release's groups (the engine's /version: 0.32.0), against the engine's own prefix-cache counters."""
+release's groups (the engine's /version: 0.32.0), against the engine's own prefix-cache counters.
+
+One engine serves both tests (started ahead: helpers.bench.ENGINE_JOBS), with a 32-token chunk budget
+(``--max-num-batched-tokens 32``), which bench is told with the same flag: attached, that flag is the prediction's
+budget."""
 
 from __future__ import annotations
 
@@ -16,24 +20,32 @@ import json
 import subprocess
 
 import pytest
-from helpers.bench import BLOCK_SIZE, bench_env, engine_required, kvplan_cmd, tiny_granite_h_model
+from helpers.bench import GRANITE_H_BUDGET, bench_env, engine_required, kvplan_cmd, served_engine
+from helpers.bench import GRANITE_H_POOL_BLOCKS as POOL_BLOCKS
 
 pytestmark = [pytest.mark.engine, engine_required]
 
-#: 24 usable blocks of 32: the replay below keeps 768 of its 1,800 prompt tokens' hits there, where a pool of 27 blocks
-#: or more keeps all 960 it can (kvplan's simulator); the engine's own count says whether it evicted (by hand below).
-POOL_BLOCKS = 25
 
-@pytest.fixture()
-def tiny_granite_h(tmp_path):
-    return tiny_granite_h_model(tmp_path / "tiny-granite-h")
+@pytest.fixture(scope="module")
+def granite_h_engine(request):
+    """The tiny Granite-4.0-H (helpers.bench.tiny_granite_h_model), dummy weights, 25 blocks of 32, a 32-token budget."""
+    yield from served_engine(request)
 
 
-def test_mamba2_hybrid_replays_as_predicted(tiny_granite_h, tmp_path):
-    """Agent sessions in lockstep, launched by kvplan (the start-up log names the release: 0.32.0) with a 32-token
-    chunk budget. The budget keeps every prefill chunk inside one block, so no chunk exports the state at its
-    checkpoint (`is_mamba_prefill_checkpoint_valid`, v1/kv_cache_interface.py@0.32.0, needs the chunk to start a
-    block or more before it): vLLM 0.32.0's CPU scan returns one final state per sequence and ignores
+def bench(engine, tmp_path, *args: str) -> dict:
+    """`kvplan bench` attached to ``engine``, told its chunk budget."""
+    proc = subprocess.run(kvplan_cmd("--url", engine.cfg.base_url, "--max-num-batched-tokens", str(GRANITE_H_BUDGET),
+                                     "--no-warmup", "--json", "--out", str(tmp_path / "runs"), *args),
+                          capture_output=True, text=True, env=bench_env(), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def test_mamba2_hybrid_replays_as_predicted(granite_h_engine, tmp_path):
+    """Agent sessions in lockstep (the engine's /version names the release: 0.32.0) with a 32-token chunk budget.
+    The budget keeps every prefill chunk inside one block, so no chunk exports the state at its checkpoint
+    (`is_mamba_prefill_checkpoint_valid`, v1/kv_cache_interface.py@0.32.0, needs the chunk to start a block or more
+    before it): vLLM 0.32.0's CPU scan returns one final state per sequence and ignores
     ``return_intermediate_states`` (`_mamba_chunk_scan_combined_fwd_cpu`, model_executor/layers/mamba/ops/cpu/
     mamba_ssm.py), so a chunk that exports one ends the engine ("IndexError: index 4 is out of bounds for
     dimension 0 with size 1" in `MambaMixer2.conv_ssm_forward`, mamba_mixer2.py@0.32.0).
@@ -45,15 +57,8 @@ def test_mamba2_hybrid_replays_as_predicted(tiny_granite_h, tmp_path):
     agent = tmp_path / "agent.json"
     agent.write_text(json.dumps({"kind": "agent", "sessions": 3, "turns": 3, "groups": 2, "shared_prefix_tokens": 96,
                                  "new_tokens": 40, "output_tokens": 24, "think_s": 0.0}))
-    flags = ["--block-size", str(BLOCK_SIZE), "--num-gpu-blocks-override", str(POOL_BLOCKS), "--kv-memory",
-             str(64 * 2**20), "--ctx", "512", "--enforce-eager", "--max-num-batched-tokens", str(BLOCK_SIZE),
-             "--engine-arg=--load-format=dummy"]
-    proc = subprocess.run(kvplan_cmd(str(tiny_granite_h), *flags, "--no-warmup", "--json", "--out",
-                                     str(tmp_path / "runs"), "--traffic", str(agent), "--sessions", "3"),
-                          capture_output=True, text=True, env=bench_env(), timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout)
-    assert (out["capacity"]["vllm_version"], out["capacity"]["block_size"]) == ("0.32.0", BLOCK_SIZE), out["capacity"]
+    out = bench(granite_h_engine, tmp_path, "--traffic", str(agent), "--sessions", "3")
+    assert (out["capacity"]["vllm_version"], out["capacity"]["block_size"]) == ("0.32.0", 32), out["capacity"]
     (point,) = out["points"]
     r = point["replay"]
     assert r["predicted_by"] == "simulator, in engine steps (sessions in lockstep, over client timings)", r
@@ -64,7 +69,7 @@ def test_mamba2_hybrid_replays_as_predicted(tiny_granite_h, tmp_path):
     assert r["predicted_preemption"] == (point["server"]["preemptions"] > 0), (r, point["server"])
 
 
-def test_a_one_block_budget_serves_one_request_at_a_time_and_the_onsets_are_predicted(tiny_granite_h, tmp_path):
+def test_a_one_block_budget_serves_one_request_at_a_time_and_the_onsets_are_predicted(granite_h_engine, tmp_path):
     """The onsets on state groups, predicted and measured (kvplan/bench/runner.py, kvplan.bench.point.budget_wait):
     with the 32-token budget a waiting request's first chunk rounds down to no block while another decodes
     (`Scheduler._mamba_block_aligned_split`, v1/core/sched/scheduler.py@0.32.0), so 2 streams of 64 + 64 run one
@@ -74,15 +79,8 @@ def test_a_one_block_budget_serves_one_request_at_a_time_and_the_onsets_are_pred
     streams and no KV wait or preemption up to 10; the bench puts the gauge's wait down to the budget (the pool
     never held more than 6 blocks, room for a request's 4 at admission), so the point is budget-limited and the
     measured onsets (none up to 2) equal the predicted ones."""
-    flags = ["--block-size", str(BLOCK_SIZE), "--num-gpu-blocks-override", str(POOL_BLOCKS), "--kv-memory",
-             str(64 * 2**20), "--ctx", "512", "--enforce-eager", "--max-num-batched-tokens", str(BLOCK_SIZE),
-             "--engine-arg=--load-format=dummy"]
-    proc = subprocess.run(kvplan_cmd(str(tiny_granite_h), *flags, "--no-warmup", "--json", "--out",
-                                     str(tmp_path / "runs"), "--prompt", "64", "--output", "64", "--max-concurrency",
-                                     "2", "--requests-per-stream", "8"),
-                          capture_output=True, text=True, env=bench_env(), timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout)
+    out = bench(granite_h_engine, tmp_path, "--prompt", "64", "--output", "64", "--max-concurrency", "2",
+                "--requests-per-stream", "8")
     pred = out["prediction"]
     assert out.get("prediction_note") is None, out["prediction_note"]
     assert pred["kv_groups"] == "recurrent state (align, checkpoint page) + full attention", pred

@@ -232,6 +232,13 @@ def tail_of(log: Path, lines: int = 30) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
 
 
+#: The tiny Granite-4.0-H's engine (tests/bench/test_replay_engine_mamba2.py): 24 usable blocks of 32, where its replay
+#: keeps 768 of its 1,800 prompt tokens' hits and a pool of 27 blocks or more keeps all 960 it can (kvplan's
+#: simulator), and a one-block chunk budget.
+GRANITE_H_POOL_BLOCKS = 25
+GRANITE_H_BUDGET = BLOCK_SIZE
+
+
 #: The engines (and the one failed start) the engine tests' fixtures use, by fixture name: started ahead when
 #: collection ends, in the order the selected tests first need them (tests/helpers/prestart.py).
 ENGINE_JOBS = {
@@ -240,5 +247,8 @@ ENGINE_JOBS = {
                                                           pool_blocks=HYBRID_POOL_BLOCKS),
     "compute_bound_engine": lambda folder, own: start_cpu_engine(folder, own, compute_bound_model(folder / "model"),
                                                                  DUMMY_WEIGHTS),
+    "granite_h_engine": lambda folder, own: start_cpu_engine(
+        folder, own, tiny_granite_h_model(folder / "model"),
+        ("--max-num-batched-tokens", str(GRANITE_H_BUDGET), *DUMMY_WEIGHTS), GRANITE_H_POOL_BLOCKS),
     "too_long_log": failed_start_log,
 }
