@@ -59,7 +59,7 @@ ENGINE_PHASE_FILE = "KVPLAN_ENGINE_PHASE_STARTED"
 #: the first of them waits for the job to end (at most MAX_WAIT_S).
 WAIT_FOR_PID = "KVPLAN_ENGINE_TESTS_WAIT_FOR"
 MAX_WAIT_S = 1800.0
-_signalled = _waited = False
+_engine_phase = _waited = False
 
 
 def _running(pid: int) -> bool:
@@ -71,16 +71,6 @@ def _running(pid: int) -> bool:
         return False
 
 
-def pytest_collection_finish(session) -> None:
-    """The engines the selected tests' fixtures use start now, one after another, beside the tests that need none
-    (tests/helpers/prestart.py)."""
-    from helpers.bench import ENGINE_JOBS, HAVE_VLLM
-    from helpers.prestart import schedule_for
-
-    if HAVE_VLLM:
-        schedule_for(session, ENGINE_JOBS)
-
-
 def pytest_unconfigure(config) -> None:
     """The engines started ahead are ours: stopped by PID however the session ends (Ctrl-C included)."""
     from helpers.prestart import stop
@@ -88,13 +78,25 @@ def pytest_unconfigure(config) -> None:
     stop(config)
 
 
+def _engine_phase_starts(session) -> None:
+    """The first engine test is about to run: the floors job (.ci/run) may take the core the engine tests leave idle,
+    and the engines the engine tests' fixtures use start, one after another, ahead of their tests
+    (tests/helpers/prestart.py)."""
+    if os.environ.get(ENGINE_PHASE_FILE):
+        open(os.environ[ENGINE_PHASE_FILE], "a").close()
+    from helpers.bench import ENGINE_JOBS, HAVE_VLLM
+    from helpers.prestart import schedule_for
+
+    if HAVE_VLLM:
+        schedule_for(session, ENGINE_JOBS)
+
+
 def pytest_runtest_setup(item) -> None:
-    global _signalled, _waited
+    global _engine_phase, _waited
     phase = _phase(item)
-    if phase >= 2 and not _signalled:
-        _signalled = True
-        if os.environ.get(ENGINE_PHASE_FILE):
-            open(os.environ[ENGINE_PHASE_FILE], "a").close()
+    if phase >= 2 and not _engine_phase:
+        _engine_phase = True
+        _engine_phase_starts(item.session)
     if _waited or phase != 3:
         return
     _waited = True

@@ -189,12 +189,12 @@ def _calibration(tmp_path, scheduler: dict, overhead_s: float = 0.010, model: st
     return str(tmp_path)
 
 
-def _run_measured(run: str, *extra: str):
+def _run_measured(run: str, *extra: str, env: dict[str, str] = ENV):
     app = typer.Typer()
     app.command("fit")(fit_cmd.fit)
     app.command("noop")(lambda: None)
     return CliRunner().invoke(app, ["fit", TINY, "--ctx", "512", "--prompt", "100", "--output", "10",
-                                    "--steptime", run, *extra], env=ENV)
+                                    "--steptime", run, *extra], env=env)
 
 
 def test_steptime_sizes_the_measured_engine_by_hand(tmp_path):
@@ -221,7 +221,8 @@ def test_steptime_sizes_the_measured_engine_by_hand(tmp_path):
     config = SchedulerConfig(num_blocks=10_000, block_size=16, max_num_seqs=4, max_num_batched_tokens=2048)
     assert missed_targets(replica_at(config, ten_ms, 100.0, 2, 100, 10), {"ttft_p99": 1.0}) == ["ttft_p99"]
     assert missed_targets(replica_at(config, ten_ms, 100.0, 3, 100, 10), {"ttft_p99": 1.0}) == []
-    table = _run_measured(run, "--rate", "100", "--slo", "ttft_p99=1s")
+    table = _run_measured(run, "--rate", "100", "--slo", "ttft_p99=1s",
+                          env={**ENV, "COLUMNS": "250"})  # the run's path whole (80 columns elide a long tmp path)
     assert table.exit_code == 0 and f"3 x engine of {run}" in " ".join(table.output.split())
     assert "calibrated on" in table.output
 

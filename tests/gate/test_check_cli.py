@@ -52,7 +52,7 @@ def test_fit_headroom_and_pool_failures_exit_1_with_json(spec):
 
 
 def test_table_names_the_failures_and_their_lines(spec):
-    result = run(["check", str(spec)])
+    result = run(["check", str(spec)], COLUMNS="250")  # the spec's path whole (80 columns elide a long tmp path)
     assert result.exit_code == 1
     assert f"headroom15 ({spec}:13, meta-llama/Llama-3.1-8B-Instruct)" in result.stdout
     assert f"pool17 ({spec}:15, meta-llama/Llama-3.1-8B-Instruct)" in result.stdout

@@ -239,8 +239,8 @@ GRANITE_H_POOL_BLOCKS = 25
 GRANITE_H_BUDGET = BLOCK_SIZE
 
 
-#: The engines (and the one failed start) the engine tests' fixtures use, by fixture name: started ahead when
-#: collection ends, in the order the selected tests first need them (tests/helpers/prestart.py).
+#: The engines (and the one failed start) the engine tests' fixtures use, by fixture name: started ahead once the engine
+#: tests begin, in the order the selected tests first need them (tests/helpers/prestart.py).
 ENGINE_JOBS = {
     "pinned_cpu_engine": lambda folder, own: start_cpu_engine(folder, own),
     "hybrid_engine": lambda folder, own: start_cpu_engine(folder, own, sliding_window_model(folder),

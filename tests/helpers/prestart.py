@@ -1,13 +1,18 @@
-"""The engines the engine tests serve, started ahead, beside the tests that need none.
+"""The engines the engine tests serve, started ahead of the tests that use them.
 
 Starting a CPU engine is 45-55 s on one core, nearly all of it imports: three processes one after another, each
 importing vLLM (the API server; the EngineCore it spawns; the worker the EngineCore spawns: the CPU platform always
-spawns, vllm/platforms/cpu.py@0.32.0). The tests that need no engine run first, on one core, beside the twins' probe
-(niced), which leaves the other core idle for minutes. So when collection ends (tests/conftest.py) one thread starts,
-one after another and in the order the selected tests will first need them, whatever ENGINE_JOBS
+spawns, vllm/platforms/cpu.py@0.32.0). The engine tests leave about a core idle (tests/bench/test_bench_engine.py and
+test_replay_engine.py kept 0.84 of 2 busy). So when the first engine test is about to run (tests/conftest.py) one
+thread starts, one after another and in the order the selected tests will first need them, whatever ENGINE_JOBS
 (tests/helpers/bench.py) names among those tests' fixtures; each fixture then takes its engine (`Prestarts.take`),
 waiting for it if it is not ready yet, and stops it after its last test, as it did when it started the engine itself.
 An idle engine costs no CPU (its EngineCore's busy loop runs only while requests do).
+
+Not earlier: started when collection ended, beside the tests that need none, the engines slowed those tests more than
+they saved (a `.ci/run` on the 2-core EPYC, 2026-12-07: the tests that need no engine 909 s of its `--durations`
+against 728 s, the engine tests 613 s against 706 s): those tests, their `kvplan` processes and servers and the twins'
+probe keep both cores busy.
 
 The engines are ours: `stop` stops every engine a job started, by PID, however the session ends. The thread stays
 alive until then: kvplan's launcher asks the kernel to stop the engine when the thread that started it ends
