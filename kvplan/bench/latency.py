@@ -37,6 +37,7 @@ from kvplan.bench.steptime_io import (
     deployment_inputs,
     load_steptime,
     run_served_groups,
+    stated_budget,
     workload_lengths,
     workload_prompt_range,
 )
@@ -186,12 +187,13 @@ def predictor_for(cfg: dict[str, Any], capacity: dict[str, Any], model_name: str
 
 
 def _scheduler_from(cfg: dict[str, Any], capacity: dict[str, Any], limits: dict[str, Any]) -> SchedulerConfig:
-    """The engine's pool, its flags where given, else ``limits`` (a calibration's SchedulerConfig)."""
+    """The engine's pool, its flags (or the budget bench was told: `stated_budget`) where given, else ``limits`` (a
+    calibration's SchedulerConfig)."""
     engine = EngineArgs.from_stored(cfg.get("engine"))
     return SchedulerConfig(
         num_blocks=int(capacity["num_blocks"]), block_size=int(capacity["block_size"]),
         max_num_seqs=int(cfg.get("max_num_seqs") or limits.get("max_num_seqs") or 1 << 30),
-        max_num_batched_tokens=int(engine.max_num_batched_tokens or limits.get("max_num_batched_tokens") or 1 << 30),
+        max_num_batched_tokens=int(stated_budget(cfg) or limits.get("max_num_batched_tokens") or 1 << 30),
         admit_full_prompt=bool(limits.get("admit_full_prompt", True)), max_model_len=engine.max_model_len)
 
 

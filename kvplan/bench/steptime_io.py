@@ -141,6 +141,12 @@ class DeploymentInputs:
     model_name: str
 
 
+def stated_budget(cfg: dict[str, Any]) -> int | None:
+    """The engine's token budget as a run states it (``cfg``: run.json's config): its flags where kvplan launched it,
+    ``--max-num-batched-tokens`` where kvplan attached to it; None: not stated."""
+    return EngineArgs.from_stored(cfg.get("engine")).max_num_batched_tokens or cfg.get("max_num_batched_tokens")
+
+
 def deployment_inputs(cfg: dict[str, Any], capacity: dict[str, Any], name: str, gpu: str | None) -> DeploymentInputs:
     """The scheduler (the engine's reported pool, its flags or vLLM's defaults) and the planner's
     capacity of a bench run's deployment (``cfg``: run.json's config; ``capacity``: the engine's
@@ -162,14 +168,13 @@ def deployment_inputs(cfg: dict[str, Any], capacity: dict[str, Any], name: str, 
         pipeline_parallel_size=engine.pipeline_parallel_size or 1,
         block_size=block_size, max_model_len=engine.max_model_len,
         num_gpu_blocks_override=num_blocks, kv_cache_memory_bytes=engine.kv_cache_memory_bytes or 2**30,
-        max_num_seqs=cfg.get("max_num_seqs"), max_num_batched_tokens=engine.max_num_batched_tokens,
+        max_num_seqs=cfg.get("max_num_seqs"), max_num_batched_tokens=stated_budget(cfg),
         enforce_eager=bool(engine.enforce_eager),
     )
     cap = compute_capacity(resolved.arch, device, settings, rules, load_overhead(), resolved.weights_total)
     sched = SchedulerConfig(num_blocks=num_blocks, block_size=block_size,
                             max_num_seqs=cfg.get("max_num_seqs") or cap.limits.max_num_seqs,
-                            max_num_batched_tokens=engine.max_num_batched_tokens
-                            or cap.limits.max_num_batched_tokens,
+                            max_num_batched_tokens=stated_budget(cfg) or cap.limits.max_num_batched_tokens,
                             admit_full_prompt=rules.admit_full_prompt, max_model_len=engine.max_model_len)
     return DeploymentInputs(sched, cap, device, not gpu, label, resolved.config.name)
 

@@ -401,3 +401,17 @@ def test_a_run_whose_groups_kvplan_does_not_model_is_not_calibrated(tmp_path):
     run = _run_of(tmp_path, "google/gemma-4-E2B-it", engine=False, num_blocks=400, vllm_version="0.33.0")
     with pytest.raises(KvplanError, match=r"cannot calibrate on .*google/gemma-4-E2B-it's KV cache is \d+ groups"):
         run_inputs(run)
+
+
+def test_the_budget_of_an_attached_run_is_the_one_bench_was_told():
+    """run.json's config states the engine's token budget by its flags (launched) or by ``max_num_batched_tokens``
+    (attached: `kvplan bench --url ... --max-num-batched-tokens N`); the latency prediction's scheduler takes it before
+    a calibration's limits, which are another run's."""
+    from kvplan.bench.latency import _scheduler_from
+
+    pool, calibration = {"num_blocks": 10, "block_size": 16}, {"max_num_batched_tokens": 8192}
+    assert _scheduler_from({"max_num_batched_tokens": 64}, pool, calibration).max_num_batched_tokens == 64
+    launched = {"engine": {"model": "m", "max_num_batched_tokens": 128}}
+    assert _scheduler_from(launched, pool, calibration).max_num_batched_tokens == 128
+    assert _scheduler_from({}, pool, calibration).max_num_batched_tokens == 8192
+    assert _scheduler_from({}, pool, {}).max_num_batched_tokens == 1 << 30
