@@ -18,6 +18,9 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("HF_HUB_CACHE", _session_folder("kvplan-hf-cache-"))
 # User calibration profiles must not leak into tests.
 os.environ["KVPLAN_CONFIG_DIR"] = _session_folder("kvplan-config-")
+# No plot.png (matplotlib's import and drawing: 1.5 s of a 3.5 s `kvplan bench` run against the fake server, in each of
+# the tests' bench runs and `kvplan report`s); the tests of the plot unset it (kvplan/bench/outputs/png.py).
+os.environ["KVPLAN_NO_PLOT"] = "1"
 
 import pytest  # noqa: E402
 

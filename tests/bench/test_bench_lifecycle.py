@@ -33,8 +33,9 @@ STARTUP_S = 600
 
 
 def _start(tmp_path: Path, *args: str) -> subprocess.Popen:
+    env = {**bench_env(), "KVPLAN_NO_PLOT": ""}  # a launched run's folder, plot.png included
     return subprocess.Popen(kvplan_cmd(str(TINY_MODEL), *ENGINE_FLAGS, "--out", str(tmp_path), *args),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=bench_env())
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
 FAKE_ENGINE = Path(__file__).resolve().parents[1] / "helpers" / "fake_server.py"

@@ -3,6 +3,7 @@ lines, engine command, run folder, reports. Expected values are worked out by ha
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -342,10 +343,11 @@ def _summary(tmp_path):
     )
 
 
-def test_markdown_and_png(tmp_path):
+def test_markdown_and_png(tmp_path, monkeypatch):
     from kvplan.bench.outputs import write_reports
 
     pytest.importorskip("matplotlib")
+    monkeypatch.delenv("KVPLAN_NO_PLOT")  # tests/conftest.py sets it
     run = st.RunStore(tmp_path)
     summary = _summary(tmp_path)
     write_reports(run, summary)
@@ -357,11 +359,26 @@ def test_markdown_and_png(tmp_path):
     assert json.loads((tmp_path / st.SUMMARY_FILE).read_text())["model"] == "tiny"
 
 
-def test_an_output_is_one_registered_function(tmp_path):
+@pytest.mark.parametrize("value", ["1", "yes"])
+def test_kvplan_no_plot_writes_no_plot_and_every_other_file(tmp_path, monkeypatch, value):
+    from kvplan.bench.outputs import write_reports
+
+    monkeypatch.setenv("KVPLAN_NO_PLOT", value)
+    written = write_reports(st.RunStore(tmp_path), _summary(tmp_path))
+    assert "plot.png" not in written and not (tmp_path / st.PLOT_FILE).exists()
+    assert {"summary.json", "report.md", "report.html"} <= set(written)
+    monkeypatch.setenv("KVPLAN_NO_PLOT", "0")  # "0" and "" are unset
+    if importlib.util.find_spec("matplotlib"):
+        assert "plot.png" in write_reports(st.RunStore(tmp_path), _summary(tmp_path))
+
+
+def test_an_output_is_one_registered_function(tmp_path, monkeypatch):
     """A new format is one @output function: write_reports writes its file beside the built-in ones, by order
     (the summary first, a new one last by default); a second output of the same name or file is refused."""
     from kvplan.bench.outputs import OUTPUTS, write_reports
     from kvplan.bench.outputs.registry import output
+
+    monkeypatch.delenv("KVPLAN_NO_PLOT")  # every output, plot.png included (tests/conftest.py sets it)
 
     assert {o.file for o in OUTPUTS.values()} >= {"summary.json", "report.md", "points.csv", "requests.csv",
                                                   "report.html"}
@@ -375,8 +392,6 @@ def test_an_output_is_one_registered_function(tmp_path):
         with pytest.raises(ValueError, match="registered twice"):
             output("test-models", "other.txt")(models)
         written = write_reports(st.RunStore(tmp_path), _summary(tmp_path))
-        import importlib.util
-
         png = ["plot.png"] if importlib.util.find_spec("matplotlib") else []  # the plot needs the extra
         llmd = [f"benchmark_report_v0.2,_kvplan_stage_{seq}.yaml" for seq in (1, 4, 5, 10)]  # one a point (several files)
         assert written == ["summary.json", "report.md", "points.csv", "requests.csv", "report.html", *png, *llmd,

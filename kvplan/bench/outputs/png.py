@@ -1,18 +1,25 @@
 """plot.png: TTFT p50/p99 and preemptions vs concurrency, the predicted onsets drawn in (only when matplotlib is
-installed, the ``plot`` extra)."""
+installed, the ``bench`` extra; not with KVPLAN_NO_PLOT set)."""
 
 from __future__ import annotations
 
 import io
+import os
 
 from kvplan.bench.outputs.registry import output
 from kvplan.bench.results import BenchSummary
 from kvplan.bench.store import PLOT_FILE, RunStore
 from kvplan.term import printable
 
+#: Set (to anything but "" or "0") to write no plot.png: importing matplotlib and drawing took 1.5 s of a 3.5 s
+#: `kvplan bench` run against a local server (the 2-core EPYC, 2026-12-07), and report.html draws the same charts.
+NO_PLOT_ENV = "KVPLAN_NO_PLOT"
+
 
 @output("png", PLOT_FILE, order=40)
 def write_png(summary: BenchSummary, store: RunStore) -> bytes | None:
+    if os.environ.get(NO_PLOT_ENV, "") not in ("", "0"):
+        return None
     try:
         return plot_png(summary)
     except ImportError:  # no matplotlib: the HTML report draws the same charts
