@@ -26,14 +26,14 @@ import pytest  # noqa: E402
 
 
 @pytest.fixture(scope="session")
-def pinned_cpu_engine(request):
+def pinned_cpu_engine(tmp_path_factory):
     """One real vLLM CPU engine (the tiny model, the pool pinned to 17 blocks of 32, context 512) for
-    every test module that only sends it requests: started once a session, ahead (tests/helpers/prestart.py),
-    stopped by PID at the end. Each bench run sends prompts no other run shares (a nonce per run), and reads
+    every test module that only sends it requests: started once a session (~25 s on 2 cores), stopped
+    by PID at the end. Each bench run sends prompts no other run shares (a nonce per run), and reads
     counter deltas, so the modules cannot see each other's traffic."""
-    from helpers.bench import served_engine
+    from helpers.bench import cpu_engine_fixture
 
-    yield from served_engine(request)
+    yield from cpu_engine_fixture(tmp_path_factory)
 
 
 def _phase(item) -> int:
@@ -62,7 +62,7 @@ ENGINE_PHASE_FILE = "KVPLAN_ENGINE_PHASE_STARTED"
 #: the first of them waits for the job to end (at most MAX_WAIT_S).
 WAIT_FOR_PID = "KVPLAN_ENGINE_TESTS_WAIT_FOR"
 MAX_WAIT_S = 1800.0
-_engine_phase = _waited = False
+_signalled = _waited = False
 
 
 def _running(pid: int) -> bool:
@@ -74,32 +74,13 @@ def _running(pid: int) -> bool:
         return False
 
 
-def pytest_unconfigure(config) -> None:
-    """The engines started ahead are ours: stopped by PID however the session ends (Ctrl-C included)."""
-    from helpers.prestart import stop
-
-    stop(config)
-
-
-def _engine_phase_starts(session) -> None:
-    """The first engine test is about to run: the floors job (.ci/run) may take the core the engine tests leave idle,
-    and the engines the engine tests' fixtures use start, one after another, ahead of their tests
-    (tests/helpers/prestart.py)."""
-    if os.environ.get(ENGINE_PHASE_FILE):
-        open(os.environ[ENGINE_PHASE_FILE], "a").close()
-    from helpers.bench import ENGINE_JOBS, HAVE_VLLM
-    from helpers.prestart import schedule_for
-
-    if HAVE_VLLM:
-        schedule_for(session, ENGINE_JOBS)
-
-
 def pytest_runtest_setup(item) -> None:
-    global _engine_phase, _waited
+    global _signalled, _waited
     phase = _phase(item)
-    if phase >= 2 and not _engine_phase:
-        _engine_phase = True
-        _engine_phase_starts(item.session)
+    if phase >= 2 and not _signalled:
+        _signalled = True
+        if os.environ.get(ENGINE_PHASE_FILE):
+            open(os.environ[ENGINE_PHASE_FILE], "a").close()
     if _waited or phase != 3:
         return
     _waited = True

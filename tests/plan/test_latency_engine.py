@@ -29,10 +29,12 @@ from pathlib import Path
 
 import pytest
 from helpers.bench import (  # noqa: E402
+    DUMMY_WEIGHTS,
     bench_env,
+    compute_bound_model,
+    cpu_engine_fixture,
     engine_required,
     kvplan_cmd,
-    served_engine,
 )
 
 from kvplan.bench.steptime_io import load_steptime, run_inputs  # noqa: E402
@@ -55,10 +57,10 @@ MIN_PROMPT_STEP_S = 0.200
 
 
 @pytest.fixture(scope="module")
-def compute_bound_engine(request):
-    """One real CPU engine serving the compute-bound model with dummy weights (started ahead: helpers.bench.
-    ENGINE_JOBS), stopped by PID after."""
-    yield from served_engine(request)
+def cpu_engine(tmp_path_factory):
+    """One real CPU engine serving the compute-bound model with dummy weights, stopped by PID after."""
+    model = compute_bound_model(tmp_path_factory.mktemp("compute-bound-llama"))
+    yield from cpu_engine_fixture(tmp_path_factory, model, DUMMY_WEIGHTS)
 
 
 @functools.cache
@@ -109,8 +111,8 @@ def calibrated(engine, out: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def calibration(compute_bound_engine, tmp_path_factory) -> Path:
-    return calibrated(compute_bound_engine, tmp_path_factory.mktemp("calibrate"))
+def calibration(cpu_engine, tmp_path_factory) -> Path:
+    return calibrated(cpu_engine, tmp_path_factory.mktemp("calibrate"))
 
 
 def compare(engine, calibration: Path, out: Path) -> dict:
@@ -139,7 +141,7 @@ def missed(rows: list[dict]) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def comparison(compute_bound_engine, calibration, tmp_path_factory):
+def comparison(cpu_engine, calibration, tmp_path_factory):
     """The comparison (`compare`) of the predicted workload with the calibration; where it misses the goal while the
     engine's speed probe moved more than MAX_DRIFT between the two runs, the calibration and the comparison once again,
     whose figures are then the ones judged (both are printed)."""
@@ -148,10 +150,10 @@ def comparison(compute_bound_engine, calibration, tmp_path_factory):
     if one_stream["ttft"]["p50"] < MIN_PROMPT_STEP_S:
         pytest.skip(f"this CPU computes a 64-token prompt in {one_stream['ttft']['p50'] * 1000:.0f} ms: the API "
                     "server's jitter, not the engine's steps, would decide the latency compared")
-    result = compare(compute_bound_engine, calibration, tmp / "predict")
+    result = compare(cpu_engine, calibration, tmp / "predict")
     print("\nlatency comparison (predicted, measured; the probe's drift):", json.dumps(result), flush=True)
     if missed(result["rows"]) and result["drift"] and max(map(abs, result["drift"])) > MAX_DRIFT:
-        result = {**compare(compute_bound_engine, calibrated(compute_bound_engine, tmp / "calibrate-again"), tmp / "predict-again"),
+        result = {**compare(cpu_engine, calibrated(cpu_engine, tmp / "calibrate-again"), tmp / "predict-again"),
                   "first": result}
         print("measured again:", json.dumps(result), flush=True)
     (tmp / "comparison.json").write_text(json.dumps(result))
@@ -274,7 +276,7 @@ def engine_ttfts(run: Path, replica: int) -> list[float]:
     return [r["first_token_s"] - r["scheduled_s"] for r in rows if r.get("replica") == replica and r["ok"]]
 
 
-def test_fit_rate_proposes_the_count_the_engine_measures(compute_bound_engine, calibration, tmp_path):
+def test_fit_rate_proposes_the_count_the_engine_measures(cpu_engine, calibration, tmp_path):
     """`kvplan fit --rate R --slo ttft_p90=T --steptime RUN` on this engine proposes 2 replicas; `kvplan bench
     --rate R` with that SLO measures 1 replica missing it and 2 meeting it (R and T: fleet_load).
 
@@ -293,7 +295,7 @@ def test_fit_rate_proposes_the_count_the_engine_measures(compute_bound_engine, c
     from kvplan.plan.fleet import missed_targets, replica_at
     from kvplan.plan.simulate import StepBatch
 
-    model_dir = compute_bound_engine.cfg.model
+    model_dir = cpu_engine.cfg.model
     rate_per_s, duration_s, target_s, predicted = fleet_load(calibration)
     engine = calibrated_engine(calibration)
     assert predicted["1, faster"] >= FLEET_VERDICT_GAP * max(predicted["2, slower"], predicted["2, steady"]), \
@@ -305,11 +307,11 @@ def test_fit_rate_proposes_the_count_the_engine_measures(compute_bound_engine, c
     assert fit.exit_code == 0, fit.output
     (fleet,) = json.loads(fit.output)["fleets"]
 
-    one, _ = open_loop([compute_bound_engine.cfg.base_url], tmp_path / "one", rate_per_s, duration_s, slo)
+    one, _ = open_loop([cpu_engine.cfg.base_url], tmp_path / "one", rate_per_s, duration_s, slo)
     prefill_s = engine.model(StepBatch(64, 0, 64, 1, 64 * 65 // 2))
     decode_s = engine.model(StepBatch(0, 1, 96, 1, 96))
     with PoolReplica(33, model_id=model_dir, token_gap_s=decode_s, first_token_delay_s=prefill_s) as stand_in:
-        two, run = open_loop([compute_bound_engine.cfg.base_url, stand_in.url], tmp_path / "two", rate_per_s, duration_s, slo)
+        two, run = open_loop([cpu_engine.cfg.base_url, stand_in.url], tmp_path / "two", rate_per_s, duration_s, slo)
     engine_half = quantiles(engine_ttfts(run, 0), n=10)[-1]  # its p90
     figures = {"rate_per_s": rate_per_s, "duration_s": duration_s, "ttft_p90_target_s": target_s,
                "predicted_replicas": fleet["replicas"],
