@@ -115,7 +115,7 @@ class BenchConfig(BaseModel):
     fleet: FleetConfig | None = None  # several replicas (kvplan.bench.fleet); None: the one server of ``url``
 
     @model_serializer(mode="wrap")
-    def _without_fleet(self, handler):
+    def _as_always_stored(self, handler):
         """A run stores the config it always stored: no ``fleet: null`` (one server), no ``max_num_batched_tokens:
         null`` (no budget given)."""
         data = handler(self)

