@@ -13,6 +13,7 @@ takes the minimum ``num_blocks`` over all workers.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -38,6 +39,7 @@ from kvplan.plan.overhead import STARTUP_BYTES, Estimate, OverheadModel
 from kvplan.plan.schema import Settings
 from kvplan.plan.speculative import SpeculativeConfig
 from kvplan.units import GiB, cdiv, format_bytes
+from kvplan.vllm.platforms import Platform
 from kvplan.vllm.rules import VllmRules, parse_version
 
 MLA_BLOCK_SIZE = 64  # FlashMLA (Hopper); vLLM forces it for MLA models
@@ -630,6 +632,19 @@ def draft_dtype(spec: SpeculativeConfig, target: Architecture, settings: Setting
     return dtype
 
 
+@functools.lru_cache(maxsize=1024)
+def stage_layout(specs: tuple[LayerSpec, ...], tp: int, rules: VllmRules, ssm_asked: str, dtype: KVDtype,
+                 block_size: int, hybrid: bool, platform: Platform, blackwell: bool,
+                 checkpoint_alignment: int) -> KVLayout:
+    """One pipeline stage's layout (`build_layout` of its specs as one TP rank holds them, their states' dtype
+    resolved), kept for the next call with the same arguments: all are frozen, and so is the layout. Why: `fit`'s
+    search and `size`'s suggestions plan thousands of deployments that differ in GPU count and memory but share a
+    few layouts (Qwen3.5-397B-A17B's `size` on 4 x H100: 2.2 layouts built per plan, 4,624 plans in
+    tests/plan/test_fit_agrees_with_size.py, 10 s of its 13 s)."""
+    return build_layout(with_state_dtype(with_tp(list(specs), tp), rules, ssm_asked), dtype, block_size, rules, hybrid,
+                        platform, blackwell, checkpoint_alignment)
+
+
 def compute_capacity(
     arch: Architecture,
     device: Device,
@@ -759,9 +774,9 @@ def compute_capacity(
     checkpoint_alignment = checkpoint_block_alignment(arch, device, settings, rules)
     encoder = arch.vision_encoder  # every pipeline stage's worker runs the encoder pass
     for s, stage in enumerate(ranges):
-        specs: list[LayerSpec] = [spec for spec, i in zip(arch.layers, arch.layer_index) if i in stage]
-        layout = build_layout(with_state_dtype(with_tp(specs, tp), rules, ssm_asked), dtype,
-                              block_size, rules, hybrid, device.platform, device.is_blackwell, checkpoint_alignment)
+        specs = tuple(spec for spec, i in zip(arch.layers, arch.layer_index) if i in stage)
+        layout = stage_layout(specs, tp, rules, ssm_asked, dtype, block_size, hybrid, device.platform,
+                              device.is_blackwell, checkpoint_alignment)
         last = s == pp - 1
         if settings.weights_bytes:
             weights = settings.weights_bytes
