@@ -146,12 +146,13 @@ def kill_group(pgid: int) -> None:
 
 
 
-#: The engine tests' engines run vLLM's worker inside its EngineCore process: vLLM's own switch
-#: (VLLM_ENABLE_V1_MULTIPROCESSING=0 keeps the CPU platform's executor "uni", platforms/cpu.py@0.32.0), the same
-#: scheduler, KV-cache manager and model runner, one process fewer to spawn and import vLLM in (the tiny model's
-#: engine was ready in 34-35 s instead of 54 s on the 2-core EPYC, 2026-12-07). The tests that judge the engine's
-#: speed (tests/plan/test_latency_engine.py) and the launch tests (`kvplan bench MODEL`: test_bench_lifecycle.py)
-#: keep vLLM's default layout, a worker process of its own, as users run it.
+#: The engine tests' engines run vLLM's worker inside its EngineCore process, as vLLM runs a one-GPU engine (executor
+#: "uni" at world size 1: config/parallel.py@0.32.0), which the CPU platform replaces with a worker process of its
+#: own unless VLLM_ENABLE_V1_MULTIPROCESSING=0 (platforms/cpu.py@0.32.0, for its OpenMP settings). The same
+#: scheduler, KV-cache manager and model runner, one process fewer to spawn and import vLLM in: the tiny model's
+#: engine was ready in 34-35 s instead of 54 s on the 2-core EPYC (2026-12-07). The tests that judge the engine's
+#: speed (tests/plan/test_latency_engine.py, calibrated on the CPU build's default) and the launch tests (`kvplan
+#: bench MODEL`: test_bench_lifecycle.py) keep the CPU build's default layout.
 WORKER_IN_ENGINE_CORE = (("VLLM_ENABLE_V1_MULTIPROCESSING", "0"),)
 
 
