@@ -21,11 +21,12 @@ TPS = (1, 2, 4, 8)
 
 
 def _size_plan(model, gpu: str, tp: int, ctx: int, kv_dtype: str):
-    """size's plan for tp GPUs of one replica; None if size refuses the deployment."""
+    """size's plan for tp GPUs of one replica (its verdict: what would fit instead is `fit`'s search again, left out);
+    None if size refuses the deployment."""
     try:
         plan = plan_deployment(model, select_gpus(f"{tp}x{gpu}"), Settings(tensor_parallel_size=tp, max_model_len=ctx,
                                                                             kv_cache_dtype=kv_dtype),
-                               overhead=load_overhead(), use_calibration=False)
+                               overhead=load_overhead(), use_calibration=False, suggest=False)
     except KvplanError:
         return None
     return plan
