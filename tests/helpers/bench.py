@@ -150,10 +150,14 @@ def kill_group(pgid: int) -> None:
 #: "uni" at world size 1: config/parallel.py@0.32.0), which the CPU platform replaces with a worker process of its
 #: own unless VLLM_ENABLE_V1_MULTIPROCESSING=0 (platforms/cpu.py@0.32.0, for its OpenMP settings). The same
 #: scheduler, KV-cache manager and model runner, one process fewer to spawn and import vLLM in: the tiny model's
-#: engine was ready in 34-35 s instead of 54 s on the 2-core EPYC (2026-12-07). The tests that judge the engine's
-#: speed (tests/plan/test_latency_engine.py, calibrated on the CPU build's default) and the launch tests (`kvplan
-#: bench MODEL`: test_bench_lifecycle.py) keep the CPU build's default layout.
-WORKER_IN_ENGINE_CORE = (("VLLM_ENABLE_V1_MULTIPROCESSING", "0"),)
+#: engine was ready in 34-35 s instead of 54 s on the 2-core EPYC (2026-12-07). Its OpenMP threads: as many as the
+#: CPU build gives its worker process, every core but the one it reserves for EngineCore (utils/ompmultiprocessing.py
+#: @0.32.0); at torch's default, every core, the engine's threads waited on one another beside the floors job (a
+#: `.ci/run` of 2026-12-07: the onset tests 110 s and 78 s, against 45 s and 46 s with a worker process). The tests
+#: that judge the engine's speed (tests/plan/test_latency_engine.py, calibrated on the CPU build's default) and the
+#: launch tests (`kvplan bench MODEL`: test_bench_lifecycle.py) keep the CPU build's default layout.
+WORKER_IN_ENGINE_CORE = (("VLLM_ENABLE_V1_MULTIPROCESSING", "0"),
+                         ("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) - 1))))
 
 
 def cpu_engine_fixture(tmp_path_factory, model: Path = TINY_MODEL, extra_args: tuple[str, ...] = (),
