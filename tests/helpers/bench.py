@@ -156,8 +156,8 @@ def kill_group(pgid: int) -> None:
 #: `.ci/run` of 2026-12-07: the onset tests 110 s and 78 s, against 45 s and 46 s with a worker process). The tests
 #: that judge the engine's speed (tests/plan/test_latency_engine.py, calibrated on the CPU build's default) and the
 #: launch tests (`kvplan bench MODEL`: test_bench_lifecycle.py) keep the CPU build's default layout.
-WORKER_IN_ENGINE_CORE = (("VLLM_ENABLE_V1_MULTIPROCESSING", "0"),
-                         ("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) - 1))))
+_CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+WORKER_IN_ENGINE_CORE = (("VLLM_ENABLE_V1_MULTIPROCESSING", "0"), ("OMP_NUM_THREADS", str(max(1, _CORES - 1))))
 
 
 def cpu_engine_fixture(tmp_path_factory, model: Path = TINY_MODEL, extra_args: tuple[str, ...] = (),

@@ -60,7 +60,7 @@ MIN_PROMPT_STEP_S = 0.200
 def cpu_engine(tmp_path_factory):
     """One real CPU engine serving the compute-bound model with dummy weights, stopped by PID after."""
     model = compute_bound_model(tmp_path_factory.mktemp("compute-bound-llama"))
-    yield from cpu_engine_fixture(tmp_path_factory, model, DUMMY_WEIGHTS, worker_process=True)  # as users run it
+    yield from cpu_engine_fixture(tmp_path_factory, model, DUMMY_WEIGHTS, worker_process=True)  # the CPU build's layout
 
 
 @functools.cache
