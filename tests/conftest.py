@@ -28,7 +28,7 @@ import pytest  # noqa: E402
 @pytest.fixture(scope="session")
 def pinned_cpu_engine(tmp_path_factory):
     """One real vLLM CPU engine (the tiny model, the pool pinned to 17 blocks of 32, context 512) for
-    every test module that only sends it requests: started once a session (~25 s on 2 cores), stopped
+    every test module that only sends it requests: started once a session (34-35 s on the 2-core EPYC), stopped
     by PID at the end. Each bench run sends prompts no other run shares (a nonce per run), and reads
     counter deltas, so the modules cannot see each other's traffic."""
     from helpers.bench import cpu_engine_fixture

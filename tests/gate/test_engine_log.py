@@ -27,25 +27,11 @@ runner = CliRunner()
 START_TIMEOUT_S = 420
 
 
-def _live_members(pgid: int) -> list[int]:
-    """PIDs in process group ``pgid`` that are not zombies (Linux /proc)."""
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        state, group = fields[0], int(fields[2])
-        if group == pgid and state != "Z":
-            out.append(int(stat.parent.name))
-    return out
-
-
 def serve_and_capture(model_dir: Path, log_path: Path, flags: list[str], expect_ready: bool) -> str:
     """Start vLLM's OpenAI server on the CPU with kvplan's launcher, wait until it is ready (or exits),
     stop it; the log."""
     pytest.importorskip("vllm")
-    from helpers.bench import WORKER_IN_ENGINE_CORE
+    from helpers.bench import WORKER_IN_ENGINE_CORE, group_alive
 
     from kvplan.bench.engine import EngineConfig, EngineError, EngineLauncher, free_port
     from kvplan.vllm.args import EngineArgs
@@ -63,7 +49,7 @@ def serve_and_capture(model_dir: Path, log_path: Path, flags: list[str], expect_
         pass
     finally:
         launcher.stop()
-        assert not _live_members(launcher.pid), f"processes of the engine's group {launcher.pid} survived"
+        assert not group_alive(launcher.pid), f"processes of the engine's group {launcher.pid} survived"
     text = log_path.read_text(errors="replace")
     if expect_ready and not ready:
         pytest.fail("the vLLM CPU engine did not become ready; last lines:\n" + "\n".join(text.splitlines()[-30:]))
