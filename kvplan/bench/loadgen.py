@@ -272,6 +272,7 @@ async def stream_one(session, url: str, body: dict, rec: RequestRecord, clock: C
             done = False
             buffer = b""
             streamed = 0  # output tokens delivered so far
+            finished_s = None  # when the choice's finish_reason came, on a chunk with no text
             async for data_in in resp.content.iter_any():
                 # Everything read in one go is one delivery: its events share one timestamp, and
                 # the output tokens they carry count together (ITL per token, not per event).
@@ -313,9 +314,12 @@ async def stream_one(session, url: str, body: dict, rec: RequestRecord, clock: C
                         if isinstance(details, dict):
                             rec.cached_tokens = _count(details.get("cached_tokens"), rec.cached_tokens)
                     choices = chunk.get("choices") or []
-                    if isinstance(choices, list) and choices and isinstance(choices[0], dict) and _has_output(choices[0]):
-                        ids = choices[0].get("token_ids")
-                        delivered += len(ids) if isinstance(ids, list) and ids else 1
+                    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+                        if _has_output(choices[0]):
+                            ids = choices[0].get("token_ids")
+                            delivered += len(ids) if isinstance(ids, list) and ids else 1
+                        elif choices[0].get("finish_reason") is not None and finished_s is None:
+                            finished_s = now
                 streamed += delivered
                 if rec.error is None and rec.max_tokens and streamed > rec.max_tokens + 1:
                     rec.error = f"the server streamed more tokens than max_tokens {rec.max_tokens:,}: not trusted"
@@ -330,6 +334,8 @@ async def stream_one(session, url: str, body: dict, rec: RequestRecord, clock: C
             rec.end_s = clock()
             if not rec.output_tokens:
                 rec.output_tokens = sum(rec.chunk_tokens)
+            if done and not rec.chunk_tokens and finished_s is not None and rec.output_tokens:
+                _all_in_final_chunk(rec, finished_s)
             if done and rec.error is None:
                 rec.error = implausible(rec)
             if done and rec.error is None:
@@ -434,6 +440,18 @@ def _count(value, default: int | None) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0 or value > 1 << 40:
         return default
     return value
+
+
+def _all_in_final_chunk(rec: RequestRecord, finished_s: float) -> None:
+    """Record a stream whose only output was its final chunk, textless, as one delivery of the tokens ``usage``
+    counted. vLLM merges the outputs its API server has not yet sent into one (``RequestOutputCollector``,
+    https://github.com/vllm-project/vllm/blob/v0.32.0/vllm/v1/engine/output_processor.py) and sends a chunk per
+    merged output (completion/serving.py, chat_completion/serving.py@0.32.0): a busy server sends tokens whose text
+    is empty (special tokens, skipped) as one chunk whose finish_reason is set, the first output the client sees.
+    A final chunk whose tokens ``usage`` does not count stays what it was, a stream with no token."""
+    rec.first_token_s = finished_s
+    rec.chunk_times_s.append(finished_s)
+    rec.chunk_tokens.append(rec.output_tokens)
 
 
 def _has_output(choice: dict) -> bool:
