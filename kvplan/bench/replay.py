@@ -115,10 +115,13 @@ def lockstep(traffic: Traffic) -> bool:
 #: Client timings a lockstep replay is simulated under (in engine steps): the first turns of the sessions
 #: reach the engine spread over up to `WAVE_SPREAD_STEPS` steps (an idle engine starts its first step on
 #: the first request alone; kvplan.plan.simulate.timing_verdict), and each later turn comes 0 to 8 steps
-#: after the previous one ended (the client reads the end, the API server passes the next one on); and
-#: one session's first turn late by a quarter to a whole of a turn's output, or the wave spread evenly
-#: over that long or split in two that far apart (a busy API server on a 2-core host passes a wave's requests on that far apart:
-#: on CI, 5 sessions the simulator preempted at every tighter timing did not preempt on the engine).
+#: after the previous one ended (the client reads the end, the API server passes the next one on), or one
+#: session's later turns that late and the others' at once (a `.ci/run` of 2026-12-08: 3 sessions hit 480 of
+#: 1,056 prompt tokens, as the simulator does with the second session's second turn 4 steps late, against 512
+#: with every turn on time); and one session's first turn late by a quarter to a whole of a turn's output, or
+#: the wave spread evenly over that long or split in two that far apart (a busy API server on a 2-core host
+#: passes a wave's requests on that far apart: on CI, 5 sessions the simulator preempted at every tighter
+#: timing did not preempt on the engine).
 WAVE_SPREAD_STEPS = 3
 TURN_DELAY_STEPS = (0, 1, 2, 4, 8)
 LATE_SHARES = (0.25, 0.5, 0.75, 1.0)
@@ -174,6 +177,9 @@ def predict(traffic: Traffic, config: SchedulerConfig, time_scale: float = 1.0, 
         for share in LATE_SHARES:
             timings.append(lambda turn, late=late, d=round(share * output): float(d)
                            if turn.turn == 0 and session_of[turn.session] == late else 0.0)
+        for turn_delay in TURN_DELAY_STEPS[1:]:  # one session's later turns late, the others' on time
+            timings.append(lambda turn, late=late, d=turn_delay: float(d)
+                           if turn.turn > 0 and session_of[turn.session] == late else 0.0)
     rates, preempts = [], set()
     for timing in timings:
         sim = simulate_groups(config, traffic_load(traffic, B, client_delay=lambda number, t=timing: t(traffic.turns[number])),
