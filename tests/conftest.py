@@ -5,6 +5,7 @@ import functools
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 
 def _session_folder(prefix: str) -> str:
@@ -47,11 +48,38 @@ def _phase(item) -> int:
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """The tests that need no engine run first, beside the twins' probe (niced: they keep their core);
-    then the twins, whose engines were built meanwhile; then the engine tests, whose timings see no
-    probe; last the tests that judge the engine's speed, alone on the machine. Within a phase the order
-    is pytest's own (a stable sort)."""
+    """The tests that need no engine run first, beside the twins' probe (niced: they keep their core) and the engines
+    started ahead (helpers.early_engines, at the idle priority); then the twins, whose engines were built meanwhile;
+    then the engine tests, whose timings see no probe; last the tests that judge the engine's speed, alone on the
+    machine. Within a phase the order is pytest's own (a stable sort)."""
     items.sort(key=_phase)
+
+
+def pytest_collection_finish(session) -> None:
+    """The engines of the selected engine tests start ahead, in the order of their first tests (helpers.early_engines),
+    when tests that need no engine run before them."""
+    from helpers.bench import HAVE_VLLM, PINNED
+
+    items = session.items
+    if session.config.option.collectonly or not HAVE_VLLM or not any(_phase(item) == 0 for item in items):
+        return
+    specs: dict = {}
+    for item in items:
+        if _phase(item) >= 2:
+            for spec in (PINNED, getattr(item.module, "ENGINE", None)):
+                if spec is not None and spec.fixture in getattr(item, "fixturenames", ()):
+                    specs.setdefault(spec.fixture, spec)
+    if specs:
+        from helpers import early_engines
+
+        early_engines.start(list(specs.values()), Path(_session_folder("kvplan-early-engines-")))
+
+
+def pytest_unconfigure(config) -> None:
+    """The engines started ahead are ours: stopped by PID however the session ends (Ctrl-C included)."""
+    from helpers import early_engines
+
+    early_engines.stop()
 
 
 #: .ci/run names a file here and starts its dependency-floors job, at the idle priority, once the file exists: the

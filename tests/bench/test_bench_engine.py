@@ -58,10 +58,15 @@ def test_engine_reports_the_pinned_pool(cpu_engine):
 def _thread_nice_values(pid: int) -> set[int]:
     """The nice values of the threads of ``pid``, read from /proc (field 19 of each task's stat): on
     Linux a nice value belongs to a thread, and psutil's Process.nice() reads the main thread's only."""
+    return _thread_stat_fields(pid, 19)
+
+
+def _thread_stat_fields(pid: int, field: int) -> set[int]:
+    """Field ``field`` (proc(5)'s numbering, from 1) of each thread's /proc stat: 19 nice, 41 scheduling policy."""
     values = set()
     for tid in os.listdir(f"/proc/{pid}/task"):
         with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/stat") as stat:  # OSError: thread ended
-            values.add(int(stat.read().rsplit(")", 1)[1].split()[16]))
+            values.add(int(stat.read().rsplit(")", 1)[1].split()[field - 3]))
     return values
 
 
@@ -80,6 +85,10 @@ def test_the_engine_yields_the_cpu_to_its_front_end(cpu_engine):
     assert _thread_nice_values(leader.pid) == {0}
     assert engine.pop("VLLM::EngineCore") == {19}, engine
     assert all(v == {19} for v in engine.values()), engine  # the others (multiprocessing's resource tracker) too
+    # every thread at the normal policy, SCHED_OTHER (0), where the engine started ahead at the idle one (5)
+    # (helpers.early_engines): its fixture gave it back
+    processes = [leader, *leader.children(recursive=True)]
+    assert {p.name(): _thread_stat_fields(p.pid, 41) for p in processes} == {p.name(): {0} for p in processes}
 
 
 def test_onsets_coincide_prompt_64_output_64(cpu_engine, tmp_path):

