@@ -42,7 +42,7 @@ def _agent_file(tmp_path) -> str:
 
 def test_agent_sessions_in_lockstep(cpu_engine, tmp_path):
     """The simulator replays each level under the client timings it may meet (the first turns spread over
-    0-3 steps, later turns 0-8 steps after the previous one ended; one session's first turn late, the wave
+    0-3 steps, later turns 0-8 steps after the previous one ended, or one session's alone; one session's first turn late, the wave
     spread evenly or split in two, by a quarter to a whole turn): levels 1-2 never preempt, 8 always does,
     3-5 do or not by the timing. Where the prediction is definite the engine agrees; the first preemption
     falls in the predicted range; the measured hit rate lies within 2 points of the predicted range.
