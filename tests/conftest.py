@@ -55,10 +55,12 @@ def pytest_collection_modifyitems(config, items) -> None:
     items.sort(key=_phase)
 
 
+@pytest.hookimpl(trylast=True)  # after tests/twins/conftest.py started the twins' probe, which they wait for
 def pytest_collection_finish(session) -> None:
     """The engines of the selected engine tests start ahead, in the order of their first tests (helpers.early_engines),
     when tests that need no engine run before them."""
     from helpers.bench import HAVE_VLLM, PINNED
+    from helpers.twins import PROBE_RUN
 
     items = session.items
     if session.config.option.collectonly or not HAVE_VLLM or not any(_phase(item) == 0 for item in items):
@@ -72,7 +74,9 @@ def pytest_collection_finish(session) -> None:
     if specs:
         from helpers import early_engines
 
-        early_engines.start(list(specs.values()), Path(_session_folder("kvplan-early-engines-")))
+        probe = session.config.stash.get(PROBE_RUN, None)
+        early_engines.start(list(specs.values()), Path(_session_folder("kvplan-early-engines-")),
+                            [proc for proc, _, _ in probe.running] if probe is not None else [])
 
 
 def pytest_unconfigure(config) -> None:

@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers.bench import EngineSpec
 from typer.testing import CliRunner
 
 from kvplan.cli.app import app
@@ -24,36 +25,34 @@ from kvplan.vllm.startup_log import parse_startup_log
 
 pytestmark = pytest.mark.engine
 runner = CliRunner()
-START_TIMEOUT_S = 420
 
 
-def serve_and_capture(model_dir: Path, log_path: Path, flags: list[str], expect_ready: bool) -> str:
-    """Start vLLM's OpenAI server on the CPU with kvplan's launcher, wait until it is ready (or exits),
-    stop it; the log."""
+def serve_and_capture(spec: EngineSpec, folder: Path) -> str:
+    """Start vLLM's OpenAI server on the CPU with kvplan's launcher (or take the one started ahead:
+    helpers.early_engines), wait until it is ready or exits, stop it; its log."""
     pytest.importorskip("vllm")
-    from helpers.bench import WORKER_IN_ENGINE_CORE, group_alive
+    from helpers import early_engines
+    from helpers.bench import engine_launcher, group_alive
 
-    from kvplan.bench.engine import EngineConfig, EngineError, EngineLauncher, free_port
-    from kvplan.vllm.args import EngineArgs
+    from kvplan.bench.engine import EngineError
 
-    cfg = EngineConfig(model=str(model_dir), port=free_port(), args=EngineArgs(enforce_eager=True), extra_args=tuple(flags),
-                       env=(("HF_HUB_OFFLINE", "1"), ("VLLM_NO_USAGE_STATS", "1"), ("DO_NOT_TRACK", "1"),
-                            *WORKER_IN_ENGINE_CORE))
-    launcher = EngineLauncher(cfg, log_path, startup_timeout_s=START_TIMEOUT_S, stop_timeout_s=30)
-    ready = False
-    launcher.start()
+    launcher = early_engines.take(spec.fixture)
+    if launcher is None:
+        launcher = engine_launcher(spec, folder)
+        launcher.start()
     try:
         launcher.wait_ready()
-        ready = True
     except EngineError:
         pass
     finally:
         launcher.stop()
         assert not group_alive(launcher.pid), f"processes of the engine's group {launcher.pid} survived"
-    text = log_path.read_text(errors="replace")
-    if expect_ready and not ready:
-        pytest.fail("the vLLM CPU engine did not become ready; last lines:\n" + "\n".join(text.splitlines()[-30:]))
-    return text
+    return launcher.log_path.read_text(errors="replace")
+
+
+#: 262,144 bytes of KV = 16 blocks of 32 tokens = 512 tokens, but --max-model-len 1024: a start that fails.
+ENGINE = EngineSpec("too_long_log", extra_args=("--gpu-memory-utilization", "0.2"), pool_blocks=None,
+                    kv_cache_memory_bytes=262_144, max_model_len=1024)
 
 
 @pytest.fixture(scope="module")
@@ -71,12 +70,10 @@ def served_log(pinned_cpu_engine, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def too_long_log(tiny_llama, tmp_path_factory) -> Path:
-    """262,144 bytes of KV = 16 blocks of 32 tokens = 512 tokens, but --max-model-len 1024."""
+def too_long_log(tmp_path_factory) -> Path:
+    """The log of ENGINE's start, which fails."""
     log = tmp_path_factory.mktemp("engine-fail") / "vllm.log"
-    serve_and_capture(tiny_llama, log, ["--block-size", "32", "--max-model-len", "1024",
-                                        "--gpu-memory-utilization", "0.2", "--kv-cache-memory-bytes", "262144"],
-                      expect_ready=False)
+    log.write_text(serve_and_capture(ENGINE, tmp_path_factory.mktemp("too-long")))
     return log
 
 

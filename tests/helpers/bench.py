@@ -174,7 +174,9 @@ class EngineSpec:
     fixture: str
     model: Callable[[Path], Path] | None = None
     extra_args: tuple[str, ...] = ()
-    pool_blocks: int = POOL_BLOCKS
+    pool_blocks: int | None = POOL_BLOCKS  # None: as many blocks as the KV memory holds
+    kv_cache_memory_bytes: int = 64 * 2**20
+    max_model_len: int = 512
 
 
 #: The session's pinned engine (tests/conftest.py), which every module that only sends the tiny model requests shares.
@@ -190,8 +192,11 @@ def engine_launcher(spec: EngineSpec, folder: Path) -> EngineLauncher:
     model = TINY_MODEL if spec.model is None else spec.model(folder / "model")
     cfg = EngineConfig(model=str(model), port=free_port(),
                        args=EngineArgs(block_size=BLOCK_SIZE, num_gpu_blocks_override=spec.pool_blocks,
-                                       kv_cache_memory_bytes=64 * 2**20, max_model_len=512, enforce_eager=True),
-                       env=(("HF_HUB_OFFLINE", "1"), *WORKER_IN_ENGINE_CORE), extra_args=spec.extra_args)
+                                       kv_cache_memory_bytes=spec.kv_cache_memory_bytes, max_model_len=spec.max_model_len,
+                                       enforce_eager=True),
+                       env=(("HF_HUB_OFFLINE", "1"), ("VLLM_NO_USAGE_STATS", "1"), ("DO_NOT_TRACK", "1"),
+                            *WORKER_IN_ENGINE_CORE),
+                       extra_args=spec.extra_args)
     return EngineLauncher(cfg, folder / "engine.log", startup_timeout_s=600)
 
 

@@ -4,7 +4,10 @@ Why: those tests run first (tests/conftest.py) and, once the twins' probe is don
 `.ci/run` of 2026-12-08 on the 2-core EPYC: 1.0 of 2 cores for 5.5 minutes), while each engine's start took 33-39 s of
 the engine phase. So the engines the selected tests use (their fixtures' ``EngineSpec``: helpers.bench.PINNED and each
 module's ``ENGINE``) start in the background when collection ends, one at a time, in the order their tests come, and
-each waits, ready, for the fixture that takes it (``take``).
+each waits, ready, for the fixture that takes it (``take``). The first starts once the twins' probe has ended (which
+the tests that need no engine run beside): in a `.ci/run` of 2026-12-08 whose engines started beside the probe, the
+first 5 minutes of those tests took 100 s longer than the day's run before (1.99 of 2 cores busy, against 1.5-1.8),
+which took back most of what the engine phase gained (119 s) and the latency file (49 s).
 
 They start at the idle priority (SCHED_IDLE: a core only when nothing else wants it), so that the tests and the twins'
 probe beside them keep theirs: from a thread of that policy, which each child takes (Linux: a scheduling policy belongs
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,9 +38,11 @@ class EarlyEngines:
     """Starts ``specs``' engines one at a time from a thread at the idle priority, each in its own folder under
     ``folder``."""
 
-    def __init__(self, specs: list[EngineSpec], folder: Path):
+    def __init__(self, specs: list[EngineSpec], folder: Path, after: list[subprocess.Popen] = ()):
         self._specs = specs
         self._folder = folder
+        self._after = list(after)  # processes whose end the first start waits for (the twins' probe)
+        self._hurry = threading.Event()  # a fixture waits: no more waiting, and starts at the normal priority
         self._lock = threading.Lock()
         self._launchers: dict[str, EngineLauncher] = {}  # started and not yet taken
         self._settled = {spec.fixture: threading.Event() for spec in specs}  # ready, failed, or never started
@@ -48,13 +54,19 @@ class EarlyEngines:
         from helpers.bench import engine_launcher
         from kvplan.bench.engine import EngineError
 
-        os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
+        tid = threading.get_native_id()
+        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+        for proc in self._after:
+            while proc.poll() is None and not self._hurry.is_set() and not self._stopping.is_set():
+                self._hurry.wait(1.0)
         for spec in self._specs:
             try:
                 launcher = engine_launcher(spec, self._folder / spec.fixture)
                 with self._lock:
                     if self._stopping.is_set():
                         continue
+                    if self._hurry.is_set():
+                        os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
                     launcher.start()
                     self._launchers[spec.fixture] = launcher
                 with contextlib.suppress(EngineError):  # the fixture's own wait_ready says why
@@ -71,6 +83,7 @@ class EarlyEngines:
         settled = self._settled.get(fixture)
         if settled is None:
             return None
+        self._hurry.set()
         if not settled.is_set():  # its tests wait for it now: its start gets the normal priority
             with self._lock:
                 starting = self._launchers.get(fixture)
@@ -114,13 +127,13 @@ def can_promote() -> bool:
     return answer == [True]
 
 
-def start(specs: list[EngineSpec], folder: Path) -> bool:
-    """Start ``specs``' engines ahead (see the module doc); False where this process could not give them the normal
-    priority back."""
+def start(specs: list[EngineSpec], folder: Path, after: list[subprocess.Popen] = ()) -> bool:
+    """Start ``specs``' engines ahead (see the module doc), once the processes ``after`` ended or a fixture takes one;
+    False where this process could not give them the normal priority back."""
     global _early
     if not specs or not can_promote():
         return False
-    _early = EarlyEngines(specs, folder)
+    _early = EarlyEngines(specs, folder, after)
     return True
 
 
