@@ -446,8 +446,8 @@ def _all_in_final_chunk(rec: RequestRecord, finished_s: float) -> None:
     """Record a stream whose only output was its final chunk, textless, as one delivery of the tokens ``usage``
     counted. vLLM merges the outputs its API server has not yet sent into one (``RequestOutputCollector``,
     https://github.com/vllm-project/vllm/blob/v0.32.0/vllm/v1/engine/output_processor.py) and sends a chunk per
-    merged output (completion/serving.py, chat_completion/serving.py@0.32.0): a busy server sends tokens whose text
-    is empty (special tokens, skipped) as one chunk whose finish_reason is set, the first output the client sees.
+    merged output (completion/serving.py, chat_completion/serving.py@0.32.0): a busy server can send tokens whose
+    text is empty (special tokens, skipped) as one chunk whose finish_reason is set, the first output the client sees.
     A final chunk whose tokens ``usage`` does not count stays what it was, a stream with no token."""
     rec.first_token_s = finished_s
     rec.chunk_times_s.append(finished_s)
