@@ -27,9 +27,9 @@ pytestmark = pytest.mark.engine
 runner = CliRunner()
 
 
-def serve_and_capture(spec: EngineSpec, folder: Path) -> str:
+def serve_and_capture(spec: EngineSpec, folder: Path) -> Path:
     """Start vLLM's OpenAI server on the CPU with kvplan's launcher (or take the one started ahead:
-    helpers.early_engines), wait until it is ready or exits, stop it; its log."""
+    helpers.early_engines), wait until it is ready or exits, stop it; its log's path."""
     pytest.importorskip("vllm")
     from helpers import early_engines
     from helpers.bench import engine_launcher, group_alive
@@ -47,7 +47,7 @@ def serve_and_capture(spec: EngineSpec, folder: Path) -> str:
     finally:
         launcher.stop()
         assert not group_alive(launcher.pid), f"processes of the engine's group {launcher.pid} survived"
-    return launcher.log_path.read_text(errors="replace")
+    return launcher.log_path
 
 
 #: 262,144 bytes of KV = 16 blocks of 32 tokens = 512 tokens, but --max-model-len 1024: a start that fails.
@@ -72,9 +72,7 @@ def served_log(pinned_cpu_engine, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def too_long_log(tmp_path_factory) -> Path:
     """The log of ENGINE's start, which fails."""
-    log = tmp_path_factory.mktemp("engine-fail") / "vllm.log"
-    log.write_text(serve_and_capture(ENGINE, tmp_path_factory.mktemp("too-long")))
-    return log
+    return serve_and_capture(ENGINE, tmp_path_factory.mktemp("too-long"))
 
 
 def test_served_log_parses(served_log):
